@@ -1,0 +1,194 @@
+"""What every kernel family shares: configs, knob spaces with validity rules, workloads, and the family interface.
+
+A kernel family (prefill attention, decode attention, fused MoE) is one module in this package that exposes a
+`FAMILY` object implementing `KernelFamily`. Everything downstream (measurement, environments, export) talks to
+families only through this interface, so adding a kernel never touches the agent.
+
+Imports only the standard library: this module runs on the GPU machine too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import json
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+KnobValue = int | str
+
+
+class Config(Mapping[str, KnobValue]):
+    """An immutable, hashable assignment of knob values (like triton.Config, but only the knobs).
+
+    `str(config)` is canonical (sorted keys, compact JSON) and is what the measurement store keys on.
+    """
+
+    __slots__ = ("_items", "_hash")
+
+    def __init__(self, values: Mapping[str, KnobValue] | None = None, **kwargs: KnobValue) -> None:
+        merged = dict(values or {}, **kwargs)
+        self._items = tuple(sorted(merged.items()))
+        self._hash = hash(self._items)
+
+    def __getitem__(self, key: str) -> KnobValue:
+        for k, v in self._items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self._items == other._items
+
+    def __repr__(self) -> str:
+        return f"Config({', '.join(f'{k}={v!r}' for k, v in self._items)})"
+
+    def __str__(self) -> str:
+        return json.dumps(dict(self._items), separators=(",", ":"), sort_keys=True)
+
+    def replace(self, **changes: KnobValue) -> Config:
+        return Config(dict(self._items), **changes)
+
+    @classmethod
+    def parse(cls, text: str) -> Config:
+        return cls(json.loads(text))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable parameter and the values it may take, in a meaningful order (small to large)."""
+
+    name: str
+    values: tuple[KnobValue, ...]
+    doc: str = ""
+
+
+class InvalidConfig(ValueError):
+    """A config that the knob space's rules reject for a workload (named rule, never compiled)."""
+
+
+class KnobSpace:
+    """The product of a family's knobs, restricted by validity rules.
+
+    `rules` are functions (config, workload) -> None or a string naming the violated rule
+    (shared memory, registers, divisibility). A config is valid for a workload when no rule objects.
+    """
+
+    def __init__(self, knobs: Sequence[Knob], rules: Sequence[Callable[[Config, Any], str | None]] = ()) -> None:
+        self.knobs = tuple(knobs)
+        self.rules = tuple(rules)
+        self.names = tuple(k.name for k in self.knobs)
+
+    def __len__(self) -> int:
+        n = 1
+        for knob in self.knobs:
+            n *= len(knob.values)
+        return n
+
+    def knob(self, name: str) -> Knob:
+        for knob in self.knobs:
+            if knob.name == name:
+                return knob
+        raise KeyError(f"no knob {name!r}; knobs are {list(self.names)}")
+
+    def all_configs(self) -> Iterator[Config]:
+        """Every combination of knob values, valid or not, in a fixed order."""
+        for values in itertools.product(*(k.values for k in self.knobs)):
+            yield Config(dict(zip(self.names, values)))
+
+    def why_invalid(self, config: Config, workload: Any) -> str | None:
+        """None when valid; otherwise the first violated rule's explanation."""
+        if set(config) != set(self.names):
+            return f"config knobs {sorted(config)} differ from the space's knobs {sorted(self.names)}"
+        for knob in self.knobs:
+            if config[knob.name] not in knob.values:
+                return f"{knob.name}={config[knob.name]!r} is not one of {list(knob.values)}"
+        for rule in self.rules:
+            reason = rule(config, workload)
+            if reason:
+                return reason
+        return None
+
+    def is_valid(self, config: Config, workload: Any) -> bool:
+        return self.why_invalid(config, workload) is None
+
+    def check(self, config: Config, workload: Any) -> None:
+        reason = self.why_invalid(config, workload)
+        if reason:
+            raise InvalidConfig(f"{config} is invalid for {workload}: {reason}")
+
+    def valid_configs(self, workload: Any) -> list[Config]:
+        return [c for c in self.all_configs() if self.is_valid(c, workload)]
+
+    def sample(self, workload: Any, n: int, seed: int = 0) -> list[Config]:
+        """Up to n distinct valid configs, drawn uniformly without replacement (deterministic per seed)."""
+        valid = self.valid_configs(workload)
+        rng = random.Random(seed)
+        return valid if n >= len(valid) else rng.sample(valid, n)
+
+
+class KernelFamily(Protocol):
+    """The interface every kernel module exposes as `FAMILY`.
+
+    name: "prefill_attention" | "decode_attention" | "fused_moe".
+    space: the KnobSpace. workload_type: the Workload dataclass from kernel_gym.kernels.workloads.
+    """
+
+    name: str
+    space: KnobSpace
+    workload_type: type
+
+    def default_config(self, workload: Any) -> Config:
+        """What a user gets without tuning (Triton tutorial / vLLM-style heuristic)."""
+        ...
+
+    def make_inputs(self, workload: Any, device: str, seed: int = 0) -> Any:
+        """Random inputs for the workload in workload.dtype (never zeros), in a config-independent layout.
+        Config-dependent layout (KV page size and layout) is applied in prepare()."""
+        ...
+
+    def prepare(self, inputs: Any, config: Config) -> Callable[[], Any]:
+        """Everything that is not the kernel (layout changes such as paging the KV cache for this config's page size,
+        workspace allocation, grid computation), done once; returns a closure that launches the Triton kernel(s) with
+        this explicit config and returns the output tensor. Timing measures only the closure."""
+        ...
+
+    def reference(self, inputs: Any) -> Any:
+        """The torch reference output for the same inputs."""
+        ...
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """(atol, rtol) for comparing the kernel's output with reference() in this dtype name."""
+        ...
+
+    def flops(self, workload: Any) -> float:
+        """Useful floating-point operations of one call (causal pairs only for attention)."""
+        ...
+
+    def bytes_moved(self, workload: Any) -> float:
+        """Minimum bytes one call must move (attention: Q, K, V, O; decode: the KV read; MoE: expert weights touched)."""
+        ...
+
+
+def run(family: KernelFamily, inputs: Any, config: Config) -> Any:
+    """Prepare and launch once (tests, correctness checks)."""
+    return family.prepare(inputs, config)()
+
+
+def source_hash(*objects: Any) -> str:
+    """Short hash of the source code of the given functions/modules: part of the store key (a kernel edit = new rows)."""
+    h = hashlib.sha256()
+    for obj in objects:
+        h.update(inspect.getsource(obj).encode())
+    return h.hexdigest()[:16]

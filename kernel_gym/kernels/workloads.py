@@ -1,0 +1,231 @@
+"""Workloads: the shape (and routing) of one kernel call, shared by kernels, measurement, traffic and environments.
+
+A workload is a frozen dataclass with a canonical `key()` (what the measurement store keys on) and `features()`
+(the numbers the recorded backend interpolates over and the agent observes). Grids per model spec list the shapes
+that serving traffic produces; `grid="small"` gives CPU-interpreter test shapes.
+
+Imports only the standard library: this module runs on the GPU machine too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _key(obj: Any) -> str:
+    return json.dumps(asdict(obj), separators=(",", ":"), sort_keys=True)
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
+
+
+@dataclass(frozen=True)
+class PrefillWorkload:
+    """Causal grouped-query attention over variable-length sequences packed in one batch (cu_seqlens)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    seq_lens: tuple[int, ...]
+    dtype: str = "bfloat16"
+    kernel: str = field(default="prefill_attention", init=False)
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+        if not self.seq_lens or min(self.seq_lens) < 1:
+            raise ValueError(f"seq_lens must be non-empty positive lengths, got {self.seq_lens}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        object.__setattr__(self, "seq_lens", tuple(int(n) for n in self.seq_lens))
+
+    def key(self) -> str:
+        return _key(self)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.seq_lens)
+
+    def causal_pairs(self) -> int:
+        """Number of (query, key) pairs attended under the causal mask, summed over sequences."""
+        return sum(n * (n + 1) // 2 for n in self.seq_lens)
+
+    def features(self) -> dict[str, float]:
+        return {
+            "log2_total_tokens": math.log2(self.total_tokens),
+            "log2_max_len": math.log2(max(self.seq_lens)),
+            "num_seqs": float(len(self.seq_lens)),
+            "log2_causal_pairs": math.log2(self.causal_pairs()),
+        }
+
+
+@dataclass(frozen=True)
+class DecodeWorkload:
+    """One query token per sequence against a paged KV cache; contexts differ within the batch.
+
+    `context_len` is the mean context; `context_lens()` spreads the batch deterministically over
+    [0.5, 1.5] x context_len (a single sequence gets exactly context_len), so contexts end mid-page.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    batch: int
+    context_len: int
+    dtype: str = "bfloat16"
+    kernel: str = field(default="decode_attention", init=False)
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+        if self.batch < 1 or self.context_len < 1:
+            raise ValueError(f"batch and context_len must be >= 1, got {self.batch}, {self.context_len}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+
+    def key(self) -> str:
+        return _key(self)
+
+    def context_lens(self) -> list[int]:
+        if self.batch == 1:
+            return [self.context_len]
+        return [
+            max(1, round(self.context_len * (0.5 + i / (self.batch - 1)))) for i in range(self.batch)
+        ]
+
+    def kv_bytes(self, dtype_bytes: int = 2) -> int:
+        """Bytes of K and V that one call must read."""
+        return 2 * sum(self.context_lens()) * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def features(self) -> dict[str, float]:
+        return {
+            "log2_batch": math.log2(self.batch),
+            "log2_context": math.log2(self.context_len),
+            "gqa_group": float(self.num_heads // self.num_kv_heads),
+        }
+
+
+@dataclass(frozen=True)
+class MoEWorkload:
+    """A fused MoE layer call: num_tokens tokens routed top-k over num_experts experts.
+
+    `skew` is the Zipf exponent of expert popularity (0 = uniform): expert e is chosen with probability
+    proportional to (e + 1) ** -skew. Inputs draw router logits as log-popularity plus Gumbel noise, so top-k picks
+    follow that distribution (Gumbel-top-k) and are reproducible per seed.
+    """
+
+    num_tokens: int
+    num_experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    skew: float = 0.0
+    dtype: str = "bfloat16"
+    kernel: str = field(default="fused_moe", init=False)
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+        if self.num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {self.num_tokens}")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k {self.top_k} must be in [1, num_experts={self.num_experts}]")
+        if self.skew < 0:
+            raise ValueError(f"skew (Zipf exponent) must be >= 0, got {self.skew}")
+        object.__setattr__(self, "skew", round(float(self.skew), 3))
+
+    def key(self) -> str:
+        return _key(self)
+
+    def expert_popularity(self) -> list[float]:
+        w = [(e + 1) ** -self.skew for e in range(self.num_experts)]
+        s = sum(w)
+        return [x / s for x in w]
+
+    def features(self) -> dict[str, float]:
+        return {
+            "log2_tokens": math.log2(self.num_tokens),
+            "skew": self.skew,
+            "log2_slots_per_expert": math.log2(self.num_tokens * self.top_k / self.num_experts),
+        }
+
+
+Workload = PrefillWorkload | DecodeWorkload | MoEWorkload
+WORKLOAD_TYPES = {"prefill_attention": PrefillWorkload, "decode_attention": DecodeWorkload, "fused_moe": MoEWorkload}
+
+
+def workload_from_key(kernel: str, key: str) -> Workload:
+    """Inverse of `workload.key()`."""
+    data = json.loads(key)
+    data.pop("kernel", None)
+    if "seq_lens" in data:
+        data["seq_lens"] = tuple(data["seq_lens"])
+    return WORKLOAD_TYPES[kernel](**data)
+
+
+# ---- shape grids per model spec -------------------------------------------------------------------------------
+
+MOE_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+MOE_SKEWS = (0.0, 0.6, 1.2)  # uniform, moderate, strong (max-expert share 0.37 at E=8)
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+DECODE_MAX_TOKENS = 64 * 32768  # batch x context cap: KV of one layer must fit comfortably and fill quickly
+PREFILL_TOTALS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PREFILL_MIXES = ("single", "equal4", "ragged")  # one long sequence; 4 equal; a geometric mix of lengths
+
+
+def prefill_seq_lens(total: int, mix: str) -> tuple[int, ...]:
+    """Sequence lengths summing to `total` for a named mix."""
+    if mix == "single":
+        return (total,)
+    if mix == "equal4":
+        base = total // 4
+        return (base,) * 3 + (total - 3 * base,)
+    if mix == "ragged":
+        lens, rest, part = [], total, total // 2
+        while rest > 0 and part >= 16:
+            take = min(part + 7, rest)  # +7: lengths that are not multiples of the blocks
+            lens.append(take)
+            rest -= take
+            part //= 2
+        if rest > 0:
+            lens.append(rest)
+        return tuple(lens)
+    raise ValueError(f"unknown prefill mix {mix!r}; use one of {PREFILL_MIXES}")
+
+
+def model_workloads(kernel: str, model: Any, grid: str = "default", dtype: str = "bfloat16") -> list[Workload]:
+    """The shape grid of one kernel for a model spec (kernel_gym.models.ModelSpec).
+
+    grid="default": the shapes serving traffic produces (the collection grid); grid="eval": the evaluation subset
+    measured exhaustively over the config space; grid="small": tiny CPU-interpreter shapes.
+    """
+    m = model
+    if kernel == "fused_moe":
+        tokens = {"default": MOE_TOKENS, "eval": (1, 16, 64, 256, 1024, 4096), "small": (1, 5, 33)}[grid]
+        skews = MOE_SKEWS if grid != "small" else (0.0, 1.2)
+        if grid == "small":
+            return [MoEWorkload(t, 4, 2, 64, 96, s, dtype) for t in tokens for s in skews]
+        return [MoEWorkload(t, m.num_experts, m.top_k, m.hidden, m.intermediate, s, dtype) for t in tokens for s in skews]
+    if kernel == "decode_attention":
+        if grid == "small":
+            return [DecodeWorkload(4, 2, 64, b, c, dtype) for b, c in ((1, 40), (3, 100), (5, 333))]
+        batches = DECODE_BATCHES if grid == "default" else (1, 16, 64, 256)
+        contexts = DECODE_CONTEXTS if grid == "default" else (512, 2048, 8192)
+        return [
+            DecodeWorkload(m.num_heads, m.num_kv_heads, m.head_dim, b, c, dtype)
+            for b in batches for c in contexts if b * c <= DECODE_MAX_TOKENS
+        ]
+    if kernel == "prefill_attention":
+        if grid == "small":
+            return [PrefillWorkload(4, 2, 64, lens, dtype) for lens in ((1,), (70,), (33, 100, 5))]
+        totals = PREFILL_TOTALS if grid == "default" else (512, 2048, 8192)
+        return [
+            PrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, prefill_seq_lens(t, mix), dtype)
+            for t in totals for mix in PREFILL_MIXES
+        ]
+    raise ValueError(f"unknown kernel {kernel!r}; use one of {list(WORKLOAD_TYPES)}")
