@@ -53,7 +53,8 @@ class ModelSpec:
     @property
     def weight_bytes(self) -> int:
         """Approximate parameter bytes: attention projections plus all experts, per layer, times layers."""
-        attn = self.hidden * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim + self.num_heads * self.head_dim * self.hidden
+        qkv = self.hidden * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        attn = qkv + self.num_heads * self.head_dim * self.hidden
         router = self.hidden * self.num_experts
         experts = self.num_experts * 3 * self.hidden * self.intermediate
         return self.num_layers * (attn + router + experts) * self.dtype_bytes
@@ -89,5 +90,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     missing = names - set(data) - {"dtype_bytes"}
     unknown = set(data) - names
     if missing or unknown:
-        raise ValueError(f"{path}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}; expected {sorted(names)}")
+        raise ValueError(
+            f"{path}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}; expected {sorted(names)}"
+        )
     return ModelSpec(**data)

@@ -177,7 +177,7 @@ class KernelFamily(Protocol):
         ...
 
     def bytes_moved(self, workload: Any) -> float:
-        """Minimum bytes one call must move (attention: Q, K, V, O; decode: the KV read; MoE: expert weights touched)."""
+        """Minimum bytes one call must move (attention: Q, K, V, O; decode: KV read; MoE: expert weights touched)."""
         ...
 
 
@@ -187,7 +187,7 @@ def run(family: KernelFamily, inputs: Any, config: Config) -> Any:
 
 
 def source_hash(*objects: Any) -> str:
-    """Short hash of the source code of the given functions/modules: part of the store key (a kernel edit = new rows)."""
+    """Short hash of the given functions' source: part of the store key (a kernel edit = new rows)."""
     h = hashlib.sha256()
     for obj in objects:
         h.update(inspect.getsource(obj).encode())

@@ -169,7 +169,9 @@ def workload_from_key(kernel: str, key: str) -> Workload:
 
 # ---- shape grids per model spec -------------------------------------------------------------------------------
 
-MOE_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+MOE_TOKENS = (
+    1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192,
+)
 MOE_SKEWS = (0.0, 0.6, 1.2)  # uniform, moderate, strong (max-expert share 0.37 at E=8)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -210,7 +212,9 @@ def model_workloads(kernel: str, model: Any, grid: str = "default", dtype: str =
         skews = MOE_SKEWS if grid != "small" else (0.0, 1.2)
         if grid == "small":
             return [MoEWorkload(t, 4, 2, 64, 96, s, dtype) for t in tokens for s in skews]
-        return [MoEWorkload(t, m.num_experts, m.top_k, m.hidden, m.intermediate, s, dtype) for t in tokens for s in skews]
+        return [
+            MoEWorkload(t, m.num_experts, m.top_k, m.hidden, m.intermediate, s, dtype) for t in tokens for s in skews
+        ]
     if kernel == "decode_attention":
         if grid == "small":
             return [DecodeWorkload(4, 2, 64, b, c, dtype) for b, c in ((1, 40), (3, 100), (5, 333))]

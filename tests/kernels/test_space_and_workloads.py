@@ -1,0 +1,66 @@
+import pytest
+
+from kernel_gym.kernels.space import Config, InvalidConfig, Knob, KnobSpace
+from kernel_gym.kernels.workloads import (
+    DecodeWorkload,
+    MoEWorkload,
+    PrefillWorkload,
+    model_workloads,
+    prefill_seq_lens,
+    workload_from_key,
+)
+from kernel_gym.models import BUILTIN_MODELS
+
+
+def _space():
+    return KnobSpace(
+        [Knob("BLOCK", (16, 32, 64)), Knob("num_warps", (4, 8))],
+        [lambda c, w: "BLOCK larger than n" if c["BLOCK"] > w else None],
+    )
+
+
+def test_config_is_canonical_and_hashable():
+    a, b = Config(BLOCK=32, num_warps=4), Config({"num_warps": 4, "BLOCK": 32})
+    assert a == b and hash(a) == hash(b) and str(a) == '{"BLOCK":32,"num_warps":4}'
+    assert Config.parse(str(a)) == a
+    assert a.replace(BLOCK=64)["BLOCK"] == 64 and a["BLOCK"] == 32
+
+
+def test_space_rules_mask_invalid_configs():
+    space = _space()
+    assert len(space) == 6
+    assert [c["BLOCK"] for c in space.valid_configs(32)] == [16, 16, 32, 32]
+    assert space.why_invalid(Config(BLOCK=64, num_warps=4), 32) == "BLOCK larger than n"
+    assert "not one of" in space.why_invalid(Config(BLOCK=48, num_warps=4), 64)
+    assert "differ" in space.why_invalid(Config(BLOCK=16), 64)
+    with pytest.raises(InvalidConfig, match="BLOCK larger than n"):
+        space.check(Config(BLOCK=64, num_warps=8), 32)
+    s1, s2 = space.sample(64, 3, seed=1), space.sample(64, 3, seed=1)
+    assert s1 == s2 and len(set(s1)) == 3 and all(space.is_valid(c, 64) for c in s1)
+
+
+@pytest.mark.parametrize("kernel", ["prefill_attention", "decode_attention", "fused_moe"])
+@pytest.mark.parametrize("model", sorted(BUILTIN_MODELS))
+def test_workload_keys_round_trip(kernel, model):
+    grid = model_workloads(kernel, BUILTIN_MODELS[model])
+    assert len(grid) == len({w.key() for w in grid}) > 10
+    for w in grid[:5]:
+        assert workload_from_key(kernel, w.key()) == w
+        assert all(isinstance(v, float) for v in w.features().values())
+
+
+def test_workload_semantics():
+    d = DecodeWorkload(32, 8, 128, 5, 100)
+    lens = d.context_lens()
+    assert lens[0] == 50 and lens[-1] == 150 and sum(lens) == 500
+    assert d.kv_bytes() == 2 * 500 * 8 * 128 * 2
+    for mix in ("single", "equal4", "ragged"):
+        assert sum(prefill_seq_lens(1000, mix)) == 1000
+    assert PrefillWorkload(4, 2, 64, (3, 4)).causal_pairs() == 6 + 10
+    pop = MoEWorkload(8, 8, 2, 64, 64, skew=1.2).expert_popularity()
+    assert abs(sum(pop) - 1) < 1e-9 and pop[0] > pop[-1]
+    assert MoEWorkload(8, 8, 2, 64, 64).expert_popularity() == [1 / 8] * 8
+    with pytest.raises(ValueError, match="top_k"):
+        MoEWorkload(8, 4, 5, 64, 64)
+    with pytest.raises(ValueError, match="dtype"):
+        DecodeWorkload(4, 2, 64, 1, 1, dtype="int8")
