@@ -1,0 +1,663 @@
+"""A serving simulator: continuous batching with chunked prefill over a paged KV cache, step by step, with kernel
+times from a backend and config choices from a policy. The model it simulates is written up in docs/simulator.md.
+
+Per engine step: running decode requests each add one token; the rest of the token budget goes to prefill chunks
+(partially prefilled requests first, then the waiting queue in arrival order). KV pages come from a pool sized from GPU
+memory minus weights; a decode that needs a page when none is free preempts the most recently admitted running request
+(recompute: its pages are freed, and on resume it prefills prompt + generated tokens again without re-emitting them).
+Each step becomes three tuned-kernel workloads per layer (prefill attention, decode attention, fused MoE) timed by a
+`KernelTimer` under configs picked by a `ConfigChooser`, plus the untuned ops from a roofline (roofline.py), plus a
+fixed per-step overhead, plus stalls (first-use compiles, KV re-layouts, ones charged by `add_stall`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+import numpy as np
+
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+from kernel_gym.traffic.roofline import COPY_BW, DEFAULT_VOCAB, dense_step_s
+from kernel_gym.traffic.routing import entropy_norm
+from kernel_gym.traffic.routing import uniform_for as _uniform_for
+
+KERNELS = ("prefill_attention", "decode_attention", "fused_moe")
+H200_MEMORY_BYTES = 141e9
+GPU_MEMORY_UTILIZATION = 0.9
+COMPILE_S_DEFAULT = 0.27  # STACK.md: Triton compile on first call, median 0.27 s per config on the H200
+# Fixed host-side cost of one engine step (scheduling, input preparation, kernel launches, sampling bookkeeping).
+# An assumption, not a measurement from this project: see docs/simulator.md; pass step_overhead_s= to change it.
+STEP_OVERHEAD_S = 2e-3
+SKEW_GRID = 0.05  # effective skew is rounded to this grid before building MoEWorkload (memo hits)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The KV-cache layout in force: tokens per page and the page layout name (e.g. "NHD" = [pages, page, kv_heads,
+    D], "HND" = [pages, kv_heads, page, D]). Decode configs carry it as knobs PAGE_SIZE and LAYOUT."""
+
+    page_size: int
+    layout: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ValueError(f"page_size must be a positive integer, got {self.page_size!r}")
+
+
+class KernelTimer(Protocol):
+    def time_s(self, kernel: str, workload: Any, config: Config) -> float:
+        """Seconds per call of one layer's kernel."""
+        ...
+
+
+class ConfigChooser(Protocol):
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        """The config for this step's call of `kernel` (the same for all layers)."""
+        ...
+
+
+class BackendTimer:
+    """KernelTimer over a kernel_gym.measure.types.Backend, memoised per (kernel, workload.key(), config).
+
+    The simulator rounds workloads to a fine grid before asking (see `round_*` below), so replays hit the memo."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._memo: dict[tuple[str, str, Config], float] = {}
+        self.calls = 0
+
+    def time_s(self, kernel: str, workload: Any, config: Config) -> float:
+        key = (kernel, workload.key(), config)
+        t = self._memo.get(key)
+        if t is None:
+            self.calls += 1
+            m = self.backend.measure(kernel, workload, config)
+            if not m.ok or m.median_ms is None:
+                raise RuntimeError(
+                    f"backend {getattr(self.backend, 'name', self.backend)!r} has no time for kernel {kernel!r}, "
+                    f"workload {workload.key()}, config {config}: status {m.status!r} ({m.reason}). The chooser "
+                    "picked an unavailable config; choose among backend.available_configs(kernel, workload)"
+                )
+            t = m.median_ms * 1e-3
+            self._memo[key] = t
+        return t
+
+
+class StaticChooser:
+    """One fixed config per kernel. With follow_kv=True the decode config's PAGE_SIZE and LAYOUT follow the layout
+    in force (what a deployment that never re-tunes does)."""
+
+    def __init__(self, configs: dict[str, Config], follow_kv: bool = True) -> None:
+        self.configs = dict(configs)
+        self.follow_kv = follow_kv
+        self._kv_cache: dict[tuple[Config, KVLayout], Config] = {}
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        cfg = self.configs[kernel]
+        if kernel == "decode_attention" and self.follow_kv:
+            key = (cfg, kv)
+            out = self._kv_cache.get(key)
+            if out is None:
+                out = cfg.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
+                self._kv_cache[key] = out
+            return out
+        return cfg
+
+
+# ---- rounding to the memo grid ------------------------------------------------------------------------------------
+
+def round_log4(x: float) -> int:
+    """Nearest point of the 2^(k/4) grid (as an integer, >= 1)."""
+    if x <= 1:
+        return 1
+    return max(1, int(round(2.0 ** (round(4.0 * math.log2(x)) / 4.0))))
+
+
+def round_count(n: int) -> int:
+    """Exact up to 16, then the 2^(k/4) grid (decode batch, MoE tokens)."""
+    return n if n <= 16 else round_log4(n)
+
+
+def round_up16(n: float) -> int:
+    return max(16, int(math.ceil(n / 16.0)) * 16)
+
+
+def chunk_equivalent_len(chunk: int, offset: int) -> int:
+    """Length of a fresh causal sequence with as many (query, key) pairs as a chunk of `chunk` tokens after `offset`
+    tokens already in the cache (PrefillWorkload has no prior context), rounded up to a multiple of 16."""
+    if offset <= 0:
+        return round_up16(chunk)
+    pairs = chunk * offset + chunk * (chunk + 1) / 2
+    return round_up16((math.sqrt(1 + 8 * pairs) - 1) / 2)
+
+
+# ---- results ------------------------------------------------------------------------------------------------------
+
+STEP_COLUMNS = ("t_start", "duration_s", "decode_batch", "mean_context", "prefill_tokens", "num_tokens", "waiting",
+                "running", "kv_occupancy", "stall_s", "tuned_kernel_s", "skew", "routing_entropy", "max_share")
+_C = {name: i for i, name in enumerate(STEP_COLUMNS)}
+
+
+@dataclass
+class IntervalStats:
+    """What happened between two run_until calls."""
+
+    t_start: float
+    t_end: float
+    steps: int
+    output_tokens: int
+    prefill_tokens: int
+    stall_s: float
+    tuned_kernel_s: float
+    finished: int
+    stalls: list[tuple[float, float, str]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / max(self.t_end - self.t_start, 1e-12)
+
+
+@dataclass
+class SimResult:
+    """Per-request arrays (index = request), the per-step log and a summary."""
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    generated_tokens: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    preemptions: np.ndarray
+    steps: np.ndarray  # [num_steps, len(STEP_COLUMNS)]
+    configs_used: dict[str, dict[str, int]]
+    switch_log: list[tuple[float, str, str, str]]
+    stalls: list[tuple[float, float, str]]
+    summary: dict[str, float]
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Mean time per output token after the first (NaN for one-token requests)."""
+        n = self.output_tokens - 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, (self.finish_s - self.first_token_s) / np.maximum(n, 1), np.nan)
+
+    def step_column(self, name: str) -> np.ndarray:
+        return self.steps[:, _C[name]]
+
+
+# ---- the simulator ------------------------------------------------------------------------------------------------
+
+class Simulator:
+    """Replays requests through continuous batching with chunked prefill; see the module docstring.
+
+    requests: a Trace (or anything with arrival_s, prompt_tokens, output_tokens arrays). routing_profile: a
+    RoutingProfile (None = uniform). precompiled: (kernel, Config) pairs compiled before the replay (no stall);
+    a chooser's own `precompiled` attribute is added. compile_s(kernel, config) -> seconds for the first use of a
+    config (default COMPILE_S_DEFAULT).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        requests: Any,
+        timer: KernelTimer,
+        chooser: ConfigChooser,
+        routing_profile: Any = None,
+        *,
+        kv_layout: KVLayout = KVLayout(16, "NHD"),
+        gpu_memory_bytes: float = H200_MEMORY_BYTES,
+        gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 256,
+        step_overhead_s: float = STEP_OVERHEAD_S,
+        compile_s: Callable[[str, Config], float] | None = None,
+        precompiled: Iterable[tuple[str, Config]] = (),
+        vocab_size: int = DEFAULT_VOCAB,
+        dtype: str = "bfloat16",
+    ) -> None:
+        self.model = model
+        self.timer = timer
+        self.chooser = chooser
+        self.routing = routing_profile if routing_profile is not None else _uniform_for(model)
+        if self.routing.num_experts != model.num_experts or self.routing.top_k != model.top_k:
+            raise ValueError(
+                f"routing profile has {self.routing.num_experts} experts top-{self.routing.top_k}, model "
+                f"{model.name} has {model.num_experts} top-{model.top_k}; build the profile for the model"
+            )
+        if max_num_batched_tokens < 1 or max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        self.max_tokens = int(max_num_batched_tokens)
+        self.max_seqs = int(max_num_seqs)
+        self.overhead_s = float(step_overhead_s)
+        self.compile_fn = compile_s
+        self.vocab = int(vocab_size)
+        self.dtype = dtype
+        self.pool_bytes = gpu_memory_bytes * gpu_memory_utilization - model.weight_bytes
+        if self.pool_bytes <= 0:
+            raise ValueError(
+                f"{model.name}: weights ({model.weight_bytes / 1e9:.1f} GB) exceed {gpu_memory_utilization} x "
+                f"{gpu_memory_bytes / 1e9:.0f} GB of GPU memory; use a larger GPU or a smaller model"
+            )
+
+        self.arrival = np.asarray(requests.arrival_s, dtype=np.float64)
+        self.prompt = np.asarray(requests.prompt_tokens, dtype=np.int64)
+        self.out = np.asarray(requests.output_tokens, dtype=np.int64)
+        n = len(self.arrival)
+        if n == 0 or len(self.prompt) != n or len(self.out) != n:
+            raise ValueError("requests need equally long, non-empty arrival_s, prompt_tokens, output_tokens")
+        if np.any(np.diff(self.arrival) < 0) or self.prompt.min() < 1 or self.out.min() < 1:
+            raise ValueError("requests must be sorted by arrival and have >= 1 prompt and output token each")
+        self.n = n
+        self._arrival_cumsum = np.concatenate([[0.0], np.cumsum(self.arrival)])
+        self.in_system_integral = 0.0  # integral over time of the number of requests arrived and not finished
+        self.gen = np.zeros(n, np.int64)
+        self.kv = np.zeros(n, np.int64)
+        self.target = self.prompt.copy()  # tokens to prefill before the next token is emitted
+        self.pages = np.zeros(n, np.int64)
+        self.first_tok = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.preempts = np.zeros(n, np.int64)
+        self.admit_seq = np.zeros(n, np.int64)
+        self._admit_counter = 0
+
+        self.kv_layout = kv_layout
+        self._set_pool(kv_layout.page_size)
+        longest = int((self.prompt + self.out).max())
+        if longest > self.num_pages * kv_layout.page_size:
+            i = int(np.argmax(self.prompt + self.out))
+            raise ValueError(
+                f"request {i} needs {longest} tokens of KV cache but the pool holds "
+                f"{self.num_pages * kv_layout.page_size} ({model.name} on {gpu_memory_bytes / 1e9:.0f} GB); "
+                "drop requests that long from the trace or use a GPU with more memory"
+            )
+        self.free_pages = self.num_pages
+
+        self.clock = 0.0 if n == 0 else min(0.0, float(self.arrival[0]))
+        self._next = 0  # next request not yet arrived
+        self.waiting: deque[int] = deque()
+        self.dec = np.zeros(0, np.int64)  # running, prefill done: one token per step
+        self.pref: list[int] = []  # running, prefill in progress, in admission order
+
+        self.compiled: set[tuple[str, Config]] = set(precompiled) | set(getattr(chooser, "precompiled", ()) or ())
+        self._pending_stalls: list[tuple[float, str]] = []
+        self.stalls: list[tuple[float, float, str]] = []
+        self.configs_used: dict[str, Counter] = {k: Counter() for k in KERNELS}
+        self.switch_log: list[tuple[float, str, str, str]] = []
+        self._last_cfg: dict[str, Config] = {}
+        self._checked_decode: set[tuple[Config, KVLayout]] = set()
+
+        self._memo: dict[tuple, float] = {}
+        self._wl_cache: dict[tuple, Any] = {}
+        self._dense_memo: dict[tuple[int, int], float] = {}
+        self._route_shares: Any = None
+        self._route_stats = (0.0, 1.0, 0.0)
+
+        self._log = np.zeros((4096, len(STEP_COLUMNS)))
+        self._nsteps = 0
+        self.output_tokens_total = 0
+        self.prefill_tokens_total = 0
+        self.recomputed_tokens = 0
+        self.tuned_kernel_total = 0.0
+        self.stall_total = 0.0
+        self.num_preemptions = 0
+
+    # ---- pool and layout ----
+
+    def _set_pool(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.num_pages = int(self.pool_bytes // (page_size * self.model.kv_bytes_per_token))
+        if self.num_pages < 1:
+            raise ValueError(f"KV pool of {self.pool_bytes / 1e9:.2f} GB holds no page of {page_size} tokens")
+
+    def _running(self) -> np.ndarray:
+        return np.concatenate([self.dec, np.asarray(self.pref, dtype=np.int64)])
+
+    def set_kv_layout(self, page_size: int, layout: str) -> float:
+        """Switch the KV-cache layout; charges re-layout (read + write of the live KV bytes at copy bandwidth) as a
+        stall on the next step. Returns the stall in seconds. Re-pages the live requests; if the bigger pages no
+        longer fit, the most recently admitted are preempted."""
+        new = KVLayout(int(page_size), str(layout))
+        if new == self.kv_layout:
+            return 0.0
+        running = self._running()
+        live_bytes = float(self.kv[running].sum()) * self.model.kv_bytes_per_token
+        stall = 2.0 * live_bytes / COPY_BW
+        self.kv_layout = new
+        self._set_pool(new.page_size)
+        ps = new.page_size
+        self.pages[running] = -(-self.kv[running] // ps)
+        self.free_pages = self.num_pages - int(self.pages[running].sum())
+        while self.free_pages < 0:
+            self._preempt(self._latest_running())
+        self.add_stall(stall, f"kv re-layout to page_size={ps} layout={layout}")
+        return stall
+
+    def add_stall(self, seconds: float, reason: str) -> None:
+        """Charge `seconds` of stall (GPU busy, requests wait) to the next step."""
+        if seconds < 0 or not math.isfinite(seconds):
+            raise ValueError(f"stall must be a finite number of seconds >= 0, got {seconds}")
+        self._pending_stalls.append((float(seconds), reason))
+
+    def _latest_running(self) -> int:
+        running = self._running()
+        return int(running[np.argmax(self.admit_seq[running])])
+
+    def _preempt(self, rid: int) -> None:
+        if self.dec.size and np.any(self.dec == rid):
+            self.dec = self.dec[self.dec != rid]
+        else:
+            self.pref.remove(rid)
+        self.free_pages += int(self.pages[rid])
+        self.pages[rid] = 0
+        self.recomputed_tokens += int(self.kv[rid])
+        self.kv[rid] = 0
+        self.target[rid] = self.prompt[rid] + self.gen[rid]
+        self.preempts[rid] += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(rid)
+
+    # ---- one step ----
+
+    @property
+    def done(self) -> bool:
+        return self._next >= self.n and not self.waiting and not self.dec.size and not self.pref
+
+    def _workload(self, key: tuple) -> Any:
+        wl = self._wl_cache.get(key)
+        if wl is None:
+            m, kind = self.model, key[0]
+            if kind == "prefill_attention":
+                wl = PrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, key[1], self.dtype)
+            elif kind == "decode_attention":
+                wl = DecodeWorkload(m.num_heads, m.num_kv_heads, m.head_dim, key[1], key[2], self.dtype)
+            else:
+                wl = MoEWorkload(key[1], m.num_experts, m.top_k, m.hidden, m.intermediate, key[2], self.dtype)
+            self._wl_cache[key] = wl
+        return wl
+
+    def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
+        wl = self._workload(key)
+        cfg = self.chooser.choose(kernel, wl, self.kv_layout)
+        if kernel == "decode_attention" and (cfg, self.kv_layout) not in self._checked_decode:
+            kv = self.kv_layout
+            if cfg.get("PAGE_SIZE") != kv.page_size or cfg.get("LAYOUT") != kv.layout:
+                raise ValueError(
+                    f"decode config {cfg} does not match the KV layout in force (PAGE_SIZE={kv.page_size}, "
+                    f"LAYOUT={kv.layout!r}); choose a config with that page size and layout, or call "
+                    "set_kv_layout() first"
+                )
+            self._checked_decode.add((cfg, kv))
+        if (kernel, cfg) not in self.compiled:
+            self.compiled.add((kernel, cfg))
+            c = COMPILE_S_DEFAULT if self.compile_fn is None else float(self.compile_fn(kernel, cfg))
+            stall.append((c, f"compile {kernel} {cfg}"))
+        self.configs_used[kernel][cfg] += 1
+        last = self._last_cfg.get(kernel)
+        if last is not cfg and last != cfg:
+            if last is not None:
+                self.switch_log.append((self.clock, kernel, str(last), str(cfg)))
+            self._last_cfg[kernel] = cfg
+        mk = (key, cfg)
+        t = self._memo.get(mk)
+        if t is None:
+            t = float(self.timer.time_s(kernel, wl, cfg))
+            if not t > 0 or not math.isfinite(t):
+                raise ValueError(f"timer gave {t!r} s for {kernel} {wl} {cfg}; kernel times must be finite and > 0")
+            self._memo[mk] = t
+        return t
+
+    def step(self) -> bool:
+        """Run one engine step (or jump over an idle gap). False when everything is served."""
+        arrival = self.arrival
+        while self._next < self.n and arrival[self._next] <= self.clock:
+            self.waiting.append(self._next)
+            self._next += 1
+        if not self.dec.size and not self.pref and not self.waiting:
+            if self._next >= self.n:
+                return False
+            self.clock = float(arrival[self._next])
+            return True
+
+        ps = self.page_size
+        kv, pages = self.kv, self.pages
+        # decode: every running decode request writes one token; a request whose KV ends on a page boundary needs a page
+        if self.dec.size:
+            need = kv[self.dec] % ps == 0
+            demand = int(np.count_nonzero(need))
+            while demand > self.free_pages:
+                self._preempt(self._latest_running())
+                need = kv[self.dec] % ps == 0
+                demand = int(np.count_nonzero(need))
+            self.free_pages -= demand
+            pages[self.dec[need]] += 1
+        dec = self.dec
+        batch = int(dec.size)
+        budget = self.max_tokens - batch
+        chunks: list[tuple[int, int, int]] = []  # (request, chunk, offset)
+        for rid in self.pref:
+            if budget <= 0:
+                break
+            c = self._fit_chunk(rid, min(int(self.target[rid] - kv[rid]), budget))
+            if c > 0:
+                chunks.append((rid, c, int(kv[rid])))
+                budget -= c
+        slots = self.max_seqs - batch - len(self.pref)
+        while self.waiting and budget > 0 and slots > 0:
+            rid = self.waiting[0]
+            c = self._fit_chunk(rid, min(int(self.target[rid]), budget))
+            if c <= 0:
+                break
+            self.waiting.popleft()
+            self._admit_counter += 1
+            self.admit_seq[rid] = self._admit_counter
+            self.pref.append(rid)
+            chunks.append((rid, c, 0))
+            budget -= c
+            slots -= 1
+        if batch == 0 and not chunks:
+            # every running request is a prefill that cannot get a page: free the latest one and retry
+            if self.pref:
+                self._preempt(self._latest_running())
+            return True
+
+        prefill_tokens = sum(c for _, c, _ in chunks)
+        num_tokens = batch + prefill_tokens
+        stall: list[tuple[float, str]] = self._pending_stalls
+        self._pending_stalls = []
+        kernel_s = 0.0
+        mean_ctx = 0.0
+        if chunks:
+            lens = tuple(sorted((chunk_equivalent_len(c, o) for _, c, o in chunks), reverse=True))
+            kernel_s += self._kernel_s("prefill_attention", ("prefill_attention", lens), stall)
+        if batch:
+            mean_ctx = float(kv[dec].mean()) + 1.0
+            key = ("decode_attention", round_count(batch), round_log4(mean_ctx))
+            kernel_s += self._kernel_s("decode_attention", key, stall)
+        shares = self.routing.load_shares(self.clock)
+        if shares is not self._route_shares:
+            self._route_shares = shares
+            skew = round(round(self.routing.effective_skew(self.clock) / SKEW_GRID) * SKEW_GRID, 3)
+            self._route_stats = (skew, entropy_norm(shares), float(np.max(shares)))
+        skew = self._route_stats[0]
+        kernel_s += self._kernel_s("fused_moe", ("fused_moe", round_count(num_tokens), skew), stall)
+        kernel_s *= self.model.num_layers
+
+        completing = [rid for rid, c, _ in chunks if kv[rid] + c >= self.target[rid]]
+        n_logits = batch + len(completing)
+        dk = (num_tokens, n_logits)
+        dense = self._dense_memo.get(dk)
+        if dense is None:
+            dense = dense_step_s(self.model, num_tokens, n_logits, self.vocab)
+            self._dense_memo[dk] = dense
+        stall_s = 0.0
+        for s, reason in stall:
+            stall_s += s
+            self.stalls.append((self.clock, s, reason))
+        duration = kernel_s + dense + self.overhead_s + stall_s
+        t_start = self.clock
+        waiting_n = len(self.waiting)
+        running_n = batch + len(self.pref)
+        occupancy = 1.0 - self.free_pages / self.num_pages
+        self.clock = t_end = t_start + duration
+        # requests in the system: those present at the step's start for all of it, plus arrivals during it from their
+        # arrival on (they join the waiting queue at the next step)
+        lo = self._next
+        hi = int(np.searchsorted(arrival, t_end, side="right")) if lo < self.n and arrival[lo] <= t_end else lo
+        self.in_system_integral += (waiting_n + running_n) * duration + (
+            (hi - lo) * t_end - (self._arrival_cumsum[hi] - self._arrival_cumsum[lo]))
+
+        # effects at the end of the step
+        emitted = 0
+        if batch:
+            kv[dec] += 1
+            self.gen[dec] += 1
+            emitted += batch
+            fin = self.gen[dec] >= self.out[dec]
+            if fin.any():
+                done_ids = dec[fin]
+                self.finish[done_ids] = t_end
+                self.free_pages += int(pages[done_ids].sum())
+                pages[done_ids] = 0
+                self.dec = dec[~fin]
+        new_dec = []
+        for rid, c, _o in chunks:
+            kv[rid] += c
+            if kv[rid] >= self.target[rid]:
+                self.pref.remove(rid)
+                self.gen[rid] += 1
+                emitted += 1
+                if math.isnan(self.first_tok[rid]):
+                    self.first_tok[rid] = t_end
+                if self.gen[rid] >= self.out[rid]:
+                    self.finish[rid] = t_end
+                    self.free_pages += int(pages[rid])
+                    pages[rid] = 0
+                else:
+                    new_dec.append(rid)
+        if new_dec:
+            self.dec = np.concatenate([self.dec, np.asarray(new_dec, dtype=np.int64)])
+        self.output_tokens_total += emitted
+        self.prefill_tokens_total += prefill_tokens
+        tuned = kernel_s
+        self.tuned_kernel_total += tuned
+        self.stall_total += stall_s
+
+        if self._nsteps >= len(self._log):
+            self._log = np.concatenate([self._log, np.zeros_like(self._log)])
+        self._log[self._nsteps] = (t_start, duration, batch, mean_ctx, prefill_tokens, num_tokens, waiting_n,
+                                   running_n, occupancy, stall_s, tuned, *self._route_stats)
+        self._nsteps += 1
+        return True
+
+    def _fit_chunk(self, rid: int, want: int) -> int:
+        """Shrink a prefill chunk to the pages that are free, allocate them, return the chunk (0 = no room)."""
+        if want <= 0:
+            return 0
+        ps = self.page_size
+        have = int(self.pages[rid])
+        room = (have + self.free_pages) * ps - int(self.kv[rid])
+        c = min(want, room)
+        if c <= 0:
+            return 0
+        need = -(-(int(self.kv[rid]) + c) // ps) - have
+        self.pages[rid] = have + need
+        self.free_pages -= need
+        return c
+
+    # ---- driving ----
+
+    def run_until(self, t_s: float) -> IntervalStats:
+        """Advance to simulated time t_s (the last step may end a little past it). Returns what the interval did."""
+        t0 = self.clock
+        steps0, out0, pre0 = self._nsteps, self.output_tokens_total, self.prefill_tokens_total
+        stall0, tuned0, stalls0 = self.stall_total, self.tuned_kernel_total, len(self.stalls)
+        fin0 = int(np.count_nonzero(~np.isnan(self.finish)))
+        while self.clock < t_s:
+            if self.done:
+                break
+            if not self.dec.size and not self.pref and not self.waiting and self._next < self.n \
+                    and self.arrival[self._next] > t_s:
+                self.clock = float(t_s)  # idle through the rest of the interval
+                break
+            self.step()
+        return IntervalStats(
+            t0, self.clock, self._nsteps - steps0, self.output_tokens_total - out0, self.prefill_tokens_total - pre0,
+            self.stall_total - stall0, self.tuned_kernel_total - tuned0,
+            int(np.count_nonzero(~np.isnan(self.finish))) - fin0, self.stalls[stalls0:],
+        )
+
+    def run(self) -> SimResult:
+        """Replay every request to completion."""
+        while self.step():
+            pass
+        return self.result()
+
+    @property
+    def step_log(self) -> np.ndarray:
+        """[num_steps, len(STEP_COLUMNS)] so far (a view: copy before keeping)."""
+        return self._log[: self._nsteps]
+
+    def result(self) -> SimResult:
+        log = self._log[: self._nsteps].copy()
+        res = SimResult(
+            self.arrival.copy(), self.prompt.copy(), self.out.copy(), self.gen.copy(), self.first_tok.copy(),
+            self.finish.copy(), self.preempts.copy(), log,
+            {k: {str(c): n for c, n in v.items()} for k, v in self.configs_used.items()},
+            list(self.switch_log), list(self.stalls), {},
+        )
+        res.summary = self._summary(res)
+        return res
+
+    def _summary(self, r: SimResult) -> dict[str, float]:
+        done = ~np.isnan(r.finish_s)
+        span_start = float(r.arrival_s[0])
+        span_end = float(np.nanmax(r.finish_s)) if done.any() else self.clock
+        span = max(span_end - span_start, 1e-12)
+        dur = r.steps[:, _C["duration_s"]]
+        busy = float(dur.sum()) if len(dur) else 0.0
+        tw = lambda col: float((r.steps[:, _C[col]] * dur).sum() / busy) if busy > 0 else 0.0
+        ttft, e2e, tpot = r.ttft_s[done], r.e2e_s[done], r.tpot_s[done]
+        tpot = tpot[~np.isnan(tpot)]
+        q = lambda x, p: float(np.percentile(x, p)) if len(x) else float("nan")
+        in_sys = self.in_system_integral / span  # time-averaged number in system (idle gaps count as 0)
+        return {
+            "requests": float(len(r.arrival_s)),
+            "finished": float(done.sum()),
+            "sim_time_s": span,
+            "steps": float(len(dur)),
+            "output_tokens": float(r.generated_tokens.sum()),
+            "tokens_per_s": float(r.generated_tokens.sum()) / span,
+            "prefill_tokens": float(self.prefill_tokens_total),
+            "recomputed_tokens": float(self.recomputed_tokens),
+            "preemptions": float(self.num_preemptions),
+            "ttft_p50_s": q(ttft, 50),
+            "ttft_p99_s": q(ttft, 99),
+            "tpot_p50_s": q(tpot, 50),
+            "tpot_p99_s": q(tpot, 99),
+            "e2e_p50_s": q(e2e, 50),
+            "e2e_p99_s": q(e2e, 99),
+            "e2e_mean_s": float(e2e.mean()) if len(e2e) else float("nan"),
+            "tuned_kernel_s": float(self.tuned_kernel_total),
+            "stall_s": float(self.stall_total),
+            "busy_s": busy,
+            "configs_used": float(sum(len(v) for v in r.configs_used.values())),
+            "config_switches": float(len(r.switch_log)),
+            "kv_occupancy_mean": tw("kv_occupancy"),
+            "kv_occupancy_max": float(r.steps[:, _C["kv_occupancy"]].max()) if len(dur) else 0.0,
+            "queue_len_mean": tw("waiting"),
+            "in_system_mean": in_sys,
+            "kv_pages": float(self.num_pages),
+            "page_size": float(self.page_size),
+        }

@@ -1,0 +1,304 @@
+"""Loaders for published LLM serving traces, and `load_trace(name_or_path)`.
+
+Formats (columns as published; see /work/shared/traces/SOURCES.md):
+- Azure LLM inference trace 2023 (CSV): TIMESTAMP (absolute datetime), ContextTokens, GeneratedTokens.
+- Mooncake (JSONL): timestamp (ms from 0), input_length, output_length, hash_ids.
+- BurstGPT (CSV): Timestamp (s), [Session ID, Elapsed time,] Model, Request tokens, Response tokens, Total tokens,
+  Log Type.
+
+Every trace becomes a `Trace`: arrival times in seconds from the first arrival, prompt and output token counts.
+Bad input raises `TraceError` naming the file, the line and the fix. One repair is documented and counted instead of
+raised: rows with zero prompt or zero output tokens (BurstGPT records failed requests that way) are dropped and
+counted in `Trace.repairs["zero_token_rows_dropped"]`, because they carry no work to replay. Negative counts,
+non-numeric fields, missing columns, decreasing timestamps and empty files are errors: replaying a guess would be a
+silent wrong replay.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+FORMATS = ("azure", "mooncake", "burstgpt")
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+
+SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+BUNDLED_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
+BUNDLED_FILE = "AzureLLMInferenceTrace_conv_first10min.csv"
+NAMED_TRACES = {
+    "azure-conv": "AzureLLMInferenceTrace_conv.csv",
+    "azure-code": "AzureLLMInferenceTrace_code.csv",
+    "mooncake": "mooncake_synthetic_trace.jsonl",
+    "burstgpt": "BurstGPT_1_first400rows.csv",
+}
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed as is; the message names file, line and fix."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests over time: arrival_s (seconds, non-decreasing; loaders start it at 0 on the first arrival, synthetic
+    profiles at the profile's start), prompt and output token counts (>= 1). `repairs` counts documented repairs."""
+
+    name: str
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    source: str = ""
+    repairs: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        if not (len(self.prompt_tokens) == len(self.output_tokens) == n):
+            raise ValueError(f"trace {self.name!r}: arrival_s, prompt_tokens, output_tokens differ in length")
+        if n == 0:
+            raise ValueError(f"trace {self.name!r} has no requests; give at least one")
+        object.__setattr__(self, "arrival_s", np.asarray(self.arrival_s, dtype=np.float64))
+        object.__setattr__(self, "prompt_tokens", np.asarray(self.prompt_tokens, dtype=np.int64))
+        object.__setattr__(self, "output_tokens", np.asarray(self.output_tokens, dtype=np.int64))
+        if np.any(np.diff(self.arrival_s) < 0):
+            raise ValueError(f"trace {self.name!r}: arrival_s must be non-decreasing; sort the requests by arrival")
+        if self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1:
+            raise ValueError(f"trace {self.name!r}: prompt_tokens and output_tokens must be >= 1")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1] - self.arrival_s[0])
+
+    @property
+    def mean_rate(self) -> float:
+        """Requests per second over the trace's span."""
+        return len(self) / max(self.duration_s, 1e-9)
+
+    def window(self, start_s: float, end_s: float) -> Trace:
+        """The requests arriving in [start_s, end_s), re-based so the first arrives at 0."""
+        lo, hi = np.searchsorted(self.arrival_s, [start_s, end_s], side="left")
+        if hi <= lo:
+            raise ValueError(f"trace {self.name!r} has no arrivals in [{start_s}, {end_s}) s")
+        t = self.arrival_s[lo:hi]
+        return Trace(f"{self.name}[{start_s:g}:{end_s:g}s]", t - t[0], self.prompt_tokens[lo:hi],
+                     self.output_tokens[lo:hi], self.source, dict(self.repairs))
+
+    def head(self, n: int) -> Trace:
+        """The first n requests."""
+        return Trace(f"{self.name}[:{n}]", self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n],
+                     self.source, dict(self.repairs))
+
+    def scale_rate(self, factor: float) -> Trace:
+        """Compress time by `factor` (factor 2 = twice the arrival rate, same lengths and burst shape)."""
+        if factor <= 0:
+            raise ValueError(f"rate factor must be > 0, got {factor}")
+        return Trace(f"{self.name}x{factor:g}", self.arrival_s / factor, self.prompt_tokens, self.output_tokens,
+                     self.source, dict(self.repairs))
+
+
+def _err(path: Path, line: int, what: str, fix: str) -> TraceError:
+    return TraceError(f"{path}:{line}: {what}; fix: {fix}")
+
+
+def _int_field(path: Path, line: int, column: str, text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _err(path, line, f"column {column!r} holds {text!r}, not a number",
+                   "correct or delete that row") from None
+    if value != value or value != int(value):
+        raise _err(path, line, f"column {column!r} holds {text!r}, not a whole token count",
+                   "correct or delete that row")
+    if value < 0:
+        raise _err(path, line, f"column {column!r} is negative ({text})", "correct or delete that row")
+    return int(value)
+
+
+def _finish(path: Path, name: str, rows: list[tuple[int, float, int, int]], repairs: dict[str, int]) -> Trace:
+    """rows: (line, time_s, prompt, output). Drops zero-token rows (counted), checks order."""
+    if not rows:
+        raise _err(path, 1, "the file has no data rows", "give a trace with at least one request")
+    kept = [r for r in rows if r[2] > 0 and r[3] > 0]
+    dropped = len(rows) - len(kept)
+    repairs = dict(repairs, zero_token_rows_dropped=dropped)
+    if not kept:
+        raise _err(path, rows[0][0], f"all {len(rows)} rows have zero prompt or output tokens",
+                   "give a trace with at least one request that has tokens")
+    prev_line, prev_t = kept[0][0], kept[0][1]
+    for line, t, _, _ in kept[1:]:
+        if t < prev_t:
+            raise _err(path, line, f"timestamp {t:.6f} s is before the one on line {prev_line} ({prev_t:.6f} s)",
+                       "sort the file by its timestamp column")
+        prev_line, prev_t = line, t
+    arr = np.array([r[1:] for r in kept], dtype=np.float64)
+    t = arr[:, 0] - arr[0, 0]
+    return Trace(name, t, arr[:, 1].astype(np.int64), arr[:, 2].astype(np.int64), str(path), repairs)
+
+
+def _open_csv(path: Path, required: tuple[str, ...], fmt: str):
+    """(header, reader, file) after checking the header holds the format's columns."""
+    fh = open(path, newline="", encoding="utf-8-sig")
+    reader = csv.reader(fh)
+    header = next(reader, None)
+    if header is None:
+        fh.close()
+        raise _err(path, 1, "the file is empty", f"give a {fmt} trace with header {list(required)} and data rows")
+    header = [h.strip() for h in header]
+    missing = [c for c in required if c not in header]
+    if missing:
+        fh.close()
+        raise _err(path, 1, f"header {header} lacks column(s) {missing} of the {fmt} format",
+                   f"use the published {fmt} file with columns {list(required)}")
+    return header, reader, fh
+
+
+def _parse_azure_time(text: str) -> float:
+    """'2023-11-16 18:15:46.6805900' -> POSIX seconds (7 fractional digits: more than datetime parses)."""
+    text = text.strip()
+    base, _, frac = text.partition(".")
+    seconds = datetime.fromisoformat(base).replace(tzinfo=timezone.utc).timestamp()
+    if frac:
+        if not frac.isdigit():
+            raise ValueError(text)
+        seconds += int(frac) / 10 ** len(frac)
+    return seconds
+
+
+def load_azure(path: str | Path, name: str | None = None) -> Trace:
+    """Azure LLM inference trace 2023 (Splitwise): TIMESTAMP, ContextTokens, GeneratedTokens."""
+    path = Path(path)
+    header, reader, fh = _open_csv(path, AZURE_COLUMNS, "Azure LLM inference trace")
+    it, ip, io = (header.index(c) for c in AZURE_COLUMNS)
+    rows = []
+    with fh:
+        for line, rec in enumerate(reader, start=2):
+            if not rec:
+                continue
+            if len(rec) < len(header):
+                raise _err(path, line, f"row has {len(rec)} fields, the header has {len(header)}",
+                           "correct or delete that row")
+            try:
+                t = _parse_azure_time(rec[it])
+            except ValueError:
+                raise _err(path, line, f"TIMESTAMP {rec[it]!r} is not a datetime like '2023-11-16 18:15:46.6805900'",
+                           "correct or delete that row") from None
+            rows.append((line, t, _int_field(path, line, "ContextTokens", rec[ip]),
+                         _int_field(path, line, "GeneratedTokens", rec[io])))
+    return _finish(path, name or path.stem, rows, {})
+
+
+def load_burstgpt(path: str | Path, name: str | None = None) -> Trace:
+    """BurstGPT: Timestamp (s), Request tokens, Response tokens (other columns ignored).
+
+    Rows with zero request or response tokens are failed requests in BurstGPT; they are dropped and counted.
+    """
+    path = Path(path)
+    header, reader, fh = _open_csv(path, BURSTGPT_COLUMNS, "BurstGPT")
+    it, ip, io = (header.index(c) for c in BURSTGPT_COLUMNS)
+    rows = []
+    with fh:
+        for line, rec in enumerate(reader, start=2):
+            if not rec:
+                continue
+            if len(rec) < len(header):
+                raise _err(path, line, f"row has {len(rec)} fields, the header has {len(header)}",
+                           "correct or delete that row")
+            try:
+                t = float(rec[it])
+            except ValueError:
+                raise _err(path, line, f"Timestamp {rec[it]!r} is not a number of seconds",
+                           "correct or delete that row") from None
+            rows.append((line, t, _int_field(path, line, "Request tokens", rec[ip]),
+                         _int_field(path, line, "Response tokens", rec[io])))
+    return _finish(path, name or path.stem, rows, {})
+
+
+def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
+    """Mooncake JSONL: timestamp (ms), input_length, output_length (hash_ids ignored: no prefix caching here)."""
+    path = Path(path)
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise _err(path, line, f"not a JSON object ({exc.msg})", "correct or delete that line") from None
+            if not isinstance(rec, dict):
+                raise _err(path, line, "not a JSON object", "one object per line")
+            missing = [k for k in MOONCAKE_FIELDS if k not in rec]
+            if missing:
+                raise _err(path, line, f"record lacks field(s) {missing}",
+                           f"give every line the fields {list(MOONCAKE_FIELDS)}")
+            t_ms = rec["timestamp"]
+            if isinstance(t_ms, bool) or not isinstance(t_ms, (int, float)) or t_ms != t_ms:
+                raise _err(path, line, f"timestamp {t_ms!r} is not a number of milliseconds",
+                           "correct or delete that line")
+            if t_ms < 0:
+                raise _err(path, line, f"timestamp {t_ms} is negative", "correct or delete that line")
+            rows.append((line, t_ms / 1000.0, _int_field(path, line, "input_length", str(rec["input_length"])),
+                         _int_field(path, line, "output_length", str(rec["output_length"]))))
+    if not rows:
+        raise _err(path, 1, "the file is empty", f"give a Mooncake JSONL trace with fields {list(MOONCAKE_FIELDS)}")
+    return _finish(path, name or path.stem, rows, {})
+
+
+def detect_format(path: str | Path) -> str:
+    """'azure' | 'mooncake' | 'burstgpt' from the extension and header."""
+    path = Path(path)
+    if path.suffix in (".jsonl", ".json"):
+        return "mooncake"
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        first = fh.readline()
+    if not first.strip():
+        raise _err(path, 1, "the file is empty", "give a trace file with a header row")
+    header = [h.strip() for h in next(csv.reader([first]))]
+    if all(c in header for c in AZURE_COLUMNS):
+        return "azure"
+    if all(c in header for c in BURSTGPT_COLUMNS):
+        return "burstgpt"
+    if first.lstrip().startswith("{"):
+        return "mooncake"
+    raise _err(path, 1, f"header {header} matches no known trace format",
+               f"use an Azure CSV {list(AZURE_COLUMNS)}, a BurstGPT CSV {list(BURSTGPT_COLUMNS)} "
+               f"or a Mooncake JSONL with {list(MOONCAKE_FIELDS)}")
+
+
+LOADERS = {"azure": load_azure, "mooncake": load_mooncake, "burstgpt": load_burstgpt}
+
+
+def bundled_trace_path() -> Path:
+    return BUNDLED_DIR / BUNDLED_FILE
+
+
+def load_trace(name_or_path: str | Path, traces_dir: str | Path | None = None) -> Trace:
+    """A named trace ("azure-conv", "azure-code", "mooncake", "burstgpt" from shared/traces; "bundled", shipped in
+    the package) or a trace file whose format is detected from its extension and header."""
+    key = str(name_or_path)
+    if key == "bundled":
+        return load_azure(bundled_trace_path(), name="bundled-azure-conv-10min")
+    if key in NAMED_TRACES:
+        base = Path(traces_dir) if traces_dir is not None else SHARED_TRACES
+        path = base / NAMED_TRACES[key]
+        if not path.exists():
+            raise FileNotFoundError(
+                f"trace {key!r} needs {path.resolve()}, which is absent; put the published file there "
+                f"(see shared/traces/SOURCES.md), pass traces_dir=, or use 'bundled'"
+            )
+        fmt = detect_format(path)
+        return LOADERS[fmt](path, name=key)
+    path = Path(key)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"trace {key!r} is neither a known name {sorted([*NAMED_TRACES, 'bundled'])} nor an existing file"
+        )
+    return LOADERS[detect_format(path)](path)
