@@ -7,6 +7,7 @@ gymnasium or mlflow. Bad input exits with code 2 and a message that names the pr
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -22,12 +23,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(args)
 
 
-def _cmd_collect(args: argparse.Namespace) -> int:
-    from kernel_gym.measure import collect
-
-    return collect.main(args.rest)
-
-
 def _cmd_data(args: argparse.Namespace) -> int:
     from kernel_gym.measure import summary
 
@@ -39,34 +34,20 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from kernel_gym.policies import train
-
-    return train.main(args.rest)
-
-
-def _cmd_replay(args: argparse.Namespace) -> int:
-    from kernel_gym.policies import replay
-
-    return replay.main(args.rest)
-
-
-def _cmd_export(args: argparse.Namespace) -> int:
-    from kernel_gym.policies import export
-
-    return export.main(args.rest)
-
-
 def _cmd_ui(args: argparse.Namespace) -> int:
     from kernel_gym.policies import tracking
 
     return tracking.serve_ui(port=args.port, open_browser=False)
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from kernel_gym import demo
-
-    return demo.main(args.rest)
+# Subcommands whose arguments the stage parses itself: (module with main(argv) -> int, help text).
+DELEGATED = {
+    "collect": ("kernel_gym.measure.collect", "GPU: fill the measurement store (resumable, time budget)"),
+    "train": ("kernel_gym.policies.train", "train a MaskablePPO policy on an environment; logs to MLflow"),
+    "replay": ("kernel_gym.policies.replay", "replay a trace through the serving simulator with each policy"),
+    "export": ("kernel_gym.policies.export", "export a registered policy as a dispatch table or vLLM config files"),
+    "demo": ("kernel_gym.demo", "the main job on embedded defaults, CPU only: train, export, replay, compare"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,24 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser("collect", help="GPU: fill the measurement store (see `kernel-gym collect -- --help`)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for scripts/collect.py")
-    p.set_defaults(func=_cmd_collect)
 
     p = sub.add_parser("data", help="summarise the embedded H200 dataset (or --db PATH)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--db", default=None, help="a measurement store (sqlite) instead of the packaged dataset")
     p.set_defaults(func=_cmd_data)
 
-    for name, func, text in (
-        ("train", _cmd_train, "train a MaskablePPO policy on an environment; logs to MLflow (`train -- --help`)"),
-        ("replay", _cmd_replay, "replay a trace through the serving simulator with each policy (`replay -- --help`)"),
-        ("export", _cmd_export, "export a registered policy as a dispatch table or vLLM config files"),
-        ("demo", _cmd_demo, "the main job on embedded defaults, CPU only: train, export, replay, compare"),
-    ):
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=func)
+    for name, (_, text) in DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)  # parsed by the stage's own main(argv)
 
     p = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the kernel_gym store (mlruns/)")
     p.add_argument("--port", type=int, default=5000)
@@ -110,23 +81,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if hasattr(args, "rest") and args.rest and args.rest[0] == "--":
-        args.rest = args.rest[1:]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        command, rest = argv[0], argv[1:]
+        func = lambda: importlib.import_module(DELEGATED[command][0]).main(rest)  # noqa: E731
+    else:
+        args = build_parser().parse_args(argv)
+        command, func = args.command, lambda: args.func(args)  # noqa: E731
     try:
-        return int(args.func(args) or 0)
+        return int(func() or 0)
     except (UsageError, ValueError, FileNotFoundError) as exc:
-        print(f"kernel-gym {args.command}: error: {exc}", file=sys.stderr)
+        print(f"kernel-gym {command}: error: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
         missing = getattr(exc, "name", None) or ""
         if missing.startswith("kernel_gym") or "from 'kernel_gym" in str(exc):
-            print(f"kernel-gym {args.command}: not available in this version ({exc})", file=sys.stderr)
+            print(f"kernel-gym {command}: not available in this version ({exc})", file=sys.stderr)
             return 3
         raise
     except KeyboardInterrupt:
-        print(f"kernel-gym {args.command}: interrupted", file=sys.stderr)
+        print(f"kernel-gym {command}: interrupted", file=sys.stderr)
         return 130
 
 
