@@ -36,25 +36,17 @@ class Timed:
 
 
 def _time(fn: Callable[[], Any]) -> Timed:
-    from kernel_gym.measure.timing import time_launch
+    """Benchmark-grade timing: more samples than collection (10 to 40, L2 flushed before each)."""
+    from kernel_gym.measure.timing import TimingOptions, time_launch
 
-    t = time_launch(fn)
+    fn()  # warm
+    t = time_launch(fn, TimingOptions(min_reps=10, max_reps=40, round_reps=10, target_spread=0.02, max_time_s=2.0))
     return Timed(t.median_ms, t.spread, t.repeats)
 
 
-def _check(family: Any, out: Any, ref: Any, dtype: str) -> str | None:
-    import torch
-
-    atol, rtol = family.tolerance(dtype)
-    out32, ref32 = out.float(), ref.float()
-    if out32.shape != ref32.shape:
-        return f"shape {tuple(out32.shape)} != reference {tuple(ref32.shape)}"
-    if not torch.isfinite(out32).all():
-        return "non-finite values in output"
-    if not torch.allclose(out32, ref32, atol=atol, rtol=rtol):
-        err = (out32 - ref32).abs().max().item()
-        return f"max abs error {err:.3g} exceeds atol={atol} rtol={rtol}"
-    return None
+def _candidates(family: Any, workload: Any, n_configs: int, seed: int) -> list[Config]:
+    default = family.default_config(workload)
+    return [default] + [c for c in family.space.sample(workload, n_configs, seed=seed) if c != default]
 
 
 def copy_bandwidth_tbs() -> tuple[float, Timed]:
@@ -99,55 +91,33 @@ def _metric(family_name: str, workload: Any, family: Any, ms: float) -> tuple[st
     return "TFLOP/s", family.flops(workload) / (ms * 1e-3) / 1e12
 
 
-def bench_case(family_name: str, case: str, workload: Any, n_configs: int, seed: int, log: Callable) -> dict:
-    """Time default + sampled configs on one case; returns the best config, its time, all tried configs."""
-    import torch
+BENCH_TIMING_KW = dict(min_reps=10, max_reps=40, round_reps=10, target_spread=0.02, max_time_s=2.0)
+
+
+def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs: int, seed: int,
+               log: Callable) -> dict:
+    """Time default + sampled configs on one case in the live backend's isolated worker (each checked against the
+    reference first); near-ties are re-measured by pick_winner. Returns the best, the default's time, all tried."""
+    from kernel_gym.measure.timing import TimingOptions
 
     family = get_family(family_name)
-    inputs = family.make_inputs(workload, "cuda", seed=seed)
-    ref = family.reference(inputs)
-    default = family.default_config(workload)
-    configs = [default] + [c for c in family.space.sample(workload, n_configs, seed=seed) if c != default]
-    tried: list[dict] = []
-    for i, config in enumerate(configs):
-        entry: dict[str, Any] = {"config": dict(config)}
-        try:
-            fn = family.prepare(inputs, config)
-            out = fn()
-            torch.cuda.synchronize()
-            reason = _check(family, out, ref, workload.dtype)
-            if reason:
-                entry.update(status="wrong_result", reason=reason)
-            else:
-                t = _time(fn)
-                entry.update(status="ok", ms=t.ms, spread=t.spread, repeats=t.repeats)
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded with its reason
-            name = type(exc).__name__
-            status = "out_of_resources" if "OutOfResources" in name else "compile_error"
-            entry.update(status=status, reason=f"{name}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
-        tried.append(entry)
-        if (i + 1) % 20 == 0:
-            log(f"  {case}: {i + 1}/{len(configs)} configs")
-    ok = [e for e in tried if e["status"] == "ok"]
-    if not ok:
-        raise RuntimeError(f"{case}: no config succeeded; first failure: {tried[0]}")
-    # Re-measure the near-ties (within 3% of the best) before declaring a winner.
-    best_ms = min(e["ms"] for e in ok)
-    for e in ok:
-        if e["ms"] <= 1.03 * best_ms:
-            fn = family.prepare(inputs, Config(e["config"]))
-            e["ms"] = min(e["ms"], _time(fn).ms)
-    best = min(ok, key=lambda e: e["ms"])
-    default_entry = tried[0]
-    extra = {}
+    configs = _candidates(family, workload, n_configs, seed)
+    winner, measurements = live.pick_winner(family_name, workload, configs,
+                                            confirm=TimingOptions(**{**BENCH_TIMING_KW, "min_reps": 20}))
+    by_config: dict[str, Any] = {}
+    for m in measurements:  # later (confirming) measurements replace earlier ones
+        by_config[m.config] = m
+    tried = [m.to_dict() for m in by_config.values()]
+    best = by_config[str(winner)]
+    default = by_config[str(configs[0])]
+    failures = sum(1 for m in by_config.values() if not m.ok)
+    log(f"  {case}: {len(by_config)} configs, {failures} failed")
+    result = {"best": {"config": dict(winner), "ms": best.median_ms, "spread": best.spread},
+              "default_ms": default.median_ms if default.ok else None, "tried": tried}
     if family_name == "fused_moe":
-        extra["torch_loop_ms"] = _time(lambda: family.torch_loop_moe(inputs)).ms
-    return {
-        "best": best,
-        "default_ms": default_entry.get("ms"),
-        "tried": tried,
-        **extra,
-    }
+        inputs = family.make_inputs(workload, "cuda", seed=seed)
+        result["torch_loop_ms"] = _time(family.make_torch_loop(inputs)).ms  # routing done up front, as in ours
+    return result
 
 
 def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0, log: Callable = print) -> dict:
@@ -156,7 +126,13 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
 
     if not torch.cuda.is_available():
         raise ValueError("`kernel-gym bench` needs a CUDA GPU; run it on the GPU machine (README: The GPU parts)")
+    import os
+
+    from kernel_gym.measure.live import LiveBackend
+    from kernel_gym.measure.timing import TimingOptions
+
     start = time.time()
+    live = LiveBackend(timing=TimingOptions(**BENCH_TIMING_KW), compile_workers=max(1, (os.cpu_count() or 2) - 2))
     copy_tbs, copy_t = copy_bandwidth_tbs()
     log(f"copy bandwidth: {copy_tbs:.2f} TB/s")
     records: list[dict] = []
@@ -164,12 +140,14 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
     for family_name in kernels:
         family = get_family(family_name)
         cases = importlib.import_module(FAMILY_MODULES[family_name]).bench_cases()
+        for _, workload in cases:  # compile every case's candidates on CPU cores while the GPU times
+            live.prefetch(family_name, workload, _candidates(family, workload, n_configs, seed))
         for case, workload in cases:
             if time.time() - start > budget_s:
                 log(f"budget of {budget_s:.0f} s spent: skipping {case}")
                 continue
             log(f"{family_name} / {case}: timing up to {n_configs + 1} configs")
-            res = bench_case(family_name, case, workload, n_configs, seed, log)
+            res = bench_case(live, family_name, case, workload, n_configs, seed, log)
             details[case] = res
             best = res["best"]
             metric, value = _metric(family_name, workload, family, best["ms"])
@@ -200,6 +178,7 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
                 records.append({**base, "anchor": anchor, "anchor_value": anchor_value,
                                 "ratio_to_anchor": value / anchor_value})
             log(f"  best {best['ms']:.4f} ms ({metric} {value:.1f}), default {res['default_ms']} ms")
+    live.close()
     env = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "copy_bandwidth_tbs": copy_tbs, "copy_ms": copy_t.ms,
