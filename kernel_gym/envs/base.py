@@ -1,0 +1,212 @@
+"""The shared one-step (contextual bandit) kernel-config environment; moe.py, decode_attention.py and
+prefill_attention.py specialise it per kernel family and document it.
+
+One step per episode because the decision is made with zero measurements: in a deployment the dispatcher sees a
+workload and must answer at once, so the agent learns a map workload -> config, not a search procedure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import model_workloads
+from kernel_gym.measure.types import INVALID, UNAVAILABLE
+from kernel_gym.policies.catalogue import (
+    Catalogue,
+    WorkloadReference,
+    build_catalogue,
+    measure_reference,
+    split_workloads,
+)
+from kernel_gym.policies.observation import CLIP, feature_names, observe
+
+FAILURE_PENALTY = -1.0
+PROFILES = ("grid", "eval", "small")
+SPLITS = ("train", "heldout", "all")
+
+
+@dataclass
+class WorkloadProfile:
+    """A traffic profile for a kernel env: the workloads an episode may draw and their relative weights."""
+
+    name: str
+    workloads: list[Any]
+    weights: list[float] | None = None
+
+
+def resolve_backend(backend: Any) -> Any:
+    """A Backend object as is, or a name for kernel_gym.measure.make_backend ("recorded", "live", ...)."""
+    if not isinstance(backend, str):
+        if not hasattr(backend, "measure") or not hasattr(backend, "available_configs"):
+            raise TypeError(f"backend {backend!r} is neither a backend name nor a Backend (measure, available_configs)")
+        return backend
+    try:
+        from kernel_gym.measure import make_backend
+    except ImportError as exc:
+        raise ValueError(
+            f"backend {backend!r}: kernel_gym.measure.make_backend is not available ({exc}); pass a Backend object"
+        ) from exc
+    return make_backend(backend)
+
+
+def resolve_profile(profile: Any, kernel: str, model: Any) -> WorkloadProfile:
+    """A WorkloadProfile as is, or a name: "grid" (the model's collection grid, uniform), "eval" (the exhaustively
+    measured evaluation grid) or "small" (CPU-interpreter shapes)."""
+    if isinstance(profile, WorkloadProfile):
+        return profile
+    if profile not in PROFILES:
+        raise ValueError(f"unknown traffic profile {profile!r}: use one of {list(PROFILES)} or a WorkloadProfile")
+    from kernel_gym.models import load_model
+
+    spec = load_model(model) if isinstance(model, str) else model
+    grid = {"grid": "default", "eval": "eval", "small": "small"}[profile]
+    return WorkloadProfile(profile, list(model_workloads(kernel, spec, grid)))
+
+
+def is_live(backend: Any) -> bool:
+    """Live timing is noisy: never cache its answers, and let the best known time improve as it is seen."""
+    return getattr(backend, "name", "") == "live" or not getattr(backend, "deterministic", True)
+
+
+class KernelConfigEnv(gym.Env):
+    """Pick a launch config for one workload; reward = oracle time / measured time. See the subclasses' docstrings."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    kernel = ""
+
+    def __init__(
+        self,
+        backend: Any = "recorded",
+        model: Any = "mixtral-8x7b",
+        profile: Any = "grid",
+        split: str = "train",
+        holdout: float = 0.25,
+        split_seed: int = 0,
+        catalogue: Catalogue | None = None,
+        references: Sequence[WorkloadReference] | None = None,
+        near: float = 0.02,
+        max_catalogue: int = 48,
+        render_mode: str | None = None,
+    ) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r} is not one of {list(SPLITS)}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode {render_mode!r} is not one of {self.metadata['render_modes']}")
+        self.render_mode = render_mode
+        self.family = get_family(self.kernel)
+        self.backend = resolve_backend(backend)
+        self.live = is_live(self.backend)
+        self.profile = resolve_profile(profile, self.kernel, model)
+        if references is None:
+            train, heldout = split_workloads(self.profile.workloads, holdout, split_seed)
+            pool = {"train": train, "heldout": heldout, "all": train + heldout}[split]
+            references = measure_reference(self.backend, self.family, pool)
+            if catalogue is None and split != "train":
+                catalogue = build_catalogue(
+                    self.kernel, measure_reference(self.backend, self.family, train), near, max_catalogue
+                )
+        if catalogue is None:
+            catalogue = build_catalogue(self.kernel, references, near, max_catalogue)
+        if catalogue.kernel != self.kernel:
+            raise ValueError(f"catalogue is for {catalogue.kernel!r}, this env is {self.kernel!r}")
+        self.catalogue = catalogue
+        weights = dict(zip((w.key() for w in self.profile.workloads), self.profile.weights or []))
+        self.references: list[WorkloadReference] = []
+        self.masks: list[np.ndarray] = []
+        self.dropped: list[str] = []  # workloads where no catalogue config is valid and available
+        for ref in references:
+            mask = self._mask(ref)
+            if mask.any():
+                self.references.append(ref)
+                self.masks.append(mask)
+            else:
+                self.dropped.append(ref.key)
+        if not self.references:
+            raise ValueError(
+                f"{self.kernel}: no workload of profile {self.profile.name!r} (split {split!r}) has a valid, measured "
+                "catalogue config; check the backend's data for this model"
+            )
+        p = np.array([weights.get(r.key, 1.0) for r in self.references], dtype=np.float64)
+        self._p = p / p.sum()
+        self._best = [r.best_time for r in self.references]
+        self.observation_space = gym.spaces.Box(-CLIP, CLIP, (len(feature_names(self.kernel)),), np.float32)
+        self.action_space = gym.spaces.Discrete(len(self.catalogue))
+        self._index = 0
+        self._last: dict[str, Any] = {}
+
+    def _mask(self, ref: WorkloadReference) -> np.ndarray:
+        space, w = self.family.space, ref.workload
+        return np.array(
+            [c in ref.available and space.is_valid(c, w) for c in self.catalogue.configs], dtype=bool
+        ) | np.array([c == ref.default and c in ref.times for c in self.catalogue.configs], dtype=bool)
+
+    @property
+    def workload(self) -> Any:
+        return self.references[self._index].workload
+
+    def action_masks(self) -> np.ndarray:
+        """Valid (knob-space rules) and available (backend) catalogue entries for the current workload."""
+        return self.masks[self._index].copy()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Draw a workload from the profile; options={"workload_index": i} picks one (evaluation sweeps)."""
+        super().reset(seed=seed)
+        if options and "workload_index" in options:
+            i = int(options["workload_index"])
+            if not 0 <= i < len(self.references):
+                raise ValueError(f"workload_index {i} out of range [0, {len(self.references)})")
+            self._index = i
+        else:
+            self._index = int(self.np_random.choice(len(self.references), p=self._p))
+        ref = self.references[self._index]
+        return observe(ref.workload), {"workload": ref.key, "action_mask": self.action_masks()}
+
+    def step(self, action: Any):
+        i = int(action)
+        if not 0 <= i < len(self.catalogue):
+            raise ValueError(f"action {action!r} is outside Discrete({len(self.catalogue)})")
+        ref, config = self.references[self._index], self.catalogue.configs[i]
+        obs = observe(ref.workload)
+        info: dict[str, Any] = {"workload": ref.key, "config": str(config), "action": i}
+        if not self.masks[self._index][i]:
+            reason = self.family.space.why_invalid(config, ref.workload)
+            info.update(
+                error_type=INVALID if reason else UNAVAILABLE,
+                reason=reason or "the backend has no measurement for this config on this workload",
+            )
+            return self._end(obs, FAILURE_PENALTY, info)
+        if self.live or config not in ref.times:
+            m = self.backend.measure(self.kernel, ref.workload, config)
+            time_ms = m.median_ms if m.ok else None
+            if not m.ok:
+                info.update(error_type=m.status, reason=m.reason or m.status)
+        else:
+            time_ms = ref.times[config]
+        if time_ms is None or time_ms <= 0:
+            info.setdefault("error_type", "bad_time")
+            info.setdefault("reason", f"backend returned no positive time ({time_ms!r})")
+            return self._end(obs, FAILURE_PENALTY, info)
+        if time_ms < self._best[self._index]:  # live timing found something faster than the best known
+            self._best[self._index] = time_ms
+        best = self._best[self._index]
+        reward = best / time_ms
+        info.update(time_ms=time_ms, best_ms=best, ratio=reward)
+        return self._end(obs, float(reward), info)
+
+    def _end(self, obs: np.ndarray, reward: float, info: dict[str, Any]):
+        self._last = info
+        return obs, reward, True, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return ", ".join(f"{k}={v}" for k, v in self._last.items()) or "(no step yet)"
+        return None
+
+    def config_of(self, action: int) -> Config:
+        return self.catalogue.configs[int(action)]

@@ -1,0 +1,233 @@
+"""MLflow plumbing: the default store, code/data versions, SB3's logger into MLflow, policy export, and the UI server.
+
+Default store: `mlruns/` in the working directory, a sqlite database `mlruns/mlflow.db` with artifacts in
+`mlruns/artifacts` (MLflow refuses a plain file store; STACK.md). MLFLOW_TRACKING_URI overrides it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from stable_baselines3.common.logger import KVWriter
+
+warnings.filterwarnings("ignore", message=".*noload.*")  # sqlalchemy SADeprecationWarning from mlflow's sqlite store
+try:
+    from sqlalchemy.exc import SADeprecationWarning
+
+    warnings.filterwarnings("ignore", category=SADeprecationWarning)
+except ImportError:  # pragma: no cover - sqlalchemy comes with mlflow
+    pass
+
+import mlflow  # noqa: E402
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_store(root: str | Path | None = None) -> tuple[str, str]:
+    """(tracking URI, artifact root URI) of the default store under `root` (default: the working directory)."""
+    base = Path(root or os.getcwd()).resolve() / "mlruns"
+    return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
+
+
+def setup_tracking(tracking_uri: str | None = None) -> str:
+    """Point MLflow at `tracking_uri`, else MLFLOW_TRACKING_URI, else the default store (created if missing)."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        uri, _ = default_store()
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+def get_or_create_experiment(name: str, tracking_uri: str) -> str:
+    """Experiment id; on the default sqlite store new experiments keep their artifacts in mlruns/artifacts."""
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    artifact_location = None
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri.removeprefix("sqlite:///"))
+        artifact_location = (db.parent / "artifacts").resolve().as_uri()
+    return mlflow.create_experiment(name, artifact_location=artifact_location)
+
+
+def git_commit(path: str | Path = PACKAGE_ROOT) -> str:
+    """HEAD of the repository holding the code, with "-dirty" when there are uncommitted changes; "unknown" outside
+    a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=path, capture_output=True, text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def references_hash(refs: Sequence[Any]) -> str:
+    """Hash of the measurements a run trained and evaluated on (workload, config, time): the data version."""
+    h = hashlib.sha256()
+    for r in sorted(refs, key=lambda r: r.key):
+        for c in sorted(r.times, key=str):
+            h.update(f"{r.key}|{c}|{r.times[c]:.9g}\n".encode())
+    return h.hexdigest()[:16]
+
+
+class MLflowOutputFormat(KVWriter):
+    """SB3 logger output that sends every numeric value to MLflow as a metric at the current timestep, and keeps a
+    history (key -> [(step, value)]) for plots."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.client = mlflow.tracking.MlflowClient()
+        self.history: dict[str, list[tuple[int, float]]] = {}
+
+    def write(self, key_values: dict[str, Any], key_excluded: dict[str, Any], step: int = 0) -> None:
+        metrics = []
+        now = int(time.time() * 1000)
+        for key, value in key_values.items():
+            excluded = key_excluded.get(key)
+            if excluded is not None and "mlflow" in excluded:
+                continue
+            if isinstance(value, (bool, str)) or not isinstance(value, (int, float, np.integer, np.floating)):
+                continue
+            v = float(value)
+            if not np.isfinite(v):
+                continue
+            self.history.setdefault(key, []).append((int(step), v))
+            metrics.append(mlflow.entities.Metric(key, v, now, int(step)))
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def close(self) -> None:
+        pass
+
+
+def export_policy_arrays(model: Any) -> tuple[dict[str, np.ndarray], str]:
+    """The actor of a (Maskable)PPO MlpPolicy as numpy arrays for pyfunc_model.actor_logits, and its activation."""
+    import torch.nn as nn
+
+    policy = model.policy
+    layers = [m for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)]
+    acts = {type(m).__name__ for m in policy.mlp_extractor.policy_net if not isinstance(m, nn.Linear)}
+    names = {"Tanh": "tanh", "ReLU": "relu"}
+    if len(acts) > 1 or (acts and next(iter(acts)) not in names):
+        raise ValueError(f"cannot export activation(s) {acts}: use Tanh or ReLU (policy_kwargs activation_fn)")
+    params: dict[str, np.ndarray] = {}
+    for i, lin in enumerate(layers):
+        params[f"W{i}"] = lin.weight.detach().cpu().numpy().astype(np.float32)
+        params[f"b{i}"] = lin.bias.detach().cpu().numpy().astype(np.float32)
+    params["W_out"] = policy.action_net.weight.detach().cpu().numpy().astype(np.float32)
+    params["b_out"] = policy.action_net.bias.detach().cpu().numpy().astype(np.float32)
+    return params, names[next(iter(acts))] if acts else "tanh"
+
+
+def log_policy_model(
+    model: Any,
+    kernel: str,
+    env_id: str,
+    catalogue: Any,
+    known: Sequence[tuple[str, np.ndarray, np.ndarray]],
+    registered_model_name: str | None,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """Log the policy as a self-contained pyfunc model (pyfunc_model.py) in the active run, optionally registered;
+    returns the model URI ("models:/name/version" when registered, else the logged model's URI).
+
+    known: (workload key, observation, mask) of every workload the run saw (the pyfunc's stored validity masks)."""
+    from kernel_gym.policies import observation as obs_mod
+
+    params, activation = export_policy_arrays(model)
+    meta = {
+        "kernel": kernel,
+        "env_id": env_id,
+        "activation": activation,
+        "feature_names": obs_mod.feature_names(kernel),
+        "configs": [dict(c) for c in catalogue.configs],
+        "known_masks": {k: m.astype(bool).tolist() for k, _, m in known},
+        "known_obs": {k: o.astype(float).tolist() for k, o, _ in known},
+        **(extra or {}),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        np.savez(t / "policy.npz", **params)
+        (t / "policy.json").write_text(json.dumps(meta))
+        shutil.copy(PACKAGE_ROOT / "policies" / "observation.py", t / "kernel_gym_observation.py")
+        shutil.copy(PACKAGE_ROOT / "kernels" / "workloads.py", t / "kernel_gym_workloads.py")
+        info = mlflow.pyfunc.log_model(
+            name="policy",
+            python_model=str(PACKAGE_ROOT / "policies" / "pyfunc_model.py"),
+            artifacts={"policy_npz": str(t / "policy.npz"), "policy_json": str(t / "policy.json")},
+            code_paths=[str(t / "kernel_gym_observation.py"), str(t / "kernel_gym_workloads.py")],
+            # no input_example / signature: rows carry either a workload_key or feature columns
+            pip_requirements=["mlflow", "numpy", "pandas"],
+            registered_model_name=registered_model_name,
+        )
+    if registered_model_name:
+        version = getattr(info, "registered_model_version", None)
+        if version is not None:
+            return f"models:/{registered_model_name}/{version}"
+    return info.model_uri
+
+
+# ---- the UI --------------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ui(port: int = 5000, tracking_uri: str | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
+    """Start `mlflow server` (one worker, no job runner: answers in ~5 s) for the store; stop it with .terminate().
+
+    The server is bound to 127.0.0.1 by default: it has no authentication."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_store()[0]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--backend-store-uri", uri,
+           "--workers", "1"]
+    if uri.startswith("sqlite:///"):
+        artifacts = Path(uri.removeprefix("sqlite:///")).parent / "artifacts"
+        cmd += ["--default-artifact-root", artifacts.resolve().as_uri()]
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    log = tempfile.NamedTemporaryFile("w+", prefix="kernel-gym-ui-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log_path = log.name  # type: ignore[attr-defined]  # the server's output, for error messages
+    log.close()
+    return proc
+
+
+def wait_for_ui(
+    port: int, proc: subprocess.Popen | None = None, timeout_s: float = 60.0, host: str = "127.0.0.1"
+) -> str:
+    """Poll until the server answers its REST API; returns its base URL. Raises with the server's output on failure."""
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            log = getattr(proc, "log_path", None)
+            out = Path(log).read_text() if log else ""
+            raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{out[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/search?max_results=1", timeout=2) as r:
+                if r.status == 200:
+                    return url
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"mlflow server on {url} did not answer within {timeout_s} s")

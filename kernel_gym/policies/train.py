@@ -1,0 +1,490 @@
+"""Train a MaskablePPO agent on a kernel env, evaluate it on held-out workloads, and track everything in MLflow.
+
+`train(TrainArgs(...))` is what `kernel-gym train` and scripts/train_agent.py call. A run:
+1. measures the reference data through the backend (recorded: lookups) and splits the profile's workloads into
+   training and held-out workloads (deterministic per split_seed);
+2. builds the config catalogue (the action set) and the best single static config from the training workloads only;
+3. trains MaskablePPO with a progress bar, evaluating the deterministic policy on the held-out workloads every
+   eval_freq steps and checkpointing every checkpoint_freq steps (resume=True continues the same MLflow run);
+4. logs parameters, SB3's metrics, evaluation metrics, data and code versions, plots, the catalogue and the policy
+   (a self-contained pyfunc registered as kernel-gym-<env>, e.g. kernel-gym-moe-v0).
+Seeded runs on a deterministic (recorded) backend are reproducible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import math
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from kernel_gym.policies.catalogue import (
+    Catalogue,
+    Evaluation,
+    WorkloadReference,
+    best_static_config,
+    build_catalogue,
+    evaluate_choices,
+    measure_reference,
+    split_workloads,
+)
+from kernel_gym.policies.observation import observe
+
+
+@dataclass
+class TrainArgs:
+    env_id: str = "KernelGym/MoE-v0"
+    """Gymnasium id of a kernel env (KernelGym/MoE-v0, KernelGym/DecodeAttention-v0, KernelGym/PrefillAttention-v0)."""
+    backend: str = "recorded"
+    """Measurement backend: "recorded" (H200 store, CPU) or "live" (GPU); tests pass a Backend object to train()."""
+    model: str = "mixtral-8x7b"
+    """Model spec whose shapes make the workload grid: a built-in name or a ModelSpec JSON file."""
+    profile: str = "grid"
+    """Traffic profile the episodes draw workloads from: grid | eval | small."""
+    total_timesteps: int = 30_000
+    """Environment steps (= episodes: one config choice each) to train for."""
+    seed: int = 0
+    """Seed of the agent, the env and torch: same seed + recorded backend = same run."""
+    holdout: float = 0.25
+    """Share of the profile's workloads held out of training and used for evaluation."""
+    split_seed: int = 0
+    """Seed of the train / held-out split (keep it fixed to compare runs)."""
+    near: float = 0.02
+    """Catalogue: a config joins when it is within this fraction of the best on some training workload."""
+    max_catalogue: int = 48
+    """Catalogue: at most this many configs (the action space size)."""
+    learning_rate: float = 1e-3
+    """Adam learning rate."""
+    n_steps: int = 512
+    """Steps per rollout before each PPO update."""
+    batch_size: int = 128
+    """Minibatch size of the PPO update."""
+    n_epochs: int = 10
+    """PPO epochs per update."""
+    ent_coef: float = 0.01
+    """Entropy bonus (keeps exploring configs early)."""
+    net_arch: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the actor and critic MLPs (tanh)."""
+    eval_freq: int = 2_000
+    """Evaluate on held-out workloads every this many steps (0: only at the end)."""
+    checkpoint_freq: int = 5_000
+    """Save a resumable checkpoint every this many steps (0: only at the end or on interruption)."""
+    checkpoint_dir: str = ""
+    """Checkpoint directory (default out/checkpoints/<env>-seed<seed>)."""
+    resume: bool = False
+    """Continue from the checkpoint in checkpoint_dir (same MLflow run) instead of starting over."""
+    experiment: str = "kernel-gym"
+    """MLflow experiment name."""
+    run_name: str = ""
+    """MLflow run name (default <env>-seed<seed>)."""
+    tracking_uri: str = ""
+    """MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite mlruns/mlflow.db in the working directory)."""
+    log_model: bool = True
+    """Log the policy as an MLflow pyfunc model (off: quick experiments and tests)."""
+    register_model: bool = True
+    """Register the logged policy in the MLflow model registry."""
+    model_name: str = ""
+    """Registered model name (default kernel-gym-<env>, e.g. kernel-gym-moe-v0)."""
+    progress_bar: bool = True
+    """Show a progress bar while training."""
+    torch_threads: int = 1
+    """torch CPU threads (1 keeps runs reproducible and leaves a core for the env)."""
+
+    def __post_init__(self) -> None:
+        from kernel_gym.envs import ENV_KERNELS
+
+        if self.env_id not in ENV_KERNELS:
+            raise ValueError(f"env_id {self.env_id!r} is not a kernel env; use one of {sorted(ENV_KERNELS)}")
+        for name in ("total_timesteps", "n_steps", "batch_size", "n_epochs", "max_catalogue", "torch_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_freq", "checkpoint_freq"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.holdout < 1:
+            raise ValueError(f"holdout must be in [0, 1), got {self.holdout}")
+        self.net_arch = tuple(int(n) for n in self.net_arch)
+
+    @property
+    def short(self) -> str:
+        return self.env_id.split("/")[-1].lower()
+
+    @property
+    def kernel(self) -> str:
+        from kernel_gym.envs import ENV_KERNELS
+
+        return ENV_KERNELS[self.env_id]
+
+
+def field_help() -> dict[str, str]:
+    """Each TrainArgs field's docstring (cleanrl style), for argparse help."""
+    tree = ast.parse(inspect.getsource(TrainArgs))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    out = {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            out[a.target.id] = str(b.value.value)  # type: ignore[union-attr]
+    return out
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add one --flag per TrainArgs field (--no-flag for booleans); `TrainArgs(**vars(ns))` reads them back."""
+    helps = field_help()
+    for f in dataclasses.fields(TrainArgs):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=helps.get(f.name, ""))
+        elif isinstance(default, tuple):
+            parser.add_argument(flag, dest=f.name, type=int, nargs="+", default=default, help=helps.get(f.name, ""))
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(default), default=default,
+                                help=f"{helps.get(f.name, '')} (default: {default!r})")
+    return parser
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced."""
+
+    run_id: str
+    model_uri: str
+    evaluation: Evaluation
+    catalogue: Catalogue
+    checkpoint_dir: str
+    num_timesteps: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ---- data preparation ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedData:
+    """References, catalogue and static baseline of one (kernel, profile, split)."""
+
+    kernel: str
+    train: list[WorkloadReference]
+    heldout: list[WorkloadReference]
+    catalogue: Catalogue
+    static: Any
+
+
+def prepare_data(
+    kernel: str, backend: Any, model: Any = "mixtral-8x7b", profile: Any = "grid", holdout: float = 0.25,
+    split_seed: int = 0, near: float = 0.02, max_catalogue: int = 48,
+) -> PreparedData:
+    """Measure the profile's workloads through the backend, split them, and build catalogue and static baseline from
+    the training part only."""
+    from kernel_gym.envs.base import resolve_profile
+    from kernel_gym.kernels import get_family
+
+    family = get_family(kernel)
+    prof = resolve_profile(profile, kernel, model)
+    train_w, heldout_w = split_workloads(prof.workloads, holdout, split_seed)
+    train = measure_reference(backend, family, train_w)
+    heldout = measure_reference(backend, family, heldout_w)
+    catalogue = build_catalogue(kernel, train, near, max_catalogue)
+    return PreparedData(kernel, train, heldout, catalogue, best_static_config(train))
+
+
+# ---- evaluation ----------------------------------------------------------------------------------------------------
+
+
+def policy_chooser(model: Any, catalogue: Catalogue, space: Any) -> Any:
+    """A chooser (WorkloadReference -> Config) for evaluate_choices: the deterministic masked policy; the default
+    config when no catalogue entry is valid and available for the workload (what a dispatcher falls back to)."""
+
+    def choose(ref: WorkloadReference):
+        mask = np.array(
+            [(c in ref.available and space.is_valid(c, ref.workload)) or (c == ref.default and c in ref.times)
+             for c in catalogue.configs], dtype=bool,
+        )
+        if not mask.any():
+            return ref.default
+        action, _ = model.predict(observe(ref.workload), action_masks=mask, deterministic=True)
+        return catalogue.configs[int(action)]
+
+    return choose
+
+
+def evaluate_model(model: Any, data: PreparedData, on: str = "heldout") -> Evaluation:
+    """Geomean oracle_time / chosen_time on the held-out (or training) workloads for the policy, the default and the
+    best static config. Decisions use no measurement; the backend's times only score them."""
+    from kernel_gym.kernels import get_family
+
+    refs = data.heldout if on == "heldout" else data.train
+    if not refs:
+        raise ValueError(f"no {on} workloads to evaluate on (holdout=0?)")
+    return evaluate_choices(refs, policy_chooser(model, data.catalogue, get_family(data.kernel).space), data.static)
+
+
+def random_policy_geomean(data: PreparedData, on: str = "heldout", samples: int = 64, seed: int = 0) -> float:
+    """Expected geomean ratio of choosing uniformly among valid, available catalogue entries (a learning baseline)."""
+    from kernel_gym.kernels import get_family
+
+    space = get_family(data.kernel).space
+    rng = np.random.default_rng(seed)
+    refs = data.heldout if on == "heldout" else data.train
+    logs = []
+    for ref in refs:
+        ok = [c for c in data.catalogue.configs if c in ref.available and space.is_valid(c, ref.workload)] or [
+            ref.default
+        ]
+        picks = rng.integers(0, len(ok), samples)
+        logs.append(np.mean([math.log(ref.ratio_with_fallback(ok[i])[0]) for i in picks]))
+    return float(math.exp(np.mean(logs)))
+
+
+# ---- plots ---------------------------------------------------------------------------------------------------------
+
+
+def plot_learning_curve(history: dict[str, list], eval_history: list[dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rew = history.get("rollout/ep_rew_mean", [])
+    if rew:
+        ax.plot([s for s, _ in rew], [v for _, v in rew], label="training reward (mean ratio to oracle)")
+    if eval_history:
+        steps = [e["step"] for e in eval_history]
+        ax.plot(steps, [e["eval/geomean_policy"] for e in eval_history], "o-", label="held-out: policy")
+        ax.plot(steps, [e["eval/geomean_static"] for e in eval_history], "--", label="held-out: best static")
+        ax.plot(steps, [e["eval/geomean_default"] for e in eval_history], ":", label="held-out: default")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("oracle time / chosen time (geomean)")
+    ax.set_ylim(top=1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_chosen_configs(evaluation: Evaluation, catalogue: Catalogue, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = evaluation.rows
+    index = {str(c): i for i, c in enumerate(catalogue.configs)}
+    labels = [_short_key(r["workload"]) for r in rows]
+    x = np.arange(len(rows))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(7, 0.35 * len(rows) + 2), 7), sharex=True)
+    w = 0.27
+    ax1.bar(x - w, [r["ratio_policy"] for r in rows], w, label="policy")
+    ax1.bar(x, [r["ratio_static"] for r in rows], w, label="best static")
+    ax1.bar(x + w, [r["ratio_default"] for r in rows], w, label="default")
+    ax1.set_ylabel("oracle / chosen time")
+    ax1.set_ylim(0, 1.05)
+    ax1.legend(fontsize=8, ncol=3)
+    ax1.set_title(f"held-out workloads: chosen configs ({catalogue.kernel})")
+    ax2.scatter(x, [index.get(r["chosen"], -1) for r in rows], marker="o", label="policy's catalogue entry")
+    ax2.scatter(x, [index.get(r["oracle_config"], -1) for r in rows], marker="x", label="oracle (-1: not in catalogue)")
+    ax2.set_ylabel("catalogue index")
+    ax2.set_xticks(x, labels, rotation=70, fontsize=7)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _short_key(key: str) -> str:
+    d = json.loads(key)
+    skip = {"kernel", "dtype", "hidden", "intermediate", "num_experts", "top_k", "num_heads", "num_kv_heads",
+            "head_dim"}
+    return ",".join(f"{k}={v}" for k, v in d.items() if k not in skip)
+
+
+# ---- training ------------------------------------------------------------------------------------------------------
+
+
+def _state_path(ckpt: Path) -> Path:
+    return ckpt / "state.json"
+
+
+def _save_checkpoint(model: Any, ckpt: Path, run_id: str, args: TrainArgs, eval_history: list) -> None:
+    ckpt.mkdir(parents=True, exist_ok=True)
+    model.save(ckpt / "latest.zip")
+    state = {"run_id": run_id, "num_timesteps": int(model.num_timesteps), "env_id": args.env_id, "seed": args.seed,
+             "eval_history": eval_history}
+    tmp = _state_path(ckpt).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(_state_path(ckpt))  # atomic: an interruption never leaves a half-written state
+
+
+def train(args: TrainArgs, backend: Any = None) -> TrainResult:
+    """Run one training run (see the module docstring); `backend` overrides args.backend with a Backend object."""
+    import gymnasium
+    import mlflow
+    import torch
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
+
+    import kernel_gym  # noqa: F401  (registers the env ids)
+    from kernel_gym.envs.base import is_live, resolve_backend
+    from kernel_gym.policies import tracking
+
+    torch.set_num_threads(args.torch_threads)
+    backend = resolve_backend(backend if backend is not None else args.backend)
+    data = prepare_data(args.kernel, backend, args.model, args.profile, args.holdout, args.split_seed, args.near,
+                        args.max_catalogue)
+    eval_on = "heldout" if data.heldout else "train"
+    ckpt = Path(args.checkpoint_dir or f"out/checkpoints/{args.short}-seed{args.seed}")
+    state = json.loads(_state_path(ckpt).read_text()) if args.resume and _state_path(ckpt).exists() else None
+    if state is not None and state["env_id"] != args.env_id:
+        raise ValueError(
+            f"checkpoint in {ckpt} is for {state['env_id']}, not {args.env_id}: pass another --checkpoint-dir"
+        )
+
+    uri = tracking.setup_tracking(args.tracking_uri or None)
+    experiment_id = tracking.get_or_create_experiment(args.experiment, uri)
+
+    env = gymnasium.make(args.env_id, backend=backend, references=data.train, catalogue=data.catalogue)
+    eval_history: list[dict[str, float]] = list(state["eval_history"]) if state else []
+
+    if state is not None:
+        run = mlflow.start_run(run_id=state["run_id"])
+    else:
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=args.run_name or f"{args.short}-seed{args.seed}")
+    run_id = run.info.run_id
+    try:
+        if state is None:
+            params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(args).items()}
+            params.update(catalogue_size=len(data.catalogue), train_workloads=len(data.train),
+                          heldout_workloads=len(data.heldout), static_config=str(data.static),
+                          backend_name=getattr(backend, "name", str(backend)))
+            mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+            mlflow.set_tags({
+                "git_commit": tracking.git_commit(),
+                "data.reference_hash": tracking.references_hash(data.train + data.heldout),
+                "data.dataset_hash": str(getattr(backend, "dataset_hash", "") or "n/a"),
+                "data.backend": getattr(backend, "name", str(backend)),
+                "nondeterministic": str(is_live(backend)),
+                "kernel": args.kernel,
+                "env_id": args.env_id,
+            })
+            with tempfile.TemporaryDirectory() as tmp:
+                data.catalogue.save(Path(tmp) / "catalogue.json")
+                mlflow.log_artifact(str(Path(tmp) / "catalogue.json"))
+
+        if state is not None:
+            model = MaskablePPO.load(ckpt / "latest.zip", env=env, device="cpu")
+            done = int(state["num_timesteps"])
+        else:
+            model = MaskablePPO(
+                "MlpPolicy", env, learning_rate=args.learning_rate, n_steps=args.n_steps, batch_size=args.batch_size,
+                n_epochs=args.n_epochs, ent_coef=args.ent_coef, seed=args.seed, device="cpu", verbose=0,
+                policy_kwargs={"net_arch": list(args.net_arch)},
+            )
+            done = 0
+        writer = tracking.MLflowOutputFormat(run_id)
+        model.set_logger(Logger(folder=None, output_formats=[writer]))
+
+        class Periodic(BaseCallback):
+            def _on_step(self) -> bool:
+                n = self.model.num_timesteps
+                if args.eval_freq and n % args.eval_freq == 0:
+                    ev = evaluate_model(self.model, data, eval_on)
+                    m = ev.metrics()
+                    mlflow.log_metrics(m, step=n)
+                    eval_history.append({"step": n, **m})
+                if args.checkpoint_freq and n % args.checkpoint_freq == 0:
+                    _save_checkpoint(self.model, ckpt, run_id, args, eval_history)
+                return True
+
+        remaining = max(0, args.total_timesteps - done)
+        try:
+            if remaining:
+                model.learn(total_timesteps=remaining, callback=Periodic(), progress_bar=args.progress_bar,
+                            reset_num_timesteps=state is None)
+        except KeyboardInterrupt:
+            _save_checkpoint(model, ckpt, run_id, args, eval_history)
+            mlflow.end_run(status="KILLED")
+            raise
+        _save_checkpoint(model, ckpt, run_id, args, eval_history)
+
+        evaluation = evaluate_model(model, data, eval_on)
+        final = evaluation.metrics("final/")
+        final["final/random_policy_geomean"] = random_policy_geomean(data, eval_on)
+        final["final/train_geomean_policy"] = evaluate_model(model, data, "train").geomean_policy
+        mlflow.log_metrics(final, step=int(model.num_timesteps))
+        if not eval_history or eval_history[-1]["step"] != model.num_timesteps:
+            eval_history.append({"step": int(model.num_timesteps), **evaluation.metrics()})
+        with tempfile.TemporaryDirectory() as tmp:
+            t = Path(tmp)
+            (t / "evaluation.json").write_text(json.dumps({"on": eval_on, **evaluation.to_dict()}, indent=1))
+            plot_learning_curve(writer.history, eval_history, t / "learning_curve.png")
+            plot_chosen_configs(evaluation, data.catalogue, t / "chosen_configs.png")
+            for name in ("evaluation.json", "learning_curve.png", "chosen_configs.png"):
+                mlflow.log_artifact(str(t / name), artifact_path="plots" if name.endswith(".png") else None)
+        model_uri = ""
+        if args.log_model:
+            model_uri = _log_model(model, args, data, backend, run_id)
+            mlflow.set_tag("model_uri", model_uri)
+    except BaseException:
+        if mlflow.active_run() is not None:
+            mlflow.end_run(status="FAILED")
+        raise
+    mlflow.end_run()
+    return TrainResult(run_id, model_uri, evaluation, data.catalogue, str(ckpt), int(model.num_timesteps), final)
+
+
+def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, run_id: str) -> str:
+    import gymnasium
+
+    from kernel_gym.policies import tracking
+
+    space = gymnasium.make(
+        args.env_id, backend=backend, references=data.train + data.heldout, catalogue=data.catalogue
+    ).unwrapped
+    known = [(r.key, observe(r.workload), m) for r, m in zip(space.references, space.masks)]
+    name = (args.model_name or f"kernel-gym-{args.short}") if args.register_model else None
+    return tracking.log_policy_model(
+        model, args.kernel, args.env_id, data.catalogue, known, name,
+        extra={"static_config": dict(data.static), "run_id": run_id},
+    )
+
+
+def evaluate_logged_policy(
+    model_uri: str, kernel: str, backend: Any, model: Any = "mixtral-8x7b", profile: Any = "grid",
+    holdout: float = 0.25, split_seed: int = 0, near: float = 0.02, max_catalogue: int = 48,
+) -> Evaluation:
+    """Score a logged pyfunc policy on the held-out workloads of the same split (benchmarks write .to_dict() as JSON).
+
+    The static baseline and the oracle are recomputed from the backend; the policy only sees workload keys."""
+    import mlflow
+    import pandas as pd
+
+    from kernel_gym.envs.base import resolve_backend
+    from kernel_gym.kernels.space import Config
+
+    data = prepare_data(kernel, resolve_backend(backend), model, profile, holdout, split_seed, near, max_catalogue)
+    refs = data.heldout or data.train
+    pyfunc = mlflow.pyfunc.load_model(model_uri)
+    out = pyfunc.predict(pd.DataFrame({"workload_key": [r.key for r in refs]}))
+    chosen = {r.key: Config.parse(c) for r, c in zip(refs, out["config"])}
+    return evaluate_choices(refs, lambda r: chosen[r.key], data.static)
+
+
+def main(argv: Sequence[str] | None = None) -> TrainResult:
+    parser = add_train_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    result = train(TrainArgs(**vars(parser.parse_args(argv))))
+    e = result.evaluation
+    print(json.dumps({"run_id": result.run_id, "model_uri": result.model_uri, "geomean_policy": e.geomean_policy,
+                      "geomean_static": e.geomean_static, "geomean_default": e.geomean_default}, indent=1))
+    return result

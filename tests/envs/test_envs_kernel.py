@@ -1,0 +1,159 @@
+"""Kernel envs: registration, the Gymnasium contract (check_env), rewards, masks and failures, on the analytic test
+backend (real configs of the real knob spaces, made-up times)."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium
+import numpy as np
+import pytest
+from analytic_backend import AnalyticBackend
+from gymnasium.utils.env_checker import check_env
+
+import kernel_gym  # noqa: F401  (registers the ids)
+from kernel_gym.envs import ENV_IDS, ENV_KERNELS
+from kernel_gym.measure.types import COMPILE_ERROR, INVALID, UNAVAILABLE
+from kernel_gym.policies.catalogue import split_workloads
+
+KERNEL_IDS = ["KernelGym/MoE-v0", "KernelGym/DecodeAttention-v0", "KernelGym/PrefillAttention-v0"]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return AnalyticBackend()
+
+
+@pytest.fixture(scope="module")
+def envs(backend):
+    return {env_id: gymnasium.make(env_id, backend=backend).unwrapped for env_id in KERNEL_IDS}
+
+
+def test_every_id_is_registered_with_the_right_determinism():
+    for env_id, (_, kwargs, nondeterministic) in ENV_IDS.items():
+        spec = gymnasium.spec(env_id)
+        assert spec.nondeterministic is nondeterministic
+        assert (kwargs["backend"] == "live") is nondeterministic
+        assert env_id in ENV_KERNELS
+    assert set(KERNEL_IDS) <= set(ENV_IDS)
+
+
+@pytest.mark.parametrize("env_id", KERNEL_IDS)
+def test_check_env_passes(env_id, envs):
+    env = envs[env_id]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any checker warning is a failure
+        check_env(env, skip_render_check=False)
+    assert env.observation_space.shape == (len(env.observation_space.low),)
+    assert env.kernel == ENV_KERNELS[env_id]
+
+
+@pytest.mark.parametrize("env_id", KERNEL_IDS)
+def test_reward_is_oracle_ratio_and_masks_are_valid(env_id, envs):
+    env = envs[env_id]
+    space = env.family.space
+    seen_one = False
+    for i, ref in enumerate(env.references):
+        obs, info = env.reset(options={"workload_index": i})
+        assert env.observation_space.contains(obs)
+        mask = env.action_masks()
+        assert mask.any() and np.array_equal(mask, info["action_mask"])
+        for a in np.flatnonzero(mask):
+            c = env.catalogue.configs[a]
+            assert space.is_valid(c, ref.workload)
+        ok = [a for a in np.flatnonzero(mask) if env.catalogue.configs[a] in ref.times]
+        best = max(ok, key=lambda a: ref.best_time / ref.times[env.catalogue.configs[a]])
+        _, reward, terminated, truncated, info = env.step(best)
+        assert terminated and not truncated
+        assert reward == pytest.approx(ref.best_time / ref.times[env.catalogue.configs[best]])
+        assert 0 < reward <= 1 and info["ratio"] == reward
+        if ref.best_config in env.catalogue.configs:
+            env.reset(options={"workload_index": i})
+            assert env.step(env.catalogue.index(ref.best_config))[1] == pytest.approx(1.0)
+            seen_one = True
+    assert seen_one  # the catalogue holds the oracle config of some training workload
+
+
+def test_masked_and_failing_actions_end_with_penalty_and_reason(backend):
+    env = gymnasium.make("KernelGym/PrefillAttention-v0", backend=AnalyticBackend(fail_every=3)).unwrapped
+    masked = failed = 0
+    for i, ref in enumerate(env.references):
+        for a, c in enumerate(env.catalogue.configs):
+            env.reset(options={"workload_index": i})
+            _, reward, terminated, _, info = env.step(a)
+            assert terminated
+            if not env.masks[i][a]:
+                assert reward == -1.0 and info["error_type"] in (INVALID, UNAVAILABLE) and info["reason"]
+                masked += 1
+            elif c in ref.failures:
+                assert reward == -1.0 and info["error_type"] == COMPILE_ERROR
+                assert info["reason"] == "injected test failure"
+                failed += 1
+            else:
+                assert 0 < reward <= 1
+    assert failed > 0
+
+
+def test_seeded_resets_repeat_and_cover_the_profile(envs):
+    env = envs["KernelGym/MoE-v0"]
+    first = [env.reset(seed=7)[1]["workload"]] + [env.reset()[1]["workload"] for _ in range(200)]
+    again = [env.reset(seed=7)[1]["workload"]] + [env.reset()[1]["workload"] for _ in range(200)]
+    assert first == again
+    assert len(set(first)) > len(env.references) // 2
+
+
+def test_live_backend_is_measured_every_step_and_best_improves(backend):
+    class Live(AnalyticBackend):
+        name = "live"
+
+    live = Live()
+    env = gymnasium.make("KernelGym/PrefillAttention-live-v0", backend=live).unwrapped
+    assert env.live
+    env.reset(seed=0)
+    a = int(np.flatnonzero(env.action_masks())[0])
+    before = live.calls
+    env.step(a)
+    env.reset(options={"workload_index": env._index})
+    env.step(a)
+    assert live.calls == before + 2
+
+
+def test_heldout_split_is_disjoint_from_training(backend):
+    train = gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend).unwrapped
+    held = gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend, split="heldout").unwrapped
+    assert {r.key for r in train.references}.isdisjoint({r.key for r in held.references})
+    assert held.catalogue.configs == train.catalogue.configs  # built from the training workloads only
+
+
+def test_split_is_deterministic_and_keeps_the_extremes():
+    from kernel_gym.kernels.workloads import model_workloads
+    from kernel_gym.models import BUILTIN_MODELS
+
+    ws = model_workloads("fused_moe", BUILTIN_MODELS["mixtral-8x7b"])
+    a_train, a_out = split_workloads(ws, 0.25, 0)
+    b_train, b_out = split_workloads(list(reversed(ws)), 0.25, 0)
+    assert [w.key() for w in a_out] == [w.key() for w in b_out]
+    assert len(a_out) == round(0.25 * len(ws)) and len(a_train) + len(a_out) == len(ws)
+    tokens = [w.num_tokens for w in a_out]
+    assert min(w.num_tokens for w in ws) not in tokens or max(w.num_tokens for w in ws) not in tokens
+    assert split_workloads(ws, 0.25, 1)[1] != a_out
+
+
+def test_bad_arguments_name_the_value(backend):
+    with pytest.raises(ValueError, match="traffic profile 'bursty'"):
+        gymnasium.make("KernelGym/MoE-v0", backend=backend, profile="bursty")
+    with pytest.raises(ValueError, match="split 'test'"):
+        gymnasium.make("KernelGym/MoE-v0", backend=backend, split="test")
+    with pytest.raises(TypeError, match="neither a backend name"):
+        gymnasium.make("KernelGym/MoE-v0", backend=42)
+    env = gymnasium.make("KernelGym/PrefillAttention-v0", backend=backend).unwrapped
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="outside Discrete"):
+        env.step(len(env.catalogue))
+
+
+def test_render_ansi_describes_the_last_step(backend):
+    env = gymnasium.make("KernelGym/PrefillAttention-v0", backend=backend, render_mode="ansi").unwrapped
+    env.reset(seed=0)
+    env.step(int(np.flatnonzero(env.action_masks())[0]))
+    assert "workload=" in env.render() and "config=" in env.render()
