@@ -37,7 +37,15 @@ def _cmd_data(args: argparse.Namespace) -> int:
 def _cmd_ui(args: argparse.Namespace) -> int:
     from kernel_gym.policies import tracking
 
-    return tracking.serve_ui(port=args.port, open_browser=False)
+    uri = tracking.setup_tracking()
+    proc = tracking.start_ui(port=args.port, tracking_uri=uri)
+    try:
+        url = tracking.wait_for_ui(args.port, proc=proc)
+        print(f"MLflow UI for {uri} at {url} (Ctrl-C stops it)", flush=True)
+        return proc.wait()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 # Subcommands whose arguments the stage parses itself: (module with main(argv) -> int, help text).
@@ -89,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         command, func = args.command, lambda: args.func(args)  # noqa: E731
     try:
-        return int(func() or 0)
+        rc = func()
+        return rc if isinstance(rc, int) else 0
     except (UsageError, ValueError, FileNotFoundError) as exc:
         print(f"kernel-gym {command}: error: {exc}", file=sys.stderr)
         return 2
