@@ -1,0 +1,245 @@
+"""Prefill attention: correctness against the fp32 torch reference (CPU interpreter and GPU), knob-space rules,
+tile scheduling, and the FLOP/byte model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels import prefill_attention as pa
+from kernel_gym.kernels.space import Config, InvalidConfig
+from kernel_gym.kernels.workloads import PrefillWorkload, model_workloads, prefill_seq_lens
+from kernel_gym.models import BUILTIN_MODELS
+
+FAMILY = pa.FAMILY
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check(workload: PrefillWorkload, config: Config, seed: int = 0) -> str | None:
+    """None when the kernel matches the reference for this config, else a message naming config and error."""
+    inputs = FAMILY.make_inputs(workload, DEVICE, seed)
+    try:
+        out = FAMILY.prepare(inputs, config)()
+    except Exception as exc:  # noqa: BLE001 - the message is the point of the GPU sweep
+        return f"{config} on {workload}: {type(exc).__name__}: {str(exc)[:300]}"
+    ref = FAMILY.reference(inputs)
+    atol, rtol = FAMILY.tolerance(workload.dtype)
+    if out.shape != ref.shape or out.dtype != inputs.q.dtype:
+        expected = f"{tuple(ref.shape)} {inputs.q.dtype}"
+        return f"{config} on {workload}: output {tuple(out.shape)} {out.dtype}, expected {expected}"
+    err = (out.float() - ref).abs()
+    bad = err > atol + rtol * ref.abs()
+    if bad.any():
+        return f"{config} on {workload}: {int(bad.sum())} elements off, max abs error {err.max().item():.3g}"
+    return None
+
+
+# ---- (a) correctness under the interpreter (fp32, fp16) ---------------------------------------------------------
+
+EXTRA_RAGGED = [
+    PrefillWorkload(8, 2, 128, (129, 1, 16), "float32"),  # D=128, GQA group 4, one-token sequence, block-edge lengths
+    PrefillWorkload(2, 2, 64, (17, 64, 3), "float16"),  # MHA, lengths around the block sizes
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_sampled_configs_match_reference_on_small_grid(dtype: str) -> None:
+    failures = []
+    for i, workload in enumerate(model_workloads("prefill_attention", None, grid="small", dtype=dtype)):
+        configs = FAMILY.space.sample(workload, 3, seed=100 + i) + [FAMILY.default_config(workload)]
+        failures += [msg for c in configs if (msg := _check(workload, c, seed=i))]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("workload", EXTRA_RAGGED, ids=lambda w: f"{w.dtype}-d{w.head_dim}-{w.seq_lens}")
+def test_ragged_extra_cases_match_reference(workload: PrefillWorkload) -> None:
+    configs = [
+        Config(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),  # BLOCK_N > BLOCK_M: one diagonal block
+        Config(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=2),  # many masked diagonal steps
+        Config(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1),  # full blocks plus diagonal
+    ]
+    failures = [msg for c in configs if FAMILY.space.is_valid(c, workload) and (msg := _check(workload, c))]
+    assert not failures, "\n".join(failures)
+
+
+def test_gqa_uses_the_right_kv_head() -> None:
+    """Zeroing one kv head's V must zero exactly its group's q heads in the output."""
+    w = PrefillWorkload(4, 2, 64, (40,), "float32")
+    inputs = FAMILY.make_inputs(w, DEVICE, seed=3)
+    inputs.v[:, 1] = 0
+    out = FAMILY.prepare(inputs, Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1))()
+    assert out[:, 2:].abs().max().item() == 0.0
+    assert out[:, :2].abs().min(dim=-1).values.max().item() > 0.0
+    torch.testing.assert_close(out, FAMILY.reference(inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_first_token_attends_only_to_itself() -> None:
+    w = PrefillWorkload(2, 1, 64, (5, 9), "float32")
+    inputs = FAMILY.make_inputs(w, DEVICE, seed=4)
+    out = FAMILY.prepare(inputs, FAMILY.default_config(w))()
+    for start in (0, 5):  # the first token of each sequence: softmax over one key is 1, so o = v
+        torch.testing.assert_close(out[start], inputs.v[start].expand(2, -1), atol=1e-5, rtol=1e-5)
+
+
+def test_prepare_rejects_invalid_config_and_bad_inputs() -> None:
+    w = PrefillWorkload(4, 2, 64, (33,), "float32")
+    inputs = FAMILY.make_inputs(w, DEVICE)
+    with pytest.raises(InvalidConfig, match="BLOCK_M=24"):
+        FAMILY.prepare(inputs, Config(BLOCK_M=24, BLOCK_N=64, num_warps=4, num_stages=1))
+    inputs.q = inputs.q[:-1]
+    with pytest.raises(ValueError, match=r"q has shape \(32, 4, 64\)"):
+        FAMILY.prepare(inputs, FAMILY.default_config(w))
+    with pytest.raises(ValueError, match="head_dim 80"):
+        FAMILY.make_inputs(PrefillWorkload(4, 2, 80, (8,), "float32"), DEVICE)
+
+
+def test_make_inputs_are_seeded_nonzero_and_packed() -> None:
+    w = PrefillWorkload(4, 2, 64, (3, 7), "float16")
+    a, b = FAMILY.make_inputs(w, DEVICE, seed=1), FAMILY.make_inputs(w, DEVICE, seed=1)
+    assert torch.equal(a.q, b.q) and not torch.equal(a.q, FAMILY.make_inputs(w, DEVICE, seed=2).q)
+    assert a.q.shape == (10, 4, 64) and a.k.shape == (10, 2, 64) and a.q.dtype == torch.float16
+    assert a.cu_seqlens.tolist() == [0, 3, 10] and a.cu_seqlens.dtype == torch.int32
+    assert (a.q != 0).float().mean() > 0.99
+
+
+def test_tile_table_covers_every_block_once_heaviest_first() -> None:
+    lens = (33, 100, 5)
+    tiles = pa.tile_table(lens, 32)
+    assert sorted(tiles) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3), (2, 0)]
+    work = [min((b + 1) * 32, lens[s]) for s, b in tiles]
+    assert work == sorted(work, reverse=True) and tiles[0] == (1, 3)
+
+
+# ---- (b) knob space ---------------------------------------------------------------------------------------------
+
+
+def test_family_is_registered() -> None:
+    assert get_family("prefill_attention") is FAMILY
+    assert FAMILY.workload_type is PrefillWorkload and FAMILY.name == "prefill_attention"
+    assert len(pa.source_hash()) == 16
+
+
+def test_shared_memory_rule_rejects_with_reason() -> None:
+    w = PrefillWorkload(32, 8, 128, (2048,), "float32")
+    reason = FAMILY.space.why_invalid(Config(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4), w)
+    assert reason and "shared memory" in reason and "232448" in reason
+
+
+def test_register_rule_rejects_with_reason() -> None:
+    w = PrefillWorkload(32, 8, 128, (2048,))
+    reason = FAMILY.space.why_invalid(Config(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2), w)
+    assert reason and "register" in reason
+
+
+def test_unknown_knob_value_rejected() -> None:
+    w = PrefillWorkload(32, 8, 128, (2048,))
+    reason = FAMILY.space.why_invalid(Config(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=3), w)
+    assert reason and "BLOCK_M=256" in reason
+
+
+@pytest.mark.parametrize("model", sorted(BUILTIN_MODELS))
+def test_default_config_valid_on_default_grid(model: str) -> None:
+    for workload in model_workloads("prefill_attention", BUILTIN_MODELS[model], grid="default"):
+        config = FAMILY.default_config(workload)
+        assert FAMILY.space.is_valid(config, workload), FAMILY.space.why_invalid(config, workload)
+
+
+def test_default_config_is_tutorial_choice() -> None:
+    d128 = FAMILY.default_config(PrefillWorkload(32, 8, 128, (1024,)))
+    d64 = FAMILY.default_config(PrefillWorkload(32, 8, 64, (1024,)))
+    assert d128 == Config(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    assert d64 == Config(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_valid_space_size_is_measurable(head_dim: int, dtype: str) -> None:
+    valid = FAMILY.space.valid_configs(PrefillWorkload(32, 8, head_dim, (2048,), dtype))
+    assert 40 <= len(valid) <= 400, len(valid)
+
+
+def test_hopper_fast_configs_are_valid() -> None:
+    """Tutorial-06 Hopper configs (128-row tiles, 8 warps, 3-4 stages) must be in the space for bf16 D=128."""
+    w = PrefillWorkload(32, 8, 128, (2048,) * 4)
+    for bn, stages in ((64, 3), (64, 4), (128, 2), (128, 3)):
+        config = Config(BLOCK_M=128, BLOCK_N=bn, num_warps=8, num_stages=stages)
+        assert FAMILY.space.is_valid(config, w), FAMILY.space.why_invalid(config, w)
+
+
+def test_flops_and_bytes() -> None:
+    w = PrefillWorkload(32, 8, 128, (3, 4))
+    pairs = 3 * 4 // 2 + 4 * 5 // 2
+    assert FAMILY.flops(w) == 4 * pairs * 128 * 32
+    assert FAMILY.bytes_moved(w) == 7 * (32 + 8 + 8 + 32) * 128 * 2
+    assert FAMILY.tolerance("bfloat16") > FAMILY.tolerance("float16")
+    with pytest.raises(ValueError, match="int8"):
+        FAMILY.tolerance("int8")
+
+
+def test_bench_cases() -> None:
+    cases = dict(pa.bench_cases())
+    assert cases["prefill_b4_h32_n2048_d128"] == PrefillWorkload(32, 32, 128, (2048,) * 4)
+    assert cases["prefill_b1_h32_n8192_d128"] == PrefillWorkload(32, 32, 128, (8192,))
+    assert cases["prefill_b4_h32kv8_n2048_d128"].num_kv_heads == 8
+    for w in cases.values():
+        assert FAMILY.space.is_valid(FAMILY.default_config(w), w)
+
+
+@pytest.mark.slow
+def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
+    """The largest valid configs compile for sm_90 (no GPU needed) within the estimate and the H200's limit."""
+    w = PrefillWorkload(32, 8, 128, (2048,))
+    valid = sorted(FAMILY.space.valid_configs(w), key=lambda c: pa._shared_memory_bytes(c, w))
+    picks = [str(valid[-1]), str(FAMILY.default_config(w))]
+    script = (
+        "import json, sys\n"
+        "from kernel_gym.kernels import prefill_attention as pa\n"
+        "from kernel_gym.kernels.space import Config\n"
+        "w = pa.PrefillWorkload(32, 8, 128, (2048,))\n"
+        "print(json.dumps([pa.compile_sm90(Config.parse(c), w)['shared'] for c in json.loads(sys.argv[1])]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(picks)],
+        capture_output=True, text=True, env=env, timeout=600, cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    for config, used in zip(picks, shared):
+        estimate = pa._shared_memory_bytes(Config.parse(config), w)
+        assert used <= estimate <= pa.SHARED_MEMORY_LIMIT, (config, used, estimate)
+
+
+# ---- (c) GPU: bf16, every valid config on Mixtral shapes ---------------------------------------------------------
+
+MIXTRAL = BUILTIN_MODELS["mixtral-8x7b"]
+GPU_WORKLOADS = [
+    PrefillWorkload(MIXTRAL.num_heads, MIXTRAL.num_kv_heads, MIXTRAL.head_dim, prefill_seq_lens(2048, "ragged")),
+    PrefillWorkload(MIXTRAL.num_heads, MIXTRAL.num_kv_heads, MIXTRAL.head_dim, (1, 1000, 300)),
+    PrefillWorkload(MIXTRAL.num_heads, MIXTRAL.num_kv_heads, 64, prefill_seq_lens(1024, "equal4")),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("workload", GPU_WORKLOADS, ids=lambda w: f"d{w.head_dim}-{len(w.seq_lens)}seqs")
+def test_gpu_all_valid_configs_match_reference_bf16(workload: PrefillWorkload) -> None:
+    configs = FAMILY.space.valid_configs(workload)
+    failures = [msg for c in configs if (msg := _check(workload, c))]
+    assert not failures, f"{len(failures)}/{len(configs)} configs failed:\n" + "\n".join(failures)
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_and_fp32_sample() -> None:
+    failures = []
+    for dtype in ("float16", "float32"):
+        w = PrefillWorkload(32, 8, 128, prefill_seq_lens(1024, "ragged"), dtype)
+        failures += [msg for c in FAMILY.space.sample(w, 16, seed=7) if (msg := _check(w, c))]
+    assert not failures, "\n".join(failures)
