@@ -16,7 +16,9 @@ ENV_IDS: dict[str, tuple[str, dict, bool]] = {
     "KernelGym/PrefillAttention-v0": (
         "kernel_gym.envs.prefill_attention:PrefillAttentionEnv", {"backend": "recorded"}, False
     ),
+    "KernelGym/Serving-v0": ("kernel_gym.envs.serving:ServingEnv", {"backend": "recorded"}, False),
     "KernelGym/MoE-live-v0": ("kernel_gym.envs.moe:MoEEnv", {"backend": "live"}, True),
+    "KernelGym/Serving-live-v0": ("kernel_gym.envs.serving:ServingEnv", {"backend": "live"}, True),
     "KernelGym/DecodeAttention-live-v0": (
         "kernel_gym.envs.decode_attention:DecodeAttentionEnv", {"backend": "live"}, True
     ),
@@ -26,7 +28,7 @@ ENV_IDS: dict[str, tuple[str, dict, bool]] = {
 }
 
 # env id -> kernel family, for the kernel envs (training, evaluation and export look the kernel up here)
-ENV_KERNELS: dict[str, str] = {
+ENV_KERNELS: dict[str, str] = {  # the kernel env ids (Serving-v0 sets all three families)
     "KernelGym/MoE-v0": "fused_moe",
     "KernelGym/DecodeAttention-v0": "decode_attention",
     "KernelGym/PrefillAttention-v0": "prefill_attention",

@@ -22,7 +22,7 @@ from kernel_gym.envs.base import resolve_backend
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.policies.catalogue import WorkloadReference, build_catalogue, measure_reference
-from kernel_gym.traffic.features import FEATURE_NAMES, traffic_features
+from kernel_gym.traffic.features import traffic_features
 from kernel_gym.traffic.roofline import COPY_BW
 from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS, BackendTimer, KVLayout, Simulator
 from kernel_gym.traffic.traces import Trace, load_trace
@@ -339,7 +339,7 @@ def build_serving_catalogue(
             layouts = sorted({KVLayout(int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for r in refs for c in r.times},
                              key=lambda kv: (kv.page_size, kv.layout))
 
-            def total(kv: KVLayout) -> float:
+            def total(kv: KVLayout, refs: list[WorkloadReference] = refs, wts: list[float] = wts) -> float:
                 ts = [min((t for c, t in r.times.items() if c["PAGE_SIZE"] == kv.page_size
                            and c["LAYOUT"] == kv.layout), default=math.inf) for r in refs]
                 return sum(w * t for w, t in zip(wts, ts))
@@ -520,13 +520,13 @@ class ServingEnv(gym.Env):
         self.sizes = catalogue.sizes()
         span_trace = (self.warmup_s + self.interval_s * self.num_intervals) * self.rate_scale
         train_end = self.trace.duration_s * (1 - self.holdout)
-        self._range = (0.0 + self.warmup_s * self.rate_scale, train_end - span_trace + self.warmup_s * self.rate_scale) \
-            if split == "train" else (train_end + self.warmup_s * self.rate_scale,
-                                      self.trace.duration_s - span_trace + self.warmup_s * self.rate_scale)
+        warm = self.warmup_s * self.rate_scale
+        lo, hi = (0.0, train_end) if split == "train" else (train_end, self.trace.duration_s)
+        self._range = (lo + warm, hi - span_trace + warm)  # window starts (trace seconds), after the warm-up
         if self._range[1] < self._range[0]:
             raise ValueError(
-                f"the {split} part of trace {self.trace.name!r} is shorter than warmup + {num_intervals} x {interval_s} s"
-                f" (x rate_scale {rate_scale}); use fewer or shorter intervals or a longer trace"
+                f"the {split} part of trace {self.trace.name!r} is shorter than warmup + {num_intervals} x "
+                f"{interval_s} s (x rate_scale {rate_scale}); use fewer or shorter intervals or a longer trace"
             )
         self.nominal_req_per_s = len(self.trace) / max(self.trace.duration_s, 1e-9) * self.rate_scale
         n_obs = 12 + 2 * sum(self.sizes) + 1
@@ -627,7 +627,9 @@ class ServingEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         a = np.asarray(action).reshape(-1)
         if a.shape != (3,) or not self.action_space.contains(a.astype(np.int64)):
-            raise ValueError(f"action {action!r} is outside MultiDiscrete({self.sizes}); give one rule index per family")
+            raise ValueError(
+                f"action {action!r} is outside MultiDiscrete({self.sizes}); give one rule index per family"
+            )
         a = [int(x) for x in a]
         rules = {k: self.catalogue.rules[k][i] for k, i in zip(KERNELS, a)}
         fb0 = self.chooser.fallbacks

@@ -34,7 +34,7 @@ def test_every_id_is_registered_with_the_right_determinism():
         spec = gymnasium.spec(env_id)
         assert spec.nondeterministic is nondeterministic
         assert (kwargs["backend"] == "live") is nondeterministic
-        assert env_id in ENV_KERNELS
+        assert env_id in ENV_KERNELS or env_id.startswith("KernelGym/Serving")
     assert set(KERNEL_IDS) <= set(ENV_IDS)
 
 
