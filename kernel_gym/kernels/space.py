@@ -26,18 +26,16 @@ class Config(Mapping[str, KnobValue]):
     `str(config)` is canonical (sorted keys, compact JSON) and is what the measurement store keys on.
     """
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_items", "_dict", "_hash")
 
     def __init__(self, values: Mapping[str, KnobValue] | None = None, **kwargs: KnobValue) -> None:
         merged = dict(values or {}, **kwargs)
         self._items = tuple(sorted(merged.items()))
+        self._dict = dict(self._items)
         self._hash = hash(self._items)
 
     def __getitem__(self, key: str) -> KnobValue:
-        for k, v in self._items:
-            if k == key:
-                return v
-        raise KeyError(key)
+        return self._dict[key]
 
     def __iter__(self) -> Iterator[str]:
         return (k for k, _ in self._items)

@@ -1,0 +1,33 @@
+"""Measurement: one backend interface (types.Backend), three backends, the SQLite store, collection and summary.
+
+`make_backend("live" | "recorded" | "interpreter", **kw)` builds one; submodules import torch/triton only when used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernel_gym.measure.types import Backend, Measurement
+
+BACKENDS = ("live", "recorded", "interpreter")
+
+
+def make_backend(name: str, **kw: Any) -> Backend:
+    """live: LiveBackend(gpu=, timing=, compile_workers=, ...); recorded: RecordedBackend(path=None -> the packaged
+    H200 dataset, device=); interpreter: InterpreterBackend()."""
+    if name == "live":
+        from kernel_gym.measure.live import LiveBackend
+
+        return LiveBackend(**kw)
+    if name == "recorded":
+        from kernel_gym.measure.recorded import RecordedBackend
+
+        return RecordedBackend(**kw)
+    if name == "interpreter":
+        from kernel_gym.measure.interpreter import InterpreterBackend
+
+        return InterpreterBackend(**kw)
+    raise ValueError(f"unknown backend {name!r}: choose one of {list(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Backend", "Measurement", "make_backend"]

@@ -1,0 +1,482 @@
+"""`kernel-gym collect`: fill the measurement store on the GPU machine (plan, budget, progress, resume, multi-GPU).
+
+The plan lists (kernel, workload, configs): for each kernel and model, every valid config on the evaluation shapes
+(model_workloads(..., grid="eval")) and a seeded sample of valid configs (plus the family's default config) on the
+other traffic shapes (grid="default"). Work is ordered by workload, so each workload's inputs and torch reference are
+built once, and split into chunks (one store commit per chunk). Configs already stored for this device, software and
+kernel source are skipped: a killed run resumes where it stopped. With several GPUs, one shard process per GPU
+(CUDA_VISIBLE_DEVICES) takes every n-th workload; all append to the same SQLite file (WAL). A CPU pool compiles the
+next chunks' configs while the GPU times the current one. The budget stops the run cleanly between chunks.
+
+Imports only torch, triton, numpy and the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel_gym.kernels.space import Config, KernelFamily
+from kernel_gym.measure.store import Context, MeasurementStore
+from kernel_gym.measure.timing import DEFAULT_TIMING, TimingOptions
+from kernel_gym.measure.worker import die_with_parent, family_source_hash, resolve_family, workload_from_key
+
+CHUNK = 64  # configs per unit of work (one store commit)
+H200_PEAK_FLOPS = 700e12  # measured ceilings (STACK.md), rounded down
+H200_PEAK_BYTES = 3.5e12
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """Configs of one workload to measure (one chunk)."""
+
+    kernel: str  # family reference (kernel name or module:ATTR)
+    workload_key: str
+    configs: tuple[str, ...]
+    grid: str
+
+
+@dataclass
+class CollectOptions:
+    """Arguments of one collection (also the argparse fields)."""
+
+    models: list[str] = field(default_factory=lambda: ["mixtral-8x7b", "olmoe-1b-7b"])
+    kernels: list[str] = field(default_factory=lambda: ["fused_moe", "decode_attention", "prefill_attention"])
+    grids: list[str] = field(default_factory=lambda: ["eval", "default"])
+    configs_per_shape: int = 48  # sampled configs per non-eval shape
+    budget_s: float = 0.0  # 0 = no budget
+    db: str = "measurements.sqlite"
+    out: str = ""  # export a compressed snapshot here at the end
+    gpus: int = 0  # 0 = every visible GPU
+    compile_workers: int = -1  # -1 = CPU cores minus one per GPU
+    device: str = "cuda"  # "cpu": interpreter (correctness only; tests)
+    seed: int = 0
+    timing: TimingOptions = field(default_factory=TimingOptions)
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------------
+
+
+def _workloads(fam: KernelFamily, kernel: str, model: Any, grid: str) -> list[Any]:
+    hook = getattr(fam, "plan_workloads", None)  # optional hook for families outside model_workloads (tests)
+    if hook is not None:
+        return list(hook(model, grid))
+    from kernel_gym.kernels.workloads import model_workloads
+
+    return model_workloads(kernel, model, grid)
+
+
+def _stable_seed(*parts: Any) -> int:
+    return int(hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16], 16)
+
+
+def _valid_configs(ref: str, wkey: str) -> list[str]:
+    fam = resolve_family(ref)
+    return [str(c) for c in fam.space.valid_configs(workload_from_key(fam, wkey))]
+
+
+def _all_valid(jobs: list[tuple[str, str]], workers: int) -> dict[tuple[str, str], list[str]]:
+    """Valid configs per (kernel, workload): checking every rule for every config is seconds of CPU per kernel, so
+    it is spread over a process pool when there are many workloads."""
+    if workers <= 1 or len(jobs) < 16:
+        return {job: _valid_configs(*job) for job in jobs}
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        return dict(zip(jobs, pool.map(_valid_configs, *zip(*jobs), chunksize=4)))
+
+
+def build_plan(opts: CollectOptions) -> list[list[PlanItem]]:
+    """Per workload, its chunks; workloads ordered round-robin over (kernel, model) streams, eval shapes first, so a
+    budget cut leaves every kernel and model covered."""
+    from kernel_gym.models import load_model
+
+    listed: list[tuple[str, Any, str, str]] = []  # (kernel, model name, grid, workload key)
+    seen: set[tuple[str, str]] = set()
+    for kernel in opts.kernels:
+        fam = resolve_family(kernel)
+        for model_name in opts.models:
+            for grid in opts.grids:
+                for wl in _workloads(fam, kernel, load_model(model_name), grid):
+                    if (kernel, wl.key()) not in seen:
+                        seen.add((kernel, wl.key()))
+                        listed.append((kernel, model_name, grid, wl.key()))
+    valid_of = _all_valid([(k, w) for k, _, _, w in listed], min(16, os.cpu_count() or 1))
+    streams: list[list[list[PlanItem]]] = []
+    for kernel in opts.kernels:
+        fam = resolve_family(kernel)
+        for model_name in opts.models:
+            stream: list[list[PlanItem]] = []
+            for k, m, grid, wkey in listed:
+                if (k, m) != (kernel, model_name):
+                    continue
+                valid = valid_of[(k, wkey)]
+                if grid == "eval":
+                    chosen = valid
+                else:
+                    rng = random.Random(_stable_seed(opts.seed, kernel, wkey))
+                    chosen = valid if len(valid) <= opts.configs_per_shape else rng.sample(valid,
+                                                                                          opts.configs_per_shape)
+                    wl = workload_from_key(fam, wkey)
+                    default = fam.default_config(wl)
+                    if str(default) not in chosen and fam.space.is_valid(default, wl):
+                        chosen = [str(default), *chosen]
+                stream.append([PlanItem(kernel, wkey, tuple(chosen[i:i + CHUNK]), grid)
+                               for i in range(0, len(chosen), CHUNK)])
+            streams.append(stream)
+    ordered: list[list[PlanItem]] = []
+    for i in range(max((len(s) for s in streams), default=0)):
+        ordered.extend(s[i] for s in streams if i < len(s))
+    return ordered
+
+
+def contexts_for(kernels: list[str], device_name: str) -> dict[str, Context]:
+    out = {}
+    for ref in kernels:
+        fam = resolve_family(ref)
+        out[ref] = Context.current(fam.name, family_source_hash(fam), device=device_name)
+    return out
+
+
+def drop_done(plan: list[list[PlanItem]], store: MeasurementStore,
+              contexts: dict[str, Context]) -> list[list[PlanItem]]:
+    """The plan without what the store already holds (resume)."""
+    done = {ref: store.done_keys(ctx) for ref, ctx in contexts.items()}
+    out = []
+    for chunks in plan:
+        kept = []
+        for item in chunks:
+            cfgs = tuple(c for c in item.configs if (item.workload_key, c) not in done[item.kernel])
+            if cfgs:
+                kept.append(PlanItem(item.kernel, item.workload_key, cfgs, item.grid))
+        if kept:
+            out.append(kept)
+    return out
+
+
+def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: int, pool: int) -> dict[str, float]:
+    """A rough projection: GPU time from a roofline (kernel at 1/3 of peak on average, plus the 256 MB L2 flush per
+    sample and ~0.5 ms host overhead per config), compile time from 0.3 s per distinct (kernel, config) on the pool."""
+    gpu_s = 0.0
+    distinct: set[tuple[str, str]] = set()
+    fams: dict[str, KernelFamily] = {}
+    for chunks in plan:
+        for item in chunks:
+            fam = fams.setdefault(item.kernel, resolve_family(item.kernel))
+            wl = workload_from_key(fam, item.workload_key)
+            t_kernel = 3 * max(fam.flops(wl) / H200_PEAK_FLOPS, fam.bytes_moved(wl) / H200_PEAK_BYTES)
+            per_config = (1 + opts.timing.min_reps) * (t_kernel + 80e-6) + 0.5e-3
+            gpu_s += per_config * len(item.configs)
+            distinct.update((item.kernel, c) for c in item.configs)
+    compile_s = 0.3 * len(distinct) / max(1, pool) if pool else 0.0
+    return {"gpu_s": gpu_s / max(1, n_gpus), "compile_s": compile_s, "projected_s": max(gpu_s / max(1, n_gpus),
+                                                                                         compile_s)}
+
+
+# ---- shards (one per GPU) -----------------------------------------------------------------------------------------
+
+
+def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu: int | None, device: str,
+              compile_workers: int, deadline: float, timing: TimingOptions) -> int:
+    """Measure the items in order, committing one chunk at a time; stops between chunks at the deadline."""
+    die_with_parent()
+    from kernel_gym.measure.live import LiveBackend
+
+    store = MeasurementStore(db)
+    written = 0
+    fams = {ref: resolve_family(ref) for ref in contexts}
+    lookahead = max(2, (2 * compile_workers * 8) // CHUNK)
+    with LiveBackend(gpu=gpu, device=device, compile_workers=compile_workers, timing=timing) as backend:
+        for i, item in enumerate(items):
+            if deadline and time.time() >= deadline:
+                break
+            for nxt in items[i + 1:i + 1 + lookahead]:
+                fam = fams[nxt.kernel]
+                backend.prefetch(fam, workload_from_key(fam, nxt.workload_key), [Config.parse(c) for c in nxt.configs])
+            fam = fams[item.kernel]
+            wl = workload_from_key(fam, item.workload_key)
+            ms = backend.measure_many(fam, wl, [Config.parse(c) for c in item.configs])
+            written += store.put_many(contexts[item.kernel], ms)
+    store.close()
+    return written
+
+
+def _shard_entry(*args: Any) -> None:
+    run_shard(*args)
+
+
+def _progress(db: str, before: int, remaining: int, t0: float, deadline: float, stop: threading.Event,
+              log: Any) -> None:
+    """Progress bar on stderr every 2 s, from the store's row count (counts every shard's commits)."""
+    store = MeasurementStore(db)
+    try:
+        while not stop.wait(2.0):
+            done = store.count() - before
+            rate = done / max(1e-9, time.time() - t0)
+            eta = _fmt((remaining - done) / rate) if rate > 0 else "?"
+            pct = 100.0 * done / max(1, remaining)
+            bar = "#" * int(pct / 4) + "." * (25 - int(pct / 4))
+            left = f", budget left {_fmt(deadline - time.time())}" if deadline else ""
+            print(f"\r[collect] [{bar}] {done}/{remaining} {pct:5.1f}% {rate:6.1f}/s ETA {eta}{left}   ",
+                  end="", file=log, flush=True)
+    finally:
+        store.close()
+
+
+def _visible_gpus(device: str) -> list[int | None]:
+    if device == "cpu":
+        return [None]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        return [int(x) for x in visible.split(",") if x.strip()]
+    import torch
+
+    n = torch.cuda.device_count()
+    if n == 0:
+        raise SystemExit("collect: no CUDA GPU visible; run on the GPU machine, or pass --device cpu (interpreter, "
+                         "correctness only)")
+    return list(range(n))
+
+
+def _fmt(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
+    """Run a collection; returns a summary dict (rows planned, written, seconds, stopped by budget)."""
+    t0 = time.time()
+    deadline = t0 + opts.budget_s if opts.budget_s > 0 else 0.0
+    gpus = _visible_gpus(opts.device)
+    if opts.gpus:
+        if opts.gpus > len(gpus):
+            raise SystemExit(f"collect: --gpus {opts.gpus} but only {len(gpus)} visible ({gpus})")
+        gpus = gpus[:opts.gpus]
+    pool = opts.compile_workers if opts.compile_workers >= 0 else max(0, (os.cpu_count() or 2) - len(gpus))
+    pool = pool if opts.device == "cuda" else 0
+    pool_per_gpu = pool // len(gpus)
+    if opts.device == "cuda":
+        import torch
+
+        device_name = torch.cuda.get_device_name(0)
+    else:
+        device_name = "cpu-interpreter"
+    contexts = contexts_for(opts.kernels, device_name)
+    store = MeasurementStore(opts.db)
+    plan = build_plan(opts)
+    total = sum(len(i.configs) for chunks in plan for i in chunks)
+    todo = drop_done(plan, store, contexts)
+    remaining = sum(len(i.configs) for chunks in todo for i in chunks)
+    est = estimate_seconds(todo, opts, len(gpus), pool)
+    print(f"[collect] device {device_name} x{len(gpus)}, compile pool {pool}; plan: {len(plan)} workloads, "
+          f"{total} configs; already stored {total - remaining}; to measure {remaining}", file=log)
+    budget = _fmt(opts.budget_s) if opts.budget_s else "none"
+    print(f"[collect] projected {_fmt(est['projected_s'])} (GPU ~{_fmt(est['gpu_s'])}, compile ~"
+          f"{_fmt(est['compile_s']) if pool else 'in the worker'}); budget {budget}", file=log)
+    for ref, ctx in contexts.items():
+        store.set_meta(f"context:{ref}", ctx.__dict__)
+    before = store.count()
+    shards: list[list[PlanItem]] = [[] for _ in gpus]
+    for i, chunks in enumerate(todo):
+        shards[i % len(gpus)].extend(chunks)
+    stop = threading.Event()
+    monitor = threading.Thread(target=_progress, args=(opts.db, before, remaining, t0, deadline, stop, log),
+                               daemon=True)
+    monitor.start()
+    procs = []
+    try:
+        busy = [(gpu, items) for gpu, items in zip(gpus, shards) if items]
+        if len(busy) == 1:  # one GPU: this process is the shard (one process fewer to start)
+            run_shard(busy[0][1], opts.db, contexts, busy[0][0], opts.device, pool_per_gpu, deadline, opts.timing)
+        else:
+            ctx = mp.get_context("spawn")
+            for gpu, items in busy:
+                p = ctx.Process(target=_shard_entry, args=(items, opts.db, contexts, gpu, opts.device, pool_per_gpu,
+                                                           deadline, opts.timing))
+                p.start()
+                procs.append(p)
+            for p in procs:
+                p.join()
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        stop.set()
+        monitor.join()
+    written = store.count() - before
+    print(f"\n[collect] wrote {written} rows in {_fmt(time.time() - t0)}; store holds {store.count()} rows; "
+          f"integrity {store.integrity_check()}", file=log)
+    failed = [p.exitcode for p in procs if p.exitcode]
+    if failed:
+        print(f"[collect] WARNING: shard processes exited with {failed}; rerun to resume", file=log)
+    if opts.out:
+        n = store.export_snapshot(opts.out)
+        print(f"[collect] exported {n} rows to {opts.out} ({Path(opts.out).stat().st_size / 1e6:.1f} MB)", file=log)
+    store.close()
+    return {"planned": total, "already_stored": total - remaining, "written": written,
+            "seconds": time.time() - t0, "stopped_by_budget": bool(deadline and written < remaining),
+            "shard_exit_codes": [p.exitcode for p in procs]}
+
+
+# ---- noise study ------------------------------------------------------------------------------------------------
+
+
+def _noise_entry(items: list[tuple[str, str, list[str]]], gpu: int | None, device: str, out: Any,
+                 timing: TimingOptions) -> None:
+    die_with_parent()
+    from kernel_gym.measure.live import LiveBackend
+
+    rows = []
+    with LiveBackend(gpu=gpu, device=device, timing=timing) as backend:
+        for ref, wkey, cfgs in items:
+            fam = resolve_family(ref)
+            for m in backend.measure_many(fam, workload_from_key(fam, wkey), [Config.parse(c) for c in cfgs]):
+                rows.append(m.to_dict())
+    out.put(rows)
+
+
+def noise_study(db: str, repeats: int, workloads_per_kernel: int = 12, configs_per_workload: int = 8,
+                device: str = "cuda", seed: int = 0, timing: TimingOptions = DEFAULT_TIMING,
+                log: Any = sys.stderr) -> dict[str, Any]:
+    """Re-measure a subset in `repeats` separate worker processes: per (workload, config) the coefficient of variation
+    of the medians across processes (median and p95 reported), and how often the winner among the subset's configs
+    changes between processes. The subset per workload: the stored fastest configs (where winners are decided)."""
+    import numpy as np
+
+    store = MeasurementStore(db)
+    rng = random.Random(seed)
+    by_kernel: dict[str, dict[str, list[tuple[float, str]]]] = {}
+    for row in store.rows():
+        if row["status"] == "ok" and row["median_ms"]:
+            by_kernel.setdefault(row["kernel"], {}).setdefault(row["workload"], []).append((row["median_ms"],
+                                                                                           row["config"]))
+    store.close()
+    items = []
+    for kernel, wls in sorted(by_kernel.items()):
+        keys = sorted(wls)
+        for wkey in rng.sample(keys, min(workloads_per_kernel, len(keys))):
+            best = sorted(wls[wkey])[:configs_per_workload]
+            items.append((kernel, wkey, [c for _, c in best]))
+    if not items:
+        raise SystemExit(f"noise study: no successful measurements in {db}; collect first")
+    gpu = None if device == "cpu" else _visible_gpus(device)[0]
+    ctx = mp.get_context("spawn")
+    runs: list[list[dict[str, Any]]] = []
+    for r in range(repeats):
+        q = ctx.Queue()
+        p = ctx.Process(target=_noise_entry, args=(items, gpu, device, q, timing))
+        p.start()
+        runs.append(q.get())
+        p.join()
+        print(f"[noise] repeat {r + 1}/{repeats} done", file=log)
+    times: dict[tuple[str, str, str], list[float]] = {}
+    for run in runs:
+        for m in run:
+            if m["status"] == "ok" and m["median_ms"]:
+                times.setdefault((m["kernel"], m["workload"], m["config"]), []).append(m["median_ms"])
+    cvs = np.array([np.std(v) / np.mean(v) for v in times.values() if len(v) == repeats])
+    changes = pairs = 0
+    for kernel, wkey, _ in items:
+        name = resolve_family(kernel).name
+        winners = []
+        for run in runs:
+            ok = [(m["median_ms"], m["config"]) for m in run
+                  if m["workload"] == wkey and m["kernel"] == name and m["status"] == "ok" and m["median_ms"]]
+            if ok:
+                winners.append(min(ok)[1])
+        for i in range(len(winners)):
+            for j in range(i + 1, len(winners)):
+                pairs += 1
+                changes += winners[i] != winners[j]
+    return {
+        "repeats": repeats,
+        "workloads": len(items),
+        "measurements_per_repeat": sum(len(c) for _, _, c in items),
+        "cv_median": float(np.median(cvs)) if cvs.size else None,
+        "cv_p95": float(np.percentile(cvs, 95)) if cvs.size else None,
+        "winner_change_rate": changes / pairs if pairs else None,
+        "winner_pairs": pairs,
+    }
+
+
+# ---- command line ------------------------------------------------------------------------------------------------
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    d = CollectOptions()
+    p = argparse.ArgumentParser(prog="kernel-gym collect", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=",".join(d.models), help="built-in model names or spec JSON paths, comma list")
+    p.add_argument("--kernels", default=",".join(d.kernels), help="kernel names (or module:ATTR families), comma list")
+    p.add_argument("--grid", default=",".join(d.grids), help="shape grids: eval (exhaustive), default (sampled), small")
+    p.add_argument("--configs-per-shape", type=int, default=d.configs_per_shape,
+                   help="sampled valid configs per non-eval shape (the default config is always added)")
+    p.add_argument("--budget-s", type=float, default=0.0, help="stop cleanly after this many seconds (0 = none)")
+    p.add_argument("--db", default=d.db, help="SQLite measurement store (created; resumed when it exists)")
+    p.add_argument("--out", default="", help="export a compressed snapshot (.jsonl.gz) here at the end")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs to use (0 = every visible one; one shard each)")
+    p.add_argument("--compile-workers", type=int, default=-1, help="CPU compile processes (-1 = cores - GPUs)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter, no timings")
+    p.add_argument("--seed", type=int, default=0, help="config sampling seed")
+    p.add_argument("--min-reps", type=int, default=d.timing.min_reps, help="timing samples before the spread test")
+    p.add_argument("--max-reps", type=int, default=d.timing.max_reps, help="timing samples cap")
+    p.add_argument("--dry-run", action="store_true", help="print the plan size and projection, measure nothing")
+    p.add_argument("--noise", type=int, default=0, metavar="REPEATS",
+                   help="noise study instead of a collection: re-measure a subset of --db in REPEATS processes")
+    p.add_argument("--noise-out", default="", help="write the noise study's JSON here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.configs_per_shape < 1:
+        raise SystemExit(f"--configs-per-shape must be >= 1, got {args.configs_per_shape}")
+    grids = _csv(args.grid)
+    bad = [g for g in grids if g not in ("eval", "default", "small")]
+    if bad:
+        raise SystemExit(f"--grid: unknown grid(s) {bad}; use eval, default, small")
+    timing = TimingOptions(min_reps=args.min_reps, max_reps=max(args.min_reps, args.max_reps))
+    if args.noise:
+        res = noise_study(args.db, args.noise, device=args.device, seed=args.seed, timing=timing)
+        text = json.dumps(res, indent=2)
+        print(text)
+        if args.noise_out:
+            Path(args.noise_out).write_text(text + "\n")
+        return 0
+    opts = CollectOptions(models=_csv(args.model), kernels=_csv(args.kernels), grids=grids,
+                          configs_per_shape=args.configs_per_shape, budget_s=args.budget_s, db=args.db, out=args.out,
+                          gpus=args.gpus, compile_workers=args.compile_workers, device=args.device, seed=args.seed,
+                          timing=timing)
+    if args.dry_run:
+        plan = build_plan(opts)
+        n = sum(len(i.configs) for chunks in plan for i in chunks)
+        pool = opts.compile_workers if opts.compile_workers >= 0 else max(0, (os.cpu_count() or 2) - 1)
+        est = estimate_seconds(plan, opts, max(1, opts.gpus), pool)
+        per_kernel: dict[str, int] = {}
+        for chunks in plan:
+            for i in chunks:
+                per_kernel[i.kernel] = per_kernel.get(i.kernel, 0) + len(i.configs)
+        print(json.dumps({"workloads": len(plan), "configs": n, "per_kernel": per_kernel, **est}, indent=2))
+        return 0
+    res = collect(opts)
+    print(json.dumps(res))
+    return 0 if not any(res["shard_exit_codes"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,258 @@
+"""The measurement store: SQLite in WAL mode, one row per (device, torch, triton, kernel, source hash, workload,
+config).
+
+Why SQLite in WAL mode: a collection killed with `kill -9` at any moment keeps every committed batch (a transaction is
+either in the WAL in full or not at all), never leaves a half-written row, and several GPU workers can append to the
+same file. Rows are only ever inserted (ON CONFLICT DO NOTHING on the unique key), so resuming a collection simply skips
+what is stored. The packaged dataset is a gzip-compressed JSON-lines snapshot of the same rows (`export_snapshot`).
+
+Imports only the standard library: this module runs on the GPU machine too.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernel_gym.measure.types import OK, Measurement
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY,
+    device TEXT NOT NULL,
+    torch_version TEXT NOT NULL,
+    triton_version TEXT NOT NULL,
+    kernel TEXT NOT NULL,
+    source_hash TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    median_ms REAL,
+    spread REAL,
+    repeats INTEGER NOT NULL DEFAULT 0,
+    compile_s REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    source TEXT NOT NULL,
+    created REAL NOT NULL,
+    CHECK (status != 'ok' OR source = 'interpreter' OR (median_ms IS NOT NULL AND median_ms > 0)),
+    CHECK (status = 'ok' OR median_ms IS NULL),
+    UNIQUE (device, torch_version, triton_version, kernel, source_hash, workload, config)
+);
+CREATE INDEX IF NOT EXISTS measurements_kernel ON measurements (kernel, workload);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+COLUMNS = (
+    "device", "torch_version", "triton_version", "kernel", "source_hash", "workload", "config",
+    "status", "median_ms", "spread", "repeats", "compile_s", "reason", "source", "created",
+)
+CONTEXT_FIELDS = ("device", "torch_version", "triton_version", "kernel", "source_hash")
+ROW_FIELDS = ("workload", "config", "status", "median_ms", "spread", "repeats", "compile_s", "reason", "source")
+SNAPSHOT_FORMAT = "kernel_gym-measurements"
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a time depends on besides the workload and config: the machine, the software, the kernel's source."""
+
+    device: str
+    torch_version: str
+    triton_version: str
+    kernel: str
+    source_hash: str
+
+    @classmethod
+    def current(cls, kernel: str, source_hash: str, device: str | None = None) -> Context:
+        """The running machine's context (imports torch and triton; names the CUDA device unless given)."""
+        import torch
+        import triton
+
+        if device is None:
+            device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        return cls(device, torch.__version__, triton.__version__, kernel, source_hash)
+
+
+class MeasurementStore:
+    """Append-only SQLite store of measurements. One instance per process (sqlite connections are not shared)."""
+
+    def __init__(self, path: str | Path, timeout_s: float = 60.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: a process crash (kill -9) loses nothing committed; a power cut may drop the last commits.
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+        self.conn.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> MeasurementStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- writing ---------------------------------------------------------------------------------------------
+
+    def put_many(self, context: Context, measurements: Iterable[Measurement]) -> int:
+        """Insert a batch in one transaction (all rows or none); rows already stored are kept. Returns rows inserted."""
+        now = time.time()
+        rows = []
+        for m in measurements:
+            if m.kernel != context.kernel:
+                raise ValueError(f"measurement of kernel {m.kernel!r} given with a context for {context.kernel!r}")
+            rows.append((
+                context.device, context.torch_version, context.triton_version, context.kernel, context.source_hash,
+                m.workload, m.config, m.status, m.median_ms if m.status == OK else None, m.spread, m.repeats,
+                m.compile_s, m.reason, m.source, now,
+            ))
+        if not rows:
+            return 0
+        before = self.conn.total_changes
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.executemany(
+                f"INSERT INTO measurements ({','.join(COLUMNS)}) VALUES ({','.join('?' * len(COLUMNS))}) "
+                "ON CONFLICT DO NOTHING",  # unlike INSERT OR IGNORE, a CHECK violation still raises
+                rows,
+            )
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        return self.conn.total_changes - before
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    # ---- reading ---------------------------------------------------------------------------------------------
+
+    def done_keys(self, context: Context) -> set[tuple[str, str]]:
+        """(workload, config) pairs already stored for this context: what a resumed collection skips."""
+        cur = self.conn.execute(
+            "SELECT workload, config FROM measurements WHERE device=? AND torch_version=? AND triton_version=? "
+            "AND kernel=? AND source_hash=?",
+            (context.device, context.torch_version, context.triton_version, context.kernel, context.source_hash),
+        )
+        return set(cur.fetchall())
+
+    def count(self, kernel: str | None = None, status: str | None = None) -> int:
+        sql, args = "SELECT COUNT(*) FROM measurements WHERE 1=1", []
+        if kernel is not None:
+            sql, args = sql + " AND kernel=?", [*args, kernel]
+        if status is not None:
+            sql, args = sql + " AND status=?", [*args, status]
+        return self.conn.execute(sql, args).fetchone()[0]
+
+    def rows(self, kernel: str | None = None) -> Iterator[dict[str, Any]]:
+        sql = f"SELECT {','.join(COLUMNS)} FROM measurements"
+        cur = self.conn.execute(sql + (" WHERE kernel=? ORDER BY id" if kernel else " ORDER BY id"),
+                                (kernel,) if kernel else ())
+        for row in cur:
+            yield dict(zip(COLUMNS, row))
+
+    def integrity_check(self) -> str:
+        """SQLite's own integrity check plus the row-level invariants; 'ok' when all hold."""
+        result = self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+        if result != "ok":
+            return result
+        bad = self.conn.execute(
+            "SELECT COUNT(*) FROM measurements WHERE (status='ok' AND source!='interpreter' AND "
+            "(median_ms IS NULL OR median_ms<=0)) OR (status!='ok' AND median_ms IS NOT NULL) "
+            "OR workload='' OR config=''"
+        ).fetchone()[0]
+        return "ok" if bad == 0 else f"{bad} rows violate the status/median invariants"
+
+    # ---- snapshot (package data) -------------------------------------------------------------------------------
+
+    def export_snapshot(self, path: str | Path) -> int:
+        """Write every row as gzip JSON lines: a header line, then per context a {"context": ...} line followed by
+        its rows as arrays in ROW_FIELDS order (compact: the context is not repeated). Returns rows written."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        n = 0
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+            f.write(json.dumps({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "fields": ROW_FIELDS}) + "\n")
+            contexts = self.conn.execute(
+                f"SELECT DISTINCT {','.join(CONTEXT_FIELDS)} FROM measurements ORDER BY {','.join(CONTEXT_FIELDS)}"
+            ).fetchall()
+            for ctx in contexts:
+                f.write(json.dumps({"context": dict(zip(CONTEXT_FIELDS, ctx))}) + "\n")
+                cur = self.conn.execute(
+                    f"SELECT {','.join(ROW_FIELDS)} FROM measurements WHERE "
+                    + " AND ".join(f"{c}=?" for c in CONTEXT_FIELDS) + " ORDER BY workload, config",
+                    ctx,
+                )
+                for row in cur:
+                    f.write(json.dumps(list(row), separators=(",", ":")) + "\n")
+                    n += 1
+        tmp.replace(path)
+        return n
+
+    def import_snapshot(self, path: str | Path) -> int:
+        """Insert a snapshot's rows (existing keys kept). Returns rows inserted."""
+        n = 0
+        for context, measurements in iter_snapshot(path):
+            n += self.put_many(context, measurements)
+        return n
+
+
+def iter_snapshot(path: str | Path) -> Iterator[tuple[Context, list[Measurement]]]:
+    """(context, measurements) groups of a snapshot written by `export_snapshot`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no measurement snapshot at {path}: collect one (scripts/collect.py --out {path})")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        header = json.loads(f.readline() or "{}")
+        if header.get("format") != SNAPSHOT_FORMAT or header.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"{path} is not a kernel_gym measurement snapshot v{SNAPSHOT_VERSION} (header {header})")
+        fields = header["fields"]
+        context: Context | None = None
+        batch: list[Measurement] = []
+        for line in f:
+            item = json.loads(line)
+            if isinstance(item, dict):
+                if context is not None:
+                    yield context, batch
+                context, batch = Context(**item["context"]), []
+                continue
+            row = dict(zip(fields, item))
+            assert context is not None, f"{path}: a row before any context line"
+            batch.append(Measurement(kernel=context.kernel, **row))
+        if context is not None:
+            yield context, batch
+
+
+def load_rows(path: str | Path) -> list[tuple[Context, list[Measurement]]]:
+    """All rows of a snapshot (.jsonl.gz) or a store (.sqlite / .db), grouped by context."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        return list(iter_snapshot(path))
+    if not path.exists():
+        raise FileNotFoundError(f"no measurement store at {path}")
+    store = MeasurementStore(path)
+    try:
+        groups: dict[Context, list[Measurement]] = {}
+        for row in store.rows():
+            ctx = Context(*(row[c] for c in CONTEXT_FIELDS))
+            groups.setdefault(ctx, []).append(Measurement(kernel=row["kernel"], **{f: row[f] for f in ROW_FIELDS}))
+        return list(groups.items())
+    finally:
+        store.close()
+
+
+PACKAGED_SNAPSHOT = Path(__file__).resolve().parent.parent / "data" / "h200_measurements.jsonl.gz"

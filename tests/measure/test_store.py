@@ -1,0 +1,124 @@
+"""The SQLite store: unique keys, invariants, snapshot round trip, and surviving kill -9 mid-collection."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernel_gym.measure.store import Context, MeasurementStore, iter_snapshot, load_rows
+from kernel_gym.measure.types import COMPILE_ERROR, OK, Measurement
+
+ROOT = Path(__file__).resolve().parents[2]
+CTX = Context("NVIDIA H200", "2.11.0", "3.6.0", "fused_moe", "abc123")
+
+
+def _m(w: str, c: str, t: float | None = 1.0, status: str = OK) -> Measurement:
+    return Measurement("fused_moe", w, c, status, median_ms=t, spread=0.01, repeats=3, compile_s=0.2,
+                       reason="" if status == OK else "boom")
+
+
+def test_insert_or_ignore_and_done_keys(tmp_path: Path) -> None:
+    with MeasurementStore(tmp_path / "s.sqlite") as store:
+        assert store.put_many(CTX, [_m("w1", "c1"), _m("w1", "c2", None, COMPILE_ERROR)]) == 2
+        # same key again (even with another time) is ignored: rows are append-only
+        assert store.put_many(CTX, [_m("w1", "c1", 5.0), _m("w2", "c1")]) == 1
+        assert store.count() == 3 and store.count(status=OK) == 2
+        assert store.done_keys(CTX) == {("w1", "c1"), ("w1", "c2"), ("w2", "c1")}
+        other = Context("NVIDIA H200", "2.11.0", "3.6.0", "fused_moe", "def456")  # kernel source changed
+        assert store.done_keys(other) == set()
+        assert store.put_many(other, [_m("w1", "c1", 2.0)]) == 1
+        assert store.integrity_check() == "ok"
+        assert [r["median_ms"] for r in store.rows() if r["source_hash"] == "abc123" and r["config"] == "c1"
+                and r["workload"] == "w1"] == [1.0]
+        assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_invariants_reject_bad_rows(tmp_path: Path) -> None:
+    with MeasurementStore(tmp_path / "s.sqlite") as store:
+        with pytest.raises(sqlite3.IntegrityError):
+            store.put_many(CTX, [_m("w1", "c1", None, OK)])  # ok without a time
+        assert store.count() == 0  # the failed batch left nothing behind
+        with pytest.raises(ValueError, match="context for"):
+            store.put_many(CTX, [Measurement("decode_attention", "w", "c", OK, median_ms=1.0)])
+
+
+def test_snapshot_round_trip(tmp_path: Path) -> None:
+    rows = [_m(f"w{i}", f"c{j}", 0.1 * (i + j + 1)) for i in range(5) for j in range(4)] + [
+        _m("w9", "c0", None, COMPILE_ERROR)]
+    with MeasurementStore(tmp_path / "a.sqlite") as a:
+        a.put_many(CTX, rows)
+        assert a.export_snapshot(tmp_path / "snap.jsonl.gz") == len(rows)
+    groups = list(iter_snapshot(tmp_path / "snap.jsonl.gz"))
+    assert len(groups) == 1 and groups[0][0] == CTX
+    assert sorted(groups[0][1], key=str) == sorted(rows, key=str)
+    with MeasurementStore(tmp_path / "b.sqlite") as b:
+        assert b.import_snapshot(tmp_path / "snap.jsonl.gz") == len(rows)
+        assert b.import_snapshot(tmp_path / "snap.jsonl.gz") == 0
+    assert load_rows(tmp_path / "b.sqlite")[0][0] == CTX
+    with pytest.raises(FileNotFoundError, match="collect one"):
+        list(iter_snapshot(tmp_path / "missing.jsonl.gz"))
+
+
+def _collect_cmd(db: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "collect.py"), "--device", "cpu", "--kernels", "tiny_family:PADDED",
+            "--model", "mixtral-8x7b", "--grid", "eval,default", "--configs-per-shape", "1000", "--db", str(db)]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "measure"), str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_kill_9_mid_collection_then_resume(tmp_path: Path) -> None:
+    """A real collection process is SIGKILLed once rows are being written; nothing committed is lost, no row is
+    corrupt, and a second run completes exactly the rest of the plan."""
+    from tiny_family import PADDED
+
+    plan_size = sum(len(PADDED.space.valid_configs(w)) for g in ("eval", "default")
+                    for w in PADDED.plan_workloads(None, g))
+    db = tmp_path / "m.sqlite"
+    proc = subprocess.Popen(_collect_cmd(db), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    seen_before_kill = 0
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        if db.exists():
+            try:
+                con = sqlite3.connect(db, timeout=5)
+                seen_before_kill = con.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+                con.close()
+            except sqlite3.OperationalError:
+                continue
+            if seen_before_kill >= 64:
+                break
+    assert proc.poll() is None, f"collection ended before it could be killed: {proc.communicate()[1][-2000:]}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    time.sleep(0.5)  # the shard and worker die with their parent (PR_SET_PDEATHSIG)
+    with MeasurementStore(db) as store:
+        after_kill = store.count()
+        assert store.integrity_check() == "ok"
+    assert seen_before_kill <= after_kill < plan_size, (seen_before_kill, after_kill, plan_size)
+    time.sleep(0.5)
+    with MeasurementStore(db) as store:
+        assert store.count() == after_kill, "something kept writing after the kill"
+
+    done = subprocess.run(_collect_cmd(db), env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"already stored {after_kill}" in done.stderr
+    with MeasurementStore(db) as store:
+        assert store.count() == plan_size
+        assert store.count(status=OK) == plan_size
+        assert store.integrity_check() == "ok"
+        dup = store.conn.execute("SELECT COUNT(*) FROM (SELECT workload, config FROM measurements "
+                                 "GROUP BY workload, config HAVING COUNT(*) > 1)").fetchone()[0]
+        assert dup == 0
