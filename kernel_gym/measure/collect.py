@@ -112,6 +112,10 @@ def build_plan(opts: CollectOptions) -> list[list[PlanItem]]:
                         seen.add((kernel, wl.key()))
                         listed.append((kernel, model_name, grid, wl.key()))
     valid_of = _all_valid([(k, w) for k, _, _, w in listed], min(16, os.cpu_count() or 1))
+    order_of: dict[str, list[str]] = {}
+    for kernel in opts.kernels:
+        order_of[kernel] = [str(c) for c in resolve_family(kernel).space.all_configs()]
+        random.Random(_stable_seed(opts.seed, kernel)).shuffle(order_of[kernel])
     streams: list[list[list[PlanItem]]] = []
     for kernel in opts.kernels:
         fam = resolve_family(kernel)
@@ -124,9 +128,11 @@ def build_plan(opts: CollectOptions) -> list[list[PlanItem]]:
                 if grid == "eval":
                     chosen = valid
                 else:
-                    rng = random.Random(_stable_seed(opts.seed, kernel, wkey))
-                    chosen = valid if len(valid) <= opts.configs_per_shape else rng.sample(valid,
-                                                                                          opts.configs_per_shape)
+                    # The same seeded order of the whole space for every shape of a kernel: the sampled configs are
+                    # (up to validity) the same at every shape, so the recorded backend can interpolate between
+                    # shapes and a policy's choice is measured on every shape it may meet.
+                    valid_set = set(valid)
+                    chosen = [c for c in order_of[kernel] if c in valid_set][:opts.configs_per_shape]
                     wl = workload_from_key(fam, wkey)
                     default = fam.default_config(wl)
                     if str(default) not in chosen and fam.space.is_valid(default, wl):

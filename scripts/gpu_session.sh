@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One H200 session: what this project runs on the GPU machine, step by step, each step time-boxed, all raw output under
+# $OUT (fetched back and committed under benchmarks/). Only python3 with torch, triton, numpy and the standard library
+# is needed (plus pytest for the gpu-marked tests).
+#   STEPS="tests bench collect" bash scripts/gpu_session.sh
+# Steps: tests (bf16 correctness over many configs per kernel), bench (kernels vs anchors), collect (measurement store,
+# resumable), noise (repeat a subset in separate processes), recorded (interpolation error and lookup speed).
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kernel_gym_triton_cache}
+STEPS=${STEPS:-"tests bench collect"}
+DB=${DB:-/tmp/h200.sqlite}
+T_TESTS=${T_TESTS:-150} T_BENCH=${T_BENCH:-240} T_COLLECT=${T_COLLECT:-150} T_NOISE=${T_NOISE:-90}
+start=$(date +%s)
+log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/session.log"; }
+
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+  nproc; } > "$OUT/machine.txt" 2>&1
+log "machine: $(tail -2 "$OUT/machine.txt" | tr '\n' ' ')"
+
+for step in $STEPS; do
+  case $step in
+    tests)
+      log "tests: pytest -m gpu tests/kernels"
+      timeout "$T_TESTS" python3 -m pytest -m gpu tests/kernels -q -n 8 -p no:cacheprovider --maxfail=20 -rfE \
+        > "$OUT/gpu_tests.txt" 2>&1
+      log "tests: exit $? ($(tail -1 "$OUT/gpu_tests.txt"))" ;;
+    bench)
+      log "bench"
+      timeout "$T_BENCH" python3 -m kernel_gym.cli bench --out "$OUT/h200_kernels.json" --md "$OUT/benchmarks.md" \
+        --configs "${BENCH_CONFIGS:-60}" --budget-s $(( T_BENCH - 60 )) > "$OUT/bench.txt" 2>&1
+      log "bench: exit $?" ;;
+    collect)
+      log "collect: budget $(( T_COLLECT - 30 )) s"
+      timeout "$T_COLLECT" python3 scripts/collect.py --db "$DB" --budget-s $(( T_COLLECT - 30 )) \
+        --out "$OUT/h200_measurements.jsonl.gz" ${COLLECT_ARGS:-} > "$OUT/collect.txt" 2>&1
+      log "collect: exit $? ($(tail -c 300 "$OUT/collect.txt" | tr '\n' ' '))" ;;
+    noise)
+      log "noise study"
+      timeout "$T_NOISE" python3 scripts/collect.py --db "$DB" --noise 3 --noise-out "$OUT/noise.json" \
+        > "$OUT/noise.txt" 2>&1
+      log "noise: exit $?" ;;
+    recorded)
+      log "recorded backend: held-out error, lookups/s"
+      timeout 120 python3 scripts/bench_recorded.py --db "$DB" > "$OUT/recorded.txt" 2>&1
+      log "recorded: exit $?" ;;
+    *) log "unknown step $step" ;;
+  esac
+done
+log "done"
