@@ -1,0 +1,447 @@
+"""The policies a user could run instead of the learned one, as simulator ConfigChoosers, for replay evaluation.
+
+- default: FAMILY.default_config (what a user gets without tuning).
+- static: the best single config per kernel over the training traffic (the model's collection grid, geomean ratio
+  to the oracle, as in training's static baseline).
+- vllm-table: fused MoE from a per-M table tuned offline on uniform routing, nearest M at run time (vLLM's
+  get_moe_configs + try_get_optimal_moe_config); attention kernels have no per-M table in vLLM's format and use the
+  static config (their offline-tuned equivalent).
+- autotune: at the first sight of each new shape key, measure every valid config (Triton's autotuner); the stall
+  (sum of compile + timing of every config) is charged to the waiting requests and counted as tuning GPU time.
+- random / tpe: the same, but measuring only `budget` configs per new shape: uniformly sampled, or proposed by
+  Optuna's TPE sampler over the knobs.
+- oracle: the best measured config for every workload (no stall: an upper bound).
+The learned policy is `dispatcher.Dispatcher` over an exported table.
+
+Every policy has `kv_layout` (the KV layout the deployment starts with), `precompiled` (configs compiled at start-up)
+and `tuning_gpu_s`. Decode configs always carry the layout in force. `CoveredBackend` lets a recorded backend answer
+every workload the simulator produces (see its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from typing import Any, Callable, Iterable
+
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import MOE_TOKENS, MoEWorkload, model_workloads
+from kernel_gym.measure.types import UNAVAILABLE, Measurement
+from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS, KVLayout
+
+DEFAULT_KV = KVLayout(16, "NHD")  # vLLM's default block size and layout
+AUTOTUNE_REPEATS = 100  # timing repeats per config when the store does not say (do_bench's 100 ms at >= 1 ms/run)
+SEARCH_BUDGET = 4  # measurements per new shape for random and tpe
+
+
+# ---- a backend that answers every simulator workload -------------------------------------------------------------
+
+
+class CoveredBackend:
+    """Wraps a backend so that every workload the simulator produces gets an answer.
+
+    A recorded store answers only inside its measured grid (it interpolates, never extrapolates). A workload it
+    cannot answer is mapped to an anchor: its axis coordinates clamped into the measured range, else the nearest
+    measured workload of the same fixed dimensions. Times at the anchor are scaled by the roofline work ratio
+    (traffic.roofline) when the workload is larger than its anchor, and kept as they are when it is smaller (small
+    calls are launch-bound). Answers so derived carry source "...-clamped". Backends without `workloads()` pass
+    through unchanged.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", "backend")
+        self.deterministic = getattr(inner, "deterministic", True)
+        self._anchor: dict[tuple[str, str], tuple[Any, float]] = {}
+        self._avail: dict[tuple[str, str], list[Config]] = {}
+        self.clamped_workloads = 0
+
+    def anchor(self, kernel: str, workload: Any) -> tuple[Any, float]:
+        """(workload to ask instead, time scale) for this workload."""
+        key = (kernel, workload.key())
+        hit = self._anchor.get(key)
+        if hit is None:
+            hit = self._find_anchor(kernel, workload)
+            if hit[0] is not workload:
+                self.clamped_workloads += 1
+            self._anchor[key] = hit
+        return hit
+
+    def _find_anchor(self, kernel: str, workload: Any) -> tuple[Any, float]:
+        if not hasattr(self.inner, "workloads") or self.inner.available_configs(kernel, workload):
+            return workload, 1.0
+        from kernel_gym.measure.recorded import AXES, _fixed_key
+        from kernel_gym.traffic.roofline import kernel_roofline, op_s
+
+        varying, coords, _ = AXES[kernel]
+        fixed = _fixed_key(workload, varying)
+        measured = [w for w in self.inner.workloads(kernel) if _fixed_key(w, varying) == fixed]
+        if not measured:
+            raise LookupError(f"the backend has no {kernel} measurement with the fixed dimensions of {workload.key()} "
+                              "(another model or dtype?): collect that model's grid first")
+        q = coords(workload)
+        pts = [coords(w) for w in measured]
+        clamped = tuple(min(max(x, min(p[d] for p in pts)), max(p[d] for p in pts)) for d, x in enumerate(q))
+        cand = _from_coords(kernel, workload, clamped)
+        if cand is None or not self.inner.available_configs(kernel, cand):
+            cand = min(measured, key=lambda w: sum((a - b) ** 2 for a, b in zip(coords(w), clamped)))
+        w_s = op_s(*kernel_roofline(kernel, workload))
+        a_s = op_s(*kernel_roofline(kernel, cand))
+        return cand, max(1.0, w_s / a_s) if a_s > 0 else 1.0
+
+    def measure(self, kernel: str, workload: Any, config: Config) -> Measurement:
+        m = self.inner.measure(kernel, workload, config)
+        if m.status != UNAVAILABLE:
+            return m
+        anchor, scale = self.anchor(kernel, workload)
+        if anchor is workload:
+            return m
+        a = self.inner.measure(kernel, anchor, config)
+        if not a.ok:
+            return replace(a, workload=workload.key(), source=a.source + "-clamped")
+        return replace(a, workload=workload.key(), median_ms=a.median_ms * scale, source=a.source + "-clamped")
+
+    def available_configs(self, kernel: str, workload: Any) -> list[Config]:
+        key = (kernel, workload.key())
+        out = self._avail.get(key)
+        if out is None:
+            out = list(self.inner.available_configs(kernel, workload))
+            if not out:
+                anchor, _ = self.anchor(kernel, workload)
+                if anchor is not workload:
+                    out = list(self.inner.available_configs(kernel, anchor))
+            self._avail[key] = out
+        return out
+
+
+def _from_coords(kernel: str, workload: Any, c: tuple[float, ...]) -> Any:
+    if kernel == "fused_moe":
+        return replace(workload, num_tokens=max(1, round(2 ** c[0])), skew=c[1])
+    if kernel == "decode_attention":
+        return replace(workload, batch=max(1, round(2 ** c[0])), context_len=max(1, round(2 ** c[1])))
+    return None  # prefill: one causal-pairs axis; the nearest measured workload stands in
+
+
+# ---- shared helpers ------------------------------------------------------------------------------------------------
+
+
+class Oracle:
+    """Per-workload candidates (valid, answerable, on the KV layout in force) and the fastest of them, memoised."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._cands: dict[tuple, list[Config]] = {}
+        self._best: dict[tuple, Config | None] = {}
+        self._times: dict[tuple, float | None] = {}
+
+    def time_ms(self, kernel: str, workload: Any, config: Config) -> float | None:
+        key = (kernel, workload, config)
+        if key not in self._times:
+            m = self.backend.measure(kernel, workload, config)
+            self._times[key] = m.median_ms if m.ok and m.median_ms else None
+        return self._times[key]
+
+    def candidates(self, kernel: str, workload: Any, kv: KVLayout | None = None) -> list[Config]:
+        key = (kernel, workload, kv if kernel == "decode_attention" else None)
+        out = self._cands.get(key)
+        if out is None:
+            space = get_family(kernel).space
+            out = [c for c in self.backend.available_configs(kernel, workload)
+                   if (key[2] is None or (c["PAGE_SIZE"] == kv.page_size and c["LAYOUT"] == kv.layout))
+                   and space.is_valid(c, workload) and self.time_ms(kernel, workload, c) is not None]
+            self._cands[key] = out
+        return out
+
+    def best(self, kernel: str, workload: Any, kv: KVLayout | None = None) -> Config | None:
+        key = (kernel, workload, kv if kernel == "decode_attention" else None)
+        if key not in self._best:
+            cands = self.candidates(kernel, workload, kv)
+            self._best[key] = min(cands, key=lambda c: self.time_ms(kernel, workload, c)) if cands else None
+        return self._best[key]
+
+
+def default_for(kernel: str, workload: Any, kv: KVLayout | None) -> Config:
+    """The family's default config, on the KV layout in force for decode."""
+    cfg = get_family(kernel).default_config(workload)
+    if kernel == "decode_attention" and kv is not None:
+        from kernel_gym.policies.dispatcher import on_layout
+
+        cfg = on_layout(cfg, workload, kv.page_size, kv.layout)
+    return cfg
+
+
+def follow_kv(kernel: str, cfg: Config, workload: Any, kv: KVLayout | None) -> Config:
+    """A decode config on the KV layout in force (nearest valid config there)."""
+    if kernel == "decode_attention" and kv is not None and (cfg["PAGE_SIZE"], cfg["LAYOUT"]) != (kv.page_size,
+                                                                                                  kv.layout):
+        from kernel_gym.policies.dispatcher import on_layout
+
+        return on_layout(cfg, workload, kv.page_size, kv.layout)
+    return cfg
+
+
+class Policy:
+    """Base: a ConfigChooser with the replay bookkeeping every policy carries."""
+
+    name = "policy"
+
+    def __init__(self, kv_layout: KVLayout = DEFAULT_KV) -> None:
+        self.kv_layout = kv_layout
+        self.precompiled: set[tuple[str, Config]] = set()
+        self.tuning_gpu_s = 0.0
+        self.measurements = 0
+        self.sim: Any = None
+
+    def attach(self, sim: Any) -> None:
+        """Called by replay before the run: policies that tune charge stalls to this simulator."""
+        self.sim = sim
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        raise NotImplementedError
+
+
+class DefaultPolicy(Policy):
+    name = "default"
+
+    def __init__(self, model: Any, kv_layout: KVLayout = DEFAULT_KV) -> None:
+        super().__init__(kv_layout)
+        self._memo: dict[tuple, Config] = {}
+        for k in KERNELS:  # what a serving engine warms up: the defaults of the model's shape grid
+            for w in model_workloads(k, model):
+                self.precompiled.add((k, default_for(k, w, kv_layout)))
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        key = (kernel, workload, kv)
+        cfg = self._memo.get(key)
+        if cfg is None:
+            cfg = self._memo[key] = default_for(kernel, workload, kv)
+        return cfg
+
+
+class TablePolicy(Policy):
+    """Fixed choices per kernel: one static config, or a per-M table for fused MoE (nearest M, vLLM's rule)."""
+
+    def __init__(self, name: str, static: dict[str, Config], moe_table: dict[int, Config] | None = None) -> None:
+        dec = static["decode_attention"]
+        super().__init__(KVLayout(int(dec["PAGE_SIZE"]), str(dec["LAYOUT"])))
+        self.name = name
+        self.static = dict(static)
+        self.moe_table = dict(sorted((moe_table or {}).items()))
+        self._ms = list(self.moe_table)
+        self._memo: dict[tuple, Config] = {}
+        self.precompiled = {(k, c) for k, c in self.static.items()} | {("fused_moe", c) for c in
+                                                                       self.moe_table.values()}
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        if kernel == "fused_moe" and self._ms:
+            m = workload.num_tokens
+            key = ("m", m)
+            cfg = self._memo.get(key)
+            if cfg is None:
+                cfg = self._memo[key] = self.moe_table[min(self._ms, key=lambda x: abs(x - m))]
+            return cfg
+        cfg = self.static[kernel]
+        if kernel == "decode_attention":
+            key = (cfg, kv, workload.head_dim)
+            out = self._memo.get(key)
+            if out is None:
+                out = self._memo[key] = follow_kv(kernel, cfg, workload, kv)
+            return out
+        return cfg
+
+
+class OraclePolicy(Policy):
+    name = "oracle"
+
+    def __init__(self, oracle: Oracle, kv_layout: KVLayout) -> None:
+        super().__init__(kv_layout)
+        self.oracle = oracle
+
+    def attach(self, sim: Any) -> None:
+        super().attach(sim)
+        sim.compile_fn = lambda kernel, cfg: 0.0  # an upper bound: everything is compiled
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        cfg = self.oracle.best(kernel, workload, kv)
+        return cfg if cfg is not None else default_for(kernel, workload, kv)
+
+
+def shape_key(kernel: str, workload: Any) -> tuple:
+    """The tuning key of the search baselines: M for MoE (routing is invisible to an autotuner's key), (batch,
+    context) for decode, next powers of two of (total, longest) for prefill (varlen kernels key on maxima)."""
+    if kernel == "fused_moe":
+        return (workload.num_tokens,)
+    if kernel == "decode_attention":
+        return (workload.batch, workload.context_len)
+    lens = workload.seq_lens
+    return (1 << (sum(lens) - 1).bit_length(), 1 << (max(lens) - 1).bit_length())
+
+
+class SearchPolicy(Policy):
+    """Tune at the first sight of each new shape key: measure configs, keep the fastest for that key.
+
+    mode "exhaustive" (autotune: every candidate), "random" or "tpe" (`budget` measurements). Each measured config
+    costs its compile time (the store's compile_s, else COMPILE_S_DEFAULT) plus median x repeats of timing; the sum
+    is charged as a stall to the next engine step (requests wait) and counted in tuning_gpu_s."""
+
+    def __init__(self, mode: str, oracle: Oracle, kv_layout: KVLayout = DEFAULT_KV, budget: int = SEARCH_BUDGET,
+                 seed: int = 0) -> None:
+        if mode not in ("exhaustive", "random", "tpe"):
+            raise ValueError(f"search mode {mode!r}: use exhaustive, random or tpe")
+        if budget < 1:
+            raise ValueError(f"search budget must be >= 1 measurement per shape, got {budget}")
+        super().__init__(kv_layout)
+        self.name = {"exhaustive": "autotune"}.get(mode, mode)
+        self.mode, self.oracle, self.budget, self.seed = mode, oracle, budget, seed
+        self.winners: dict[tuple, Config] = {}
+        self.shapes_tuned = 0
+        self._rng = random.Random(seed)
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        key = (kernel, kv, shape_key(kernel, workload))
+        cfg = self.winners.get(key)
+        if cfg is None:
+            cfg = self.winners[key] = self._tune(kernel, workload, kv)
+        return cfg
+
+    def _cost_s(self, kernel: str, workload: Any, cfg: Config) -> float:
+        m = self.oracle.backend.measure(kernel, workload, cfg)
+        compile_s = m.compile_s if m.compile_s else COMPILE_S_DEFAULT
+        timing = (m.median_ms or 0.0) * 1e-3 * (m.repeats if m.repeats else AUTOTUNE_REPEATS)
+        return compile_s + timing
+
+    def _tune(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        cands = self.oracle.candidates(kernel, workload, kv)
+        if not cands:
+            return default_for(kernel, workload, kv)
+        if self.mode == "exhaustive" or len(cands) <= self.budget:
+            tried = list(cands)
+        elif self.mode == "random":
+            tried = self._rng.sample(cands, self.budget)
+        else:
+            tried = self._tpe(kernel, workload, cands)
+        stall = sum(self._cost_s(kernel, workload, c) for c in tried)
+        self.tuning_gpu_s += stall
+        self.measurements += len(tried)
+        self.shapes_tuned += 1
+        if self.sim is not None:
+            self.sim.add_stall(stall, f"{self.name} {kernel} {len(tried)} configs")
+            self.sim.compiled.update((kernel, c) for c in tried)
+        return min(tried, key=lambda c: self.oracle.time_ms(kernel, workload, c))
+
+    def _tpe(self, kernel: str, workload: Any, cands: list[Config]) -> list[Config]:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        allowed = set(cands)
+        # per-knob choices: the values some candidate has (the rest can never be measured here)
+        knobs = [(k.name, [v for v in k.values if any(c[k.name] == v for c in cands)])
+                 for k in get_family(kernel).space.knobs]
+        fixed = {}
+        if kernel == "decode_attention":
+            fixed = {"PAGE_SIZE": cands[0]["PAGE_SIZE"], "LAYOUT": cands[0]["LAYOUT"]}
+        sampler = optuna.samplers.TPESampler(seed=self._rng.randrange(2**31), n_startup_trials=max(1, self.budget // 2))
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        tried: list[Config] = []
+        for _ in range(10 * self.budget):
+            if len(tried) >= self.budget:
+                break
+            trial = study.ask()
+            values = {n: fixed[n] if n in fixed else trial.suggest_categorical(n, vals) for n, vals in knobs}
+            cfg = Config(values)
+            if cfg not in allowed or cfg in tried:  # invalid or unanswerable: masked, never measured
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            tried.append(cfg)
+            study.tell(trial, math.log(self.oracle.time_ms(kernel, workload, cfg)))
+        rest = [c for c in cands if c not in tried]
+        while len(tried) < self.budget and rest:  # TPE kept proposing masked configs: fill at random
+            tried.append(rest.pop(self._rng.randrange(len(rest))))
+        return tried
+
+
+# ---- building the baselines from training traffic ------------------------------------------------------------------
+
+
+def training_references(backend: Any, model: Any, kernels: Iterable[str] = KERNELS) -> dict[str, list[Any]]:
+    """Reference times of every answerable config on the model's collection grid (the training traffic)."""
+    from kernel_gym.policies.catalogue import measure_reference
+
+    return {k: measure_reference(backend, get_family(k), model_workloads(k, model)) for k in kernels}
+
+
+def static_configs(refs: dict[str, list[Any]]) -> dict[str, Config]:
+    from kernel_gym.policies.catalogue import best_static_config
+
+    out = {}
+    for k, r in refs.items():
+        if not r:
+            raise ValueError(f"no {k} workload of the training grid has a measurement: cannot build baselines")
+        out[k] = best_static_config(r)
+    return out
+
+
+def best_layout(decode_refs: list[Any]) -> KVLayout:
+    """The KV layout whose per-workload best decode times sum lowest over the training grid (oracle's layout)."""
+    layouts: dict[tuple[int, str], float] = {}
+    for lay in {(int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for r in decode_refs for c in r.times}:
+        total = 0.0
+        for r in decode_refs:
+            ts = [t for c, t in r.times.items() if (c["PAGE_SIZE"], c["LAYOUT"]) == lay]
+            if not ts:
+                total = math.inf
+                break
+            total += min(ts)
+        layouts[lay] = total
+    if not layouts:
+        return DEFAULT_KV
+    ps, lay = min(layouts, key=lambda k: (layouts[k], k))
+    return KVLayout(ps, lay)
+
+
+def vllm_moe_table(oracle: Oracle, model: Any, dtype: str = "bfloat16") -> dict[int, Config]:
+    """Per-M table tuned offline on uniform routing (skew 0), as vLLM's benchmark_moe.py writes it."""
+    out = {}
+    for m in MOE_TOKENS:
+        w = MoEWorkload(m, model.num_experts, model.top_k, model.hidden, model.intermediate, 0.0, dtype)
+        best = oracle.best("fused_moe", w)
+        if best is not None:
+            out[m] = best
+    if not out:
+        raise ValueError("no fused_moe measurement at uniform routing: cannot build the vllm-table baseline")
+    return out
+
+
+BASELINE_NAMES = ("default", "static", "vllm-table", "autotune", "random", "tpe", "oracle")
+
+
+def make_baselines(names: Iterable[str], backend: Any, model: Any, budget: int = SEARCH_BUDGET, seed: int = 0,
+                   refs: dict[str, list[Any]] | None = None) -> dict[str, Callable[[], Policy]]:
+    """Factories (fresh state per replay) of the named baselines over a (covered) backend."""
+    names = list(names)
+    unknown = [n for n in names if n not in BASELINE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {unknown}: choose from {list(BASELINE_NAMES)} (and 'learned')")
+    oracle = Oracle(backend)
+    need_refs = {"static", "vllm-table", "oracle"} & set(names)
+    if need_refs and refs is None:
+        refs = training_references(backend, model)
+    static = static_configs(refs) if {"static", "vllm-table"} & set(names) else {}
+    out: dict[str, Callable[[], Policy]] = {}
+    for n in names:
+        if n == "default":
+            out[n] = lambda: DefaultPolicy(model)
+        elif n == "static":
+            out[n] = lambda: TablePolicy("static", static)
+        elif n == "vllm-table":
+            table = vllm_moe_table(oracle, model)
+            out[n] = lambda table=table: TablePolicy("vllm-table", static, table)
+        elif n == "oracle":
+            kv = best_layout(refs["decode_attention"])
+            out[n] = lambda kv=kv: OraclePolicy(oracle, kv)
+        else:
+            mode = "exhaustive" if n == "autotune" else n
+            out[n] = lambda mode=mode: SearchPolicy(mode, oracle, DEFAULT_KV, budget, seed)
+    return out

@@ -1,0 +1,311 @@
+"""The deployment side of a learned policy: a dispatch table (plain JSON) and the `Dispatcher` serving code calls.
+
+A dispatch table holds, per kernel family, a grid of workload buckets (two axes per kernel, bucket edges between
+the grid points) and the config chosen for each bucket. Serving code calls `Dispatcher.choose(...)` (or the
+per-kernel helpers) once per batch: two `bisect` calls and a list index, no model inference, no pickle. The table can be
+swapped atomically while serving (`swap`), and `precompile(device)` compiles every config the table may choose at
+start-up so no request pays a compile stall. The Dispatcher is also a `traffic.ConfigChooser`, so the serving
+simulator replays "learned" through exactly this code.
+
+Imports only the standard library at module level (the GPU machine runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from kernel_gym.kernels.space import Config
+
+DISPATCH_FORMAT = "kernel-gym-dispatch/1"
+
+# kernel -> (axis names, whether each axis is log-scaled). Bucket edges sit between grid points: geometric means on
+# log axes, arithmetic means otherwise, so a lookup is a bisect on raw values (no log in the hot path).
+AXES: dict[str, tuple[tuple[str, str], tuple[bool, bool]]] = {
+    "fused_moe": (("num_tokens", "skew"), (True, False)),
+    "decode_attention": (("batch", "context_len"), (True, True)),
+    "prefill_attention": (("total_tokens", "max_len"), (True, True)),
+}
+
+
+def axis_values(kernel: str, workload: Any) -> tuple[float, float]:
+    """The two bucket coordinates of a workload (raw units)."""
+    if kernel == "fused_moe":
+        return float(workload.num_tokens), float(workload.skew)
+    if kernel == "decode_attention":
+        return float(workload.batch), float(workload.context_len)
+    if kernel == "prefill_attention":
+        lens = workload.seq_lens
+        return float(sum(lens)), float(max(lens))
+    raise ValueError(f"unknown kernel {kernel!r}: choose one of {sorted(AXES)}")
+
+
+def bucket_edges(centers: Sequence[float], log: bool) -> list[float]:
+    """Boundaries between consecutive grid points (len(centers) - 1 of them)."""
+    c = [float(x) for x in centers]
+    if sorted(set(c)) != c:
+        raise ValueError(f"bucket centers must be strictly increasing, got {c}")
+    if log and c and c[0] <= 0:
+        raise ValueError(f"log-scaled bucket centers must be > 0, got {c}")
+    return [math.sqrt(a * b) if log else (a + b) / 2 for a, b in zip(c, c[1:])]
+
+
+@dataclass
+class KernelTable:
+    """One kernel's buckets: `cells[i * len(centers[1]) + j]` indexes `configs` for the bucket (i, j).
+
+    fixed: the workload dimensions the table was built for (heads, experts, hidden, ... from the model spec).
+    policy: where the choices came from (model URI, run id, or "default"). kv_layout: decode only, the KV page size and
+    layout the deployment should run with (every decode config in the table carries it)."""
+
+    kernel: str
+    centers: tuple[list[float], list[float]]
+    configs: list[Config]
+    cells: list[int]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    policy: dict[str, Any] = field(default_factory=dict)
+    kv_layout: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kernel not in AXES:
+            raise ValueError(f"unknown kernel {self.kernel!r} in dispatch table: choose one of {sorted(AXES)}")
+        _, logs = AXES[self.kernel]
+        self.centers = ([float(x) for x in self.centers[0]], [float(x) for x in self.centers[1]])
+        self.edges = (bucket_edges(self.centers[0], logs[0]), bucket_edges(self.centers[1], logs[1]))
+        n = len(self.centers[0]) * len(self.centers[1])
+        if len(self.cells) != n:
+            raise ValueError(f"{self.kernel}: {len(self.cells)} cells for a {len(self.centers[0])} x "
+                             f"{len(self.centers[1])} grid (need {n}); the table file is damaged: export it again")
+        bad = [i for i in self.cells if not 0 <= i < len(self.configs)]
+        if bad:
+            raise ValueError(f"{self.kernel}: cell entries {bad[:5]} index past the {len(self.configs)} configs; "
+                             "export the table again")
+        self._n1 = len(self.centers[1])
+
+    def lookup(self, x0: float, x1: float) -> Config:
+        """The config of the bucket holding (x0, x1) (values outside the grid use the nearest edge bucket)."""
+        return self.configs[self.cells[bisect_right(self.edges[0], x0) * self._n1 + bisect_right(self.edges[1], x1)]]
+
+    def to_dict(self) -> dict[str, Any]:
+        names, logs = AXES[self.kernel]
+        return {
+            "axes": [{"name": n, "log": lg, "centers": c, "edges": e}
+                     for n, lg, c, e in zip(names, logs, self.centers, self.edges)],
+            "configs": [dict(c) for c in self.configs],
+            "cells": list(self.cells),
+            "fixed": self.fixed,
+            "policy": self.policy,
+            "kv_layout": self.kv_layout,
+        }
+
+    @classmethod
+    def from_dict(cls, kernel: str, data: dict[str, Any]) -> KernelTable:
+        try:
+            axes = data["axes"]
+            names = tuple(a["name"] for a in axes)
+            if names != AXES.get(kernel, ((), ()))[0]:
+                raise ValueError(f"{kernel}: axes {names} differ from {AXES.get(kernel, ((),))[0]}; the table was "
+                                 "written by an incompatible version: export it again")
+            return cls(kernel, (axes[0]["centers"], axes[1]["centers"]), [Config(c) for c in data["configs"]],
+                       [int(i) for i in data["cells"]], dict(data.get("fixed") or {}), dict(data.get("policy") or {}),
+                       data.get("kv_layout"))
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ValueError(f"{kernel}: malformed dispatch table entry ({exc!r}); export the table again") from exc
+
+
+@dataclass
+class DispatchTable:
+    """Every kernel's buckets plus provenance: device, model spec, software versions, creation time."""
+
+    kernels: dict[str, KernelTable]
+    device: str = "NVIDIA H200"
+    model: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": DISPATCH_FORMAT, "device": self.device, "model": self.model, "versions": self.versions,
+                "meta": self.meta, "kernels": {k: t.to_dict() for k, t in self.kernels.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DispatchTable:
+        if not isinstance(data, dict) or data.get("format") != DISPATCH_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"not a kernel_gym dispatch table (format {got!r}, expected {DISPATCH_FORMAT!r}); "
+                             "write one with `kernel-gym export --format dispatch`")
+        kernels = {k: KernelTable.from_dict(k, v) for k, v in (data.get("kernels") or {}).items()}
+        if not kernels:
+            raise ValueError("dispatch table has no kernels; export it again from a trained policy")
+        return cls(kernels, str(data.get("device", "")), dict(data.get("model") or {}),
+                   dict(data.get("versions") or {}), dict(data.get("meta") or {}))
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (temp file + rename): a reader never sees half a table."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> DispatchTable:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"dispatch table {path} does not exist; write it with `kernel-gym export`")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc}); export the table again") from exc
+        return cls.from_dict(data)
+
+
+class Dispatcher:
+    """Per-batch config lookup for serving code, and a `ConfigChooser` for the serving simulator.
+
+    `choose(kernel, workload, kv)` returns the table's config for the workload's bucket; a decode config follows the
+    KV layout in force (PAGE_SIZE and LAYOUT replaced if they differ, the default config if that is invalid). Kernels
+    missing from the table get their family's default config. `swap(table)` replaces the table in one reference
+    assignment (atomic for concurrent readers); `precompiled` is the set of (kernel, config) pairs the table may choose.
+    """
+
+    def __init__(self, table: DispatchTable) -> None:
+        self._lock = threading.Lock()  # serialises writers (swap); readers never take it
+        self._tables: dict[str, KernelTable] = dict(table.kernels)
+        self.table = table
+        self._follow: dict[tuple[Config, Any, Any], Config] = {}
+        self.swaps = 0
+
+    @classmethod
+    def load(cls, path: str | Path) -> Dispatcher:
+        return cls(DispatchTable.load(path))
+
+    # ---- the hot path ----
+
+    def lookup(self, kernel: str, x0: float, x1: float) -> Config:
+        """The config for bucket coordinates (see AXES) of one kernel."""
+        t = self._tables.get(kernel)
+        if t is None:
+            raise KeyError(f"the dispatch table has no {kernel!r}; it holds {sorted(self._tables)}")
+        return t.lookup(x0, x1)
+
+    def moe_config(self, num_tokens: int, skew: float = 0.0) -> Config:
+        return self._tables["fused_moe"].lookup(num_tokens, skew)
+
+    def decode_config(self, batch: int, context_len: int) -> Config:
+        return self._tables["decode_attention"].lookup(batch, context_len)
+
+    def prefill_config(self, seq_lens: Sequence[int]) -> Config:
+        return self._tables["prefill_attention"].lookup(sum(seq_lens), max(seq_lens))
+
+    def choose(self, kernel: str, workload: Any, kv: Any = None) -> Config:
+        """ConfigChooser: the config for this step's call of `kernel`."""
+        t = self._tables.get(kernel)
+        if t is None:
+            return self._default(kernel, workload, kv)
+        if kernel == "fused_moe":
+            cfg = t.lookup(workload.num_tokens, workload.skew)
+        elif kernel == "decode_attention":
+            cfg = t.lookup(workload.batch, workload.context_len)
+            if kv is not None and (cfg["PAGE_SIZE"] != kv.page_size or cfg["LAYOUT"] != kv.layout):
+                cfg = self._follow_kv(cfg, workload, kv)
+        else:
+            lens = workload.seq_lens
+            cfg = t.lookup(sum(lens), max(lens))
+        return cfg
+
+    # ---- the rest ----
+
+    def _follow_kv(self, cfg: Config, workload: Any, kv: Any) -> Config:
+        key = (cfg, kv, workload.head_dim)
+        out = self._follow.get(key)
+        if out is None:
+            out = self._follow[key] = on_layout(cfg, workload, kv.page_size, kv.layout)
+        return out
+
+    def _default(self, kernel: str, workload: Any, kv: Any) -> Config:
+        from kernel_gym.kernels import get_family
+
+        cfg = get_family(kernel).default_config(workload)
+        if kernel == "decode_attention" and kv is not None:
+            cfg = on_layout(cfg, workload, kv.page_size, kv.layout)
+        return cfg
+
+    @property
+    def kv_layout(self) -> Any:
+        """The KV layout the table was built for (a traffic.KVLayout), or None without a decode table."""
+        t = self._tables.get("decode_attention")
+        if t is None or not t.kv_layout:
+            return None
+        from kernel_gym.traffic.simulator import KVLayout
+
+        return KVLayout(int(t.kv_layout["page_size"]), str(t.kv_layout["layout"]))
+
+    @property
+    def precompiled(self) -> set[tuple[str, Config]]:
+        """Every (kernel, config) the table may choose: the simulator charges no compile stall for these."""
+        return {(k, c) for k, t in self._tables.items() for c in {t.configs[i] for i in t.cells}}
+
+    def swap(self, table: DispatchTable) -> DispatchTable:
+        """Replace the whole table at once (readers see the old or the new one, never a mix); returns the old one."""
+        new = dict(table.kernels)
+        with self._lock:
+            old = self.table
+            self._tables = new  # one reference assignment: atomic under the GIL
+            self.table = table
+            self.swaps += 1
+        return old
+
+    def precompile(self, device: str = "cpu", kernels: Iterable[str] | None = None) -> set[tuple[str, Config]]:
+        """Compile every config the table may choose. device="cpu": nothing runs, returns the set (the simulator's
+        `precompiled`); "cuda": prepares and launches each config once on small inputs of the table's shapes."""
+        chosen = {(k, c) for k, c in self.precompiled if kernels is None or k in set(kernels)}
+        if device == "cpu":
+            return chosen
+        if not device.startswith("cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        import torch
+
+        from kernel_gym.kernels import get_family
+
+        for kernel, cfg in sorted(chosen, key=lambda kc: (kc[0], str(kc[1]))):
+            family = get_family(kernel)
+            wl = small_workload(kernel, self._tables[kernel].fixed)
+            if not family.space.is_valid(cfg, wl):
+                continue  # a config valid only for larger shapes compiles on first use at those shapes
+            family.prepare(family.make_inputs(wl, device), cfg)()
+        torch.cuda.synchronize()
+        return chosen
+
+
+def on_layout(cfg: Config, workload: Any, page_size: int, layout: str) -> Config:
+    """A decode config moved to a KV layout: the same knobs if valid there, else the valid config on that layout
+    that differs from it in the fewest knobs (ties: the space's order)."""
+    from kernel_gym.kernels import get_family
+
+    space = get_family("decode_attention").space
+    moved = cfg.replace(PAGE_SIZE=page_size, LAYOUT=layout)
+    if space.is_valid(moved, workload):
+        return moved
+    valid = [c for c in space.valid_configs(workload) if c["PAGE_SIZE"] == page_size and c["LAYOUT"] == layout]
+    if not valid:
+        raise ValueError(f"no decode config is valid for {workload} with PAGE_SIZE={page_size} LAYOUT={layout}")
+    return min(valid, key=lambda c: sum(c[k] != moved[k] for k in moved))
+
+
+def small_workload(kernel: str, fixed: dict[str, Any]) -> Any:
+    """A small workload with the table's fixed dimensions (pre-compilation inputs)."""
+    from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+
+    f = dict(fixed)
+    dtype = f.get("dtype", "bfloat16")
+    if kernel == "fused_moe":
+        return MoEWorkload(64, f["num_experts"], f["top_k"], f["hidden"], f["intermediate"], 0.0, dtype)
+    if kernel == "decode_attention":
+        return DecodeWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], 4, 512, dtype)
+    return PrefillWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], (256,), dtype)

@@ -1,0 +1,302 @@
+"""Export a learned policy for a deployment: a dispatch table (JSON) and vLLM fused-MoE config files.
+
+`kernel-gym export --model-uri models:/kernel-gym-moe-v0/1 --format dispatch|vllm --out DIR` loads each policy
+(an MLflow pyfunc, kernel_gym.policies.pyfunc_model), asks it for a config on a grid of workload buckets per kernel
+(the model's collection grid, plus routing skews for MoE) and writes:
+- dispatch: DIR/dispatch_table.json (kernel_gym.policies.dispatcher.DispatchTable: buckets, configs, device,
+  versions, the policy each kernel came from);
+- vllm: DIR/E=<experts>,N=<intermediate>,device_name=<device>.json, vLLM's fused-MoE config format (keys: batch
+  size M; values: BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages), loadable by vLLM unchanged.
+Both are plain JSON: loading them needs no pickle and no kernel_gym.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import (
+    DECODE_BATCHES,
+    DECODE_CONTEXTS,
+    MOE_TOKENS,
+    PREFILL_TOTALS,
+    DecodeWorkload,
+    MoEWorkload,
+    PrefillWorkload,
+)
+from kernel_gym.policies.dispatcher import DispatchTable, KernelTable
+
+# A predictor maps workloads to configs (one call per kernel: a pyfunc predict, a backend's oracle, a test function).
+Predictor = Callable[[list[Any]], list[Config]]
+
+EXPORT_SKEWS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.6)
+EXPORT_PREFILL = (16, 32, 64) + PREFILL_TOTALS + (32768,)
+EXPORT_DECODE_CONTEXTS = (32, 64) + DECODE_CONTEXTS + (65536,)
+DEFAULT_DEVICE = "NVIDIA H200"
+TABLE_FILE = "dispatch_table.json"
+
+
+def fixed_dims(kernel: str, model: Any, dtype: str = "bfloat16") -> dict[str, Any]:
+    """The workload dimensions a model spec fixes for a kernel."""
+    if kernel == "fused_moe":
+        return {"num_experts": model.num_experts, "top_k": model.top_k, "hidden": model.hidden,
+                "intermediate": model.intermediate, "dtype": dtype}
+    return {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+            "dtype": dtype}
+
+
+def grid_centers(kernel: str) -> tuple[list[float], list[float]]:
+    """The bucket grid per axis: the model's collection grid, plus skews for MoE and wider ranges for attention."""
+    if kernel == "fused_moe":
+        return [float(x) for x in MOE_TOKENS], [float(x) for x in EXPORT_SKEWS]
+    if kernel == "decode_attention":
+        return [float(x) for x in DECODE_BATCHES], [float(x) for x in EXPORT_DECODE_CONTEXTS]
+    if kernel == "prefill_attention":
+        return [float(x) for x in EXPORT_PREFILL], [float(x) for x in EXPORT_PREFILL]
+    raise ValueError(f"unknown kernel {kernel!r}: choose one of fused_moe, decode_attention, prefill_attention")
+
+
+def cell_workload(kernel: str, fixed: dict[str, Any], x0: float, x1: float) -> Any:
+    """The representative workload of the bucket centred at (x0, x1)."""
+    f, dtype = fixed, fixed.get("dtype", "bfloat16")
+    if kernel == "fused_moe":
+        return MoEWorkload(int(x0), f["num_experts"], f["top_k"], f["hidden"], f["intermediate"], float(x1), dtype)
+    if kernel == "decode_attention":
+        return DecodeWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], int(x0), int(x1), dtype)
+    return PrefillWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], prefill_lens(int(x0), int(x1)), dtype)
+
+
+def bucket_grid(kernel: str, model: Any, dtype: str = "bfloat16") -> tuple[list[float], list[float], list[Any]]:
+    """(axis-0 centers, axis-1 centers, one representative workload per cell in row-major order)."""
+    f = fixed_dims(kernel, model, dtype)
+    c0, c1 = grid_centers(kernel)
+    return c0, c1, [cell_workload(kernel, f, a, b) for a in c0 for b in c1]
+
+
+def prefill_lens(total: int, max_len: int) -> tuple[int, ...]:
+    """Sequences of max_len tokens (capped at total) summing to total: the cell's representative batch."""
+    m = max(1, min(int(max_len), int(total)))
+    lens = (m,) * (int(total) // m)
+    return lens + ((int(total) % m,) if total % m else ())
+
+
+def build_kernel_table(kernel: str, model: Any, predict: Predictor, policy: dict[str, Any],
+                       dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None) -> KernelTable:
+    """Query the predictor on every bucket of the kernel's grid. Decode: every config is put on one KV layout (the
+    one given, else the layout the policy picks most often), since a deployment runs one layout at a time."""
+    c0, c1, wls = bucket_grid(kernel, model, dtype)
+    configs = list(predict(wls))
+    if len(configs) != len(wls):
+        raise ValueError(f"{kernel}: the policy returned {len(configs)} configs for {len(wls)} workloads")
+    layout = None
+    if kernel == "decode_attention":
+        from kernel_gym.policies.dispatcher import on_layout
+
+        if kv_layout is None:
+            kv_layout = Counter((int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for c in configs).most_common(1)[0][0]
+        ps, lay = int(kv_layout[0]), str(kv_layout[1])
+        configs = [on_layout(c, w, ps, lay) for c, w in zip(configs, wls)]
+        layout = {"page_size": ps, "layout": lay}
+    unique = list(dict.fromkeys(configs))
+    index = {c: i for i, c in enumerate(unique)}
+    return KernelTable(kernel, (c0, c1), unique, [index[c] for c in configs], fixed_dims(kernel, model, dtype),
+                       policy, layout)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    for mod in ("kernel_gym", "triton", "torch", "mlflow"):
+        try:
+            out[mod] = str(__import__(mod).__version__)
+        except Exception:  # noqa: BLE001 - a version we cannot read is left out, not invented
+            pass
+    try:
+        from kernel_gym.policies.tracking import git_commit
+
+        out["git_commit"] = git_commit()
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def build_table(model: Any, predictors: dict[str, tuple[Predictor, dict[str, Any]]], device: str = DEFAULT_DEVICE,
+                dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None) -> DispatchTable:
+    """A DispatchTable from one (predictor, policy provenance) per kernel."""
+    if not predictors:
+        raise ValueError("no policy to export: pass at least one --model-uri")
+    kernels = {k: build_kernel_table(k, model, p, meta, dtype, kv_layout) for k, (p, meta) in predictors.items()}
+    return DispatchTable(kernels, device, asdict(model), versions())
+
+
+# ---- MLflow pyfunc policies ------------------------------------------------------------------------------------------
+
+
+def registered_kernel_names() -> dict[str, str]:
+    """Registered model name (kernel-gym-<env>) -> kernel, for every kernel env."""
+    from kernel_gym.envs import ENV_KERNELS
+
+    return {f"kernel-gym-{env.split('/')[-1].lower()}": k for env, k in ENV_KERNELS.items()}
+
+
+def load_policy(uri: str, kernel: str | None = None) -> tuple[str, Predictor, dict[str, Any]]:
+    """(kernel, predictor, provenance) of a logged pyfunc policy; the kernel comes from the model itself."""
+    import mlflow
+    import pandas as pd
+
+    try:
+        model = mlflow.pyfunc.load_model(uri)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises many types; the user needs the URI and the fix
+        raise ValueError(f"cannot load policy {uri!r} ({type(exc).__name__}: {exc}); list the registered "
+                         "models with `kernel-gym ui`, or train one with `kernel-gym train`") from exc
+    inner = model.unwrap_python_model()
+    model_kernel = getattr(inner, "kernel", None)
+    if model_kernel is None:
+        raise ValueError(f"{uri!r} is not a kernel_gym policy (no kernel in its metadata)")
+    if kernel is not None and kernel != model_kernel:
+        raise ValueError(f"--model-uri {kernel}={uri}: that policy is for {model_kernel!r}, not {kernel!r}")
+    meta = getattr(inner, "meta", {}) or {}
+
+    def predict(workloads: list[Any]) -> list[Config]:
+        out = model.predict(pd.DataFrame({"workload_key": [w.key() for w in workloads]}))
+        return [Config.parse(c) for c in out["config"]]
+
+    provenance = {"model_uri": uri, "run_id": meta.get("run_id", ""), "env_id": meta.get("env_id", "")}
+    return model_kernel, predict, provenance
+
+
+def latest_model_uris() -> dict[str, str]:
+    """kernel -> models:/NAME/VERSION of the latest version of each registered kernel-gym-* policy in the store."""
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient()
+    out: dict[str, str] = {}
+    for name, kernel in registered_kernel_names().items():
+        try:
+            versions_ = client.search_model_versions(f"name='{name}'")
+        except Exception:  # noqa: BLE001 - an empty or fresh store has no registry rows
+            versions_ = []
+        if versions_ and kernel not in out:
+            v = max(versions_, key=lambda mv: int(mv.version))
+            out[kernel] = f"models:/{name}/{v.version}"
+    return out
+
+
+def parse_model_uris(items: Sequence[str]) -> dict[str | None, str]:
+    """--model-uri values: "URI" (kernel read from the model) or "KERNEL=URI"."""
+    from kernel_gym.kernels import FAMILY_NAMES
+
+    out: dict[str | None, str] = {}
+    for item in items:
+        kernel, uri = None, item
+        head, sep, tail = item.partition("=")
+        if sep and head in FAMILY_NAMES:
+            kernel, uri = head, tail
+        elif sep and "://" not in head and ":" not in head:
+            raise ValueError(f"--model-uri {item!r}: {head!r} is not a kernel; use KERNEL=URI with KERNEL one of "
+                             f"{list(FAMILY_NAMES)}, or just the URI")
+        if not uri:
+            raise ValueError(f"--model-uri {item!r} has no URI")
+        out[kernel if kernel else f"?{len(out)}"] = uri  # type: ignore[index]
+    return out
+
+
+def load_policies(items: Sequence[str]) -> dict[str, tuple[Predictor, dict[str, Any]]]:
+    """Predictors per kernel from --model-uri values; with none given, the latest registered kernel-gym-* models."""
+    uris = parse_model_uris(items) if items else latest_model_uris()
+    if not uris:
+        raise ValueError("no registered kernel-gym-* policy in the MLflow store "
+                         "(MLFLOW_TRACKING_URI or mlruns/); run `kernel-gym train` (or `kernel-gym demo`) first, "
+                         "or pass --model-uri")
+    out: dict[str, tuple[Predictor, dict[str, Any]]] = {}
+    for key, uri in uris.items():
+        kernel = key if key and not key.startswith("?") else None
+        k, predict, meta = load_policy(uri, kernel)
+        if k in out:
+            raise ValueError(f"two policies for {k}: {out[k][1]['model_uri']} and {uri}; pass one per kernel")
+        out[k] = (predict, meta)
+    return out
+
+
+# ---- vLLM ------------------------------------------------------------------------------------------------------------
+
+
+def vllm_file_name(num_experts: int, intermediate: int, device: str) -> str:
+    """vLLM's get_config_file_name for unquantised experts: E=..,N=..,device_name=<name with _ for spaces>.json."""
+    return f"E={num_experts},N={intermediate},device_name={device.replace(' ', '_')}.json"
+
+
+def vllm_configs(table: DispatchTable, skew: float = 0.0) -> tuple[str, dict[str, dict[str, int]]]:
+    """(file name, content) of a vLLM fused-MoE config file from the table's fused_moe buckets at one routing skew:
+    vLLM keys only on the batch size M, so the skew the deployment sees is fixed at export."""
+    from kernel_gym.kernels.fused_moe import vllm_config_entry
+
+    t = table.kernels.get("fused_moe")
+    if t is None:
+        raise ValueError("the vllm format needs a fused_moe policy; pass --model-uri for kernel-gym-moe-v0")
+    content = {str(int(m)): vllm_config_entry(t.lookup(m, skew)) for m in t.centers[0]}
+    return vllm_file_name(t.fixed["num_experts"], t.fixed["intermediate"], table.device), content
+
+
+def write_vllm(table: DispatchTable, out: Path, skew: float = 0.0) -> Path:
+    name, content = vllm_configs(table, skew)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(content, indent=4) + "\n")
+    return path
+
+
+# ---- CLI -------------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernel-gym export", description=__doc__.splitlines()[0])
+    p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
+                   help="a policy, e.g. models:/kernel-gym-moe-v0/1 (repeat per kernel); default: the latest "
+                        "registered kernel-gym-* models in the MLflow store")
+    p.add_argument("--format", choices=("dispatch", "vllm"), default="dispatch",
+                   help="dispatch: dispatch_table.json for the Dispatcher; vllm: vLLM fused-MoE config file")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--model", default="mixtral-8x7b", help="model spec (built-in name or JSON file) of the deployment")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help="GPU name as torch reports it (vLLM file name)")
+    p.add_argument("--skew", type=float, default=0.0,
+                   help="vllm: the routing skew (Zipf exponent) the deployment sees; vLLM keys on M only")
+    p.add_argument("--kv-layout", default="", metavar="PAGE_SIZE:LAYOUT",
+                   help="decode: KV layout to run with, e.g. 16:NHD (default: the one the policy picks most often)")
+    p.add_argument("--tracking-uri", default="", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or mlruns/)")
+    return p
+
+
+def parse_kv_layout(text: str) -> tuple[int, str] | None:
+    if not text:
+        return None
+    ps, sep, lay = text.partition(":")
+    if not sep or not ps.isdigit() or lay not in ("NHD", "HND"):
+        raise ValueError(f"--kv-layout {text!r}: use PAGE_SIZE:LAYOUT, e.g. 16:NHD (layouts NHD, HND)")
+    return int(ps), lay
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from kernel_gym.models import load_model
+    from kernel_gym.policies.tracking import setup_tracking
+
+    if args.skew < 0:
+        raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {args.skew}")
+    setup_tracking(args.tracking_uri or None)
+    model = load_model(args.model)
+    table = build_table(model, load_policies(args.model_uri), args.device, kv_layout=parse_kv_layout(args.kv_layout))
+    if args.format == "dispatch":
+        path = table.save(args.out / TABLE_FILE)
+    else:
+        path = write_vllm(table, args.out, args.skew)
+    print(json.dumps({"format": args.format, "path": str(path), "kernels": {
+        k: {"policy": t.policy.get("model_uri", ""), "buckets": len(t.cells), "configs": len(t.configs)}
+        for k, t in table.kernels.items()}}, indent=1))
+    return 0

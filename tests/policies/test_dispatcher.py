@@ -1,0 +1,144 @@
+"""Dispatcher: bucket lookup by bisect, JSON round trip without pickle, KV-layout following, atomic swap under
+concurrent readers, the pre-compiled set, and the per-call cost (benchmarked)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+from kernel_gym.models import BUILTIN_MODELS
+from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable, KernelTable, bucket_edges
+from kernel_gym.policies.export import build_table
+from kernel_gym.traffic.simulator import KVLayout
+
+MODEL = BUILTIN_MODELS["mixtral-8x7b"]
+A = Config(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3, SPLIT_K=1, FUSE_SILU=0,
+           FUSE_WEIGHT=1, FUSE_SUM=0)
+B = A.replace(BLOCK_M=64, GROUP_M=8)
+
+
+def moe_pred(workloads):
+    """Small M -> A, large M -> B, and B at strong skew: a rule the table must reproduce bucket by bucket."""
+    return [A if w.num_tokens < 64 and w.skew < 1.0 else B for w in workloads]
+
+
+def decode_pred(workloads):
+    fam = get_family("decode_attention")
+    return [fam.default_config(w).replace(PAGE_SIZE=32 if w.batch > 8 else 16) for w in workloads]
+
+
+def prefill_pred(workloads):
+    fam = get_family("prefill_attention")
+    return [fam.default_config(w) for w in workloads]
+
+
+@pytest.fixture(scope="module")
+def table():
+    return build_table(MODEL, {"fused_moe": (moe_pred, {"model_uri": "test"}),
+                               "decode_attention": (decode_pred, {"model_uri": "test"}),
+                               "prefill_attention": (prefill_pred, {"model_uri": "test"})})
+
+
+def moe(m, skew=0.0):
+    return MoEWorkload(m, 8, 2, 4096, 14336, skew)
+
+
+def test_edges_are_geometric_midpoints_and_lookup_bisects():
+    assert bucket_edges([1, 4, 16], log=True) == [2.0, 8.0]
+    assert bucket_edges([0.0, 0.6], log=False) == [0.3]
+    with pytest.raises(ValueError, match="strictly increasing"):
+        bucket_edges([4, 1], log=True)
+    t = KernelTable("fused_moe", ([1, 4, 16], [0.0, 1.0]), [A, B], [0, 1, 0, 1, 1, 1])
+    assert t.lookup(1.9, 0.2) == A and t.lookup(2.1, 0.2) == A and t.lookup(1, 0.6) == B
+    assert t.lookup(9, 0.0) == B and t.lookup(10_000, -3) == B  # outside the grid: the edge bucket
+    with pytest.raises(ValueError, match="cells"):
+        KernelTable("fused_moe", ([1, 4], [0.0]), [A], [0])
+
+
+def test_choose_follows_the_policy_per_bucket(table):
+    d = Dispatcher(table)
+    for m in (1, 7, 33, 47, 96, 500, 8192):
+        for s in (0.0, 0.6, 1.2):
+            assert d.choose("fused_moe", moe(m, s), None) == moe_pred([moe(m, s)])[0], (m, s)
+    assert d.moe_config(16, 0.0) == A and d.moe_config(4096, 0.0) == B
+    pre = PrefillWorkload(32, 8, 128, (512, 100))
+    assert d.choose("prefill_attention", pre, None) == d.prefill_config((512, 100))
+
+
+def test_decode_configs_carry_one_layout_and_follow_the_layout_in_force(table):
+    d = Dispatcher(table)
+    t = table.kernels["decode_attention"]
+    assert {(c["PAGE_SIZE"], c["LAYOUT"]) for c in t.configs} == {(t.kv_layout["page_size"], t.kv_layout["layout"])}
+    assert d.kv_layout == KVLayout(t.kv_layout["page_size"], t.kv_layout["layout"])
+    w = DecodeWorkload(32, 8, 128, 4, 1000)
+    cfg = d.choose("decode_attention", w, KVLayout(64, "HND"))
+    assert (cfg["PAGE_SIZE"], cfg["LAYOUT"]) == (64, "HND")
+    assert get_family("decode_attention").space.is_valid(cfg, w)
+
+
+def test_json_round_trip_is_plain_json(table, tmp_path):
+    path = table.save(tmp_path / "t.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == "kernel-gym-dispatch/1" and data["device"] == "NVIDIA H200"
+    assert data["model"]["name"] == "mixtral-8x7b" and "created" in data["versions"]
+    assert data["kernels"]["fused_moe"]["policy"] == {"model_uri": "test"}
+    back = DispatchTable.load(path)
+    d1, d2 = Dispatcher(table), Dispatcher(back)
+    for m in (1, 3, 100, 3000):
+        assert d1.moe_config(m, 0.5) == d2.moe_config(m, 0.5)
+    path.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="kernel-gym export"):
+        DispatchTable.load(path)
+    with pytest.raises(FileNotFoundError, match="kernel-gym export"):
+        DispatchTable.load(tmp_path / "missing.json")
+
+
+def test_swap_is_atomic_for_concurrent_readers(table):
+    only_a = build_table(MODEL, {"fused_moe": (lambda ws: [A] * len(ws), {})})
+    only_b = build_table(MODEL, {"fused_moe": (lambda ws: [B] * len(ws), {})})
+    d = Dispatcher(only_a)
+    seen, stop = set(), threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            seen.add(d.moe_config(32, 0.0))
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for i in range(200):
+        d.swap(only_b if i % 2 == 0 else only_a)
+    stop.set()
+    for th in threads:
+        th.join()
+    assert seen <= {A, B} and d.swaps == 200
+    assert d.swap(only_b) is only_a and d.moe_config(32, 0.0) == B
+
+
+def test_precompiled_set_is_every_config_the_table_can_choose(table):
+    d = Dispatcher(table)
+    expected = {(k, c) for k, t in table.kernels.items() for c in t.configs}
+    assert d.precompiled == expected and d.precompile("cpu") == expected
+    assert d.precompile("cpu", kernels=["fused_moe"]) == {("fused_moe", A), ("fused_moe", B)}
+    with pytest.raises(ValueError, match="'cpu' or 'cuda"):
+        d.precompile("tpu")
+
+
+def test_choose_costs_microseconds(table):
+    d = Dispatcher(table)
+    wls = [moe(m, s) for m in (1, 24, 300, 4096) for s in (0.0, 0.7)]
+    dec = DecodeWorkload(32, 8, 128, 64, 2048)
+    kv = d.kv_layout
+    n = 20_000
+    t0 = time.perf_counter()
+    for i in range(n):
+        d.choose("fused_moe", wls[i & 7], kv)
+        d.choose("decode_attention", dec, kv)
+    per_call = (time.perf_counter() - t0) / (2 * n)
+    assert per_call < 20e-6, f"{per_call * 1e6:.2f} us per call"

@@ -1,0 +1,112 @@
+"""Export: a logged pyfunc policy (crafted, no training) -> dispatch table and vLLM config file through the CLI entry
+`main(argv)`; the vLLM file has vLLM's name and schema; errors name the problem and the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+
+from kernel_gym.kernels.workloads import MOE_TOKENS
+from kernel_gym.models import BUILTIN_MODELS
+from kernel_gym.policies import export
+from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable
+from kernel_gym.policies.observation import feature_names
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
+                                        "ignore::FutureWarning")
+PKG = Path(export.__file__).resolve().parents[1]
+A = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "SPLIT_K": 1,
+     "FUSE_SILU": 0, "FUSE_WEIGHT": 1, "FUSE_SUM": 0}
+B = dict(A, BLOCK_M=64, GROUP_M=8)
+
+
+def log_policy(tmp: Path, name: str = "kernel-gym-moe-v0") -> str:
+    """A linear actor whose logits favour B for many tokens and A for few: a real pyfunc, no training."""
+    names = feature_names("fused_moe")
+    w = np.zeros((2, len(names)), np.float32)
+    w[1, names.index("log2_tokens")] = 1.0  # obs in [-1, 1]: B wins when log2_tokens > 7 (obs > 0)
+    np.savez(tmp / "policy.npz", W_out=w, b_out=np.zeros(2, np.float32))
+    meta = {"kernel": "fused_moe", "env_id": "KernelGym/MoE-v0", "activation": "tanh", "feature_names": names,
+            "configs": [A, B], "known_masks": {}, "known_obs": {}, "run_id": "r1"}
+    (tmp / "policy.json").write_text(json.dumps(meta))
+    shutil.copy(PKG / "policies" / "observation.py", tmp / "kernel_gym_observation.py")
+    shutil.copy(PKG / "kernels" / "workloads.py", tmp / "kernel_gym_workloads.py")
+    with mlflow.start_run():
+        info = mlflow.pyfunc.log_model(
+            name="policy", python_model=str(PKG / "policies" / "pyfunc_model.py"),
+            artifacts={"policy_npz": str(tmp / "policy.npz"), "policy_json": str(tmp / "policy.json")},
+            code_paths=[str(tmp / "kernel_gym_observation.py"), str(tmp / "kernel_gym_workloads.py")],
+            pip_requirements=["mlflow", "numpy", "pandas"], registered_model_name=name)
+    return f"models:/{name}/{info.registered_model_version}"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlexport")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    mlflow.set_tracking_uri(uri)
+    yield root, log_policy(root)
+    if old is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+def test_dispatch_export_from_registered_policy(store, tmp_path):
+    _, uri = store
+    assert export.main(["--model-uri", uri, "--out", str(tmp_path)]) == 0
+    table = DispatchTable.load(tmp_path / export.TABLE_FILE)
+    t = table.kernels["fused_moe"]
+    assert t.policy["model_uri"] == uri and t.policy["run_id"] == "r1"
+    assert t.centers[0] == [float(m) for m in MOE_TOKENS] and len(t.centers[1]) == len(export.EXPORT_SKEWS)
+    d = Dispatcher(table)
+    assert dict(d.moe_config(1)) == A and dict(d.moe_config(4096)) == B  # the policy's argmax per bucket
+    assert table.model["name"] == "mixtral-8x7b" and table.device == "NVIDIA H200"
+    # the default: the latest registered kernel-gym-* policy
+    assert export.latest_model_uris() == {"fused_moe": uri}
+    assert export.main(["--out", str(tmp_path / "latest")]) == 0
+    assert (tmp_path / "latest" / export.TABLE_FILE).exists()
+
+
+def test_vllm_export_has_vllm_name_and_schema(store, tmp_path):
+    _, uri = store
+    assert export.main(["--model-uri", f"fused_moe={uri}", "--format", "vllm", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json"
+    data = json.loads(path.read_text())
+    assert list(data) == [str(m) for m in MOE_TOKENS]
+    keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
+    assert all(set(v) == keys and all(isinstance(x, int) for x in v.values()) for v in data.values())
+    assert data["1"]["BLOCK_SIZE_M"] == 16 and data["4096"]["BLOCK_SIZE_M"] == 64
+    # vLLM reads it with json.load and int keys: nothing else is needed
+    assert {int(k): v for k, v in data.items()}[4096]["GROUP_SIZE_M"] == 8
+
+
+def test_export_errors_name_the_fix(store, tmp_path):
+    _, uri = store
+    with pytest.raises(ValueError, match="is for 'fused_moe', not 'decode_attention'"):
+        export.main(["--model-uri", f"decode_attention={uri}", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="not a kernel"):
+        export.parse_model_uris(["moe=models:/x/1"])
+    with pytest.raises(ValueError, match="kernel-gym train"):
+        export.main(["--model-uri", "models:/kernel-gym-nothing/1", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="PAGE_SIZE:LAYOUT"):
+        export.parse_kv_layout("16-NHD")
+    table = export.build_table(BUILTIN_MODELS["mixtral-8x7b"], {"prefill_attention": (
+        lambda ws: [__import__("kernel_gym.kernels", fromlist=["g"]).get_family("prefill_attention").default_config(w)
+                    for w in ws], {})})
+    with pytest.raises(ValueError, match="needs a fused_moe policy"):
+        export.write_vllm(table, tmp_path)
+
+
+def test_no_registered_policy_says_run_train(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(ValueError, match="kernel-gym train"):
+        export.main(["--out", str(tmp_path)])
