@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in DELEGATED:
         command, rest = argv[0], argv[1:]
+        rest = rest[1:] if rest[:1] == ["--"] else rest
         func = lambda: importlib.import_module(DELEGATED[command][0]).main(rest)  # noqa: E731
     else:
         args = build_parser().parse_args(argv)
