@@ -1,0 +1,611 @@
+"""Paged decode attention: one query token per sequence against a paged KV cache (vLLM-style block table).
+
+Inputs (config-independent, from make_inputs): q [B, H, D]; k and v [sum(context_lens), Hkv, D], the sequences'
+keys and values concatenated; cu_context [B + 1] prefix sums. prepare(inputs, config) pages them for the config:
+- the cache holds `num_pages` pages (the sequences' pages plus spare ones, in a seeded random order, so the block table
+  is shuffled and non-contiguous); NHD = [pages, PAGE_SIZE, Hkv, D], HND = [pages, Hkv, PAGE_SIZE, D] (one page of
+  one kv head contiguous); slots past a sequence's end are NaN, so a wrong mask shows up as NaN, never as luck;
+- block_table [B, max_pages] int32 maps a sequence's logical page to its physical page.
+
+Kernel design (flash-decoding on a paged cache):
+- GQA_GROUPED=0: one program per (sequence, q head, split); scores and P@V as broadcast-multiply-reduce (no tl.dot),
+  so K/V of a kv head is read once per q head (the repeats mostly hit L2).
+- GQA_GROUPED=1: one program per (sequence, kv head, split) holds all q heads of the group as a [GROUP_PAD, D] tile
+  (padded to 16 rows for tl.dot), so K/V is read from memory once per kv head.
+- NUM_SPLITS > 1 splits each context into NUM_SPLITS BLOCK_N-aligned slices (flash-decoding): each program writes a
+  normalised partial output and its base-2 log-sum-exp; a second kernel combines the splits. Splits that fall past a
+  short sequence's end write lse = -inf and weigh nothing.
+- Inner loop: full blocks run without masks; only the block containing the sequence end is masked. A block within one
+  page (BLOCK_N <= PAGE_SIZE) looks up its page once; a block spanning pages looks up one page per token.
+- Softmax in base 2 with sm_scale * log2(e) applied to the fp32 scores; fp32 accumulation.
+
+Imports only torch, triton and the standard library: this module runs on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_gym.kernels import space as _space
+from kernel_gym.kernels.space import Config, Knob, KnobSpace
+from kernel_gym.kernels.workloads import DecodeWorkload
+
+SHARED_MEMORY_LIMIT = 232448  # bytes per block on the H200 (sm_90), STACK.md
+NUM_SMS = 132  # H200 streaming multiprocessors
+MAX_WAVES = 8  # a split count whose grid exceeds this many waves of programs only adds partials to combine
+SPLIT_COUNTS = (1, 2, 4, 8, 16)
+MAX_TILE_PER_THREAD = 64  # elements of one loaded K/V tile per thread above which the per-head path spills
+MIN_TILE_PER_THREAD = 32  # with 8 warps, fewer tile elements per thread than this leave lanes idle
+MAX_STATE_PER_THREAD = 128  # fp32 accumulator + score elements per thread for the grouped (tl.dot) path
+MAX_PAGES_PER_BLOCK = 2  # BLOCK_N may span at most this many pages (one block-table gather per token)
+MIN_BLOCK_FRACTION = 2  # BLOCK_N must cover at least PAGE_SIZE / this (smaller blocks only add loop iterations)
+LAYOUTS = ("NHD", "HND")
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_LOG2E = 1.4426950408889634
+
+
+# ---- kernels ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _kv_offsets(bt_row, tok0, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """Element offsets (int64) of tokens tok0 + offs_n of one kv head: physical page * page stride + slot.
+    Block-table reads past the sequence's end are masked (page 0), so prefetching one block ahead is always safe."""
+    tok = tok0 + offs_n
+    if BLOCK_N <= PAGE_SIZE:
+        # Blocks are BLOCK_N-aligned and BLOCK_N divides PAGE_SIZE: the whole block lies in one page.
+        page = tl.load(bt_row + tok0 // PAGE_SIZE, mask=tok0 < seq_len, other=0).to(tl.int64)
+    else:
+        page = tl.load(bt_row + tok // PAGE_SIZE, mask=tok < seq_len, other=0).to(tl.int64)
+    return page * stride_page + (tok % PAGE_SIZE) * stride_slot
+
+
+@triton.jit
+def _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_N step of online softmax for all q heads of a group: [GROUP_PAD, D] x [D, BLOCK_N] tl.dot."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_offs = offs[:, None] + offs_d[None, :]
+    if MASKED:
+        in_seq = (tok0 + offs_n) < seq_len
+        k = tl.load(k_head + kv_offs, mask=in_seq[:, None], other=0.0)
+    else:
+        k = tl.load(k_head + kv_offs)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(in_seq[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_head + kv_offs, mask=in_seq[:, None], other=0.0)
+    else:
+        v = tl.load(v_head + kv_offs)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _per_head_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_N step of online softmax for one q head: broadcast-multiply-reduce, no tl.dot."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_offs = offs[:, None] + offs_d[None, :]
+    if MASKED:
+        in_seq = (tok0 + offs_n) < seq_len
+        k = tl.load(k_head + kv_offs, mask=in_seq[:, None], other=0.0)
+    else:
+        k = tl.load(k_head + kv_offs)
+    s = tl.sum(k.to(tl.float32) * q[None, :], 1) * qk_scale
+    if MASKED:
+        s = tl.where(in_seq, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new)
+    l_i = l_i * alpha + tl.sum(p, 0)
+    if MASKED:
+        v = tl.load(v_head + kv_offs, mask=in_seq[:, None], other=0.0)
+    else:
+        v = tl.load(v_head + kv_offs)
+    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _split_range(ContextLens, pid_b, pid_s, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[start, end) of this split's tokens: BLOCK_N-aligned slices of ceil(len / NUM_SPLITS); may be empty."""
+    seq_len = tl.load(ContextLens + pid_b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    n_full = tl.maximum(end - start, 0) // BLOCK_N
+    return seq_len, start, end, n_full
+
+
+@triton.jit
+def _decode_grouped_kernel(
+    Q, K, V, BlockTable, ContextLens, Out, PartOut, PartLse,
+    qk_scale,
+    stride_qb, stride_qh, stride_page, stride_slot, stride_head, stride_bt,
+    stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One program = all GROUP q heads sharing one kv head, for one sequence and one split."""
+    tl.static_assert(GROUP_PAD >= 16, "tl.dot needs >= 16 rows: pad the group")
+    tl.static_assert(GROUP_PAD >= GROUP, "GROUP_PAD must hold the whole group")
+    tl.static_assert(BLOCK_N >= 16, "tl.dot needs BLOCK_N >= 16")
+    tl.static_assert(HEAD_DIM >= 16, "tl.dot needs HEAD_DIM >= 16")
+    tl.static_assert(PAGE_SIZE % BLOCK_N == 0 or BLOCK_N % PAGE_SIZE == 0, "BLOCK_N and PAGE_SIZE must nest")
+    pid_b = tl.program_id(0)
+    pid_kv = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    seq_len, start, end, n_full = _split_range(ContextLens, pid_b, pid_s, NUM_SPLITS, BLOCK_N)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = pid_kv * GROUP + offs_g
+    row_ok = offs_g < GROUP
+    q = tl.load(Q + pid_b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    bt_row = BlockTable + pid_b * stride_bt
+    k_head = K + pid_kv * stride_head
+    v_head = V + pid_kv * stride_head
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    # Page offsets are computed one block ahead and carried: the K/V loads then depend on no load of their own
+    # iteration, so the pipeliner gives them all num_stages - 1 buffers (an in-loop block-table load halves that).
+    offs = _kv_offsets(bt_row, start, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+    for i in tl.range(0, n_full, num_stages=NUM_STAGES):
+        tok0 = start + i * BLOCK_N
+        offs_next = _kv_offsets(bt_row, tok0 + BLOCK_N, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+        acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
+                                      HEAD_DIM, BLOCK_N, DOT_PRECISION, False)
+        offs = offs_next
+    tail = start + n_full * BLOCK_N
+    if tail < end:
+        acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tail, seq_len, qk_scale,
+                                      HEAD_DIM, BLOCK_N, DOT_PRECISION, True)
+
+    if NUM_SPLITS == 1:
+        o_ptrs = Out + pid_b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
+        p_ptrs = PartOut + pid_b * stride_pb + heads[:, None] * stride_ph + pid_s * stride_ps + offs_d[None, :]
+        tl.store(p_ptrs, acc / l_safe[:, None], mask=row_ok[:, None])
+        tl.store(PartLse + pid_b * stride_lb + heads * stride_lh + pid_s, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_per_head_kernel(
+    Q, K, V, BlockTable, ContextLens, Out, PartOut, PartLse,
+    qk_scale,
+    stride_qb, stride_qh, stride_page, stride_slot, stride_head, stride_bt,
+    stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    """One program = one q head of one sequence, for one split."""
+    tl.static_assert(PAGE_SIZE % BLOCK_N == 0 or BLOCK_N % PAGE_SIZE == 0, "BLOCK_N and PAGE_SIZE must nest")
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    seq_len, start, end, n_full = _split_range(ContextLens, pid_b, pid_s, NUM_SPLITS, BLOCK_N)
+
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + pid_b * stride_qb + pid_h * stride_qh + offs_d).to(tl.float32)
+    bt_row = BlockTable + pid_b * stride_bt
+    kv_head = pid_h // GROUP
+    k_head = K + kv_head * stride_head
+    v_head = V + kv_head * stride_head
+
+    m_i = tl.full([], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    # tl.range(num_stages=) makes the pipeliner stage these loads although no tl.dot consumes them.
+    offs = _kv_offsets(bt_row, start, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+    for i in tl.range(0, n_full, num_stages=NUM_STAGES):
+        tok0 = start + i * BLOCK_N
+        offs_next = _kv_offsets(bt_row, tok0 + BLOCK_N, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+        acc, l_i, m_i = _per_head_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
+                                       HEAD_DIM, BLOCK_N, False)
+        offs = offs_next
+    tail = start + n_full * BLOCK_N
+    if tail < end:
+        acc, l_i, m_i = _per_head_step(acc, l_i, m_i, q, k_head, v_head, offs, tail, seq_len, qk_scale,
+                                       HEAD_DIM, BLOCK_N, True)
+
+    if NUM_SPLITS == 1:
+        tl.store(Out + pid_b * stride_ob + pid_h * stride_oh + offs_d, (acc / l_i).to(Out.dtype.element_ty))
+    else:
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
+        tl.store(PartOut + pid_b * stride_pb + pid_h * stride_ph + pid_s * stride_ps + offs_d, acc / l_safe)
+        tl.store(PartLse + pid_b * stride_lb + pid_h * stride_lh + pid_s, lse)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    PartOut, PartLse, Out,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    """One program = one (sequence, q head): out = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max)."""
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    lse = tl.load(PartLse + pid_b * stride_lb + pid_h * stride_lh + offs_s)
+    m = tl.max(lse, 0)  # split 0 is never empty (context_len >= 1), so m is finite
+    w = tl.math.exp2(lse - m)
+    parts = tl.load(PartOut + pid_b * stride_pb + pid_h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :])
+    out = tl.sum(w[:, None] * parts, 0) / tl.sum(w, 0)
+    tl.store(Out + pid_b * stride_ob + pid_h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+
+# ---- knob space -------------------------------------------------------------------------------------------------
+
+
+def group_pad(group: int) -> int:
+    """Rows of the grouped q tile: the GQA group rounded up to a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(group))
+
+
+def _shared_memory_bytes(config: Config, workload: DecodeWorkload) -> int:
+    """Conservative per-block shared memory: num_stages buffers of the K and V tiles (Triton may pipeline any loop
+    load through shared memory), plus for the grouped path the q tile and the P tile staged for the second dot."""
+    b = _DTYPE_BYTES[workload.dtype]
+    bn, d, stages = int(config["BLOCK_N"]), workload.head_dim, int(config["num_stages"])
+    need = max(stages, 1) * 2 * bn * d * b
+    if int(config["GQA_GROUPED"]):
+        g = group_pad(workload.num_heads // workload.num_kv_heads)
+        need += g * d * b + g * bn * b
+    return need
+
+
+def _rule_head_dim(config: Config, workload: DecodeWorkload) -> str | None:
+    d = workload.head_dim
+    if d < 16 or d > 256 or d & (d - 1):
+        return f"head_dim {d} must be a power of two in [16, 256] (tl.arange and tl.dot tile shapes); pad the heads"
+    return None
+
+
+def _rule_block_vs_page(config: Config, workload: DecodeWorkload) -> str | None:
+    bn, page = int(config["BLOCK_N"]), int(config["PAGE_SIZE"])
+    if bn > MAX_PAGES_PER_BLOCK * page:
+        return (
+            f"BLOCK_N={bn} spans {bn // page} pages of PAGE_SIZE={page}; at most {MAX_PAGES_PER_BLOCK} pages per block "
+            f"(a block-table gather per token): use BLOCK_N <= {MAX_PAGES_PER_BLOCK * page}"
+        )
+    if bn * MIN_BLOCK_FRACTION < page:
+        return (
+            f"BLOCK_N={bn} is below PAGE_SIZE/{MIN_BLOCK_FRACTION} (PAGE_SIZE={page}): smaller blocks only add "
+            f"loop iterations; use BLOCK_N >= {page // MIN_BLOCK_FRACTION}"
+        )
+    return None
+
+
+def _rule_splits(config: Config, workload: DecodeWorkload) -> str | None:
+    """Split counts that cannot pay off are pruned (keeps the space measurable): slices under one block, grids past
+    MAX_WAVES waves, and counts whose double is valid and still fits in one wave (the double is strictly better)."""
+    splits, bn = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
+    if splits == 1:
+        return None
+    if splits * bn > workload.context_len:
+        return (
+            f"NUM_SPLITS={splits} x BLOCK_N={bn} exceeds the mean context {workload.context_len}: most splits would "
+            f"get less than one block; use fewer splits or a smaller BLOCK_N"
+        )
+    heads = workload.num_kv_heads if int(config["GQA_GROUPED"]) else workload.num_heads
+    programs = workload.batch * heads * splits
+    if programs > MAX_WAVES * NUM_SMS:
+        return (
+            f"NUM_SPLITS={splits} launches {programs} programs (> {MAX_WAVES} waves of {NUM_SMS} SMs): the grid is "
+            f"already full with fewer splits; use fewer splits"
+        )
+    double = 2 * splits
+    if double in SPLIT_COUNTS and double * bn <= workload.context_len and 2 * programs <= NUM_SMS:
+        return (
+            f"NUM_SPLITS={splits} launches {programs} programs; {double} splits still fit in one wave of {NUM_SMS} "
+            f"SMs and read the same bytes with more SMs: use NUM_SPLITS={double}"
+        )
+    return None
+
+
+def _rule_shared_memory(config: Config, workload: DecodeWorkload) -> str | None:
+    need = _shared_memory_bytes(config, workload)
+    if need > SHARED_MEMORY_LIMIT:
+        return (
+            f"shared memory estimate {need} B exceeds the H200's {SHARED_MEMORY_LIMIT} B per block "
+            f"(BLOCK_N={config['BLOCK_N']}, num_stages={config['num_stages']}, head_dim={workload.head_dim}, "
+            f"{workload.dtype}); lower num_stages or BLOCK_N"
+        )
+    return None
+
+
+def _rule_registers(config: Config, workload: DecodeWorkload) -> str | None:
+    """Registers per thread (upper bounds) and, for 8 warps, enough of each K/V tile per thread to keep them busy."""
+    bn, warps, d = int(config["BLOCK_N"]), int(config["num_warps"]), workload.head_dim
+    threads = 32 * warps
+    if warps > 4 and bn * d < MIN_TILE_PER_THREAD * threads:
+        return (
+            f"num_warps={warps} spreads a BLOCK_N*head_dim={bn * d} tile to {bn * d // threads} elements per thread "
+            f"(< {MIN_TILE_PER_THREAD}): idle lanes; use 4 warps or BLOCK_N >= {MIN_TILE_PER_THREAD * threads // d}"
+        )
+    if int(config["GQA_GROUPED"]):
+        g = group_pad(workload.num_heads // workload.num_kv_heads)
+        per_thread = g * (d + bn) // threads
+        if per_thread > MAX_STATE_PER_THREAD:
+            return (
+                f"register pressure: {per_thread} fp32 accumulator+score elements per thread "
+                f"(GROUP_PAD*(head_dim+BLOCK_N)/(32*num_warps)) exceeds {MAX_STATE_PER_THREAD}; use more warps, a "
+                f"smaller BLOCK_N or GQA_GROUPED=0"
+            )
+        return None
+    per_thread = bn * d // threads
+    if per_thread > MAX_TILE_PER_THREAD:
+        return (
+            f"register pressure: a K/V tile of BLOCK_N*head_dim={bn * d} elements gives {per_thread} per thread "
+            f"(> {MAX_TILE_PER_THREAD}) on the per-head path; use more warps or a smaller BLOCK_N"
+        )
+    return None
+
+
+SPACE = KnobSpace(
+    knobs=[
+        Knob("PAGE_SIZE", (16, 32, 64, 128), "tokens per KV-cache page (a deployment choice: re-layout to change)"),
+        Knob("LAYOUT", LAYOUTS, "NHD = [pages, page, kv_heads, D]; HND = [pages, kv_heads, page, D]"),
+        Knob("NUM_SPLITS", SPLIT_COUNTS, "flash-decoding KV splits per sequence (1 = single pass)"),
+        Knob("BLOCK_N", (16, 32, 64, 128), "tokens per inner-loop step"),
+        Knob("num_warps", (4, 8), "warps per program"),
+        Knob("num_stages", (2, 4), "software-pipelining depth of the K/V loads"),
+        Knob("GQA_GROUPED", (0, 1), "1 = one program per kv head holds all its q heads (K/V read once)"),
+    ],
+    rules=[_rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_shared_memory, _rule_registers],
+)
+
+
+# ---- inputs, launch, reference ----------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class DecodeInputs:
+    """Config-independent decode inputs: q [B, H, D]; k, v [sum(context_lens), Hkv, D] (sequences concatenated);
+    cu_context [B + 1] int64 prefix sums and context_lens [B] int32, on the same device; seed for the page shuffle."""
+
+    workload: DecodeWorkload
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_context: torch.Tensor
+    context_lens: torch.Tensor
+    sm_scale: float
+    seed: int
+
+
+@dataclass(eq=False)
+class PagedCache:
+    """A paged copy of the KV of DecodeInputs for one PAGE_SIZE and LAYOUT (built by page_kv_cache)."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor  # [B, max_pages] int32; entries past a sequence's last page are 0 and never read
+    page_size: int
+    layout: str
+
+    def strides(self) -> tuple[int, int, int]:
+        """(page, slot, kv head) element strides of the cache; the head-dim stride is 1."""
+        c = self.k_cache
+        if self.layout == "NHD":
+            return c.stride(0), c.stride(1), c.stride(2)
+        return c.stride(0), c.stride(2), c.stride(1)
+
+
+def _check_workload(workload: object) -> DecodeWorkload:
+    if not isinstance(workload, DecodeWorkload):
+        raise TypeError(f"decode_attention needs a DecodeWorkload, got {type(workload).__name__}: {workload!r}")
+    reason = _rule_head_dim(Config(), workload)
+    if reason:
+        raise ValueError(reason)
+    return workload
+
+
+def page_kv_cache(inputs: DecodeInputs, page_size: int, layout: str) -> PagedCache:
+    """Scatter the contiguous K/V into shuffled physical pages (plus ~1/8 spare pages that no sequence uses)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} is not supported; use one of {LAYOUTS}")
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    w = inputs.workload
+    device = inputs.k.device
+    lens = w.context_lens()
+    pages_per_seq = [triton.cdiv(n, page_size) for n in lens]
+    used = sum(pages_per_seq)
+    num_pages = used + max(1, used // 8)
+    gen = torch.Generator(device="cpu").manual_seed(inputs.seed * 1009 + page_size)
+    physical = torch.randperm(num_pages, generator=gen)[:used].to(torch.int32)
+    block_table = torch.zeros(w.batch, max(pages_per_seq), dtype=torch.int32)
+    for b, chunk in enumerate(torch.split(physical, pages_per_seq)):
+        block_table[b, : len(chunk)] = chunk
+    block_table = block_table.to(device)
+
+    lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
+    seq_of_token = torch.repeat_interleave(torch.arange(w.batch, device=device), lens_t)
+    pos = torch.arange(int(lens_t.sum()), device=device) - inputs.cu_context[:-1][seq_of_token]
+    page = block_table[seq_of_token, pos // page_size].long()
+    slot = pos % page_size
+
+    def paged(x: torch.Tensor) -> torch.Tensor:
+        cache = torch.full((num_pages, page_size, w.num_kv_heads, w.head_dim), float("nan"), dtype=x.dtype,
+                           device=device)
+        cache[page, slot] = x
+        return cache if layout == "NHD" else cache.permute(0, 2, 1, 3).contiguous()
+
+    return PagedCache(paged(inputs.k), paged(inputs.v), block_table, page_size, layout)
+
+
+class DecodeAttentionFamily:
+    """KernelFamily for paged GQA decode attention with optional split-KV (see the module docstring)."""
+
+    name = "decode_attention"
+    space = SPACE
+    workload_type = DecodeWorkload
+
+    def default_config(self, workload: DecodeWorkload) -> Config:
+        """vLLM-like default: 16-token NHD pages, one page per loop step, one program per q head, no split,
+        4 warps, 2 stages. Valid for every workload with a supported head_dim."""
+        _check_workload(workload)
+        config = Config(PAGE_SIZE=16, LAYOUT="NHD", NUM_SPLITS=1, BLOCK_N=16, num_warps=4, num_stages=2,
+                        GQA_GROUPED=0)
+        self.space.check(config, workload)
+        return config
+
+    def make_inputs(self, workload: DecodeWorkload, device: str, seed: int = 0) -> DecodeInputs:
+        """q scaled by 2 so softmax is peaked (outputs of order 0.1-1, not ~1/sqrt(context)): errors stay visible."""
+        workload = _check_workload(workload)
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        dtype = _TORCH_DTYPES[workload.dtype]
+        lens = workload.context_lens()
+        total, d = sum(lens), workload.head_dim
+
+        def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+            x = torch.randn(*shape, generator=gen, dtype=torch.float32) * scale
+            return x.to(device=device, dtype=dtype)
+
+        q = randn(workload.batch, workload.num_heads, d, scale=2.0)
+        k = randn(total, workload.num_kv_heads, d)
+        v = randn(total, workload.num_kv_heads, d)
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int64, device=device)
+        context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        return DecodeInputs(workload, q, k, v, cu, context_lens, 1.0 / math.sqrt(d), seed)
+
+    def prepare(self, inputs: DecodeInputs, config: Config) -> Callable[[], torch.Tensor]:
+        w = _check_workload(inputs.workload)
+        self.space.check(config, w)
+        total = sum(w.context_lens())
+        for name, x, shape in (
+            ("q", inputs.q, (w.batch, w.num_heads, w.head_dim)),
+            ("k", inputs.k, (total, w.num_kv_heads, w.head_dim)),
+            ("v", inputs.v, (total, w.num_kv_heads, w.head_dim)),
+        ):
+            if tuple(x.shape) != shape or x.stride(-1) != 1:
+                raise ValueError(
+                    f"{name} has shape {tuple(x.shape)} strides {x.stride()}; expected {shape} with a contiguous "
+                    f"last dim (use make_inputs)"
+                )
+        page_size, layout = int(config["PAGE_SIZE"]), str(config["LAYOUT"])
+        splits, bn = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
+        grouped = bool(int(config["GQA_GROUPED"]))
+        cache = page_kv_cache(inputs, page_size, layout)
+        stride_page, stride_slot, stride_head = cache.strides()
+        q = inputs.q
+        out = torch.empty_like(q)
+        if splits > 1:
+            part_out = torch.empty(w.batch, w.num_heads, splits, w.head_dim, dtype=torch.float32, device=q.device)
+            part_lse = torch.empty(w.batch, w.num_heads, splits, dtype=torch.float32, device=q.device)
+        else:  # never touched: NUM_SPLITS == 1 writes the output directly
+            part_out = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+            part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
+        group = w.num_heads // w.num_kv_heads
+        args = (
+            q, cache.k_cache, cache.v_cache, cache.block_table, inputs.context_lens, out, part_out, part_lse,
+            inputs.sm_scale * _LOG2E,
+            q.stride(0), q.stride(1), stride_page, stride_slot, stride_head, cache.block_table.stride(0),
+            out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+        )
+        launch_opts = dict(num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+        common = dict(HEAD_DIM=w.head_dim, PAGE_SIZE=page_size, BLOCK_N=bn, NUM_SPLITS=splits,
+                      NUM_STAGES=int(config["num_stages"]))
+        if grouped:
+            kernel = _decode_grouped_kernel
+            grid = (w.batch, w.num_kv_heads, splits)
+            precision = "ieee" if w.dtype == "float32" else "tf32"  # tf32 is ignored for 16-bit inputs
+            meta = dict(GROUP=group, GROUP_PAD=group_pad(group), DOT_PRECISION=precision, **common)
+        else:
+            kernel = _decode_per_head_kernel
+            grid = (w.batch, w.num_heads, splits)
+            meta = dict(GROUP=group, **common)
+        combine_args = (
+            part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+        )
+
+        def launch() -> torch.Tensor:
+            kernel[grid](*args, **meta, **launch_opts)
+            if splits > 1:
+                _combine_splits_kernel[(w.batch, w.num_heads)](
+                    *combine_args, HEAD_DIM=w.head_dim, NUM_SPLITS=splits, num_warps=4
+                )
+            return out
+
+        return launch
+
+    def reference(self, inputs: DecodeInputs) -> torch.Tensor:
+        """fp32 attention of each sequence's query over its whole context, kv heads repeated for GQA: [B, H, D]."""
+        w = inputs.workload
+        group = w.num_heads // w.num_kv_heads
+        out = torch.empty(inputs.q.shape, dtype=torch.float32, device=inputs.q.device)
+        cu = inputs.cu_context.tolist()
+        for b in range(w.batch):
+            k = inputs.k[cu[b]: cu[b + 1]].float().repeat_interleave(group, dim=1)  # [L, H, D]
+            v = inputs.v[cu[b]: cu[b + 1]].float().repeat_interleave(group, dim=1)
+            scores = torch.einsum("hd,lhd->hl", inputs.q[b].float(), k) * inputs.sm_scale
+            out[b] = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v)
+        return out
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """fp32: IEEE dots, only summation order differs; fp16/bf16: P rounded to the input type before P@V and the
+        output rounded once."""
+        table = {"float32": (1e-4, 1e-4), "float16": (4e-3, 4e-3), "bfloat16": (2e-2, 2e-2)}
+        if dtype not in table:
+            raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(table)}")
+        return table[dtype]
+
+    def flops(self, workload: DecodeWorkload) -> float:
+        """4 * sum(context_lens) * D * H: QK^T and PV, 2 flops per multiply-add."""
+        return 4.0 * sum(workload.context_lens()) * workload.head_dim * workload.num_heads
+
+    def bytes_moved(self, workload: DecodeWorkload) -> float:
+        """The KV read once per kv head plus q read and o written."""
+        b = _DTYPE_BYTES[workload.dtype]
+        return float(workload.kv_bytes(b) + 2 * workload.batch * workload.num_heads * workload.head_dim * b)
+
+
+FAMILY = DecodeAttentionFamily()
+
+
+def source_hash() -> str:
+    """Hash of the kernels and launch code: the measurement store's key changes when either changes."""
+    return _space.source_hash(
+        _kv_offsets.fn, _grouped_step.fn, _per_head_step.fn, _split_range.fn, _decode_grouped_kernel.fn,
+        _decode_per_head_kernel.fn, _combine_splits_kernel.fn, page_kv_cache, DecodeAttentionFamily, group_pad,
+        _shared_memory_bytes,
+    )
+
+
+def bench_cases() -> list[tuple[str, DecodeWorkload]]:
+    """Benchmark shapes (Mixtral attention: 32 q heads, 8 kv heads, D=128, bf16); anchor = device copy bandwidth."""
+    return [
+        ("decode_b64_ctx8192_gqa4_d128", DecodeWorkload(32, 8, 128, 64, 8192)),
+        ("decode_b8_ctx32768_gqa4_d128", DecodeWorkload(32, 8, 128, 8, 32768)),
+        ("decode_b256_ctx1024_gqa4_d128", DecodeWorkload(32, 8, 128, 256, 1024)),
+    ]
