@@ -44,7 +44,12 @@ def _time(fn: Callable[[], Any]) -> Timed:
     return Timed(t.median_ms, t.spread, t.repeats)
 
 
+EXHAUSTIVE = ("prefill_attention",)  # small spaces (~120 configs): the benchmark times every valid config
+
+
 def _candidates(family: Any, workload: Any, n_configs: int, seed: int) -> list[Config]:
+    if family.name in EXHAUSTIVE:
+        n_configs = len(family.space)
     default = family.default_config(workload)
     return [default] + [c for c in family.space.sample(workload, n_configs, seed=seed) if c != default]
 
@@ -207,8 +212,9 @@ def to_markdown(result: dict) -> str:
         f"Device {env['device']}, torch {env['torch']}, triton {env['triton']}; copy bandwidth measured in the "
         f"same run: {env['copy_bandwidth_tbs']:.2f} TB/s. Raw data: `benchmarks/h200_kernels.json` "
         "(written by `kernel-gym bench`).",
-        "Each case times the knob space's default config and a seeded sample of valid configs, each checked against "
-        "the torch reference before it is timed; the best is compared with anchors measured in the same run.",
+        "Each case times the knob space's default config and a seeded sample of valid configs (prefill: every valid "
+        "config), each checked against the torch reference before it is timed; the best is compared with anchors "
+        "measured in the same run.",
         "",
         "| kernel | case | anchor | best ms | metric | value | anchor value | ratio | target | default ms "
         "| best / default |",

@@ -22,6 +22,12 @@ log "machine: $(tail -2 "$OUT/machine.txt" | tr '\n' ' ')"
 
 for step in $STEPS; do
   case $step in
+    diag)
+      log "diag: fused-MoE atomic lowering"
+      mode=$(timeout 200 python3 scripts/diag_moe_atomics.py --out "$OUT/diag_moe_atomics.json" 2>>"$OUT/diag.txt" | tail -1)
+      [ "$mode" = "relaxed" ] || [ "$mode" = "acq_rel" ] || [ "$mode" = "flat" ] || mode=relaxed
+      export KERNEL_GYM_MOE_ATOMIC=$mode
+      log "diag: using KERNEL_GYM_MOE_ATOMIC=$mode ($(tr '\n' ' ' < "$OUT/diag.txt"))" ;;
     tests)
       log "tests: pytest -m gpu tests/kernels"
       timeout "$T_TESTS" python3 -m pytest -m gpu tests/kernels -q -n 8 -p no:cacheprovider --maxfail=20 -rfE \

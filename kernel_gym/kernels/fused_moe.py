@@ -34,6 +34,7 @@ Imports only torch, triton and the standard library: this module runs on the GPU
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,6 +49,12 @@ from kernel_gym.kernels.workloads import MoEWorkload
 SMEM_LIMIT = 232448  # bytes of shared memory per block on the H200 (sm_90)
 MAX_ACC_PER_THREAD = 128  # fp32 accumulators per thread; more leaves too few of the 255 registers (spills)
 ELEMWISE_BLOCK = 1024  # elements per program of the flat elementwise kernels (not a knob: they are bandwidth-trivial)
+# How the FUSE_SUM=1 down GEMM adds into the fp32 accumulator: "relaxed" atomics on the 2-D tile, "acq_rel" atomics,
+# or "flat" (relaxed atomics on the tile flattened to 1-D, a different lowering). An H200 run found wrong results with
+# one of them; scripts/diag_moe_atomics.py compares them on the GPU. The env var exists only for that comparison.
+ATOMIC_MODE = os.environ.get("KERNEL_GYM_MOE_ATOMIC", "relaxed")
+if ATOMIC_MODE not in ("relaxed", "acq_rel", "flat"):
+    raise ValueError(f"KERNEL_GYM_MOE_ATOMIC={ATOMIC_MODE!r}: use relaxed, acq_rel or flat")
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -67,7 +74,7 @@ def _tile_ids(pid, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_valid_slots", "num_m_blocks"])
 def _gate_up_kernel(
     x_ptr, w1_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
     num_valid_slots, num_m_blocks, K, INTER,
@@ -126,14 +133,14 @@ def _gate_up_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=slot_mask[:, None] & (offs_n[None, :] < n_out))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_valid_slots", "num_m_blocks"])
 def _down_kernel(
     act_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr,
     num_valid_slots, num_m_blocks, N, K, K_PER_SPLIT,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_om, stride_on,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, FUSE_WEIGHT: tl.constexpr, FUSE_SUM: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, ATOMIC: tl.constexpr,
 ):
     """Grouped GEMM act[slot] @ w2[expert].T over the K range of split program_id(1).
 
@@ -177,13 +184,19 @@ def _down_kernel(
     if FUSE_SUM:
         tokens = (a_rows // TOP_K)
         out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
-        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+        if ATOMIC == "flat":
+            tl.atomic_add(tl.reshape(out_ptrs, (BLOCK_M * BLOCK_N,)), tl.reshape(acc, (BLOCK_M * BLOCK_N,)),
+                          mask=tl.reshape(mask, (BLOCK_M * BLOCK_N,)), sem="relaxed")
+        elif ATOMIC == "acq_rel":
+            tl.atomic_add(out_ptrs, acc, mask=mask, sem="acq_rel")
+        else:
+            tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
     else:
         out_ptrs = out_ptr + a_rows[:, None] * stride_om + offs_n[None, :] * stride_on
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def _silu_mul_kernel(h_ptr, act_ptr, numel, INTER, BLOCK: tl.constexpr):
     """act[s, i] = silu(h[s, i]) * h[s, INTER + i] over the flattened contiguous act (the unfused SiLU-and-mul)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -196,7 +209,7 @@ def _silu_mul_kernel(h_ptr, act_ptr, numel, INTER, BLOCK: tl.constexpr):
     tl.store(act_ptr + offs, act.to(act_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def _scale_rows_kernel(y_ptr, weights_ptr, numel, N, BLOCK: tl.constexpr):
     """y[slot, :] *= routing weight of slot over the flattened contiguous [slots, N] down output (unfused weighting)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -206,7 +219,7 @@ def _scale_rows_kernel(y_ptr, weights_ptr, numel, N, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, (y * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def _topk_sum_kernel(y_ptr, out_ptr, numel, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
     """out[t, n] = sum over j < TOP_K of y[t * TOP_K + j, n], in fp32 (the unfused top-k reduction; contiguous)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -218,7 +231,7 @@ def _topk_sum_kernel(y_ptr, out_ptr, numel, N, TOP_K: tl.constexpr, BLOCK: tl.co
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def _finalize_kernel(acc_ptr, out_ptr, numel, BLOCK: tl.constexpr):
     """out = fp32 accumulator cast to the output dtype; re-zero the accumulator so the next call can add into it."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -524,7 +537,7 @@ def prepare(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
             k_per_split, act.stride(0), act.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
             down_out.stride(0), down_out.stride(1),
             TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SPLIT_K=split_k,
-            FUSE_WEIGHT=fuse_weight, FUSE_SUM=fuse_sum, EVEN_K=even_k_down, **launch_opts,
+            FUSE_WEIGHT=fuse_weight, FUSE_SUM=fuse_sum, EVEN_K=even_k_down, ATOMIC=ATOMIC_MODE, **launch_opts,
         )
         if not fuse_weight:
             _scale_rows_kernel[grid_slots_out](down_out, flat_weights, num_slots * hidden, hidden, BLOCK=ELEMWISE_BLOCK)

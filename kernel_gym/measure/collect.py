@@ -96,6 +96,13 @@ def _all_valid(jobs: list[tuple[str, str]], workers: int) -> dict[tuple[str, str
         return dict(zip(jobs, pool.map(_valid_configs, *zip(*jobs), chunksize=4)))
 
 
+def _layout_key(config: str) -> tuple:
+    """Sort key that groups configs by their data-layout knobs (decode: PAGE_SIZE, LAYOUT), so a family can reuse
+    the inputs it re-laid out for the previous config."""
+    c = json.loads(config)
+    return (c.get("PAGE_SIZE", 0), str(c.get("LAYOUT", "")))
+
+
 def build_plan(opts: CollectOptions) -> list[list[PlanItem]]:
     """Per workload, its chunks; workloads ordered round-robin over (kernel, model) streams, eval shapes first, so a
     budget cut leaves every kernel and model covered."""
@@ -137,6 +144,7 @@ def build_plan(opts: CollectOptions) -> list[list[PlanItem]]:
                     default = fam.default_config(wl)
                     if str(default) not in chosen and fam.space.is_valid(default, wl):
                         chosen = [str(default), *chosen]
+                chosen = sorted(chosen, key=_layout_key)  # configs sharing a KV layout run back to back
                 stream.append([PlanItem(kernel, wkey, tuple(chosen[i:i + CHUNK]), grid)
                                for i in range(0, len(chosen), CHUNK)])
             streams.append(stream)

@@ -265,8 +265,13 @@ for text in sys.argv[1:]:
     dn = build(f._down_kernel, {"act_ptr": "*bf16", "w2_ptr": "*bf16", "out_ptr": out_type,
                "weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32"},
                {**tiles, "SPLIT_K": cfg["SPLIT_K"], "FUSE_WEIGHT": bool(cfg["FUSE_WEIGHT"]),
-                "FUSE_SUM": bool(cfg["FUSE_SUM"])}, cfg)
+                "FUSE_SUM": bool(cfg["FUSE_SUM"]), "ATOMIC": f.ATOMIC_MODE}, cfg)
     out[text] = [gu.metadata.shared, dn.metadata.shared]
+    if cfg["FUSE_SUM"]:  # every atomic lowering of the fused top-k sum must compile for sm_90 too
+        for mode in ("acq_rel", "flat"):
+            build(f._down_kernel, {"act_ptr": "*bf16", "w2_ptr": "*bf16", "out_ptr": out_type,
+                  "weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32"},
+                  {**tiles, "SPLIT_K": cfg["SPLIT_K"], "FUSE_WEIGHT": True, "FUSE_SUM": True, "ATOMIC": mode}, cfg)
 print(json.dumps(out))
 """
 
