@@ -24,7 +24,7 @@ for step in $STEPS; do
   case $step in
     diag)
       log "diag: fused-MoE atomic lowering"
-      mode=$(timeout 200 python3 scripts/diag_moe_atomics.py --out "$OUT/diag_moe_atomics.json" 2>>"$OUT/diag.txt" | tail -1)
+      mode=$(timeout "${T_DIAG:-150}" python3 scripts/diag_moe_atomics.py --out "$OUT/diag_moe_atomics.json" 2>>"$OUT/diag.txt" | tail -1)
       [ "$mode" = "relaxed" ] || [ "$mode" = "acq_rel" ] || [ "$mode" = "flat" ] || mode=relaxed
       export KERNEL_GYM_MOE_ATOMIC=$mode
       log "diag: using KERNEL_GYM_MOE_ATOMIC=$mode ($(tr '\n' ' ' < "$OUT/diag.txt"))" ;;
@@ -39,6 +39,10 @@ for step in $STEPS; do
         --configs "${BENCH_CONFIGS:-60}" --budget-s $(( T_BENCH - 60 )) > "$OUT/bench.txt" 2>&1
       log "bench: exit $?" ;;
     collect)
+      if [ -n "${PREV:-}" ] && [ ! -e "$DB" ]; then
+        python3 -c "import sys; from kernel_gym.measure.store import MeasurementStore as S; print(S(sys.argv[1]).import_snapshot(sys.argv[2]))" "$DB" "$PREV" > "$OUT/import.txt" 2>&1
+        log "collect: imported $(tail -1 "$OUT/import.txt") rows of $PREV"
+      fi
       log "collect: budget $(( T_COLLECT - 30 )) s"
       timeout "$T_COLLECT" python3 scripts/collect.py --db "$DB" --budget-s $(( T_COLLECT - 30 )) \
         --out "$OUT/h200_measurements.jsonl.gz" ${COLLECT_ARGS:-} > "$OUT/collect.txt" 2>&1
