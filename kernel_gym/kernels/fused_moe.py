@@ -393,9 +393,19 @@ def _rule_split_k(config: Config, workload: MoEWorkload) -> str | None:
     return None
 
 
+# Measured, not derived: on the H200 (triton 3.6) FUSE_SUM=1 gave wrong results (a few hundred to thousands of
+# elements off by O(1), varying run to run) from 192 tokens up, in every atomic lowering tried, and never at 128
+# tokens or fewer (0 of about 11,000 checked measurements, both models); benchmarks/h200_run2/diag_moe_atomics.json
+# and docs/benchmarks.md. Under the interpreter it is exact. Until the cause is found, larger batches sum separately.
+FUSE_SUM_MAX_TOKENS = 128
+
+
 def _rule_fusion(config: Config, workload: MoEWorkload) -> str | None:
     if config["FUSE_SUM"] and not config["FUSE_WEIGHT"]:
         return "FUSE_SUM=1 needs FUSE_WEIGHT=1 (the top-k sum happens in the down GEMM, so must the weighting)"
+    if config["FUSE_SUM"] and workload.num_tokens > FUSE_SUM_MAX_TOKENS:
+        return (f"FUSE_SUM=1 is limited to <= {FUSE_SUM_MAX_TOKENS} tokens: its atomic top-k sum was measured wrong "
+                "on the H200 above that (docs/benchmarks.md); use FUSE_SUM=0")
     return None
 
 
