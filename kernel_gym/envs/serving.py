@@ -21,9 +21,10 @@ import numpy as np
 from kernel_gym.envs.base import resolve_backend
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
+from kernel_gym.measure.types import Measurement
 from kernel_gym.policies.catalogue import WorkloadReference, build_catalogue, measure_reference
 from kernel_gym.traffic.features import traffic_features
-from kernel_gym.traffic.roofline import COPY_BW
+from kernel_gym.traffic.roofline import COPY_BW, op_s
 from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS, BackendTimer, KVLayout, Simulator
 from kernel_gym.traffic.traces import Trace, load_trace
 
@@ -108,6 +109,132 @@ class ServingCatalogue:
         return [len(self.rules[k]) for k in KERNELS]
 
 
+# ---- recorded-data coverage ---------------------------------------------------------------------------------------
+
+class CoveredBackend:
+    """A recorded backend that also answers shapes outside its measured grid, honestly and visibly.
+
+    The H200 data covers prefill from 2112 causal pairs up, decode up to batch 256 (context <= 8192 at batch 256), and
+    MoE up to 6144 tokens (skewed routing up to 3072). An engine replay produces shapes beyond that (a 32-token prefill
+    chunk, an 8192-token MoE step). For a workload the data cannot answer (no config available), the answer is the
+    nearest measured workload's (nearest in the backend's interpolation axes), its times scaled up by the ratio of
+    roofline times (flops / 792 TFLOP/s vs bytes / 4.27 TB/s) when the query is bigger, never scaled down (a smaller
+    launch is not assumed faster than the smallest measured); inside the measured range (a grid cell with a corner
+not measured) the ratio applies both ways. Answers carry source "recorded-proxy"; `proxied` lists
+    the workloads answered this way so the env can count the engine steps that rest on them."""
+
+    name = "recorded+proxy"
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.proxied: dict[tuple[str, str], tuple[Any, float]] = {}  # (kernel, wkey) -> (proxy workload, scale)
+        self._plain: dict[tuple[str, Any], Any] = {}
+        self._measured: dict[tuple[str, Any, Config], Measurement] = {}
+        self._avail: dict[tuple[str, Any], list[Config]] = {}
+        self._keys: dict[Any, str] = {}
+        self._cstr: dict[Config, str] = {}
+
+    # workload.key() (dataclass asdict + json) dominated replay time: keys and answers are memoised on the objects
+    def _key(self, workload: Any) -> str:
+        k = self._keys.get(workload)
+        if k is None:
+            k = self._keys[workload] = workload.key()
+        return k
+
+    def _raw(self, kernel: str, workload: Any, config: Config) -> Measurement:
+        b = self.backend
+        wkey = self._key(workload)
+        cs = self._cstr.get(config)
+        if cs is None:
+            cs = self._cstr[config] = str(config)
+        memo = (kernel, wkey, config)
+        m = b._answers.get(memo)
+        if m is None:
+            pk = (kernel, wkey, "")
+            plan = b._plans[pk] if pk in b._plans else b._plan(kernel, workload)
+            m = b._answers[memo] = b._answer(kernel, workload, wkey, cs, plan)
+        return m
+
+    def _proxy(self, kernel: str, workload: Any) -> tuple[Any, float] | None:
+        key = (kernel, workload)
+        if key in self._plain:
+            return self._plain[key]
+        out = None
+        if not self._answerable(kernel, workload):
+            out = self._nearest(kernel, workload)
+            if out is not None:
+                self.proxied[(kernel, self._key(workload))] = out
+        self._plain[key] = out
+        return out
+
+    def _answerable(self, kernel: str, workload: Any) -> bool:
+        """Whether the data answers some config "ok" here (stops at the first; available_configs would time all)."""
+        cands = self.backend._candidate_configs(kernel, workload)
+        return any(self._raw(kernel, workload, self.backend._cfg(c)).ok for c in cands)
+
+    def _nearest(self, kernel: str, workload: Any) -> tuple[Any, float] | None:
+        from kernel_gym.measure.recorded import AXES, _fixed_key
+
+        if kernel not in AXES:
+            return None
+        varying, coords, _ = AXES[kernel]
+        g = self.backend._groups.get(kernel, {}).get(_fixed_key(workload, varying))
+        if g is None:
+            return None
+        q = np.asarray(coords(workload))
+        best = None
+        for point, wkey in g.points.items():
+            d = float(((np.asarray(point) - q) ** 2).sum())
+            n = len(self.backend.rows(kernel).get(wkey, {}))
+            if best is None or (d, -n) < best[0]:
+                best = ((d, -n), wkey)
+        if best is None:
+            return None
+        proxy = self.backend._workloads[kernel][best[1]]
+        fam = get_family(kernel)
+        roof = lambda w: op_s(fam.flops(w), fam.bytes_moved(w))
+        ratio = roof(workload) / roof(proxy)
+        inside = all(v[0] - 1e-9 <= x <= v[-1] + 1e-9 for x, v in zip(q, g.values))
+        return proxy, ratio if inside else max(1.0, ratio)
+
+    def measure(self, kernel: str, workload: Any, config: Config) -> Measurement:
+        memo = (kernel, workload, config)
+        m = self._measured.get(memo)
+        if m is None:
+            p = self._proxy(kernel, workload)
+            if p is None:
+                m = self._raw(kernel, workload, config)
+            else:
+                pm = self._raw(kernel, p[0], config)
+                ms = pm.median_ms * p[1] if pm.median_ms else pm.median_ms
+                m = Measurement(kernel, self._key(workload), pm.config, pm.status, median_ms=ms, spread=pm.spread,
+                                repeats=0, compile_s=pm.compile_s, source="recorded-proxy",
+                                reason=f"proxy {p[0].key()} x {p[1]:.3g}" + (f"; {pm.reason}" if pm.reason else ""))
+            self._measured[memo] = m
+        return m
+
+    def available_configs(self, kernel: str, workload: Any) -> list[Config]:
+        key = (kernel, workload)
+        out = self._avail.get(key)
+        if out is None:
+            p = self._proxy(kernel, workload)
+            w = workload if p is None else p[0]
+            b = self.backend
+            out = self._avail[key] = [b._cfg(c) for c in b._candidate_configs(kernel, w)
+                                      if self._raw(kernel, w, b._cfg(c)).ok]
+        return out
+
+    def is_proxied(self, kernel: str, workload: Any) -> bool:
+        return self._proxy(kernel, workload) is not None
+
+
+def cover(backend: Any) -> Any:
+    """Wrap a recorded backend in CoveredBackend (other backends answer every shape themselves)."""
+    if isinstance(backend, CoveredBackend) or not hasattr(backend, "_groups"):
+        return backend
+    return CoveredBackend(backend)
+
+
 # ---- choosers used inside the simulator ---------------------------------------------------------------------------
 
 class _Answers:
@@ -149,6 +276,30 @@ class _Answers:
         return out
 
 
+class _Coverage:
+    """Counts kernel calls per family and those answered by a CoveredBackend proxy (outside the measured grid)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend if isinstance(backend, CoveredBackend) else None
+        self.calls = dict.fromkeys(KERNELS, 0)
+        self.proxied = dict.fromkeys(KERNELS, 0)
+        self._flag: dict[tuple[str, Any], bool] = {}
+
+    def count(self, kernel: str, workload: Any) -> None:
+        self.calls[kernel] += 1
+        if self.backend is None:
+            return
+        key = (kernel, workload)
+        f = self._flag.get(key)
+        if f is None:
+            f = self._flag[key] = self.backend.is_proxied(kernel, workload)
+        if f:
+            self.proxied[kernel] += 1
+
+    def snapshot(self) -> tuple[int, int]:
+        return sum(self.calls.values()), sum(self.proxied.values())
+
+
 class _RuleChooser:
     """The simulator's ConfigChooser: the active rule per family; a config the backend cannot answer for this
     workload falls back to the family default, then to the fastest available config (counted in `fallbacks`)."""
@@ -158,6 +309,7 @@ class _RuleChooser:
         self.fallbacks = 0
         self._memos: dict[tuple[str, int], dict[Any, Config]] = {}
         self.rules = rules
+        self.coverage = _Coverage(answers.backend)
 
     @property
     def rules(self) -> dict[str, DispatchRule]:
@@ -169,6 +321,7 @@ class _RuleChooser:
         self._active = {k: self._memos.setdefault((k, id(r)), {}) for k, r in self._rules.items()}
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        self.coverage.count(kernel, workload)
         memo = self._active[kernel]
         c = memo.get(workload)
         if c is None:
@@ -204,8 +357,10 @@ class OracleChooser:
     def __init__(self, answers: _Answers) -> None:
         self.answers = answers
         self._memo: dict[tuple[str, Any, KVLayout], Config] = {}
+        self.coverage = _Coverage(answers.backend)
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        self.coverage.count(kernel, workload)
         key = (kernel, workload, kv)
         c = self._memo.get(key)
         if c is None:
@@ -284,7 +439,7 @@ def build_serving_catalogue(
     frequent workload, and build per family: the default rule, an oracle-like table (best config per bucket) and
     tables of at most 1, 2 and 4 configs (greedy over the kernel catalogue's candidates, weighted by how often each
     bucket occurs). Decode rules are built for the default layout and the best `decode_layouts - 1` other layouts."""
-    backend = resolve_backend(backend)
+    backend = cover(resolve_backend(backend))
     spec = _resolve_model(model)
     tr = _resolve_trace(trace)
     if not 0 < holdout < 1:
@@ -501,7 +656,7 @@ class ServingEnv(gym.Env):
         if not 0 < holdout < 1 or rate_scale <= 0:
             raise ValueError(f"need 0 < holdout < 1 and rate_scale > 0; got holdout={holdout}, rate_scale={rate_scale}")
         self.render_mode = render_mode
-        self.backend = resolve_backend(backend)
+        self.backend = cover(resolve_backend(backend))
         self.model = _resolve_model(model)
         self.trace = _resolve_trace(trace)
         self.split, self.holdout = split, float(holdout)
@@ -633,6 +788,7 @@ class ServingEnv(gym.Env):
         a = [int(x) for x in a]
         rules = {k: self.catalogue.rules[k][i] for k, i in zip(KERNELS, a)}
         fb0 = self.chooser.fallbacks
+        calls0, prox0 = self.chooser.coverage.snapshot()
         relayout = self.apply_rules(rules)
         self._current = a
         t_end = self._t0 + self.interval_s * (self._interval + 1)
@@ -648,6 +804,8 @@ class ServingEnv(gym.Env):
             "relayout_stall_s": relayout,
             "rules": self.rule_names(a),
             "fallbacks": self.chooser.fallbacks - fb0,
+            "kernel_calls": self.chooser.coverage.snapshot()[0] - calls0,
+            "proxied_calls": self.chooser.coverage.snapshot()[1] - prox0,
             "sim_time_s": st.t_end - st.t_start,
             "action_mask": self.action_masks(),
         }
@@ -691,6 +849,7 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
         start_s = [lo] if num_windows <= 1 else list(np.linspace(lo, hi, num_windows))
     span = env.interval_s * env.num_intervals
     totals = {"agent": 0.0, "default": 0.0, "oracle": 0.0}
+    calls = {"agent": [0, 0, 0], "default": [0, 0, 0], "oracle": [0, 0, 0]}  # kernel calls, proxied, fallbacks
     stalls = {"agent": 0.0, "default": 0.0, "oracle": 0.0}
     rows: list[dict[str, Any]] = []
     actions: list[list[str]] = []
@@ -704,6 +863,9 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
                 obs, _, done, _, info = env.step(a)
                 tokens += info["tokens"]
                 stall += info["stall_s"]
+                calls[who][0] += info["kernel_calls"]
+                calls[who][1] += info["proxied_calls"]
+                calls[who][2] += info["fallbacks"]
                 if who == "agent":
                     actions.append(info["rules"])
             elapsed = env.sim.clock - env._t0
@@ -719,6 +881,9 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
         st = sim.run_until(t0 + span)
         row["oracle_tokens_per_s"] = st.output_tokens / (sim.clock - t0)
         totals["oracle"] += row["oracle_tokens_per_s"]
+        n_calls, n_prox = oracle.coverage.snapshot()
+        calls["oracle"][0] += n_calls
+        calls["oracle"][1] += n_prox
         stalls["oracle"] += st.stall_s
         row["oracle_relayout_s"] = relayout
         row["oracle_compiles"] = sum(1 for _, _, why in st.stalls if why.startswith("compile"))
@@ -728,6 +893,11 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
     out.update({k + "_stall_s": v / n for k, v in stalls.items()})
     out["agent_over_oracle"] = out["agent_tokens_per_s"] / out["oracle_tokens_per_s"]
     out["default_over_oracle"] = out["default_tokens_per_s"] / out["oracle_tokens_per_s"]
+    # honesty of the numbers: the share of kernel calls answered outside the measured grid (CoveredBackend proxy),
+    # and of rule picks the backend could not answer (the chooser fell back to the default or fastest config)
+    for who, (nc, npx, nfb) in calls.items():
+        out[f"{who}_proxied_share"] = npx / nc if nc else 0.0
+        out[f"{who}_fallbacks"] = nfb
     out["windows"] = rows
     out["agent_rules"] = actions
     out["oracle_kv"] = f"{env.catalogue.oracle_kv.page_size}/{env.catalogue.oracle_kv.layout}"

@@ -209,3 +209,44 @@ def test_rule_falls_back_to_nearest_bucket_and_default(backend):
     assert rule.choose(MoEWorkload(2048, 8, 2, 4096, 14336, 0.25)) == big_cfg
     assert DispatchRule("fused_moe", "default", {}).choose(w_big) == big_cfg
     assert backend.measure("fused_moe", w_big, big_cfg).status == OK
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    from kernel_gym.measure import make_backend
+
+    return make_backend("recorded")
+
+
+def test_covered_backend_answers_outside_the_grid_honestly_and_counts_it(recorded):
+    """The H200 data stops at 2112 causal pairs (prefill) and 6144 tokens (MoE): a proxy answers beyond, never
+    faster than the nearest measured shape when smaller, scaled by the roofline ratio when bigger; in-grid answers
+    are the recorded ones; choosers count the calls that rest on proxies."""
+    from kernel_gym.envs.serving import CoveredBackend, OracleChooser, _Answers, cover
+    from kernel_gym.kernels.workloads import MoEWorkload, PrefillWorkload
+    from kernel_gym.traffic.simulator import KVLayout
+
+    cov = cover(recorded)
+    assert isinstance(cov, CoveredBackend) and cover(cov) is cov
+    tiny = PrefillWorkload(32, 8, 128, (32,))
+    assert recorded.available_configs("prefill_attention", tiny) == []
+    cfgs = cov.available_configs("prefill_attention", tiny)
+    assert cfgs and cov.is_proxied("prefill_attention", tiny)
+    proxy, scale = cov.proxied[("prefill_attention", tiny.key())]
+    assert proxy.seq_lens == (32, 32, 32, 32) and scale == 1.0
+    m = cov.measure("prefill_attention", tiny, cfgs[0])
+    assert m.source == "recorded-proxy"
+    assert m.median_ms == recorded.measure("prefill_attention", proxy, cfgs[0]).median_ms
+    big = MoEWorkload(8192, 8, 2, 4096, 14336, 0.0)
+    c = cov.available_configs("fused_moe", big)[0]
+    near, s = cov.proxied[("fused_moe", big.key())]
+    assert near.num_tokens == 6144 and s > 1.2
+    expected = recorded.measure("fused_moe", near, c).median_ms * s
+    assert cov.measure("fused_moe", big, c).median_ms == pytest.approx(expected)
+    inside = MoEWorkload(64, 8, 2, 4096, 14336, 0.6)
+    assert not cov.is_proxied("fused_moe", inside)
+    assert cov.measure("fused_moe", inside, c) == recorded.measure("fused_moe", inside, c)
+    oracle = OracleChooser(_Answers(cov, {}))
+    for w in (tiny, tiny, PrefillWorkload(32, 8, 128, (2048,))):
+        oracle.choose("prefill_attention", w, KVLayout(16, "NHD"))
+    assert oracle.coverage.calls["prefill_attention"] == 3 and oracle.coverage.proxied["prefill_attention"] == 2
