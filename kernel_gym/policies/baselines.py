@@ -57,6 +57,8 @@ class CoveredBackend:
         self._anchor: dict[tuple[str, str], tuple[Any, float]] = {}
         self._avail: dict[tuple[str, str], list[Config]] = {}
         self.clamped_workloads = 0
+        self._borrowed: dict[tuple[str, str, Config], Measurement] = {}
+        self.borrowed_answers = 0
 
     def anchor(self, kernel: str, workload: Any) -> tuple[Any, float]:
         """(workload to ask instead, time scale) for this workload."""
@@ -97,11 +99,45 @@ class CoveredBackend:
             return m
         anchor, scale = self.anchor(kernel, workload)
         if anchor is workload:
-            return m
+            return self._borrow(kernel, workload, config, m)
         a = self.inner.measure(kernel, anchor, config)
         if not a.ok:
             return replace(a, workload=workload.key(), source=a.source + "-clamped")
         return replace(a, workload=workload.key(), median_ms=a.median_ms * scale, source=a.source + "-clamped")
+
+    def _borrow(self, kernel: str, workload: Any, config: Config, m: Measurement) -> Measurement:
+        """A config not measured around this (answerable) workload: its time at the nearest measured workload of the
+        same fixed dimensions where it is measured ok, scaled by the roofline work ratio (source "...-borrowed").
+        Lets a policy serve a config that was measured only at other shapes (e.g. on another KV layout's grid)."""
+        key = (kernel, workload.key(), config)
+        hit = self._borrowed.get(key)
+        if hit is not None or key in self._borrowed:
+            return hit if hit is not None else m
+        out = m
+        if hasattr(self.inner, "workloads"):
+            from kernel_gym.measure.recorded import AXES, _fixed_key
+            from kernel_gym.traffic.roofline import kernel_roofline, op_s
+
+            varying, coords, _ = AXES[kernel]
+            fixed = _fixed_key(workload, varying)
+            q = coords(workload)
+            best = None
+            for w in self.inner.workloads(kernel):
+                if _fixed_key(w, varying) != fixed:
+                    continue
+                d = sum((a - b) ** 2 for a, b in zip(coords(w), q))
+                if best is None or d < best[0]:
+                    a = self.inner.measure(kernel, w, config)
+                    if a.ok and a.median_ms:
+                        best = (d, w, a)
+            if best is not None:
+                _, w, a = best
+                w_s, a_s = op_s(*kernel_roofline(kernel, workload)), op_s(*kernel_roofline(kernel, w))
+                scale = max(1.0, w_s / a_s) if a_s > 0 else 1.0  # a smaller shape is never priced faster
+                out = replace(a, workload=workload.key(), median_ms=a.median_ms * scale, source=a.source + "-borrowed")
+                self.borrowed_answers += 1
+        self._borrowed[key] = out
+        return out
 
     def available_configs(self, kernel: str, workload: Any) -> list[Config]:
         key = (kernel, workload.key())

@@ -25,7 +25,7 @@ MODEL = BUILTIN_MODELS["mixtral-8x7b"]
 
 @pytest.fixture(scope="module")
 def backend():
-    return AnalyticBackend(sample=40)
+    return AnalyticBackend(sample=400)  # enough configs that every KV layout has some on every shape
 
 
 @pytest.fixture(scope="module")
