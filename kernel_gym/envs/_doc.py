@@ -4,10 +4,10 @@ COMMON = """
     ## Action Space
 
     `Discrete(N)`: action i launches config i of the env's config catalogue (`env.unwrapped.catalogue.configs`), the
-    configs that are fastest or within `near` (2%) of fastest on at least one training workload (a greedy cover of at
-    most `max_catalogue` entries) plus every default config; built from the backend's measurements, stored with the
-    policy. `action_masks()` (MaskablePPO) is False for entries that the knob space's rules reject for the workload
-    or that the backend cannot answer.
+    configs that are fastest (or within `near`) on at least one training workload (a greedy cover), the
+    `catalogue_depth` (2) fastest of each training workload, and every default config, at most
+    `max_catalogue`; built from the backend's measurements, stored with the policy. `action_masks()` (MaskablePPO)
+    is False for entries that the knob space's rules reject for the workload or that the backend cannot answer.
 
     ## Rewards
 
@@ -36,7 +36,7 @@ COMMON = """
     - `split`: "train" | "heldout" | "all"; `holdout` (0.25) and `split_seed` (0) make the deterministic split.
     - `catalogue`, `references`: reuse a catalogue and measured references (training passes them so the backend is
       swept once); otherwise both are built from the backend at construction (a full sweep on a live backend).
-    - `near`, `max_catalogue`: catalogue construction.
+    - `near`, `max_catalogue`, `catalogue_depth`: catalogue construction.
 
     ## Version History
 

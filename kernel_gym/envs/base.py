@@ -7,7 +7,7 @@ workload and must answer at once, so the agent learns a map workload -> config, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -22,7 +22,7 @@ from kernel_gym.policies.catalogue import (
     WorkloadReference,
     build_catalogue,
     measure_reference,
-    split_workloads,
+    split_references,
 )
 from kernel_gym.policies.observation import CLIP, feature_names, observe
 
@@ -33,11 +33,15 @@ SPLITS = ("train", "heldout", "all")
 
 @dataclass
 class WorkloadProfile:
-    """A traffic profile for a kernel env: the workloads an episode may draw and their relative weights."""
+    """A traffic profile for a kernel env: the workloads an episode may draw and their relative weights.
+
+    `anchors`: workload keys that always stay in training (the "grid" profile anchors its exhaustively measured
+    eval-grid points: their oracle is over every config, while the other grid points share one config sample)."""
 
     name: str
     workloads: list[Any]
     weights: list[float] | None = None
+    anchors: list[str] = field(default_factory=list)
 
 
 def resolve_backend(backend: Any) -> Any:
@@ -66,7 +70,17 @@ def resolve_profile(profile: Any, kernel: str, model: Any) -> WorkloadProfile:
 
     spec = load_model(model) if isinstance(model, str) else model
     grid = {"grid": "default", "eval": "eval", "small": "small"}[profile]
-    return WorkloadProfile(profile, list(model_workloads(kernel, spec, grid)))
+    anchors = [w.key() for w in model_workloads(kernel, spec, "eval")] if profile == "grid" else []
+    return WorkloadProfile(profile, list(model_workloads(kernel, spec, grid)), anchors=anchors)
+
+
+def split_profile(
+    backend: Any, family: Any, profile: WorkloadProfile, holdout: float = 0.25, split_seed: int = 0
+) -> tuple[list[WorkloadReference], list[WorkloadReference]]:
+    """Measure every workload of the profile (recorded: lookups) and split the measured ones into training and
+    held-out references (catalogue.split_workloads: whole primary-axis values held out, anchors kept in training)."""
+    refs = measure_reference(backend, family, profile.workloads)
+    return split_references(refs, holdout, split_seed, profile.anchors)
 
 
 def is_live(backend: Any) -> bool:
@@ -90,8 +104,9 @@ class KernelConfigEnv(gym.Env):
         split_seed: int = 0,
         catalogue: Catalogue | None = None,
         references: Sequence[WorkloadReference] | None = None,
-        near: float = 0.02,
+        near: float = 0.0,
         max_catalogue: int = 48,
+        catalogue_depth: int = 2,
         render_mode: str | None = None,
     ) -> None:
         if split not in SPLITS:
@@ -104,27 +119,29 @@ class KernelConfigEnv(gym.Env):
         self.live = is_live(self.backend)
         self.profile = resolve_profile(profile, self.kernel, model)
         if references is None:
-            train, heldout = split_workloads(self.profile.workloads, holdout, split_seed)
-            pool = {"train": train, "heldout": heldout, "all": train + heldout}[split]
-            references = measure_reference(self.backend, self.family, pool)
-            if catalogue is None and split != "train":
-                catalogue = build_catalogue(
-                    self.kernel, measure_reference(self.backend, self.family, train), near, max_catalogue
-                )
+            train, heldout = split_profile(self.backend, self.family, self.profile, holdout, split_seed)
+            references = {"train": train, "heldout": heldout, "all": train + heldout}[split]
+            if catalogue is None:
+                catalogue = build_catalogue(self.kernel, train, near, max_catalogue, catalogue_depth)
         if catalogue is None:
-            catalogue = build_catalogue(self.kernel, references, near, max_catalogue)
+            catalogue = build_catalogue(self.kernel, references, near, max_catalogue, catalogue_depth)
         if catalogue.kernel != self.kernel:
             raise ValueError(f"catalogue is for {catalogue.kernel!r}, this env is {self.kernel!r}")
         self.catalogue = catalogue
+        self._config_str = [str(c) for c in catalogue.configs]
         weights = dict(zip((w.key() for w in self.profile.workloads), self.profile.weights or []))
         self.references: list[WorkloadReference] = []
         self.masks: list[np.ndarray] = []
+        self._obs: list[np.ndarray] = []  # per reference: observation and key, computed once (the step hot path)
+        self._keys: list[str] = []
         self.dropped: list[str] = []  # workloads where no catalogue config is valid and available
         for ref in references:
             mask = self._mask(ref)
             if mask.any():
                 self.references.append(ref)
                 self.masks.append(mask)
+                self._obs.append(observe(ref.workload))
+                self._keys.append(ref.key)
             else:
                 self.dropped.append(ref.key)
         if not self.references:
@@ -132,7 +149,7 @@ class KernelConfigEnv(gym.Env):
                 f"{self.kernel}: no workload of profile {self.profile.name!r} (split {split!r}) has a valid, measured "
                 "catalogue config; check the backend's data for this model"
             )
-        p = np.array([weights.get(r.key, 1.0) for r in self.references], dtype=np.float64)
+        p = np.array([weights.get(k, 1.0) for k in self._keys], dtype=np.float64)
         self._p = p / p.sum()
         self._best = [r.best_time for r in self.references]
         self.observation_space = gym.spaces.Box(-CLIP, CLIP, (len(feature_names(self.kernel)),), np.float32)
@@ -164,16 +181,15 @@ class KernelConfigEnv(gym.Env):
             self._index = i
         else:
             self._index = int(self.np_random.choice(len(self.references), p=self._p))
-        ref = self.references[self._index]
-        return observe(ref.workload), {"workload": ref.key, "action_mask": self.action_masks()}
+        return self._obs[self._index].copy(), {"workload": self._keys[self._index], "action_mask": self.action_masks()}
 
     def step(self, action: Any):
         i = int(action)
         if not 0 <= i < len(self.catalogue):
             raise ValueError(f"action {action!r} is outside Discrete({len(self.catalogue)})")
         ref, config = self.references[self._index], self.catalogue.configs[i]
-        obs = observe(ref.workload)
-        info: dict[str, Any] = {"workload": ref.key, "config": str(config), "action": i}
+        obs = self._obs[self._index].copy()
+        info: dict[str, Any] = {"workload": self._keys[self._index], "config": self._config_str[i], "action": i}
         if not self.masks[self._index][i]:
             reason = self.family.space.why_invalid(config, ref.workload)
             info.update(

@@ -121,11 +121,17 @@ class Catalogue:
 
 
 def build_catalogue(
-    kernel: str, refs: Sequence[WorkloadReference], near: float = 0.02, max_size: int = 48
+    kernel: str, refs: Sequence[WorkloadReference], near: float = 0.02, max_size: int = 48, depth: int = 1
 ) -> Catalogue:
     """Greedy cover: start from the default configs, then repeatedly add the candidate config (within `near` of the
     best on some training workload) that most raises the summed log of each workload's best reachable ratio, until
-    every workload has a config within `near` of its oracle or `max_size` entries are chosen."""
+    every workload has a config within `near` of its oracle or `max_size` entries are chosen.
+
+    depth > 1 then adds each training workload's `depth` fastest configs (most often top-`depth` first, up to
+    `max_size`): a spare near-best choice wherever the winner is not measured (the recorded grid measures a
+    different config sample on neighbouring workloads, so a held-out workload may lack its neighbours' winner)."""
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
     if not refs:
         raise ValueError(f"no {kernel} workload has an ok measurement: cannot build a catalogue (check the backend)")
     if not 0 <= near < 1:
@@ -154,7 +160,19 @@ def build_catalogue(
         chosen.append(best_c)
         candidates.remove(best_c)
         cover = [max(cover[i], r.ratio(best_c) or floor) for i, r in enumerate(refs)]
+    if depth > 1:
+        tops: dict[Config, int] = {}
+        for r in refs:
+            for c in sorted(r.times, key=r.times.__getitem__)[:depth]:
+                tops[c] = tops.get(c, 0) + 1
+        for c in sorted(tops, key=lambda c: -tops[c]):  # stable: ties keep first-seen order
+            if len(chosen) >= max_size:
+                break
+            if c not in chosen:
+                chosen.append(c)
+        cover = [max([r.ratio(c) or floor for c in chosen] + [floor]) for r in refs]
     meta = {
+        "depth": depth,
         "train_workloads": len(refs),
         "covered_geomean": geomean(cover),
         "covered_min": min(cover),
@@ -180,22 +198,58 @@ def best_static_config(refs: Sequence[WorkloadReference]) -> Config:
     return max(candidates, key=lambda c: geomean([r.ratio_with_fallback(c)[0] for r in refs]))
 
 
-def split_workloads(workloads: Sequence[Any], holdout: float = 0.25, seed: int = 0) -> tuple[list[Any], list[Any]]:
-    """Deterministic train / held-out split: a seeded shuffle of the workloads (by key), the first `holdout` share held
-    out. The smallest and largest workloads (in key order of their first feature) always stay in training so held-out
-    workloads are interpolations, not extrapolations."""
+def split_workloads(
+    workloads: Sequence[Any], holdout: float = 0.25, seed: int = 0, keep: Iterable[str] = ()
+) -> tuple[list[Any], list[Any]]:
+    """Deterministic train / held-out split that makes held-out workloads interpolations between training ones.
+
+    Whole values of the primary axis (the first feature: tokens, batch, total tokens) are held out, so no held-out
+    workload shares its batch size with a training workload: never the smallest or the largest value, never two
+    neighbouring values (each held-out value has training values on both sides), never a value with a `keep`
+    workload (anchors, e.g. the exhaustively measured eval grid). Candidate values are tried in a seeded order until
+    the held-out share reaches `holdout`. With fewer than 3 distinct values, single workloads are held out instead
+    (seeded shuffle, the extremes kept)."""
     if not 0 <= holdout < 1:
         raise ValueError(f"holdout must be in [0, 1), got {holdout}")
     ws = sorted(workloads, key=lambda w: w.key())
     if holdout == 0 or len(ws) < 3:
         return list(ws), []
-    first = lambda w: next(iter(w.features().values()))
-    ends = {min(ws, key=first).key(), max(ws, key=first).key()}
-    pool = [w for w in ws if w.key() not in ends]
-    random.Random(seed).shuffle(pool)
-    n_out = min(len(pool), max(1, round(holdout * len(ws))))
-    out_keys = {w.key() for w in pool[:n_out]}
+    first = lambda w: round(next(iter(w.features().values())), 9)  # noqa: E731
+    values = sorted({first(w) for w in ws})
+    target = max(1, round(holdout * len(ws)))
+    if len(values) < 3:
+        ends = {min(ws, key=first).key(), max(ws, key=first).key()}
+        pool = [w for w in ws if w.key() not in ends]
+        random.Random(seed).shuffle(pool)
+        out_keys = {w.key() for w in pool[: min(len(pool), target)]}
+    else:
+        keep = set(keep)
+        anchored = {first(w) for w in ws if w.key() in keep}
+        count = {v: sum(first(w) == v for w in ws) for v in values}
+        order = [i for i in range(1, len(values) - 1) if values[i] not in anchored]
+        random.Random(seed).shuffle(order)
+        taken: set[int] = set()
+        held = 0
+        for i in order:
+            if held >= target:
+                break
+            if i - 1 in taken or i + 1 in taken:
+                continue
+            taken.add(i)
+            held += count[values[i]]
+        out_values = {values[i] for i in taken}
+        out_keys = {w.key() for w in ws if first(w) in out_values}
     return [w for w in ws if w.key() not in out_keys], [w for w in ws if w.key() in out_keys]
+
+
+def split_references(
+    refs: Sequence[WorkloadReference], holdout: float = 0.25, seed: int = 0, keep: Iterable[str] = ()
+) -> tuple[list[WorkloadReference], list[WorkloadReference]]:
+    """split_workloads over measured workloads only (a workload without data can neither train nor be scored, and
+    must not count as the largest value that keeps the split an interpolation)."""
+    by_key = {r.key: r for r in refs}
+    train, out = split_workloads([r.workload for r in refs], holdout, seed, keep)
+    return [by_key[w.key()] for w in train], [by_key[w.key()] for w in out]
 
 
 @dataclass

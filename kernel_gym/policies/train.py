@@ -33,8 +33,6 @@ from kernel_gym.policies.catalogue import (
     best_static_config,
     build_catalogue,
     evaluate_choices,
-    measure_reference,
-    split_workloads,
 )
 from kernel_gym.policies.observation import observe
 
@@ -57,14 +55,18 @@ class TrainArgs:
     """Share of the profile's workloads held out of training and used for evaluation."""
     split_seed: int = 0
     """Seed of the train / held-out split (keep it fixed to compare runs)."""
-    near: float = 0.02
-    """Catalogue: a config joins when it is within this fraction of the best on some training workload."""
+    near: float = 0.0
+    """Catalogue: the greedy cover stops once every training workload has a config within this fraction of its best."""
     max_catalogue: int = 48
     """Catalogue: at most this many configs (the action space size)."""
+    catalogue_depth: int = 2
+    """Catalogue: also add each training workload's this many fastest configs (spares where a winner is unmeasured)."""
     learning_rate: float = 1e-3
     """Adam learning rate."""
-    n_steps: int = 512
-    """Steps per rollout before each PPO update."""
+    n_envs: int = 8
+    """Parallel copies of the env (one process, batched policy forward: several times faster than one env)."""
+    n_steps: int = 64
+    """Steps per env per rollout before each PPO update (a rollout is n_envs * n_steps steps)."""
     batch_size: int = 128
     """Minibatch size of the PPO update."""
     n_epochs: int = 10
@@ -103,7 +105,8 @@ class TrainArgs:
 
         if self.env_id not in ENV_KERNELS:
             raise ValueError(f"env_id {self.env_id!r} is not a kernel env; use one of {sorted(ENV_KERNELS)}")
-        for name in ("total_timesteps", "n_steps", "batch_size", "n_epochs", "max_catalogue", "torch_threads"):
+        for name in ("total_timesteps", "n_steps", "n_envs", "batch_size", "n_epochs", "max_catalogue",
+                     "catalogue_depth", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_freq", "checkpoint_freq"):
@@ -181,19 +184,16 @@ class PreparedData:
 
 def prepare_data(
     kernel: str, backend: Any, model: Any = "mixtral-8x7b", profile: Any = "grid", holdout: float = 0.25,
-    split_seed: int = 0, near: float = 0.02, max_catalogue: int = 48,
+    split_seed: int = 0, near: float = 0.0, max_catalogue: int = 48, depth: int = 2,
 ) -> PreparedData:
     """Measure the profile's workloads through the backend, split them, and build catalogue and static baseline from
     the training part only."""
-    from kernel_gym.envs.base import resolve_profile
+    from kernel_gym.envs.base import resolve_profile, split_profile
     from kernel_gym.kernels import get_family
 
     family = get_family(kernel)
-    prof = resolve_profile(profile, kernel, model)
-    train_w, heldout_w = split_workloads(prof.workloads, holdout, split_seed)
-    train = measure_reference(backend, family, train_w)
-    heldout = measure_reference(backend, family, heldout_w)
-    catalogue = build_catalogue(kernel, train, near, max_catalogue)
+    train, heldout = split_profile(backend, family, resolve_profile(profile, kernel, model), holdout, split_seed)
+    catalogue = build_catalogue(kernel, train, near, max_catalogue, depth)
     return PreparedData(kernel, train, heldout, catalogue, best_static_config(train))
 
 
@@ -342,7 +342,7 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
     torch.set_num_threads(args.torch_threads)
     backend = resolve_backend(backend if backend is not None else args.backend)
     data = prepare_data(args.kernel, backend, args.model, args.profile, args.holdout, args.split_seed, args.near,
-                        args.max_catalogue)
+                        args.max_catalogue, args.catalogue_depth)
     eval_on = "heldout" if data.heldout else "train"
     ckpt = Path(args.checkpoint_dir or f"out/checkpoints/{args.short}-seed{args.seed}")
     state = json.loads(_state_path(ckpt).read_text()) if args.resume and _state_path(ckpt).exists() else None
@@ -354,7 +354,12 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
     uri = tracking.setup_tracking(args.tracking_uri or None)
     experiment_id = tracking.get_or_create_experiment(args.experiment, uri)
 
-    env = gymnasium.make(args.env_id, backend=backend, references=data.train, catalogue=data.catalogue)
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    make_env = lambda: Monitor(gymnasium.make(args.env_id, backend=backend,  # noqa: E731  (Monitor: ep_rew_mean)
+                                              references=data.train, catalogue=data.catalogue))
+    env = DummyVecEnv([make_env] * args.n_envs)
     eval_history: list[dict[str, float]] = list(state["eval_history"]) if state else []
 
     if state is not None:
@@ -396,14 +401,17 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
         model.set_logger(Logger(folder=None, output_formats=[writer]))
 
         class Periodic(BaseCallback):
+            """Evaluate / checkpoint when num_timesteps (which grows by n_envs a step) crosses a multiple."""
+
             def _on_step(self) -> bool:
-                n = self.model.num_timesteps
-                if args.eval_freq and n % args.eval_freq == 0:
+                n, prev = self.model.num_timesteps, self.model.num_timesteps - args.n_envs
+                crossed = lambda f: f and n // f > prev // f  # noqa: E731
+                if crossed(args.eval_freq):
                     ev = evaluate_model(self.model, data, eval_on)
                     m = ev.metrics()
                     mlflow.log_metrics(m, step=n)
                     eval_history.append({"step": n, **m})
-                if args.checkpoint_freq and n % args.checkpoint_freq == 0:
+                if crossed(args.checkpoint_freq):
                     _save_checkpoint(self.model, ckpt, run_id, args, eval_history)
                 return True
 
@@ -462,7 +470,7 @@ def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, ru
 
 def evaluate_logged_policy(
     model_uri: str, kernel: str, backend: Any, model: Any = "mixtral-8x7b", profile: Any = "grid",
-    holdout: float = 0.25, split_seed: int = 0, near: float = 0.02, max_catalogue: int = 48,
+    holdout: float = 0.25, split_seed: int = 0, near: float = 0.0, max_catalogue: int = 48, depth: int = 2,
 ) -> Evaluation:
     """Score a logged pyfunc policy on the held-out workloads of the same split (benchmarks write .to_dict() as JSON).
 
@@ -473,7 +481,8 @@ def evaluate_logged_policy(
     from kernel_gym.envs.base import resolve_backend
     from kernel_gym.kernels.space import Config
 
-    data = prepare_data(kernel, resolve_backend(backend), model, profile, holdout, split_seed, near, max_catalogue)
+    data = prepare_data(kernel, resolve_backend(backend), model, profile, holdout, split_seed, near, max_catalogue,
+                        depth)
     refs = data.heldout or data.train
     pyfunc = mlflow.pyfunc.load_model(model_uri)
     out = pyfunc.predict(pd.DataFrame({"workload_key": [r.key for r in refs]}))

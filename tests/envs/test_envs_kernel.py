@@ -125,18 +125,40 @@ def test_heldout_split_is_disjoint_from_training(backend):
     assert held.catalogue.configs == train.catalogue.configs  # built from the training workloads only
 
 
-def test_split_is_deterministic_and_keeps_the_extremes():
+def test_split_holds_out_whole_interleaved_token_counts_and_keeps_anchors():
     from kernel_gym.kernels.workloads import model_workloads
     from kernel_gym.models import BUILTIN_MODELS
 
     ws = model_workloads("fused_moe", BUILTIN_MODELS["mixtral-8x7b"])
-    a_train, a_out = split_workloads(ws, 0.25, 0)
-    b_train, b_out = split_workloads(list(reversed(ws)), 0.25, 0)
+    anchors = [w.key() for w in model_workloads("fused_moe", BUILTIN_MODELS["mixtral-8x7b"], "eval")]
+    a_train, a_out = split_workloads(ws, 0.25, 0, anchors)
+    b_train, b_out = split_workloads(list(reversed(ws)), 0.25, 0, anchors)
     assert [w.key() for w in a_out] == [w.key() for w in b_out]
-    assert len(a_out) == round(0.25 * len(ws)) and len(a_train) + len(a_out) == len(ws)
-    tokens = [w.num_tokens for w in a_out]
-    assert min(w.num_tokens for w in ws) not in tokens or max(w.num_tokens for w in ws) not in tokens
-    assert split_workloads(ws, 0.25, 1)[1] != a_out
+    assert len(a_train) + len(a_out) == len(ws) and 0.2 * len(ws) <= len(a_out) <= 0.35 * len(ws)
+    values = sorted({w.num_tokens for w in ws})
+    held = {w.num_tokens for w in a_out}
+    assert held.isdisjoint({w.num_tokens for w in a_train})  # no held-out token count is seen in training
+    assert values[0] not in held and values[-1] not in held
+    assert not any(values[i] in held and values[i + 1] in held for i in range(len(values) - 1))  # interleaved
+    assert not held & {w.num_tokens for w in ws if w.key() in set(anchors)}
+    assert split_workloads(ws, 0.25, 1, anchors)[1] != a_out
+    with pytest.raises(ValueError, match="holdout must be in"):
+        split_workloads(ws, 1.0)
+
+
+def test_catalogue_depth_adds_each_training_workloads_runner_up(backend):
+    from kernel_gym.policies.catalogue import build_catalogue
+
+    env = gymnasium.make("KernelGym/MoE-v0", backend=backend, catalogue_depth=1).unwrapped
+    refs = env.references
+    shallow = build_catalogue("fused_moe", refs, 0.0, 200, depth=1)
+    deep = build_catalogue("fused_moe", refs, 0.0, 200, depth=2)
+    assert shallow.configs == deep.configs[: len(shallow)]
+    for r in refs:
+        assert set(sorted(r.times, key=r.times.__getitem__)[:2]) <= set(deep.configs)
+    assert len(build_catalogue("fused_moe", refs, 0.0, len(shallow) + 1, depth=2)) == len(shallow) + 1
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        build_catalogue("fused_moe", refs, depth=0)
 
 
 def test_bad_arguments_name_the_value(backend):

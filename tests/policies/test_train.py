@@ -39,7 +39,7 @@ def store(tmp_path_factory):
 
 
 def small_args(root: Path, **kw) -> TrainArgs:
-    base = dict(env_id="KernelGym/MoE-v0", total_timesteps=2048, n_steps=256, batch_size=64, eval_freq=1024,
+    base = dict(env_id="KernelGym/MoE-v0", total_timesteps=2048, n_steps=32, batch_size=64, eval_freq=1024,
                 checkpoint_freq=1024, checkpoint_dir=str(root / "ckpt-moe"), progress_bar=False, experiment="t")
     base.update(kw)
     return TrainArgs(**base)
@@ -172,6 +172,20 @@ def test_seeded_runs_are_reproducible(store):
     ha = [m.value for m in client.get_metric_history(a.run_id, "train/loss")]
     hb = [m.value for m in client.get_metric_history(b.run_id, "train/loss")]
     assert ha and ha == hb
+
+
+def test_short_training_on_the_real_recorded_data_beats_the_default_on_heldout_workloads(store):
+    """The packaged H200 dataset: held-out batch sizes never seen in training, decided with zero measurements."""
+    from kernel_gym.measure import make_backend
+
+    root, _ = store
+    args = small_args(root, env_id="KernelGym/DecodeAttention-v0", total_timesteps=2048, n_steps=64, batch_size=128,
+                      eval_freq=0, checkpoint_freq=0, checkpoint_dir=str(root / "real"), log_model=False)
+    result = train(args, backend=make_backend("recorded"))
+    e = result.evaluation
+    assert e.num_workloads >= 3 and e.policy_failures == 0
+    assert e.geomean_policy > e.geomean_default + 0.1
+    assert e.geomean_policy > result.metrics["final/random_policy_geomean"]
 
 
 def test_argument_parser_round_trips_and_rejects_bad_values():
