@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-gym demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="where the exported files and replay go")
     p.add_argument("--model", default="mixtral-8x7b", help="model spec: mixtral-8x7b, olmoe-1b-7b or a JSON file")
-    p.add_argument("--timesteps", type=int, default=12_000, help="training steps per kernel family")
+    p.add_argument("--timesteps", type=int, default=30_000, help="training steps per kernel family")
     p.add_argument("--trace", default="bundled", help="trace to replay (bundled: 10 min of Azure conversation)")
     p.add_argument("--routing", default="zipf:1.2", help="expert routing during replay (uniform, zipf:EXP, drift:EXP)")
     p.add_argument("--seed", type=int, default=0)

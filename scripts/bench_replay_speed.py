@@ -2,9 +2,9 @@
 for mixtral-8x7b on one CPU core. Target: under 60 s of wall time.
 
 Backends: "recorded" (default; the packaged H200 measurements through BackendTimer, shapes outside the measured grid
-answered by envs.serving.CoveredBackend and counted) or "roofline" (config-blind analytic timer). Choosers (recorded):
-"default" (each family's default heuristic) and "oracle" (fastest recorded config per workload; its decode KV layout
-is the one in force, 16/NHD). Writes a JSON record with --out.
+answered by measure.coverage.CoveredBackend and counted) or "roofline" (config-blind analytic timer).
+Choosers (recorded): "default" (each family's default heuristic) and "oracle" (fastest recorded config per workload;
+its decode KV layout is the one in force, 16/NHD). Writes a JSON record with --out.
 
     python scripts/bench_replay_speed.py [--backend recorded] [--chooser default oracle] [--out FILE.json]
 """
@@ -36,9 +36,10 @@ def _replay(args: argparse.Namespace, chooser_name: str, trace, model) -> dict:
                         ZipfRouting(model.num_experts, model.top_k, seed=0, exponent=args.skew), kv_layout=kv)
         coverage = None
     else:
-        from kernel_gym.envs.serving import KERNELS, DispatchRule, OracleChooser, _Answers, _RuleChooser, cover
+        from kernel_gym.envs.serving import KERNELS, DispatchRule, OracleChooser, _Answers, _RuleChooser
         from kernel_gym.kernels import get_family
         from kernel_gym.measure import make_backend
+        from kernel_gym.measure.coverage import cover
         from kernel_gym.traffic import BackendTimer
 
         for k in KERNELS:  # import the kernel modules (torch, triton) before the clock starts

@@ -21,10 +21,10 @@ import numpy as np
 from kernel_gym.envs.base import resolve_backend
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
-from kernel_gym.measure.types import Measurement
+from kernel_gym.measure.coverage import CoveredBackend, cover
 from kernel_gym.policies.catalogue import WorkloadReference, build_catalogue, measure_reference
 from kernel_gym.traffic.features import traffic_features
-from kernel_gym.traffic.roofline import COPY_BW, op_s
+from kernel_gym.traffic.roofline import COPY_BW
 from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS, BackendTimer, KVLayout, Simulator
 from kernel_gym.traffic.traces import Trace, load_trace
 
@@ -107,132 +107,6 @@ class ServingCatalogue:
 
     def sizes(self) -> list[int]:
         return [len(self.rules[k]) for k in KERNELS]
-
-
-# ---- recorded-data coverage ---------------------------------------------------------------------------------------
-
-class CoveredBackend:
-    """A recorded backend that also answers shapes outside its measured grid, honestly and visibly.
-
-    The H200 data covers prefill from 2112 causal pairs up, decode up to batch 256 (context <= 8192 at batch 256), and
-    MoE up to 6144 tokens (skewed routing up to 3072). An engine replay produces shapes beyond that (a 32-token prefill
-    chunk, an 8192-token MoE step). For a workload the data cannot answer (no config available), the answer is the
-    nearest measured workload's (nearest in the backend's interpolation axes), its times scaled up by the ratio of
-    roofline times (flops / 792 TFLOP/s vs bytes / 4.27 TB/s) when the query is bigger, never scaled down (a smaller
-    launch is not assumed faster than the smallest measured); inside the measured range (a grid cell with a corner
-not measured) the ratio applies both ways. Answers carry source "recorded-proxy"; `proxied` lists
-    the workloads answered this way so the env can count the engine steps that rest on them."""
-
-    name = "recorded+proxy"
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.proxied: dict[tuple[str, str], tuple[Any, float]] = {}  # (kernel, wkey) -> (proxy workload, scale)
-        self._plain: dict[tuple[str, Any], Any] = {}
-        self._measured: dict[tuple[str, Any, Config], Measurement] = {}
-        self._avail: dict[tuple[str, Any], list[Config]] = {}
-        self._keys: dict[Any, str] = {}
-        self._cstr: dict[Config, str] = {}
-
-    # workload.key() (dataclass asdict + json) dominated replay time: keys and answers are memoised on the objects
-    def _key(self, workload: Any) -> str:
-        k = self._keys.get(workload)
-        if k is None:
-            k = self._keys[workload] = workload.key()
-        return k
-
-    def _raw(self, kernel: str, workload: Any, config: Config) -> Measurement:
-        b = self.backend
-        wkey = self._key(workload)
-        cs = self._cstr.get(config)
-        if cs is None:
-            cs = self._cstr[config] = str(config)
-        memo = (kernel, wkey, config)
-        m = b._answers.get(memo)
-        if m is None:
-            pk = (kernel, wkey, "")
-            plan = b._plans[pk] if pk in b._plans else b._plan(kernel, workload)
-            m = b._answers[memo] = b._answer(kernel, workload, wkey, cs, plan)
-        return m
-
-    def _proxy(self, kernel: str, workload: Any) -> tuple[Any, float] | None:
-        key = (kernel, workload)
-        if key in self._plain:
-            return self._plain[key]
-        out = None
-        if not self._answerable(kernel, workload):
-            out = self._nearest(kernel, workload)
-            if out is not None:
-                self.proxied[(kernel, self._key(workload))] = out
-        self._plain[key] = out
-        return out
-
-    def _answerable(self, kernel: str, workload: Any) -> bool:
-        """Whether the data answers some config "ok" here (stops at the first; available_configs would time all)."""
-        cands = self.backend._candidate_configs(kernel, workload)
-        return any(self._raw(kernel, workload, self.backend._cfg(c)).ok for c in cands)
-
-    def _nearest(self, kernel: str, workload: Any) -> tuple[Any, float] | None:
-        from kernel_gym.measure.recorded import AXES, _fixed_key
-
-        if kernel not in AXES:
-            return None
-        varying, coords, _ = AXES[kernel]
-        g = self.backend._groups.get(kernel, {}).get(_fixed_key(workload, varying))
-        if g is None:
-            return None
-        q = np.asarray(coords(workload))
-        best = None
-        for point, wkey in g.points.items():
-            d = float(((np.asarray(point) - q) ** 2).sum())
-            n = len(self.backend.rows(kernel).get(wkey, {}))
-            if best is None or (d, -n) < best[0]:
-                best = ((d, -n), wkey)
-        if best is None:
-            return None
-        proxy = self.backend._workloads[kernel][best[1]]
-        fam = get_family(kernel)
-        roof = lambda w: op_s(fam.flops(w), fam.bytes_moved(w))
-        ratio = roof(workload) / roof(proxy)
-        inside = all(v[0] - 1e-9 <= x <= v[-1] + 1e-9 for x, v in zip(q, g.values))
-        return proxy, ratio if inside else max(1.0, ratio)
-
-    def measure(self, kernel: str, workload: Any, config: Config) -> Measurement:
-        memo = (kernel, workload, config)
-        m = self._measured.get(memo)
-        if m is None:
-            p = self._proxy(kernel, workload)
-            if p is None:
-                m = self._raw(kernel, workload, config)
-            else:
-                pm = self._raw(kernel, p[0], config)
-                ms = pm.median_ms * p[1] if pm.median_ms else pm.median_ms
-                m = Measurement(kernel, self._key(workload), pm.config, pm.status, median_ms=ms, spread=pm.spread,
-                                repeats=0, compile_s=pm.compile_s, source="recorded-proxy",
-                                reason=f"proxy {p[0].key()} x {p[1]:.3g}" + (f"; {pm.reason}" if pm.reason else ""))
-            self._measured[memo] = m
-        return m
-
-    def available_configs(self, kernel: str, workload: Any) -> list[Config]:
-        key = (kernel, workload)
-        out = self._avail.get(key)
-        if out is None:
-            p = self._proxy(kernel, workload)
-            w = workload if p is None else p[0]
-            b = self.backend
-            out = self._avail[key] = [b._cfg(c) for c in b._candidate_configs(kernel, w)
-                                      if self._raw(kernel, w, b._cfg(c)).ok]
-        return out
-
-    def is_proxied(self, kernel: str, workload: Any) -> bool:
-        return self._proxy(kernel, workload) is not None
-
-
-def cover(backend: Any) -> Any:
-    """Wrap a recorded backend in CoveredBackend (other backends answer every shape themselves)."""
-    if isinstance(backend, CoveredBackend) or not hasattr(backend, "_groups"):
-        return backend
-    return CoveredBackend(backend)
 
 
 # ---- choosers used inside the simulator ---------------------------------------------------------------------------

@@ -14,150 +14,24 @@
 The learned policy is `dispatcher.Dispatcher` over an exported table.
 
 Every policy has `kv_layout` (the KV layout the deployment starts with), `precompiled` (configs compiled at start-up)
-and `tuning_gpu_s`. Decode configs always carry the layout in force. `CoveredBackend` lets a recorded backend answer
-every workload the simulator produces (see its docstring).
+and `tuning_gpu_s`. Decode configs always carry the layout in force. `measure.coverage.CoveredBackend` lets a recorded
+backend answer every workload the simulator produces (see its docstring).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import MOE_TOKENS, MoEWorkload, model_workloads
-from kernel_gym.measure.types import UNAVAILABLE, Measurement
 from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS, KVLayout
 
 DEFAULT_KV = KVLayout(16, "NHD")  # vLLM's default block size and layout
 AUTOTUNE_REPEATS = 100  # timing repeats per config when the store does not say (do_bench's 100 ms at >= 1 ms/run)
 SEARCH_BUDGET = 4  # measurements per new shape for random and tpe
-
-
-# ---- a backend that answers every simulator workload -------------------------------------------------------------
-
-
-class CoveredBackend:
-    """Wraps a backend so that every workload the simulator produces gets an answer.
-
-    A recorded store answers only inside its measured grid (it interpolates, never extrapolates). A workload it
-    cannot answer is mapped to an anchor: its axis coordinates clamped into the measured range, else the nearest
-    measured workload of the same fixed dimensions. Times at the anchor are scaled by the roofline work ratio
-    (traffic.roofline) when the workload is larger than its anchor, and kept as they are when it is smaller (small
-    calls are launch-bound). Answers so derived carry source "...-clamped". Backends without `workloads()` pass
-    through unchanged.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = getattr(inner, "name", "backend")
-        self.deterministic = getattr(inner, "deterministic", True)
-        self._anchor: dict[tuple[str, str], tuple[Any, float]] = {}
-        self._avail: dict[tuple[str, str], list[Config]] = {}
-        self.clamped_workloads = 0
-        self._borrowed: dict[tuple[str, str, Config], Measurement] = {}
-        self.borrowed_answers = 0
-
-    def anchor(self, kernel: str, workload: Any) -> tuple[Any, float]:
-        """(workload to ask instead, time scale) for this workload."""
-        key = (kernel, workload.key())
-        hit = self._anchor.get(key)
-        if hit is None:
-            hit = self._find_anchor(kernel, workload)
-            if hit[0] is not workload:
-                self.clamped_workloads += 1
-            self._anchor[key] = hit
-        return hit
-
-    def _find_anchor(self, kernel: str, workload: Any) -> tuple[Any, float]:
-        if not hasattr(self.inner, "workloads") or self.inner.available_configs(kernel, workload):
-            return workload, 1.0
-        from kernel_gym.measure.recorded import AXES, _fixed_key
-        from kernel_gym.traffic.roofline import kernel_roofline, op_s
-
-        varying, coords, _ = AXES[kernel]
-        fixed = _fixed_key(workload, varying)
-        measured = [w for w in self.inner.workloads(kernel) if _fixed_key(w, varying) == fixed]
-        if not measured:
-            raise LookupError(f"the backend has no {kernel} measurement with the fixed dimensions of {workload.key()} "
-                              "(another model or dtype?): collect that model's grid first")
-        q = coords(workload)
-        pts = [coords(w) for w in measured]
-        clamped = tuple(min(max(x, min(p[d] for p in pts)), max(p[d] for p in pts)) for d, x in enumerate(q))
-        cand = _from_coords(kernel, workload, clamped)
-        if cand is None or not self.inner.available_configs(kernel, cand):
-            cand = min(measured, key=lambda w: sum((a - b) ** 2 for a, b in zip(coords(w), clamped)))
-        w_s = op_s(*kernel_roofline(kernel, workload))
-        a_s = op_s(*kernel_roofline(kernel, cand))
-        return cand, max(1.0, w_s / a_s) if a_s > 0 else 1.0
-
-    def measure(self, kernel: str, workload: Any, config: Config) -> Measurement:
-        m = self.inner.measure(kernel, workload, config)
-        if m.status != UNAVAILABLE:
-            return m
-        anchor, scale = self.anchor(kernel, workload)
-        if anchor is workload:
-            return self._borrow(kernel, workload, config, m)
-        a = self.inner.measure(kernel, anchor, config)
-        if not a.ok:
-            return replace(a, workload=workload.key(), source=a.source + "-clamped")
-        return replace(a, workload=workload.key(), median_ms=a.median_ms * scale, source=a.source + "-clamped")
-
-    def _borrow(self, kernel: str, workload: Any, config: Config, m: Measurement) -> Measurement:
-        """A config not measured around this (answerable) workload: its time at the nearest measured workload of the
-        same fixed dimensions where it is measured ok, scaled by the roofline work ratio (source "...-borrowed").
-        Lets a policy serve a config that was measured only at other shapes (e.g. on another KV layout's grid)."""
-        key = (kernel, workload.key(), config)
-        hit = self._borrowed.get(key)
-        if hit is not None or key in self._borrowed:
-            return hit if hit is not None else m
-        out = m
-        if hasattr(self.inner, "workloads"):
-            from kernel_gym.measure.recorded import AXES, _fixed_key
-            from kernel_gym.traffic.roofline import kernel_roofline, op_s
-
-            varying, coords, _ = AXES[kernel]
-            fixed = _fixed_key(workload, varying)
-            q = coords(workload)
-            best = None
-            for w in self.inner.workloads(kernel):
-                if _fixed_key(w, varying) != fixed:
-                    continue
-                d = sum((a - b) ** 2 for a, b in zip(coords(w), q))
-                if best is None or d < best[0]:
-                    a = self.inner.measure(kernel, w, config)
-                    if a.ok and a.median_ms:
-                        best = (d, w, a)
-            if best is not None:
-                _, w, a = best
-                w_s, a_s = op_s(*kernel_roofline(kernel, workload)), op_s(*kernel_roofline(kernel, w))
-                scale = max(1.0, w_s / a_s) if a_s > 0 else 1.0  # a smaller shape is never priced faster
-                out = replace(a, workload=workload.key(), median_ms=a.median_ms * scale, source=a.source + "-borrowed")
-                self.borrowed_answers += 1
-        self._borrowed[key] = out
-        return out
-
-    def available_configs(self, kernel: str, workload: Any) -> list[Config]:
-        key = (kernel, workload.key())
-        out = self._avail.get(key)
-        if out is None:
-            out = list(self.inner.available_configs(kernel, workload))
-            if not out:
-                anchor, _ = self.anchor(kernel, workload)
-                if anchor is not workload:
-                    out = list(self.inner.available_configs(kernel, anchor))
-            self._avail[key] = out
-        return out
-
-
-def _from_coords(kernel: str, workload: Any, c: tuple[float, ...]) -> Any:
-    if kernel == "fused_moe":
-        return replace(workload, num_tokens=max(1, round(2 ** c[0])), skew=c[1])
-    if kernel == "decode_attention":
-        return replace(workload, batch=max(1, round(2 ** c[0])), context_len=max(1, round(2 ** c[1])))
-    return None  # prefill: one causal-pairs axis; the nearest measured workload stands in
 
 
 # ---- shared helpers ------------------------------------------------------------------------------------------------

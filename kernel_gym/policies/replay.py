@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kernel_gym.kernels.space import Config
-from kernel_gym.policies.baselines import BASELINE_NAMES, SEARCH_BUDGET, CoveredBackend, Policy, make_baselines
+from kernel_gym.measure.coverage import CoveredBackend
+from kernel_gym.policies.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy, make_baselines
 from kernel_gym.traffic.simulator import _C, KERNELS, BackendTimer, KVLayout, SimResult, Simulator
 
 POLICY_NAMES = ("default", "static", "vllm-table", "autotune", "random", "tpe", "learned", "oracle")
@@ -426,8 +427,8 @@ def main(argv: Sequence[str] | None = None, backend: Any = None) -> int:
     record = {n: args.steps for n in ("default", "learned", "oracle")} if args.steps_json else {}
     runs = replay(trace, model, factories, covered, routing, record)
     rep = report(trace.name, model.name, runs, {"routing": args.routing, "backend": getattr(backend, "name", ""),
-                                                "clamped_workloads": covered.clamped_workloads,
-                                                "borrowed_answers": covered.borrowed_answers,
+                                                "proxied_workloads": len(covered.proxied),
+                                                "borrowed_answers": len(covered.borrowed),
                                                 **load_info(trace, args.rate_scale, args.window)})
     paths = write_outputs(rep, runs, args.json)
     if args.steps_json:

@@ -222,8 +222,9 @@ def test_covered_backend_answers_outside_the_grid_honestly_and_counts_it(recorde
     """The H200 data stops at 2112 causal pairs (prefill) and 6144 tokens (MoE): a proxy answers beyond, never
     faster than the nearest measured shape when smaller, scaled by the roofline ratio when bigger; in-grid answers
     are the recorded ones; choosers count the calls that rest on proxies."""
-    from kernel_gym.envs.serving import CoveredBackend, OracleChooser, _Answers, cover
+    from kernel_gym.envs.serving import OracleChooser, _Answers
     from kernel_gym.kernels.workloads import MoEWorkload, PrefillWorkload
+    from kernel_gym.measure.coverage import CoveredBackend, cover
     from kernel_gym.traffic.simulator import KVLayout
 
     cov = cover(recorded)

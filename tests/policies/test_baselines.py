@@ -13,6 +13,7 @@ from analytic_backend import AnalyticBackend  # noqa: E402
 
 from kernel_gym.kernels import get_family  # noqa: E402
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload  # noqa: E402
+from kernel_gym.measure.coverage import CoveredBackend, cover, roofline_scale  # noqa: E402
 from kernel_gym.measure.recorded import RecordedBackend  # noqa: E402
 from kernel_gym.measure.store import Context  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
@@ -39,18 +40,41 @@ def recorded():
 
 def test_covered_backend_clamps_outside_the_measured_range(recorded):
     src, rec = recorded
-    cov = bl.CoveredBackend(rec)
+    cov = CoveredBackend(rec)
     cfg = rec.available_configs("fused_moe", moe(64))[0]
     assert rec.measure("fused_moe", moe(256), cfg).status == "unavailable"
     big = cov.measure("fused_moe", moe(256), cfg)
     anchor = rec.measure("fused_moe", moe(64), cfg)
-    assert big.ok and big.source.endswith("-clamped") and big.median_ms > anchor.median_ms  # scaled up by work
+    assert big.ok and big.source.endswith("-proxy") and big.median_ms > anchor.median_ms  # scaled up by work
     small = cov.measure("fused_moe", moe(1), cfg)
     assert small.median_ms == pytest.approx(rec.measure("fused_moe", moe(4), cfg).median_ms)  # kept, not scaled down
     inside = cov.measure("fused_moe", moe(12, 0.6), cfg)
     assert inside.source == "recorded-interpolated"  # inside the grid: the store answers itself
     assert cov.available_configs("fused_moe", moe(256)) == rec.available_configs("fused_moe", moe(64))
-    assert cov.clamped_workloads == 2
+    assert len(cov.proxied) == 2 and cover(cov) is cov and cover(src) is src  # no measured grid: nothing to cover
+    with pytest.raises(TypeError, match="already covered"):
+        CoveredBackend(cov)
+
+
+def test_covered_backend_borrows_a_config_measured_only_elsewhere(recorded):
+    """A config missing at one measured workload is priced at the nearest workload where it was measured ok, by the
+    same never-faster roofline rule; a config measured nowhere stays unavailable."""
+    src, rec = recorded
+    cfg = rec.available_configs("fused_moe", moe(16))[0]
+    rows = [m for w in rec.rows("fused_moe").values() for m in w.values()
+            if not (m.workload == moe(16).key() and m.config == str(cfg))]
+    holed = RecordedBackend(groups=[(Context("NVIDIA H200", "t", "t", "fused_moe", "h"), rows)])
+    assert holed.measure("fused_moe", moe(16), cfg).status == "unavailable"
+    cov = CoveredBackend(holed)
+    m = cov.measure("fused_moe", moe(16), cfg)
+    (donor_key,) = cov.borrowed.values()
+    donor = next(w for w in holed.workloads("fused_moe") if w.key() == donor_key)
+    assert donor.skew == 0.0 and donor.num_tokens in (8, 32) and m.source == "recorded-borrowed"
+    t = holed.measure("fused_moe", donor, cfg).median_ms
+    assert m.median_ms == pytest.approx(t * roofline_scale("fused_moe", moe(16), donor)) and m.median_ms >= t
+    assert cfg not in cov.available_configs("fused_moe", moe(16)) and not cov.is_proxied("fused_moe", moe(16))
+    nowhere = cfg.replace(num_warps=16) if cfg["num_warps"] != 16 else cfg.replace(num_warps=1)
+    assert cov.measure("fused_moe", moe(16), nowhere).status == "unavailable" and len(cov.borrowed) == 1
 
 
 def test_search_policies_measure_and_charge_what_they_say():

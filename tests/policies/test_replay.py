@@ -13,9 +13,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
 from analytic_backend import AnalyticBackend  # noqa: E402
 
+from kernel_gym.measure.coverage import CoveredBackend  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
 from kernel_gym.policies import replay  # noqa: E402
-from kernel_gym.policies.baselines import CoveredBackend, Oracle, default_for  # noqa: E402
+from kernel_gym.policies.baselines import Oracle, default_for  # noqa: E402
 from kernel_gym.policies.export import build_table  # noqa: E402
 from kernel_gym.traffic import load_trace  # noqa: E402
 
