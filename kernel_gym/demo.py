@@ -66,8 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     replay.main(["--trace", args.trace, "--model", args.model, "--routing", args.routing, "--json", str(json_path),
                  "--seed", str(args.seed), *uri_args])
     (args.out / "training.json").write_text(json.dumps(evaluations, indent=2))
-    md = json_path.with_suffix(".md")
-    print(md.read_text() if md.exists() else json_path.read_text())
     say(f"done: results in {args.out}/, runs in MLflow (browse with `kernel-gym ui`)")
     return 0
 
