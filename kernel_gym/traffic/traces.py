@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -172,11 +173,11 @@ def _parse_azure_time(text: str) -> float:
     return seconds
 
 
-def load_azure(path: str | Path, name: str | None = None) -> Trace:
-    """Azure LLM inference trace 2023 (Splitwise): TIMESTAMP, ContextTokens, GeneratedTokens."""
-    path = Path(path)
-    header, reader, fh = _open_csv(path, AZURE_COLUMNS, "Azure LLM inference trace")
-    it, ip, io = (header.index(c) for c in AZURE_COLUMNS)
+def _load_csv(path: Path, columns: tuple[str, ...], kind: str, name: str | None,
+              parse_time: Callable[[str], float], time_hint: str) -> Trace:
+    """The CSV formats share their shape: a header naming (time, prompt tokens, output tokens) columns among others."""
+    header, reader, fh = _open_csv(path, columns, kind)
+    it, ip, io = (header.index(c) for c in columns)
     rows = []
     with fh:
         for line, rec in enumerate(reader, start=2):
@@ -186,13 +187,19 @@ def load_azure(path: str | Path, name: str | None = None) -> Trace:
                 raise _err(path, line, f"row has {len(rec)} fields, the header has {len(header)}",
                            "correct or delete that row")
             try:
-                t = _parse_azure_time(rec[it])
+                t = parse_time(rec[it])
             except ValueError:
-                raise _err(path, line, f"TIMESTAMP {rec[it]!r} is not a datetime like '2023-11-16 18:15:46.6805900'",
+                raise _err(path, line, f"{columns[0]} {rec[it]!r} is not {time_hint}",
                            "correct or delete that row") from None
-            rows.append((line, t, _int_field(path, line, "ContextTokens", rec[ip]),
-                         _int_field(path, line, "GeneratedTokens", rec[io])))
+            rows.append((line, t, _int_field(path, line, columns[1], rec[ip]),
+                         _int_field(path, line, columns[2], rec[io])))
     return _finish(path, name or path.stem, rows, {})
+
+
+def load_azure(path: str | Path, name: str | None = None) -> Trace:
+    """Azure LLM inference trace 2023 (Splitwise): TIMESTAMP, ContextTokens, GeneratedTokens."""
+    return _load_csv(Path(path), AZURE_COLUMNS, "Azure LLM inference trace", name, _parse_azure_time,
+                     "a datetime like '2023-11-16 18:15:46.6805900'")
 
 
 def load_burstgpt(path: str | Path, name: str | None = None) -> Trace:
@@ -200,25 +207,7 @@ def load_burstgpt(path: str | Path, name: str | None = None) -> Trace:
 
     Rows with zero request or response tokens are failed requests in BurstGPT; they are dropped and counted.
     """
-    path = Path(path)
-    header, reader, fh = _open_csv(path, BURSTGPT_COLUMNS, "BurstGPT")
-    it, ip, io = (header.index(c) for c in BURSTGPT_COLUMNS)
-    rows = []
-    with fh:
-        for line, rec in enumerate(reader, start=2):
-            if not rec:
-                continue
-            if len(rec) < len(header):
-                raise _err(path, line, f"row has {len(rec)} fields, the header has {len(header)}",
-                           "correct or delete that row")
-            try:
-                t = float(rec[it])
-            except ValueError:
-                raise _err(path, line, f"Timestamp {rec[it]!r} is not a number of seconds",
-                           "correct or delete that row") from None
-            rows.append((line, t, _int_field(path, line, "Request tokens", rec[ip]),
-                         _int_field(path, line, "Response tokens", rec[io])))
-    return _finish(path, name or path.stem, rows, {})
+    return _load_csv(Path(path), BURSTGPT_COLUMNS, "BurstGPT", name, float, "a number of seconds")
 
 
 def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
