@@ -40,7 +40,7 @@ def _time(fn: Callable[[], Any]) -> Timed:
     from kernel_gym.measure.timing import TimingOptions, time_launch
 
     fn()  # warm
-    t = time_launch(fn, TimingOptions(min_reps=10, max_reps=40, round_reps=10, target_spread=0.02, max_time_s=2.0))
+    t = time_launch(fn, TimingOptions(**BENCH_TIMING_KW))
     return Timed(t.median_ms, t.spread, t.repeats)
 
 
@@ -244,6 +244,7 @@ def main(args: Any) -> int:
     details_path = args.out.with_name(args.out.stem + "_details.json")
     details_path.write_text(json.dumps({"env": result["env"], "details": result["details"]}, indent=1))
     md = to_markdown(result)
+    args.md = args.md or args.out.with_suffix(".md")
     if args.md:
         args.md.parent.mkdir(parents=True, exist_ok=True)
         prev = args.md.read_text() if args.md.exists() else ""

@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="GPU: time each kernel's configs against anchors (SDPA, copy, matmul, torch loop)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/h200_kernels.json"), help="JSON results file")
-    p.add_argument("--md", type=Path, default=Path("docs/benchmarks.md"), help="readable markdown summary")
+    p.add_argument("--md", type=Path, default=None,
+                   help="readable markdown summary (default: beside --out; docs/benchmarks.md keeps its analysis)")
     p.add_argument("--kernels", default="prefill_attention,decode_attention,fused_moe", help="comma-separated families")
     p.add_argument("--configs", type=int, default=120, help="configs timed per case (sampled from the valid space)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(name, help=text, add_help=False)  # parsed by the stage's own main(argv)
 
     p = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the kernel_gym store (mlruns/)")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
     p.set_defaults(func=_cmd_ui)
     return parser
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = func()
         return rc if isinstance(rc, int) else 0
-    except (UsageError, ValueError, FileNotFoundError) as exc:
+    except (UsageError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"kernel-gym {command}: error: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:

@@ -6,6 +6,7 @@ workload: configs stored / configs valid for that workload, averaged), and failu
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ def dataset_summary(path: str | Path | None = None) -> dict[str, Any]:
             if m.status == OK:
                 k["ok"] += 1
             else:
-                k["reasons"][f"{m.status}: {m.reason[:80]}"] += 1
+                k["reasons"][f"{m.status}: {_NUMBERS.sub('N', m.reason)[:80]}"] += 1
     out_kernels = {}
     for name, k in sorted(kernels.items()):
         fractions = _space_fractions(name, k["workloads"])
@@ -78,6 +79,9 @@ def _space_fractions(kernel: str, workloads: dict[str, set[str]]) -> dict[str, A
             "exhaustive": exhaustive}
 
 
+_NUMBERS = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")  # reasons differ only in numbers (sizes, errors): group them
+
+
 def format_summary(info: dict[str, Any]) -> str:
     lines = [f"dataset {info['path']}: {info['rows']} rows ({info['ok_rows']} ok) on {', '.join(info['devices'])}; "
              f"torch {', '.join(info['torch_versions'])}, triton {', '.join(info['triton_versions'])}"]
@@ -86,6 +90,7 @@ def format_summary(info: dict[str, Any]) -> str:
         lines.append(f"  {name}: {k['rows']} rows, {k['ok']} ok, {k['shapes']} shapes "
                      f"({k['shapes_measured_exhaustively']} exhaustive), "
                      f"valid configs measured {'?' if frac is None else f'{100 * frac:.0f}%'}")
+        lines.append("      status: " + ", ".join(f"{st} {n}" for st, n in sorted(k["status"].items())))
         for reason, n in list(k["failures_by_reason"].items())[:5]:
             lines.append(f"      {n:6d}  {reason}")
     return "\n".join(lines)

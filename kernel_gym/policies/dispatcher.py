@@ -179,6 +179,7 @@ class Dispatcher:
         self._tables: dict[str, KernelTable] = dict(table.kernels)
         self.table = table
         self._follow: dict[tuple[Config, Any, Any], Config] = {}
+        self._snap: dict[tuple[str, Config, tuple[Config, ...]], Config] = {}
         self.swaps = 0
 
     @classmethod
@@ -218,6 +219,22 @@ class Dispatcher:
             lens = workload.seq_lens
             cfg = t.lookup(sum(lens), max(lens))
         return cfg
+
+    def choose_within(self, kernel: str, workload: Any, kv: Any, available: Sequence[Config]) -> Config:
+        """choose(), kept inside `available`: the configs the deployment has data for at this shape (a mask of
+        data availability and validity, as in training). The table's config if listed, else the listed config nearest
+        to it in knob space (see nearest_config; ties: one the table already holds, so it is pre-compiled). Uses no
+        timing: the learned path stays zero-measurement."""
+        cfg = self.choose(kernel, workload, kv)
+        if not available or cfg in available:
+            return cfg
+        key = (kernel, cfg, tuple(available))
+        out = self._snap.get(key)
+        if out is None:
+            t = self._tables.get(kernel)
+            held = {t.configs[i] for i in t.cells} if t is not None else set()
+            out = self._snap[key] = nearest_config(cfg, available, held)
+        return out
 
     # ---- the rest ----
 
@@ -296,6 +313,28 @@ def on_layout(cfg: Config, workload: Any, page_size: int, layout: str) -> Config
     if not valid:
         raise ValueError(f"no decode config is valid for {workload} with PAGE_SIZE={page_size} LAYOUT={layout}")
     return min(valid, key=lambda c: sum(c[k] != moved[k] for k in moved))
+
+
+def knob_distance(a: Config, b: Config) -> tuple[int, float]:
+    """(knobs that differ, summed |log2| gap of the numeric ones): tile 64 is nearer 128 than 16."""
+    diff, gap = 0, 0.0
+    for k, v in a.items():
+        w = b.get(k)
+        if w == v:
+            continue
+        diff += 1
+        if isinstance(v, (int, float)) and isinstance(w, (int, float)) and not isinstance(v, bool):
+            gap += abs(math.log2(float(v) + 1.0) - math.log2(float(w) + 1.0))
+        else:
+            gap += 1.0
+    return diff, gap
+
+
+def nearest_config(cfg: Config, candidates: Sequence[Config], preferred: set[Config] | frozenset = frozenset()) -> Config:
+    """The candidate nearest `cfg` by knob_distance; ties: a `preferred` one, then the candidates' order."""
+    if not candidates:
+        raise ValueError(f"no candidate config to map {dict(cfg)} onto; pass the configs available for the workload")
+    return min(enumerate(candidates), key=lambda ic: (*knob_distance(cfg, ic[1]), ic[1] not in preferred, ic[0]))[1]
 
 
 def small_workload(kernel: str, fixed: dict[str, Any]) -> Any:

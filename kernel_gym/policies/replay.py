@@ -7,8 +7,11 @@ ttft_p50_s, ttft_p99_s, tpot_p50_s, tpot_p99_s, ...}}}, a markdown table (.md) a
 config switches) beside the JSON, and logs all of it to MLflow. The baselines are defined in baselines.py; "learned"
 is the exported policy served through the Dispatcher (no measurement at serving time).
 
-A config the backend cannot answer for a workload (not measured there) falls back to the family's default config, as
-a dispatcher would, and is counted in `fallbacks`.
+A policy that offers `choose_within` (the learned Dispatcher) is given the configs the data holds for the workload
+(valid, on the KV layout in force, answered "ok" by the backend: a data-availability mask as in training, no timing)
+and keeps its choice inside them (nearest config in knob space when its bucket's config is not among them; counted in
+`snapped`). A config the backend cannot answer for a workload still falls back to the family's default config, as a
+dispatcher would, and is counted in `fallbacks`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class GuardedChooser:
         self.precompiled = set(getattr(policy, "precompiled", ()) or ())
         self._oracle = Oracle(backend)
         self._ok: dict[tuple, tuple[Config, float]] = {}
+        self._avail: dict[tuple, list[Config]] = {}
+        self._within = getattr(policy, "choose_within", None)
+        self.snapped = 0
         self.fallbacks = 0
         self.layout_fallbacks = 0
         self.kernel_s = dict.fromkeys(KERNELS, 0.0)
@@ -76,9 +82,28 @@ class GuardedChooser:
                 return None
         return total * self.layers
 
+    def available(self, kernel: str, workload: Any, kv: KVLayout) -> list[Config]:
+        """Configs the data holds for the workload: listed by the backend, valid by the family's rules, on the KV
+        layout in force (decode). Availability only: no time is read, so the learned path stays zero-measurement."""
+        key = (kernel, workload, kv if kernel == "decode_attention" else None)
+        out = self._avail.get(key)
+        if out is None:
+            from kernel_gym.kernels import get_family
+
+            space = get_family(kernel).space
+            out = self._avail[key] = [
+                c for c in self.backend.available_configs(kernel, workload)
+                if (key[2] is None or (c["PAGE_SIZE"] == kv.page_size and c["LAYOUT"] == kv.layout))
+                and space.is_valid(c, workload)]
+        return out
+
     def resolve(self, kernel: str, workload: Any, kv: KVLayout) -> tuple[Config, float]:
-        """(config served, its time in s): the policy's choice, or the fallback when the backend cannot time it."""
-        cfg = self.policy.choose(kernel, workload, kv)
+        """(config served, its time in s): the policy's choice (inside the available configs when the policy takes a
+        mask), or the fallback when the backend cannot time it."""
+        if self._within is not None:
+            cfg = self._within(kernel, workload, kv, self.available(kernel, workload, kv))
+        else:
+            cfg = self.policy.choose(kernel, workload, kv)
         key = (kernel, workload, cfg)
         hit = self._ok.get(key)
         if hit is None:

@@ -491,7 +491,8 @@ def evaluate_logged_policy(
 
 
 def main(argv: Sequence[str] | None = None) -> TrainResult:
-    parser = add_train_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser = add_train_arguments(argparse.ArgumentParser(prog="kernel-gym train", allow_abbrev=False,
+                                                         description=__doc__.splitlines()[0]))
     result = train(TrainArgs(**vars(parser.parse_args(argv))))
     e = result.evaluation
     print(json.dumps({"run_id": result.run_id, "model_uri": result.model_uri, "geomean_policy": e.geomean_policy,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,7 +31,10 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 
-SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+# Where the published trace files are looked up by name: $KERNEL_GYM_TRACES, else ../shared/traces beside the repo.
+SHARED_TRACES = Path(
+    os.environ.get("KERNEL_GYM_TRACES", Path(__file__).resolve().parents[2] / ".." / "shared" / "traces")
+)
 BUNDLED_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
 BUNDLED_FILE = "AzureLLMInferenceTrace_conv_first10min.csv"
 NAMED_TRACES = {
@@ -280,8 +284,8 @@ def load_trace(name_or_path: str | Path, traces_dir: str | Path | None = None) -
         path = base / NAMED_TRACES[key]
         if not path.exists():
             raise FileNotFoundError(
-                f"trace {key!r} needs {path.resolve()}, which is absent; put the published file there "
-                f"(see shared/traces/SOURCES.md), pass traces_dir=, or use 'bundled'"
+                f"trace {key!r} needs {path.resolve()}, which is absent: download {NAMED_TRACES[key]} (README: Data "
+                f"and licences), then set KERNEL_GYM_TRACES to its folder or pass the file's path; or use 'bundled'"
             )
         fmt = detect_format(path)
         return LOADERS[fmt](path, name=key)
