@@ -91,6 +91,20 @@ class KernelTable:
         """The config of the bucket holding (x0, x1) (values outside the grid use the nearest edge bucket)."""
         return self.configs[self.cells[bisect_right(self.edges[0], x0) * self._n1 + bisect_right(self.edges[1], x1)]]
 
+    def bucket(self, x0: float, x1: float) -> tuple[int, int]:
+        return bisect_right(self.edges[0], x0), bisect_right(self.edges[1], x1)
+
+    def nearest_within(self, x0: float, x1: float, allowed: set[int]) -> int | None:
+        """Index into `configs` of the nearest bucket (by grid steps from the bucket holding (x0, x1); ties: the
+        lower axis-0 step count, then row-major order) whose config index is in `allowed`; None if none is."""
+        if not allowed:
+            return None
+        i0, j0 = self.bucket(x0, x1)
+        n0 = len(self.centers[0])
+        best = min(((abs(i - i0) + abs(j - j0), abs(i - i0), i, j) for i in range(n0) for j in range(self._n1)
+                    if self.cells[i * self._n1 + j] in allowed), default=None)
+        return None if best is None else self.cells[best[2] * self._n1 + best[3]]
+
     def to_dict(self) -> dict[str, Any]:
         names, logs = AXES[self.kernel]
         return {
@@ -222,18 +236,28 @@ class Dispatcher:
 
     def choose_within(self, kernel: str, workload: Any, kv: Any, available: Sequence[Config]) -> Config:
         """choose(), kept inside `available`: the configs the deployment has data for at this shape (a mask of
-        data availability and validity, as in training). The table's config if listed, else the listed config nearest
-        to it in knob space (see nearest_config; ties: one the table already holds, so it is pre-compiled). Uses no
-        timing: the learned path stays zero-measurement."""
+        data availability and validity, as in training). The table's config if listed, else the policy's own choice
+        at the nearest bucket whose choice is listed (KernelTable.nearest_within), else the listed config nearest in
+        knob space. Uses no timing: the learned path stays zero-measurement."""
         cfg = self.choose(kernel, workload, kv)
-        if not available or cfg in available:
+        t = self._tables.get(kernel)
+        if not available or cfg in available or t is None:
             return cfg
-        key = (kernel, cfg, tuple(available))
+        x0, x1 = axis_values(kernel, workload)
+        key = (kernel, cfg, t.bucket(x0, x1), tuple(available))
         out = self._snap.get(key)
         if out is None:
-            t = self._tables.get(kernel)
-            held = {t.configs[i] for i in t.cells} if t is not None else set()
-            out = self._snap[key] = nearest_config(cfg, available, held)
+            ok = set(available)
+            if kernel == "decode_attention" and kv is not None:
+                held = [(i, self._follow_kv(c, workload, kv)) for i, c in enumerate(t.configs)]
+                ok_idx = {i for i, c in held if c in ok}
+                moved = dict(held)
+            else:
+                ok_idx = {i for i, c in enumerate(t.configs) if c in ok}
+                moved = dict(enumerate(t.configs))
+            i = t.nearest_within(x0, x1, ok_idx)
+            out = moved[i] if i is not None else nearest_config(cfg, available, set(t.configs))
+            self._snap[key] = out
         return out
 
     # ---- the rest ----
@@ -330,10 +354,11 @@ def knob_distance(a: Config, b: Config) -> tuple[int, float]:
     return diff, gap
 
 
-def nearest_config(cfg: Config, candidates: Sequence[Config], preferred: set[Config] | frozenset = frozenset()) -> Config:
+def nearest_config(cfg: Config, candidates: Sequence[Config], preferred: Iterable[Config] = ()) -> Config:
     """The candidate nearest `cfg` by knob_distance; ties: a `preferred` one, then the candidates' order."""
     if not candidates:
         raise ValueError(f"no candidate config to map {dict(cfg)} onto; pass the configs available for the workload")
+    preferred = set(preferred)
     return min(enumerate(candidates), key=lambda ic: (*knob_distance(cfg, ic[1]), ic[1] not in preferred, ic[0]))[1]
 
 

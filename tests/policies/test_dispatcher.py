@@ -142,3 +142,14 @@ def test_choose_costs_microseconds(table):
         d.choose("decode_attention", dec, kv)
     per_call = (time.perf_counter() - t0) / (2 * n)
     assert per_call < 20e-6, f"{per_call * 1e6:.2f} us per call"
+
+
+def test_choose_within_keeps_the_policy_choice_inside_the_available_configs(table):
+    d = Dispatcher(table)
+    w = moe(16, 0.0)  # its bucket holds A; B is the policy's choice one bucket over (64 tokens)
+    assert d.choose_within("fused_moe", w, None, [A, B]) == A  # listed: unchanged
+    assert d.choose_within("fused_moe", w, None, [B]) == B  # A not available: the nearest bucket's own choice
+    C = A.replace(BLOCK_N=128)  # neither table config available: the nearest in knob space
+    far = A.replace(BLOCK_N=32, BLOCK_K=32, num_warps=8)
+    assert d.choose_within("fused_moe", w, None, [far, C]) == C
+    assert d.choose_within("fused_moe", w, None, []) == A  # no mask: the table's choice
