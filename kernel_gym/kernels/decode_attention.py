@@ -34,10 +34,9 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import space as _space
-from kernel_gym.kernels.space import Config, Knob, KnobSpace
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import DecodeWorkload
 
-SHARED_MEMORY_LIMIT = 232448  # bytes per block on the H200 (sm_90), STACK.md
 NUM_SMS = 132  # H200 streaming multiprocessors
 MAX_WAVES = 8  # a split count whose grid exceeds this many waves of programs only adds partials to combine
 SPLIT_COUNTS = (1, 2, 4, 8, 16)

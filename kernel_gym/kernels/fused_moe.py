@@ -43,10 +43,9 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import space as _space
-from kernel_gym.kernels.space import Config, Knob, KnobSpace
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import MoEWorkload
 
-SMEM_LIMIT = 232448  # bytes of shared memory per block on the H200 (sm_90)
 MAX_ACC_PER_THREAD = 128  # fp32 accumulators per thread; more leaves too few of the 255 registers (spills)
 ELEMWISE_BLOCK = 1024  # elements per program of the flat elementwise kernels (not a knob: they are bandwidth-trivial)
 # How the FUSE_SUM=1 down GEMM adds into the fp32 accumulator: "relaxed" atomics on the 2-D tile, "acq_rel" atomics,
@@ -411,8 +410,8 @@ def _rule_fusion(config: Config, workload: MoEWorkload) -> str | None:
 
 def _rule_smem(config: Config, workload: MoEWorkload) -> str | None:
     need = smem_bytes(config, workload)
-    if need > SMEM_LIMIT:
-        return f"shared memory estimate {need} B exceeds {SMEM_LIMIT} B per block (lower num_stages or tiles)"
+    if need > SHARED_MEMORY_LIMIT:
+        return f"shared memory estimate {need} B exceeds {SHARED_MEMORY_LIMIT} B per block (lower num_stages or tiles)"
     return None
 
 

@@ -28,10 +28,9 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import space as _space
-from kernel_gym.kernels.space import Config, Knob, KnobSpace
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefillWorkload
 
-SHARED_MEMORY_LIMIT = 232448  # bytes per block on the H200 (sm_90), STACK.md
 MAX_STATE_PER_THREAD = 160  # fp32 acc + score elements per thread; above it ptxas (sm_90) spills >100 B per thread
 HEAD_DIMS = (64, 128)  # head dims the kernel is built and tested for (also any power of two >= 16 up to 256)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

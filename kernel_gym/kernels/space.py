@@ -19,6 +19,10 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 KnobValue = int | str
 
+# Shared memory one block may use on the H200 (sm_90; STACK.md: the OutOfResources limit Triton reports). Every
+# family's shared-memory rule checks its estimate against this one number.
+SHARED_MEMORY_LIMIT = 232448
+
 
 class Config(Mapping[str, KnobValue]):
     """An immutable, hashable assignment of knob values (like triton.Config, but only the knobs).

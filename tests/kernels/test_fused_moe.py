@@ -306,7 +306,7 @@ def test_largest_valid_configs_compile_for_sm90_within_smem_estimate(tmp_path):
     shared = json.loads(proc.stdout.strip().splitlines()[-1])
     for text, (gate_up, down) in shared.items():
         estimate = moe.smem_bytes(picks[text], wl)
-        assert max(gate_up, down) <= estimate <= moe.SMEM_LIMIT, (text, gate_up, down, estimate)
+        assert max(gate_up, down) <= estimate <= moe.SHARED_MEMORY_LIMIT, (text, gate_up, down, estimate)
 
 
 # ---- GPU (H200): bf16, many configs on realistic shapes --------------------------------------------------------------
