@@ -4,7 +4,11 @@
 # is needed (plus pytest for the gpu-marked tests).
 #   STEPS="tests bench collect" bash scripts/gpu_session.sh
 # Steps: tests (bf16 correctness over many configs per kernel), bench (kernels vs anchors), collect (measurement store,
-# resumable), noise (repeat a subset in separate processes), recorded (interpolation error and lookup speed).
+# resumable), noise (repeat a subset in separate processes), recorded (interpolation error and lookup speed), live
+# (a short MaskablePPO run on KernelGym/MoE-live-v0; needs gymnasium, stable-baselines3, sb3-contrib and cloudpickle
+# wheels on PYTHONPATH), livereplay (time the kernels of a replayed trace window and compare with the simulator's
+# prediction; inputs in benchmarks/live_replay/inputs, made on CPU by `kernel-gym export` and `kernel-gym replay
+# --steps-json`).
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -56,6 +60,18 @@ for step in $STEPS; do
       log "recorded backend: held-out error, lookups/s"
       timeout 120 python3 scripts/bench_recorded.py --db "$DB" > "$OUT/recorded.txt" 2>&1
       log "recorded: exit $?" ;;
+    live)
+      log "live: MaskablePPO on KernelGym/MoE-live-v0"
+      timeout "${T_LIVE:-330}" python3 scripts/live_train.py run --out "$OUT/live_moe.json" \
+        --timesteps "${LIVE_STEPS:-320}" --budget-s $(( ${T_LIVE:-330} - 100 )) > "$OUT/live_train.txt" 2>&1
+      log "live: exit $? ($(tail -c 400 "$OUT/live_train.txt" | tr '\n' ' '))" ;;
+    livereplay)
+      log "livereplay: replayed kernels timed vs the simulator's prediction"
+      timeout "${T_LIVEREPLAY:-240}" python3 scripts/live_replay_check.py \
+        --steps benchmarks/live_replay/inputs/steps.json.gz --table benchmarks/live_replay/inputs/dispatch_table.json \
+        --out "$OUT/live_replay.json" --max-steps 2000 --budget-s $(( ${T_LIVEREPLAY:-240} - 40 )) \
+        > "$OUT/live_replay.txt" 2>&1
+      log "livereplay: exit $? ($(tail -c 600 "$OUT/live_replay.txt" | tr '\n' ' '))" ;;
     *) log "unknown step $step" ;;
   esac
 done

@@ -12,6 +12,7 @@ totals per policy and kernel. Imports only torch, triton, numpy, the standard li
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import time
 from pathlib import Path
@@ -27,7 +28,8 @@ from kernel_gym.kernels.workloads import workload_from_key
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=Path, required=True, help="per-step JSON from `kernel-gym replay --steps-json`")
+    ap.add_argument("--steps", type=Path, required=True,
+                    help="per-step JSON (or .json.gz) of `kernel-gym replay --steps-json`")
     ap.add_argument("--table", type=Path, required=True, help="dispatch_table.json the learned policy used")
     ap.add_argument("--out", type=Path, required=True, help="output JSON: measured vs predicted per step")
     ap.add_argument("--max-steps", type=int, default=300, help="steps per policy to execute")
@@ -35,7 +37,8 @@ def main() -> int:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("live_replay_check.py needs a CUDA GPU")
-    data = json.loads(args.steps.read_text())
+    raw = args.steps.read_bytes()
+    data = json.loads(gzip.decompress(raw) if args.steps.suffix == ".gz" else raw)
     table = json.loads(args.table.read_text())
     table_cfgs = {k: {json.dumps(c, sort_keys=True) for c in t["configs"]} for k, t in table["kernels"].items()}
     inputs: dict[tuple[str, str], object] = {}
