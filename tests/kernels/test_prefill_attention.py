@@ -68,6 +68,19 @@ def test_ragged_extra_cases_match_reference(workload: PrefillWorkload) -> None:
     assert not failures, "\n".join(failures)
 
 
+def test_pointer_path_for_strided_inputs_matches_reference() -> None:
+    """Inputs that are views into a wider buffer (q of a fused qkv projection) cannot use TMA descriptors over
+    [T, heads * D]: the kernel takes the pointer path, with its own sequence-end masks, and stays correct."""
+    w = PrefillWorkload(4, 2, 64, (37, 100), "float32")
+    inputs = FAMILY.make_inputs(w, DEVICE, seed=5)
+    wide = torch.zeros(w.total_tokens, 4, 128, dtype=inputs.q.dtype, device=inputs.q.device)
+    wide[..., :64] = inputs.q
+    inputs.q = wide[..., :64]
+    assert not inputs.q.is_contiguous() and pa.use_tma(inputs.q.device)
+    for config in (Config(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=2), FAMILY.default_config(w)):
+        torch.testing.assert_close(FAMILY.prepare(inputs, config)(), FAMILY.reference(inputs), atol=1e-4, rtol=1e-4)
+
+
 def test_gqa_uses_the_right_kv_head() -> None:
     """Zeroing one kv head's V must zero exactly its group's q heads in the output."""
     w = PrefillWorkload(4, 2, 64, (40,), "float32")
@@ -108,12 +121,20 @@ def test_make_inputs_are_seeded_nonzero_and_packed() -> None:
     assert (a.q != 0).float().mean() > 0.99
 
 
-def test_tile_table_covers_every_block_once_heaviest_first() -> None:
-    lens = (33, 100, 5)
-    tiles = pa.tile_table(lens, 32)
-    assert sorted(tiles) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3), (2, 0)]
-    work = [min((b + 1) * 32, lens[s]) for s, b in tiles]
-    assert work == sorted(work, reverse=True) and tiles[0] == (1, 3)
+def test_work_table_covers_every_tile_once_heaviest_first_per_section() -> None:
+    lens, heads, kv_heads = (33, 100, 5), 4, 2  # GQA group 2: pairs (seq, kv head) = 6
+    items = pa.work_table(lens, heads, kv_heads, 32, section=2)
+    expected = [(s, b, h) for s, n in enumerate(lens) for b in range(-(-n // 32)) for h in range(heads)]
+    assert sorted(items) == sorted(expected)
+    pair = [(s * kv_heads + h // 2) // 2 for s, _, h in items]
+    assert pair == sorted(pair)  # sections run one after another
+    for sec in set(pair):
+        work = [min((b + 1) * 32, lens[s]) for (s, b, _), p in zip(items, pair) if p == sec]
+        assert work == sorted(work, reverse=True)  # heaviest first inside a section
+    first = [h for s, b, h in items if (s, b) == (0, 1)]
+    assert first[:2] == [0, 1]  # the q heads of one GQA group side by side
+    with pytest.raises(ValueError, match="section must be >= 1"):
+        pa.work_table(lens, heads, kv_heads, 32, section=0)
 
 
 # ---- (b) knob space ---------------------------------------------------------------------------------------------
