@@ -392,11 +392,12 @@ def _rule_split_k(config: Config, workload: MoEWorkload) -> str | None:
     return None
 
 
-# Measured, not derived: on the H200 (triton 3.6) FUSE_SUM=1 gave wrong results (a few hundred to thousands of
-# elements off by O(1), varying run to run) from 192 tokens up, in every atomic lowering tried, and never at 128
-# tokens or fewer (0 of about 11,000 checked measurements, both models); benchmarks/h200_run2/diag_moe_atomics.json
-# and docs/benchmarks.md. Under the interpreter it is exact. Until the cause is found, larger batches sum separately.
-FUSE_SUM_MAX_TOKENS = 128
+# Measured, not derived: on the H200 (triton 3.6) FUSE_SUM=1 gave wrong results (a few to thousands of elements off by
+# O(1), varying run to run) more often the more tokens: 152 of 5,496 checked configs at 256 tokens, 1 of 780 at 128
+# (benchmarks/h200_run3), 0 of 780 at 96 and 0 of about 5,500 at 64 or fewer, in every atomic lowering tried
+# (benchmarks/h200_run2/diag_moe_atomics.json, docs/benchmarks.md). Under the interpreter it is exact. Until the cause
+# is found, batches above 96 tokens sum separately.
+FUSE_SUM_MAX_TOKENS = 96
 
 
 def _rule_fusion(config: Config, workload: MoEWorkload) -> str | None:
