@@ -97,6 +97,7 @@ def _metric(family_name: str, workload: Any, family: Any, ms: float) -> tuple[st
 
 
 BENCH_TIMING_KW = dict(min_reps=10, max_reps=40, round_reps=10, target_spread=0.02, max_time_s=2.0)
+BENCH_COMPILE_WORKERS = 8  # compile processes (see run_bench)
 
 
 def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs: int, seed: int,
@@ -125,7 +126,10 @@ def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs:
     return result
 
 
-def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0, log: Callable = print) -> dict:
+def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0, log: Callable = print,
+              on_case: Callable[[list[dict]], None] | None = None) -> dict:
+    """Every case of every family; `on_case(records so far)` after each case, so a crash or timeout keeps what was
+    measured. A case that raises (e.g. out of memory) is logged, kept in details with its error, and skipped."""
     import torch
     import triton
 
@@ -137,7 +141,10 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
     from kernel_gym.measure.timing import TimingOptions
 
     start = time.time()
-    live = LiveBackend(timing=TimingOptions(**BENCH_TIMING_KW), compile_workers=max(1, (os.cpu_count() or 2) - 2))
+    # Each compile process holds a CUDA context and one workload's inputs (2.8 GB for Mixtral's experts): a pool per
+    # core filled the H200's memory (benchmarks/h200_run3/bench_full_attempt.txt), so it is capped.
+    live = LiveBackend(timing=TimingOptions(**BENCH_TIMING_KW),
+                       compile_workers=max(1, min(BENCH_COMPILE_WORKERS, (os.cpu_count() or 2) - 2)))
     copy_tbs, copy_t = copy_bandwidth_tbs()
     log(f"copy bandwidth: {copy_tbs:.2f} TB/s")
     records: list[dict] = []
@@ -152,7 +159,13 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
                 log(f"budget of {budget_s:.0f} s spent: skipping {case}")
                 continue
             log(f"{family_name} / {case}: timing up to {n_configs + 1} configs")
-            res = bench_case(live, family_name, case, workload, n_configs, seed, log)
+            try:
+                res = bench_case(live, family_name, case, workload, n_configs, seed, log)
+            except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
+                details[case] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                log(f"  {case}: FAILED {details[case]['error']}")
+                torch.cuda.empty_cache()
+                continue
             details[case] = res
             best = res["best"]
             metric, value = _metric(family_name, workload, family, best["ms"])
@@ -183,6 +196,8 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
                 records.append({**base, "anchor": anchor, "anchor_value": anchor_value,
                                 "ratio_to_anchor": value / anchor_value})
             log(f"  best {best['ms']:.4f} ms ({metric} {value:.1f}), default {res['default_ms']} ms")
+            if on_case is not None:
+                on_case(records)
     live.close()
     env = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -238,8 +253,9 @@ def main(args: Any) -> int:
     for k in kernels:
         get_family(k)  # unknown names fail early with the list of families
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    result = run_bench(kernels, args.configs, args.budget_s, log=log)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = lambda records: args.out.write_text(json.dumps(records, indent=1))  # noqa: E731
+    result = run_bench(kernels, args.configs, args.budget_s, log=log, on_case=partial)
     args.out.write_text(json.dumps(result["records"], indent=1))
     details_path = args.out.with_name(args.out.stem + "_details.json")
     details_path.write_text(json.dumps({"env": result["env"], "details": result["details"]}, indent=1))
