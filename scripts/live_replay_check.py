@@ -7,6 +7,7 @@ real Triton kernel is timed (do_bench median, L2 flushed); the output JSON holds
 totals per policy and kernel. Imports only torch, triton, numpy, the standard library and kernel_gym's kernels.
 
     python scripts/live_replay_check.py --steps steps.json --table deploy/dispatch_table.json --out live_check.json
+    python scripts/live_replay_check.py --summarize live_check.json    # (no GPU) the prediction-error table
 """
 
 from __future__ import annotations
@@ -28,13 +29,20 @@ from kernel_gym.kernels.workloads import workload_from_key
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=Path, required=True,
-                    help="per-step JSON (or .json.gz) of `kernel-gym replay --steps-json`")
-    ap.add_argument("--table", type=Path, required=True, help="dispatch_table.json the learned policy used")
-    ap.add_argument("--out", type=Path, required=True, help="output JSON: measured vs predicted per step")
+    ap.add_argument("--steps", type=Path, help="per-step JSON (or .json.gz) of `kernel-gym replay --steps-json`")
+    ap.add_argument("--table", type=Path, help="dispatch_table.json the learned policy used")
+    ap.add_argument("--out", type=Path, help="output JSON: measured vs predicted per step")
+    ap.add_argument("--summarize", type=Path,
+                    help="print the prediction-error table of an output JSON (.gz ok); needs no GPU")
     ap.add_argument("--max-steps", type=int, default=300, help="steps per policy to execute")
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop timing new pairs after this many seconds")
     args = ap.parse_args()
+    if args.summarize:
+        raw = args.summarize.read_bytes()
+        print(summary_markdown(json.loads(gzip.decompress(raw) if args.summarize.suffix == ".gz" else raw)))
+        return 0
+    if not (args.steps and args.table and args.out):
+        ap.error("--steps, --table and --out are needed to run the check (or --summarize OUTPUT to read one)")
     if not torch.cuda.is_available():
         raise SystemExit("live_replay_check.py needs a CUDA GPU")
     raw = args.steps.read_bytes()
@@ -89,6 +97,23 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def summary_markdown(out: dict) -> str:
+    """Per policy and kernel: the simulator's predicted kernel seconds vs the live-measured seconds over the same steps
+    (steps the time budget left unmeasured are excluded from both), and the relative error."""
+    lines = [f"Live check: {out['trace']} on {out['model']}, {out['device']} (torch {out['torch']}, triton "
+             f"{out['triton']})", "",
+             "| policy | kernel | steps | predicted s | measured s | error | median step ratio |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for name, pol in out["policies"].items():
+        tot_p = tot_m = 0.0
+        for kernel, k in pol["per_kernel"].items():
+            tot_p, tot_m = tot_p + k["predicted_s"], tot_m + k["measured_s"]
+            lines.append(f"| {name} | {kernel} | {k['n']} | {k['predicted_s']:.4f} | {k['measured_s']:.4f} | "
+                         f"{k['measured_s'] / k['predicted_s'] - 1:+.1%} | {k['median_ratio']:.3f} |")
+        lines.append(f"| {name} | all | | {tot_p:.4f} | {tot_m:.4f} | {tot_m / tot_p - 1:+.1%} | |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ AXES: dict[str, Axes] = {
     "prefill_attention": (("seq_lens",), lambda w: (math.log2(w.causal_pairs()),), (3.0,)),
 }
 _EPS = 1e-9
+# An ok row whose samples spread more than this ((p90 - p10) / median) is left out: its median can be several times
+# the kernel's time (host launch delays reached into the timed interval while the GPU machine's CPUs were contended,
+# docs/measurement.md), so it cannot rank configs. Left-out rows count as unmeasured, never as failures.
+MAX_SPREAD = 0.5
 
 
 def _fixed_key(workload: Any, varying: tuple[str, ...]) -> str:
@@ -68,7 +72,8 @@ class RecordedBackend:
     name = "recorded"
 
     def __init__(self, path: str | Path | None = None, device: str | None = None,
-                 groups: list[tuple[Context, list[Measurement]]] | None = None, check_validity: bool = True) -> None:
+                 groups: list[tuple[Context, list[Measurement]]] | None = None, check_validity: bool = True,
+                 max_spread: float | None = None) -> None:
         if groups is None:
             groups = load_rows(path or PACKAGED_SNAPSHOT)
         if not groups:
@@ -88,10 +93,15 @@ class RecordedBackend:
                 by_kernel[ctx.kernel][ctx] += len(ms)
         self.contexts: dict[str, Context] = {k: c.most_common(1)[0][0] for k, c in by_kernel.items()}
         self._rows: dict[str, dict[str, dict[str, Measurement]]] = defaultdict(dict)  # kernel -> wkey -> cfg -> m
+        self.max_spread = MAX_SPREAD if max_spread is None else max_spread
+        self.noisy: Counter = Counter()  # per kernel: ok rows left out as too noisy to rank configs by
         for ctx, ms in groups:
             if self.contexts.get(ctx.kernel) == ctx:
                 table = self._rows[ctx.kernel]
                 for m in ms:
+                    if m.ok and m.spread is not None and m.spread > self.max_spread:
+                        self.noisy[ctx.kernel] += 1
+                        continue
                     table.setdefault(m.workload, {})[m.config] = m
         self._workloads: dict[str, dict[str, Any]] = {}
         self._groups: dict[str, dict[str, _Group]] = {}

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from kernel_gym.measure.recorded import MAX_SPREAD
 from kernel_gym.measure.store import PACKAGED_SNAPSHOT, load_rows
 from kernel_gym.measure.types import OK
 
@@ -22,8 +23,8 @@ def dataset_summary(path: str | Path | None = None) -> dict[str, Any]:
     devices = sorted({c.device for c, _ in groups})
     kernels: dict[str, Any] = {}
     for ctx, ms in groups:
-        k = kernels.setdefault(ctx.kernel, {"rows": 0, "ok": 0, "contexts": [], "workloads": {}, "status": Counter(),
-                                            "reasons": Counter()})
+        k = kernels.setdefault(ctx.kernel, {"rows": 0, "ok": 0, "noisy": 0, "contexts": [], "workloads": {},
+                                            "status": Counter(), "reasons": Counter()})
         k["rows"] += len(ms)
         k["contexts"].append({"device": ctx.device, "torch": ctx.torch_version, "triton": ctx.triton_version,
                               "source_hash": ctx.source_hash, "rows": len(ms)})
@@ -32,6 +33,7 @@ def dataset_summary(path: str | Path | None = None) -> dict[str, Any]:
             k["status"][m.status] += 1
             if m.status == OK:
                 k["ok"] += 1
+                k["noisy"] += int(m.spread is not None and m.spread > MAX_SPREAD)
             else:
                 k["reasons"][f"{m.status}: {_NUMBERS.sub('N', m.reason)[:80]}"] += 1
     out_kernels = {}
@@ -40,6 +42,7 @@ def dataset_summary(path: str | Path | None = None) -> dict[str, Any]:
         out_kernels[name] = {
             "rows": k["rows"],
             "ok": k["ok"],
+            "ok_noisy": k["noisy"],  # ok rows the recorded backend leaves out (spread > recorded.MAX_SPREAD)
             "contexts": k["contexts"],
             "shapes": len(k["workloads"]),
             "workloads": sorted(k["workloads"]),
@@ -87,7 +90,8 @@ def format_summary(info: dict[str, Any]) -> str:
              f"torch {', '.join(info['torch_versions'])}, triton {', '.join(info['triton_versions'])}"]
     for name, k in info["kernels"].items():
         frac = k["fraction_of_valid_configs_measured"]
-        lines.append(f"  {name}: {k['rows']} rows, {k['ok']} ok, {k['shapes']} shapes "
+        lines.append(f"  {name}: {k['rows']} rows, {k['ok']} ok ({k['ok_noisy']} too noisy to rank), "
+                     f"{k['shapes']} shapes "
                      f"({k['shapes_measured_exhaustively']} exhaustive), "
                      f"valid configs measured {'?' if frac is None else f'{100 * frac:.0f}%'}")
         lines.append("      status: " + ", ".join(f"{st} {n}" for st, n in sorted(k["status"].items())))

@@ -4,8 +4,11 @@ Method (as triton.testing.do_bench, made adaptive and cheaper): each sample enqu
 than 4x the H200's 60 MB L2, so every sample starts from a cold cache, as a layer does in a real forward pass where the
 other layers evicted its weights), then a start event, the launch, an end event. Samples are enqueued in rounds with one
 synchronisation per round; rounds continue until (p90 - p10) / median <= target_spread or a cap on samples or on
-time is reached. Because the flush is enqueued first, the GPU is busy while Python enqueues the launch, so host launch
-overhead does not enter the event interval. Imports torch, numpy and the standard library only.
+time is reached. After the flush the GPU also spins for SPIN_CYCLES (torch.cuda._sleep) before the start event, so it
+stays busy while Python enqueues the launch and host launch overhead does not enter the event interval even on a
+contended CPU: the flush alone (~60 us) did not cover it for small kernels while 30 compile processes shared the
+cores, and their samples spread by 50% or more (benchmarks/h200_run3, docs/measurement.md). Imports torch, numpy and
+the standard library only.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 
 FLUSH_BYTES = 256 * 1024 * 1024
+SPIN_CYCLES = 400_000  # GPU busy-wait before each start event: ~0.2 ms at the H200's 1.98 GHz boost clock
 _flush_buffers: dict[int, Any] = {}
 
 
@@ -88,13 +92,14 @@ def time_launch(fn: Callable[[], Any], options: TimingOptions | None = None, dev
         for i in range(n):
             if buf is not None:
                 buf.zero_()
+            torch.cuda._sleep(SPIN_CYCLES)
             starts[i].record()
             fn()
             ends[i].record()
         torch.cuda.synchronize()
         round_ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
         samples.extend(round_ms)
-        spent_s += sum(round_ms) / 1e3 + (0.0001 * n if buf is not None else 0.0)
+        spent_s += sum(round_ms) / 1e3 + n * (0.0002 + (0.0001 if buf is not None else 0.0))
         t = summarize(samples)
         if t.spread <= options.target_spread or len(samples) >= options.max_reps or spent_s >= options.max_time_s:
             return t
