@@ -3,12 +3,17 @@
 # $OUT (fetched back and committed under benchmarks/). Only python3 with torch, triton, numpy and the standard library
 # is needed (plus pytest for the gpu-marked tests).
 #   STEPS="tests bench collect" bash scripts/gpu_session.sh
-# Steps: tests (bf16 correctness over many configs per kernel), bench (kernels vs anchors), collect (measurement store,
-# resumable), noise (repeat a subset in separate processes), recorded (interpolation error and lookup speed), live
-# (a short MaskablePPO run on KernelGym/MoE-live-v0; needs gymnasium, stable-baselines3, sb3-contrib and cloudpickle
-# wheels on PYTHONPATH), livereplay (time the kernels of a replayed trace window and compare with the simulator's
-# prediction; inputs in benchmarks/live_replay/inputs, made on CPU by `kernel-gym export` and `kernel-gym replay
-# --steps-json`).
+# Steps:
+#   tests       bf16 correctness over many configs per kernel
+#   bench       kernels vs anchors
+#   collect     fill the measurement store (resumable; PREV=snapshot to start from)
+#   remeasure   measure again, in place, the stored rows too noisy to rank (PREV=kernel_gym/data/h200_measurements.jsonl.gz)
+#   noise       repeat a subset of measurements in separate processes
+#   recorded    interpolation error and lookup speed
+#   live        a short MaskablePPO run on KernelGym/MoE-live-v0 (gymnasium, SB3, sb3-contrib, cloudpickle wheels on
+#               PYTHONPATH)
+#   livereplay  time the kernels of a replayed trace window against the simulator's prediction (inputs in
+#               benchmarks/live_replay/inputs, made on the CPU by `kernel-gym export` and `kernel-gym replay --steps-json`)
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -42,15 +47,17 @@ for step in $STEPS; do
       timeout "$T_BENCH" python3 -m kernel_gym.cli bench --out "$OUT/h200_kernels.json" --md "$OUT/benchmarks.md" \
         --configs "${BENCH_CONFIGS:-60}" --budget-s $(( T_BENCH - 60 )) > "$OUT/bench.txt" 2>&1
       log "bench: exit $?" ;;
-    collect)
+    collect|remeasure)
       if [ -n "${PREV:-}" ] && [ ! -e "$DB" ]; then
         python3 -c "import sys; from kernel_gym.measure.store import MeasurementStore as S; print(S(sys.argv[1]).import_snapshot(sys.argv[2]))" "$DB" "$PREV" > "$OUT/import.txt" 2>&1
-        log "collect: imported $(tail -1 "$OUT/import.txt") rows of $PREV"
+        log "$step: imported $(tail -1 "$OUT/import.txt") rows of $PREV"
       fi
-      log "collect: budget $(( T_COLLECT - 30 )) s"
+      extra=${COLLECT_ARGS:-}
+      [ "$step" = remeasure ] && extra="--remeasure-noisy $extra"
+      log "$step: budget $(( T_COLLECT - 30 )) s"
       timeout "$T_COLLECT" python3 scripts/collect.py --db "$DB" --budget-s $(( T_COLLECT - 30 )) \
-        --out "$OUT/h200_measurements.jsonl.gz" ${COLLECT_ARGS:-} > "$OUT/collect.txt" 2>&1
-      log "collect: exit $? ($(tail -c 300 "$OUT/collect.txt" | tr '\n' ' '))" ;;
+        --out "$OUT/h200_measurements.jsonl.gz" $extra > "$OUT/$step.txt" 2>&1
+      log "$step: exit $? ($(tail -c 300 "$OUT/$step.txt" | tr '\n' ' '))" ;;
     noise)
       log "noise study"
       timeout "$T_NOISE" python3 scripts/collect.py --db "$DB" --noise 3 --noise-out "$OUT/noise.json" \

@@ -62,6 +62,7 @@ class CollectOptions:
     device: str = "cuda"  # "cpu": interpreter (correctness only; tests)
     seed: int = 0
     timing: TimingOptions = field(default_factory=TimingOptions)
+    remeasure_noisy: bool = False  # measure again the stored ok rows too noisy to rank (recorded.MAX_SPREAD)
 
 
 # ---- the plan ---------------------------------------------------------------------------------------------------
@@ -178,6 +179,19 @@ def drop_done(plan: list[list[PlanItem]], store: MeasurementStore,
     return out
 
 
+def noisy_plan(store: MeasurementStore, contexts: dict[str, Context], max_spread: float) -> list[list[PlanItem]]:
+    """The stored ok rows of these contexts whose spread exceeds max_spread, as a plan (one entry per workload)."""
+    out = []
+    for ref, ctx in contexts.items():
+        by_workload: dict[str, list[str]] = {}
+        for wkey, cfg in store.noisy_keys(ctx, max_spread):
+            by_workload.setdefault(wkey, []).append(cfg)
+        for wkey, cfgs in by_workload.items():
+            cfgs = sorted(cfgs, key=_layout_key)
+            out.append([PlanItem(ref, wkey, tuple(cfgs[i:i + CHUNK]), "noisy") for i in range(0, len(cfgs), CHUNK)])
+    return out
+
+
 def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: int, pool: int) -> dict[str, float]:
     """A rough projection: GPU time from a roofline (kernel at 1/3 of peak on average, plus the 256 MB L2 flush per
     sample and ~0.5 ms host overhead per config), compile time from 0.3 s per distinct (kernel, config) on the pool."""
@@ -201,8 +215,9 @@ def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: i
 
 
 def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu: int | None, device: str,
-              compile_workers: int, deadline: float, timing: TimingOptions) -> int:
-    """Measure the items in order, committing one chunk at a time; stops between chunks at the deadline."""
+              compile_workers: int, deadline: float, timing: TimingOptions, replace: bool = False) -> int:
+    """Measure the items in order, committing one chunk at a time; stops between chunks at the deadline. replace:
+    the items are re-measurements that overwrite their stored rows."""
     die_with_parent()
     from kernel_gym.measure.live import LiveBackend
 
@@ -220,7 +235,7 @@ def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu:
             fam = fams[item.kernel]
             wl = workload_from_key(fam, item.workload_key)
             ms = backend.measure_many(fam, wl, [Config.parse(c) for c in item.configs])
-            written += store.put_many(contexts[item.kernel], ms)
+            written += store.put_many(contexts[item.kernel], ms, replace=replace)
     store.close()
     return written
 
@@ -288,10 +303,17 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
         device_name = "cpu-interpreter"
     contexts = contexts_for(opts.kernels, device_name)
     store = MeasurementStore(opts.db)
-    plan = build_plan(opts)
-    total = sum(len(i.configs) for chunks in plan for i in chunks)
-    todo = drop_done(plan, store, contexts)
-    remaining = sum(len(i.configs) for chunks in todo for i in chunks)
+    if opts.remeasure_noisy:
+        from kernel_gym.measure.recorded import MAX_SPREAD
+
+        plan = todo = noisy_plan(store, contexts, MAX_SPREAD)
+        total = remaining = sum(len(i.configs) for chunks in todo for i in chunks)
+        print(f"[collect] re-measuring {remaining} stored ok rows with spread > {MAX_SPREAD}", file=log)
+    else:
+        plan = build_plan(opts)
+        total = sum(len(i.configs) for chunks in plan for i in chunks)
+        todo = drop_done(plan, store, contexts)
+        remaining = sum(len(i.configs) for chunks in todo for i in chunks)
     est = estimate_seconds(todo, opts, len(gpus), pool)
     print(f"[collect] device {device_name} x{len(gpus)}, compile pool {pool}; plan: {len(plan)} workloads, "
           f"{total} configs; already stored {total - remaining}; to measure {remaining}", file=log)
@@ -301,6 +323,7 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
     for ref, ctx in contexts.items():
         store.set_meta(f"context:{ref}", ctx.__dict__)
     before = store.count()
+    noisy_before = remaining if opts.remeasure_noisy else 0
     shards: list[list[PlanItem]] = [[] for _ in gpus]
     for i, chunks in enumerate(todo):
         shards[i % len(gpus)].extend(chunks)
@@ -312,12 +335,13 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
     try:
         busy = [(gpu, items) for gpu, items in zip(gpus, shards) if items]
         if len(busy) == 1:  # one GPU: this process is the shard (one process fewer to start)
-            run_shard(busy[0][1], opts.db, contexts, busy[0][0], opts.device, pool_per_gpu, deadline, opts.timing)
+            run_shard(busy[0][1], opts.db, contexts, busy[0][0], opts.device, pool_per_gpu, deadline, opts.timing,
+                      opts.remeasure_noisy)
         else:
             ctx = mp.get_context("spawn")
             for gpu, items in busy:
                 p = ctx.Process(target=_shard_entry, args=(items, opts.db, contexts, gpu, opts.device, pool_per_gpu,
-                                                           deadline, opts.timing))
+                                                           deadline, opts.timing, opts.remeasure_noisy))
                 p.start()
                 procs.append(p)
             for p in procs:
@@ -330,6 +354,12 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
         stop.set()
         monitor.join()
     written = store.count() - before
+    if opts.remeasure_noisy:
+        from kernel_gym.measure.recorded import MAX_SPREAD
+
+        still = sum(len(store.noisy_keys(c, MAX_SPREAD)) for c in contexts.values())
+        written = noisy_before - still
+        print(f"\n[collect] {still} of {noisy_before} re-measured rows are still too noisy", file=log)
     print(f"\n[collect] wrote {written} rows in {_fmt(time.time() - t0)}; store holds {store.count()} rows; "
           f"integrity {store.integrity_check()}", file=log)
     failed = [p.exitcode for p in procs if p.exitcode]
@@ -450,6 +480,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-reps", type=int, default=d.timing.min_reps, help="timing samples before the spread test")
     p.add_argument("--max-reps", type=int, default=d.timing.max_reps, help="timing samples cap")
     p.add_argument("--dry-run", action="store_true", help="print the plan size and projection, measure nothing")
+    p.add_argument("--remeasure-noisy", action="store_true",
+                   help="instead of the plan: measure again the stored ok rows whose samples spread > 0.5, in place")
     p.add_argument("--noise", type=int, default=0, metavar="REPEATS",
                    help="noise study instead of a collection: re-measure a subset of --db in REPEATS processes")
     p.add_argument("--noise-out", default="", help="write the noise study's JSON here")
@@ -475,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = CollectOptions(models=_csv(args.model), kernels=_csv(args.kernels), grids=grids,
                           configs_per_shape=args.configs_per_shape, budget_s=args.budget_s, db=args.db, out=args.out,
                           gpus=args.gpus, compile_workers=args.compile_workers, device=args.device, seed=args.seed,
-                          timing=timing)
+                          timing=timing, remeasure_noisy=args.remeasure_noisy)
     if args.dry_run:
         plan = build_plan(opts)
         n = sum(len(i.configs) for chunks in plan for i in chunks)

@@ -103,8 +103,10 @@ class MeasurementStore:
 
     # ---- writing ---------------------------------------------------------------------------------------------
 
-    def put_many(self, context: Context, measurements: Iterable[Measurement]) -> int:
-        """Insert a batch in one transaction (all rows or none); rows already stored are kept. Returns rows inserted."""
+    def put_many(self, context: Context, measurements: Iterable[Measurement], replace: bool = False) -> int:
+        """Insert a batch in one transaction (all rows or none); rows already stored are kept, or, with replace=True
+        (re-measurement), overwritten in the same transaction, so a kill leaves the old row or the new one. Returns
+        rows written."""
         now = time.time()
         rows = []
         for m in measurements:
@@ -120,9 +122,14 @@ class MeasurementStore:
         before = self.conn.total_changes
         self.conn.execute("BEGIN IMMEDIATE")
         try:
+            on_conflict = "DO NOTHING"  # unlike INSERT OR IGNORE, a CHECK violation still raises
+            if replace:
+                keys = ("device", "torch_version", "triton_version", "kernel", "source_hash", "workload", "config")
+                on_conflict = f"({','.join(keys)}) DO UPDATE SET " + ", ".join(
+                    f"{c} = excluded.{c}" for c in COLUMNS if c not in keys)
             self.conn.executemany(
                 f"INSERT INTO measurements ({','.join(COLUMNS)}) VALUES ({','.join('?' * len(COLUMNS))}) "
-                "ON CONFLICT DO NOTHING",  # unlike INSERT OR IGNORE, a CHECK violation still raises
+                f"ON CONFLICT {on_conflict}",
                 rows,
             )
             self.conn.execute("COMMIT")
@@ -148,6 +155,17 @@ class MeasurementStore:
             (context.device, context.torch_version, context.triton_version, context.kernel, context.source_hash),
         )
         return set(cur.fetchall())
+
+    def noisy_keys(self, context: Context, max_spread: float) -> list[tuple[str, str]]:
+        """(workload, config) of this context's ok rows whose samples spread more than max_spread: what
+        `collect --remeasure-noisy` measures again."""
+        cur = self.conn.execute(
+            "SELECT workload, config FROM measurements WHERE device=? AND torch_version=? AND triton_version=? "
+            "AND kernel=? AND source_hash=? AND status=? AND spread > ? ORDER BY workload, config",
+            (context.device, context.torch_version, context.triton_version, context.kernel, context.source_hash, OK,
+             max_spread),
+        )
+        return cur.fetchall()
 
     def count(self, kernel: str | None = None, status: str | None = None) -> int:
         sql, args = "SELECT COUNT(*) FROM measurements WHERE 1=1", []

@@ -122,3 +122,45 @@ def test_kill_9_mid_collection_then_resume(tmp_path: Path) -> None:
         dup = store.conn.execute("SELECT COUNT(*) FROM (SELECT workload, config FROM measurements "
                                  "GROUP BY workload, config HAVING COUNT(*) > 1)").fetchone()[0]
         assert dup == 0
+
+
+def test_put_many_replace_overwrites_in_place(tmp_path: Path) -> None:
+    with MeasurementStore(tmp_path / "m.sqlite") as store:
+        store.put_many(CTX, [_m("w1", "c1", 1.0), _m("w1", "c2", 2.0)])
+        noisy = Measurement("fused_moe", "w1", "c1", OK, median_ms=3.0, spread=2.0, repeats=9)
+        assert store.put_many(CTX, [noisy]) == 0  # a plain put keeps what is stored
+        assert store.noisy_keys(CTX, 0.5) == []
+        assert store.put_many(CTX, [noisy], replace=True) == 1
+        assert store.count() == 2 and store.noisy_keys(CTX, 0.5) == [("w1", "c1")]
+        rows = {r["config"]: r for r in store.rows("fused_moe")}
+        assert rows["c1"]["median_ms"] == 3.0 and rows["c2"]["median_ms"] == 2.0
+
+
+def test_remeasure_noisy_replaces_only_the_noisy_rows(tmp_path: Path) -> None:
+    """`collect --remeasure-noisy` measures again exactly the stored ok rows whose spread is over the limit and
+    overwrites them (here under the interpreter: correctness only, so the new rows carry no spread)."""
+    db = tmp_path / "m.sqlite"
+    first = subprocess.run(_collect_cmd(db), env=_env(), capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    with MeasurementStore(db) as store:
+        n = store.count()
+        ctx = next(iter_contexts(store))
+        victims = sorted(store.done_keys(ctx))[:3]
+        store.put_many(ctx, [Measurement(ctx.kernel, w, c, OK, median_ms=5.0, spread=3.0, repeats=9, source="live")
+                             for w, c in victims], replace=True)
+        assert sorted(store.noisy_keys(ctx, 0.5)) == victims
+    again = subprocess.run([*_collect_cmd(db), "--remeasure-noisy"], env=_env(), capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "re-measuring 3 stored ok rows" in again.stderr and "0 of 3 re-measured rows are still too noisy" in \
+        again.stderr
+    with MeasurementStore(db) as store:
+        assert store.count() == n and store.noisy_keys(ctx, 0.5) == []
+        sources = {(r["workload"], r["config"]): r["source"] for r in store.rows()}
+        assert all(sources[k] == "interpreter" for k in victims)
+
+
+def iter_contexts(store: MeasurementStore):
+    for row in store.conn.execute("SELECT DISTINCT device, torch_version, triton_version, kernel, source_hash "
+                                  "FROM measurements"):
+        yield Context(*row)
