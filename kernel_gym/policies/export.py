@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import time
 from collections import Counter
@@ -87,10 +88,55 @@ def prefill_lens(total: int, max_len: int) -> tuple[int, ...]:
     return lens + ((int(total) % m,) if total % m else ())
 
 
+LAYOUT_COVERAGE = 0.8  # a layout is a candidate if its moved choices have data on this share of the best coverage
+
+
+def layout_scores(configs: Sequence[Config], wls: Sequence[Any],
+                  scorer: Any) -> dict[tuple[int, str], tuple[float, int]]:
+    """Per KV layout (page size, layout): the policy's choices moved onto it (on_layout), scored on the measured data
+    as (geomean over cells of best time / moved choice's time, cells with data). Cells where the moved config has no
+    answer are skipped, so layouts are compared by quality and by how much of the grid the data covers."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.policies.dispatcher import on_layout
+
+    space = get_family("decode_attention").space
+    pages = next(k.values for k in space.knobs if k.name == "PAGE_SIZE")
+    layouts = next(k.values for k in space.knobs if k.name == "LAYOUT")
+    out = {}
+    for ps in pages:
+        for lay in layouts:
+            logs = []
+            for c, w in zip(configs, wls):
+                try:
+                    moved = on_layout(c, w, int(ps), str(lay))
+                except ValueError:
+                    continue
+                t = scorer.measure("decode_attention", w, moved)
+                if not (t.ok and t.median_ms):
+                    continue  # outside the measured grid, or this config unmeasured around it
+                best = scorer.best_measurement("decode_attention", w)
+                logs.append(math.log(min(1.0, best.median_ms / t.median_ms)))
+            out[(int(ps), str(lay))] = (math.exp(sum(logs) / len(logs)) if logs else 0.0, len(logs))
+    return out
+
+
+def pick_layout(scores: dict[tuple[int, str], tuple[float, int]]) -> tuple[int, str] | None:
+    """The best-scoring layout among those whose data covers at least LAYOUT_COVERAGE of the best-covered one's cells
+    (a layout measured on a few easy cells must not win on them); None without data."""
+    most = max((n for _, n in scores.values()), default=0)
+    if most == 0:
+        return None
+    fair = {k: q for k, (q, n) in scores.items() if n >= LAYOUT_COVERAGE * most}
+    return max(fair, key=fair.__getitem__)
+
+
 def build_kernel_table(kernel: str, model: Any, predict: Predictor, policy: dict[str, Any],
-                       dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None) -> KernelTable:
-    """Query the predictor on every bucket of the kernel's grid. Decode: every config is put on one KV layout (the
-    one given, else the layout the policy picks most often), since a deployment runs one layout at a time."""
+                       dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None,
+                       scorer: Any = None) -> KernelTable:
+    """Query the predictor on every bucket of the kernel's grid. Decode: every config is put on one KV layout, since a
+    deployment runs one layout at a time: the one given; else, with measured data (`scorer`: the recorded backend),
+    the layout on which the policy's moved choices measure best (layout_scores / pick_layout); else the layout the
+    policy picks most often."""
     c0, c1, wls = bucket_grid(kernel, model, dtype)
     configs = list(predict(wls))
     if len(configs) != len(wls):
@@ -99,15 +145,29 @@ def build_kernel_table(kernel: str, model: Any, predict: Predictor, policy: dict
     if kernel == "decode_attention":
         from kernel_gym.policies.dispatcher import on_layout
 
+        chosen_by, scores = "given", {}
+        if kv_layout is None and scorer is not None:
+            scores = layout_scores(configs, wls, scorer)
+            kv_layout, chosen_by = pick_layout(scores), "measured quality of the moved choices"
         if kv_layout is None:
             kv_layout = Counter((int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for c in configs).most_common(1)[0][0]
+            chosen_by = "the policy's most frequent layout"
         ps, lay = int(kv_layout[0]), str(kv_layout[1])
         configs = [on_layout(c, w, ps, lay) for c, w in zip(configs, wls)]
-        layout = {"page_size": ps, "layout": lay}
+        layout = {"page_size": ps, "layout": lay, "chosen_by": chosen_by,
+                  "scores": {f"{p}:{l}": {"geomean": round(q, 4), "cells": n} for (p, l), (q, n) in scores.items()}}
     unique = list(dict.fromkeys(configs))
     index = {c: i for i, c in enumerate(unique)}
     return KernelTable(kernel, (c0, c1), unique, [index[c] for c in configs], fixed_dims(kernel, model, dtype),
                        policy, layout)
+
+
+def default_scorer(device: str) -> Any:
+    """The packaged recorded data when it was measured on `device` (it ranks the decode layouts), else None."""
+    from kernel_gym.measure import make_backend
+
+    backend = make_backend("recorded")
+    return backend if backend.device == device else None
 
 
 def versions() -> dict[str, str]:
@@ -127,11 +187,12 @@ def versions() -> dict[str, str]:
 
 
 def build_table(model: Any, predictors: dict[str, tuple[Predictor, dict[str, Any]]], device: str = DEFAULT_DEVICE,
-                dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None) -> DispatchTable:
-    """A DispatchTable from one (predictor, policy provenance) per kernel."""
+                dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None, scorer: Any = None) -> DispatchTable:
+    """A DispatchTable from one (predictor, policy provenance) per kernel (`scorer`: see build_kernel_table)."""
     if not predictors:
         raise ValueError("no policy to export: pass at least one --model-uri")
-    kernels = {k: build_kernel_table(k, model, p, meta, dtype, kv_layout) for k, (p, meta) in predictors.items()}
+    kernels = {k: build_kernel_table(k, model, p, meta, dtype, kv_layout, scorer)
+               for k, (p, meta) in predictors.items()}
     return DispatchTable(kernels, device, asdict(model), versions())
 
 
@@ -268,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skew", type=float, default=0.0,
                    help="vllm: the routing skew (Zipf exponent) the deployment sees; vLLM keys on M only")
     p.add_argument("--kv-layout", default="", metavar="PAGE_SIZE:LAYOUT",
-                   help="decode: KV layout to run with, e.g. 16:NHD (default: the one the policy picks most often)")
+                   help="decode: KV layout to run with, e.g. 16:NHD (default: the one on which the policy's choices "
+                        "measure best in the recorded data for --device, else the one it picks most often)")
     p.add_argument("--tracking-uri", default="", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or mlruns/)")
     return p
 
@@ -291,7 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {args.skew}")
     setup_tracking(args.tracking_uri or None)
     model = load_model(args.model)
-    table = build_table(model, load_policies(args.model_uri), args.device, kv_layout=parse_kv_layout(args.kv_layout))
+    kv_layout = parse_kv_layout(args.kv_layout)
+    policies = load_policies(args.model_uri)
+    scorer = default_scorer(args.device) if kv_layout is None and "decode_attention" in policies else None
+    table = build_table(model, policies, args.device, kv_layout=kv_layout, scorer=scorer)
     if args.format == "dispatch":
         path = table.save(args.out / TABLE_FILE)
     else:

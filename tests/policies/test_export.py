@@ -110,3 +110,44 @@ def test_no_registered_policy_says_run_train(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(ValueError, match="kernel-gym train"):
         export.main(["--out", str(tmp_path)])
+
+
+def test_decode_layout_is_chosen_by_measured_quality_of_the_moved_choices() -> None:
+    """Without --kv-layout and with measured data, the decode table runs on the layout where the policy's choices,
+    moved onto it, measure best; a layout with data on only a few cells cannot win on them; without data the policy's
+    most frequent layout stays."""
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.measure.types import OK, UNAVAILABLE, Measurement
+
+    model = BUILTIN_MODELS["mixtral-8x7b"]
+    choice = Config(BLOCK_N=64, GQA_GROUPED=1, LAYOUT="HND", NUM_SPLITS=4, PAGE_SIZE=16, num_stages=2, num_warps=4)
+
+    class Scorer:
+        """Every layout has data on every cell; 64:NHD is fastest; 128:HND is faster still but only on 3 cells."""
+
+        def __init__(self) -> None:
+            self.seen = 0
+
+        def measure(self, kernel, workload, config):
+            key = (config["PAGE_SIZE"], config["LAYOUT"])
+            if key == (128, "HND"):
+                self.seen += 1
+                if self.seen > 3:
+                    return Measurement(kernel, workload.key(), str(config), UNAVAILABLE)
+            ms = {(64, "NHD"): 1.0, (128, "HND"): 0.5}.get(key, 2.0)
+            return Measurement(kernel, workload.key(), str(config), OK, median_ms=ms, spread=0.01, repeats=3)
+
+        def best_measurement(self, kernel, workload):
+            return Measurement(kernel, workload.key(), "{}", OK, median_ms=0.5, spread=0.01, repeats=3)
+
+    predict = lambda ws: [choice] * len(ws)  # noqa: E731
+    t = export.build_kernel_table("decode_attention", model, predict, {}, scorer=Scorer())
+    assert (t.kv_layout["page_size"], t.kv_layout["layout"]) == (64, "NHD")
+    assert t.kv_layout["chosen_by"].startswith("measured") and t.kv_layout["scores"]["128:HND"]["cells"] == 3
+    assert all(c["PAGE_SIZE"] == 64 and c["LAYOUT"] == "NHD" for c in t.configs)
+    plain = export.build_kernel_table("decode_attention", model, predict, {})
+    assert (plain.kv_layout["page_size"], plain.kv_layout["layout"]) == (16, "HND")
+    given = export.build_kernel_table("decode_attention", model, predict, {}, kv_layout=(32, "NHD"), scorer=Scorer())
+    assert (given.kv_layout["page_size"], given.kv_layout["layout"], given.kv_layout["chosen_by"]) == (32, "NHD",
+                                                                                                       "given")
+    assert export.pick_layout({}) is None
