@@ -244,13 +244,13 @@ def _shard_entry(*args: Any) -> None:
     run_shard(*args)
 
 
-def _progress(db: str, before: int, remaining: int, t0: float, deadline: float, stop: threading.Event,
-              log: Any) -> None:
-    """Progress bar on stderr every 2 s, from the store's row count (counts every shard's commits)."""
+def _progress(db: str, remaining: int, t0: float, deadline: float, stop: threading.Event, log: Any) -> None:
+    """Progress bar on stderr every 2 s, from the rows written since t0 (counts every shard's commits, inserted or
+    replaced)."""
     store = MeasurementStore(db)
     try:
         while not stop.wait(2.0):
-            done = store.count() - before
+            done = store.count(since=t0)
             rate = done / max(1e-9, time.time() - t0)
             eta = _fmt((remaining - done) / rate) if rate > 0 else "?"
             pct = 100.0 * done / max(1, remaining)
@@ -322,13 +322,11 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
           f"{_fmt(est['compile_s']) if pool else 'in the worker'}); budget {budget}", file=log)
     for ref, ctx in contexts.items():
         store.set_meta(f"context:{ref}", ctx.__dict__)
-    before = store.count()
-    noisy_before = remaining if opts.remeasure_noisy else 0
     shards: list[list[PlanItem]] = [[] for _ in gpus]
     for i, chunks in enumerate(todo):
         shards[i % len(gpus)].extend(chunks)
     stop = threading.Event()
-    monitor = threading.Thread(target=_progress, args=(opts.db, before, remaining, t0, deadline, stop, log),
+    monitor = threading.Thread(target=_progress, args=(opts.db, remaining, t0, deadline, stop, log),
                                daemon=True)
     monitor.start()
     procs = []
@@ -353,13 +351,12 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
     finally:
         stop.set()
         monitor.join()
-    written = store.count() - before
+    written = store.count(since=t0)
     if opts.remeasure_noisy:
         from kernel_gym.measure.recorded import MAX_SPREAD
 
         still = sum(len(store.noisy_keys(c, MAX_SPREAD)) for c in contexts.values())
-        written = noisy_before - still
-        print(f"\n[collect] {still} of {noisy_before} re-measured rows are still too noisy", file=log)
+        print(f"\n[collect] re-measured {written} of {remaining} rows; {still} are still too noisy", file=log)
     print(f"\n[collect] wrote {written} rows in {_fmt(time.time() - t0)}; store holds {store.count()} rows; "
           f"integrity {store.integrity_check()}", file=log)
     failed = [p.exitcode for p in procs if p.exitcode]

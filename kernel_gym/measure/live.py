@@ -64,6 +64,15 @@ class LiveBackend:
         if key not in self._prefetched:
             self._prefetched[key] = self.pool.submit(ref, key[1], list(cfgs))
 
+    def precompile(self, kernel: str | KernelFamily, workload: Any, configs: list[Config],
+                   timeout_s: float = 300.0) -> dict[str, tuple[str | None, str, float]]:
+        """Compile these configs on the pool and wait: {config: (compile status or None, reason, seconds)}; empty
+        without a pool. For callers that will measure the configs in an unknown order (the live envs)."""
+        if self.pool is None:
+            return {}
+        _, ref = self._family(kernel)
+        return CompilePool.collect(self.pool.submit(ref, workload.key(), [str(c) for c in configs]), timeout_s)
+
     def measure(self, kernel: str | KernelFamily, workload: Any, config: Config) -> Measurement:
         return self.measure_many(kernel, workload, [config])[0]
 

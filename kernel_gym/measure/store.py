@@ -167,8 +167,11 @@ class MeasurementStore:
         )
         return cur.fetchall()
 
-    def count(self, kernel: str | None = None, status: str | None = None) -> int:
+    def count(self, kernel: str | None = None, status: str | None = None, since: float | None = None) -> int:
+        """Rows, optionally of one kernel, one status, or written (inserted or replaced) at or after `since`."""
         sql, args = "SELECT COUNT(*) FROM measurements WHERE 1=1", []
+        if since is not None:
+            sql, args = sql + " AND created >= ?", [*args, since]
         if kernel is not None:
             sql, args = sql + " AND kernel=?", [*args, kernel]
         if status is not None:

@@ -61,7 +61,6 @@ def run_live(
     import kernel_gym  # noqa: F401  (registers the env ids)
     from kernel_gym.envs import ENV_KERNELS
     from kernel_gym.kernels import get_family
-    from kernel_gym.measure.compiler import CompilePool
     from kernel_gym.measure.live import LiveBackend
     from kernel_gym.measure.recorded import RecordedBackend
     from kernel_gym.policies.observation import observe
@@ -95,10 +94,10 @@ def run_live(
     }
 
     # Compile the whole catalogue once on the CPU pool, so training steps time kernels instead of waiting on Triton.
-    if getattr(live, "pool", None) is not None:
+    if hasattr(live, "precompile"):
         t = time.time()
-        compiled = CompilePool.collect(
-            live.pool.submit(kernel, train_refs[0].key, log["catalogue"]), timeout_s=max(60.0, budget_s / 2))
+        compiled = live.precompile(kernel, train_refs[0].workload, list(data.catalogue.configs),
+                                   timeout_s=max(60.0, budget_s / 2))
         log["precompile"] = {"configs": len(compiled), "wall_s": time.time() - t,
                              "errors": sum(1 for s, _, _ in compiled.values() if s is not None)}
         print(f"[live] precompiled {len(compiled)} configs in {time.time() - t:.1f} s", flush=True)
