@@ -29,6 +29,7 @@ from typing import Any
 from kernel_gym.kernels.space import Config, KernelFamily
 from kernel_gym.measure.store import Context, MeasurementStore
 from kernel_gym.measure.timing import DEFAULT_TIMING, TimingOptions
+from kernel_gym.measure.types import OK
 from kernel_gym.measure.worker import die_with_parent, family_source_hash, resolve_family, workload_from_key
 
 CHUNK = 64  # configs per unit of work (one store commit)
@@ -235,6 +236,12 @@ def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu:
             fam = fams[item.kernel]
             wl = workload_from_key(fam, item.workload_key)
             ms = backend.measure_many(fam, wl, [Config.parse(c) for c in item.configs])
+            if replace:  # a re-measurement that fails keeps the stored ok row: nothing already measured is lost
+                kept = [m for m in ms if m.status != OK]
+                for m in kept:
+                    print(f"\n[collect] re-measurement failed, stored row kept: {m.kernel} {m.workload} {m.config}: "
+                          f"{m.status} {m.reason}", file=sys.stderr)
+                ms = [m for m in ms if m.status == OK]
             written += store.put_many(contexts[item.kernel], ms, replace=replace)
     store.close()
     return written
