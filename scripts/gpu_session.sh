@@ -8,7 +8,7 @@
 #   bench       kernels vs anchors
 #   collect     fill the measurement store (resumable; PREV=snapshot to start from)
 #   remeasure   measure again, in place, the stored rows too noisy to rank (PREV=kernel_gym/data/h200_measurements.jsonl.gz)
-#   noise       repeat a subset of measurements in separate processes
+#   noise       repeat a subset of measurements in separate processes (PREV=snapshot on a fresh machine)
 #   recorded    interpolation error and lookup speed
 #   live        a short MaskablePPO run on KernelGym/MoE-live-v0 (gymnasium, SB3, sb3-contrib, cloudpickle wheels on
 #               PYTHONPATH)
@@ -23,6 +23,12 @@ DB=${DB:-/tmp/h200.sqlite}
 T_TESTS=${T_TESTS:-150} T_BENCH=${T_BENCH:-240} T_COLLECT=${T_COLLECT:-150} T_NOISE=${T_NOISE:-90}
 start=$(date +%s)
 log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/session.log"; }
+import_prev() {  # a fresh machine starts from the committed snapshot (PREV=...) when the store does not exist yet
+  if [ -n "${PREV:-}" ] && [ ! -e "$DB" ]; then
+    python3 -c "import sys; from kernel_gym.measure.store import MeasurementStore as S; print(S(sys.argv[1]).import_snapshot(sys.argv[2]))" "$DB" "$PREV" > "$OUT/import.txt" 2>&1
+    log "imported $(tail -1 "$OUT/import.txt") rows of $PREV"
+  fi
+}
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
@@ -48,10 +54,7 @@ for step in $STEPS; do
         --configs "${BENCH_CONFIGS:-60}" --budget-s $(( T_BENCH - 60 )) > "$OUT/bench.txt" 2>&1
       log "bench: exit $?" ;;
     collect|remeasure)
-      if [ -n "${PREV:-}" ] && [ ! -e "$DB" ]; then
-        python3 -c "import sys; from kernel_gym.measure.store import MeasurementStore as S; print(S(sys.argv[1]).import_snapshot(sys.argv[2]))" "$DB" "$PREV" > "$OUT/import.txt" 2>&1
-        log "$step: imported $(tail -1 "$OUT/import.txt") rows of $PREV"
-      fi
+      import_prev
       extra=${COLLECT_ARGS:-}
       [ "$step" = remeasure ] && extra="--remeasure-noisy $extra"
       log "$step: budget $(( T_COLLECT - 30 )) s"
@@ -59,8 +62,9 @@ for step in $STEPS; do
         --out "$OUT/h200_measurements.jsonl.gz" $extra > "$OUT/$step.txt" 2>&1
       log "$step: exit $? ($(tail -c 300 "$OUT/$step.txt" | tr '\n' ' '))" ;;
     noise)
+      import_prev
       log "noise study"
-      timeout "$T_NOISE" python3 scripts/collect.py --db "$DB" --noise 3 --noise-out "$OUT/noise.json" \
+      CUDA_VISIBLE_DEVICES=${NOISE_GPU:-${CUDA_VISIBLE_DEVICES:-0}} timeout "$T_NOISE" python3 scripts/collect.py --db "$DB" --noise 3 --noise-out "$OUT/noise.json" \
         > "$OUT/noise.txt" 2>&1
       log "noise: exit $?" ;;
     recorded)

@@ -434,7 +434,12 @@ def noise_study(db: str, repeats: int, workloads_per_kernel: int = 12, configs_p
         for m in run:
             if m["status"] == "ok" and m["median_ms"]:
                 times.setdefault((m["kernel"], m["workload"], m["config"]), []).append(m["median_ms"])
-    cvs = np.array([np.std(v) / np.mean(v) for v in times.values() if len(v) == repeats])
+    cv_of = {k: float(np.std(v) / np.mean(v)) for k, v in times.items() if len(v) == repeats}
+    cvs = np.array(list(cv_of.values()))
+    per_kernel = {}
+    for kernel in sorted({k[0] for k in cv_of}):
+        a = np.array([cv for k, cv in cv_of.items() if k[0] == kernel])
+        per_kernel[kernel] = {"n": int(a.size), "cv_median": float(np.median(a)), "cv_p95": float(np.percentile(a, 95))}
     changes = pairs = 0
     for kernel, wkey, _ in items:
         name = resolve_family(kernel).name
@@ -456,6 +461,7 @@ def noise_study(db: str, repeats: int, workloads_per_kernel: int = 12, configs_p
         "cv_p95": float(np.percentile(cvs, 95)) if cvs.size else None,
         "winner_change_rate": changes / pairs if pairs else None,
         "winner_pairs": pairs,
+        "per_kernel": per_kernel,
     }
 
 
