@@ -229,8 +229,11 @@ class RecordedBackend:
         table = self._rows[kernel]
         if len(plan.corners) == 1 and plan.corners[0][0] == wkey:
             m = table[wkey].get(cfg)
-            return m if m is not None else Measurement(kernel, wkey, cfg, UNAVAILABLE, source="recorded",
-                                                       reason="config not measured on this workload")
+            if m is None:
+                return Measurement(kernel, wkey, cfg, UNAVAILABLE, source="recorded",
+                                   reason="config not measured on this workload")
+            why = self._why_invalid(kernel, cfg, workload) if m.status == OK else None
+            return m if not why else Measurement(kernel, wkey, cfg, "invalid", reason=why, source="recorded")
         log_t, statuses, spread = 0.0, set(), 0.0
         for ckey, weight in plan.corners:
             m = table[ckey].get(cfg)
@@ -245,11 +248,9 @@ class RecordedBackend:
                 log_t += weight * math.log(m.median_ms)
                 spread = max(spread, m.spread or 0.0)
         if statuses == {OK}:
-            if self._check_validity:
-                space = self._space(kernel)
-                why = space.why_invalid(self._cfg(cfg), workload) if space is not None else None
-                if why:
-                    return Measurement(kernel, wkey, cfg, "invalid", reason=why, source="recorded-interpolated")
+            why = self._why_invalid(kernel, cfg, workload)
+            if why:
+                return Measurement(kernel, wkey, cfg, "invalid", reason=why, source="recorded-interpolated")
             return Measurement(kernel, wkey, cfg, OK, median_ms=math.exp(log_t), spread=spread, repeats=0,
                                source="recorded-interpolated")
         if len(statuses) == 1:
@@ -258,6 +259,14 @@ class RecordedBackend:
                                reason=f"{status} at every bracketing workload")
         return Measurement(kernel, wkey, cfg, UNAVAILABLE, source="recorded-interpolated",
                            reason=f"bracketing workloads disagree ({sorted(statuses)})")
+
+    def _why_invalid(self, kernel: str, cfg: str, workload: Any) -> str | None:
+        """The current knob space's reason to reject a stored ok config (its rules can tighten after a row was
+        measured, as FUSE_SUM's token limit did), or None."""
+        if not self._check_validity:
+            return None
+        space = self._space(kernel)
+        return space.why_invalid(self._cfg(cfg), workload) if space is not None else None
 
     def measure(self, kernel: str, workload: Any, config: Config) -> Measurement:
         memo = (kernel, workload.key(), config)

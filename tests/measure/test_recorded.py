@@ -132,3 +132,27 @@ def test_noisy_rows_are_left_out_as_unmeasured_not_failed() -> None:
     loose = RecordedBackend(groups=[(CTX, rows)], check_validity=False, max_spread=5.0)
     assert loose.noisy["fused_moe"] == 0
     assert loose.measure("fused_moe", _wl(8, 0.0), CFGS[1]).median_ms == pytest.approx(noisy[0].median_ms * 3)
+
+
+def test_stored_ok_row_that_the_space_now_rejects_is_answered_invalid() -> None:
+    """A row measured before a knob-space rule tightened (FUSE_SUM=1 above 96 tokens was measured ok, then found wrong
+    at 128) must not reach the agent or the oracle, at an exact hit as well as by interpolation."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.kernels.fused_moe import FUSE_SUM_MAX_TOKENS
+
+    family = get_family("fused_moe")
+    space = family.space
+    small, big = _wl(64, 0.0), _wl(FUSE_SUM_MAX_TOKENS + 32, 0.0)
+    fused = Config({**family.default_config(small), "FUSE_SUM": 1})
+    plain = Config({**fused, "FUSE_SUM": 0})
+    assert space.why_invalid(fused, small) is None and space.why_invalid(plain, big) is None
+    rows = [Measurement("fused_moe", wl.key(), str(c), OK, median_ms=1.0, spread=0.01, repeats=3, source="live")
+            for wl in (small, big) for c in (fused, plain)]
+    backend = RecordedBackend(groups=[(CTX, rows)])
+    assert backend.measure("fused_moe", small, fused).ok
+    m = backend.measure("fused_moe", big, fused)
+    assert m.status == "invalid" and "FUSE_SUM" in m.reason
+    assert backend.measure("fused_moe", big, plain).ok
+    assert backend.best_config("fused_moe", big) == plain
+    between = _wl(FUSE_SUM_MAX_TOKENS + 16, 0.0)
+    assert backend.measure("fused_moe", between, fused).status == "invalid"
