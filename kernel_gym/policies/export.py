@@ -232,20 +232,23 @@ def load_policy(uri: str, kernel: str | None = None) -> tuple[str, Predictor, di
     return model_kernel, predict, provenance
 
 
-def latest_model_uris() -> dict[str, str]:
-    """kernel -> models:/NAME/VERSION of the latest version of each registered kernel-gym-* policy in the store."""
+def latest_model_uris(model_name: str | None = None) -> dict[str, str]:
+    """kernel -> models:/NAME/VERSION of the latest version of each registered kernel-gym-* policy in the store. With
+    a model name, a policy trained for that model (kernel-gym-<env>-<model>, as scripts/bench_replay.py registers
+    them) is preferred over the generic kernel-gym-<env>."""
     import mlflow
 
     client = mlflow.tracking.MlflowClient()
     out: dict[str, str] = {}
-    for name, kernel in registered_kernel_names().items():
-        try:
-            versions_ = client.search_model_versions(f"name='{name}'")
-        except Exception:  # noqa: BLE001 - an empty or fresh store has no registry rows
-            versions_ = []
-        if versions_ and kernel not in out:
-            v = max(versions_, key=lambda mv: int(mv.version))
-            out[kernel] = f"models:/{name}/{v.version}"
+    for base, kernel in registered_kernel_names().items():
+        for name in ([f"{base}-{model_name}"] if model_name else []) + [base]:
+            try:
+                versions_ = client.search_model_versions(f"name='{name}'")
+            except Exception:  # noqa: BLE001 - an empty or fresh store has no registry rows
+                versions_ = []
+            if versions_ and kernel not in out:
+                v = max(versions_, key=lambda mv: int(mv.version))
+                out[kernel] = f"models:/{name}/{v.version}"
     return out
 
 
@@ -268,9 +271,10 @@ def parse_model_uris(items: Sequence[str]) -> dict[str | None, str]:
     return out
 
 
-def load_policies(items: Sequence[str]) -> dict[str, tuple[Predictor, dict[str, Any]]]:
-    """Predictors per kernel from --model-uri values; with none given, the latest registered kernel-gym-* models."""
-    uris = parse_model_uris(items) if items else latest_model_uris()
+def load_policies(items: Sequence[str], model_name: str | None = None) -> dict[str, tuple[Predictor, dict[str, Any]]]:
+    """Predictors per kernel from --model-uri values; with none given, the latest registered kernel-gym-* models
+    (those trained for `model_name` first)."""
+    uris = parse_model_uris(items) if items else latest_model_uris(model_name)
     if not uris:
         raise ValueError("no registered kernel-gym-* policy in the MLflow store "
                          "(MLFLOW_TRACKING_URI or mlruns/); run `kernel-gym train` (or `kernel-gym demo`) first, "
@@ -320,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-gym export", description=__doc__.splitlines()[0])
     p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
                    help="a policy, e.g. models:/kernel-gym-moe-v0/1 (repeat per kernel); default: the latest "
-                        "registered kernel-gym-* models in the MLflow store")
+                        "registered kernel-gym-<env>-<model> (for --model), else kernel-gym-<env>, in the MLflow store")
     p.add_argument("--format", choices=("dispatch", "vllm"), default="dispatch",
                    help="dispatch: dispatch_table.json for the Dispatcher; vllm: vLLM fused-MoE config file")
     p.add_argument("--out", type=Path, required=True, help="output directory")
@@ -354,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_tracking(args.tracking_uri or None)
     model = load_model(args.model)
     kv_layout = parse_kv_layout(args.kv_layout)
-    policies = load_policies(args.model_uri)
+    policies = load_policies(args.model_uri, model.name)
     scorer = default_scorer(args.device) if kv_layout is None and "decode_attention" in policies else None
     table = build_table(model, policies, args.device, kv_layout=kv_layout, scorer=scorer)
     if args.format == "dispatch":

@@ -191,7 +191,7 @@ def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str |
     if table_path:
         table = DispatchTable.load(table_path)
     else:  # exported now, exactly as `kernel-gym export` would
-        policies = load_policies(model_uris)
+        policies = load_policies(model_uris, model.name)
         scorer = default_scorer(DEFAULT_DEVICE) if "decode_attention" in policies else None
         table = build_table(model, policies, scorer=scorer)
     return Dispatcher(table)
@@ -398,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, required=True, help="results JSON; .md and .png files are written beside it")
     p.add_argument("--routing", default="zipf:0.6", help="expert routing: uniform, zipf:EXP, drift:EXP[:DWELL_S]")
     p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
-                   help="learned policy per kernel (repeatable); default: latest registered kernel-gym-* models")
+                   help="learned policy per kernel (repeatable); default: the latest registered "
+                        "kernel-gym-<env>-<model> policies, else kernel-gym-<env>")
     p.add_argument("--table", default="", help="learned: a dispatch_table.json instead of MLflow models")
     p.add_argument("--budget", type=int, default=SEARCH_BUDGET, help="random/tpe: measurements per new shape")
     p.add_argument("--seed", type=int, default=0, help="seed of routing and search baselines")

@@ -76,6 +76,19 @@ def test_dispatch_export_from_registered_policy(store, tmp_path):
     assert (tmp_path / "latest" / export.TABLE_FILE).exists()
 
 
+def test_latest_policy_prefers_the_one_trained_for_the_model(store, tmp_path):
+    """scripts/bench_replay.py registers kernel-gym-<env>-<model>: `export --model olmoe-1b-7b` (and the replay's
+    learned policy) must take that one, and a model without its own policy the generic kernel-gym-<env>."""
+    _, generic = store
+    own = log_policy(tmp_path, name="kernel-gym-moe-v0-olmoe-1b-7b")
+    assert export.latest_model_uris("olmoe-1b-7b") == {"fused_moe": own}
+    assert export.latest_model_uris("mixtral-8x7b") == {"fused_moe": generic}
+    assert export.latest_model_uris() == {"fused_moe": generic}
+    assert export.main(["--model", "olmoe-1b-7b", "--out", str(tmp_path / "o")]) == 0
+    table = DispatchTable.load(tmp_path / "o" / export.TABLE_FILE)
+    assert table.kernels["fused_moe"].policy["model_uri"] == own
+
+
 def test_vllm_export_has_vllm_name_and_schema(store, tmp_path):
     _, uri = store
     assert export.main(["--model-uri", f"fused_moe={uri}", "--format", "vllm", "--out", str(tmp_path)]) == 0
