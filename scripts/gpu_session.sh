@@ -17,7 +17,7 @@
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kernel_gym_triton_cache}
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/kernel_gym_triton_cache}
 STEPS=${STEPS:-"tests bench collect"}
 DB=${DB:-/tmp/h200.sqlite}
 T_TESTS=${T_TESTS:-150} T_BENCH=${T_BENCH:-240} T_COLLECT=${T_COLLECT:-150} T_NOISE=${T_NOISE:-90}
