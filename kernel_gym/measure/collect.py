@@ -64,6 +64,7 @@ class CollectOptions:
     seed: int = 0
     timing: TimingOptions = field(default_factory=TimingOptions)
     remeasure_noisy: bool = False  # measure again the stored ok rows too noisy to rank (recorded.MAX_SPREAD)
+    plan_file: str = ""  # measure exactly these (kernel, workload, configs) instead of the grids (load_plan_file)
 
 
 # ---- the plan ---------------------------------------------------------------------------------------------------
@@ -154,6 +155,41 @@ def build_plan(opts: CollectOptions) -> list[list[PlanItem]]:
     for i in range(max((len(s) for s in streams), default=0)):
         ordered.extend(s[i] for s in streams if i < len(s))
     return ordered
+
+
+def load_plan_file(path: str, kernels: list[str]) -> list[list[PlanItem]]:
+    """A plan written by another tool (scripts/plan_coverage.py): a JSON (or .json.gz) list of {"kernel", "workload",
+    "configs" (list of config JSON)}. Kernels outside `kernels` and configs the knob space rejects are an error that
+    names them, so a stale plan cannot store rows the recorded backend would never answer."""
+    try:
+        if path.endswith(".gz"):
+            import gzip
+
+            with gzip.open(path, "rt") as f:
+                entries = json.load(f)
+        else:
+            entries = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"--plan {path}: cannot read a JSON plan ({e})") from e
+    if not isinstance(entries, list):
+        raise SystemExit(f"--plan {path}: expected a JSON list of {{kernel, workload, configs}} entries")
+    out = []
+    for n, e in enumerate(entries):
+        if not isinstance(e, dict) or not {"kernel", "workload", "configs"} <= set(e):
+            raise SystemExit(f"--plan {path}: entry {n} needs kernel, workload and configs")
+        if e["kernel"] not in kernels:
+            raise SystemExit(f"--plan {path}: entry {n} is for kernel {e['kernel']!r}, not one of --kernels {kernels}")
+        fam = resolve_family(e["kernel"])
+        wl = workload_from_key(fam, e["workload"])
+        configs = [str(Config.parse(c) if isinstance(c, str) else Config(c)) for c in e["configs"]]
+        for c in configs:
+            why = fam.space.why_invalid(Config.parse(c), wl)
+            if why:
+                raise SystemExit(f"--plan {path}: entry {n}: config {c} is invalid for {e['workload']}: {why}")
+        configs = sorted(dict.fromkeys(configs), key=_layout_key)
+        out.append([PlanItem(e["kernel"], wl.key(), tuple(configs[i:i + CHUNK]), "plan")
+                    for i in range(0, len(configs), CHUNK)])
+    return out
 
 
 def contexts_for(kernels: list[str], device_name: str) -> dict[str, Context]:
@@ -317,7 +353,7 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
         total = remaining = sum(len(i.configs) for chunks in todo for i in chunks)
         print(f"[collect] re-measuring {remaining} stored ok rows with spread > {MAX_SPREAD}", file=log)
     else:
-        plan = build_plan(opts)
+        plan = load_plan_file(opts.plan_file, opts.kernels) if opts.plan_file else build_plan(opts)
         total = sum(len(i.configs) for chunks in plan for i in chunks)
         todo = drop_done(plan, store, contexts)
         remaining = sum(len(i.configs) for chunks in todo for i in chunks)
@@ -492,6 +528,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan size and projection, measure nothing")
     p.add_argument("--remeasure-noisy", action="store_true",
                    help="instead of the plan: measure again the stored ok rows whose samples spread > 0.5, in place")
+    p.add_argument("--plan", default="", metavar="FILE",
+                   help="measure the (kernel, workload, configs) entries of this JSON file instead of the grids "
+                        "(scripts/plan_coverage.py writes one); stored rows are skipped as usual")
     p.add_argument("--noise", type=int, default=0, metavar="REPEATS",
                    help="noise study instead of a collection: re-measure a subset of --db in REPEATS processes")
     p.add_argument("--noise-out", default="", help="write the noise study's JSON here")
@@ -517,9 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = CollectOptions(models=_csv(args.model), kernels=_csv(args.kernels), grids=grids,
                           configs_per_shape=args.configs_per_shape, budget_s=args.budget_s, db=args.db, out=args.out,
                           gpus=args.gpus, compile_workers=args.compile_workers, device=args.device, seed=args.seed,
-                          timing=timing, remeasure_noisy=args.remeasure_noisy)
+                          timing=timing, remeasure_noisy=args.remeasure_noisy, plan_file=args.plan)
     if args.dry_run:
-        plan = build_plan(opts)
+        plan = load_plan_file(opts.plan_file, opts.kernels) if opts.plan_file else build_plan(opts)
         n = sum(len(i.configs) for chunks in plan for i in chunks)
         pool = opts.compile_workers if opts.compile_workers >= 0 else max(0, (os.cpu_count() or 2) - 1)
         est = estimate_seconds(plan, opts, max(1, opts.gpus), pool)

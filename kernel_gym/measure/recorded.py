@@ -95,9 +95,11 @@ class RecordedBackend:
         self._rows: dict[str, dict[str, dict[str, Measurement]]] = defaultdict(dict)  # kernel -> wkey -> cfg -> m
         self.max_spread = MAX_SPREAD if max_spread is None else max_spread
         self.noisy: Counter = Counter()  # per kernel: ok rows left out as too noisy to rank configs by
+        self._stored: dict[str, set[tuple[str, str]]] = defaultdict(set)  # every stored (workload, config)
         for ctx, ms in groups:
             if self.contexts.get(ctx.kernel) == ctx:
                 table = self._rows[ctx.kernel]
+                self._stored[ctx.kernel].update((m.workload, m.config) for m in ms)
                 for m in ms:
                     if m.ok and m.spread is not None and m.spread > self.max_spread:
                         self.noisy[ctx.kernel] += 1
@@ -259,6 +261,11 @@ class RecordedBackend:
                                reason=f"{status} at every bracketing workload")
         return Measurement(kernel, wkey, cfg, UNAVAILABLE, source="recorded-interpolated",
                            reason=f"bracketing workloads disagree ({sorted(statuses)})")
+
+    def stored_keys(self, kernel: str) -> set[tuple[str, str]]:
+        """Every (workload key, config) stored for the kernel's context, whatever its status or spread (what a
+        collection would skip)."""
+        return set(self._stored.get(kernel, ()))
 
     def _why_invalid(self, kernel: str, cfg: str, workload: Any) -> str | None:
         """The current knob space's reason to reject a stored ok config (its rules can tighten after a row was

@@ -166,3 +166,29 @@ def iter_contexts(store: MeasurementStore):
     for row in store.conn.execute("SELECT DISTINCT device, torch_version, triton_version, kernel, source_hash "
                                   "FROM measurements"):
         yield Context(*row)
+
+
+def test_collect_plan_file_measures_exactly_its_pairs_and_rejects_bad_entries(tmp_path: Path) -> None:
+    """`collect --plan FILE` measures the listed (workload, config) pairs, skips stored ones on a rerun, and refuses a
+    plan whose config the knob space rejects (naming the entry) before measuring anything."""
+    from tiny_family import TinyWorkload
+
+    db = tmp_path / "m.sqlite"
+    w1, w2 = TinyWorkload(100).key(), TinyWorkload(7).key()
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"kernel": "tiny_family:FAMILY", "workload": w1, "configs": [{"BLOCK": 32}]},
+                                {"kernel": "tiny_family:FAMILY", "workload": w2, "configs": ['{"BLOCK":16}']}]))
+    cmd = [sys.executable, str(ROOT / "scripts" / "collect.py"), "--device", "cpu", "--kernels", "tiny_family:FAMILY",
+           "--db", str(db), "--plan", str(plan)]
+    run = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with MeasurementStore(db) as store:
+        assert sorted((r["workload"], r["config"]) for r in store.rows()) == sorted(
+            [(w1, '{"BLOCK":32}'), (w2, '{"BLOCK":16}')])
+    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "to measure 0" in again.stderr
+    plan.write_text(json.dumps([{"kernel": "tiny_family:FAMILY", "workload": w2, "configs": [{"BLOCK": 256}]}]))
+    bad = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "entry 0" in bad.stderr and "more than 4x" in bad.stderr
+    with MeasurementStore(db) as store:
+        assert store.count() == 2
