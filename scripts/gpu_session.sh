@@ -57,8 +57,9 @@ for step in $STEPS; do
       import_prev
       extra=${COLLECT_ARGS:-}
       [ "$step" = remeasure ] && extra="--remeasure-noisy $extra"
-      log "$step: budget $(( T_COLLECT - 30 )) s"
-      timeout "$T_COLLECT" python3 scripts/collect.py --db "$DB" --budget-s $(( T_COLLECT - 30 )) \
+      # 60 s of slack: the shards finish their chunk after the budget, then integrity check and snapshot export
+      log "$step: budget $(( T_COLLECT - 60 )) s"
+      timeout "$T_COLLECT" python3 scripts/collect.py --db "$DB" --budget-s $(( T_COLLECT - 60 )) \
         --out "$OUT/h200_measurements.jsonl.gz" $extra > "$OUT/$step.txt" 2>&1
       log "$step: exit $? ($(tail -c 300 "$OUT/$step.txt" | tr '\n' ' '))" ;;
     noise)

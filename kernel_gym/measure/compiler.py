@@ -114,4 +114,13 @@ class CompilePool:
         return out
 
     def close(self) -> None:
+        """Cancel queued jobs and terminate the processes at once: results still being compiled are not needed any
+        more, and a process that finishes a long compile (or tears down a CUDA context holding a model's expert
+        weights) would otherwise hold up the interpreter's exit, which joins every pool process."""
+        procs = list((getattr(self.pool, "_processes", None) or {}).values())
         self.pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(timeout=5)
