@@ -37,6 +37,10 @@ COMMON = """
     - `catalogue`, `references`: reuse a catalogue and measured references (training passes them so the backend is
       swept once); otherwise both are built from the backend at construction (a full sweep on a live backend).
     - `near`, `max_catalogue`, `catalogue_depth`: catalogue construction.
+    - `obs_jitter` (0): for training, Gaussian noise (standard deviation in log2 units) added to the workload axes of
+      each reset's observation (decode: batch and context; MoE: tokens), the reward still that of the exact
+      workload; it rewards configs that win across neighbouring grid points, which is what held-out shapes between
+      them need (`kernel-gym train` sets it per env: `policies/train.py` OBS_JITTER).
 
     ## Version History
 

@@ -24,10 +24,16 @@ from kernel_gym.policies.catalogue import (
     measure_reference,
     split_references,
 )
-from kernel_gym.policies.observation import CLIP, feature_names, observe
+from kernel_gym.policies.observation import CLIP, encode, feature_names, observe, raw_features
 
 FAILURE_PENALTY = -1.0
 PROFILES = ("grid", "eval", "small")
+# obs_jitter: per kernel, groups of raw features that move together along one workload axis (log2 units)
+JITTER_AXES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "decode_attention": (("log2_batch",), ("log2_context",)),
+    "fused_moe": (("log2_tokens", "log2_slots_per_expert"),),
+    "prefill_attention": (),
+}
 SPLITS = ("train", "heldout", "all")
 
 
@@ -107,13 +113,17 @@ class KernelConfigEnv(gym.Env):
         near: float = 0.0,
         max_catalogue: int = 48,
         catalogue_depth: int = 2,
+        obs_jitter: float = 0.0,
         render_mode: str | None = None,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split {split!r} is not one of {list(SPLITS)}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode {render_mode!r} is not one of {self.metadata['render_modes']}")
+        if obs_jitter < 0:
+            raise ValueError(f"obs_jitter must be >= 0 (a standard deviation in log2 units), got {obs_jitter}")
         self.render_mode = render_mode
+        self.obs_jitter = float(obs_jitter)
         self.family = get_family(self.kernel)
         self.backend = resolve_backend(backend)
         self.live = is_live(self.backend)
@@ -181,7 +191,21 @@ class KernelConfigEnv(gym.Env):
             self._index = i
         else:
             self._index = int(self.np_random.choice(len(self.references), p=self._p))
-        return self._obs[self._index].copy(), {"workload": self._keys[self._index], "action_mask": self.action_masks()}
+        return self._observation(), {"workload": self._keys[self._index], "action_mask": self.action_masks()}
+
+    def _observation(self) -> np.ndarray:
+        """The workload's observation; with obs_jitter, its workload axes moved by Gaussian noise (log2 units), one
+        draw per axis. Training only: the reward still comes from the exact workload, so a config that wins across
+        neighbouring grid points earns more than one that wins on a single point, and the learned decision regions
+        reach between grid points instead of flipping at arbitrary places there (held-out shapes lie between)."""
+        if not self.obs_jitter:
+            return self._obs[self._index].copy()
+        raw = raw_features(self.references[self._index].workload)
+        for axis in JITTER_AXES.get(self.kernel, ()):
+            delta = float(self.np_random.normal(0.0, self.obs_jitter))
+            for name in axis:
+                raw[name] += delta
+        return encode(self.kernel, raw)
 
     def step(self, action: Any):
         i = int(action)

@@ -37,6 +37,11 @@ from kernel_gym.policies.catalogue import (
 from kernel_gym.policies.observation import observe
 
 
+# Default obs_jitter per kernel (log2 units), from held-out sweeps on the recorded H200 data (docs/agent.md): decode
+# 0.913 -> 0.963 (mixtral) and 0.940 -> 0.952 (olmoe) at 1.0; MoE no better at 0.5 or 1.0; prefill has no jitter axes.
+OBS_JITTER = {"decode_attention": 1.0}
+
+
 @dataclass
 class TrainArgs:
     env_id: str = "KernelGym/MoE-v0"
@@ -61,6 +66,9 @@ class TrainArgs:
     """Catalogue: at most this many configs (the action space size)."""
     catalogue_depth: int = 2
     """Catalogue: also add each training workload's this many fastest configs (spares where a winner is unmeasured)."""
+    obs_jitter: float = -1.0
+    """Training observations: Gaussian noise (std, log2 units) on the workload axes (envs/base.py JITTER_AXES);
+    -1: the kernel's default in OBS_JITTER."""
     learning_rate: float = 1e-3
     """Adam learning rate."""
     n_envs: int = 8
@@ -115,6 +123,10 @@ class TrainArgs:
         if not 0 <= self.holdout < 1:
             raise ValueError(f"holdout must be in [0, 1), got {self.holdout}")
         self.net_arch = tuple(int(n) for n in self.net_arch)
+
+    @property
+    def resolved_obs_jitter(self) -> float:
+        return OBS_JITTER.get(self.kernel, 0.0) if self.obs_jitter < 0 else self.obs_jitter
 
     @property
     def short(self) -> str:
@@ -358,7 +370,8 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     make_env = lambda: Monitor(gymnasium.make(args.env_id, backend=backend,  # noqa: E731  (Monitor: ep_rew_mean)
-                                              references=data.train, catalogue=data.catalogue))
+                                              references=data.train, catalogue=data.catalogue,
+                                              obs_jitter=args.resolved_obs_jitter))
     env = DummyVecEnv([make_env] * args.n_envs)
     eval_history: list[dict[str, float]] = list(state["eval_history"]) if state else []
 

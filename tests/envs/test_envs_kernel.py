@@ -179,3 +179,25 @@ def test_render_ansi_describes_the_last_step(backend):
     env.reset(seed=0)
     env.step(int(np.flatnonzero(env.action_masks())[0]))
     assert "workload=" in env.render() and "config=" in env.render()
+
+
+def test_obs_jitter_moves_only_the_workload_axes_of_training_observations(backend):
+    """obs_jitter (training only) shifts the decode batch and context features by Gaussian noise per reset and
+    leaves the model's constant features alone; the default (0) returns the exact observation every time."""
+    from kernel_gym.policies.observation import feature_names
+
+    names = feature_names("decode_attention")
+    exact = gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend).unwrapped
+    jittered = gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend, obs_jitter=0.5).unwrapped
+    obs = []
+    for seed in range(8):
+        o, _ = jittered.reset(seed=seed, options={"workload_index": 0})
+        e, _ = exact.reset(seed=seed, options={"workload_index": 0})
+        assert np.array_equal(e, exact._obs[0])
+        obs.append(o)
+    obs = np.array(obs)
+    moved = {n for i, n in enumerate(names) if np.ptp(obs[:, i]) > 0}
+    assert moved == {"log2_batch", "log2_context"}
+    assert jittered.observation_space.contains(obs[0].astype(np.float32))
+    with pytest.raises(ValueError, match="obs_jitter"):
+        gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend, obs_jitter=-1.0)
