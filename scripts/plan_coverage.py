@@ -6,8 +6,8 @@ shape cannot be scored there, so the evaluation masks it and the policy falls ba
 the policy's first choice was unmeasured on every held-out batch-8 shape (docs/measurement.md). This script lists, for
 every measured shape of the given kernels and models, the candidate configs not yet stored there: the union over models
 of the action catalogues the agent builds from the training split (kernel_gym.policies.train.prepare_data) at every
-depth up to one deeper than training uses, and each shape's `--top` fastest stored configs. Measuring them (`collect --plan FILE`)
-adds rows only; the oracle stays the best measured config and can only get faster.
+depth up to one deeper than training uses, and each shape's `--top` fastest stored configs. Measuring them
+(`collect --plan FILE`) adds rows only; the oracle stays the best measured config and can only get faster.
 
     python scripts/plan_coverage.py --kernels decode_attention --out plan_decode.json
     python3 scripts/collect.py --plan plan_decode.json --kernels decode_attention --db h200.sqlite   # on the GPU
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", default="decode_attention", help="comma list of kernel names")
     p.add_argument("--models", default="mixtral-8x7b,olmoe-1b-7b", help="comma list of built-in model names")
     p.add_argument("--data", default="", help="snapshot or store (default: the packaged H200 snapshot)")
-    p.add_argument("--depth", type=int, default=3, help="catalogue depths 1..this (training uses 2; one deeper is a margin)")
+    p.add_argument("--depth", type=int, default=3, help="catalogue depths 1..this (training uses 2)")
     p.add_argument("--top", type=int, default=3, help="also each shape's this many fastest stored configs")
     p.add_argument("--out", type=Path, required=True, help="plan JSON (.json or .json.gz) for `collect --plan`")
     args = p.parse_args(argv)

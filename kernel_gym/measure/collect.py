@@ -410,7 +410,8 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
         print(f"[collect] exported {n} rows to {opts.out} ({Path(opts.out).stat().st_size / 1e6:.1f} MB)", file=log)
     store.close()
     return {"planned": total, "already_stored": total - remaining, "written": written,
-            "seconds": time.time() - t0, "stopped_by_budget": bool(deadline and written < remaining),
+            "seconds": time.time() - t0,
+            "stopped_by_budget": bool(deadline and time.time() >= deadline and written < remaining),
             "shard_exit_codes": [p.exitcode for p in procs]}
 
 

@@ -36,7 +36,6 @@ from kernel_gym.policies.catalogue import (
 )
 from kernel_gym.policies.observation import observe
 
-
 # Default obs_jitter per kernel (log2 units), from held-out sweeps on the recorded H200 data (docs/agent.md): decode
 # 0.913 -> 0.963 (mixtral) and 0.940 -> 0.952 (olmoe) at 1.0; MoE no better at 0.5 or 1.0; prefill has no jitter axes.
 OBS_JITTER = {"decode_attention": 1.0}
@@ -383,7 +382,8 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
     try:
         if state is None:
             params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(args).items()}
-            params.update(catalogue_size=len(data.catalogue), train_workloads=len(data.train),
+            params.update(obs_jitter=args.resolved_obs_jitter, catalogue_size=len(data.catalogue),
+                          train_workloads=len(data.train),
                           heldout_workloads=len(data.heldout), static_config=str(data.static),
                           backend_name=getattr(backend, "name", str(backend)))
             mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
