@@ -25,8 +25,13 @@ start=$(date +%s)
 log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/session.log"; }
 import_prev() {  # a fresh machine starts from the committed snapshot (PREV=...) when the store does not exist yet
   if [ -n "${PREV:-}" ] && [ ! -e "$DB" ]; then
-    python3 -c "import sys; from kernel_gym.measure.store import MeasurementStore as S; print(S(sys.argv[1]).import_snapshot(sys.argv[2]))" "$DB" "$PREV" > "$OUT/import.txt" 2>&1
-    log "imported $(tail -1 "$OUT/import.txt") rows of $PREV"
+    if python3 -c "import sys; from kernel_gym.measure.store import MeasurementStore as S; print(S(sys.argv[1]).import_snapshot(sys.argv[2]))" "$DB" "$PREV" > "$OUT/import.txt" 2>&1; then
+      log "imported $(tail -1 "$OUT/import.txt") rows of $PREV"
+    else  # a half-imported store would be exported later as if it were the dataset: remove it and stop
+      rm -f "$DB" "$DB-wal" "$DB-shm"
+      log "import of $PREV FAILED ($(tail -1 "$OUT/import.txt")); store removed, check PREV"
+      return 1
+    fi
   fi
 }
 
@@ -54,16 +59,18 @@ for step in $STEPS; do
         --configs "${BENCH_CONFIGS:-60}" --budget-s $(( T_BENCH - 60 )) > "$OUT/bench.txt" 2>&1
       log "bench: exit $?" ;;
     collect|remeasure)
-      import_prev
+      import_prev || continue
       extra=${COLLECT_ARGS:-}
       [ "$step" = remeasure ] && extra="--remeasure-noisy $extra"
-      # 60 s of slack: the shards finish their chunk after the budget, then integrity check and snapshot export
-      log "$step: budget $(( T_COLLECT - 60 )) s"
-      timeout "$T_COLLECT" python3 scripts/collect.py --db "$DB" --budget-s $(( T_COLLECT - 60 )) \
+      # 60 s of slack (half the time for short runs): the shards finish their chunk after the budget, then the
+      # integrity check and the snapshot export
+      budget=$(( T_COLLECT - 60 )); [ "$budget" -lt $(( T_COLLECT / 2 )) ] && budget=$(( T_COLLECT / 2 ))
+      log "$step: budget $budget s"
+      timeout "$T_COLLECT" python3 scripts/collect.py --db "$DB" --budget-s "$budget" \
         --out "$OUT/h200_measurements.jsonl.gz" $extra > "$OUT/$step.txt" 2>&1
       log "$step: exit $? ($(tail -c 300 "$OUT/$step.txt" | tr '\n' ' '))" ;;
     noise)
-      import_prev
+      import_prev || continue
       log "noise study"
       CUDA_VISIBLE_DEVICES=${NOISE_GPU:-${CUDA_VISIBLE_DEVICES:-0}} timeout "$T_NOISE" python3 scripts/collect.py --db "$DB" --noise 3 --noise-out "$OUT/noise.json" \
         > "$OUT/noise.txt" 2>&1

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=3, help="also each shape's this many fastest stored configs")
     p.add_argument("--out", type=Path, required=True, help="plan JSON (.json or .json.gz) for `collect --plan`")
     args = p.parse_args(argv)
+    if args.depth < 1 or args.top < 0:
+        p.error(f"--depth must be >= 1 and --top >= 0, got {args.depth} and {args.top}")
 
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.recorded import RecordedBackend

@@ -7,6 +7,7 @@ workload and must answer at once, so the agent learns a map workload -> config, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -120,8 +121,11 @@ class KernelConfigEnv(gym.Env):
             raise ValueError(f"split {split!r} is not one of {list(SPLITS)}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode {render_mode!r} is not one of {self.metadata['render_modes']}")
-        if obs_jitter < 0:
+        if not math.isfinite(obs_jitter) or obs_jitter < 0:
             raise ValueError(f"obs_jitter must be >= 0 (a standard deviation in log2 units), got {obs_jitter}")
+        if obs_jitter and not JITTER_AXES.get(self.kernel):
+            raise ValueError(f"obs_jitter={obs_jitter}: {self.kernel} has no workload axes to jitter (JITTER_AXES); "
+                             "use 0")
         self.render_mode = render_mode
         self.obs_jitter = float(obs_jitter)
         self.family = get_family(self.kernel)

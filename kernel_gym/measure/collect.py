@@ -29,7 +29,7 @@ from typing import Any
 from kernel_gym.kernels.space import Config, KernelFamily
 from kernel_gym.measure.store import Context, MeasurementStore
 from kernel_gym.measure.timing import DEFAULT_TIMING, TimingOptions
-from kernel_gym.measure.types import OK
+from kernel_gym.measure.types import INVALID, OK
 from kernel_gym.measure.worker import die_with_parent, family_source_hash, resolve_family, workload_from_key
 
 CHUNK = 64  # configs per unit of work (one store commit)
@@ -173,22 +173,30 @@ def load_plan_file(path: str, kernels: list[str]) -> list[list[PlanItem]]:
         raise SystemExit(f"--plan {path}: cannot read a JSON plan ({e})") from e
     if not isinstance(entries, list):
         raise SystemExit(f"--plan {path}: expected a JSON list of {{kernel, workload, configs}} entries")
-    out = []
+    merged: dict[tuple[str, str], list[str]] = {}  # (kernel, workload key) -> configs; repeated entries merge
     for n, e in enumerate(entries):
-        if not isinstance(e, dict) or not {"kernel", "workload", "configs"} <= set(e):
-            raise SystemExit(f"--plan {path}: entry {n} needs kernel, workload and configs")
+        if not isinstance(e, dict) or not {"kernel", "workload", "configs"} <= set(e) or not isinstance(
+                e["configs"], list):
+            raise SystemExit(f"--plan {path}: entry {n} needs kernel, workload (a workload key) and configs (a list)")
         if e["kernel"] not in kernels:
             raise SystemExit(f"--plan {path}: entry {n} is for kernel {e['kernel']!r}, not one of --kernels {kernels}")
         fam = resolve_family(e["kernel"])
-        wl = workload_from_key(fam, e["workload"])
-        configs = [str(Config.parse(c) if isinstance(c, str) else Config(c)) for c in e["configs"]]
+        try:
+            if json.loads(e["workload"]).get("kernel", fam.name) != fam.name:
+                raise ValueError(f"the workload key is for kernel {json.loads(e['workload'])['kernel']!r}")
+            wl = workload_from_key(fam, e["workload"])
+            configs = [str(Config.parse(c) if isinstance(c, str) else Config(c)) for c in e["configs"]]
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise SystemExit(f"--plan {path}: entry {n} ({e['kernel']}): {type(exc).__name__}: {exc}") from exc
         for c in configs:
             why = fam.space.why_invalid(Config.parse(c), wl)
             if why:
                 raise SystemExit(f"--plan {path}: entry {n}: config {c} is invalid for {e['workload']}: {why}")
+        merged.setdefault((e["kernel"], wl.key()), []).extend(configs)
+    out = []
+    for (kernel, wkey), configs in merged.items():
         configs = sorted(dict.fromkeys(configs), key=_layout_key)
-        out.append([PlanItem(e["kernel"], wl.key(), tuple(configs[i:i + CHUNK]), "plan")
-                    for i in range(0, len(configs), CHUNK)])
+        out.append([PlanItem(kernel, wkey, tuple(configs[i:i + CHUNK]), "plan") for i in range(0, len(configs), CHUNK)])
     return out
 
 
@@ -273,10 +281,11 @@ def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu:
             wl = workload_from_key(fam, item.workload_key)
             ms = backend.measure_many(fam, wl, [Config.parse(c) for c in item.configs])
             if replace:  # a re-measurement that fails keeps the stored ok row: nothing already measured is lost
-                kept = [m for m in ms if m.status != OK]
-                for m in kept:
-                    print(f"\n[collect] re-measurement failed, stored row kept: {m.kernel} {m.workload} {m.config}: "
-                          f"{m.status} {m.reason}", file=sys.stderr)
+                for m in (m for m in ms if m.status != OK):
+                    print(f"\n[collect] re-measurement {m.status} ({m.reason}), stored row kept: {m.kernel} "
+                          f"{m.workload} {m.config}" + (" (the knob space rejects it now; the recorded backend "
+                                                        "answers it invalid)" if m.status == INVALID else ""),
+                          file=sys.stderr)
                 ms = [m for m in ms if m.status == OK]
             written += store.put_many(contexts[item.kernel], ms, replace=replace)
     store.close()
@@ -394,6 +403,7 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
     finally:
         stop.set()
         monitor.join()
+    budget_ran_out = bool(deadline and time.time() >= deadline)  # before the integrity check and export below
     written = store.count(since=t0)
     if opts.remeasure_noisy:
         from kernel_gym.measure.recorded import MAX_SPREAD
@@ -411,7 +421,7 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
     store.close()
     return {"planned": total, "already_stored": total - remaining, "written": written,
             "seconds": time.time() - t0,
-            "stopped_by_budget": bool(deadline and time.time() >= deadline and written < remaining),
+            "stopped_by_budget": budget_ran_out and written < remaining,
             "shard_exit_codes": [p.exitcode for p in procs]}
 
 

@@ -263,8 +263,8 @@ class RecordedBackend:
                            reason=f"bracketing workloads disagree ({sorted(statuses)})")
 
     def stored_keys(self, kernel: str) -> set[tuple[str, str]]:
-        """Every (workload key, config) stored for the kernel's context, whatever its status or spread (what a
-        collection would skip)."""
+        """Every (workload key, config) stored for the kernel's context, whatever its status or spread: what a
+        collection in the same context (device, torch, triton, kernel source hash) would skip."""
         return set(self._stored.get(kernel, ()))
 
     def _why_invalid(self, kernel: str, cfg: str, workload: Any) -> str | None:

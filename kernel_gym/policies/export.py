@@ -240,15 +240,19 @@ def latest_model_uris(model_name: str | None = None) -> dict[str, str]:
 
     client = mlflow.tracking.MlflowClient()
     out: dict[str, str] = {}
-    for base, kernel in registered_kernel_names().items():
-        for name in ([f"{base}-{model_name}"] if model_name else []) + [base]:
-            try:
-                versions_ = client.search_model_versions(f"name='{name}'")
-            except Exception:  # noqa: BLE001 - an empty or fresh store has no registry rows
-                versions_ = []
-            if versions_ and kernel not in out:
-                v = max(versions_, key=lambda mv: int(mv.version))
-                out[kernel] = f"models:/{name}/{v.version}"
+    names = registered_kernel_names()
+    specific = [(f"{base}-{model_name}", k) for base, k in names.items()] if model_name else []
+    candidates = specific + list(names.items())
+    for name, kernel in candidates:  # every model-specific name first, then the generic ones
+        if kernel in out:
+            continue
+        try:
+            versions_ = client.search_model_versions(f"name='{name}'")
+        except Exception:  # noqa: BLE001 - an empty or fresh store has no registry rows
+            versions_ = []
+        if versions_:
+            v = max(versions_, key=lambda mv: int(mv.version))
+            out[kernel] = f"models:/{name}/{v.version}"
     return out
 
 

@@ -121,6 +121,8 @@ class TrainArgs:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.holdout < 1:
             raise ValueError(f"holdout must be in [0, 1), got {self.holdout}")
+        if self.obs_jitter != -1.0 and not self.obs_jitter >= 0:
+            raise ValueError(f"obs_jitter must be >= 0, or -1 for the kernel's default, got {self.obs_jitter}")
         self.net_arch = tuple(int(n) for n in self.net_arch)
 
     @property
@@ -331,7 +333,7 @@ def _save_checkpoint(model: Any, ckpt: Path, run_id: str, args: TrainArgs, eval_
     ckpt.mkdir(parents=True, exist_ok=True)
     model.save(ckpt / "latest.zip")
     state = {"run_id": run_id, "num_timesteps": int(model.num_timesteps), "env_id": args.env_id, "seed": args.seed,
-             "eval_history": eval_history}
+             "obs_jitter": args.resolved_obs_jitter, "eval_history": eval_history}
     tmp = _state_path(ckpt).with_suffix(".tmp")
     tmp.write_text(json.dumps(state))
     tmp.replace(_state_path(ckpt))  # atomic: an interruption never leaves a half-written state
@@ -361,6 +363,9 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
         raise ValueError(
             f"checkpoint in {ckpt} is for {state['env_id']}, not {args.env_id}: pass another --checkpoint-dir"
         )
+    if state is not None and state.get("obs_jitter", args.resolved_obs_jitter) != args.resolved_obs_jitter:
+        raise ValueError(f"checkpoint in {ckpt} trained with obs_jitter={state['obs_jitter']}, this run has "
+                         f"{args.resolved_obs_jitter}: resume with --obs-jitter {state['obs_jitter']}")
 
     uri = tracking.setup_tracking(args.tracking_uri or None)
     experiment_id = tracking.get_or_create_experiment(args.experiment, uri)

@@ -198,6 +198,10 @@ def test_obs_jitter_moves_only_the_workload_axes_of_training_observations(backen
     obs = np.array(obs)
     moved = {n for i, n in enumerate(names) if np.ptp(obs[:, i]) > 0}
     assert moved == {"log2_batch", "log2_context"}
+    again, _ = jittered.reset(seed=3, options={"workload_index": 0})
+    assert np.array_equal(again, obs[3])  # seeded: the same seed gives the same jittered observation
     assert jittered.observation_space.contains(obs[0].astype(np.float32))
     with pytest.raises(ValueError, match="obs_jitter"):
         gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend, obs_jitter=-1.0)
+    with pytest.raises(ValueError, match="no workload axes"):
+        gymnasium.make("KernelGym/PrefillAttention-v0", backend=backend, obs_jitter=0.5)

@@ -4,16 +4,26 @@ process, and a slow one once held a finished GPU collection past its time limit)
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from kernel_gym.measure.compiler import CompilePool
 
 
-def test_close_terminates_busy_compile_processes_at_once() -> None:
+def _mark_then_sleep(path: str) -> None:
+    """A stand-in for a long compile: says it has started, then takes a minute."""
+    Path(path).touch()
+    time.sleep(60)
+
+
+def test_close_terminates_busy_compile_processes_at_once(tmp_path: Path) -> None:
     pool = CompilePool(2, env={})
-    busy = [pool.pool.submit(time.sleep, 60) for _ in range(2)]
-    deadline = time.time() + 60
-    while not all(f.running() for f in busy) and time.time() < deadline:
+    marks = [tmp_path / f"started{i}" for i in range(2)]
+    for m in marks:
+        pool.pool.submit(_mark_then_sleep, str(m))
+    deadline = time.time() + 120
+    while not all(m.exists() for m in marks) and time.time() < deadline:
         time.sleep(0.1)
+    assert all(m.exists() for m in marks), "the pool never started both jobs"
     procs = list(pool.pool._processes.values())
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
     t0 = time.perf_counter()

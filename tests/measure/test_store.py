@@ -192,3 +192,68 @@ def test_collect_plan_file_measures_exactly_its_pairs_and_rejects_bad_entries(tm
     assert bad.returncode != 0 and "entry 0" in bad.stderr and "more than 4x" in bad.stderr
     with MeasurementStore(db) as store:
         assert store.count() == 2
+
+
+def test_failed_re_measurement_keeps_the_stored_ok_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-measuring (replace=True) overwrites a noisy ok row with a new ok one, but a re-measurement that fails (here
+    a crash) leaves the stored row as it was: nothing measured before is lost."""
+    import kernel_gym.measure.live as live
+    from kernel_gym.measure import collect
+
+    w1, w2 = "w1", "w2"
+    db = tmp_path / "m.sqlite"
+    ctx = Context("NVIDIA H200", "2.11.0", "3.6.0", "tiny_scale", "h")
+    with MeasurementStore(db) as store:
+        store.put_many(ctx, [Measurement("tiny_scale", w, '{"BLOCK":32}', OK, median_ms=9.0, spread=3.0, repeats=9)
+                             for w in (w1, w2)])
+
+    class FakeBackend:  # answers w1 with a quiet time and w2 with a crash
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def prefetch(self, *args):
+            return None
+
+        def measure_many(self, fam, wl, configs):
+            if wl == w1:
+                return [Measurement("tiny_scale", w1, str(c), OK, median_ms=1.0, spread=0.01, repeats=3)
+                        for c in configs]
+            return [Measurement("tiny_scale", w2, str(c), "crash", reason="illegal address") for c in configs]
+
+    monkeypatch.setattr(live, "LiveBackend", FakeBackend)
+    monkeypatch.setattr(collect, "die_with_parent", lambda: None)
+    monkeypatch.setattr(collect, "workload_from_key", lambda fam, key: key)
+    items = [collect.PlanItem("tiny_family:FAMILY", w, ('{"BLOCK":32}',), "noisy") for w in (w1, w2)]
+    written = collect.run_shard(items, str(db), {"tiny_family:FAMILY": ctx}, None, "cpu", 0, 0.0,
+                                collect.DEFAULT_TIMING, replace=True)
+    assert written == 1
+    with MeasurementStore(db) as store:
+        rows = {r["workload"]: r for r in store.rows()}
+    assert rows[w1]["median_ms"] == 1.0 and rows[w1]["spread"] == 0.01
+    assert rows[w2]["status"] == OK and rows[w2]["median_ms"] == 9.0 and rows[w2]["spread"] == 3.0
+
+
+def test_plan_file_names_bad_entries_and_merges_repeats(tmp_path: Path) -> None:
+    from tiny_family import TinyWorkload
+
+    from kernel_gym.measure.collect import load_plan_file
+
+    plan = tmp_path / "plan.json"
+    w = TinyWorkload(100).key()
+    plan.write_text(json.dumps([{"kernel": "tiny_family:FAMILY", "workload": w, "configs": [{"BLOCK": 32}]},
+                                {"kernel": "tiny_family:FAMILY", "workload": w, "configs": [{"BLOCK": 64}]}]))
+    (chunks,) = load_plan_file(str(plan), ["tiny_family:FAMILY"])
+    assert [c.configs for c in chunks] == [('{"BLOCK":32}', '{"BLOCK":64}')]
+    plan.write_text(json.dumps([{"kernel": "tiny_family:FAMILY", "workload": '{"kernel":"fused_moe","n":4}',
+                                 "configs": [{"BLOCK": 32}]}]))
+    with pytest.raises(SystemExit, match="entry 0.*fused_moe"):
+        load_plan_file(str(plan), ["tiny_family:FAMILY"])
+    plan.write_text(json.dumps([{"kernel": "tiny_family:FAMILY", "workload": w, "configs": {"BLOCK": 32}}]))
+    with pytest.raises(SystemExit, match="entry 0 needs .*configs \\(a list\\)"):
+        load_plan_file(str(plan), ["tiny_family:FAMILY"])
