@@ -219,8 +219,10 @@ def test_fast_hopper_configs_are_in_the_space():
         assert SPACE.is_valid(config, MIXTRAL_B64), SPACE.why_invalid(config, MIXTRAL_B64)
     assert SPACE.is_valid(_cfg(NUM_SPLITS=2, BLOCK_N=128), MIXTRAL_B64)  # evens out contexts of 0.5x..1.5x
     b8 = DecodeWorkload(32, 8, 128, 8, 32768)
-    for splits in (2, 4, 8):
+    for splits in (4, 8, 16):
         assert SPACE.is_valid(_cfg(NUM_SPLITS=splits), b8), SPACE.why_invalid(_cfg(NUM_SPLITS=splits), b8)
+    # 2 splits: 8 x 8 x 2 = 128 programs, under one wave of 132 SMs, while 4 splits are valid
+    assert "less than one wave" in SPACE.why_invalid(_cfg(NUM_SPLITS=2), b8)
     b1 = DecodeWorkload(32, 8, 128, 1, 32768)
     assert SPACE.is_valid(_cfg(NUM_SPLITS=16, BLOCK_N=128), b1)
 
