@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.policies.catalogue import build_catalogue
     from kernel_gym.policies.train import prepare_data
 
     backend = RecordedBackend(args.data or None)
@@ -44,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         candidates: dict = {}
         shapes: dict = {}
         for model in [m.strip() for m in args.models.split(",") if m.strip()]:
-            for depth in range(1, args.depth + 1):  # each depth's catalogue (the size cap makes them differ)
-                data = prepare_data(kernel, backend, model, depth=depth)
-                candidates.update(dict.fromkeys(data.catalogue.configs))
+            data = prepare_data(kernel, backend, model)
+            for depth in range(1, args.depth + 1):  # as training builds it (near 0, 48 entries) at each depth
+                candidates.update(dict.fromkeys(build_catalogue(kernel, data.train, 0.0, 48, depth).configs))
             for ref in data.train + data.heldout:
                 shapes[ref.key] = ref.workload
                 candidates.update(dict.fromkeys(sorted(ref.times, key=ref.times.__getitem__)[:args.top]))

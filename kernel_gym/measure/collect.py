@@ -99,6 +99,12 @@ def _all_valid(jobs: list[tuple[str, str]], workers: int) -> dict[tuple[str, str
         return dict(zip(jobs, pool.map(_valid_configs, *zip(*jobs), chunksize=4)))
 
 
+def _chunks(kernel: str, wkey: str, configs: list[str], grid: str) -> list[PlanItem]:
+    """One workload's configs (duplicates dropped) as chunks of CHUNK, configs sharing a KV layout back to back."""
+    ordered = sorted(dict.fromkeys(configs), key=_layout_key)
+    return [PlanItem(kernel, wkey, tuple(ordered[i:i + CHUNK]), grid) for i in range(0, len(ordered), CHUNK)]
+
+
 def _layout_key(config: str) -> tuple:
     """Sort key that groups configs by their data-layout knobs (decode: PAGE_SIZE, LAYOUT), so a family can reuse
     the inputs it re-laid out for the previous config."""
@@ -147,9 +153,7 @@ def build_plan(opts: CollectOptions) -> list[list[PlanItem]]:
                     default = fam.default_config(wl)
                     if str(default) not in chosen and fam.space.is_valid(default, wl):
                         chosen = [str(default), *chosen]
-                chosen = sorted(chosen, key=_layout_key)  # configs sharing a KV layout run back to back
-                stream.append([PlanItem(kernel, wkey, tuple(chosen[i:i + CHUNK]), grid)
-                               for i in range(0, len(chosen), CHUNK)])
+                stream.append(_chunks(kernel, wkey, chosen, grid))
             streams.append(stream)
     ordered: list[list[PlanItem]] = []
     for i in range(max((len(s) for s in streams), default=0)):
@@ -193,11 +197,7 @@ def load_plan_file(path: str, kernels: list[str]) -> list[list[PlanItem]]:
             if why:
                 raise SystemExit(f"--plan {path}: entry {n}: config {c} is invalid for {e['workload']}: {why}")
         merged.setdefault((e["kernel"], wl.key()), []).extend(configs)
-    out = []
-    for (kernel, wkey), configs in merged.items():
-        configs = sorted(dict.fromkeys(configs), key=_layout_key)
-        out.append([PlanItem(kernel, wkey, tuple(configs[i:i + CHUNK]), "plan") for i in range(0, len(configs), CHUNK)])
-    return out
+    return [_chunks(kernel, wkey, configs, "plan") for (kernel, wkey), configs in merged.items()]
 
 
 def contexts_for(kernels: list[str], device_name: str) -> dict[str, Context]:
@@ -231,9 +231,7 @@ def noisy_plan(store: MeasurementStore, contexts: dict[str, Context], max_spread
         by_workload: dict[str, list[str]] = {}
         for wkey, cfg in store.noisy_keys(ctx, max_spread):
             by_workload.setdefault(wkey, []).append(cfg)
-        for wkey, cfgs in by_workload.items():
-            cfgs = sorted(cfgs, key=_layout_key)
-            out.append([PlanItem(ref, wkey, tuple(cfgs[i:i + CHUNK]), "noisy") for i in range(0, len(cfgs), CHUNK)])
+        out.extend(_chunks(ref, wkey, cfgs, "noisy") for wkey, cfgs in by_workload.items())
     return out
 
 
@@ -355,9 +353,9 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
         device_name = "cpu-interpreter"
     contexts = contexts_for(opts.kernels, device_name)
     store = MeasurementStore(opts.db)
-    if opts.remeasure_noisy:
-        from kernel_gym.measure.recorded import MAX_SPREAD
+    from kernel_gym.measure.recorded import MAX_SPREAD
 
+    if opts.remeasure_noisy:
         plan = todo = noisy_plan(store, contexts, MAX_SPREAD)
         total = remaining = sum(len(i.configs) for chunks in todo for i in chunks)
         print(f"[collect] re-measuring {remaining} stored ok rows with spread > {MAX_SPREAD}", file=log)
@@ -406,8 +404,6 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
     budget_ran_out = bool(deadline and time.time() >= deadline)  # before the integrity check and export below
     written = store.count(since=t0)
     if opts.remeasure_noisy:
-        from kernel_gym.measure.recorded import MAX_SPREAD
-
         still = sum(len(store.noisy_keys(c, MAX_SPREAD)) for c in contexts.values())
         print(f"\n[collect] re-measured {written} of {remaining} rows; {still} are still too noisy", file=log)
     print(f"\n[collect] wrote {written} rows in {_fmt(time.time() - t0)}; store holds {store.count()} rows; "

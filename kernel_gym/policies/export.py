@@ -103,10 +103,11 @@ def layout_scores(configs: Sequence[Config], wls: Sequence[Any],
     pages = next(k.values for k in space.knobs if k.name == "PAGE_SIZE")
     layouts = next(k.values for k in space.knobs if k.name == "LAYOUT")
     out = {}
+    best_ms: dict[int, float] = {}  # per cell, computed once for all layouts
     for ps in pages:
         for lay in layouts:
             logs = []
-            for c, w in zip(configs, wls):
+            for i, (c, w) in enumerate(zip(configs, wls)):
                 try:
                     moved = on_layout(c, w, int(ps), str(lay))
                 except ValueError:
@@ -114,8 +115,9 @@ def layout_scores(configs: Sequence[Config], wls: Sequence[Any],
                 t = scorer.measure("decode_attention", w, moved)
                 if not (t.ok and t.median_ms):
                     continue  # outside the measured grid, or this config unmeasured around it
-                best = scorer.best_measurement("decode_attention", w)
-                logs.append(math.log(min(1.0, best.median_ms / t.median_ms)))
+                if i not in best_ms:
+                    best_ms[i] = scorer.best_measurement("decode_attention", w).median_ms
+                logs.append(math.log(min(1.0, best_ms[i] / t.median_ms)))
             out[(int(ps), str(lay))] = (math.exp(sum(logs) / len(logs)) if logs else 0.0, len(logs))
     return out
 
@@ -168,6 +170,15 @@ def default_scorer(device: str) -> Any:
 
     backend = make_backend("recorded")
     return backend if backend.device == device else None
+
+
+def table_from_registry(model: Any, model_uris: Sequence[str] = (), device: str = DEFAULT_DEVICE,
+                        kv_layout: tuple[int, str] | None = None) -> DispatchTable:
+    """The dispatch table of the given (or latest registered) policies, exactly as `kernel-gym export` writes it: the
+    decode KV layout, unless given, chosen on the packaged measurements when they are of `device`."""
+    policies = load_policies(model_uris, model.name)
+    scorer = default_scorer(device) if kv_layout is None and "decode_attention" in policies else None
+    return build_table(model, policies, device, kv_layout=kv_layout, scorer=scorer)
 
 
 def versions() -> dict[str, str]:
@@ -361,10 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {args.skew}")
     setup_tracking(args.tracking_uri or None)
     model = load_model(args.model)
-    kv_layout = parse_kv_layout(args.kv_layout)
-    policies = load_policies(args.model_uri, model.name)
-    scorer = default_scorer(args.device) if kv_layout is None and "decode_attention" in policies else None
-    table = build_table(model, policies, args.device, kv_layout=kv_layout, scorer=scorer)
+    table = table_from_registry(model, args.model_uri, args.device, parse_kv_layout(args.kv_layout))
     if args.format == "dispatch":
         path = table.save(args.out / TABLE_FILE)
     else:

@@ -63,8 +63,7 @@ def run_live(
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.live import LiveBackend
     from kernel_gym.measure.recorded import RecordedBackend
-    from kernel_gym.policies.observation import observe
-    from kernel_gym.policies.train import prepare_data
+    from kernel_gym.policies.train import policy_chooser, prepare_data
 
     if "-live-" not in env_id or env_id not in ENV_KERNELS:
         raise ValueError(f"{env_id!r} is not a live kernel env; use one of "
@@ -131,14 +130,9 @@ def run_live(
     log["train_wall_s"] = time.time() - t0
 
     # Live evaluation: policy choice vs the recorded oracle's config vs the default, timed together per workload.
-    space, heldout_keys = family.space, {r.key for r in eval_refs}
+    choose, heldout_keys = policy_chooser(agent, data.catalogue, family.space), {r.key for r in eval_refs}
     for ref in [*eval_refs, *train_refs]:
-        mask = np.array([c in ref.available and space.is_valid(c, ref.workload) for c in data.catalogue.configs])
-        if not mask.any():
-            continue
-        action, _ = agent.predict(observe(ref.workload), action_masks=mask, deterministic=True)
-        chosen = data.catalogue.configs[int(action)]
-        named = {"policy": chosen, "recorded_oracle": ref.best_config, "default": ref.default}
+        named = {"policy": choose(ref), "recorded_oracle": ref.best_config, "default": ref.default}
         distinct = list(dict.fromkeys(named.values()))
         ms = dict(zip(distinct, live.measure_many(kernel, ref.workload, distinct)))
         row = {"workload": ref.key, "split": "heldout" if ref.key in heldout_keys else "train"}

@@ -186,15 +186,9 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
 def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str | None = None) -> Any:
     """The Dispatcher over a dispatch table: from a file, or exported now from the given (or latest) policies."""
     from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable
-    from kernel_gym.policies.export import DEFAULT_DEVICE, build_table, default_scorer, load_policies
+    from kernel_gym.policies.export import table_from_registry
 
-    if table_path:
-        table = DispatchTable.load(table_path)
-    else:  # exported now, exactly as `kernel-gym export` would
-        policies = load_policies(model_uris, model.name)
-        scorer = default_scorer(DEFAULT_DEVICE) if "decode_attention" in policies else None
-        table = build_table(model, policies, scorer=scorer)
-    return Dispatcher(table)
+    return Dispatcher(DispatchTable.load(table_path) if table_path else table_from_registry(model, model_uris))
 
 
 def replay(trace: Any, model: Any, factories: dict[str, Callable[[], Any]], backend: Any, routing: Any,
