@@ -1,8 +1,8 @@
 """`kernel-gym bench`: each kernel's configs against anchors measured in the same run (GPU only).
 
-For every benchmark case of every family: time the default config and a seeded sample of valid configs (each checked
-against the torch reference first: a wrong result is recorded as a failure, never timed), take the best, and compare
-it with the anchors the case names:
+For every benchmark case of every family: time the default config, the recorded dataset's fastest configs for the
+case's workload and a seeded sample of valid configs (each checked against the torch reference first: a wrong result
+is recorded as a failure, never timed), take the best, and compare it with the anchors the case names:
   sdpa            torch scaled_dot_product_attention on [B, H, N, D] (causal), TFLOP/s
   copy_bandwidth  device-to-device copy of 2 GiB, bytes read + written per second, TB/s
   torch_matmul    a dense bf16 matmul with the same FLOP count, TFLOP/s
@@ -13,6 +13,7 @@ default_ms) plus a markdown summary. Imports only torch, triton, numpy and the s
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -47,11 +48,35 @@ def _time(fn: Callable[[], Any]) -> Timed:
 EXHAUSTIVE = ("prefill_attention",)  # small spaces (~120 configs): the benchmark times every valid config
 
 
-def _candidates(family: Any, workload: Any, n_configs: int, seed: int) -> list[Config]:
+@functools.lru_cache(maxsize=1)
+def _recorded_backend() -> Any:
+    from kernel_gym.measure import make_backend
+
+    return make_backend("recorded")
+
+
+def recorded_best(family: Any, workload: Any, n: int) -> list[Config]:
+    """The n fastest valid configs the packaged H200 dataset recorded for this workload (none when it has no rows
+    for it): the search kernel_gym exists for. They are timed again here, in the same run as the anchors."""
+    if n <= 0:
+        return []
+    backend = _recorded_backend()
+    timed = []
+    for c in backend.available_configs(family.name, workload):
+        if family.space.is_valid(c, workload):
+            m = backend.measure(family.name, workload, c)
+            if m.ok and m.median_ms:
+                timed.append((m.median_ms, str(c), c))
+    return [c for _, _, c in sorted(timed)[:n]]
+
+
+def _candidates(family: Any, workload: Any, n_configs: int, seed: int, n_recorded: int = 0) -> list[Config]:
+    """Default first, then the dataset's best for this workload, then a seeded sample of the valid space."""
     if family.name in EXHAUSTIVE:
         n_configs = len(family.space)
     default = family.default_config(workload)
-    return [default] + [c for c in family.space.sample(workload, n_configs, seed=seed) if c != default]
+    picks = [default, *recorded_best(family, workload, n_recorded), *family.space.sample(workload, n_configs, seed=seed)]
+    return list(dict.fromkeys(picks))
 
 
 def copy_bandwidth_tbs() -> tuple[float, Timed]:
@@ -101,13 +126,13 @@ BENCH_COMPILE_WORKERS = 8  # compile processes (see run_bench)
 
 
 def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs: int, seed: int,
-               log: Callable) -> dict:
-    """Time default + sampled configs on one case in the live backend's isolated worker (each checked against the
+               log: Callable, n_recorded: int = 0) -> dict:
+    """Time default + the dataset's best + sampled configs on one case in the live backend's isolated worker (each checked against the
     reference first); near-ties are re-measured by pick_winner. Returns the best, the default's time, all tried."""
     from kernel_gym.measure.timing import TimingOptions
 
     family = get_family(family_name)
-    configs = _candidates(family, workload, n_configs, seed)
+    configs = _candidates(family, workload, n_configs, seed, n_recorded)
     winner, measurements = live.pick_winner(family_name, workload, configs,
                                             confirm=TimingOptions(**{**BENCH_TIMING_KW, "min_reps": 20}))
     by_config: dict[str, Any] = {}
@@ -127,7 +152,7 @@ def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs:
 
 
 def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0, log: Callable = print,
-              on_case: Callable[[list[dict]], None] | None = None) -> dict:
+              on_case: Callable[[list[dict]], None] | None = None, n_recorded: int = 0) -> dict:
     """Every case of every family; `on_case(records so far)` after each case, so a crash or timeout keeps what was
     measured. A case that raises (e.g. out of memory) is logged, kept in details with its error, and skipped."""
     import torch
@@ -152,15 +177,16 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
     for family_name in kernels:
         family = get_family(family_name)
         cases = importlib.import_module(FAMILY_MODULES[family_name]).bench_cases()
-        for _, workload in cases:  # compile every case's candidates on CPU cores while the GPU times
-            live.prefetch(family_name, workload, _candidates(family, workload, n_configs, seed))
+        candidates = {case: _candidates(family, workload, n_configs, seed, n_recorded) for case, workload in cases}
+        for case, workload in cases:  # compile every case's candidates on CPU cores while the GPU times
+            live.prefetch(family_name, workload, candidates[case])
         for case, workload in cases:
             if time.time() - start > budget_s:
                 log(f"budget of {budget_s:.0f} s spent: skipping {case}")
                 continue
-            log(f"{family_name} / {case}: timing up to {n_configs + 1} configs")
+            log(f"{family_name} / {case}: timing {len(candidates[case])} configs")
             try:
-                res = bench_case(live, family_name, case, workload, n_configs, seed, log)
+                res = bench_case(live, family_name, case, workload, n_configs, seed, log, n_recorded)
             except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
                 details[case] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
                 log(f"  {case}: FAILED {details[case]['error']}")
@@ -227,8 +253,9 @@ def to_markdown(result: dict) -> str:
         f"Device {env['device']}, torch {env['torch']}, triton {env['triton']}; copy bandwidth measured in the "
         f"same run: {env['copy_bandwidth_tbs']:.2f} TB/s. Raw data: `benchmarks/h200_kernels.json` "
         "(written by `kernel-gym bench`).",
-        "Each case times the knob space's default config and a seeded sample of valid configs (prefill: every valid "
-        "config), each checked against the torch reference before it is timed; the best is compared with anchors "
+        "Each case times the knob space's default config, the packaged H200 dataset's fastest configs for the case's "
+        "workload (when it has rows for it) and a seeded sample of valid configs (prefill: every valid config), each "
+        "checked against the torch reference before it is timed; the best is compared with anchors "
         "measured in the same run.",
         "",
         "| kernel | case | anchor | best ms | metric | value | anchor value | ratio | target | default ms "
@@ -255,7 +282,7 @@ def main(args: Any) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = lambda records: args.out.write_text(json.dumps(records, indent=1))  # noqa: E731
-    result = run_bench(kernels, args.configs, args.budget_s, log=log, on_case=partial)
+    result = run_bench(kernels, args.configs, args.budget_s, log=log, on_case=partial, n_recorded=args.recorded)
     args.out.write_text(json.dumps(result["records"], indent=1))
     details_path = args.out.with_name(args.out.stem + "_details.json")
     details_path.write_text(json.dumps({"env": result["env"], "details": result["details"]}, indent=1))

@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="readable markdown summary (default: beside --out; docs/benchmarks.md keeps its analysis)")
     p.add_argument("--kernels", default="prefill_attention,decode_attention,fused_moe", help="comma-separated families")
     p.add_argument("--configs", type=int, default=120, help="configs timed per case (sampled from the valid space)")
+    p.add_argument("--recorded", type=int, default=12,
+                   help="also time the packaged dataset's N fastest configs for each case's workload (0: none)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
     p.set_defaults(func=_cmd_bench)
 

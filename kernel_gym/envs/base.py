@@ -7,6 +7,7 @@ workload and must answer at once, so the agent learns a map workload -> config, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -29,10 +30,11 @@ from kernel_gym.policies.observation import CLIP, encode, feature_names, observe
 
 FAILURE_PENALTY = -1.0
 PROFILES = ("grid", "eval", "small")
-# obs_jitter: per kernel, groups of raw features that move together along one workload axis (log2 units)
-JITTER_AXES: dict[str, tuple[tuple[str, ...], ...]] = {
-    "decode_attention": (("log2_batch",), ("log2_context",)),
-    "fused_moe": (("log2_tokens", "log2_slots_per_expert"),),
+# obs_jitter: per kernel, the workload axes it moves (a workload field and the raw features, in log2 units, that move
+# with it)
+JITTER_AXES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "decode_attention": (("batch", ("log2_batch",)), ("context_len", ("log2_context",))),
+    "fused_moe": (("num_tokens", ("log2_tokens", "log2_slots_per_expert")),),
     "prefill_attention": (),
 }
 SPLITS = ("train", "heldout", "all")
@@ -169,6 +171,7 @@ class KernelConfigEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-CLIP, CLIP, (len(feature_names(self.kernel)),), np.float32)
         self.action_space = gym.spaces.Discrete(len(self.catalogue))
         self._index = 0
+        self._mask_now = self.masks[0]
         self._last: dict[str, Any] = {}
 
     def _mask(self, ref: WorkloadReference) -> np.ndarray:
@@ -182,8 +185,9 @@ class KernelConfigEnv(gym.Env):
         return self.references[self._index].workload
 
     def action_masks(self) -> np.ndarray:
-        """Valid (knob-space rules) and available (backend) catalogue entries for the current workload."""
-        return self.masks[self._index].copy()
+        """Valid (knob-space rules) and available (backend) catalogue entries for the current workload (with
+        obs_jitter: also valid at the moved workload the observation shows)."""
+        return self._mask_now.copy()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Draw a workload from the profile; options={"workload_index": i} picks one (evaluation sweeps)."""
@@ -195,21 +199,32 @@ class KernelConfigEnv(gym.Env):
             self._index = i
         else:
             self._index = int(self.np_random.choice(len(self.references), p=self._p))
-        return self._observation(), {"workload": self._keys[self._index], "action_mask": self.action_masks()}
+        obs, self._mask_now = self._observation()
+        return obs, {"workload": self._keys[self._index], "action_mask": self.action_masks()}
 
-    def _observation(self) -> np.ndarray:
-        """The workload's observation; with obs_jitter, its workload axes moved by Gaussian noise (log2 units), one
-        draw per axis. Training only: the reward still comes from the exact workload, so a config that wins across
-        neighbouring grid points earns more than one that wins on a single point, and the learned decision regions
-        reach between grid points instead of flipping at arbitrary places there (held-out shapes lie between)."""
+    def _observation(self) -> tuple[np.ndarray, np.ndarray]:
+        """The workload's observation and action mask; with obs_jitter, its workload axes moved by Gaussian noise
+        (log2 units), one draw per axis. Training only: the reward still comes from the exact workload, so a config
+        that wins across neighbouring grid points earns more than one that wins on a single point, and the learned
+        decision regions reach between grid points instead of flipping at arbitrary places there (held-out shapes lie
+        between). The mask follows the observation: entries the knob space rejects at the moved workload are masked
+        too, so the choice the policy learns where a rule switches a config off (the fused top-k sum above 96 tokens,
+        split counts by grid size) is the one that is best at the exact neighbours it was trained on."""
+        index = self._index
         if not self.obs_jitter:
-            return self._obs[self._index].copy()
-        raw = raw_features(self.references[self._index].workload)
-        for axis in JITTER_AXES.get(self.kernel, ()):
+            return self._obs[index].copy(), self.masks[index]
+        workload = self.references[index].workload
+        raw = raw_features(workload)
+        moved = {}
+        for field_name, names in JITTER_AXES.get(self.kernel, ()):
             delta = float(self.np_random.normal(0.0, self.obs_jitter))
-            for name in axis:
+            for name in names:
                 raw[name] += delta
-        return encode(self.kernel, raw)
+            moved[field_name] = max(1, round(getattr(workload, field_name) * 2.0 ** delta))
+        moved_workload = dataclasses.replace(workload, **moved)
+        space = self.family.space
+        mask = self.masks[index] & np.array([space.is_valid(c, moved_workload) for c in self.catalogue.configs])
+        return encode(self.kernel, raw), (mask if mask.any() else self.masks[index])
 
     def step(self, action: Any):
         i = int(action)
@@ -218,8 +233,10 @@ class KernelConfigEnv(gym.Env):
         ref, config = self.references[self._index], self.catalogue.configs[i]
         obs = self._obs[self._index].copy()
         info: dict[str, Any] = {"workload": self._keys[self._index], "config": self._config_str[i], "action": i}
-        if not self.masks[self._index][i]:
+        if not self._mask_now[i]:
             reason = self.family.space.why_invalid(config, ref.workload)
+            if not reason and self.masks[self._index][i]:
+                reason = "invalid at the workload this episode's jittered observation shows (obs_jitter)"
             info.update(
                 error_type=INVALID if reason else UNAVAILABLE,
                 reason=reason or "the backend has no measurement for this config on this workload",

@@ -205,3 +205,34 @@ def test_obs_jitter_moves_only_the_workload_axes_of_training_observations(backen
         gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend, obs_jitter=-1.0)
     with pytest.raises(ValueError, match="no workload axes"):
         gymnasium.make("KernelGym/PrefillAttention-v0", backend=backend, obs_jitter=0.5)
+
+
+def test_obs_jitter_masks_what_the_knob_space_rejects_at_the_moved_workload(backend):
+    """With obs_jitter the mask follows the observation: a MoE workload at <= 96 tokens whose observation was moved
+    above 96 tokens gets the fused top-k sum (FUSE_SUM=1, invalid above 96 tokens) masked, the mask is never wider
+    than the exact workload's, and stepping an entry masked only by the jitter ends the episode as invalid."""
+    from kernel_gym.kernels.fused_moe import FUSE_SUM_MAX_TOKENS
+    from kernel_gym.policies.catalogue import Catalogue
+
+    plain = gymnasium.make("KernelGym/MoE-v0", backend=backend).unwrapped
+    ref = next(r for r in plain.references if r.workload.num_tokens == FUSE_SUM_MAX_TOKENS)
+    measured = sorted(ref.times, key=str)
+    configs = [c for c in measured if c["FUSE_SUM"]][:4] + [c for c in measured if not c["FUSE_SUM"]][:4]
+    assert any(c["FUSE_SUM"] for c in configs), "the test needs a measured FUSE_SUM=1 config at the limit"
+    env = gymnasium.make("KernelGym/MoE-v0", backend=backend, obs_jitter=1.0,
+                         catalogue=Catalogue("fused_moe", configs)).unwrapped
+    i = next(j for j, r in enumerate(env.references) if r.key == ref.key)
+    fused = np.array([bool(c["FUSE_SUM"]) for c in env.catalogue.configs])
+    assert (env.masks[i] & fused).any()
+    hidden = 0
+    for seed in range(40):
+        _, info = env.reset(seed=seed, options={"workload_index": i})
+        mask = env.action_masks()
+        assert np.array_equal(mask, info["action_mask"]) and not (mask & ~env.masks[i]).any()
+        only_jitter = env.masks[i] & ~mask
+        if only_jitter.any():
+            hidden += 1
+            assert not (only_jitter & ~fused).any()  # only the fused top-k sum depends on the token count here
+            _, reward, terminated, _, info = env.step(int(np.flatnonzero(only_jitter)[0]))
+            assert terminated and reward < 0 and info["error_type"] == INVALID and "obs_jitter" in info["reason"]
+    assert 5 < hidden < 35  # about half of the draws move 96 tokens above the limit

@@ -1,0 +1,37 @@
+"""`kernel-gym bench` candidate selection and its markdown verdicts (the timing itself needs the H200)."""
+
+from __future__ import annotations
+
+from kernel_gym import bench
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.fused_moe import bench_cases
+from kernel_gym.measure import make_backend
+
+
+def test_candidates_put_the_default_first_then_the_datasets_fastest_then_the_sample():
+    family = get_family("fused_moe")
+    workload = dict(bench_cases())["moe_mixtral_m1"]
+    best = bench.recorded_best(family, workload, 5)
+    assert len(best) == 5 and all(family.space.is_valid(c, workload) for c in best)
+    recorded = make_backend("recorded")
+    times = [recorded.measure("fused_moe", workload, c).median_ms for c in best]
+    assert times == sorted(times)
+    # nothing valid and measured at this workload is faster than the first pick
+    assert all(recorded.measure("fused_moe", workload, c).median_ms >= times[0]
+               for c in recorded.available_configs("fused_moe", workload)[:200] if family.space.is_valid(c, workload))
+    picks = bench._candidates(family, workload, 20, seed=0, n_recorded=5)
+    assert picks[0] == family.default_config(workload)
+    assert [c for c in picks if c in best] == [c for c in best if c != picks[0]]
+    assert len(picks) == len(set(map(str, picks)))
+    assert bench._candidates(family, workload, 20, seed=0)[1:] != picks[1:]  # n_recorded=0: the sample only
+    assert bench.recorded_best(family, workload, 0) == []
+
+
+def test_markdown_marks_met_and_missed_targets():
+    record = {"kernel": "fused_moe", "case": "moe_mixtral_m1", "anchor": "copy_bandwidth", "ms": 0.2, "metric": "TB/s",
+              "value": 3.5, "anchor_value": 4.0, "ratio_to_anchor": 0.875, "default_ms": 0.4}
+    env = {"device": "test", "torch": "x", "triton": "y", "copy_bandwidth_tbs": 4.0}
+    md = bench.to_markdown({"records": [record], "env": env})
+    assert ">= 0.85 met" in md and "2.00x" in md
+    md = bench.to_markdown({"records": [{**record, "ratio_to_anchor": 0.80}], "env": env})
+    assert "MISSED by 0.05" in md
