@@ -15,6 +15,10 @@ causal, GQA). One Triton kernel with compile-time switches covers the variants:
   and the descriptor store clips the last tile (flash-attn-3 style varlen). Needs triton.set_allocator.
 - persist: tma with a persistent grid (programs_per_sm x #SMs programs walk the work table round-robin).
 - ws: tma / persist with tl.range(..., warp_specialize=True) (may be unsupported by triton 3.6 on sm_90: recorded).
+- lazy (session 4): tma with lazy rescaling in the unmasked loop (FlashAttention-4: the running max, and with it the
+  accumulator's rescale, changes only when a row's max grows by more than 8 in log2 units).
+- pipe (session 4): tma with the next block's QK^T issued before this block's softmax (FlashAttention-3's
+  intra-warpgroup overlap, written at the source level).
 
 GPU:  python3 scripts/exp_prefill_variants.py --out $OUT/exp_prefill.json --budget-s 180
 CPU:  TRITON_INTERPRET=1 python3 scripts/exp_prefill_variants.py --tiny   (correctness only, fp32 and fp16)
@@ -57,11 +61,13 @@ MODE_PTR, MODE_TMA_HOST, MODE_TMA_DEV = 0, 1, 2
 def _inner(
     acc, l_i, m_i, q, Kx, Vx, kv_row0, k_col, v_col, stride_kt, stride_vt,
     offs_m, offs_d, lo, hi, seq_len, qk_scale,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MODE: tl.constexpr, WS: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, MODE: tl.constexpr, WS: tl.constexpr, LAZY: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MODE 0: Kx/Vx are base pointers of this (sequence, kv head);
     MODE 1/2: tensor descriptors, block row kv_row0 + start_n, column k_col / v_col. MASKED applies the causal mask,
-    which also removes every key past the sequence end for the query rows that are stored."""
+    which also removes every key past the sequence end for the query rows that are stored. LAZY (unmasked only):
+    keep the running max, and skip rescaling the accumulator, until some row's max grows by more than 8 (log2 units:
+    p stays <= 256, exact in fp32 and bf16 range), as FlashAttention-4 does."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
@@ -79,13 +85,25 @@ def _inner(
             qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e6)
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
             qk = qk - m_ij[:, None]
+        elif LAZY:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            if tl.max(m_new - m_i, 0) > 8.0:
+                alpha = tl.math.exp2(m_i - m_new)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            m_ij = m_i
+            qk = qk * qk_scale - m_ij[:, None]
         else:
             m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             qk = qk * qk_scale - m_ij[:, None]
         p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        if LAZY and not MASKED:
+            l_i = l_i + tl.sum(p, 1)
+        else:
+            alpha = tl.math.exp2(m_i - m_ij)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
         if MODE == 0:
             v_ptrs = Vx + cols[:, None] * stride_vt + offs_d[None, :]
             if MASKED:
@@ -100,11 +118,43 @@ def _inner(
 
 
 @triton.jit
+def _inner_pipe(acc, l_i, m_i, q, Kx, Vx, kv_row0, k_col, v_col, lo, hi, qk_scale, BLOCK_N: tl.constexpr):
+    """Unmasked key blocks [lo, hi) through descriptors, software-pipelined at the source level: the next block's
+    QK^T is issued before this block's softmax, so the tensor cores can run it while the softmax runs
+    (FlashAttention-3's intra-warpgroup overlap)."""
+    if hi > lo:
+        k = Kx.load([kv_row0 + lo, k_col])
+        qk = tl.dot(q, tl.trans(k))
+        for start_n in range(lo, hi - BLOCK_N, BLOCK_N):
+            k = Kx.load([kv_row0 + start_n + BLOCK_N, k_col])
+            qk_next = tl.dot(q, tl.trans(k))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+            alpha = tl.math.exp2(m_i - m_ij)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            v = Vx.load([kv_row0 + start_n, v_col])
+            acc = tl.dot(p.to(v.dtype), v, acc)
+            m_i = m_ij
+            qk = qk_next
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = Vx.load([kv_row0 + hi - BLOCK_N, v_col])
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _tile(
     Qx, Kx, Vx, O, CU_SEQLENS, seq, blk, head, qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, WS: tl.constexpr,
+    LAZY: tl.constexpr, PIPE: tl.constexpr,
 ):
     """One BLOCK_M tile of queries of sequence `seq`, q head `head`."""
     kv_head = head // (NUM_HEADS // NUM_KV_HEADS)
@@ -152,14 +202,18 @@ def _tile(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     full_hi = (start_m // BLOCK_N) * BLOCK_N  # key blocks ending at or before the first query row: no mask
-    acc, l_i, m_i = _inner(
-        acc, l_i, m_i, q, k_src, v_src, kv_row0, k_col, v_col, stride_kt, stride_vt,
-        offs_m, offs_d, 0, full_hi, seq_len, qk_scale, BLOCK_N, False, MODE, WS,
-    )
+    if PIPE:
+        acc, l_i, m_i = _inner_pipe(acc, l_i, m_i, q, k_src, v_src, kv_row0, k_col, v_col, 0, full_hi, qk_scale,
+                                    BLOCK_N)
+    else:
+        acc, l_i, m_i = _inner(
+            acc, l_i, m_i, q, k_src, v_src, kv_row0, k_col, v_col, stride_kt, stride_vt,
+            offs_m, offs_d, 0, full_hi, seq_len, qk_scale, BLOCK_N, False, MODE, WS, LAZY,
+        )
     diag_hi = tl.minimum(start_m + BLOCK_M, seq_len)
     acc, l_i, m_i = _inner(
         acc, l_i, m_i, q, k_src, v_src, kv_row0, k_col, v_col, stride_kt, stride_vt,
-        offs_m, offs_d, full_hi, diag_hi, seq_len, qk_scale, BLOCK_N, True, MODE, False,
+        offs_m, offs_d, full_hi, diag_hi, seq_len, qk_scale, BLOCK_N, True, MODE, False, False,
     )
     acc = acc / l_i[:, None]
     if MODE == 2:
@@ -179,6 +233,7 @@ def _fwd(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, PERSISTENT: tl.constexpr, WS: tl.constexpr,
+    LAZY: tl.constexpr, PIPE: tl.constexpr,
 ):
     """Program p runs work item p (or, persistent, items p, p + P, ...) of the (seq, q block, head) work table."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs BLOCK_M >= 16")
@@ -188,14 +243,14 @@ def _fwd(
             _tile(
                 Qx, Kx, Vx, O, CU_SEQLENS, tl.load(W_SEQ + w), tl.load(W_BLK + w), tl.load(W_HEAD + w), qk_scale,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, MODE, False,
+                NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, MODE, False, LAZY, PIPE,
             )
     else:
         w = tl.program_id(0)
         _tile(
             Qx, Kx, Vx, O, CU_SEQLENS, tl.load(W_SEQ + w), tl.load(W_BLK + w), tl.load(W_HEAD + w), qk_scale,
             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-            NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, MODE, WS,
+            NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, MODE, WS, LAZY, PIPE,
         )
 
 
@@ -215,12 +270,13 @@ class VariantConfig:
     persistent: bool = False
     programs_per_sm: int = 1
     ws: bool = False
+    trick: str = ""  # "lazy": lazy rescaling; "pipe": next QK^T issued before the softmax (descriptor modes only)
 
     def label(self) -> str:
         s = f"m{self.mode} {self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages} sec{self.section}"
         if self.persistent:
             s += f" persist{self.programs_per_sm}"
-        return s + (" ws" if self.ws else "")
+        return s + (" ws" if self.ws else "") + (f" {self.trick}" if self.trick else "")
 
 
 def work_table(seq_lens: tuple[int, ...], num_heads: int, num_kv_heads: int, block_m: int,
@@ -275,6 +331,10 @@ def prepare_variant(inputs: pa.PrefillInputs, cfg: VariantConfig) -> Callable[[]
         qx, kx, vx = q, k, v
     else:
         raise ValueError(f"mode {cfg.mode} unknown; use 0 (pointers), 1 (host TMA) or 2 (device TMA)")
+    if cfg.trick not in ("", "lazy", "pipe"):
+        raise ValueError(f"trick {cfg.trick!r} unknown; use '', 'lazy' or 'pipe'")
+    if cfg.trick == "pipe" and cfg.mode == MODE_PTR:
+        raise ValueError("trick 'pipe' loads through tensor descriptors; use mode 1 or 2")
     grid = (min(n_work, cfg.programs_per_sm * _num_sms(q.device)),) if cfg.persistent else (n_work,)
     args = (
         qx, kx, vx, o, inputs.cu_seqlens, w_seq, w_blk, w_head, n_work, inputs.sm_scale * _LOG2E,
@@ -282,7 +342,8 @@ def prepare_variant(inputs: pa.PrefillInputs, cfg: VariantConfig) -> Callable[[]
     )
     meta = dict(
         NUM_HEADS=h, NUM_KV_HEADS=hkv, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MODE=cfg.mode,
-        PERSISTENT=cfg.persistent, WS=cfg.ws, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PERSISTENT=cfg.persistent, WS=cfg.ws, LAZY=cfg.trick == "lazy", PIPE=cfg.trick == "pipe",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
     def launch() -> torch.Tensor:
@@ -302,6 +363,8 @@ def gpu_variants() -> dict[str, list[VariantConfig]]:
     tma_shapes = [b_best, (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), a_best, (128, 64, 8, 2),
                   (128, 64, 4, 2), (64, 64, 4, 3)]
     return {
+        "lazy": _cfgs(MODE_TMA_HOST, tma_shapes[:6], [8], trick="lazy"),
+        "pipe": _cfgs(MODE_TMA_HOST, tma_shapes[:6], [8], trick="pipe"),
         "tma": _cfgs(MODE_TMA_HOST, tma_shapes, [8, 0, 4]),
         "ptr_l2": _cfgs(MODE_PTR, [a_best, b_best, (128, 128, 8, 2)], [0, 2, 4, 8, 16]),
         "ws": _cfgs(MODE_TMA_HOST, [b_best, (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3)], [8, 0], ws=True)
@@ -315,6 +378,10 @@ def gpu_variants() -> dict[str, list[VariantConfig]]:
 def tiny_variants() -> dict[str, list[VariantConfig]]:
     """Interpreter configs: BLOCK_N < BLOCK_M (several diagonal steps) and BLOCK_N > BLOCK_M; sections split heads."""
     return {
+        "lazy": [VariantConfig(MODE_TMA_HOST, 32, 16, 4, 2, section=2, trick="lazy"),
+                 VariantConfig(MODE_TMA_HOST, 16, 32, 4, 2, trick="lazy")],
+        "pipe": [VariantConfig(MODE_TMA_HOST, 32, 16, 4, 2, section=2, trick="pipe"),
+                 VariantConfig(MODE_TMA_HOST, 16, 16, 4, 2, trick="pipe")],
         "tma": [VariantConfig(MODE_TMA_HOST, 32, 16, 4, 2, section=2), VariantConfig(MODE_TMA_HOST, 16, 32, 4, 2)],
         "ptr_l2": [VariantConfig(MODE_PTR, 32, 16, 4, 2, section=1), VariantConfig(MODE_PTR, 16, 32, 4, 2)],
         "persist": [VariantConfig(MODE_TMA_HOST, 32, 16, 4, 2, section=2, persistent=True),

@@ -36,9 +36,10 @@ from kernel_gym.policies.catalogue import (
 )
 from kernel_gym.policies.observation import observe
 
-# Default obs_jitter per kernel (log2 units), from held-out sweeps on the recorded H200 data (docs/agent.md). With the
-# mask following the jittered observation, MoE olmoe went 0.963 -> 0.987 at 0.5 (seeds 0-2: 0.987, 0.986, 0.986; 0.962
-# at 1.0); decode stays at 0.95 for 0.5-2.0; prefill has no jitter axes.
+# Default obs_jitter per kernel (log2 units), from held-out sweeps on the recorded H200 data (docs/agent.md): decode 1.0
+# (0.913 -> 0.963 on the 114k-row data, neutral since); MoE 0.5 with the mask following the jittered observation
+# (envs/base.py JITTER_MASKS): olmoe 0.963 -> 0.987 (seeds 0-2: 0.987, 0.986, 0.986; 0.962 at 1.0); prefill has no
+# jitter axes.
 OBS_JITTER = {"decode_attention": 1.0, "fused_moe": 0.5}
 
 
