@@ -75,7 +75,8 @@ def _candidates(family: Any, workload: Any, n_configs: int, seed: int, n_recorde
     if family.name in EXHAUSTIVE:
         n_configs = len(family.space)
     default = family.default_config(workload)
-    picks = [default, *recorded_best(family, workload, n_recorded), *family.space.sample(workload, n_configs, seed=seed)]
+    sample = family.space.sample(workload, n_configs, seed=seed)
+    picks = [default, *recorded_best(family, workload, n_recorded), *sample]
     return list(dict.fromkeys(picks))
 
 
@@ -127,8 +128,9 @@ BENCH_COMPILE_WORKERS = 8  # compile processes (see run_bench)
 
 def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs: int, seed: int,
                log: Callable, n_recorded: int = 0) -> dict:
-    """Time default + the dataset's best + sampled configs on one case in the live backend's isolated worker (each checked against the
-    reference first); near-ties are re-measured by pick_winner. Returns the best, the default's time, all tried."""
+    """Time default + the dataset's best + sampled configs on one case in the live backend's isolated worker (each
+    checked against the reference first); near-ties are re-measured by pick_winner. Returns the best, the default's
+    time, all tried."""
     from kernel_gym.measure.timing import TimingOptions
 
     family = get_family(family_name)

@@ -40,7 +40,7 @@ JITTER_AXES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
 # obs_jitter: kernels whose action mask follows the jittered observation (the knob space's rules applied at the moved
 # workload too). Measured on the recorded H200 data (docs/agent.md): MoE held-out 0.963 -> 0.987 (the fused top-k
 # sum's 96-token limit); decode held-out unchanged (0.95) but its replayed kernel time up to 8.5% slower (its split
-# rules track the grid size, and a mask that moves with a factor-2 jitter blurs what the policy learns at exact batches).
+# rules track the grid size, and a mask moving with a factor-2 jitter blurs what the policy learns at exact batches).
 JITTER_MASKS = {"fused_moe": True}
 SPLITS = ("train", "heldout", "all")
 
