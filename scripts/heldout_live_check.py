@@ -29,7 +29,9 @@ MODELS = ("mixtral-8x7b", "olmoe-1b-7b")
 
 
 def make_plan(args: argparse.Namespace) -> int:
+    from kernel_gym.kernels import get_family
     from kernel_gym.measure import make_backend
+    from kernel_gym.measure.worker import workload_from_key
     from kernel_gym.policies.train import TrainArgs, train
 
     backend = make_backend("recorded")
@@ -40,21 +42,22 @@ def make_plan(args: argparse.Namespace) -> int:
             res = train(TrainArgs(env_id=env_id, model=model, total_timesteps=args.timesteps, seed=args.seed,
                                   eval_freq=0, checkpoint_freq=0, experiment="kernel-gym-heldout-live",
                                   run_name=f"heldout-live-{short}-{model}", tracking_uri=args.tracking_uri,
-                                  checkpoint_dir=f"out/checkpoints/heldout-live-{short}-{model}",
+                                  checkpoint_dir=str(args.checkpoints / f"heldout-live-{short}-{model}"),
                                   progress_bar=False, log_model=False, register_model=False), backend=backend)
             e = res.evaluation
             print(f"{env_id} {model}: recorded held-out geomean {e.geomean_policy:.3f}", flush=True)
             kernel = res.catalogue.kernel
             for row in e.rows:
-                workload = json.loads(row["workload"])
+                workload = workload_from_key(get_family(kernel), row["workload"])
                 times = {}
-                for c in backend.available_configs(kernel, _workload(kernel, workload)):
-                    m = backend.measure(kernel, _workload(kernel, workload), c)
+                for c in backend.available_configs(kernel, workload):
+                    m = backend.measure(kernel, workload, c)
                     if m.ok and m.median_ms:
                         times[str(c)] = m.median_ms
                 ranked = sorted(times, key=times.__getitem__)
                 configs = list(dict.fromkeys([row["chosen"], row["oracle_config"], *ranked[:args.runner_ups]]))
-                entries.append({"env_id": env_id, "model": model, "kernel": kernel, "workload": workload,
+                entries.append({"env_id": env_id, "model": model, "kernel": kernel,
+                                "workload": json.loads(row["workload"]),
                                 "chosen": row["chosen"], "oracle": row["oracle_config"],
                                 "recorded_ratio": row["ratio_policy"], "configs": configs,
                                 "recorded_ms": {c: times.get(c) for c in configs}})
@@ -65,21 +68,16 @@ def make_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workload(kernel: str, fields: dict):
-    from kernel_gym.kernels.workloads import WORKLOAD_TYPES
-
-    return WORKLOAD_TYPES[kernel](**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fields.items()
-                                     if k != "kernel"})
-
-
 def time_plan(args: argparse.Namespace) -> int:
     import torch
 
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.measure.timing import TimingOptions, time_launch
-    from kernel_gym.measure.worker import compare
+    from kernel_gym.measure.worker import compare, workload_from_key
 
+    if not torch.cuda.is_available():
+        raise SystemExit("`time` runs the kernels on a CUDA GPU; on the CPU only `plan` and `report` work")
     plan = json.loads(args.plan.read_text())
     timing = TimingOptions(min_reps=args.reps, max_reps=args.reps, round_reps=args.reps, max_time_s=10.0)
     rng = random.Random(0)
@@ -89,7 +87,7 @@ def time_plan(args: argparse.Namespace) -> int:
             print(f"budget of {args.budget_s:.0f} s spent: {len(plan['entries']) - n} workloads left", flush=True)
             break
         family = get_family(entry["kernel"])
-        workload = _workload(entry["kernel"], entry["workload"])
+        workload = workload_from_key(family, json.dumps(entry["workload"]))
         inputs = family.make_inputs(workload, "cuda", seed=0)
         ref = family.reference(inputs)
         fns, status = {}, {}
@@ -164,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--timesteps", type=int, default=30_000)
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--runner-ups", type=int, default=3, help="also time this many of the recorded fastest configs")
-    a.add_argument("--tracking-uri", default="")
+    a.add_argument("--tracking-uri", default="", help="MLflow store of the training runs (default: mlruns/)")
+    a.add_argument("--checkpoints", type=Path, default=Path("out/checkpoints"), help="where training checkpoints go")
     b = sub.add_parser("time", help="GPU: time each workload's configs in shuffled rounds")
     b.add_argument("--plan", type=Path, required=True)
     b.add_argument("--out", type=Path, required=True)

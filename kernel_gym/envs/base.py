@@ -41,7 +41,7 @@ JITTER_AXES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
 # workload too). Measured on the recorded H200 data (docs/agent.md): MoE held-out 0.963 -> 0.987 (the fused top-k
 # sum's 96-token limit); decode held-out unchanged (0.95) but its replayed kernel time up to 8.5% slower (its split
 # rules track the grid size, and a mask moving with a factor-2 jitter blurs what the policy learns at exact batches).
-JITTER_MASKS = {"fused_moe": True}
+JITTER_MASKS = frozenset({"fused_moe"})
 SPLITS = ("train", "heldout", "all")
 
 
@@ -226,7 +226,7 @@ class KernelConfigEnv(gym.Env):
             for name in names:
                 raw[name] += delta
             moved[field_name] = max(1, round(getattr(workload, field_name) * 2.0 ** delta))
-        if not JITTER_MASKS.get(self.kernel):
+        if self.kernel not in JITTER_MASKS:
             return encode(self.kernel, raw), self.masks[index]
         moved_workload = dataclasses.replace(workload, **moved)
         space = self.family.space

@@ -3,23 +3,11 @@ aligned order) match the fp32 reference under the interpreter on a skewed, ragge
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "exp_moe_tma.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("exp_moe_tma", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+from script_module import load_script
 
 
 def test_tiny_variants_match_reference() -> None:
-    rows = _load().tiny_check()
+    rows = load_script("exp_moe_tma").tiny_check()
     assert len(rows) == 8
     bad = [f"{r['variant']} {r['dtype']}: {r['status']} {r['reason']}" for r in rows if r["status"] != "ok"]
     assert not bad, "\n".join(bad)
@@ -28,7 +16,7 @@ def test_tiny_variants_match_reference() -> None:
 def test_ragged_dimensions_are_refused_with_the_reason() -> None:
     import pytest
 
-    ex = _load()
+    ex = load_script("exp_moe_tma")
     from kernel_gym.kernels import fused_moe as fm
     from kernel_gym.kernels.workloads import MoEWorkload
 

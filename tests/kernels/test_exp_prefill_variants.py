@@ -1,29 +1,16 @@
 """scripts/exp_prefill_variants.py: every prefill-attention variant (pointer loads with L2 sections, host and device
-TMA descriptors, persistent grid, warp specialisation) matches the fp32 reference on a ragged GQA batch under the
-interpreter, and the work table covers each (sequence, q block, head) once in the intended order."""
+TMA descriptors, persistent grid, warp specialisation, lazy rescaling, pipelined QK^T) matches the fp32 reference on a
+ragged GQA batch under the interpreter, and the work table covers each (sequence, q block, head) once in the intended
+order."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from script_module import load_script
 
 from kernel_gym.kernels import prefill_attention as pa
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "exp_prefill_variants.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("exp_prefill_variants", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ex = _load()
+ex = load_script("exp_prefill_variants")
 
 
 @pytest.mark.parametrize("variant", sorted(ex.tiny_variants()))

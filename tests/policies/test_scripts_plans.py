@@ -4,22 +4,10 @@ scored)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from script_module import load_script
 
 
 def test_plan_coverage_lists_only_unstored_valid_candidates_in_collects_format(tmp_path):
@@ -27,8 +15,9 @@ def test_plan_coverage_lists_only_unstored_valid_candidates_in_collects_format(t
     from kernel_gym.measure.recorded import RecordedBackend
 
     out = tmp_path / "plan.json"
-    assert _load("plan_coverage").main(["--kernels", "prefill_attention", "--models", "mixtral-8x7b", "--depth", "1",
-                                        "--top", "2", "--out", str(out)]) == 0
+    args = ["--kernels", "prefill_attention", "--models", "mixtral-8x7b", "--depth", "1", "--top", "2",
+            "--out", str(out)]
+    assert load_script("plan_coverage").main(args) == 0
     plan = json.loads(out.read_text())
     stored = RecordedBackend().stored_keys("prefill_attention")
     pairs = [(e["workload"], c) for e in plan for c in e["configs"]]
@@ -36,11 +25,11 @@ def test_plan_coverage_lists_only_unstored_valid_candidates_in_collects_format(t
     chunks = load_plan_file(str(out), ["prefill_attention"])  # collect accepts it: every config valid there
     assert sorted((item.workload_key, c) for chunk in chunks for item in chunk for c in item.configs) == sorted(pairs)
     with pytest.raises(SystemExit):
-        _load("plan_coverage").main(["--depth", "0", "--out", str(out)])
+        load_script("plan_coverage").main(["--depth", "0", "--out", str(out)])
 
 
 def test_heldout_live_pairs_rounds_and_plans_every_heldout_workload(tmp_path):
-    ex = _load("heldout_live_check")
+    ex = load_script("heldout_live_check")
     rounds = {"a": [1.0, 2.0, 3.0], "b": [2.0, 1.0, 3.3]}
     assert ex._paired(rounds, "a") == 1.0  # per round: fastest / a = 1, 0.5, 1 -> median 1
     assert ex._paired(rounds, "b") == pytest.approx(3.0 / 3.3)  # 0.5, 1, 0.909 -> median 0.909
@@ -48,7 +37,8 @@ def test_heldout_live_pairs_rounds_and_plans_every_heldout_workload(tmp_path):
 
     out = tmp_path / "plan.json"
     assert ex.main(["plan", "--envs", "KernelGym/MoE-v0", "--models", "olmoe-1b-7b", "--timesteps", "256",
-                    "--runner-ups", "2", "--out", str(out), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"]) == 0
+                    "--runner-ups", "2", "--out", str(out), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+                    "--checkpoints", str(tmp_path / "ck")]) == 0
     entries = json.loads(out.read_text())["entries"]
     assert len(entries) == 15  # olmoe MoE's held-out workloads (benchmarks/policy_quality.md)
     for e in entries:
