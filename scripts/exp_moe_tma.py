@@ -6,11 +6,12 @@ These variants keep its routing, alignment, SiLU-and-mul and top-k sum kernels a
   activations as before.
 - tma_w_sorted: also the gate/up output is written in the aligned (sorted, padded) slot order instead of slot order,
   so each row block of the down GEMM reads one contiguous [BLOCK_M, I] slab of it through a descriptor too.
-Both scale by the routing weight in the down GEMM epilogue and sum the top-k slots in a separate kernel (the
-configuration the shipped kernel's best large-M configs use). The shipped kernel's source is not touched: changing it
-changes its source hash and invalidates the 86,446 stored MoE rows, so a variant that wins is a reason to change it.
+Both variants scale by the routing weight in the down GEMM epilogue and sum the top-k slots in a separate kernel (the
+configuration the shipped kernel's best large-M configs use). The shipped kernel is timed alongside at the dataset's 4
+fastest configs for each workload. Its source is not touched: changing it changes its source hash and invalidates the
+86,446 stored MoE rows, so a variant that wins is a reason to change it.
 
-GPU:  python3 scripts/exp_moe_tma.py --out $OUT/exp_moe_tma.json --budget-s 300
+GPU:  python3 scripts/exp_moe_tma.py --out $OUT/exp_moe_tma.json --budget-s 300 [--model olmoe] [--tokens 64 1024]
 CPU:  python3 scripts/exp_moe_tma.py --tiny     (interpreter correctness, fp32 and fp16)
 Imports only torch, triton and the standard library besides kernel_gym's kernel modules.
 """
@@ -227,14 +228,18 @@ SHIPPED_BEST = [  # the shipped kernel's fastest configs at M=1024 and 4096 (ben
 def gpu_variants() -> list[Variant]:
     shapes = [(128, 256, 64, 8, 3, 0), (128, 256, 64, 8, 4, 0), (128, 128, 64, 8, 4, 0), (128, 128, 64, 8, 3, 1),
               (128, 128, 64, 8, 4, 1), (64, 256, 64, 8, 3, 0), (128, 256, 64, 8, 3, 1), (128, 128, 128, 8, 3, 0),
-              (64, 128, 64, 4, 4, 0)]
+              (64, 128, 64, 4, 4, 0), (16, 128, 128, 4, 3, 0), (16, 64, 128, 4, 4, 1)]
     return [Variant(s, bm, bn, bk, w, st, fuse_silu=f) for s in (False, True) for bm, bn, bk, w, st, f in shapes]
 
 
-def gpu_sweep(out_path: Path, budget_s: float, tokens: list[int]) -> list[dict]:
+MODEL_SHAPES = {"mixtral": (8, 2, 4096, 14336), "olmoe": (64, 8, 2048, 1024)}  # experts, top-k, hidden, intermediate
+
+
+def gpu_sweep(out_path: Path, budget_s: float, tokens: list[int], model: str = "mixtral",
+              skew: float = 0.0) -> list[dict]:
     """Per case: the torch loop, the shipped kernel's best configs and every variant, each checked first, timed
     with the benchmark's timer (L2 flushed, GPU spun before every sample) in one process."""
-    from kernel_gym.bench import BENCH_TIMING_KW
+    from kernel_gym.bench import BENCH_TIMING_KW, recorded_best
     from kernel_gym.measure.timing import TimingOptions, time_launch
 
     timing = TimingOptions(**BENCH_TIMING_KW)
@@ -262,12 +267,13 @@ def gpu_sweep(out_path: Path, budget_s: float, tokens: list[int]) -> list[dict]:
         out_path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "records": records}, indent=1))
 
     for m in tokens:
-        wl = MoEWorkload(m, 8, 2, 4096, 14336, 0.0)
-        case = f"moe_mixtral_m{m}"
+        wl = MoEWorkload(m, *MODEL_SHAPES[model], skew)
+        case = f"moe_{model}_m{m}" + (f"_skew{skew:g}" if skew else "")
         inputs = fm.make_inputs(wl, "cuda", seed=0)
         ref = fm.reference_moe(inputs)
         timed("torch_loop", case, "loop over experts", fm.make_torch_loop(inputs), ref, wl)
-        for c in SHIPPED_BEST:
+        shipped = recorded_best(fm.FAMILY, wl, 4) + (SHIPPED_BEST if model == "mixtral" else [])
+        for c in dict.fromkeys(shipped):  # the dataset's fastest for this workload (+ run 5's large-M winners)
             timed("shipped", case, str(c), fm.prepare(inputs, c), ref, wl)
         for v in gpu_variants():
             timed(v.name, case, json.dumps(asdict(v)), prepare_variant(inputs, v), ref, wl)
@@ -295,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="JSON file for all records")
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 1024])
+    ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="mixtral", help="expert shapes")
+    ap.add_argument("--skew", type=float, default=0.0, help="Zipf exponent of expert popularity (0: uniform)")
     ap.add_argument("--tiny", action="store_true", help="CPU/interpreter correctness check only")
     args = ap.parse_args(argv)
     if args.tiny:
@@ -306,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("the sweep needs a CUDA GPU; on CPU run with --tiny")
     if not args.out:
         ap.error("--out is required for the GPU sweep")
-    records = gpu_sweep(args.out, args.budget_s, args.tokens)
+    records = gpu_sweep(args.out, args.budget_s, args.tokens, args.model, args.skew)
     print(summary(records))
     return 0
 
