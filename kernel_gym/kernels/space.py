@@ -69,11 +69,16 @@ class Config(Mapping[str, KnobValue]):
 
 @dataclass(frozen=True)
 class Knob:
-    """One tunable parameter and the values it may take, in a meaningful order (small to large)."""
+    """One tunable parameter and the values it may take, in a meaningful order (small to large).
+
+    `legacy`: for a knob added after measurements were stored, the value that reproduces the code from before it.
+    Configs at that value leave the knob out, so every stored config string, exported table and logged catalogue
+    keeps meaning what it meant (the store keys on `str(config)`)."""
 
     name: str
     values: tuple[KnobValue, ...]
     doc: str = ""
+    legacy: KnobValue | None = None
 
 
 class InvalidConfig(ValueError):
@@ -104,17 +109,31 @@ class KnobSpace:
                 return knob
         raise KeyError(f"no knob {name!r}; knobs are {list(self.names)}")
 
+    def config(self, values: Mapping[str, KnobValue]) -> Config:
+        """The canonical Config of these knob values: knobs at their legacy value are left out."""
+        legacy = {k.name: k.legacy for k in self.knobs if k.legacy is not None}
+        return Config({n: v for n, v in values.items() if n not in legacy or v != legacy[n]})
+
+    def value(self, config: Mapping[str, KnobValue], name: str) -> KnobValue:
+        """A knob's value in a config, its legacy value where the config leaves it out."""
+        knob = self.knob(name)
+        return config[name] if name in config or knob.legacy is None else knob.legacy
+
     def all_configs(self) -> Iterator[Config]:
-        """Every combination of knob values, valid or not, in a fixed order."""
+        """Every combination of knob values, valid or not, in a fixed order (canonical: see `config`)."""
         for values in itertools.product(*(k.values for k in self.knobs)):
-            yield Config(dict(zip(self.names, values)))
+            yield self.config(dict(zip(self.names, values)))
 
     def why_invalid(self, config: Config, workload: Any) -> str | None:
         """None when valid; otherwise the first violated rule's explanation."""
-        if set(config) != set(self.names):
+        optional = {k.name for k in self.knobs if k.legacy is not None}
+        if not set(self.names) - optional <= set(config) <= set(self.names):
             return f"config knobs {sorted(config)} differ from the space's knobs {sorted(self.names)}"
         for knob in self.knobs:
-            if config[knob.name] not in knob.values:
+            if knob.name in config and config[knob.name] == knob.legacy:
+                return (f"{knob.name}={knob.legacy!r} is written by leaving the knob out (its value before it "
+                        f"existed): use KnobSpace.config")
+            if self.value(config, knob.name) not in knob.values:
                 return f"{knob.name}={config[knob.name]!r} is not one of {list(knob.values)}"
         for rule in self.rules:
             reason = rule(config, workload)
