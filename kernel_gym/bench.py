@@ -70,13 +70,30 @@ def recorded_best(family: Any, workload: Any, n: int) -> list[Config]:
     return [c for _, _, c in sorted(timed)[:n]]
 
 
+def with_new_knobs(space: Any, configs: list[Config], workload: Any) -> list[Config]:
+    """The valid variants of these configs at every other value of the knobs added after they were measured (knobs
+    with a legacy value, e.g. fused MoE's TMA_LOADS): the dataset cannot know those values yet."""
+    out = []
+    for c in configs:
+        for knob in space.knobs:
+            if knob.legacy is None or knob.name in c:
+                continue
+            for v in knob.values:
+                variant = space.config({**c, knob.name: v})
+                if v != knob.legacy and space.is_valid(variant, workload):
+                    out.append(variant)
+    return out
+
+
 def _candidates(family: Any, workload: Any, n_configs: int, seed: int, n_recorded: int = 0) -> list[Config]:
-    """Default first, then the dataset's best for this workload, then a seeded sample of the valid space."""
+    """Default first, then the dataset's best for this workload and their variants at knob values added since, then
+    a seeded sample of the valid space."""
     if family.name in EXHAUSTIVE:
         n_configs = len(family.space)
     default = family.default_config(workload)
+    best = recorded_best(family, workload, n_recorded)
     sample = family.space.sample(workload, n_configs, seed=seed)
-    picks = [default, *recorded_best(family, workload, n_recorded), *sample]
+    picks = [default, *best, *with_new_knobs(family.space, best, workload), *sample]
     return list(dict.fromkeys(picks))
 
 

@@ -1,19 +1,20 @@
 """Experiment: would TMA loads close the fused MoE layer's gap to the torch loop at large M (docs/benchmarks.md)?
 
-The shipped kernel (kernel_gym.kernels.fused_moe) loads expert weights and gathered activation rows through pointers.
-These variants keep its routing, alignment, SiLU-and-mul and top-k sum kernels and change the two grouped GEMMs:
+Run 5 timed these variants as kernels of this script; they now ship as the fused MoE family's TMA_LOADS knob
+(kernel_gym.kernels.fused_moe.prepare_tma), which this script calls. The pointer-load path loads expert weights and
+gathered activation rows through pointers. The variants keep its routing, alignment, SiLU-and-mul and top-k sum
+kernels and change the two grouped GEMMs:
 - tma_w: the expert weights (w1 as [E * 2I, H], w2 as [E * H, I]) load through host-side TMA tensor descriptors;
   activations as before.
 - tma_w_sorted: also the gate/up output is written in the aligned (sorted, padded) slot order instead of slot order,
   so each row block of the down GEMM reads one contiguous [BLOCK_M, I] slab of it through a descriptor too.
 Both variants scale by the routing weight in the down GEMM epilogue and sum the top-k slots in a separate kernel (the
-configuration the shipped kernel's best large-M configs use). The shipped kernel is timed alongside at the dataset's 4
-fastest configs for each workload. Its source is not touched: changing it changes its source hash and invalidates the
-86,446 stored MoE rows, so a variant that wins is a reason to change it.
+configuration the pointer path's best large-M configs use). The pointer path is timed alongside at the dataset's 4
+fastest configs for each workload.
 
 GPU:  python3 scripts/exp_moe_tma.py --out $OUT/exp_moe_tma.json --budget-s 300 [--model olmoe] [--tokens 64 1024]
 CPU:  python3 scripts/exp_moe_tma.py --tiny     (interpreter correctness, fp32 and fp16)
-Imports only torch, triton and the standard library besides kernel_gym's kernel modules.
+Imports only torch and the standard library besides kernel_gym's kernel modules.
 """
 
 from __future__ import annotations
@@ -34,88 +35,9 @@ if "--tiny" in sys.argv and not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
-
 from kernel_gym.kernels import fused_moe as fm  # noqa: E402
-from kernel_gym.kernels.fused_moe import _tile_ids  # noqa: E402
 from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.kernels.workloads import MoEWorkload  # noqa: E402
-
-_LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _gate_up_tma(
-    x_ptr, w_desc, out_ptr, sorted_ids_ptr, expert_ids_ptr, num_valid_slots, num_m_blocks, K, INTER,
-    stride_xm, stride_om,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, FUSE_SILU: tl.constexpr, SORTED_OUT: tl.constexpr,
-):
-    """x[token] @ w1[expert].T per row block of aligned slots; w1 tiles [BLOCK_N, BLOCK_K] through a descriptor.
-    SORTED_OUT: output row = aligned position (padding rows included), else the slot id (padding rows dropped)."""
-    pid = tl.program_id(0)
-    n_out = INTER if FUSE_SILU else 2 * INTER
-    pid_m, pid_n = _tile_ids(pid, num_m_blocks, tl.cdiv(n_out, BLOCK_N), GROUP_M)
-    pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ids_ptr + pos)
-    slot_mask = slots < num_valid_slots
-    rows = tl.where(slot_mask, slots // TOP_K, 0).to(tl.int64)
-    w_row = tl.load(expert_ids_ptr + pid_m) * (2 * INTER) + pid_n * BLOCK_N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FUSE_SILU:
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        a = tl.load(a_ptrs)
-        acc = tl.dot(a, tl.trans(w_desc.load([w_row, k])), acc)
-        if FUSE_SILU:
-            acc_u = tl.dot(a, tl.trans(w_desc.load([w_row + INTER, k])), acc_u)
-        a_ptrs += BLOCK_K
-    if FUSE_SILU:
-        acc = acc / (1.0 + tl.exp2(-acc * 1.4426950408889634)) * acc_u
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if SORTED_OUT:
-        out_ptrs = out_ptr + pos.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty))
-    else:
-        out_ptrs = out_ptr + slots.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=slot_mask[:, None])
-
-
-@triton.jit
-def _down_tma(
-    act, w_desc, y_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_valid_slots, num_m_blocks, N, K,
-    stride_am, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SORTED_IN: tl.constexpr,
-):
-    """act[row] @ w2[expert].T, scaled by the routing weight, stored per slot. SORTED_IN: act is in aligned order and
-    a descriptor (one [BLOCK_M, BLOCK_K] slab per step), else a pointer in slot order (gathered rows)."""
-    pid = tl.program_id(0)
-    pid_m, pid_n = _tile_ids(pid, num_m_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
-    pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ids_ptr + pos)
-    slot_mask = slots < num_valid_slots
-    a_rows = tl.where(slot_mask, slots, 0).to(tl.int64)
-    w_row = tl.load(expert_ids_ptr + pid_m) * N + pid_n * BLOCK_N
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SORTED_IN:
-        for k in range(0, K, BLOCK_K):
-            acc = tl.dot(act.load([pid_m * BLOCK_M, k]), tl.trans(w_desc.load([w_row, k])), acc)
-    else:
-        a_ptrs = act + a_rows[:, None] * stride_am + offs_k[None, :]
-        for k in range(0, K, BLOCK_K):
-            acc = tl.dot(tl.load(a_ptrs), tl.trans(w_desc.load([w_row, k])), acc)
-            a_ptrs += BLOCK_K
-    w = tl.load(weights_ptr + a_rows, mask=slot_mask, other=0.0)
-    acc = acc * w[:, None]
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    y_ptrs = y_ptr + a_rows[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=slot_mask[:, None])
 
 
 @dataclass(frozen=True)
@@ -137,50 +59,18 @@ class Variant:
         return (f"{self.name} {self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} "
                 f"silu{self.fuse_silu} g{self.group_m}")
 
+    def config(self) -> Config:
+        """This variant as a config of the fused MoE family (TMA_LOADS 1 or 2, weight fused, sum separate)."""
+        return fm.LAYER_SPACE.config(dict(
+            BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, GROUP_M=self.group_m,
+            num_warps=self.num_warps, num_stages=self.num_stages, SPLIT_K=1, FUSE_SILU=self.fuse_silu,
+            FUSE_WEIGHT=1, FUSE_SUM=0, TMA_LOADS=2 if self.sorted_act else 1,
+        ))
+
 
 def prepare_variant(inputs: fm.MoEInputs, v: Variant) -> Callable[[], torch.Tensor]:
-    """Launch closure of one variant (routing and alignment up front, as in fused_moe.prepare)."""
-    wl = inputs.workload
-    m, e, h, inter, k = wl.num_tokens, wl.num_experts, wl.hidden, wl.intermediate, wl.top_k
-    for name, dim, block in (("hidden", h, v.block_k), ("intermediate", inter, v.block_k),
-                             ("intermediate", inter, v.block_n), ("hidden", h, v.block_n)):
-        if dim % block:
-            raise ValueError(f"{name} {dim} is not a multiple of {block}: this experiment has no ragged tiles")
-    weights, ids = fm.route(inputs.router_logits.to(inputs.x.device), k)
-    al = fm.align_block_size(ids, e, v.block_m)
-    x = inputs.x
-    w1_desc = TensorDescriptor.from_tensor(inputs.w1.view(e * 2 * inter, h), [v.block_n, v.block_k])
-    w2_desc = TensorDescriptor.from_tensor(inputs.w2.view(e * h, inter), [v.block_n, v.block_k])
-    n_slots = m * k
-    rows = al.num_tokens_post_padded if v.sorted_act else n_slots
-    n_out = inter if v.fuse_silu else 2 * inter
-    gate_up = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
-    act = gate_up if v.fuse_silu else torch.empty(rows, inter, dtype=x.dtype, device=x.device)
-    a_in = TensorDescriptor.from_tensor(act, [v.block_m, v.block_k]) if v.sorted_act else act
-    y = torch.empty(n_slots, h, dtype=x.dtype, device=x.device)
-    out = torch.empty(m, h, dtype=x.dtype, device=x.device)
-    flat_w = weights.flatten().contiguous()
-    nb = al.num_blocks
-    meta = dict(num_warps=v.num_warps, num_stages=v.num_stages)
-    eb = fm.ELEMWISE_BLOCK
-
-    def launch() -> torch.Tensor:
-        _gate_up_tma[(nb * triton.cdiv(n_out, v.block_n),)](
-            x, w1_desc, gate_up, al.sorted_token_ids, al.expert_ids, n_slots, nb, h, inter, x.stride(0),
-            gate_up.stride(0), TOP_K=k, BLOCK_M=v.block_m, BLOCK_N=v.block_n, BLOCK_K=v.block_k,
-            GROUP_M=v.group_m, FUSE_SILU=v.fuse_silu, SORTED_OUT=v.sorted_act, **meta,
-        )
-        if not v.fuse_silu:
-            fm._silu_mul_kernel[(triton.cdiv(act.numel(), eb),)](gate_up, act, act.numel(), inter, BLOCK=eb)
-        _down_tma[(nb * triton.cdiv(h, v.block_n),)](
-            a_in, w2_desc, y, flat_w, al.sorted_token_ids, al.expert_ids, n_slots, nb, h, inter,
-            act.stride(0), y.stride(0), BLOCK_M=v.block_m, BLOCK_N=v.block_n, BLOCK_K=v.block_k,
-            GROUP_M=v.group_m, SORTED_IN=v.sorted_act, **meta,
-        )
-        fm._topk_sum_kernel[(triton.cdiv(out.numel(), eb),)](y, out, out.numel(), h, TOP_K=k, BLOCK=eb)
-        return out
-
-    return launch
+    """Launch closure of one variant: the family's TMA_LOADS path (fused_moe.prepare_tma)."""
+    return fm.prepare_tma(inputs, v.config())
 
 
 def _err(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None:

@@ -197,6 +197,14 @@ class MeasurementStore:
         ).fetchone()[0]
         return "ok" if bad == 0 else f"{bad} rows violate the status/median invariants"
 
+    def rekey(self, kernel: str, old_hash: str, new_hash: str) -> int:
+        """Move a kernel's rows from one source hash to another (scripts/rekey_rows.py checks first that the code
+        they measured is unchanged). Returns rows moved; a row already stored under the new hash is an error."""
+        with self.conn:
+            cur = self.conn.execute("UPDATE measurements SET source_hash=? WHERE kernel=? AND source_hash=?",
+                                    (new_hash, kernel, old_hash))
+        return cur.rowcount
+
     # ---- snapshot (package data) -------------------------------------------------------------------------------
 
     def export_snapshot(self, path: str | Path) -> int:

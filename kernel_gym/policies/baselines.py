@@ -247,8 +247,9 @@ class SearchPolicy(Policy):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         allowed = set(cands)
         # per-knob choices: the values some candidate has (the rest can never be measured here)
-        knobs = [(k.name, [v for v in k.values if any(c[k.name] == v for c in cands)])
-                 for k in get_family(kernel).space.knobs]
+        space = get_family(kernel).space
+        knobs = [(k.name, [v for v in k.values if any(space.value(c, k.name) == v for c in cands)])
+                 for k in space.knobs]
         fixed = {}
         if kernel == "decode_attention":
             fixed = {"PAGE_SIZE": cands[0]["PAGE_SIZE"], "LAYOUT": cands[0]["LAYOUT"]}
@@ -260,7 +261,7 @@ class SearchPolicy(Policy):
                 break
             trial = study.ask()
             values = {n: fixed[n] if n in fixed else trial.suggest_categorical(n, vals) for n, vals in knobs}
-            cfg = Config(values)
+            cfg = space.config(values)
             if cfg not in allowed or cfg in tried:  # invalid or unanswerable: masked, never measured
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue

@@ -47,9 +47,10 @@ class AnalyticBackend:
         s = min(1.0, max(0.0, (float(obs[0]) + 1) / 2))
         s2 = min(1.0, max(0.0, (float(obs[1]) + 1) / 2))
         cost = 1.0
-        for i, knob in enumerate(get_family(kernel).space.knobs):
+        space = get_family(kernel).space
+        for i, knob in enumerate(space.knobs):
             n = len(knob.values)
-            p = knob.values.index(config[knob.name]) / (n - 1) if n > 1 else 0.0
+            p = knob.values.index(space.value(config, knob.name)) / (n - 1) if n > 1 else 0.0
             target = (s, 1 - s, s2)[i % 3]
             cost += (p - target) ** 2 / (1 + 0.3 * i)
         return 0.01 * 2 ** (4 * s) * cost

@@ -35,3 +35,17 @@ def test_markdown_marks_met_and_missed_targets():
     assert ">= 0.85 met" in md and "2.00x" in md
     md = bench.to_markdown({"records": [{**record, "ratio_to_anchor": 0.80}], "env": env})
     assert "MISSED by 0.05" in md
+
+
+def test_candidates_add_the_datasets_best_at_knob_values_added_since():
+    """TMA_LOADS came after the MoE rows: the best recorded configs are also tried with TMA_LOADS 1 and 2."""
+    family = get_family("fused_moe")
+    workload = dict(bench_cases())["moe_mixtral_m4096"]
+    best = bench.recorded_best(family, workload, 3)
+    assert best and not any("TMA_LOADS" in c for c in best)
+    variants = bench.with_new_knobs(family.space, best, workload)
+    assert variants and all(family.space.is_valid(v, workload) for v in variants)
+    assert {(v["TMA_LOADS"], str(family.space.config({**v, "TMA_LOADS": 0}))) for v in variants} <= {
+        (mode, str(c)) for mode in (1, 2) for c in best}
+    picks = bench._candidates(family, workload, 5, seed=0, n_recorded=3)
+    assert set(variants) <= set(picks)

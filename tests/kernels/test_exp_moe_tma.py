@@ -1,5 +1,6 @@
-"""scripts/exp_moe_tma.py: the TMA-weight MoE variants (weights through descriptors; activations gathered or in the
-aligned order) match the fp32 reference under the interpreter on a skewed, ragged routing with padded groups."""
+"""scripts/exp_moe_tma.py: its variants (the fused MoE family's TMA_LOADS path: weights through descriptors,
+activations gathered or in the aligned order) match the fp32 reference under the interpreter on a skewed, ragged
+routing with padded groups."""
 
 from __future__ import annotations
 
@@ -21,5 +22,5 @@ def test_ragged_dimensions_are_refused_with_the_reason() -> None:
     from kernel_gym.kernels.workloads import MoEWorkload
 
     inputs = fm.make_inputs(MoEWorkload(5, 4, 2, 48, 128, 0.0, "float32"), "cpu", seed=0)
-    with pytest.raises(ValueError, match="hidden 48 is not a multiple of 32"):
+    with pytest.raises(ValueError, match="hidden 48 must be a multiple of BLOCK_N=32"):
         ex.prepare_variant(inputs, ex.Variant(False, 16, 32, 32, 4, 2))

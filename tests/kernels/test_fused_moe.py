@@ -218,8 +218,45 @@ def test_default_config_is_vllm_heuristic_and_valid_on_default_grids():
 def test_valid_space_size_is_measurable():
     for model in BUILTIN_MODELS.values():
         wl = model_workloads("fused_moe", model, grid="eval")[0]
-        n = len(FAMILY.space.valid_configs(wl))
-        assert 1000 <= n <= 2000, (model.name, n)
+        pointer = len(moe.SPACE.valid_configs(wl))
+        assert 1000 <= pointer <= 2000, (model.name, pointer)
+        assert pointer < len(FAMILY.space.valid_configs(wl)) <= 3000, model.name  # + TMA_LOADS 1 and 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_tma_loads_match_reference(dtype):
+    """Both TMA_LOADS modes, fused and separate SiLU, on a skewed ragged routing (padded groups, uneven experts)."""
+    wl = MoEWorkload(37, 4, 2, 64, 128, 1.5, dtype)
+    inputs = moe.make_inputs(wl, DEVICE, seed=3)
+    ref = FAMILY.reference(inputs)
+    for mode in (1, 2):
+        for silu, group in ((0, 8), (1, 1)):
+            config = FAMILY.space.config({**cfg(bm=16, bn=32, bk=32, group=group, silu=silu, total=0),
+                                          "TMA_LOADS": mode})
+            check(inputs, config, ref)
+
+
+def test_tma_loads_rules_and_paths():
+    wl = MoEWorkload(37, 4, 2, 64, 128, 0.0, "float32")
+    tma = FAMILY.space.config({**cfg(bm=16, bn=32, bk=32, total=0), "TMA_LOADS": 2})
+    assert FAMILY.space.is_valid(tma, wl) and "TMA_LOADS" in tma
+    assert "FUSE_SUM=0" in FAMILY.space.why_invalid(tma.replace(FUSE_SUM=1), wl)
+    assert "multiple of BLOCK_N" in FAMILY.space.why_invalid(tma, MoEWorkload(37, 4, 2, 80, 128, 0.0, "float32"))
+    assert "leaving the knob out" in FAMILY.space.why_invalid(tma.replace(TMA_LOADS=0), wl)
+    pointer = FAMILY.space.config({**cfg(bm=16, bn=32, bk=32, total=0), "TMA_LOADS": 0})
+    assert "TMA_LOADS" not in pointer and FAMILY.space.is_valid(pointer, wl)  # stored rows' configs stay valid
+    inputs = moe.make_inputs(wl, DEVICE, seed=0)
+    with pytest.raises(InvalidConfig, match="differ from the space's knobs"):
+        moe.prepare(inputs, tma)  # the pointer path refuses TMA configs instead of ignoring the knob
+    with pytest.raises(ValueError, match="no TMA_LOADS"):
+        moe.prepare_tma(inputs, pointer)
+
+
+def test_pointer_path_code_is_what_the_stored_rows_measured():
+    """The rows stored before TMA_LOADS existed were keyed by the pointer path's source hash; if this fails, that
+    code changed and those rows no longer describe it: collect them again (docs/measurement.md)."""
+    assert moe.legacy_source_hash() == moe.LEGACY_SOURCE_HASH
+    assert moe.source_hash() != moe.LEGACY_SOURCE_HASH
 
 
 def test_flops_bytes_and_bench_cases():
