@@ -80,7 +80,7 @@ def _err(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> str | None:
 
 
 def tiny_variants() -> list[Variant]:
-    return [Variant(s, 16, 32, 32, 4, 2, fuse_silu=f, group_m=g) for s in (False, True) for f, g in ((0, 8), (1, 1))]
+    return [Variant(s, 16, 32, 32, 4, 3, fuse_silu=f, group_m=g) for s in (False, True) for f, g in ((0, 8), (1, 1))]
 
 
 def tiny_check(dtypes: tuple[str, ...] = ("float32", "float16")) -> list[dict]:

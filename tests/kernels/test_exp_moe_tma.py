@@ -23,4 +23,4 @@ def test_ragged_dimensions_are_refused_with_the_reason() -> None:
 
     inputs = fm.make_inputs(MoEWorkload(5, 4, 2, 48, 128, 0.0, "float32"), "cpu", seed=0)
     with pytest.raises(ValueError, match="hidden 48 must be a multiple of BLOCK_N=32"):
-        ex.prepare_variant(inputs, ex.Variant(False, 16, 32, 32, 4, 2))
+        ex.prepare_variant(inputs, ex.Variant(False, 16, 32, 32, 4, 3))
