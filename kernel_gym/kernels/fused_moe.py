@@ -24,9 +24,14 @@ kernel sums each token's slots). Validity beyond shared memory / registers / tl.
 FUSE_WEIGHT=1 (the sum happens inside the GEMM, so the weight must be applied there first) and SPLIT_K > 1 requires
 FUSE_SUM=1.
 
-Space size: the value lists are chosen so the valid space stays under ~2000 configs per workload (1832 for bf16):
-BLOCK_M 16/64/128 (vLLM's default sizes plus the big-M tile), num_stages 3/4 (with BLOCK_K 128, 3-4 stages already keep
->= 100 KB of weights in flight) and SPLIT_K 1/4.
+TMA_LOADS (added after the H200 dataset was measured; 0, the pointer path, is left out of configs so stored config
+strings keep their meaning): 1 loads the expert weights through TMA tensor descriptors, 2 also writes the gate/up
+output in the aligned slot order so the down GEMM reads its activations through a descriptor; both need FUSE_SUM=0,
+FUSE_WEIGHT=1 and tiles that divide hidden and intermediate (`prepare_tma`). It wins at large M (docs/benchmarks.md).
+
+Space size: the value lists are chosen so the pointer path's valid space stays under ~2000 configs per workload (1832
+for bf16; TMA_LOADS adds up to 916 more): BLOCK_M 16/64/128 (vLLM's default sizes plus the big-M tile), num_stages 3/4
+(with BLOCK_K 128, 3-4 stages already keep >= 100 KB of weights in flight) and SPLIT_K 1/4.
 
 Imports only torch, triton and the standard library: this module runs on the GPU machine.
 """

@@ -257,3 +257,31 @@ def test_plan_file_names_bad_entries_and_merges_repeats(tmp_path: Path) -> None:
     plan.write_text(json.dumps([{"kernel": "tiny_family:FAMILY", "workload": w, "configs": {"BLOCK": 32}}]))
     with pytest.raises(SystemExit, match="entry 0 needs .*configs \\(a list\\)"):
         load_plan_file(str(plan), ["tiny_family:FAMILY"])
+
+
+def test_rekey_moves_rows_to_the_new_hash_only_when_the_old_path_is_unchanged(tmp_path, monkeypatch):
+    """scripts/rekey_rows.py: rows under the family's legacy hash move to its current hash; rows under any other hash
+    stay; a family whose old-path code changed (legacy_source_hash no longer matching) has nothing moved."""
+    from script_module import load_script
+
+    from kernel_gym.kernels import fused_moe
+    from kernel_gym.measure.store import Context, MeasurementStore, iter_snapshot
+    from kernel_gym.measure.types import OK, Measurement
+
+    def row(config: str) -> Measurement:
+        return Measurement("fused_moe", "{}", config, OK, median_ms=1.0, spread=0.0, repeats=3, source="test")
+
+    src = tmp_path / "in.jsonl.gz"
+    with MeasurementStore(tmp_path / "s.sqlite") as store:
+        ctx = Context("GPU", "t", "tr", "fused_moe", fused_moe.LEGACY_SOURCE_HASH)
+        store.put_many(ctx, [row('{"a":1}'), row('{"a":2}')])
+        store.put_many(Context("GPU", "t", "tr", "fused_moe", "someoldhash00000"), [row('{"a":3}')])
+        store.export_snapshot(src)
+    out = tmp_path / "out.jsonl.gz"
+    assert load_script("rekey_rows").main(["--kernel", "fused_moe", "--snapshot", str(src), "--out", str(out)]) == 0
+    hashes = {c.source_hash: len(ms) for c, ms in iter_snapshot(out)}
+    assert hashes == {fused_moe.source_hash(): 2, "someoldhash00000": 1}
+
+    monkeypatch.setattr(fused_moe, "legacy_source_hash", lambda: "changedpath00000")
+    assert load_script("rekey_rows").main(["--kernel", "fused_moe", "--snapshot", str(src), "--out", str(out)]) == 0
+    assert {c.source_hash for c, _ in iter_snapshot(out)} == {fused_moe.LEGACY_SOURCE_HASH, "someoldhash00000"}
