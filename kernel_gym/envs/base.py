@@ -220,18 +220,19 @@ class KernelConfigEnv(gym.Env):
             return self._obs[index].copy(), self.masks[index]
         workload = self.references[index].workload
         raw = raw_features(workload)
-        moved = {}
+        scale = {}  # workload field -> factor it moved by
         for field_name, names in JITTER_AXES.get(self.kernel, ()):
             delta = float(self.np_random.normal(0.0, self.obs_jitter))
             for name in names:
                 raw[name] += delta
-            moved[field_name] = max(1, round(getattr(workload, field_name) * 2.0 ** delta))
+            scale[field_name] = 2.0 ** delta
+        obs = encode(self.kernel, raw)
         if self.kernel not in JITTER_MASKS:
-            return encode(self.kernel, raw), self.masks[index]
-        moved_workload = dataclasses.replace(workload, **moved)
+            return obs, self.masks[index]
+        moved = dataclasses.replace(workload, **{f: max(1, round(getattr(workload, f) * x)) for f, x in scale.items()})
         space = self.family.space
-        mask = self.masks[index] & np.array([space.is_valid(c, moved_workload) for c in self.catalogue.configs])
-        return encode(self.kernel, raw), (mask if mask.any() else self.masks[index])
+        mask = self.masks[index] & np.array([space.is_valid(c, moved) for c in self.catalogue.configs])
+        return obs, (mask if mask.any() else self.masks[index])
 
     def step(self, action: Any):
         i = int(action)

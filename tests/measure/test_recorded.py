@@ -156,3 +156,17 @@ def test_stored_ok_row_that_the_space_now_rejects_is_answered_invalid() -> None:
     assert backend.best_config("fused_moe", big) == plain
     between = _wl(FUSE_SUM_MAX_TOKENS + 16, 0.0)
     assert backend.measure("fused_moe", between, fused).status == "invalid"
+
+
+def test_packaged_rows_were_measured_by_the_kernels_as_they_are() -> None:
+    """Every kernel's packaged rows carry its current source hash: a kernel edit (even a docstring of a hashed
+    function) leaves the packaged data describing other code. Collect again, or, when the edit only adds a path
+    behind a new knob, re-key the rows with scripts/rekey_rows.py (docs/measurement.md)."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.measure.store import PACKAGED_SNAPSHOT, iter_snapshot
+    from kernel_gym.measure.worker import family_source_hash
+
+    stored = {ctx.kernel: ctx.source_hash for ctx, _ in iter_snapshot(PACKAGED_SNAPSHOT)}
+    assert set(stored) == {"prefill_attention", "decode_attention", "fused_moe"}
+    for kernel, source_hash in stored.items():
+        assert source_hash == family_source_hash(get_family(kernel)), kernel
