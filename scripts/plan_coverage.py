@@ -11,6 +11,18 @@ depth up to one deeper than training uses, and each shape's `--top` fastest stor
 
     python scripts/plan_coverage.py --kernels decode_attention --out plan_decode.json
     python3 scripts/collect.py --plan plan_decode.json --kernels decode_attention --db h200.sqlite   # on the GPU
+
+`--new-shapes` plans the collection grid's shapes at first-axis values that no stored shape has (after the grid grew,
+e.g. the decode batches 3, 6, 12, 24, 48) so that they come out sampled like the shapes measured before them: the
+seeded sample the grid collection takes at every shape (collect's own sampler, `--configs-per-shape`), the default
+config, the training catalogue, and the `--neighbour-top` fastest stored configs of each shape's measured neighbours
+along the first axis (the batch, for decode). On the H200 data such a union finds the best of the ~280 stored configs
+of a shape to within 0.6% (geomean; neighbours a factor 2 away, their top 16 and 30 sampled configs).
+
+`--new-knobs` plans the values of knobs added after the stored rows were measured (knobs with a legacy value: fused
+MoE's TMA_LOADS, prefill's IMPL) at every measured shape: for the families the benchmark searches exhaustively
+(prefill) every valid config that sets such a knob, for the others each shape's `--top` fastest stored configs at
+every new value (bench.with_new_knobs, what `kernel-gym bench` times too).
 """
 
 from __future__ import annotations
@@ -29,25 +41,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=3, help="catalogue depths 1..this (training uses 2)")
     p.add_argument("--top", type=int, default=3, help="also each shape's this many fastest stored configs")
     p.add_argument("--out", type=Path, required=True, help="plan JSON (.json or .json.gz) for `collect --plan`")
+    p.add_argument("--new-shapes", action="store_true", help="plan the grid shapes with no stored rows instead")
+    p.add_argument("--new-knobs", action="store_true", help="plan the values of knobs added since, at stored shapes")
+    p.add_argument("--configs-per-shape", type=int, default=48, help="--new-shapes: collect's seeded sample size")
+    p.add_argument("--neighbour-top", type=int, default=16, help="--new-shapes: fastest configs of each neighbour")
     args = p.parse_args(argv)
-    if args.depth < 1 or args.top < 0:
-        p.error(f"--depth must be >= 1 and --top >= 0, got {args.depth} and {args.top}")
+    if args.depth < 1 or args.top < 0 or args.neighbour_top < 0 or args.configs_per_shape < 0:
+        p.error("--depth must be >= 1; --top, --neighbour-top and --configs-per-shape >= 0")
 
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.recorded import RecordedBackend
-    from kernel_gym.policies.catalogue import build_catalogue
+    from kernel_gym.policies.catalogue import MAX_CATALOGUE, build_catalogue
     from kernel_gym.policies.train import prepare_data
 
     backend = RecordedBackend(args.data or None)
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.new_shapes or args.new_knobs:
+        if args.new_shapes and args.new_knobs:
+            p.error("--new-shapes and --new-knobs make separate plans: give one")
+        if args.new_shapes:
+            plan, summary = plan_new_shapes(backend, kernels, models, args.configs_per_shape, args.neighbour_top)
+        else:
+            plan, summary = plan_new_knobs(backend, kernels, models, args.top)
+        write_plan(plan, args.out)
+        print(json.dumps({"out": str(args.out), "entries": len(plan), **summary}))
+        return 0
     plan, summary = [], {}
-    for kernel in [k.strip() for k in args.kernels.split(",") if k.strip()]:
+    for kernel in kernels:
         space = get_family(kernel).space
         candidates: dict = {}
         shapes: dict = {}
-        for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+        for model in models:
             data = prepare_data(kernel, backend, model)
-            for depth in range(1, args.depth + 1):  # as training builds it (near 0, 48 entries) at each depth
-                candidates.update(dict.fromkeys(build_catalogue(kernel, data.train, 0.0, 48, depth).configs))
+            for depth in range(1, args.depth + 1):  # as training builds it (near 0, MAX_CATALOGUE) at each depth
+                candidates.update(dict.fromkeys(build_catalogue(kernel, data.train, 0.0, MAX_CATALOGUE, depth).configs))
             for ref in data.train + data.heldout:
                 shapes[ref.key] = ref.workload
                 candidates.update(dict.fromkeys(sorted(ref.times, key=ref.times.__getitem__)[:args.top]))
@@ -61,15 +89,114 @@ def main(argv: list[str] | None = None) -> int:
         summary[kernel] = {"candidates": len(candidates), "shapes": len(shapes), "to_measure": n}
         print(f"{kernel}: {len(candidates)} candidate configs x {len(shapes)} measured shapes: {n} not stored",
               file=sys.stderr)
-    if args.out.suffix == ".gz":
-        import gzip
-
-        with gzip.open(args.out, "wt") as f:
-            json.dump(plan, f)
-    else:
-        args.out.write_text(json.dumps(plan))
+    write_plan(plan, args.out)
     print(json.dumps({"out": str(args.out), "entries": len(plan), **summary}))
     return 0
+
+
+def plan_new_shapes(backend, kernels: list[str], models: list[str], per_shape: int, neighbour_top: int):
+    """Per grid shape without stored rows: collect's seeded sample, the default, the training catalogue, and the
+    fastest stored configs of its nearest measured neighbours below and above along the first feature axis."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.kernels.workloads import workload_from_key
+    from kernel_gym.measure.collect import CollectOptions, build_plan
+    from kernel_gym.policies.train import prepare_data
+
+    plan, summary = [], {}
+    for kernel in kernels:
+        fam = get_family(kernel)
+        stored_shapes = {w for w, _ in backend.stored_keys(kernel)}
+        sampled: dict[str, list[str]] = {}
+        opts = CollectOptions(models=models, kernels=[kernel], grids=["default"], configs_per_shape=per_shape)
+        for chunks in build_plan(opts):
+            for item in chunks:
+                if item.workload_key not in stored_shapes:
+                    sampled.setdefault(item.workload_key, []).extend(item.configs)
+        catalogue, refs = {}, []
+        for model in models:
+            data = prepare_data(kernel, backend, model)
+            catalogue.update(dict.fromkeys(str(c) for c in data.catalogue.configs))
+            refs += data.train + data.heldout
+        # Only shapes at first-axis values that no stored shape has: the values the grid gained. Grid shapes left
+        # unmeasured at old values (sampled out, or cut by a collection's budget) stay as they were.
+        first = lambda w: next(iter(w.features().values()))  # noqa: E731
+        old_values = {first(workload_from_key(kernel, w)) for w in stored_shapes}
+        sampled = {w: c for w, c in sampled.items() if first(workload_from_key(kernel, w)) not in old_values}
+        # Smallest values first (a collection cut by its budget keeps those: where decode's winners change fastest).
+        by_value = sorted(sampled, key=lambda w: (first(workload_from_key(kernel, w)), w))
+        n = 0
+        for wkey in by_value:
+            configs = sampled[wkey]
+            workload = workload_from_key(kernel, wkey)
+            wanted = dict.fromkeys([*configs, *catalogue])
+            for ref in neighbours(workload, refs):
+                fastest = sorted(ref.times, key=ref.times.__getitem__)[:neighbour_top]
+                wanted.update(dict.fromkeys(str(c) for c in fastest))
+            valid = [c for c in wanted if fam.space.is_valid(Config.parse(c), workload)]
+            plan.append({"kernel": kernel, "workload": wkey, "configs": valid})
+            n += len(valid)
+        summary[kernel] = {"new_shapes": len(sampled), "to_measure": n}
+        print(f"{kernel}: {len(sampled)} grid shapes without rows: {n} configs planned", file=sys.stderr)
+    return plan, summary
+
+
+def plan_new_knobs(backend, kernels: list[str], models: list[str], top: int):
+    """Per measured shape, the configs that set a knob added after its rows were stored (see the module docstring)."""
+    from kernel_gym.bench import EXHAUSTIVE, with_new_knobs
+    from kernel_gym.kernels import get_family
+    from kernel_gym.policies.train import prepare_data
+
+    plan, summary = [], {}
+    for kernel in kernels:
+        space = get_family(kernel).space
+        added = [k.name for k in space.knobs if k.legacy is not None]
+        stored = backend.stored_keys(kernel)
+        n = 0
+        refs = {}
+        for model in models:
+            data = prepare_data(kernel, backend, model)
+            refs.update({r.key: r for r in data.train + data.heldout})
+        for wkey, ref in sorted(refs.items()):
+            if kernel in EXHAUSTIVE:
+                configs = [c for c in space.valid_configs(ref.workload) if any(k in c for k in added)]
+            else:
+                fastest = sorted(ref.times, key=ref.times.__getitem__)[:top]
+                configs = with_new_knobs(space, fastest, ref.workload)
+            missing = list(dict.fromkeys(str(c) for c in configs if (wkey, str(c)) not in stored))
+            if missing:
+                plan.append({"kernel": kernel, "workload": wkey, "configs": missing})
+                n += len(missing)
+        summary[kernel] = {"knobs": added, "shapes": len(refs), "to_measure": n}
+        print(f"{kernel}: new knobs {added} at {len(refs)} measured shapes: {n} configs planned", file=sys.stderr)
+    return plan, summary
+
+
+def neighbours(workload, refs) -> list:
+    """The measured references nearest below and above `workload` along its first feature, all else equal (the
+    workload keys differ in one field)."""
+    feats = workload.features()
+    axis = next(iter(feats))
+    fields = json.loads(workload.key())
+    same = [r for r in refs if sum(v != fields.get(k) for k, v in json.loads(r.workload.key()).items()) == 1]
+    below = [r for r in same if r.workload.features()[axis] < feats[axis]]
+    above = [r for r in same if r.workload.features()[axis] > feats[axis]]
+    out = []
+    if below:
+        out.append(max(below, key=lambda r: r.workload.features()[axis]))
+    if above:
+        out.append(min(above, key=lambda r: r.workload.features()[axis]))
+    return out
+
+
+def write_plan(plan: list, out: Path) -> None:
+    if out.suffix == ".gz":
+        import gzip
+
+        with gzip.open(out, "wt") as f:
+            json.dump(plan, f)
+    else:
+        out.write_text(json.dumps(plan))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import model_workloads
 from kernel_gym.measure.types import INVALID, UNAVAILABLE
 from kernel_gym.policies.catalogue import (
+    MAX_CATALOGUE,
     Catalogue,
     WorkloadReference,
     build_catalogue,
@@ -30,12 +31,14 @@ from kernel_gym.policies.observation import CLIP, encode, feature_names, observe
 
 FAILURE_PENALTY = -1.0
 PROFILES = ("grid", "eval", "small")
-# obs_jitter: per kernel, the workload axes it moves (a workload field and the raw features, in log2 units, that move
-# with it)
-JITTER_AXES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    "decode_attention": (("batch", ("log2_batch",)), ("context_len", ("log2_context",))),
-    "fused_moe": (("num_tokens", ("log2_tokens", "log2_slots_per_expert")),),
-    "prefill_attention": (),
+# obs_jitter: per kernel, the workload axes it moves: a workload field and the raw features (log2 units) that move with
+# it, each with its slope (prefill: every length scaled by 2^d moves the causal pairs by 2^(2d))
+JITTER_AXES: dict[str, tuple[tuple[str, tuple[tuple[str, float], ...]], ...]] = {
+    "decode_attention": (("batch", (("log2_batch", 1.0),)), ("context_len", (("log2_context", 1.0),))),
+    "fused_moe": (("num_tokens", (("log2_tokens", 1.0), ("log2_slots_per_expert", 1.0))),),
+    "prefill_attention": (
+        ("seq_lens", (("log2_total_tokens", 1.0), ("log2_max_len", 1.0), ("log2_causal_pairs", 2.0))),
+    ),
 }
 # obs_jitter: kernels whose action mask follows the jittered observation (the knob space's rules applied at the moved
 # workload too). Measured on the recorded H200 data (docs/agent.md): MoE held-out 0.963 -> 0.987 (the fused top-k
@@ -97,6 +100,13 @@ def split_profile(
     return split_references(refs, holdout, split_seed, profile.anchors)
 
 
+def _scaled(value: Any, factor: float) -> Any:
+    """A workload field moved by a jitter factor: a count, or each length of a tuple of lengths."""
+    if isinstance(value, tuple):
+        return tuple(max(1, round(v * factor)) for v in value)
+    return max(1, round(value * factor))
+
+
 def is_live(backend: Any) -> bool:
     """Live timing is noisy: never cache its answers, and let the best known time improve as it is seen."""
     return getattr(backend, "name", "") == "live" or not getattr(backend, "deterministic", True)
@@ -119,7 +129,7 @@ class KernelConfigEnv(gym.Env):
         catalogue: Catalogue | None = None,
         references: Sequence[WorkloadReference] | None = None,
         near: float = 0.0,
-        max_catalogue: int = 48,
+        max_catalogue: int = MAX_CATALOGUE,
         catalogue_depth: int = 2,
         obs_jitter: float = 0.0,
         render_mode: str | None = None,
@@ -221,15 +231,15 @@ class KernelConfigEnv(gym.Env):
         workload = self.references[index].workload
         raw = raw_features(workload)
         scale = {}  # workload field -> factor it moved by
-        for field_name, names in JITTER_AXES.get(self.kernel, ()):
+        for field_name, moves in JITTER_AXES.get(self.kernel, ()):
             delta = float(self.np_random.normal(0.0, self.obs_jitter))
-            for name in names:
-                raw[name] += delta
+            for name, slope in moves:
+                raw[name] += slope * delta
             scale[field_name] = 2.0 ** delta
         obs = encode(self.kernel, raw)
         if self.kernel not in JITTER_MASKS:
             return obs, self.masks[index]
-        moved = dataclasses.replace(workload, **{f: max(1, round(getattr(workload, f) * x)) for f, x in scale.items()})
+        moved = dataclasses.replace(workload, **{f: _scaled(getattr(workload, f), x) for f, x in scale.items()})
         space = self.family.space
         mask = self.masks[index] & np.array([space.is_valid(c, moved) for c in self.catalogue.configs])
         return obs, (mask if mask.any() else self.masks[index])

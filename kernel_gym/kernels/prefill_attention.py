@@ -201,6 +201,37 @@ SPACE = KnobSpace(
     rules=[_rule_head_dim, _rule_shared_memory, _rule_registers],
 )
 
+# The IMPL knob came after the Triton kernel's rows were stored: "triton" (its legacy value, left out of configs, so
+# every stored config string and the Triton path's source hash stay as they were) or one of the Gluon schedules of
+# kernels/prefill_gluon.py (sm_90 only). The family's space is SPACE plus IMPL.
+IMPLS = ("triton", "gluon_overlap", "gluon_ws", "gluon_pingpong")
+
+
+def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
+    impl = GLUON_SPACE.value(config, "IMPL")
+    if impl == "triton":
+        return None
+    bm, bn, warps, stages = (int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+    if workload.dtype not in ("bfloat16", "float16"):
+        return f"IMPL={impl} multiplies 16-bit inputs on wgmma; {workload.dtype} runs on the Triton kernel (no IMPL)"
+    if workload.head_dim not in HEAD_DIMS:
+        return f"IMPL={impl} is built for head_dim in {HEAD_DIMS}, not {workload.head_dim}; use the Triton kernel"
+    if bm not in (64, 128) or bn not in (64, 128):
+        return f"IMPL={impl} needs BLOCK_M and BLOCK_N in (64, 128) (one 64-row wgmma tile per warpgroup)"
+    if warps != 4 * bm // 64:
+        return f"IMPL={impl} runs one warpgroup per 64 query rows: num_warps must be {4 * bm // 64} for BLOCK_M={bm}"
+    if stages < 2:
+        return f"IMPL={impl} needs num_stages >= 2 (the K/V ring must hold the block in use and the next one)"
+    if impl == "gluon_pingpong" and bm != 128:
+        return "IMPL=gluon_pingpong splits a 128-row tile between two warpgroups: BLOCK_M must be 128"
+    return None
+
+
+GLUON_SPACE = KnobSpace(
+    knobs=[*SPACE.knobs, Knob("IMPL", IMPLS, "kernel: Triton, or a Gluon schedule for sm_90", legacy="triton")],
+    rules=[*SPACE.rules, _rule_gluon],
+)
+
 
 # ---- inputs, launch, reference ----------------------------------------------------------------------------------
 
@@ -363,13 +394,49 @@ class PrefillAttentionFamily:
         return float(workload.total_tokens * heads * workload.head_dim * _DTYPE_BYTES[workload.dtype])
 
 
-FAMILY = PrefillAttentionFamily()
+class PrefillFamily(PrefillAttentionFamily):
+    """The family with the IMPL knob: IMPL=gluon_* configs launch the Gluon kernel (kernels/prefill_gluon.py), the
+    rest the Triton kernel, unchanged (PrefillAttentionFamily, whose source the stored rows' hash covers)."""
+
+    space = GLUON_SPACE
+
+    def prepare(self, inputs: PrefillInputs, config: Config) -> Callable[[], torch.Tensor]:
+        impl = GLUON_SPACE.value(config, "IMPL")
+        if impl == "triton":
+            return super().prepare(inputs, config)
+        from kernel_gym.kernels import prefill_gluon
+
+        w = _check_workload(inputs.workload)
+        GLUON_SPACE.check(config, w)
+        bm, bn, stages = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_stages"])
+        items = work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm)
+        table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(inputs.q.device)
+        return prefill_gluon.prepare_gluon(inputs, prefill_gluon.variant_for(impl, bm, bn, stages), table, len(items))
+
+
+FAMILY = PrefillFamily()
+
+# The Triton path's hash, which the stored rows measured before IMPL existed carry (test-pinned; see fused_moe's
+# LEGACY_SOURCE_HASH for the same arrangement).
+LEGACY_SOURCE_HASH = "ec600ed06a102175"
+
+
+def legacy_source_hash() -> str:
+    """Hash of the Triton kernel and its launch code (what `source_hash` was before the IMPL knob)."""
+    return _space.source_hash(_attn_inner.fn, _prefill_fwd.fn, work_table, use_tma, PrefillAttentionFamily,
+                              _shared_memory_bytes)
 
 
 def source_hash() -> str:
     """Hash of the kernels and launch code: the measurement store's key changes when either changes."""
+    from kernel_gym.kernels import prefill_gluon as pg
+
+    gluon = [getattr(f, "fn", f) for f in (pg._attn_fwd, pg._consumer, pg._overlap_step, pg._plain_step,
+                                           pg._load_partition, pg._softmax, pg._issue_kv, pg._release,
+                                           pg._turn_wait, pg._turn_pass)]
     return _space.source_hash(_attn_inner.fn, _prefill_fwd.fn, work_table, use_tma, PrefillAttentionFamily,
-                              _shared_memory_bytes)
+                              _shared_memory_bytes, *gluon, pg.GluonVariant, pg.variant_for, pg.prepare_gluon,
+                              PrefillFamily, _rule_gluon)
 
 
 def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:

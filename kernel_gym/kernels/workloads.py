@@ -173,7 +173,7 @@ MOE_TOKENS = (
     1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192,
 )
 MOE_SKEWS = (0.0, 0.6, 1.2)  # uniform, moderate, strong (max-expert share 0.37 at E=8)
-DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 DECODE_MAX_TOKENS = 64 * 32768  # batch x context cap: KV of one layer must fit comfortably and fill quickly
 PREFILL_TOTALS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)

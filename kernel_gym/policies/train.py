@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kernel_gym.policies.catalogue import (
+    MAX_CATALOGUE,
     Catalogue,
     Evaluation,
     WorkloadReference,
@@ -36,11 +37,13 @@ from kernel_gym.policies.catalogue import (
 )
 from kernel_gym.policies.observation import observe
 
-# Default obs_jitter per kernel (log2 units), from held-out sweeps on the recorded H200 data (docs/agent.md): decode 1.0
-# (0.913 -> 0.963 on the 114k-row data, neutral since); MoE 0.5 with the mask following the jittered observation
-# (envs/base.py JITTER_MASKS): olmoe 0.963 -> 0.987 (seeds 0-2: 0.987, 0.986, 0.986; 0.962 at 1.0); prefill has no
-# jitter axes.
-OBS_JITTER = {"decode_attention": 1.0, "fused_moe": 0.5}
+# Default obs_jitter per kernel (log2 units), from held-out sweeps on the recorded H200 data (docs/agent.md): decode 0.5
+# since its grid gained batches 3, 6, 12, 24, 48 (neighbours 0.4-0.6 apart in log2 batch; 1.0 suited the powers of two:
+# 0.913 -> 0.963 then); MoE 0.5 with the mask following the jittered observation (envs/base.py JITTER_MASKS): olmoe
+# 0.963 -> 0.987 (seeds 0-2: 0.987, 0.986, 0.986; 0.962 at 1.0); prefill 1.0 on its sequence lengths since the Gluon
+# kernel's rows made the winner change with length (seeds 0-2: mixtral 0.992, 0.992, 0.985, olmoe 0.990, 0.989, 0.989;
+# 0.944-0.971 without).
+OBS_JITTER = {"decode_attention": 0.5, "fused_moe": 0.5, "prefill_attention": 1.0}
 
 
 @dataclass
@@ -63,7 +66,7 @@ class TrainArgs:
     """Seed of the train / held-out split (keep it fixed to compare runs)."""
     near: float = 0.0
     """Catalogue: the greedy cover stops once every training workload has a config within this fraction of its best."""
-    max_catalogue: int = 48
+    max_catalogue: int = MAX_CATALOGUE
     """Catalogue: at most this many configs (the action space size)."""
     catalogue_depth: int = 2
     """Catalogue: also add each training workload's this many fastest configs (spares where a winner is unmeasured)."""
@@ -199,7 +202,7 @@ class PreparedData:
 
 def prepare_data(
     kernel: str, backend: Any, model: Any = "mixtral-8x7b", profile: Any = "grid", holdout: float = 0.25,
-    split_seed: int = 0, near: float = 0.0, max_catalogue: int = 48, depth: int = 2,
+    split_seed: int = 0, near: float = 0.0, max_catalogue: int = MAX_CATALOGUE, depth: int = 2,
 ) -> PreparedData:
     """Measure the profile's workloads through the backend, split them, and build catalogue and static baseline from
     the training part only."""
@@ -490,7 +493,7 @@ def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, ru
 
 def evaluate_logged_policy(
     model_uri: str, kernel: str, backend: Any, model: Any = "mixtral-8x7b", profile: Any = "grid",
-    holdout: float = 0.25, split_seed: int = 0, near: float = 0.0, max_catalogue: int = 48, depth: int = 2,
+    holdout: float = 0.25, split_seed: int = 0, near: float = 0.0, max_catalogue: int = MAX_CATALOGUE, depth: int = 2,
 ) -> Evaluation:
     """Score a logged pyfunc policy on the held-out workloads of the same split (benchmarks write .to_dict() as JSON).
 

@@ -203,8 +203,27 @@ def test_obs_jitter_moves_only_the_workload_axes_of_training_observations(backen
     assert jittered.observation_space.contains(obs[0].astype(np.float32))
     with pytest.raises(ValueError, match="obs_jitter"):
         gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend, obs_jitter=-1.0)
-    with pytest.raises(ValueError, match="no workload axes"):
-        gymnasium.make("KernelGym/PrefillAttention-v0", backend=backend, obs_jitter=0.5)
+
+
+def test_prefill_jitter_scales_every_length_together(backend):
+    """Prefill's jitter axis is the sequence lengths, all scaled by one factor 2^d: total tokens and the longest
+    length move by d, the causal pairs by 2d (log2 units), the number of sequences not at all."""
+    from kernel_gym.policies.observation import FEATURES, feature_names
+
+    names = feature_names("prefill_attention")
+    exact = gymnasium.make("KernelGym/PrefillAttention-v0", backend=backend).unwrapped
+    jittered = gymnasium.make("KernelGym/PrefillAttention-v0", backend=backend, obs_jitter=1.0).unwrapped
+    e, _ = exact.reset(seed=0, options={"workload_index": 0})
+    span = {name: (hi - lo) / 2.0 for name, lo, hi in FEATURES["prefill_attention"]}  # obs units per log2 unit
+    moved = 0
+    for seed in range(6):
+        o, _ = jittered.reset(seed=seed, options={"workload_index": 0})
+        d = {n: (float(o[i]) - float(e[i])) * span[n] for i, n in enumerate(names)}
+        assert d["log2_num_seqs"] == 0 and d["log2_num_heads"] == 0
+        assert d["log2_max_len"] == pytest.approx(d["log2_total_tokens"], abs=1e-4)
+        assert d["log2_causal_pairs"] == pytest.approx(2 * d["log2_total_tokens"], abs=1e-4)
+        moved += abs(d["log2_total_tokens"]) > 1e-3
+    assert moved >= 5
 
 
 def test_obs_jitter_masks_what_the_knob_space_rejects_at_the_moved_workload(backend):

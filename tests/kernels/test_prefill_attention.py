@@ -19,6 +19,10 @@ from kernel_gym.models import BUILTIN_MODELS
 
 FAMILY = pa.FAMILY
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+# The Gluon kernel (IMPL=gluon_*) runs on sm_90 only (Gluon has no interpreter): elsewhere the samples come from the
+# Triton kernel's knobs.
+RUNNABLE_SPACE = FAMILY.space if HOPPER else pa.SPACE
 
 
 def _check(workload: PrefillWorkload, config: Config, seed: int = 0) -> str | None:
@@ -52,7 +56,7 @@ EXTRA_RAGGED = [
 def test_sampled_configs_match_reference_on_small_grid(dtype: str) -> None:
     failures = []
     for i, workload in enumerate(model_workloads("prefill_attention", None, grid="small", dtype=dtype)):
-        configs = FAMILY.space.sample(workload, 3, seed=100 + i) + [FAMILY.default_config(workload)]
+        configs = RUNNABLE_SPACE.sample(workload, 3, seed=100 + i) + [FAMILY.default_config(workload)]
         failures += [msg for c in configs if (msg := _check(workload, c, seed=i))]
     assert not failures, "\n".join(failures)
 
@@ -144,6 +148,41 @@ def test_family_is_registered() -> None:
     assert get_family("prefill_attention") is FAMILY
     assert FAMILY.workload_type is PrefillWorkload and FAMILY.name == "prefill_attention"
     assert len(pa.source_hash()) == 16
+
+
+def test_triton_path_code_is_what_the_stored_rows_measured() -> None:
+    """The rows stored before the IMPL knob were keyed by the Triton path's source hash; if this fails, that code
+    changed and its rows must be measured again, not re-keyed (scripts/rekey_rows.py refuses then too)."""
+    assert pa.legacy_source_hash() == pa.LEGACY_SOURCE_HASH
+    assert pa.source_hash() != pa.LEGACY_SOURCE_HASH
+
+
+def test_gluon_impl_rules() -> None:
+    w = PrefillWorkload(32, 8, 128, (2048,))
+    gluon = [c for c in FAMILY.space.valid_configs(w) if "IMPL" in c]
+    impls = {c["IMPL"] for c in gluon}
+    assert impls == {"gluon_overlap", "gluon_ws", "gluon_pingpong"}
+    assert all(int(c["num_warps"]) == 4 * int(c["BLOCK_M"]) // 64 for c in gluon)
+    assert all(int(c["BLOCK_M"]) == 128 for c in gluon if c["IMPL"] == "gluon_pingpong")
+    ws = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, IMPL="gluon_ws")
+    assert FAMILY.space.is_valid(ws, w)
+    assert "num_warps must be 4" in FAMILY.space.why_invalid(ws.replace(num_warps=8), w)
+    assert "BLOCK_M must be 128" in FAMILY.space.why_invalid(ws.replace(IMPL="gluon_pingpong"), w)
+    assert "num_stages >= 2" in FAMILY.space.why_invalid(ws.replace(num_stages=1), w)
+    assert "Triton kernel" in FAMILY.space.why_invalid(ws, PrefillWorkload(32, 8, 128, (2048,), "float32"))
+    assert "shared memory" in FAMILY.space.why_invalid(
+        Config(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4, IMPL="gluon_ws"), w)
+    # the Triton kernel's configs are written without the knob, as they were stored
+    assert "leaving the knob out" in FAMILY.space.why_invalid(ws.replace(IMPL="triton", num_warps=8), w)
+    assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w) if "IMPL" not in c)
+
+
+@pytest.mark.skipif(HOPPER, reason="checks the message given where the Gluon kernel cannot run")
+def test_gluon_config_off_hopper_says_to_use_the_triton_kernel() -> None:
+    w = PrefillWorkload(4, 2, 64, (70,), "float16")
+    inputs = FAMILY.make_inputs(w, DEVICE)
+    with pytest.raises(ValueError, match="only on Hopper.*without IMPL"):
+        FAMILY.prepare(inputs, Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, IMPL="gluon_ws"))
 
 
 def test_shared_memory_rule_rejects_with_reason() -> None:
@@ -252,7 +291,8 @@ GPU_WORKLOADS = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("workload", GPU_WORKLOADS, ids=lambda w: f"d{w.head_dim}-{len(w.seq_lens)}seqs")
 def test_gpu_all_valid_configs_match_reference_bf16(workload: PrefillWorkload) -> None:
-    configs = FAMILY.space.valid_configs(workload)
+    """Every valid config, the Gluon kernel's included on the H200."""
+    configs = RUNNABLE_SPACE.valid_configs(workload)
     failures = [msg for c in configs if (msg := _check(workload, c))]
     assert not failures, f"{len(failures)}/{len(configs)} configs failed:\n" + "\n".join(failures)
 
@@ -262,5 +302,5 @@ def test_gpu_fp16_and_fp32_sample() -> None:
     failures = []
     for dtype in ("float16", "float32"):
         w = PrefillWorkload(32, 8, 128, prefill_seq_lens(1024, "ragged"), dtype)
-        failures += [msg for c in FAMILY.space.sample(w, 16, seed=7) if (msg := _check(w, c))]
+        failures += [msg for c in RUNNABLE_SPACE.sample(w, 16, seed=7) if (msg := _check(w, c))]
     assert not failures, "\n".join(failures)
