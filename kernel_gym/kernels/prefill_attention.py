@@ -19,6 +19,11 @@ Kernel design (Triton tutorial 06 on a ragged batch, with Hopper loads and an L2
   bounds checks: they are inside the sequence by construction); only the blocks that cross the diagonal apply the
   causal mask (and, on the pointer path, the sequence-end mask).
 
+The IMPL knob (added after the Triton kernel's rows were stored; its legacy value "triton" is left out of configs)
+selects the Gluon kernel of kernels/prefill_gluon.py instead: the same inputs and work table with FlashAttention-3's
+Hopper schedules, sm_90 only. On the H200 it reaches 0.91-1.03 of torch SDPA where this kernel stays at 0.86-0.87
+(docs/benchmarks.md).
+
 Imports only torch, triton and the standard library: this module runs on the GPU machine.
 """
 
