@@ -10,8 +10,8 @@ Commands:
   GPU (H200):  python3 scripts/exp_prefill_gluon.py --out $OUT/exp_prefill_gluon.json --budget-s 300
 
 The GPU run checks every variant config against a torch reference before timing it with
-kernel_gym.measure.timing.time_launch (the benchmark's timer), and times torch SDPA and our shipped kernel at its best
-recorded config in the same process. Imports only torch, triton, numpy, the standard library and kernel_gym.
+kernel_gym.measure.timing.time_launch (the benchmark's timer), and times torch SDPA and the Triton kernel ("ours") at
+its fastest recorded config in the same process. Imports only torch, triton, numpy, the standard library and kernel_gym.
 """
 
 from __future__ import annotations
@@ -37,26 +37,24 @@ sys.path.insert(0, str(REPO))
 
 from kernel_gym.kernels.prefill_gluon import GluonVariant, compile_sm90, prepare_gluon  # noqa: E402
 
-Variant = GluonVariant
 
-
-def all_variants() -> list[Variant]:
+def all_variants() -> list[GluonVariant]:
     """The sweep, most promising first (the GPU run's budget guard cuts from the end). First H200 run (--limit 10,
     before this order): BLOCK_N=64 x 3 stages was best: ws wg1 64x64 0.891 / 0.903 of SDPA (B4 N2048 / B1 N8192),
     ws_pingpong 128x64 0.825 / 0.911; BLOCK_N=128 was slower for every family."""
-    v: list[Variant] = []
+    v: list[GluonVariant] = []
     for bn, st in ((64, 3), (64, 2), (128, 2), (128, 3)):
-        v.append(Variant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=1, split=1, pingpong=1, maxnreg=168))
-        v.append(Variant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=1))
-        v.append(Variant(ws=0, num_wg=2, block_n=bn, stages=st, overlap=1))
-        v.append(Variant(ws=1, num_wg=1, block_n=bn, stages=st, overlap=1, maxnreg=128))
-        v.append(Variant(ws=0, num_wg=1, block_n=bn, stages=st, overlap=1))
+        v.append(GluonVariant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=1, split=1, pingpong=1, maxnreg=168))
+        v.append(GluonVariant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=1))
+        v.append(GluonVariant(ws=0, num_wg=2, block_n=bn, stages=st, overlap=1))
+        v.append(GluonVariant(ws=1, num_wg=1, block_n=bn, stages=st, overlap=1, maxnreg=128))
+        v.append(GluonVariant(ws=0, num_wg=1, block_n=bn, stages=st, overlap=1))
     for bn, st in ((64, 3), (128, 2)):
-        v.append(Variant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=1, split=1, pingpong=0, maxnreg=168))
-        v.append(Variant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=0, split=1, pingpong=1, maxnreg=168))
-        v.append(Variant(ws=0, num_wg=2, block_n=bn, stages=st, overlap=0))
-        v.append(Variant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=0))
-        v.append(Variant(ws=0, num_wg=1, block_n=bn, stages=st, overlap=0))
+        v.append(GluonVariant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=1, split=1, pingpong=0, maxnreg=168))
+        v.append(GluonVariant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=0, split=1, pingpong=1, maxnreg=168))
+        v.append(GluonVariant(ws=0, num_wg=2, block_n=bn, stages=st, overlap=0))
+        v.append(GluonVariant(ws=1, num_wg=2, block_n=bn, stages=st, overlap=0))
+        v.append(GluonVariant(ws=0, num_wg=1, block_n=bn, stages=st, overlap=0))
     return v
 
 
@@ -83,7 +81,7 @@ def ptxas_stats(ptx: str) -> dict[str, int]:
             "spill_loads": int(spill_ld.group(1)) if spill_ld else -1}
 
 
-def compile_report(var: Variant, head_dim: int, dtype: str = "bfloat16") -> dict[str, Any]:
+def compile_report(var: GluonVariant, head_dim: int, dtype: str = "bfloat16") -> dict[str, Any]:
     row: dict[str, Any] = {"variant": var.label(), "head_dim": head_dim, "dtype": dtype, **asdict(var)}
     try:
         k = compile_sm90(var, head_dim, dtype)
@@ -102,7 +100,7 @@ def compile_report(var: Variant, head_dim: int, dtype: str = "bfloat16") -> dict
     return row
 
 
-def compile_only(variants: list[Variant], head_dims: tuple[int, ...], dtypes: tuple[str, ...]) -> list[dict]:
+def compile_only(variants: list[GluonVariant], head_dims: tuple[int, ...], dtypes: tuple[str, ...]) -> list[dict]:
     rows = []
     print(f"{'variant':36} {'D':>3} {'dtype':8} {'regs':>5} {'spill':>6} {'smem':>7} {'wgmma':>5} {'tma':>4} "
           f"{'maxnreg':>7}  status")
@@ -121,26 +119,15 @@ def compile_only(variants: list[Variant], head_dims: tuple[int, ...], dtypes: tu
 # ---- GPU run ----------------------------------------------------------------------------------------------------
 
 
-BASELINE_BEST = {  # our shipped kernel's fastest config per case (benchmarks/h200_kernels.json, run h200_run5)
+# The Triton kernel's fastest config per case, the baseline the Gluon variants are compared with ("ours"): 64x64 tiles,
+# 3 stages, 4 warps at both (benchmarks/h200_run6/prefill_gluon/bench/h200_kernels_details.json, as in run 5).
+TRITON_BEST = {
     "prefill_b4_h32_n2048_d128": dict(BLOCK_M=64, BLOCK_N=64, num_stages=3, num_warps=4),
     "prefill_b1_h32_n8192_d128": dict(BLOCK_M=64, BLOCK_N=64, num_stages=3, num_warps=4),
 }
 
 
-def _best_baseline_configs() -> dict[str, dict]:
-    """The fastest recorded config per prefill case in benchmarks/h200_kernels.json (falls back to BASELINE_BEST)."""
-    best = dict(BASELINE_BEST)
-    path = REPO / "benchmarks" / "h200_kernels.json"
-    try:
-        for rec in json.loads(path.read_text()):
-            if rec.get("kernel") == "prefill_attention" and rec.get("config"):
-                best[rec["case"]] = dict(rec["config"])
-    except (OSError, ValueError, TypeError):
-        pass
-    return best
-
-
-def prepare(inputs: Any, var: Variant) -> Any:
+def prepare(inputs: Any, var: GluonVariant) -> Any:
     """Launch closure for one variant on family inputs (q [T, H, D], k/v [T, Hkv, D], cu_seqlens)."""
     import torch
 
@@ -202,7 +189,7 @@ class Watchdog:
         os._exit(3)
 
 
-def gpu_run(out_path: Path | None, budget_s: float, variants: list[Variant], hang_s: float = 90.0) -> list[dict]:
+def gpu_run(out_path: Path | None, budget_s: float, variants: list[GluonVariant], hang_s: float = 90.0) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -258,7 +245,6 @@ def gpu_run(out_path: Path | None, budget_s: float, variants: list[Variant], han
     flush()
 
     # 2. Bench cases: SDPA, our kernel at its best config, every variant that passed (checked again here).
-    base_cfgs = _best_baseline_configs()
     for case, wl in pa.bench_cases()[:2]:
         inputs = pa.FAMILY.make_inputs(wl, device, seed=0)
         b, n, h, d = len(wl.seq_lens), wl.seq_lens[0], wl.num_heads, wl.head_dim
@@ -278,7 +264,7 @@ def gpu_run(out_path: Path | None, budget_s: float, variants: list[Variant], han
                      "ratio_to_sdpa": 1.0})
         log(f"{case} sdpa: {t_sdpa:.4f} ms {sdpa_tf:.1f} TF")
         base_tf = None
-        cfg = base_cfgs.get(case)
+        cfg = TRITON_BEST.get(case)
         if cfg:
             row = {"case": case, "variant": "ours", "config": cfg, "status": "ok"}
             try:

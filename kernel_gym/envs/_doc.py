@@ -38,7 +38,8 @@ COMMON = """
       swept once); otherwise both are built from the backend at construction (a full sweep on a live backend).
     - `near`, `max_catalogue`, `catalogue_depth`: catalogue construction.
     - `obs_jitter` (0): for training, Gaussian noise (standard deviation in log2 units) added to the workload axes of
-      each reset's observation (decode: batch and context; MoE: tokens), the reward still that of the exact
+      each reset's observation (decode: batch and context; MoE: tokens; prefill: every sequence length, scaled
+      together), the reward still that of the exact
       workload; it rewards configs that win across neighbouring grid points, which is what held-out shapes between
       them need (`kernel-gym train` sets it per env: `policies/train.py` OBS_JITTER). For MoE (`JITTER_MASKS`) the
       action mask also drops the entries the knob space rejects at the moved workload, so near a rule's boundary

@@ -101,7 +101,8 @@ def split_profile(
 
 
 def _scaled(value: Any, factor: float) -> Any:
-    """A workload field moved by a jitter factor: a count, or each length of a tuple of lengths."""
+    """A workload field moved by a jitter factor: a count, or each length of a tuple of lengths (prefill's seq_lens,
+    should its mask ever follow the jitter: JITTER_MASKS)."""
     if isinstance(value, tuple):
         return tuple(max(1, round(v * factor)) for v in value)
     return max(1, round(value * factor))

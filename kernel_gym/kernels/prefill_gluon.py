@@ -18,12 +18,14 @@ at 0.86-0.87 of torch SDPA on the H200 (docs/benchmarks.md); this one adds:
   consumer warpgroups as separate partitions, each owning 64 rows of a 128-row tile; PINGPONG=1 adds FA3's ping-pong:
   a pair of "turn" mbarriers makes them take turns issuing wgmmas, so one's softmax runs under the other's GEMMs.
 
-Runs only on sm_90 GPUs (Gluon has no interpreter); `compile_sm90` builds it for sm_90 on a CPU machine.
+Runs only on sm_90 GPUs (Gluon has no interpreter); `compile_sm90` builds it for sm_90 on a CPU machine (the tests
+check its shared memory against the knob space's estimate that way).
 Imports only torch, triton and the standard library: this module runs on the GPU machine.
 """
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -34,10 +36,25 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.language.nvidia.hopper import tma as _tma
+
+
+def _tma_compat() -> Any:
+    """The kernel is written against triton 3.6 (the GPU machine's), whose TMA load is async_copy_global_to_shared;
+    triton 3.9 renamed it async_load (same arguments) and made the old name raise. Newer versions get a copy of the
+    tma module with the old name pointing at the new builtin, so the same kernel source compiles on both."""
+    if not hasattr(_tma, "async_load"):
+        return _tma
+    shim = types.ModuleType(f"{_tma.__name__}_compat")
+    shim.__dict__.update({k: getattr(_tma, k) for k in dir(_tma) if not k.startswith("__")})
+    shim.async_copy_global_to_shared = _tma.async_load
+    return shim
+
+
+tma = _tma_compat()
 
 _LOG2E = 1.4426950408889634
 _GL_DTYPES = {"bfloat16": gl.bfloat16, "float16": gl.float16}

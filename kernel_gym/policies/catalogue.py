@@ -121,7 +121,7 @@ class Catalogue:
 
 
 # Action-space cap. 64 since the decode grid gained batches 3-48: its greedy cover then wanted 54 entries (48 cut it:
-# held-out mixtral 0.969 -> 0.975 with the cap lifted, docs/agent.md); MoE (26-37) and prefill (13) stay below 48.
+# held-out mixtral 0.969 -> 0.975 with the cap lifted, docs/agent.md); MoE (31-39) and prefill (13-14) stay below 48.
 MAX_CATALOGUE = 64
 
 

@@ -278,6 +278,37 @@ def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
         assert used <= estimate <= pa.SHARED_MEMORY_LIMIT, (config, used, estimate)
 
 
+@pytest.mark.slow
+def test_gluon_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
+    """Per Gluon schedule, the valid config with the largest estimate compiles for sm_90 (no GPU needed) within the
+    estimate and the H200's limit: the rule that masks the rest holds for the Gluon kernel too."""
+    w = PrefillWorkload(32, 8, 128, (2048,))
+    valid = sorted(FAMILY.space.valid_configs(w), key=lambda c: pa._shared_memory_bytes(c, w))
+    picks = [str([c for c in valid if c.get("IMPL") == impl][-1]) for impl in pa.IMPLS[1:]]
+    script = (
+        "import json, sys\n"
+        "from kernel_gym.kernels import prefill_gluon as pg\n"
+        "from kernel_gym.kernels.space import Config\n"
+        "out = []\n"
+        "for c in map(Config.parse, json.loads(sys.argv[1])):\n"
+        "    v = pg.variant_for(c['IMPL'], int(c['BLOCK_M']), int(c['BLOCK_N']), int(c['num_stages']))\n"
+        "    out.append(pg.compile_sm90(v, 128, 'bfloat16', 4).metadata.shared)\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(picks)],
+        capture_output=True, text=True, env=env, timeout=600, cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    for config, used in zip(picks, shared):
+        estimate = pa._shared_memory_bytes(Config.parse(config), w)
+        assert used <= estimate <= pa.SHARED_MEMORY_LIMIT, (config, used, estimate)
+
+
 # ---- (c) GPU: bf16, every valid config on Mixtral shapes ---------------------------------------------------------
 
 MIXTRAL = BUILTIN_MODELS["mixtral-8x7b"]
@@ -285,6 +316,7 @@ GPU_WORKLOADS = [
     PrefillWorkload(MIXTRAL.num_heads, MIXTRAL.num_kv_heads, MIXTRAL.head_dim, prefill_seq_lens(2048, "ragged")),
     PrefillWorkload(MIXTRAL.num_heads, MIXTRAL.num_kv_heads, MIXTRAL.head_dim, (1, 1000, 300)),
     PrefillWorkload(MIXTRAL.num_heads, MIXTRAL.num_kv_heads, 64, prefill_seq_lens(1024, "equal4")),
+    PrefillWorkload(MIXTRAL.num_heads, MIXTRAL.num_kv_heads, MIXTRAL.head_dim, (5, 40)),  # fewer tokens than a tile
 ]
 
 
