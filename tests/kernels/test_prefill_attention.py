@@ -251,59 +251,40 @@ def test_bench_cases() -> None:
         assert FAMILY.space.is_valid(FAMILY.default_config(w), w)
 
 
+_SM90_SHARED = """
+import json, sys
+from kernel_gym.kernels import prefill_attention as pa, prefill_gluon as pg
+from kernel_gym.kernels.space import Config
+w = pa.PrefillWorkload(32, 8, 128, (2048,))
+out = []
+for c in map(Config.parse, json.loads(sys.argv[1])):
+    if "IMPL" in c:
+        v = pg.variant_for(c["IMPL"], int(c["BLOCK_M"]), int(c["BLOCK_N"]), int(c["num_stages"]))
+        out.append(pg.compile_sm90(v, w.head_dim, w.dtype, w.num_heads // w.num_kv_heads).metadata.shared)
+    else:
+        out.append(pa.compile_sm90(c, w)["shared"])
+print(json.dumps(out))
+"""
+
+
 @pytest.mark.slow
 def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
-    """The largest valid configs compile for sm_90 (no GPU needed) within the estimate and the H200's limit."""
+    """The valid configs with the largest estimate (the Triton kernel's, and each Gluon schedule's) and the default
+    compile for sm_90 (no GPU needed, outside the interpreter) within the estimate and the H200's limit."""
     w = PrefillWorkload(32, 8, 128, (2048,))
     valid = sorted(FAMILY.space.valid_configs(w), key=lambda c: pa._shared_memory_bytes(c, w))
-    picks = [str(valid[-1]), str(FAMILY.default_config(w))]
-    script = (
-        "import json, sys\n"
-        "from kernel_gym.kernels import prefill_attention as pa\n"
-        "from kernel_gym.kernels.space import Config\n"
-        "w = pa.PrefillWorkload(32, 8, 128, (2048,))\n"
-        "print(json.dumps([pa.compile_sm90(Config.parse(c), w)['shared'] for c in json.loads(sys.argv[1])]))\n"
-    )
+    picks = [str([c for c in valid if pa.GLUON_SPACE.value(c, "IMPL") == impl][-1]) for impl in pa.IMPLS]
+    picks.append(str(FAMILY.default_config(w)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(picks)],
+        [sys.executable, "-c", _SM90_SHARED, json.dumps(picks)],
         capture_output=True, text=True, env=env, timeout=600, cwd=root,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     shared = json.loads(done.stdout.strip().splitlines()[-1])
-    for config, used in zip(picks, shared):
-        estimate = pa._shared_memory_bytes(Config.parse(config), w)
-        assert used <= estimate <= pa.SHARED_MEMORY_LIMIT, (config, used, estimate)
-
-
-@pytest.mark.slow
-def test_gluon_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
-    """Per Gluon schedule, the valid config with the largest estimate compiles for sm_90 (no GPU needed) within the
-    estimate and the H200's limit: the rule that masks the rest holds for the Gluon kernel too."""
-    w = PrefillWorkload(32, 8, 128, (2048,))
-    valid = sorted(FAMILY.space.valid_configs(w), key=lambda c: pa._shared_memory_bytes(c, w))
-    picks = [str([c for c in valid if c.get("IMPL") == impl][-1]) for impl in pa.IMPLS[1:]]
-    script = (
-        "import json, sys\n"
-        "from kernel_gym.kernels import prefill_gluon as pg\n"
-        "from kernel_gym.kernels.space import Config\n"
-        "out = []\n"
-        "for c in map(Config.parse, json.loads(sys.argv[1])):\n"
-        "    v = pg.variant_for(c['IMPL'], int(c['BLOCK_M']), int(c['BLOCK_N']), int(c['num_stages']))\n"
-        "    out.append(pg.compile_sm90(v, 128, 'bfloat16', 4).metadata.shared)\n"
-        "print(json.dumps(out))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(picks)],
-        capture_output=True, text=True, env=env, timeout=600, cwd=root,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(shared) == len(picks) == len(pa.IMPLS) + 1
     for config, used in zip(picks, shared):
         estimate = pa._shared_memory_bytes(Config.parse(config), w)
         assert used <= estimate <= pa.SHARED_MEMORY_LIMIT, (config, used, estimate)
