@@ -51,3 +51,57 @@ def test_heldout_live_pairs_rounds_and_plans_every_heldout_workload(tmp_path):
                           {"env_id": "E", "model": "m", "recorded_ratio": 0.5, "live_ratio": None,
                            "oracle_live_ratio": 1.0}]}
     assert "| E | m | 1 | 0.800 | 0.900 | 1.000 |" in ex.report_table(result)
+
+
+def test_plan_coverage_new_shapes_plans_only_the_values_the_grid_gained(tmp_path, monkeypatch):
+    """--new-shapes: nothing while every grid value is measured; after the decode grid gains batch 96, exactly its
+    shapes, each with collect's seeded sample, the default and its measured neighbours' fastest configs."""
+    from kernel_gym.kernels import get_family, workloads
+    from kernel_gym.measure.collect import load_plan_file
+    from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.policies.train import prepare_data
+
+    script = load_script("plan_coverage")
+    out = tmp_path / "plan.json"
+    args = ["--kernels", "decode_attention", "--models", "olmoe-1b-7b", "--new-shapes", "--neighbour-top", "4",
+            "--out", str(out)]
+    assert script.main(args) == 0 and json.loads(out.read_text()) == []
+    monkeypatch.setattr(workloads, "DECODE_BATCHES", (*workloads.DECODE_BATCHES, 96))
+    assert script.main(args) == 0
+    plan = json.loads(out.read_text())
+    family = get_family("decode_attention")
+    shapes = [workloads.workload_from_key("decode_attention", e["workload"]) for e in plan]
+    assert shapes and {w.batch for w in shapes} == {96}
+    backend = RecordedBackend()
+    data = prepare_data("decode_attention", backend, "olmoe-1b-7b")
+    refs = data.train + data.heldout
+    for entry, w in zip(plan, shapes):
+        near = script.neighbours(w, refs)
+        below = [r for r in near if r.workload.batch < 96]
+        assert near and len(below) <= 1 and len(near) - len(below) <= 1
+        assert all(r.workload.context_len == w.context_len for r in near)
+        for ref in near:
+            fastest = sorted(ref.times, key=ref.times.__getitem__)[:4]
+            assert {str(c) for c in fastest if family.space.is_valid(c, w)} <= set(entry["configs"])
+        assert str(family.default_config(w)) in entry["configs"]
+    load_plan_file(str(out), ["decode_attention"])  # collect accepts it: every config valid there
+
+
+def test_plan_coverage_new_knobs_lists_unstored_configs_that_set_a_new_knob(tmp_path):
+    """--new-knobs: prefill's IMPL values were all measured in session 5, so nothing is left; any MoE entry sets
+    TMA_LOADS, is valid and is not stored."""
+    from kernel_gym.measure.collect import load_plan_file
+    from kernel_gym.measure.recorded import RecordedBackend
+
+    out = tmp_path / "plan.json"
+    args = ["--kernels", "prefill_attention,fused_moe", "--models", "mixtral-8x7b", "--new-knobs", "--top", "12",
+            "--out", str(out)]
+    assert load_script("plan_coverage").main(args) == 0
+    plan = json.loads(out.read_text())
+    assert not [e for e in plan if e["kernel"] == "prefill_attention"]
+    stored = RecordedBackend().stored_keys("fused_moe")
+    for e in plan:
+        assert all("TMA_LOADS" in json.loads(c) and (e["workload"], c) not in stored for c in e["configs"])
+    load_plan_file(str(out), ["prefill_attention", "fused_moe"])
+    with pytest.raises(SystemExit):
+        load_script("plan_coverage").main([*args, "--new-shapes"])
