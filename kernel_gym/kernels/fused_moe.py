@@ -538,7 +538,8 @@ LAYER_SPACE = KnobSpace((*KNOBS, TMA_LOADS), rules=(*SPACE.rules, _rule_tma))
 
 
 def vllm_config_entry(config: Config) -> dict[str, int]:
-    """A config as one entry of vLLM's fused-MoE config JSON (the fusion and split knobs have no vLLM equivalent)."""
+    """A config as one entry of vLLM's fused-MoE config JSON (the fusion, split and TMA_LOADS knobs have no vLLM
+    equivalent: vLLM keeps its own)."""
     return {
         "BLOCK_SIZE_M": int(config["BLOCK_M"]),
         "BLOCK_SIZE_N": int(config["BLOCK_N"]),
