@@ -16,8 +16,9 @@ depth up to one deeper than training uses, and each shape's `--top` fastest stor
 e.g. the decode batches 3, 6, 12, 24, 48) so that they come out sampled like the shapes measured before them: the
 seeded sample the grid collection takes at every shape (collect's own sampler, `--configs-per-shape`), the default
 config, the training catalogue, and the `--neighbour-top` fastest stored configs of each shape's measured neighbours
-along the first axis (the batch, for decode). On the H200 data such a union finds the best of the ~280 stored configs
-of a shape to within 0.6% (geomean; neighbours a factor 2 away, their top 16 and 30 sampled configs).
+along the first axis (the batch, for decode). At the decode shapes of the original batches (~280 stored configs each)
+the neighbours' 16 fastest and 30 sampled configs hold the best to within 0.03% geomean, 1.0% at worst
+(tests/policies/test_scripts_plans.py).
 
 `--new-knobs` plans the values of knobs added after the stored rows were measured (knobs with a legacy value: fused
 MoE's TMA_LOADS, prefill's IMPL) at every measured shape: for the families the benchmark searches exhaustively
@@ -101,6 +102,7 @@ def plan_new_shapes(backend, kernels: list[str], models: list[str], per_shape: i
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import workload_from_key
     from kernel_gym.measure.collect import CollectOptions, build_plan
+    from kernel_gym.policies.catalogue import primary_value
     from kernel_gym.policies.train import prepare_data
 
     plan, summary = [], {}
@@ -120,24 +122,21 @@ def plan_new_shapes(backend, kernels: list[str], models: list[str], per_shape: i
             refs += data.train + data.heldout
         # Only shapes at first-axis values that no stored shape has: the values the grid gained. Grid shapes left
         # unmeasured at old values (sampled out, or cut by a collection's budget) stay as they were.
-        first = lambda w: next(iter(w.features().values()))  # noqa: E731
-        old_values = {first(workload_from_key(kernel, w)) for w in stored_shapes}
-        sampled = {w: c for w, c in sampled.items() if first(workload_from_key(kernel, w)) not in old_values}
-        # Smallest values first (a collection cut by its budget keeps those: where decode's winners change fastest).
-        by_value = sorted(sampled, key=lambda w: (first(workload_from_key(kernel, w)), w))
+        old_values = {primary_value(workload_from_key(kernel, w)) for w in stored_shapes}
+        new = {w: workload_from_key(kernel, w) for w in sampled}
+        new = {w: wl for w, wl in new.items() if primary_value(wl) not in old_values}
         n = 0
-        for wkey in by_value:
-            configs = sampled[wkey]
-            workload = workload_from_key(kernel, wkey)
-            wanted = dict.fromkeys([*configs, *catalogue])
+        # Smallest values first (a collection cut by its budget keeps those: where decode's winners change fastest).
+        for wkey, workload in sorted(new.items(), key=lambda kv: (primary_value(kv[1]), kv[0])):
+            wanted = dict.fromkeys([*sampled[wkey], *catalogue])
             for ref in neighbours(workload, refs):
                 fastest = sorted(ref.times, key=ref.times.__getitem__)[:neighbour_top]
                 wanted.update(dict.fromkeys(str(c) for c in fastest))
             valid = [c for c in wanted if fam.space.is_valid(Config.parse(c), workload)]
             plan.append({"kernel": kernel, "workload": wkey, "configs": valid})
             n += len(valid)
-        summary[kernel] = {"new_shapes": len(sampled), "to_measure": n}
-        print(f"{kernel}: {len(sampled)} grid shapes without rows: {n} configs planned", file=sys.stderr)
+        summary[kernel] = {"new_shapes": len(new), "to_measure": n}
+        print(f"{kernel}: {len(new)} grid shapes without rows: {n} configs planned", file=sys.stderr)
     return plan, summary
 
 
@@ -173,20 +172,17 @@ def plan_new_knobs(backend, kernels: list[str], models: list[str], top: int):
 
 
 def neighbours(workload, refs) -> list:
-    """The measured references nearest below and above `workload` along its first feature, all else equal (the
+    """The measured references nearest below and above `workload` along its primary axis, all else equal (the
     workload keys differ in one field)."""
-    feats = workload.features()
-    axis = next(iter(feats))
+    from kernel_gym.policies.catalogue import primary_value
+
+    x = primary_value(workload)
     fields = json.loads(workload.key())
     same = [r for r in refs if sum(v != fields.get(k) for k, v in json.loads(r.workload.key()).items()) == 1]
-    below = [r for r in same if r.workload.features()[axis] < feats[axis]]
-    above = [r for r in same if r.workload.features()[axis] > feats[axis]]
-    out = []
-    if below:
-        out.append(max(below, key=lambda r: r.workload.features()[axis]))
-    if above:
-        out.append(min(above, key=lambda r: r.workload.features()[axis]))
-    return out
+    below = [r for r in same if primary_value(r.workload) < x]
+    above = [r for r in same if primary_value(r.workload) > x]
+    return ([max(below, key=lambda r: primary_value(r.workload))] if below else []) + (
+        [min(above, key=lambda r: primary_value(r.workload))] if above else [])
 
 
 def write_plan(plan: list, out: Path) -> None:

@@ -100,14 +100,6 @@ def split_profile(
     return split_references(refs, holdout, split_seed, profile.anchors)
 
 
-def _scaled(value: Any, factor: float) -> Any:
-    """A workload field moved by a jitter factor: a count, or each length of a tuple of lengths (prefill's seq_lens,
-    should its mask ever follow the jitter: JITTER_MASKS)."""
-    if isinstance(value, tuple):
-        return tuple(max(1, round(v * factor)) for v in value)
-    return max(1, round(value * factor))
-
-
 def is_live(backend: Any) -> bool:
     """Live timing is noisy: never cache its answers, and let the best known time improve as it is seen."""
     return getattr(backend, "name", "") == "live" or not getattr(backend, "deterministic", True)
@@ -240,7 +232,7 @@ class KernelConfigEnv(gym.Env):
         obs = encode(self.kernel, raw)
         if self.kernel not in JITTER_MASKS:
             return obs, self.masks[index]
-        moved = dataclasses.replace(workload, **{f: _scaled(getattr(workload, f), x) for f, x in scale.items()})
+        moved = dataclasses.replace(workload, **{f: max(1, round(getattr(workload, f) * x)) for f, x in scale.items()})
         space = self.family.space
         mask = self.masks[index] & np.array([space.is_valid(c, moved) for c in self.catalogue.configs])
         return obs, (mask if mask.any() else self.masks[index])

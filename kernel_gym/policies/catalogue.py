@@ -203,6 +203,12 @@ def best_static_config(refs: Sequence[WorkloadReference]) -> Config:
     return max(candidates, key=lambda c: geomean([r.ratio_with_fallback(c)[0] for r in refs]))
 
 
+def primary_value(workload: Any) -> float:
+    """The workload's value on its primary axis, its first feature (MoE tokens, decode batch, prefill total tokens; log2
+    units), rounded so that equal shapes compare equal."""
+    return round(next(iter(workload.features().values())), 9)
+
+
 def split_workloads(
     workloads: Sequence[Any], holdout: float = 0.25, seed: int = 0, keep: Iterable[str] = ()
 ) -> tuple[list[Any], list[Any]]:
@@ -219,7 +225,7 @@ def split_workloads(
     ws = sorted(workloads, key=lambda w: w.key())
     if holdout == 0 or len(ws) < 3:
         return list(ws), []
-    first = lambda w: round(next(iter(w.features().values())), 9)  # noqa: E731
+    first = primary_value
     values = sorted({first(w) for w in ws})
     target = max(1, round(holdout * len(ws)))
     if len(values) < 3:
