@@ -1,6 +1,6 @@
 """Test setup: run Triton kernels under the CPU interpreter when no CUDA device is present.
 
-TRITON_INTERPRET must be set before any module defining @triton.jit kernels is imported (STACK.md), so this runs at
+TRITON_INTERPRET must be set before any module defining @triton.jit kernels is imported, so this runs at
 conftest import time, before test collection imports kernel modules.
 """
 

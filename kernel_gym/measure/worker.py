@@ -11,7 +11,9 @@ Imports only torch, triton, numpy and the standard library (lazily, in the worke
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import importlib
 import json
 import multiprocessing as mp
@@ -19,6 +21,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -137,14 +140,68 @@ def compare(family: KernelFamily, out: Any, ref: Any, dtype: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def poisoned_empty() -> Iterator[None]:
+    """Inside: torch.empty / empty_like / empty_strided / Tensor.new_empty return floating tensors filled with NaN.
+
+    PyTorch's caching allocator hands a freed block to the next allocation of its size, so an output made with
+    torch.empty can hold the previous config's correct values: a kernel that writes nothing (or only part of its
+    output) would pass the reference check. Under this context every uninitialised floating buffer starts as NaN, so
+    whatever the kernel leaves unwritten fails the check. Integer buffers are left as they are (NaN has no integer).
+    """
+    import torch
+
+    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
+    new_empty = torch.Tensor.new_empty
+
+    def poison(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+            with torch.no_grad():
+                t.fill_(float("nan"))
+        return t
+
+    def wrap(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def poisoned(*args: Any, **kwargs: Any) -> Any:
+            return poison(fn(*args, **kwargs))
+
+        return poisoned
+
+    for name, fn in originals.items():
+        setattr(torch, name, wrap(fn))
+    torch.Tensor.new_empty = wrap(new_empty)
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+        torch.Tensor.new_empty = new_empty
+
+
+def poison_outputs(out: Any) -> None:
+    """Fill the floating tensors a launch returned with NaN, so the next launch must write every element again."""
+    import torch
+
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+            with torch.no_grad():
+                t.fill_(float("nan"))
+
+
 class WorkloadRunner:
     """Inputs and reference built once for a workload; `measure(config)` for each config.
 
     timing=None measures correctness only (the interpreter backend); device "cpu" runs under TRITON_INTERPRET=1.
+    The check cannot be passed by a kernel that leaves its output unwritten: `prepare` and the first launch run under
+    `poisoned_empty` (uninitialised floating buffers are NaN), the output is checked, then the returned output is
+    filled with NaN, launched again and checked again; only then is it timed. poison=False is the old, foolable
+    check (kept only so a test can show the difference).
     """
 
-    def __init__(self, family: KernelFamily, workload: Any, device: str, timing: Any = None, seed: int = 0) -> None:
+    def __init__(self, family: KernelFamily, workload: Any, device: str, timing: Any = None, seed: int = 0,
+                 poison: bool = True) -> None:
         self.family, self.workload, self.device, self.timing = family, workload, device, timing
+        self.poison = poison
         self.key = workload.key()
         self.inputs = family.make_inputs(workload, device, seed)
         self.ref = family.reference(self.inputs)
@@ -163,10 +220,13 @@ class WorkloadRunner:
         why = fam.space.why_invalid(config, self.workload)
         if why:
             return Measurement(status=INVALID, reason=why[:REASON_CHARS], **base)
+        dtype = getattr(self.workload, "dtype", "float32")
+        guard = poisoned_empty if self.poison else contextlib.nullcontext
         t0 = time.perf_counter()
         try:
-            fn = fam.prepare(self.inputs, config)
-            out = fn()
+            with guard():
+                fn = fam.prepare(self.inputs, config)
+                out = fn()
             self._sync()
         except Exception as exc:  # noqa: BLE001 - every failure is recorded with its reason
             status, reason, poisoned = classify(exc)
@@ -174,7 +234,21 @@ class WorkloadRunner:
             self._after_failure(status)
             return Measurement(status=status, reason=reason, compile_s=time.perf_counter() - t0, **base)
         compile_s = time.perf_counter() - t0
-        wrong = compare(fam, out, self.ref, getattr(self.workload, "dtype", "float32"))
+        wrong = compare(fam, out, self.ref, dtype)
+        if not wrong and self.poison:  # a second launch over a NaN-filled output must write all of it again
+            try:
+                poison_outputs(out)
+                with guard():
+                    out = fn()
+                self._sync()
+            except Exception as exc:  # noqa: BLE001
+                status, reason, poisoned = classify(exc)
+                self.poisoned |= poisoned
+                self._after_failure(status)
+                return Measurement(status=status, reason=reason, compile_s=compile_s, **base)
+            wrong = compare(fam, out, self.ref, dtype)
+            if wrong:
+                wrong = f"second launch over a NaN-filled output: {wrong}"
         if wrong:
             return Measurement(status=WRONG_RESULT, reason=wrong[:REASON_CHARS], compile_s=compile_s, **base)
         if self.timing is None:

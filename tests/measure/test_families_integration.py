@@ -28,7 +28,7 @@ def _family(name: str):
 @pytest.mark.parametrize("kernel", list(FAMILY_MODULES))
 def test_family_measures_and_stores_under_interpreter(kernel: str, tmp_path: Path) -> None:
     fam = _family(kernel)
-    # float16: bf16 arithmetic is wrong in the interpreter (STACK.md)
+    # float16: bf16 arithmetic is wrong in the interpreter
     wl = model_workloads(kernel, BUILTIN_MODELS["mixtral-8x7b"], grid="small", dtype="float16")[0]
     assert workload_from_key(fam, wl.key()) == wl
     configs = [fam.default_config(wl), *fam.space.sample(wl, 2, seed=1)]

@@ -139,3 +139,47 @@ class PaddedFamily(TinyFamily):
 
 
 PADDED = PaddedFamily()
+
+
+@triton.jit
+def _scale_fp32_kernel(x_ptr, out_ptr, n, scale, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)  # fp32 math: the interpreter's bf16 arithmetic is wrong
+    tl.store(out_ptr + offs, (x * scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+class PreparedOutputFamily(TinyFamily):
+    """Like the real families: the output is allocated in `prepare` (torch.empty_like) and the launch writes into it
+    and returns it. MODE=noop launches nothing and returns that buffer as it is, so it holds whatever the allocator
+    left there (after a correct config of the same shape, often that config's correct values)."""
+
+    def __init__(self) -> None:
+        super().__init__(("ok", "noop"))
+        self.name = "tiny_prepared"
+
+    def make_inputs(self, workload: TinyWorkload, device: str, seed: int = 0) -> TinyInputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(workload.n, generator=gen).to(device=device, dtype=getattr(torch, workload.dtype))
+        return TinyInputs(x, 1.5)
+
+    def prepare(self, inputs: TinyInputs, config: Config):
+        block, mode, x = int(config["BLOCK"]), config.get("MODE", "ok"), inputs.x
+        out = torch.empty_like(x)
+        grid = (triton.cdiv(x.numel(), block),)
+
+        def launch() -> torch.Tensor:
+            if mode != "noop":
+                _scale_fp32_kernel[grid](x, out, x.numel(), inputs.scale, BLOCK=block)
+            return out
+
+        return launch
+
+    def reference(self, inputs: TinyInputs) -> torch.Tensor:
+        return (inputs.x.float() * inputs.scale).to(inputs.x.dtype)
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        return (1e-6, 1e-6) if dtype == "float32" else (1e-2, 1e-2)  # the interpreter's bf16 cast may round otherwise
+
+
+PREPARED = PreparedOutputFamily()
