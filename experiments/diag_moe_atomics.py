@@ -5,7 +5,7 @@ interpreter. This runs the failing configs in a subprocess per atomic lowering (
 KERNEL_GYM_MOE_ATOMIC: relaxed, acq_rel, flat), three launches each, and reports per mode: configs wrong, elements
 wrong, whether repeated launches agree bit for bit (a race shows as disagreement), and a FUSE_SUM=0 control.
 
-    python3 scripts/diag_moe_atomics.py --out diag.json      # prints the first mode with no wrong result
+    python3 experiments/diag_moe_atomics.py --out diag.json      # prints the first mode with no wrong result
 Imports only torch, triton, numpy and the standard library.
 """
 

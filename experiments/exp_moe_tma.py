@@ -12,8 +12,8 @@ Both variants scale by the routing weight in the down GEMM epilogue and sum the 
 configuration the pointer path's best large-M configs use). The pointer path is timed alongside at the dataset's 4
 fastest configs for each workload.
 
-GPU:  python3 scripts/exp_moe_tma.py --out $OUT/exp_moe_tma.json --budget-s 300 [--model olmoe] [--tokens 64 1024]
-CPU:  python3 scripts/exp_moe_tma.py --tiny     (interpreter correctness, fp32 and fp16)
+GPU:  python3 experiments/exp_moe_tma.py --out $OUT/exp_moe_tma.json --budget-s 300 [--model olmoe] [--tokens 64 1024]
+CPU:  python3 experiments/exp_moe_tma.py --tiny     (interpreter correctness, fp32 and fp16)
 Imports only torch and the standard library besides kernel_gym's kernel modules.
 """
 

@@ -6,8 +6,8 @@ NUM_WG, SPLIT, PINGPONG, OVERLAP, BLOCK_N, STAGES, maxnreg), to find which sched
 
 Commands:
   CPU (no GPU; needs triton 3.6, whose Gluon API this kernel is written for):
-      python scripts/exp_prefill_gluon.py --compile-only
-  GPU (H200):  python3 scripts/exp_prefill_gluon.py --out $OUT/exp_prefill_gluon.json --budget-s 300
+      python experiments/exp_prefill_gluon.py --compile-only
+  GPU (H200):  python3 experiments/exp_prefill_gluon.py --out $OUT/exp_prefill_gluon.json --budget-s 300
 
 The GPU run checks every variant config against a torch reference before timing it with
 kernel_gym.measure.timing.time_launch (the benchmark's timer), and times torch SDPA and the Triton kernel ("ours") at

@@ -20,8 +20,8 @@ causal, GQA). One Triton kernel with compile-time switches covers the variants:
 - pipe (session 4): tma with the next block's QK^T issued before this block's softmax (FlashAttention-3's
   intra-warpgroup overlap, written at the source level).
 
-GPU:  python3 scripts/exp_prefill_variants.py --out $OUT/exp_prefill.json --budget-s 180
-CPU:  TRITON_INTERPRET=1 python3 scripts/exp_prefill_variants.py --tiny   (correctness only, fp32 and fp16)
+GPU:  python3 experiments/exp_prefill_variants.py --out $OUT/exp_prefill.json --budget-s 180
+CPU:  TRITON_INTERPRET=1 python3 experiments/exp_prefill_variants.py --tiny   (correctness only, fp32 and fp16)
 Imports only torch, triton, numpy (via triton's interpreter) and the standard library besides the baseline module.
 """
 

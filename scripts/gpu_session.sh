@@ -14,6 +14,9 @@
 #               PYTHONPATH)
 #   livereplay  time the kernels of a replayed trace window against the simulator's prediction (inputs in
 #               benchmarks/live_replay/inputs, made on the CPU by `kernel-gym export` and `kernel-gym replay --steps-json`)
+#   diag        the fused-MoE atomic-lowering diagnosis (experiments/diag_moe_atomics.py); later steps use the mode
+#               it prints as KERNEL_GYM_MOE_ATOMIC
+case "${1:-}" in -h|--help) sed -n "2,/^set -u/p" "$0" | grep "^#" | sed "s/^# \{0,1\}//"; exit 0 ;; esac
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -44,7 +47,7 @@ for step in $STEPS; do
   case $step in
     diag)
       log "diag: fused-MoE atomic lowering"
-      mode=$(timeout "${T_DIAG:-150}" python3 scripts/diag_moe_atomics.py --out "$OUT/diag_moe_atomics.json" 2>>"$OUT/diag.txt" | tail -1)
+      mode=$(timeout "${T_DIAG:-150}" python3 experiments/diag_moe_atomics.py --out "$OUT/diag_moe_atomics.json" 2>>"$OUT/diag.txt" | tail -1)
       [ "$mode" = "relaxed" ] || [ "$mode" = "acq_rel" ] || [ "$mode" = "flat" ] || mode=relaxed
       export KERNEL_GYM_MOE_ATOMIC=$mode
       log "diag: using KERNEL_GYM_MOE_ATOMIC=$mode ($(tr '\n' ' ' < "$OUT/diag.txt"))" ;;

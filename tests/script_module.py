@@ -1,4 +1,5 @@
-"""Import a file of scripts/ as a module (scripts are not a package), for the tests that check their pieces."""
+"""Import a file of scripts/ or experiments/ as a module (neither is a package), for the tests that check their
+pieces: `from tests.script_module import load_script, load_experiment`."""
 
 from __future__ import annotations
 
@@ -7,12 +8,19 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+EXPERIMENTS = ROOT / "experiments"
 
 
-def load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+def load_script(name: str, folder: Path = SCRIPTS) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses resolve their module through sys.modules
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_experiment(name: str) -> ModuleType:
+    """A script of experiments/ (the one-off experiments whose findings experiments/README.md records)."""
+    return load_script(name, EXPERIMENTS)

@@ -55,7 +55,7 @@ MAX_ACC_PER_THREAD = 128  # fp32 accumulators per thread; more leaves too few of
 ELEMWISE_BLOCK = 1024  # elements per program of the flat elementwise kernels (not a knob: they are bandwidth-trivial)
 # How the FUSE_SUM=1 down GEMM adds into the fp32 accumulator: "relaxed" atomics on the 2-D tile, "acq_rel" atomics,
 # or "flat" (relaxed atomics on the tile flattened to 1-D, a different lowering). An H200 run found wrong results with
-# one of them; scripts/diag_moe_atomics.py compares them on the GPU. The env var exists only for that comparison.
+# one of them; experiments/diag_moe_atomics.py compares them on the GPU. The env var exists only for that comparison.
 ATOMIC_MODE = os.environ.get("KERNEL_GYM_MOE_ATOMIC", "relaxed")
 if ATOMIC_MODE not in ("relaxed", "acq_rel", "flat"):
     raise ValueError(f"KERNEL_GYM_MOE_ATOMIC={ATOMIC_MODE!r}: use relaxed, acq_rel or flat")

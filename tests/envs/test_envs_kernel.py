@@ -8,13 +8,13 @@ import warnings
 import gymnasium
 import numpy as np
 import pytest
-from analytic_backend import AnalyticBackend
 from gymnasium.utils.env_checker import check_env
 
 import kernel_gym  # noqa: F401  (registers the ids)
 from kernel_gym.envs import ENV_IDS, ENV_KERNELS
 from kernel_gym.measure.types import COMPILE_ERROR, INVALID, UNAVAILABLE
 from kernel_gym.policies.catalogue import split_workloads
+from tests.fakes.analytic_backend import AnalyticBackend
 
 KERNEL_IDS = ["KernelGym/MoE-v0", "KernelGym/DecodeAttention-v0", "KernelGym/PrefillAttention-v0"]
 

@@ -9,7 +9,6 @@ import warnings
 import gymnasium
 import numpy as np
 import pytest
-from analytic_backend import AnalyticBackend
 from gymnasium.utils.env_checker import check_env
 
 from kernel_gym.envs.serving import (
@@ -22,6 +21,7 @@ from kernel_gym.envs.serving import (
 from kernel_gym.measure.types import OK
 from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT
 from kernel_gym.traffic.synthetic import LogNormalLengths, poisson
+from tests.fakes.analytic_backend import AnalyticBackend
 
 ENV_ID = "KernelGym/Serving-v0"
 

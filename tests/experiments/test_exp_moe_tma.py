@@ -1,14 +1,14 @@
-"""scripts/exp_moe_tma.py: its variants (the fused MoE family's TMA_LOADS path: weights through descriptors,
+"""experiments/exp_moe_tma.py: its variants (the fused MoE family's TMA_LOADS path: weights through descriptors,
 activations gathered or in the aligned order) match the fp32 reference under the interpreter on a skewed, ragged
 routing with padded groups."""
 
 from __future__ import annotations
 
-from script_module import load_script
+from tests.script_module import load_experiment
 
 
 def test_tiny_variants_match_reference() -> None:
-    rows = load_script("exp_moe_tma").tiny_check()
+    rows = load_experiment("exp_moe_tma").tiny_check()
     assert len(rows) == 8
     bad = [f"{r['variant']} {r['dtype']}: {r['status']} {r['reason']}" for r in rows if r["status"] != "ok"]
     assert not bad, "\n".join(bad)
@@ -17,7 +17,7 @@ def test_tiny_variants_match_reference() -> None:
 def test_ragged_dimensions_are_refused_with_the_reason() -> None:
     import pytest
 
-    ex = load_script("exp_moe_tma")
+    ex = load_experiment("exp_moe_tma")
     from kernel_gym.kernels import fused_moe as fm
     from kernel_gym.kernels.workloads import MoEWorkload
 

@@ -1,4 +1,4 @@
-"""scripts/exp_prefill_variants.py: every prefill-attention variant (pointer loads with L2 sections, host and device
+"""experiments/exp_prefill_variants.py: every prefill-attention variant (pointer loads with L2 sections, host and device
 TMA descriptors, persistent grid, warp specialisation, lazy rescaling, pipelined QK^T) matches the fp32 reference on a
 ragged GQA batch under the interpreter, and the work table covers each (sequence, q block, head) once in the intended
 order."""
@@ -6,11 +6,11 @@ order."""
 from __future__ import annotations
 
 import pytest
-from script_module import load_script
 
 from kernel_gym.kernels import prefill_attention as pa
+from tests.script_module import load_experiment
 
-ex = load_script("exp_prefill_variants")
+ex = load_experiment("exp_prefill_variants")
 
 
 @pytest.mark.parametrize("variant", sorted(ex.tiny_variants()))

@@ -262,11 +262,10 @@ def test_plan_file_names_bad_entries_and_merges_repeats(tmp_path: Path) -> None:
 def test_rekey_moves_rows_to_the_new_hash_only_when_the_old_path_is_unchanged(tmp_path, monkeypatch):
     """scripts/rekey_rows.py: rows under the family's legacy hash move to its current hash; rows under any other hash
     stay; a family whose old-path code changed (legacy_source_hash no longer matching) has nothing moved."""
-    from script_module import load_script
-
     from kernel_gym.kernels import fused_moe
     from kernel_gym.measure.store import Context, MeasurementStore, iter_snapshot
     from kernel_gym.measure.types import OK, Measurement
+    from tests.script_module import load_script
 
     def row(config: str) -> Measurement:
         return Measurement("fused_moe", "{}", config, OK, median_ms=1.0, spread=0.0, repeats=3, source="test")

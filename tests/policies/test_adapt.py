@@ -3,13 +3,7 @@ the policy is asked for the new buckets, the new configs are pre-compiled, and t
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from analytic_backend import AnalyticBackend  # noqa: E402
 
 from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
@@ -18,6 +12,7 @@ from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable, KernelTabl
 from kernel_gym.policies.export import fixed_dims  # noqa: E402
 from kernel_gym.traffic import BackendTimer, Simulator, ZipfRouting, load_trace  # noqa: E402
 from kernel_gym.traffic.simulator import KVLayout  # noqa: E402
+from tests.fakes.analytic_backend import AnalyticBackend
 
 MODEL = BUILTIN_MODELS["mixtral-8x7b"]
 A = Config(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3, SPLIT_K=1, FUSE_SILU=0,

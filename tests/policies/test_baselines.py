@@ -3,13 +3,7 @@ vLLM's nearest-M rule, static = best single config, oracle = fastest answerable 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from analytic_backend import AnalyticBackend  # noqa: E402
 
 from kernel_gym.kernels import get_family  # noqa: E402
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload  # noqa: E402
@@ -19,6 +13,7 @@ from kernel_gym.measure.store import Context  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
 from kernel_gym.policies import baselines as bl  # noqa: E402
 from kernel_gym.traffic.simulator import KVLayout  # noqa: E402
+from tests.fakes.analytic_backend import AnalyticBackend
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 MODEL = BUILTIN_MODELS["mixtral-8x7b"]

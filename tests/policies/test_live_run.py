@@ -5,18 +5,14 @@ improves) without a GPU."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import mlflow
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from mlflow_store import fresh_store  # noqa: E402
-
 from kernel_gym.measure.recorded import RecordedBackend  # noqa: E402
 from kernel_gym.policies import live_run  # noqa: E402
+from tests.fakes.mlflow_store import fresh_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

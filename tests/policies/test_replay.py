@@ -4,14 +4,9 @@ the JSON schema, markdown and plots beside it, MLflow logging, per-step export f
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import mlflow
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from analytic_backend import AnalyticBackend  # noqa: E402
 
 from kernel_gym.measure.coverage import CoveredBackend  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
@@ -19,6 +14,7 @@ from kernel_gym.policies import replay  # noqa: E402
 from kernel_gym.policies.baselines import Oracle, default_for  # noqa: E402
 from kernel_gym.policies.export import build_table  # noqa: E402
 from kernel_gym.traffic import load_trace  # noqa: E402
+from tests.fakes.analytic_backend import AnalyticBackend
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 MODEL = BUILTIN_MODELS["mixtral-8x7b"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from script_module import load_script
+
+from tests.script_module import load_script
 
 
 def test_plan_coverage_lists_only_unstored_valid_candidates_in_collects_format(tmp_path):

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import mlflow
 import pytest
 from stable_baselines3.common.logger import Logger
 
 from kernel_gym.policies import tracking
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from mlflow_store import fresh_store  # noqa: E402
+from tests.fakes.mlflow_store import fresh_store
 
 
 def test_default_store_is_sqlite_under_mlruns(tmp_path, monkeypatch):

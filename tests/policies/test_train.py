@@ -1,5 +1,5 @@
 """Training: learning beats random, MLflow run contents, the self-contained pyfunc model, interruption and resume,
-reproducibility. On the analytic test backend (tests/envs/analytic_backend.py), with tiny step counts."""
+reproducibility. On the analytic test backend (tests/fakes/analytic_backend.py), with tiny step counts."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ import mlflow
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from analytic_backend import AnalyticBackend  # noqa: E402
-from mlflow_store import fresh_store  # noqa: E402
-
-from kernel_gym.policies import train as train_mod  # noqa: E402
-from kernel_gym.policies.train import TrainArgs, add_train_arguments, train  # noqa: E402
+from kernel_gym.policies import train as train_mod
+from kernel_gym.policies.train import TrainArgs, add_train_arguments, train
+from tests.fakes.analytic_backend import AnalyticBackend
+from tests.fakes.mlflow_store import fresh_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

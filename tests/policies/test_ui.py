@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import urllib.request
-from pathlib import Path
 
 import mlflow
 import pytest
 
 from kernel_gym.policies import tracking
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from mlflow_store import fresh_store  # noqa: E402
+from tests.fakes.mlflow_store import fresh_store
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
