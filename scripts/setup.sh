@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install kernel_gym into a virtual environment ($VENV, default .venv) on a CPU machine.
 # torch==2.13.0 first: it is a CPU build on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
+case "${1:-}" in -h|--help) sed -n "2,3p" "$0" | sed "s/^# \{0,1\}//"; echo "usage: [VENV=.venv] bash scripts/setup.sh"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: install (if needed), lint, run the CPU test suite (GPU tests skip with a reason).
+case "${1:-}" in -h|--help) sed -n "2p" "$0" | sed "s/^# \{0,1\}//"; echo "usage: [VENV=.venv] bash scripts/test.sh [PYTEST ARGS...]"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 bash scripts/setup.sh
-"$VENV/bin/ruff" check kernel_gym scripts tests
+"$VENV/bin/ruff" check kernel_gym scripts experiments tests
 "$VENV/bin/python" -m pytest -q -n 2 --durations=15 "$@"
