@@ -11,6 +11,7 @@ FAMILY_MODULES = {
     "prefill_attention": "kernel_gym.kernels.prefill_attention",
     "decode_attention": "kernel_gym.kernels.decode_attention",
     "fused_moe": "kernel_gym.kernels.fused_moe",
+    "vllm_fused_moe": "kernel_gym.kernels.vllm_moe",  # vLLM's kernel design and tunables (issue 15)
 }
 FAMILY_NAMES = tuple(FAMILY_MODULES)
 

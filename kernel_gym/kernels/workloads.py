@@ -155,7 +155,8 @@ class MoEWorkload:
 
 
 Workload = PrefillWorkload | DecodeWorkload | MoEWorkload
-WORKLOAD_TYPES = {"prefill_attention": PrefillWorkload, "decode_attention": DecodeWorkload, "fused_moe": MoEWorkload}
+WORKLOAD_TYPES = {"prefill_attention": PrefillWorkload, "decode_attention": DecodeWorkload, "fused_moe": MoEWorkload,
+                  "vllm_fused_moe": MoEWorkload}
 
 
 def workload_from_key(kernel: str, key: str) -> Workload:
@@ -207,7 +208,7 @@ def model_workloads(kernel: str, model: Any, grid: str = "default", dtype: str =
     measured exhaustively over the config space; grid="small": tiny CPU-interpreter shapes.
     """
     m = model
-    if kernel == "fused_moe":
+    if kernel in ("fused_moe", "vllm_fused_moe"):  # one workload type: the same shapes and routing
         tokens = {"default": MOE_TOKENS, "eval": (1, 16, 64, 256, 1024, 4096), "small": (1, 5, 33)}[grid]
         skews = MOE_SKEWS if grid != "small" else (0.0, 1.2)
         if grid == "small":

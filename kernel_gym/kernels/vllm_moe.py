@@ -1,0 +1,332 @@
+"""The fused MoE layer in vLLM's published design, with exactly vLLM's tunables: the kernel vLLM's config files tune.
+
+kernel_gym's own `fused_moe` family has knobs vLLM lacks (split-K, epilogue fusions, TMA loads), so its block sizes
+are tuned for another kernel and cannot be exported to vLLM as they are (issue 15: such an export ran at 0.935x of
+vLLM's shipped H200 table inside vLLM). This family is the kernel those files configure, so configs measured here
+are what an exported vLLM / SGLang table should contain.
+
+Design (vLLM's fused_moe, re-implemented; vllm/model_executor/layers/fused_moe/fused_moe.py and
+moe_align_block_size):
+1. alignment: the M * top_k (token, expert) slots are sorted by expert and each expert's segment is padded to a
+   multiple of BLOCK_SIZE_M; outputs sorted_token_ids (slot ids, padding = M * top_k), expert_ids (one per row block)
+   and num_tokens_post_padded (a 1-element device tensor). Sizes are the static upper bound
+   min(M*top_k + E*(BLOCK_SIZE_M - 1), M*top_k*BLOCK_SIZE_M), so nothing waits on the host; row blocks past
+   num_tokens_post_padded exit at once. vLLM runs a CUDA op here; this is torch ops, timed as part of the call as
+   vLLM's is;
+2. one Triton grouped GEMM over the sorted slots with GROUP_SIZE_M program swizzle, used twice:
+   x @ w13[e].T -> [M*top_k, 2N] (gate then up), and act @ w2[e].T -> [M*top_k, H] with MUL_ROUTED_WEIGHT;
+3. silu(gate) * up between them (one elementwise Triton kernel, as vLLM's silu_and_mul);
+4. the top-k sum over each token's slots (torch.sum, as vLLM's moe_sum).
+Routing (softmax + top-k) runs before the timed closure, as in `fused_moe` (vLLM's topk is a separate op too).
+
+M is a runtime argument of every kernel (EM and num_valid_tokens are not specialised), so one compile per config and
+shape serves every batch size.
+
+Knobs: BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages with the values of vLLM's tuner,
+plus BLOCK_SIZE_K 32 and GROUP_SIZE_M 8 (the values of vLLM's default config). Rules: shared memory
+(num_stages x one K step's A and B tiles vs SHARED_MEMORY_LIMIT) and registers (fp32 accumulators per thread). Every
+entry of vLLM's shipped H200 tables is valid (tests/kernels/test_vllm_moe.py).
+
+Imports only torch, triton and the standard library: this module runs on the GPU machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_gym.kernels import fused_moe as _fm
+from kernel_gym.kernels import space as _space
+from kernel_gym.kernels import vllm_tables
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
+from kernel_gym.kernels.workloads import MoEWorkload
+
+MAX_ACC_PER_THREAD = 128  # as fused_moe: more fp32 accumulators per thread spill
+SILU_BLOCK = 1024
+DEFAULT_DEVICE = "NVIDIA H200"
+
+
+# ---- Triton kernels ------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["EM", "num_valid_tokens"])
+def _moe_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_padded_ptr,
+    N, K, EM, num_valid_tokens,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    TOP_K: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+):
+    """C[slot] = A[slot // TOP_K] @ B[expert of the slot's row block].T (times the slot's routing weight).
+
+    A: [rows, K]; B: [E, N, K]; C: [num_valid_tokens, N]. Row block pid_m covers sorted positions
+    [pid_m * BLOCK_SIZE_M, +BLOCK_SIZE_M); blocks at or past num_tokens_post_padded do nothing."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    in_group = GROUP_SIZE_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_SIZE_M
+    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_SIZE_M)
+    pid_m = first_m + (pid % in_group) % rows_in_group
+    pid_n = (pid % in_group) // rows_in_group
+
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_post_padded_ptr):
+        return
+    tokens = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    token_mask = tokens < num_valid_tokens
+    a_rows = tl.where(token_mask, tokens // TOP_K, 0).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_bn = ((pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        k_left = K - k * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=token_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    if MUL_ROUTED_WEIGHT:
+        w = tl.load(topk_weights_ptr + tokens, mask=token_mask, other=0.0)
+        acc = acc * w[:, None]
+    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    c_rows = tl.where(token_mask, tokens, 0).to(tl.int64)
+    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & (offs_cn[None, :] < N))
+
+
+@triton.jit(do_not_specialize=["numel"])
+def _silu_and_mul_kernel(h_ptr, act_ptr, numel, INTER, BLOCK: tl.constexpr):
+    """act[s, i] = silu(h[s, i]) * h[s, INTER + i] over the flattened contiguous act (fp32 math)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    h_offs = offs + (offs // INTER) * INTER
+    g = tl.load(h_ptr + h_offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(h_ptr + h_offs + INTER, mask=mask, other=0.0).to(tl.float32)
+    tl.store(act_ptr + offs, (g / (1.0 + tl.exp(-g)) * u).to(act_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- alignment (moe_align_block_size) --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlignedSlots:
+    sorted_token_ids: torch.Tensor  # int32 [max_padded]: slot ids sorted by expert, padding = num slots
+    expert_ids: torch.Tensor  # int32 [cdiv(max_padded, block_m)]: expert of each row block (past the end: clamped)
+    num_tokens_post_padded: torch.Tensor  # int32 [1] on the device
+
+
+def max_padded_slots(num_slots: int, num_experts: int, block_m: int) -> int:
+    """Static size of sorted_token_ids: every expert's segment padded, but never more than one block per slot."""
+    return min(num_slots + num_experts * (block_m - 1), num_slots * block_m)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedSlots:
+    """Sort the slots by expert and pad each expert's segment to a multiple of block_m, with device-side ops only
+    (no host synchronisation: the sizes are static upper bounds)."""
+    flat = topk_ids.flatten().to(torch.int64)
+    n = flat.numel()
+    dev = flat.device
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    seg_end = torch.cumsum(padded, 0)
+    seg_start = seg_end - padded
+    order = torch.argsort(flat, stable=True)
+    experts_sorted = flat[order]
+    rank = torch.arange(n, device=dev) - (torch.cumsum(counts, 0) - counts)[experts_sorted]
+    max_padded = max_padded_slots(n, num_experts, block_m)
+    sorted_ids = torch.full((max_padded,), n, dtype=torch.int32, device=dev)
+    sorted_ids[seg_start[experts_sorted] + rank] = order.to(torch.int32)
+    blocks = torch.arange(triton.cdiv(max_padded, block_m), device=dev)
+    expert_ids = torch.searchsorted(seg_end // block_m, blocks, right=True).clamp_(max=num_experts - 1)
+    return AlignedSlots(sorted_ids, expert_ids.to(torch.int32), seg_end[-1:].to(torch.int32))
+
+
+# ---- knob space ----------------------------------------------------------------------------------------------------
+
+KNOBS = (
+    Knob("BLOCK_SIZE_M", (16, 32, 64, 128, 256), "sorted slots per tile; each expert's segment is padded to it"),
+    Knob("BLOCK_SIZE_N", (32, 64, 128, 256), "output columns per tile"),
+    Knob("BLOCK_SIZE_K", (32, 64, 128, 256), "reduction step (32: vLLM's default config only)"),
+    Knob("GROUP_SIZE_M", (1, 8, 16, 32, 64), "row blocks that sweep the N tiles together (8: vLLM's default only)"),
+    Knob("num_warps", (4, 8), "warps per program"),
+    Knob("num_stages", (2, 3, 4, 5), "software pipeline depth"),
+)
+
+
+def _dtype_bytes(workload: MoEWorkload) -> int:
+    return 4 if workload.dtype == "float32" else 2
+
+
+def smem_bytes(config: Config, workload: MoEWorkload) -> int:
+    """num_stages x one K step's A tile (BLOCK_SIZE_M x BLOCK_SIZE_K) and B tile (BLOCK_SIZE_K x BLOCK_SIZE_N)."""
+    bk = int(config["BLOCK_SIZE_K"])
+    per_stage = (int(config["BLOCK_SIZE_M"]) * bk + bk * int(config["BLOCK_SIZE_N"])) * _dtype_bytes(workload)
+    return int(config["num_stages"]) * per_stage
+
+
+def _rule_smem(config: Config, workload: MoEWorkload) -> str | None:
+    need = smem_bytes(config, workload)
+    if need > SHARED_MEMORY_LIMIT:
+        return f"shared memory estimate {need} B exceeds {SHARED_MEMORY_LIMIT} B per block (fewer stages or tiles)"
+    return None
+
+
+def _rule_registers(config: Config, workload: MoEWorkload) -> str | None:
+    per_thread = int(config["BLOCK_SIZE_M"]) * int(config["BLOCK_SIZE_N"]) // (32 * int(config["num_warps"]))
+    if per_thread > MAX_ACC_PER_THREAD:
+        return f"{per_thread} fp32 accumulators per thread exceed {MAX_ACC_PER_THREAD} (more warps or smaller tiles)"
+    return None
+
+
+SPACE = KnobSpace(KNOBS, rules=(_rule_smem, _rule_registers))
+
+
+def to_config(entry: dict[str, int]) -> Config:
+    """A vLLM config-file entry (extra keys such as SPLIT_K are ignored by vLLM's Triton path) as a Config."""
+    return Config({k: int(entry[k]) for k in vllm_tables.CONFIG_KEYS})
+
+
+def to_entry(config: Config) -> dict[str, int]:
+    """A Config as a vLLM / SGLang config-file entry, in the files' key order."""
+    return {k: int(config[k]) for k in vllm_tables.CONFIG_KEYS}
+
+
+def vllm_engine_config(num_experts: int, n: int, m: int, dtype: str = "bfloat16",
+                       device_name: str = DEFAULT_DEVICE) -> Config:
+    """The config vLLM runs for M tokens on this shape and device without a tuned folder: its shipped table's nearest
+    M entry, else get_default_config (kernel_gym.kernels.vllm_tables)."""
+    return to_config(vllm_tables.engine_entry(num_experts, n, m, dtype, device_name)[0])
+
+
+def default_config(workload: MoEWorkload, device_name: str = DEFAULT_DEVICE) -> Config:
+    """What a vLLM user gets on the H200 (kernel_gym's target device): the shipped table, else the default rule."""
+    wl = _check_workload(workload)
+    return vllm_engine_config(wl.num_experts, wl.intermediate, wl.num_tokens, wl.dtype, device_name)
+
+
+def neighbours(config: Config, workload: MoEWorkload) -> list[Config]:
+    """The valid configs one step away in one knob (the knobs' value order)."""
+    out = []
+    for knob in SPACE.knobs:
+        i = knob.values.index(config[knob.name])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(knob.values):
+                c = config.replace(**{knob.name: knob.values[j]})
+                if SPACE.is_valid(c, workload):
+                    out.append(c)
+    return out
+
+
+# ---- family ----------------------------------------------------------------------------------------------------------
+
+
+def _check_workload(workload: object) -> MoEWorkload:
+    if not isinstance(workload, MoEWorkload):
+        raise TypeError(f"vllm_fused_moe needs a MoEWorkload, got {type(workload).__name__}; pass MoEWorkload(...)")
+    return workload
+
+
+def prepare(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
+    """Routing and workspaces (not timed; the workspaces start NaN-filled, so a kernel that skips an element cannot
+    pass the reference check); returns the closure: alignment, w13 GEMM, silu-and-mul, w2 GEMM, top-k sum."""
+    wl = _check_workload(inputs.workload)
+    SPACE.check(config, wl)
+    bm, bn, bk = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]), int(config["BLOCK_SIZE_K"])
+    meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=int(config["GROUP_SIZE_M"]),
+                num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    x, w1, w2 = inputs.x, inputs.w1, inputs.w2
+    m, e, hidden, inter, top_k = wl.num_tokens, wl.num_experts, wl.hidden, wl.intermediate, wl.top_k
+    dev, n_slots = x.device, m * top_k
+    weights, ids = _fm.route(inputs.router_logits.to(dev), top_k)
+    flat_weights = weights.flatten().contiguous()
+    nan = float("nan")
+    cache1 = torch.full((n_slots, 2 * inter), nan, dtype=x.dtype, device=dev)
+    cache2 = torch.full((n_slots, inter), nan, dtype=x.dtype, device=dev)
+    cache3 = torch.full((n_slots, hidden), nan, dtype=x.dtype, device=dev)
+    out = torch.full((m, hidden), nan, dtype=x.dtype, device=dev)
+    em = max_padded_slots(n_slots, e, bm)
+    grid1 = (triton.cdiv(em, bm) * triton.cdiv(2 * inter, bn),)
+    grid2 = (triton.cdiv(em, bm) * triton.cdiv(hidden, bn),)
+    grid_act = (triton.cdiv(n_slots * inter, SILU_BLOCK),)
+
+    def launch() -> torch.Tensor:
+        al = moe_align_block_size(ids, e, bm)
+        _moe_gemm_kernel[grid1](
+            x, w1, cache1, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
+            2 * inter, hidden, em, n_slots,
+            x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), cache1.stride(0), cache1.stride(1),
+            TOP_K=top_k, MUL_ROUTED_WEIGHT=False, **meta,
+        )
+        _silu_and_mul_kernel[grid_act](cache1, cache2, n_slots * inter, inter, BLOCK=SILU_BLOCK)
+        _moe_gemm_kernel[grid2](
+            cache2, w2, cache3, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
+            hidden, inter, em, n_slots,
+            cache2.stride(0), cache2.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), cache3.stride(0),
+            cache3.stride(1),
+            TOP_K=1, MUL_ROUTED_WEIGHT=True, **meta,
+        )
+        torch.sum(cache3.view(m, top_k, hidden), dim=1, out=out)
+        return out
+
+    return launch
+
+
+def source_hash() -> str:
+    """Hash of the kernels and the launch code (the measurement store key changes when either does)."""
+    return _space.source_hash(_moe_gemm_kernel.fn, _silu_and_mul_kernel.fn, moe_align_block_size, max_padded_slots,
+                              prepare, smem_bytes, _rule_smem, _rule_registers)
+
+
+@dataclass(frozen=True)
+class VllmFusedMoEFamily:
+    """vLLM's fused MoE kernel design (module docstring); workloads, inputs and reference as `fused_moe`."""
+
+    name: str = "vllm_fused_moe"
+    space: KnobSpace = SPACE
+    workload_type: type = MoEWorkload
+
+    def default_config(self, workload: MoEWorkload) -> Config:
+        return default_config(workload)
+
+    def make_inputs(self, workload: MoEWorkload, device: str, seed: int = 0) -> _fm.MoEInputs:
+        return _fm.make_inputs(_check_workload(workload), device, seed)
+
+    def prepare(self, inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
+        return prepare(inputs, config)
+
+    def reference(self, inputs: _fm.MoEInputs) -> torch.Tensor:
+        return _fm.reference_moe(inputs)
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        return _fm.tolerance(dtype)
+
+    def flops(self, workload: MoEWorkload) -> float:
+        return _fm.flops(workload)
+
+    def bytes_moved(self, workload: MoEWorkload) -> float:
+        return _fm.bytes_moved(workload)
+
+    # extras: the engine's own choice and the export entry format
+    def engine_config(self, workload: MoEWorkload, device_name: str = DEFAULT_DEVICE) -> Config:
+        return default_config(workload, device_name)
+
+    def vllm_config_entry(self, config: Config) -> dict[str, Any]:
+        return to_entry(config)
+
+    def bench_cases(self) -> list[tuple[str, MoEWorkload]]:
+        return _fm.bench_cases()
+
+
+def bench_cases() -> list[tuple[str, MoEWorkload]]:
+    return _fm.bench_cases()
+
+
+FAMILY = VllmFusedMoEFamily()
