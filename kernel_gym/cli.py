@@ -1,4 +1,4 @@
-"""The `kernel-gym` command: one subcommand per stage of the data flow (DESIGN.md).
+"""The `kernel-gym` command: one subcommand per stage of the data flow (docs/architecture.md).
 
 Each subcommand imports its stage lazily, so `kernel-gym --help` is instant and GPU-only commands never import
 gymnasium or mlflow. Bad input exits with code 2 and a message that names the problem and the fix.

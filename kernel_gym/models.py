@@ -1,6 +1,6 @@
 """Model specs: the few numbers of an MoE transformer that decide every kernel shape.
 
-Two specs are built in (DESIGN.md); users pass their own as a JSON file with the same fields.
+Two specs are built in (README.md, docs/architecture.md); users pass their own as a JSON file with the same fields.
 Imports only the standard library: this module runs on the GPU machine too.
 """
 

@@ -14,7 +14,7 @@ class MoEEnv(KernelConfigEnv):
     One fused-MoE layer call (gate/up GEMM, SiLU-and-mul, down GEMM, top-k sum) of an MoE model: `num_tokens` tokens
     routed top-k over the experts with Zipf routing skew. The agent picks the kernel's launch config (tiles, warps,
     stages, GROUP_M, split-K, epilogue fusions) for it. The best config moves with the batch size and with routing
-    skew (STACK.md: uniform-tuned configs reach 0.81-0.87 of the best under skew at 64-256 tokens).
+    skew (docs/architecture.md: uniform-tuned configs reach 0.81-0.87 of the best under skew at 64-256 tokens).
 
     ## Observation Space
 

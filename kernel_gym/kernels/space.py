@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 KnobValue = int | str
 
-# Shared memory one block may use on the H200 (sm_90; STACK.md: the OutOfResources limit Triton reports). Every
-# family's shared-memory rule checks its estimate against this one number.
+# Shared memory one block may use on the H200 (sm_90: the OutOfResources limit Triton reports; docs/architecture.md).
+# Every family's shared-memory rule checks its estimate against this one number.
 SHARED_MEMORY_LIMIT = 232448
 
 

@@ -33,7 +33,7 @@ from kernel_gym.measure.types import INVALID, OK
 from kernel_gym.measure.worker import die_with_parent, family_source_hash, resolve_family, workload_from_key
 
 CHUNK = 64  # configs per unit of work (one store commit)
-H200_PEAK_FLOPS = 700e12  # measured ceilings (STACK.md), rounded down
+H200_PEAK_FLOPS = 700e12  # measured ceilings (docs/architecture.md), rounded down
 H200_PEAK_BYTES = 3.5e12
 
 

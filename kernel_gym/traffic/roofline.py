@@ -1,4 +1,4 @@
-"""Roofline times for the operations the agent does not tune, calibrated on the H200 ceilings in STACK.md.
+"""Roofline times for the operations the agent does not tune, calibrated on the H200 ceilings in docs/architecture.md.
 
 Every operation costs max(flops / MATMUL_PEAK_FLOPS, bytes / COPY_BW): bf16 dense matmul 792 TFLOP/s and device copy
 4.27 TB/s (bytes read + bytes written), both measured on the H200. This is a lower bound for each op (no launch or
@@ -14,8 +14,8 @@ from typing import Any
 
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
 
-MATMUL_PEAK_FLOPS = 792e12  # bf16 8192^3 matmul on the H200 (STACK.md)
-COPY_BW = 4.27e12  # device-to-device copy, bytes read + written per second (STACK.md)
+MATMUL_PEAK_FLOPS = 792e12  # bf16 8192^3 matmul on the H200 (docs/architecture.md)
+COPY_BW = 4.27e12  # device-to-device copy, bytes read + written per second (docs/architecture.md)
 DEFAULT_VOCAB = 32000  # Mixtral-8x7B's vocabulary; ModelSpec has no vocab field, so the LM head takes it as a parameter
 
 

@@ -28,7 +28,7 @@ from kernel_gym.traffic.routing import uniform_for as _uniform_for
 KERNELS = ("prefill_attention", "decode_attention", "fused_moe")
 H200_MEMORY_BYTES = 141e9
 GPU_MEMORY_UTILIZATION = 0.9
-COMPILE_S_DEFAULT = 0.27  # STACK.md: Triton compile on first call, median 0.27 s per config on the H200
+COMPILE_S_DEFAULT = 0.27  # docs/architecture.md: Triton compile on first call, median 0.27 s per config on the H200
 # Fixed host-side cost of one engine step (scheduling, input preparation, kernel launches, sampling bookkeeping).
 # An assumption, not a measurement from this project: see docs/simulator.md; pass step_overhead_s= to change it.
 STEP_OVERHEAD_S = 2e-3

@@ -1,6 +1,6 @@
 """Loaders for published LLM serving traces, and `load_trace(name_or_path)`.
 
-Formats (columns as published; see /work/shared/traces/SOURCES.md):
+Formats (columns as published; origins and licences: README.md, Data and licences):
 - Azure LLM inference trace 2023 (CSV): TIMESTAMP (absolute datetime), ContextTokens, GeneratedTokens.
 - Mooncake (JSONL): timestamp (ms from 0), input_length, output_length, hash_ids.
 - BurstGPT (CSV): Timestamp (s), [Session ID, Elapsed time,] Model, Request tokens, Response tokens, Total tokens,
@@ -274,7 +274,7 @@ def bundled_trace_path() -> Path:
 
 
 def load_trace(name_or_path: str | Path, traces_dir: str | Path | None = None) -> Trace:
-    """A named trace ("azure-conv", "azure-code", "mooncake", "burstgpt" from shared/traces; "bundled", shipped in
+    """A named trace ("azure-conv", "azure-code", "mooncake", "burstgpt" from SHARED_TRACES; "bundled", shipped in
     the package) or a trace file whose format is detected from its extension and header."""
     key = str(name_or_path)
     if key == "bundled":

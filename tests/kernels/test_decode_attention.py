@@ -17,7 +17,7 @@ from kernel_gym.models import BUILTIN_MODELS
 FAMILY = da.FAMILY
 SPACE = da.SPACE
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CPU_DTYPES = ("float32", "float16")  # bf16 arithmetic is wrong in the interpreter (STACK.md)
+CPU_DTYPES = ("float32", "float16")  # bf16 arithmetic is wrong in the interpreter (docs/architecture.md)
 # A ragged workload: contexts 150, 300, 450; no page size divides 150 or 450.
 RAGGED = (4, 2, 64, 3, 300)
 

@@ -1,4 +1,4 @@
-"""Trace loaders: the real published files (from shared/traces), the bundled excerpt, and bad input."""
+"""Trace loaders: the real published files (when present beside the repository), the bundled excerpt, and bad input."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from kernel_gym.traffic.traces import (
 SHARED = Path(__file__).parents[2] / ".." / "shared" / "traces"
 needs_shared = pytest.mark.skipif(
     not (SHARED / "AzureLLMInferenceTrace_conv.csv").exists(),
-    reason=f"real traces absent: expected them in {SHARED.resolve()} (see shared/traces/SOURCES.md)",
+    reason=f"real traces absent: expected them in {SHARED.resolve()} (README.md: Data and licences)",
 )
 
 
