@@ -19,6 +19,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import socket
 import sys
 import threading
 import time
@@ -266,6 +267,7 @@ def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu:
 
     store = MeasurementStore(db)
     written = 0
+    origin = (socket.gethostname(), "" if gpu is None else str(gpu))  # stored with each row (host, gpu columns)
     fams = {ref: resolve_family(ref) for ref in contexts}
     lookahead = max(2, (2 * compile_workers * 8) // CHUNK)
     with LiveBackend(gpu=gpu, device=device, compile_workers=compile_workers, timing=timing) as backend:
@@ -285,7 +287,7 @@ def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu:
                                                         "answers it invalid)" if m.status == INVALID else ""),
                           file=sys.stderr)
                 ms = [m for m in ms if m.status == OK]
-            written += store.put_many(contexts[item.kernel], ms, replace=replace)
+            written += store.put_many(contexts[item.kernel], ms, replace=replace, origin=origin)
     store.close()
     return written
 
@@ -541,6 +543,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--noise", type=int, default=0, metavar="REPEATS",
                    help="noise study instead of a collection: re-measure a subset of --db in REPEATS processes")
     p.add_argument("--noise-out", default="", help="write the noise study's JSON here")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="measure on a Ray cluster, one actor per GPU (kernel_gym.measure.farm; needs "
+                        "pip install 'kernel_gym[ray]'): no ADDRESS starts a local cluster, 'auto' or HOST:PORT joins "
+                        "one started with `ray start --head`; with --noise, the study runs on every GPU")
     return p
 
 
@@ -553,6 +559,15 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise SystemExit(f"--grid: unknown grid(s) {bad}; use eval, default, small")
     timing = TimingOptions(min_reps=args.min_reps, max_reps=max(args.min_reps, args.max_reps))
+    if args.ray is not None and not args.dry_run:
+        from kernel_gym.measure import farm
+
+        try:
+            farm.require_ray()
+        except farm.RayMissing as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return farm.main(args, timing)
     if args.noise:
         res = noise_study(args.db, args.noise, device=args.device, seed=args.seed, timing=timing)
         text = json.dumps(res, indent=2)

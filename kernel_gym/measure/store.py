@@ -52,6 +52,9 @@ COLUMNS = (
     "device", "torch_version", "triton_version", "kernel", "source_hash", "workload", "config",
     "status", "median_ms", "spread", "repeats", "compile_s", "reason", "source", "created",
 )
+# Where a row was measured (host name, GPU index): columns added after the first stores, so older files gain them
+# (empty) when opened, and the snapshot format leaves them out.
+ORIGIN_COLUMNS = ("host", "gpu")
 CONTEXT_FIELDS = ("device", "torch_version", "triton_version", "kernel", "source_hash")
 ROW_FIELDS = ("workload", "config", "status", "median_ms", "spread", "repeats", "compile_s", "reason", "source")
 SNAPSHOT_FORMAT = "kernel_gym-measurements"
@@ -91,6 +94,18 @@ class MeasurementStore:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
         self.conn.executescript(SCHEMA)
+        self._add_origin_columns()
+
+    def _add_origin_columns(self) -> None:
+        """Older stores lack the host and gpu columns: add them (empty for the rows already there)."""
+        have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
+        for col in ORIGIN_COLUMNS:
+            if col not in have:
+                try:
+                    self.conn.execute(f"ALTER TABLE measurements ADD COLUMN {col} TEXT NOT NULL DEFAULT ''")
+                except sqlite3.OperationalError as exc:  # another process added it first, or a read-only file
+                    if "duplicate column" not in str(exc) and "readonly" not in str(exc):
+                        raise
 
     def close(self) -> None:
         self.conn.close()
@@ -103,10 +118,11 @@ class MeasurementStore:
 
     # ---- writing ---------------------------------------------------------------------------------------------
 
-    def put_many(self, context: Context, measurements: Iterable[Measurement], replace: bool = False) -> int:
+    def put_many(self, context: Context, measurements: Iterable[Measurement], replace: bool = False,
+                 origin: tuple[str, str] | None = None) -> int:
         """Insert a batch in one transaction (all rows or none); rows already stored are kept, or, with replace=True
-        (re-measurement), overwritten in the same transaction, so a kill leaves the old row or the new one. Returns
-        rows written."""
+        (re-measurement), overwritten in the same transaction, so a kill leaves the old row or the new one. origin:
+        (host, gpu) the batch was measured on, stored in the host and gpu columns. Returns rows written."""
         now = time.time()
         rows = []
         for m in measurements:
@@ -115,7 +131,7 @@ class MeasurementStore:
             rows.append((
                 context.device, context.torch_version, context.triton_version, context.kernel, context.source_hash,
                 m.workload, m.config, m.status, m.median_ms if m.status == OK else None, m.spread, m.repeats,
-                m.compile_s, m.reason, m.source, now,
+                m.compile_s, m.reason, m.source, now, *(origin or ("", "")),
             ))
         if not rows:
             return 0
@@ -126,9 +142,10 @@ class MeasurementStore:
             if replace:
                 keys = ("device", "torch_version", "triton_version", "kernel", "source_hash", "workload", "config")
                 on_conflict = f"({','.join(keys)}) DO UPDATE SET " + ", ".join(
-                    f"{c} = excluded.{c}" for c in COLUMNS if c not in keys)
+                    f"{c} = excluded.{c}" for c in COLUMNS + ORIGIN_COLUMNS if c not in keys)
+            cols = COLUMNS + ORIGIN_COLUMNS
             self.conn.executemany(
-                f"INSERT INTO measurements ({','.join(COLUMNS)}) VALUES ({','.join('?' * len(COLUMNS))}) "
+                f"INSERT INTO measurements ({','.join(cols)}) VALUES ({','.join('?' * len(cols))}) "
                 f"ON CONFLICT {on_conflict}",
                 rows,
             )
@@ -178,12 +195,14 @@ class MeasurementStore:
             sql, args = sql + " AND status=?", [*args, status]
         return self.conn.execute(sql, args).fetchone()[0]
 
-    def rows(self, kernel: str | None = None) -> Iterator[dict[str, Any]]:
-        sql = f"SELECT {','.join(COLUMNS)} FROM measurements"
+    def rows(self, kernel: str | None = None, origin: bool = False) -> Iterator[dict[str, Any]]:
+        """Rows as dicts of COLUMNS (and, with origin=True, ORIGIN_COLUMNS), in insertion order."""
+        cols = COLUMNS + ORIGIN_COLUMNS if origin else COLUMNS
+        sql = f"SELECT {','.join(cols)} FROM measurements"
         cur = self.conn.execute(sql + (" WHERE kernel=? ORDER BY id" if kernel else " ORDER BY id"),
                                 (kernel,) if kernel else ())
         for row in cur:
-            yield dict(zip(COLUMNS, row))
+            yield dict(zip(cols, row))
 
     def integrity_check(self) -> str:
         """SQLite's own integrity check plus the row-level invariants; 'ok' when all hold."""

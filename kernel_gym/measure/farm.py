@@ -1,0 +1,670 @@
+"""A measurement farm on Ray: `kernel-gym collect --ray [ADDRESS]` measures the plan on every GPU of a Ray cluster.
+
+- **Cluster.** No address: a local Ray cluster on this machine (its GPUs; with `--device cpu`, `--gpus` fake GPUs).
+  With an address (`auto`, or `HOST:PORT` of a `ray start --head`): join it; every host that ran
+  `ray start --address=HOST:PORT` contributes its GPUs.
+- **One actor per GPU** (`num_gpus=1`, pinned to its node). The actor keeps today's isolation: it drives a
+  `LiveBackend`, so every measurement runs in an `IsolatedRunner` worker subprocess that a hang, fault or OOM kills and
+  restarts with the reason stored, and it owns a compile pool of the node's CPUs (the node's CPUs divided among its
+  GPUs, one kept for the actor), which compiles the chunks reserved for the actor while the GPU times the current one.
+  Actors on one host share the host's Triton cache.
+- **Dynamic queue.** Work is the plan's chunks (up to 64 configs of one workload), workloads longest first by
+  estimated cost (with a budget: the plan's round-robin order, so a cut leaves every kernel covered). An idle actor
+  takes the next chunk of the workload it just measured (inputs and reference are reused) or the queue's head; it has
+  one chunk in flight and `lookahead` reserved (compiling); an actor with nothing left steals another's reserved chunk,
+  so a slow chunk never holds up others. The driver waits on all outstanding chunks (`ray.wait`).
+- **One store.** Results stream to the driver, which writes the SQLite store as `collect` does (one transaction per
+  chunk), with the host and GPU of each row. An actor killed mid-chunk loses only that chunk's unstored results: the
+  chunk goes back to the queue (after 3 failed attempts its configs are stored as `crash` with the reason), and Ray
+  restarts the actor. A killed driver takes its actors with it (Ray ends a job's actors, their workers die with them);
+  a rerun skips what is stored (`collect.drop_done`) and resumes without duplicates.
+- **Cross-GPU noise** (`collect --ray --noise N`): the noise study's subset measured N times on every GPU; the rows go
+  to the store's `replicas` table and the report compares the GPUs (`storetools.gpu_comparison`).
+
+Ray is optional (`pip install 'kernel_gym[ray]'`); without it `--ray` exits 2 with that line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kernel_gym.measure.collect import (
+    CHUNK,
+    CollectOptions,
+    PlanItem,
+    _fmt,
+    build_plan,
+    contexts_for,
+    drop_done,
+    estimate_seconds,
+    load_plan_file,
+    noisy_plan,
+)
+from kernel_gym.measure.store import Context, MeasurementStore
+from kernel_gym.measure.timing import DEFAULT_TIMING, TimingOptions
+from kernel_gym.measure.types import CRASH, OK, Measurement
+
+RAY_MISSING = "collect --ray needs Ray, which is not installed: pip install 'kernel_gym[ray]'"
+FORWARDED_ENV = ("PYTHONPATH", "TRITON_CACHE_DIR", "TRITON_INTERPRET")  # plus every KERNEL_GYM_* variable
+MAX_ATTEMPTS = 3  # a chunk whose actor died this often is stored as crash
+
+
+class RayMissing(SystemExit):
+    pass
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RayMissing(RAY_MISSING) from exc
+    return ray
+
+
+@dataclass
+class FarmOptions:
+    address: str | None = None  # None: start a local cluster; "auto" or HOST:PORT: join one
+    lookahead: int = -1  # chunks reserved (compiling) per actor; -1: from the compile pool size (0 without a pool)
+    actor_cpus: float = -1  # CPUs each actor reserves (its compile pool is one fewer); -1: node CPUs / node GPUs
+    max_actor_restarts: int = 3
+    local_cpus: int | None = None  # local cluster only (None: Ray's detection)
+    object_store_mb: int = 0  # local cluster only (0: Ray's default)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the actors
+
+
+# ---- connecting ---------------------------------------------------------------------------------------------------
+
+
+def connect(farm: FarmOptions, device: str, gpus: int) -> bool:
+    """Join or start a cluster; True when this call initialised Ray (and so shuts it down at the end)."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return False
+    kw: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
+    if farm.address:
+        ray.init(address=farm.address, **kw)
+    else:
+        if device == "cpu":  # interpreter: fake GPUs, so the farm's machinery runs on a CPU machine
+            kw["num_gpus"] = max(1, gpus)
+        if farm.local_cpus:
+            kw["num_cpus"] = farm.local_cpus
+        if farm.object_store_mb:
+            kw["object_store_memory"] = farm.object_store_mb * 1024 * 1024
+        ray.init(**kw)
+    return True
+
+
+def _actor_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith("KERNEL_GYM_")}
+    env.update(extra)
+    return env
+
+
+# ---- the actor ---------------------------------------------------------------------------------------------------
+
+
+def _device_name(device: str) -> str:
+    """The CUDA device name as the plain collection stores it (torch.cuda.get_device_name), asked in a short-lived
+    process so the actor itself never holds a CUDA context on the GPU it measures."""
+    if device == "cpu":
+        return "cpu-interpreter"
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise RuntimeError(f"farm actor on {socket.gethostname()}: no CUDA device ({out.stderr.strip()[-300:]})")
+    return out.stdout.strip().splitlines()[-1]
+
+
+class Measurer:
+    """One GPU: a LiveBackend (isolated worker subprocess + compile pool) fed one chunk at a time by the driver."""
+
+    def __init__(self, kernels: list[str], device: str, timing: TimingOptions, compile_workers: int,
+                 deadline: float) -> None:
+        import ray
+
+        from kernel_gym.measure.live import LiveBackend
+        from kernel_gym.measure.worker import resolve_family
+
+        self.device, self.timing, self.deadline, self.pool = device, timing, deadline, compile_workers
+        ids = ray.get_gpu_ids()
+        self.gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or (str(ids[0]) if ids else "")
+        self.host = socket.gethostname()
+        self.device_name = _device_name(device)
+        self.contexts = contexts_for(kernels, self.device_name)
+        self.fams = {ref: resolve_family(ref) for ref in kernels}
+        # gpu=None: the worker inherits CUDA_VISIBLE_DEVICES, which Ray set to this actor's GPU
+        self.backend = LiveBackend(gpu=None, device=device, compile_workers=compile_workers, timing=timing)
+
+    def where(self) -> dict[str, Any]:
+        return {"host": self.host, "gpu": self.gpu, "pid": os.getpid(), "device": self.device_name,
+                "contexts": {ref: ctx.__dict__ for ref, ctx in self.contexts.items()}, "pool": self.pool}
+
+    def _workload(self, item: PlanItem) -> Any:
+        from kernel_gym.measure.worker import workload_from_key
+
+        return workload_from_key(self.fams[item.kernel], item.workload_key)
+
+    def prefetch(self, items: list[PlanItem]) -> None:
+        from kernel_gym.kernels.space import Config
+
+        for item in items:
+            self.backend.prefetch(self.fams[item.kernel], self._workload(item), [Config.parse(c) for c in item.configs])
+
+    def measure(self, item: PlanItem) -> list[Measurement] | None:
+        """One chunk, one Measurement per config; None when the budget ran out before it started."""
+        from kernel_gym.kernels.space import Config
+
+        if self.deadline and time.time() >= self.deadline:
+            return None
+        fam = self.fams[item.kernel]
+        return self.backend.measure_many(fam, self._workload(item), [Config.parse(c) for c in item.configs])
+
+    def noise(self, items: list[tuple[str, str, list[str]]], repeats: int) -> list[list[Measurement]]:
+        """The items measured `repeats` times, each time in a fresh worker process (like collect's noise study)."""
+        from kernel_gym.kernels.space import Config
+        from kernel_gym.measure.worker import resolve_family, workload_from_key
+
+        runs = []
+        for _ in range(repeats):
+            self.backend.runner.close()  # the next measure_many starts a fresh worker
+            rows: list[Measurement] = []
+            for ref, wkey, cfgs in items:
+                fam = resolve_family(ref)
+                wl = workload_from_key(fam, wkey)
+                rows.extend(self.backend.measure_many(fam, wl, [Config.parse(c) for c in cfgs]))
+            runs.append(rows)
+        return runs
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+_ACTOR: Any = None
+
+
+def _remote_measurer(ray: Any) -> Any:
+    """Measurer as a Ray actor class with two concurrency groups: `prefetch` (and `where`, `close`) run beside a
+    `measure` in flight; measurements themselves never overlap."""
+    global _ACTOR
+    if _ACTOR is None:
+        class MeasurerActor(Measurer):
+            @ray.method(concurrency_group="measure")
+            def measure(self, item: PlanItem) -> tuple[str, str, list[Measurement] | None]:
+                return self.host, self.gpu, Measurer.measure(self, item)
+
+            @ray.method(concurrency_group="measure")
+            def noise(self, items: list[tuple[str, str, list[str]]], repeats: int) -> list[list[Measurement]]:
+                return Measurer.noise(self, items, repeats)
+
+            @ray.method(concurrency_group="control")
+            def prefetch(self, items: list[PlanItem]) -> None:
+                Measurer.prefetch(self, items)
+
+            @ray.method(concurrency_group="control")
+            def where(self) -> dict[str, Any]:
+                return Measurer.where(self)
+
+            @ray.method(concurrency_group="control")
+            def close(self) -> None:
+                Measurer.close(self)
+
+        _ACTOR = ray.remote(concurrency_groups={"measure": 1, "control": 1})(MeasurerActor)
+    return _ACTOR
+
+
+# ---- the work queue -------------------------------------------------------------------------------------------------
+
+
+def chunk_cost(item: PlanItem, timing: TimingOptions = DEFAULT_TIMING) -> float:
+    """Estimated GPU seconds of a chunk (collect.estimate_seconds' roofline)."""
+    return estimate_seconds([[item]], CollectOptions(timing=timing), 1, 0)["gpu_s"]
+
+
+class WorkQueue:
+    """Chunks grouped by (kernel, workload), groups in a fixed order. take(prefer) returns the next chunk of the
+    preferred group (the workload an actor just measured) when there is one, else the head group's."""
+
+    def __init__(self, items: list[PlanItem]) -> None:
+        self.groups: dict[tuple[str, str], deque[PlanItem]] = {}
+        self.order: deque[tuple[str, str]] = deque()
+        for item in items:
+            key = (item.kernel, item.workload_key)
+            if key not in self.groups:
+                self.groups[key] = deque()
+                self.order.append(key)
+            self.groups[key].append(item)
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self.groups.values())
+
+    def take(self, prefer: tuple[str, str] | None = None) -> PlanItem | None:
+        if prefer is not None and self.groups.get(prefer):
+            return self.groups[prefer].popleft()
+        while self.order:
+            group = self.groups.get(self.order[0])
+            if group:
+                return group.popleft()
+            self.order.popleft()
+        return None
+
+    def put_back(self, item: PlanItem) -> None:
+        """Front of the queue (a chunk whose actor died, or a reservation given up)."""
+        key = (item.kernel, item.workload_key)
+        self.groups.setdefault(key, deque()).appendleft(item)
+        self.order.appendleft(key)
+
+
+def order_plan(plan: list[list[PlanItem]], timing: TimingOptions, longest_first: bool) -> list[PlanItem]:
+    """The plan's chunks, workloads longest first by estimated cost (stable), or in the plan's order."""
+    if not longest_first:
+        return [c for chunks in plan for c in chunks]
+    costed = [(sum(chunk_cost(c, timing) for c in chunks), i, chunks) for i, chunks in enumerate(plan)]
+    costed.sort(key=lambda t: (-t[0], t[1]))
+    return [c for _, _, chunks in costed for c in chunks]
+
+
+# ---- the driver ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Slot:
+    """One actor (one GPU) as the driver sees it."""
+
+    actor: Any
+    node: str
+    info: dict[str, Any] = field(default_factory=dict)
+    running: PlanItem | None = None
+    ref: Any = None
+    reserved: deque = field(default_factory=deque)
+    last: tuple[str, str] | None = None
+    failures: int = 0
+    dead: bool = False
+    chunks_done: int = 0
+    rows: int = 0
+
+    @property
+    def origin(self) -> tuple[str, str]:
+        return self.info.get("host", ""), self.info.get("gpu", "")
+
+    @property
+    def label(self) -> str:
+        return f"{self.info.get('host', '?')}:gpu{self.info.get('gpu', '?')}"
+
+
+class Farm:
+    """The driver's state: slots, queues (one per distinct set of contexts), store, counters."""
+
+    def __init__(self, opts: CollectOptions, farm: FarmOptions, log: Any = sys.stderr) -> None:
+        self.opts, self.farm, self.log = opts, farm, log
+        self.ray = require_ray()
+        self.slots: list[Slot] = []
+        self.written = 0
+        self.requeued = 0
+        self.actor_failures = 0
+        self.attempts: dict[tuple[str, str, tuple[str, ...]], int] = {}
+        self.queues: dict[str, WorkQueue] = {}
+        self.group_of: dict[int, str] = {}
+        self.contexts_of: dict[str, dict[str, Context]] = {}
+        self.stopped_by_budget = False
+
+    # actors
+
+    def start_actors(self, deadline: float) -> None:
+        ray = self.ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("GPU", 0) >= 1]
+        if not nodes:
+            raise SystemExit("collect --ray: the Ray cluster has no GPU (start each host with `ray start` on a GPU "
+                             "machine; with --device cpu a local cluster gets fake GPUs)")
+        cls = _remote_measurer(ray)
+        env = _actor_env(self.farm.env)
+        want = self.opts.gpus or sum(int(n["Resources"]["GPU"]) for n in nodes)
+        for node in sorted(nodes, key=lambda n: n["NodeManagerAddress"]):
+            n_gpu, n_cpu = int(node["Resources"]["GPU"]), node["Resources"].get("CPU", 0.0)
+            cpus = self.farm.actor_cpus if self.farm.actor_cpus >= 0 else max(1.0, n_cpu // n_gpu)
+            if self.opts.device != "cuda":
+                pool = 0
+            elif self.opts.compile_workers >= 0:
+                pool = self.opts.compile_workers // n_gpu
+            else:
+                pool = max(0, int(cpus) - 1)
+            for _ in range(n_gpu):
+                if len(self.slots) >= want:
+                    break
+                actor = cls.options(
+                    num_gpus=1, num_cpus=cpus, max_restarts=self.farm.max_actor_restarts, max_task_retries=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+                    runtime_env={"env_vars": env} if env else None,
+                ).remote(self.opts.kernels, self.opts.device, self.opts.timing, pool, deadline)
+                self.slots.append(Slot(actor, node["NodeID"]))
+        infos = ray.get([s.actor.where.remote() for s in self.slots])
+        for slot, info in zip(self.slots, infos):
+            slot.info = info
+        lookahead = self.farm.lookahead
+        self.lookahead = {id(s): (lookahead if lookahead >= 0 else
+                                  (max(1, (2 * s.info["pool"] * 8) // CHUNK) if s.info["pool"] else 0))
+                          for s in self.slots}
+
+    # queue
+
+    def plan(self, store: MeasurementStore) -> dict[str, Any]:
+        opts = self.opts
+        from kernel_gym.measure.recorded import MAX_SPREAD
+
+        plan = None
+        stats: dict[str, Any] = {}
+        for slot in self.slots:
+            sig = repr(sorted((ref, tuple(sorted(c.items()))) for ref, c in slot.info["contexts"].items()))
+            self.group_of[id(slot)] = sig
+            if sig in self.queues:
+                continue
+            contexts = {ref: Context(**c) for ref, c in slot.info["contexts"].items()}
+            self.contexts_of[sig] = contexts
+            for ref, ctx in contexts.items():
+                store.set_meta(f"context:{ref}", ctx.__dict__)
+            if opts.remeasure_noisy:
+                todo = noisy_plan(store, contexts, MAX_SPREAD)
+                total = sum(len(i.configs) for chunks in todo for i in chunks)
+            else:
+                if plan is None:
+                    plan = load_plan_file(opts.plan_file, opts.kernels) if opts.plan_file else build_plan(opts)
+                total = sum(len(i.configs) for chunks in plan for i in chunks)
+                todo = drop_done(plan, store, contexts)
+            remaining = sum(len(i.configs) for chunks in todo for i in chunks)
+            self.queues[sig] = WorkQueue(order_plan(todo, opts.timing, longest_first=not opts.budget_s))
+            stats[sig] = {"device": next(iter(contexts.values())).device, "planned": total, "remaining": remaining,
+                          "workloads": len(todo), "gpu_s": estimate_seconds(todo, opts, 1, 0)["gpu_s"]}
+        return stats
+
+    def _next_for(self, slot: Slot) -> PlanItem | None:
+        """The slot's next chunk: its own reservation, else the queue, else one stolen from another slot."""
+        if slot.reserved:
+            return slot.reserved.popleft()
+        queue = self.queues[self.group_of[id(slot)]]
+        item = queue.take(slot.last)
+        if item is not None:
+            return item
+        victims = [s for s in self.slots if s is not slot and s.reserved and self.group_of[id(s)] ==
+                   self.group_of[id(slot)]]
+        if victims:
+            return max(victims, key=lambda s: len(s.reserved)).reserved.pop()
+        return None
+
+    def _refill_reservation(self, slot: Slot) -> None:
+        want = self.lookahead[id(slot)]
+        queue = self.queues[self.group_of[id(slot)]]
+        new = []
+        while len(slot.reserved) < want:
+            item = queue.take(slot.last)
+            if item is None:
+                break
+            slot.reserved.append(item)
+            new.append(item)
+        if new:
+            slot.actor.prefetch.remote(new)
+
+    def dispatch(self, slot: Slot, deadline: float) -> None:
+        if slot.dead or slot.running is not None:
+            return
+        if deadline and time.time() >= deadline:
+            return
+        item = self._next_for(slot)
+        if item is None:
+            return
+        if self.lookahead[id(slot)] and not slot.reserved:  # not compiled ahead (first chunk, or stolen): now
+            slot.actor.prefetch.remote([item])
+        slot.running, slot.last = item, (item.kernel, item.workload_key)
+        slot.ref = slot.actor.measure.remote(item)
+        self._refill_reservation(slot)
+
+    def _give_back(self, slot: Slot) -> None:
+        queue = self.queues[self.group_of[id(slot)]]
+        while slot.reserved:
+            queue.put_back(slot.reserved.pop())
+
+    def _failed(self, slot: Slot, item: PlanItem, exc: BaseException, store: MeasurementStore) -> None:
+        """The actor died (or raised) measuring item: back to the queue, or stored as crash after MAX_ATTEMPTS."""
+        self.actor_failures += 1
+        slot.failures += 1
+        key = (item.kernel, item.workload_key, item.configs)
+        self.attempts[key] = self.attempts.get(key, 0) + 1
+        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        print(f"\n[farm] {slot.label} failed on a chunk of {len(item.configs)} configs ({why}); "
+              f"attempt {self.attempts[key]} of {MAX_ATTEMPTS}", file=self.log)
+        self._give_back(slot)
+        if self.attempts[key] >= MAX_ATTEMPTS:
+            fam_name = self.contexts_of[self.group_of[id(slot)]][item.kernel].kernel
+            ms = [Measurement(kernel=fam_name, workload=item.workload_key, config=c, status=CRASH,
+                              reason=f"farm actor died {MAX_ATTEMPTS} times measuring this chunk: {why}"[:400],
+                              source="live" if self.opts.device == "cuda" else "interpreter")
+                  for c in item.configs]
+            if not self.opts.remeasure_noisy:
+                self.written += store.put_many(self.contexts_of[self.group_of[id(slot)]][item.kernel], ms,
+                                               origin=slot.origin)
+        else:
+            self.queues[self.group_of[id(slot)]].put_back(item)
+            self.requeued += 1
+        if slot.failures > self.farm.max_actor_restarts + 1:
+            slot.dead = True
+            print(f"[farm] {slot.label} gave up after {slot.failures} failures in a row", file=self.log)
+
+    def run(self, store: MeasurementStore, deadline: float, remaining: int, t0: float,
+            hook: Callable[[Farm], None] | None = None) -> None:
+        ray = self.ray
+        from ray.exceptions import GetTimeoutError, RayError
+
+        for slot in self.slots:
+            self.dispatch(slot, deadline)
+        last_print = 0.0
+        while True:
+            live = {s.ref: s for s in self.slots if s.running is not None}
+            if not live:
+                for slot in self.slots:
+                    self.dispatch(slot, deadline)
+                if any(s.running is not None for s in self.slots):
+                    continue
+                break
+            ready, _ = ray.wait(list(live), num_returns=1, timeout=1.0)
+            for ref in ready:
+                slot = live[ref]
+                item, slot.running, slot.ref = slot.running, None, None
+                try:
+                    host, gpu, ms = ray.get(ref, timeout=60)
+                except (RayError, GetTimeoutError) as exc:
+                    self._failed(slot, item, exc, store)
+                    if not slot.dead:
+                        self.dispatch(slot, deadline)
+                    continue
+                slot.failures = 0
+                if ms is None:  # the budget ran out before the chunk started
+                    self.stopped_by_budget = True
+                    continue
+                if self.opts.remeasure_noisy:  # a failed re-measurement keeps the stored ok row
+                    ms = [m for m in ms if m.status == OK]
+                ctx = self.contexts_of[self.group_of[id(slot)]][item.kernel]
+                n = store.put_many(ctx, ms, replace=self.opts.remeasure_noisy, origin=(host, gpu))
+                self.written += n
+                slot.rows += n
+                slot.chunks_done += 1
+                self.dispatch(slot, deadline)
+            if deadline and time.time() >= deadline:
+                self.stopped_by_budget = True
+                for slot in self.slots:
+                    self._give_back(slot)
+            if hook is not None:
+                hook(self)
+            if time.time() - last_print >= 2.0:
+                last_print = time.time()
+                rate = self.written / max(1e-9, time.time() - t0)
+                eta = _fmt((remaining - self.written) / rate) if rate > 0 else "?"
+                alive = sum(not s.dead for s in self.slots)
+                print(f"\r[farm] {self.written}/{remaining} rows {rate:6.1f}/s ETA {eta}; {alive} actors, "
+                      f"{sum(len(q) for q in self.queues.values())} chunks queued, {self.requeued} re-queued   ",
+                      end="", file=self.log, flush=True)
+
+    def close(self) -> None:
+        ray = self.ray
+        try:
+            ray.get([s.actor.close.remote() for s in self.slots if not s.dead], timeout=30)
+        except Exception:  # noqa: BLE001,S110 - a dead actor has nothing left to close
+            pass
+        for s in self.slots:
+            try:
+                ray.kill(s.actor, no_restart=True)
+            except Exception:  # noqa: BLE001,S110
+                pass
+
+
+def collect_farm(opts: CollectOptions, farm: FarmOptions | None = None, log: Any = sys.stderr,
+                 hook: Callable[[Farm], None] | None = None) -> dict[str, Any]:
+    """collect() on a Ray cluster; the same summary keys (shard_exit_codes: one 0 per actor that stayed alive, 1 per
+    actor that gave up) plus the farm's: actors, rows per GPU, chunks re-queued."""
+    farm = farm or FarmOptions()
+    require_ray()
+    t0 = time.time()
+    deadline = t0 + opts.budget_s if opts.budget_s > 0 else 0.0
+    started = connect(farm, opts.device, opts.gpus)
+    f = Farm(opts, farm, log)
+    store = MeasurementStore(opts.db)
+    try:
+        f.start_actors(deadline)
+        stats = f.plan(store)
+        planned = sum(s["planned"] for s in stats.values())
+        remaining = sum(s["remaining"] for s in stats.values())
+        for s in stats.values():
+            print(f"[farm] {s['device']}: plan {s['workloads']} workloads to measure, {s['planned']} configs; already "
+                  f"stored {s['planned'] - s['remaining']}; to measure {s['remaining']} (GPU ~{_fmt(s['gpu_s'])} on "
+                  f"one GPU)", file=log)
+        print(f"[farm] {len(f.slots)} actors: " + ", ".join(f"{s.label} ({s.info['device']}, pool {s.info['pool']})"
+                                                             for s in f.slots), file=log)
+        store.set_meta("farm:last_run", {"started": t0, "actors": [s.info | {"node": s.node} for s in f.slots]})
+        f.run(store, deadline, remaining, t0, hook)
+        print(f"\n[farm] wrote {f.written} rows in {_fmt(time.time() - t0)}; store holds {store.count()} rows; "
+              f"integrity {store.integrity_check()}; re-queued chunks {f.requeued}", file=log)
+        if opts.out:
+            n = store.export_snapshot(opts.out)
+            print(f"[farm] exported {n} rows to {opts.out}", file=log)
+        left = sum(len(q) for q in f.queues.values())
+        return {"planned": planned, "already_stored": planned - remaining, "written": f.written,
+                "seconds": time.time() - t0, "stopped_by_budget": f.stopped_by_budget and f.written < remaining,
+                "shard_exit_codes": [int(s.dead) for s in f.slots] + ([1] if left and not f.stopped_by_budget else []),
+                "actors": [{"host": s.info.get("host"), "gpu": s.info.get("gpu"), "device": s.info.get("device"),
+                            "chunks": s.chunks_done, "rows": s.rows, "dead": s.dead} for s in f.slots],
+                "requeued": f.requeued, "actor_failures": f.actor_failures, "chunks_left": left}
+    finally:
+        f.close()
+        store.close()
+        if started:
+            f.ray.shutdown()
+
+
+# ---- noise across GPUs --------------------------------------------------------------------------------------------
+
+
+def noise_items(db: str, workloads_per_kernel: int = 12, configs_per_workload: int = 8,
+                seed: int = 0) -> list[tuple[str, str, list[str]]]:
+    """collect.noise_study's subset: per kernel, random measured workloads and their fastest stored configs."""
+    store = MeasurementStore(db)
+    rng = random.Random(seed)
+    by_kernel: dict[str, dict[str, list[tuple[float, str]]]] = {}
+    for row in store.rows():
+        if row["status"] == OK and row["median_ms"]:
+            by_kernel.setdefault(row["kernel"], {}).setdefault(row["workload"], []).append((row["median_ms"],
+                                                                                           row["config"]))
+    store.close()
+    items = []
+    for kernel, wls in sorted(by_kernel.items()):
+        keys = sorted(wls)
+        for wkey in rng.sample(keys, min(workloads_per_kernel, len(keys))):
+            items.append((kernel, wkey, [c for _, c in sorted(wls[wkey])[:configs_per_workload]]))
+    return items
+
+
+def farm_noise_study(opts: CollectOptions, repeats: int, farm: FarmOptions | None = None,
+                     workloads_per_kernel: int = 12, configs_per_workload: int = 8,
+                     log: Any = sys.stderr) -> dict[str, Any]:
+    """The noise study on every GPU of the cluster: the same subset measured `repeats` times per GPU (a fresh worker
+    process each time). Rows go to the store's replicas table (run "noise:<start time>:<repeat>"); returns
+    {"within_gpu": per GPU the CV across its repeats, "across_gpus": storetools.gpu_comparison of the run}."""
+    import statistics
+
+    from kernel_gym.measure.storetools import gpu_comparison, put_replicas, replica_rows
+
+    farm = farm or FarmOptions()
+    from kernel_gym.measure.worker import resolve_family
+
+    ref_of = {resolve_family(ref).name: ref for ref in opts.kernels}  # stored kernel name -> family reference
+    items = [(ref_of.get(k, k), w, c) for k, w, c in noise_items(opts.db, workloads_per_kernel, configs_per_workload,
+                                                                  opts.seed)]
+    if not items:
+        raise SystemExit(f"noise study: no successful measurements in {opts.db}; collect first")
+    kernels = sorted({k for k, _, _ in items})
+    opts = CollectOptions(**{**opts.__dict__, "kernels": kernels})
+    started = connect(farm, opts.device, opts.gpus)
+    f = Farm(opts, farm, log)
+    store = MeasurementStore(opts.db)
+    t0 = time.time()
+    try:
+        f.start_actors(0.0)
+        refs = [s.actor.noise.remote(items, repeats) for s in f.slots]
+        within: dict[str, Any] = {}
+        for slot, ref in zip(f.slots, refs):
+            runs = f.ray.get(ref)
+            ctxs = {Context(**c).kernel: Context(**c) for c in slot.info["contexts"].values()}
+            times: dict[tuple[str, str, str], list[float]] = {}
+            for r, run in enumerate(runs):
+                by_kernel: dict[str, list[Measurement]] = {}
+                for m in run:
+                    by_kernel.setdefault(m.kernel, []).append(m)
+                    if m.status == OK and m.median_ms:
+                        times.setdefault((m.kernel, m.workload, m.config), []).append(m.median_ms)
+                for kernel, ms in by_kernel.items():
+                    put_replicas(store, ctxs[kernel], ms, slot.origin, f"noise:{t0:.0f}:{r}")
+            cvs = [statistics.pstdev(v) / statistics.fmean(v) for v in times.values() if len(v) == repeats > 1]
+            within[slot.label] = {"keys": len(times), "cv_median": statistics.median(cvs) if cvs else None}
+            print(f"[farm noise] {slot.label}: {repeats} repeats of {sum(len(c) for _, _, c in items)} "
+                  f"measurements", file=log)
+        run_rows = [r for r in replica_rows(store.conn) if r["run"].startswith(f"noise:{t0:.0f}:")]
+        return {"repeats": repeats, "workloads": len(items), "gpus": [s.label for s in f.slots],
+                "within_gpu": within, "across_gpus": gpu_comparison(run_rows)}
+    finally:
+        f.close()
+        store.close()
+        if started:
+            f.ray.shutdown()
+
+
+# ---- command line (collect --ray) ---------------------------------------------------------------------------------
+
+
+def main(args: Any, timing: TimingOptions) -> int:
+    """`kernel-gym collect --ray [ADDRESS] ...`: the parsed collect arguments, run on the farm."""
+    import json
+    from pathlib import Path
+
+    from kernel_gym.measure.collect import _csv
+
+    opts = CollectOptions(models=_csv(args.model), kernels=_csv(args.kernels), grids=_csv(args.grid),
+                          configs_per_shape=args.configs_per_shape, budget_s=args.budget_s, db=args.db, out=args.out,
+                          gpus=args.gpus, compile_workers=args.compile_workers, device=args.device, seed=args.seed,
+                          timing=timing, remeasure_noisy=args.remeasure_noisy, plan_file=args.plan)
+    farm = FarmOptions(address=args.ray or None)
+    if args.noise:
+        res = farm_noise_study(opts, args.noise, farm)
+        text = json.dumps(res, indent=2)
+        print(text)
+        if args.noise_out:
+            Path(args.noise_out).write_text(text + "\n")
+        return 0
+    res = collect_farm(opts, farm)
+    print(json.dumps(res))
+    return 0 if not any(res["shard_exit_codes"]) else 1
