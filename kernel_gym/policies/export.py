@@ -5,8 +5,8 @@
 (the model's collection grid, plus routing skews for MoE) and writes:
 - dispatch: DIR/dispatch_table.json (kernel_gym.policies.dispatcher.DispatchTable: buckets, configs, device,
   versions, the policy each kernel came from);
-- vllm: DIR/E=<experts>,N=<intermediate>,device_name=<device>.json, vLLM's fused-MoE config format (keys: batch
-  size M; values: BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages), loadable by vLLM unchanged.
+- vllm / sglang: the engine's fused-MoE config file, chosen among configs measured in the vllm_fused_moe family
+  (vLLM's own kernel) with the engine's shipped entry always a candidate: kernel_gym.policies.engine_export.
 Both are plain JSON: loading them needs no pickle and no kernel_gym.
 """
 
@@ -340,13 +340,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
                    help="a policy, e.g. models:/kernel-gym-moe-v0/1 (repeat per kernel); default: the latest "
                         "registered kernel-gym-<env>-<model> (for --model), else kernel-gym-<env>, in the MLflow store")
-    p.add_argument("--format", choices=("dispatch", "vllm"), default="dispatch",
-                   help="dispatch: dispatch_table.json for the Dispatcher; vllm: vLLM fused-MoE config file")
+    p.add_argument("--format", choices=("dispatch", "vllm", "sglang"), default="dispatch",
+                   help="dispatch: dispatch_table.json for the Dispatcher; vllm / sglang: the engine's fused-MoE "
+                        "config file from vllm_fused_moe measurements (policies/engine_export.py; no policy needed)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--model", default="mixtral-8x7b", help="model spec (built-in name or JSON file) of the deployment")
     p.add_argument("--device", default=DEFAULT_DEVICE, help="GPU name as torch reports it (vLLM file name)")
     p.add_argument("--skew", type=float, default=0.0,
                    help="vllm: the routing skew (Zipf exponent) the deployment sees; vLLM keys on M only")
+    p.add_argument("--tp", type=int, default=1, help="vllm/sglang: tensor-parallel degree (N = intermediate // tp)")
+    p.add_argument("--routing", default="", help="vllm/sglang: uniform or zipf:S (default: from --skew)")
+    p.add_argument("--store", action="append", default=[], metavar="PATH",
+                   help="vllm/sglang: measurement store / snapshot with vllm_fused_moe rows (repeatable; default: "
+                        "the packaged dataset)")
+    p.add_argument("--force", action="store_true",
+                   help="vllm/sglang: write an estimate where --device has no measurements (sidecar says so)")
+    p.add_argument("--min-gain", type=float, default=0.01,
+                   help="vllm/sglang: replace the engine's own entry only if measured this much faster")
+    p.add_argument("--triton-version", default="",
+                   help="sglang: the Triton version the server runs (its configs/triton_X_Y_Z/ folder)")
     p.add_argument("--kv-layout", default="", metavar="PAGE_SIZE:LAYOUT",
                    help="decode: KV layout to run with, e.g. 16:NHD (default: the one on which the policy's choices "
                         "measure best in the recorded data for --device, else the one it picks most often)")
@@ -370,6 +382,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.skew < 0:
         raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {args.skew}")
+    if args.format in ("vllm", "sglang"):  # measured vllm_fused_moe configs, not a policy (issue 15)
+        from kernel_gym.measure.store import PACKAGED_SNAPSHOT
+        from kernel_gym.policies import engine_export
+
+        args.store = args.store or [str(PACKAGED_SNAPSHOT)]
+        return engine_export.main_from_args(args)
     setup_tracking(args.tracking_uri or None)
     model = load_model(args.model)
     table = table_from_registry(model, args.model_uri, args.device, parse_kv_layout(args.kv_layout))
