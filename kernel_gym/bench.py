@@ -7,6 +7,8 @@ is recorded as a failure, never timed), take the best, and compare it with the a
   copy_bandwidth  device-to-device copy of 2 GiB, bytes read + written per second, TB/s
   torch_matmul    a dense bf16 matmul with the same FLOP count, TFLOP/s
   torch_loop      a plain torch MoE (loop over experts), TFLOP/s
+  vllm_fused_moe  vLLM's fused-MoE kernel design (kernels/vllm_moe.py) with the config vLLM runs on the H200 (its
+                  shipped table, else its default rule), TFLOP/s: ratio = anchor ms / kernel_gym's best ms
 Writes a JSON list of records (kernel, case, config, ms, metric, value, anchor, anchor_value, ratio_to_anchor,
 default_ms) plus a markdown summary. Imports only torch, triton, numpy and the standard library.
 """
@@ -167,7 +169,23 @@ def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs:
     if family_name == "fused_moe":
         inputs = family.make_inputs(workload, "cuda", seed=seed)
         result["torch_loop_ms"] = _time(family.make_torch_loop(inputs)).ms  # routing done up front, as in ours
+        result.update(vllm_anchor(inputs))
     return result
+
+
+def vllm_anchor(inputs: Any) -> dict:
+    """The vllm_fused_moe anchor: vLLM's kernel design with the config vLLM itself runs on the H200 (its shipped table's
+    nearest-M entry, else its default rule), checked against the reference, then timed in this run."""
+    from kernel_gym.kernels import vllm_moe
+    from kernel_gym.measure.worker import compare
+
+    wl = inputs.workload
+    config = vllm_moe.FAMILY.default_config(wl)
+    fn = vllm_moe.prepare(inputs, config)
+    wrong = compare(vllm_moe.FAMILY, fn(), vllm_moe.FAMILY.reference(inputs), wl.dtype)
+    if wrong:
+        return {"vllm_fused_moe_error": wrong, "vllm_fused_moe_config": dict(config)}
+    return {"vllm_fused_moe_ms": _time(fn).ms, "vllm_fused_moe_config": dict(config)}
 
 
 def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0, log: Callable = print,
@@ -234,7 +252,9 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
                     anchors.append(("copy_bandwidth", copy_tbs))
                 mm = matmul_tflops(flops, workload.num_tokens * workload.top_k, workload.hidden)[0]
                 loop = flops / (res["torch_loop_ms"] * 1e-3) / 1e12
-                for anchor, anchor_value in (("torch_matmul", mm), ("torch_loop", loop)):
+                vllm = [("vllm_fused_moe", flops / (res["vllm_fused_moe_ms"] * 1e-3) / 1e12)] if res.get(
+                    "vllm_fused_moe_ms") else []  # ratio = vLLM-design anchor time / kernel_gym's best time
+                for anchor, anchor_value in (("torch_matmul", mm), ("torch_loop", loop), *vllm):
                     records.append({**base, "metric": "TFLOP/s", "value": tflops, "anchor": anchor,
                                     "anchor_value": anchor_value, "ratio_to_anchor": tflops / anchor_value})
             for anchor, anchor_value in anchors:

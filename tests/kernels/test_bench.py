@@ -52,3 +52,15 @@ def test_candidates_add_the_datasets_best_at_knob_values_added_since():
     assert not bench.with_new_knobs(family.space, [c for c in recorded if "TMA_LOADS" in c], workload)
     picks = bench._candidates(family, workload, 5, seed=0, n_recorded=12)
     assert set(bench.with_new_knobs(family.space, recorded, workload)) <= set(picks)
+
+
+def test_vllm_anchor_checks_then_times_vllms_own_config(monkeypatch):
+    """The vllm_fused_moe anchor runs vLLM's kernel design with vLLM's own config (default rule here: no table for
+    this shape), checked against the reference before it is timed."""
+    from kernel_gym.kernels import fused_moe
+    from kernel_gym.kernels.workloads import MoEWorkload
+
+    monkeypatch.setattr(bench, "_time", lambda fn: bench.Timed(1.5, 0.0, 1))
+    inputs = fused_moe.make_inputs(MoEWorkload(5, 4, 2, 64, 96, 0.0, "float32"), "cpu", 0)
+    res = bench.vllm_anchor(inputs)
+    assert res["vllm_fused_moe_ms"] == 1.5 and res["vllm_fused_moe_config"]["GROUP_SIZE_M"] == 8  # M > E
