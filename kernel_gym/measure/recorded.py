@@ -17,6 +17,7 @@ scripts/bench_recorded.py). Imports only numpy and the standard library.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import Counter, defaultdict
@@ -74,8 +75,12 @@ class RecordedBackend:
     def __init__(self, path: str | Path | None = None, device: str | None = None,
                  groups: list[tuple[Context, list[Measurement]]] | None = None, check_validity: bool = True,
                  max_spread: float | None = None) -> None:
+        self.dataset_hash = ""  # sha256 (16 hex) of the file the rows came from: the data a policy was trained on
         if groups is None:
-            groups = load_rows(path or PACKAGED_SNAPSHOT)
+            source = Path(path or PACKAGED_SNAPSHOT)
+            groups = load_rows(source)
+            if source.is_file():
+                self.dataset_hash = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
         if not groups:
             raise ValueError(f"no measurements in {path or PACKAGED_SNAPSHOT}")
         rows_per_device = Counter()

@@ -1,8 +1,8 @@
 """Export a learned policy for a deployment: a dispatch table (JSON) and vLLM fused-MoE config files.
 
-`kernel-gym export --model-uri models:/kernel-gym-moe-v0/1 --format dispatch|vllm --out DIR` loads each policy
-(an MLflow pyfunc, kernel_gym.policies.pyfunc_model), asks it for a config on a grid of workload buckets per kernel
-(the model's collection grid, plus routing skews for MoE) and writes:
+`kernel-gym export --model-uri models:/kernel-gym-moe-v0-mixtral-8x7b/1 --format dispatch|vllm --out DIR` loads each
+policy (an MLflow pyfunc, kernel_gym.policies.pyfunc_model), asks it for a config on a grid of workload buckets per
+kernel (the model's collection grid, plus routing skews for MoE) and writes:
 - dispatch: DIR/dispatch_table.json (kernel_gym.policies.dispatcher.DispatchTable: buckets, configs, device,
   versions, the policy each kernel came from);
 - vllm / sglang: the engine's fused-MoE config file, chosen among configs measured in the vllm_fused_moe family
@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import platform
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -176,7 +177,7 @@ def table_from_registry(model: Any, model_uris: Sequence[str] = (), device: str 
                         kv_layout: tuple[int, str] | None = None) -> DispatchTable:
     """The dispatch table of the given (or latest registered) policies, exactly as `kernel-gym export` writes it: the
     decode KV layout, unless given, chosen on the packaged measurements when they are of `device`."""
-    policies = load_policies(model_uris, model.name)
+    policies = load_policies(model_uris, model)
     scorer = default_scorer(device) if kv_layout is None and "decode_attention" in policies else None
     return build_table(model, policies, device, kv_layout=kv_layout, scorer=scorer)
 
@@ -211,7 +212,7 @@ def build_table(model: Any, predictors: dict[str, tuple[Predictor, dict[str, Any
 
 
 def registered_kernel_names() -> dict[str, str]:
-    """Registered model name (kernel-gym-<env>) -> kernel, for every kernel env."""
+    """Registered model name (kernel-gym-<env>: the name of model-conditioned policies) -> kernel, per kernel env."""
     from kernel_gym.envs import ENV_KERNELS
 
     return {f"kernel-gym-{env.split('/')[-1].lower()}": k for env, k in ENV_KERNELS.items()}
@@ -239,8 +240,54 @@ def load_policy(uri: str, kernel: str | None = None) -> tuple[str, Predictor, di
         out = model.predict(pd.DataFrame({"workload_key": [w.key() for w in workloads]}))
         return [Config.parse(c) for c in out["config"]]
 
-    provenance = {"model_uri": uri, "run_id": meta.get("run_id", ""), "env_id": meta.get("env_id", "")}
+    provenance = {"model_uri": uri, "run_id": meta.get("run_id", ""), "env_id": meta.get("env_id", ""),
+                  "model_specs": meta.get("model_specs"), "model_conditioned": bool(meta.get("model_conditioned"))}
     return model_kernel, predict, provenance
+
+
+def _trained_for(provenance: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The model spec(s) a policy was trained for: its own metadata, else (policies logged before it carried them)
+    the `model` parameter of its training run; None when neither says."""
+    if provenance.get("model_specs"):
+        return list(provenance["model_specs"])
+    run_id = provenance.get("run_id") or ""
+    try:
+        import mlflow
+
+        name = mlflow.tracking.MlflowClient().get_run(run_id).data.params.get("model") if run_id else None
+    except Exception:  # noqa: BLE001 - a run that is gone (or never was) leaves the model unknown
+        name = None
+    if not name:
+        return None
+    try:
+        from kernel_gym.models import load_model
+
+        return [asdict(load_model(name))]
+    except (ValueError, FileNotFoundError, OSError):
+        return [{"name": name}]
+
+
+def check_policy_model(kernel: str, provenance: dict[str, Any], model: Any) -> str:
+    """One line naming the policy (name, version, model) for `model` (a ModelSpec); ValueError, one line, when the
+    policy was trained for another model and is not model-conditioned."""
+    uri = provenance.get("model_uri", "")
+    name, version = uri, "-"
+    if uri.startswith("models:/"):
+        name, _, version = uri[len("models:/"):].rpartition("/")
+    specs = _trained_for(provenance)
+    conditioned = bool(provenance.get("model_conditioned"))
+    trained = "unknown (logged without a model spec)" if specs is None else ",".join(s.get("name", "?") for s in specs)
+    if specs is not None and not conditioned and model is not None:
+        want = asdict(model)
+        match = any(s == want or (set(s) == {"name"} and s["name"] == want["name"]) for s in specs)
+        if not match:
+            same_name = any(s.get("name") == want["name"] for s in specs)
+            raise ValueError(
+                f"policy {uri} ({kernel}) was trained for model {trained}"
+                + (" with other spec fields" if same_name else "") + f", not {want['name']}: pass --model "
+                f"{trained} or a policy trained for {want['name']} (kernel-gym train --model {want['name']})")
+    return (f"policy {kernel}: {name} version {version} (model {trained}"
+            f"{', model-conditioned' if conditioned else ''})")
 
 
 def latest_model_uris(model_name: str | None = None) -> dict[str, str]:
@@ -286,9 +333,11 @@ def parse_model_uris(items: Sequence[str]) -> dict[str | None, str]:
     return out
 
 
-def load_policies(items: Sequence[str], model_name: str | None = None) -> dict[str, tuple[Predictor, dict[str, Any]]]:
+def load_policies(items: Sequence[str], model: Any = None) -> dict[str, tuple[Predictor, dict[str, Any]]]:
     """Predictors per kernel from --model-uri values; with none given, the latest registered kernel-gym-* models
-    (those trained for `model_name` first)."""
+    (those trained for `model` first). With a ModelSpec `model`, prints one line per policy (name, version, model) to
+    stderr and refuses a policy trained for another model unless it is model-conditioned."""
+    model_name = getattr(model, "name", model)
     uris = parse_model_uris(items) if items else latest_model_uris(model_name)
     if not uris:
         raise ValueError("no registered kernel-gym-* policy in the MLflow store "
@@ -300,6 +349,8 @@ def load_policies(items: Sequence[str], model_name: str | None = None) -> dict[s
         k, predict, meta = load_policy(uri, kernel)
         if k in out:
             raise ValueError(f"two policies for {k}: {out[k][1]['model_uri']} and {uri}; pass one per kernel")
+        if model is not None and not isinstance(model, str):
+            print(check_policy_model(k, meta, model), file=sys.stderr, flush=True)
         out[k] = (predict, meta)
     return out
 
@@ -319,7 +370,7 @@ def vllm_configs(table: DispatchTable, skew: float = 0.0) -> tuple[str, dict[str
 
     t = table.kernels.get("fused_moe")
     if t is None:
-        raise ValueError("the vllm format needs a fused_moe policy; pass --model-uri for kernel-gym-moe-v0")
+        raise ValueError("the vllm format needs a fused_moe policy; pass --model-uri for kernel-gym-moe-v0-<model>")
     content = {str(int(m)): vllm_config_entry(t.lookup(m, skew)) for m in t.centers[0]}
     return vllm_file_name(t.fixed["num_experts"], t.fixed["intermediate"], table.device), content
 
@@ -338,7 +389,8 @@ def write_vllm(table: DispatchTable, out: Path, skew: float = 0.0) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-gym export", description=__doc__.splitlines()[0])
     p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
-                   help="a policy, e.g. models:/kernel-gym-moe-v0/1 (repeat per kernel); default: the latest "
+                   help="a policy, e.g. models:/kernel-gym-moe-v0-mixtral-8x7b/1 (repeat per kernel); default: the "
+                        "latest "
                         "registered kernel-gym-<env>-<model> (for --model), else kernel-gym-<env>, in the MLflow store")
     p.add_argument("--format", choices=("dispatch", "vllm", "sglang"), default="dispatch",
                    help="dispatch: dispatch_table.json for the Dispatcher; vllm / sglang: the engine's fused-MoE "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,7 +189,16 @@ def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str |
     from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable
     from kernel_gym.policies.export import table_from_registry
 
-    return Dispatcher(DispatchTable.load(table_path) if table_path else table_from_registry(model, model_uris))
+    if not table_path:
+        return Dispatcher(table_from_registry(model, model_uris))
+    table = DispatchTable.load(table_path)
+    if table.model.get("name") != model.name:
+        raise ValueError(f"--table {table_path} was exported for model {table.model.get('name')}, not {model.name}: "
+                         f"pass --model {table.model.get('name')} or export a table for {model.name}")
+    for k, t in table.kernels.items():
+        print(f"policy {k}: table {table_path} ({t.policy.get('model_uri', '?')}, model {model.name})",
+              file=sys.stderr, flush=True)
+    return Dispatcher(table)
 
 
 def replay(trace: Any, model: Any, factories: dict[str, Callable[[], Any]], backend: Any, routing: Any,

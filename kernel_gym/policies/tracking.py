@@ -1,7 +1,7 @@
 """MLflow plumbing: the default store, code/data versions, SB3's logger into MLflow, policy export, and the UI server.
 
 Default store: `mlruns/` in the working directory, a sqlite database `mlruns/mlflow.db` with artifacts in
-`mlruns/artifacts` (MLflow refuses a plain file store; STACK.md). MLFLOW_TRACKING_URI overrides it.
+`mlruns/artifacts` (MLflow refuses a plain file store). MLFLOW_TRACKING_URI overrides it.
 """
 
 from __future__ import annotations
@@ -184,6 +184,44 @@ def log_policy_model(
         if version is not None:
             return f"models:/{registered_model_name}/{version}"
     return info.model_uri
+
+
+def model_specs(model: Any) -> list[Any]:
+    """The ModelSpec(s) a policy is trained for: a spec, a built-in name or JSON path, or a list of those."""
+    from kernel_gym.models import ModelSpec, load_model
+
+    items = model if isinstance(model, (list, tuple)) else [model]
+    return [m if isinstance(m, ModelSpec) else load_model(str(m)) for m in items]
+
+
+def registered_policy_name(env_id: str, specs: Sequence[Any]) -> str:
+    """kernel-gym-<env>-<model> for a policy trained on one model; kernel-gym-<env> for a model-conditioned one."""
+    base = f"kernel-gym-{env_id.split('/')[-1].lower()}"
+    return base if len(specs) != 1 else f"{base}-{specs[0].name}"
+
+
+def policy_identity(env_id: str, specs: Sequence[Any], dataset_hash: str) -> dict[str, str]:
+    """The tags every registered policy carries (on its run and its model version): which model(s), env, data, code."""
+    from dataclasses import asdict
+
+    return {
+        "policy.model": ",".join(s.name for s in specs),
+        "policy.model_spec": json.dumps([asdict(s) for s in specs], sort_keys=True),
+        "policy.model_conditioned": "true" if len(specs) > 1 else "false",
+        "env_id": env_id,
+        "data.dataset_hash": dataset_hash or "n/a",
+        "git_commit": git_commit(),
+    }
+
+
+def tag_model_version(model_uri: str, tags: dict[str, str]) -> None:
+    """Set tags on the registered version behind models:/NAME/VERSION (no-op for other URIs)."""
+    if not model_uri.startswith("models:/"):
+        return
+    name, _, version = model_uri[len("models:/"):].rpartition("/")
+    client = mlflow.tracking.MlflowClient()
+    for k, v in tags.items():
+        client.set_model_version_tag(name, version, k, v)
 
 
 # ---- the UI --------------------------------------------------------------------------------------------------------

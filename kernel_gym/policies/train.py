@@ -7,7 +7,8 @@
 3. trains MaskablePPO with a progress bar, evaluating the deterministic policy on the held-out workloads every
    eval_freq steps and checkpointing every checkpoint_freq steps (resume=True continues the same MLflow run);
 4. logs parameters, SB3's metrics, evaluation metrics, data and code versions, plots, the catalogue and the policy
-   (a self-contained pyfunc registered as kernel-gym-<env>, e.g. kernel-gym-moe-v0).
+   (a self-contained pyfunc registered as kernel-gym-<env>-<model>, e.g. kernel-gym-moe-v0-mixtral-8x7b; a policy
+   trained on several models keeps kernel-gym-<env> and the tag policy.model_conditioned=true).
 Seeded runs on a deterministic (recorded) backend are reproducible.
 """
 
@@ -19,6 +20,7 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,7 +108,7 @@ class TrainArgs:
     register_model: bool = True
     """Register the logged policy in the MLflow model registry."""
     model_name: str = ""
-    """Registered model name (default kernel-gym-<env>, e.g. kernel-gym-moe-v0)."""
+    """Registered model name (default kernel-gym-<env>-<model>, e.g. kernel-gym-moe-v0-mixtral-8x7b)."""
     progress_bar: bool = True
     """Show a progress bar while training."""
     torch_threads: int = 1
@@ -114,6 +116,12 @@ class TrainArgs:
 
     def __post_init__(self) -> None:
         from kernel_gym.envs import ENV_KERNELS
+
+        if isinstance(self.resume, str):  # --resume DIR
+            if self.checkpoint_dir and self.checkpoint_dir != self.resume:
+                raise ValueError(f"--resume {self.resume} and --checkpoint-dir {self.checkpoint_dir} disagree: "
+                                 "pass one of them")
+            self.checkpoint_dir, self.resume = self.resume, True
 
         if self.env_id not in ENV_KERNELS:
             raise ValueError(f"env_id {self.env_id!r} is not a kernel env; use one of {sorted(ENV_KERNELS)}")
@@ -162,7 +170,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     for f in dataclasses.fields(TrainArgs):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
-        if isinstance(default, bool):
+        if f.name == "resume":  # --resume [DIR]: DIR is the checkpoint directory of the run to continue
+            parser.add_argument(flag, dest=f.name, nargs="?", const=True, default=False, metavar="DIR",
+                                help=helps.get(f.name, "") + " --resume DIR sets --checkpoint-dir DIR.")
+        elif isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=helps.get(f.name, ""))
         elif isinstance(default, tuple):
@@ -336,12 +347,14 @@ def _state_path(ckpt: Path) -> Path:
 
 def _save_checkpoint(model: Any, ckpt: Path, run_id: str, args: TrainArgs, eval_history: list) -> None:
     ckpt.mkdir(parents=True, exist_ok=True)
-    model.save(ckpt / "latest.zip")
+    tmp_zip = ckpt / "latest.tmp.zip"  # same folder, then os.replace: an interruption never leaves half a zip
+    model.save(tmp_zip)
+    os.replace(tmp_zip, ckpt / "latest.zip")
     state = {"run_id": run_id, "num_timesteps": int(model.num_timesteps), "env_id": args.env_id, "seed": args.seed,
              "obs_jitter": args.resolved_obs_jitter, "eval_history": eval_history}
     tmp = _state_path(ckpt).with_suffix(".tmp")
     tmp.write_text(json.dumps(state))
-    tmp.replace(_state_path(ckpt))  # atomic: an interruption never leaves a half-written state
+    os.replace(tmp, _state_path(ckpt))  # atomic: an interruption never leaves a half-written state
 
 
 def train(args: TrainArgs, backend: Any = None) -> TrainResult:
@@ -363,7 +376,10 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
                         args.max_catalogue, args.catalogue_depth)
     eval_on = "heldout" if data.heldout else "train"
     ckpt = Path(args.checkpoint_dir or f"out/checkpoints/{args.short}-seed{args.seed}")
-    state = json.loads(_state_path(ckpt).read_text()) if args.resume and _state_path(ckpt).exists() else None
+    if args.resume and not (_state_path(ckpt).exists() and (ckpt / "latest.zip").exists()):
+        raise ValueError(f"--resume: no checkpoint in {ckpt} (state.json and latest.zip): pass the --checkpoint-dir "
+                         "of an earlier run, or drop --resume to start a new one")
+    state = json.loads(_state_path(ckpt).read_text()) if args.resume else None
     if state is not None and state["env_id"] != args.env_id:
         raise ValueError(
             f"checkpoint in {ckpt} is for {state['env_id']}, not {args.env_id}: pass another --checkpoint-dir"
@@ -372,6 +388,8 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
         raise ValueError(f"checkpoint in {ckpt} trained with obs_jitter={state['obs_jitter']}, this run has "
                          f"{args.resolved_obs_jitter}: resume with --obs-jitter {state['obs_jitter']}")
 
+    specs = tracking.model_specs(args.model)
+    identity = tracking.policy_identity(args.env_id, specs, str(getattr(backend, "dataset_hash", "") or ""))
     uri = tracking.setup_tracking(args.tracking_uri or None)
     experiment_id = tracking.get_or_create_experiment(args.experiment, uri)
 
@@ -404,7 +422,7 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
                 "data.backend": getattr(backend, "name", str(backend)),
                 "nondeterministic": str(is_live(backend)),
                 "kernel": args.kernel,
-                "env_id": args.env_id,
+                **identity,
             })
             with tempfile.TemporaryDirectory() as tmp:
                 data.catalogue.save(Path(tmp) / "catalogue.json")
@@ -465,8 +483,9 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
                 mlflow.log_artifact(str(t / name), artifact_path="plots" if name.endswith(".png") else None)
         model_uri = ""
         if args.log_model:
-            model_uri = _log_model(model, args, data, backend, run_id)
+            model_uri = _log_model(model, args, data, backend, run_id, specs)
             mlflow.set_tag("model_uri", model_uri)
+            tracking.tag_model_version(model_uri, identity)
     except BaseException:
         if mlflow.active_run() is not None:
             mlflow.end_run(status="FAILED")
@@ -475,7 +494,7 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
     return TrainResult(run_id, model_uri, evaluation, data.catalogue, str(ckpt), int(model.num_timesteps), final)
 
 
-def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, run_id: str) -> str:
+def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, run_id: str, specs: list) -> str:
     import gymnasium
 
     from kernel_gym.policies import tracking
@@ -484,10 +503,11 @@ def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, ru
         args.env_id, backend=backend, references=data.train + data.heldout, catalogue=data.catalogue
     ).unwrapped
     known = [(r.key, observe(r.workload), m) for r, m in zip(space.references, space.masks)]
-    name = (args.model_name or f"kernel-gym-{args.short}") if args.register_model else None
+    name = (args.model_name or tracking.registered_policy_name(args.env_id, specs)) if args.register_model else None
     return tracking.log_policy_model(
         model, args.kernel, args.env_id, data.catalogue, known, name,
-        extra={"static_config": dict(data.static), "run_id": run_id},
+        extra={"static_config": dict(data.static), "run_id": run_id,
+               "model_specs": [asdict(s) for s in specs], "model_conditioned": len(specs) > 1},
     )
 
 

@@ -26,14 +26,14 @@ A = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, 
 B = dict(A, BLOCK_M=64, GROUP_M=8)
 
 
-def log_policy(tmp: Path, name: str = "kernel-gym-moe-v0") -> str:
+def log_policy(tmp: Path, name: str = "kernel-gym-moe-v0", extra: dict | None = None) -> str:
     """A linear actor whose logits favour B for many tokens and A for few: a real pyfunc, no training."""
     names = feature_names("fused_moe")
     w = np.zeros((2, len(names)), np.float32)
     w[1, names.index("log2_tokens")] = 1.0  # obs in [-1, 1]: B wins when log2_tokens > 7 (obs > 0)
     np.savez(tmp / "policy.npz", W_out=w, b_out=np.zeros(2, np.float32))
     meta = {"kernel": "fused_moe", "env_id": "KernelGym/MoE-v0", "activation": "tanh", "feature_names": names,
-            "configs": [A, B], "known_masks": {}, "known_obs": {}, "run_id": "r1"}
+            "configs": [A, B], "known_masks": {}, "known_obs": {}, "run_id": "r1", **(extra or {})}
     (tmp / "policy.json").write_text(json.dumps(meta))
     shutil.copy(PKG / "policies" / "observation.py", tmp / "kernel_gym_observation.py")
     shutil.copy(PKG / "kernels" / "workloads.py", tmp / "kernel_gym_workloads.py")
@@ -165,3 +165,28 @@ def test_decode_layout_is_chosen_by_measured_quality_of_the_moved_choices() -> N
     assert (given.kv_layout["page_size"], given.kv_layout["layout"], given.kv_layout["chosen_by"]) == (32, "NHD",
                                                                                                        "given")
     assert export.pick_layout({}) is None
+
+
+def test_policy_for_another_model_is_refused_in_one_line(store, tmp_path, capsys):
+    """A policy whose metadata names its model: export names it in one line, and refuses it for another model unless
+    it is model-conditioned."""
+    import dataclasses
+
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])  # the module's store (an earlier test switched it)
+    olmoe = dataclasses.asdict(BUILTIN_MODELS["olmoe-1b-7b"])
+    uri = log_policy(tmp_path, name="kernel-gym-moe-v0-olmoe-1b-7b", extra={"model_specs": [olmoe]})
+    assert export.main(["--model", "olmoe-1b-7b", "--model-uri", uri, "--out", str(tmp_path / "ok")]) == 0
+    err = capsys.readouterr().err
+    version = uri.rsplit("/", 1)[1]
+    assert f"policy fused_moe: kernel-gym-moe-v0-olmoe-1b-7b version {version} (model olmoe-1b-7b)" in err
+    with pytest.raises(ValueError, match="trained for model olmoe-1b-7b, not mixtral-8x7b: pass --model") as exc:
+        export.main(["--model-uri", uri, "--out", str(tmp_path / "bad")])
+    assert "\n" not in str(exc.value)
+    changed = dict(olmoe, num_experts=32)  # same name, other fields: not the same model
+    uri2 = log_policy(tmp_path, name="kernel-gym-moe-v0-olmoe-1b-7b", extra={"model_specs": [changed]})
+    with pytest.raises(ValueError, match="with other spec fields"):
+        export.main(["--model", "olmoe-1b-7b", "--model-uri", uri2, "--out", str(tmp_path / "bad2")])
+    both = [olmoe, dataclasses.asdict(BUILTIN_MODELS["mixtral-8x7b"])]
+    cond = log_policy(tmp_path, name="kernel-gym-moe-v0", extra={"model_specs": both, "model_conditioned": True})
+    assert export.main(["--model-uri", cond, "--out", str(tmp_path / "cond")]) == 0
+    assert "(model olmoe-1b-7b,mixtral-8x7b, model-conditioned)" in capsys.readouterr().err

@@ -77,9 +77,15 @@ def test_run_logs_params_curves_versions_plots_and_registered_model(trained, sto
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ev = json.loads(Path(client.download_artifacts(trained.run_id, "evaluation.json")).read_text())
     assert ev["on"] == "heldout" and ev["geomean_policy"] == pytest.approx(trained.evaluation.geomean_policy)
-    assert trained.model_uri.startswith("models:/kernel-gym-moe-v0/")
-    version = client.get_model_version("kernel-gym-moe-v0", trained.model_uri.rsplit("/", 1)[1])
+    assert trained.model_uri.startswith("models:/kernel-gym-moe-v0-mixtral-8x7b/")
+    version = client.get_model_version("kernel-gym-moe-v0-mixtral-8x7b", trained.model_uri.rsplit("/", 1)[1])
     assert version.run_id == trained.run_id
+    tags = version.tags
+    assert tags["policy.model"] == "mixtral-8x7b" and tags["policy.model_conditioned"] == "false"
+    assert json.loads(tags["policy.model_spec"])[0]["num_experts"] == 8
+    assert tags["env_id"] == "KernelGym/MoE-v0" and len(tags["git_commit"]) >= 7 and "data.dataset_hash" in tags
+    assert run.data.tags["policy.model"] == "mixtral-8x7b"
+    assert not list(Path(trained.checkpoint_dir).glob("*.tmp*"))  # checkpoints written via a temporary file
 
 
 def test_pyfunc_loads_and_predicts_without_kernel_gym(trained, store, tmp_path):
@@ -156,6 +162,20 @@ def test_interrupted_run_checkpoints_and_resumes_the_same_run(store, monkeypatch
     assert client.get_run(result.run_id).info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(result.run_id, "eval/geomean_policy")]
     assert steps == [1024]
+
+
+def test_resume_without_a_checkpoint_is_an_error(store):
+    root, _ = store
+    args = small_args(root, checkpoint_dir=str(root / "never-written"), resume=True, log_model=False)
+    with pytest.raises(ValueError, match="--resume: no checkpoint in .*never-written"):
+        train(args, backend=AnalyticBackend())
+    import argparse
+
+    ns = add_train_arguments(argparse.ArgumentParser()).parse_args(["--resume", str(root / "never-written")])
+    parsed = TrainArgs(**vars(ns))
+    assert parsed.resume is True and parsed.checkpoint_dir == str(root / "never-written")
+    with pytest.raises(ValueError, match="--resume: no checkpoint in .*never-written"):
+        train(replace(parsed, log_model=False), backend=AnalyticBackend())
 
 
 def test_seeded_runs_are_reproducible(store):
