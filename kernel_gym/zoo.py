@@ -1,0 +1,147 @@
+"""The shape zoo: real MoE architectures, their tensor-parallel shards, and the train / test split by model.
+
+Why: a policy trained on two models answers well only for those two. The zoo lists the expert and attention shapes of
+many published MoE models (numbers from each model's published config.json), at TP=1 and at the shards vLLM users
+run (TP=2, 4: per-shard intermediate N / tp for the experts, heads / tp for attention), so that one model-conditioned
+policy per kernel family can learn how the best config moves with the shape, and so that its zero-shot quality can be
+measured on models it never saw.
+
+The test split is fixed per kernel: models whose shapes no training row may share (rows of any workload that a test
+model produces are left out of training, also when a training model produces the same workload), never looked at
+while choosing hyper-parameters.
+
+Imports only the standard library: this module runs on the GPU machine too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload
+from kernel_gym.models import BUILTIN_MODELS, ModelSpec
+
+
+def _spec(name: str, layers: int, hidden: int, heads: int, kv: int, head_dim: int, experts: int, top_k: int,
+          inter: int) -> ModelSpec:
+    return ModelSpec(name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=kv,
+                     head_dim=head_dim, num_experts=experts, top_k=top_k, intermediate=inter)
+
+
+# Published configs (config.json on each model's hub page): layers, hidden, heads, kv heads, head dim, routed experts,
+# top-k, per-expert intermediate size (moe_intermediate_size where the model also has a dense FFN or shared expert).
+ZOO: dict[str, ModelSpec] = {
+    "mixtral-8x7b": BUILTIN_MODELS["mixtral-8x7b"],
+    "olmoe-1b-7b": BUILTIN_MODELS["olmoe-1b-7b"],
+    "mixtral-8x22b": _spec("mixtral-8x22b", 56, 6144, 48, 8, 128, 8, 2, 16384),
+    "dbrx": _spec("dbrx", 40, 6144, 48, 8, 128, 16, 4, 10752),
+    "qwen1.5-moe-a2.7b": _spec("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 128, 60, 4, 1408),
+    "qwen2-57b-a14b": _spec("qwen2-57b-a14b", 28, 3584, 28, 4, 128, 64, 8, 2560),
+    "qwen3-235b-a22b": _spec("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536),
+    "qwen3-30b-a3b": _spec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768),
+    "deepseek-v3": _spec("deepseek-v3", 61, 7168, 128, 128, 128, 256, 8, 2048),
+    "phi-3.5-moe": _spec("phi-3.5-moe", 32, 4096, 32, 8, 128, 16, 2, 6400),
+    "gpt-oss-20b": _spec("gpt-oss-20b", 24, 2880, 64, 8, 64, 32, 4, 2880),
+    "gpt-oss-120b": _spec("gpt-oss-120b", 36, 2880, 64, 8, 64, 128, 4, 2880),
+    "llama-4-scout": _spec("llama-4-scout", 48, 5120, 40, 8, 128, 16, 1, 8192),
+    "granite-3.0-3b-a800m": _spec("granite-3.0-3b-a800m", 32, 1536, 24, 8, 64, 40, 8, 512),
+    "jetmoe-8b": _spec("jetmoe-8b", 24, 2048, 32, 16, 128, 8, 2, 5632),
+}
+
+# Models whose attention the paged decode kernel does not implement (multi-head latent attention, or JetMoE's
+# mixture of attention heads): their expert shapes join the zoo, their attention shapes do not.
+NO_DECODE = frozenset({"deepseek-v3", "jetmoe-8b"})
+
+TP_DEGREES = (1, 2, 4)
+
+# Shards left out of collection: DeepSeek-V3's experts at TP=1 hold 22.5 GB per layer, more than the collection's
+# compile processes can each hold on one GPU; nobody serves the 671B model without sharding it.
+TOO_LARGE = frozenset({"deepseek-v3"})
+
+# Test models per kernel: never trained on, never looked at while choosing hyper-parameters. Chosen before any zoo
+# measurement, spread over the range (experts 16-60, top-k 2-4; GQA groups 2-7, head dims 64-128).
+TEST_MODELS: dict[str, tuple[str, ...]] = {
+    "fused_moe": ("phi-3.5-moe", "qwen1.5-moe-a2.7b", "gpt-oss-20b"),
+    "decode_attention": ("qwen2-57b-a14b", "llama-4-scout", "granite-3.0-3b-a800m"),
+}
+
+# Thinned grids for the training sample (the full grids are kernel_gym.kernels.workloads'): every octave of M for the
+# uniform MoE case, skewed routing where skew moves the winner most (M = 64, 256); decode at six (batch, context)
+# points spanning batch 1-256 and context 1k-16k (the built-in models' full grids teach the finer dependence).
+ZOO_MOE_TOKENS = (1, 16, 64, 256, 1024, 4096)
+ZOO_MOE_SKEWED = (64, 256)
+ZOO_DECODE = ((1, 2048), (1, 16384), (16, 1024), (16, 8192), (128, 2048), (256, 4096))
+# Evaluation shapes of the test models (wide sweeps, timed live).
+EVAL_MOE_TOKENS = (1, 16, 64, 256, 1024, 4096)
+EVAL_MOE_SKEWED = (64, 256)
+EVAL_DECODE = ((1, 4096), (8, 16384), (32, 4096), (64, 2048), (128, 1024), (256, 4096))
+DECODE_TOKEN_CAP = 64 * 32768
+
+
+def shard(spec: ModelSpec, tp: int) -> ModelSpec:
+    """The per-GPU shape of a model at tensor-parallel degree tp: experts' intermediate split tp ways (vLLM's N), query
+    heads split, KV heads split down to one per GPU (replicated below that)."""
+    if tp == 1:
+        return spec
+    if spec.intermediate % tp or spec.num_heads % tp:
+        raise ValueError(f"{spec.name}: intermediate {spec.intermediate} and heads {spec.num_heads} must divide by "
+                         f"tp={tp}")
+    kv = max(1, spec.num_kv_heads // tp)
+    return dataclasses.replace(spec, name=f"{spec.name}@tp{tp}", intermediate=spec.intermediate // tp,
+                               num_heads=spec.num_heads // tp, num_kv_heads=kv)
+
+
+def zoo_shards(models: Any = None, tps: tuple[int, ...] = TP_DEGREES) -> list[ModelSpec]:
+    """Every (model, tp) shard of the named zoo models (default: all)."""
+    names = list(ZOO) if models is None else list(models)
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        raise ValueError(f"unknown zoo model(s) {unknown}; the zoo has {sorted(ZOO)}")
+    return [shard(ZOO[n], tp) for n in names for tp in tps]
+
+
+def base_model(shard_name: str) -> str:
+    """'mixtral-8x7b@tp2' -> 'mixtral-8x7b'."""
+    return shard_name.split("@", 1)[0]
+
+
+def moe_workloads(spec: ModelSpec, tokens: tuple[int, ...], skewed: tuple[int, ...],
+                  dtype: str = "bfloat16") -> list[MoEWorkload]:
+    out = [MoEWorkload(t, spec.num_experts, spec.top_k, spec.hidden, spec.intermediate, 0.0, dtype) for t in tokens]
+    out += [MoEWorkload(t, spec.num_experts, spec.top_k, spec.hidden, spec.intermediate, 1.2, dtype) for t in skewed]
+    return out
+
+
+def decode_workloads(spec: ModelSpec, pairs: Any, dtype: str = "bfloat16") -> list[DecodeWorkload]:
+    return [DecodeWorkload(spec.num_heads, spec.num_kv_heads, spec.head_dim, b, c, dtype)
+            for b, c in pairs if b * c <= DECODE_TOKEN_CAP]
+
+
+def shard_workloads(kernel: str, spec: ModelSpec, grid: str = "zoo") -> list[Any]:
+    """A shard's workloads: grid "zoo" (the thinned training sample) or "eval" (the test models' sweep shapes)."""
+    if grid not in ("zoo", "eval"):
+        raise ValueError(f"unknown zoo grid {grid!r}; use zoo or eval")
+    if kernel == "fused_moe":
+        if grid == "zoo":
+            return moe_workloads(spec, ZOO_MOE_TOKENS, ZOO_MOE_SKEWED)
+        return moe_workloads(spec, EVAL_MOE_TOKENS, EVAL_MOE_SKEWED)
+    if kernel == "decode_attention":
+        if base_model(spec.name) in NO_DECODE:
+            return []
+        if grid == "zoo":
+            return decode_workloads(spec, ZOO_DECODE)
+        return decode_workloads(spec, EVAL_DECODE)
+    raise ValueError(f"the zoo covers fused_moe and decode_attention, not {kernel!r}")
+
+
+def test_workload_keys(kernel: str, tps: tuple[int, ...] = TP_DEGREES) -> set[str]:
+    """Every workload key any test model of this kernel produces, on either grid: rows with these keys never train."""
+    keys: set[str] = set()
+    for spec in zoo_shards(TEST_MODELS[kernel], tps):
+        for grid in ("zoo", "eval"):
+            keys.update(w.key() for w in shard_workloads(kernel, spec, grid))
+    return keys
+
+
+def training_models(kernel: str) -> list[str]:
+    return [n for n in ZOO if n not in TEST_MODELS[kernel] and not (kernel == "decode_attention" and n in NO_DECODE)]

@@ -1,0 +1,124 @@
+"""Plan the shape-zoo collection: the same candidate configs at every training shape of every zoo model (a
+`collect --plan` file).
+
+Why the same configs everywhere: a deployment masks a policy's choices with the knob-space rules alone, so the policy
+must be trained where every catalogue entry that the rules allow has a measured time; otherwise training masks out
+what deployment will pick. The candidate set is the union of the action catalogues learned from the stored data
+(both built-in models, depths 1-2: the configs that win somewhere), each workload's default config, and the first
+`--sample` configs of the collection's seeded order of the whole space (what `collect` samples at every shape), so
+the oracle of a zoo shape is the best of several dozen configs that cover the space. Test models' shapes are left out
+(kernel_gym.zoo.TEST_MODELS): they are swept widely and timed live by scripts/zero_shot_live.py instead.
+
+    python scripts/plan_zoo.py --kernels fused_moe,decode_attention --out zoo_plan.json.gz
+    python3 -m kernel_gym.cli collect --plan zoo_plan.json.gz --kernels fused_moe,decode_attention --db zoo.sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+
+def candidate_configs(kernel: str, backend, sample: int, seed: int = 0) -> tuple[list, list]:
+    """(catalogue configs learned from the stored data, the seeded order of the whole space) for one kernel."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.measure.collect import _stable_seed
+    from kernel_gym.policies.catalogue import MAX_CATALOGUE, build_catalogue
+    from kernel_gym.policies.train import prepare_data
+
+    learned: dict = {}
+    for model in ("mixtral-8x7b", "olmoe-1b-7b"):
+        data = prepare_data(kernel, backend, model, holdout=0.0)
+        for depth in (1, 2):
+            learned.update(dict.fromkeys(build_catalogue(kernel, data.train, 0.0, MAX_CATALOGUE, depth).configs))
+    order = list(get_family(kernel).space.all_configs())
+    random.Random(_stable_seed(seed, kernel)).shuffle(order)  # collect's own order: the same sample as the grid
+    return list(learned), order
+
+
+def plan_kernel(kernel: str, backend, sample: int, max_candidates: int) -> tuple:
+    from kernel_gym import zoo
+    from kernel_gym.kernels import get_family
+
+    fam = get_family(kernel)
+    learned, order = candidate_configs(kernel, backend, sample)
+    learned = learned[:max_candidates]
+    stored = backend.stored_keys(kernel) if kernel in backend.kernels() else set()
+    per_shard: list[list[dict]] = []
+    seen: set[str] = set()
+    test_keys = zoo.test_workload_keys(kernel)
+    for spec in zoo.zoo_shards(zoo.training_models(kernel)):
+        if spec.name in zoo.TOO_LARGE:
+            continue
+        entries = []
+        for wl in zoo.shard_workloads(kernel, spec, "zoo"):
+            key = wl.key()
+            if key in seen or key in test_keys:
+                continue
+            seen.add(key)
+            sampled = []
+            for c in order:
+                if len(sampled) >= sample:
+                    break
+                if fam.space.is_valid(c, wl):
+                    sampled.append(c)
+            configs = [c for c in dict.fromkeys([fam.default_config(wl), *learned, *sampled])
+                       if fam.space.is_valid(c, wl) and (key, str(c)) not in stored]
+            if configs:
+                entries.append({"kernel": kernel, "workload": key, "configs": [str(c) for c in configs],
+                                "model": spec.name})
+        per_shard.append(entries)
+    # Round-robin over shards (first every shard's first workload, then the second, ...): a budget cut still leaves
+    # every model covered.
+    plan = [e for i in range(max(map(len, per_shard), default=0)) for s in per_shard if i < len(s) for e in [s[i]]]
+    summary = {"kernel": kernel, "candidates_learned": len(learned), "sample": sample, "workloads": len(plan),
+               "configs": sum(len(e["configs"]) for e in plan), "shards": len(per_shard)}
+    return plan, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kernels", default="fused_moe,decode_attention", help="comma list: fused_moe, decode_attention")
+    p.add_argument("--sample", default="fused_moe=6,decode_attention=4",
+                   help="seeded-order configs per shape, per kernel (kernel=N comma list)")
+    p.add_argument("--max-candidates", default="fused_moe=24,decode_attention=20",
+                   help="cap on the learned catalogue configs, per kernel (kernel=N comma list)")
+    p.add_argument("--out", type=Path, required=True, help="plan file (.json or .json.gz) for `collect --plan`")
+    args = p.parse_args(argv)
+    from kernel_gym.measure.recorded import RecordedBackend
+
+    def per_kernel(text: str) -> dict[str, int]:
+        try:
+            return {k.strip(): int(v) for k, v in (x.split("=") for x in text.split(",") if x.strip())}
+        except ValueError:
+            p.error(f"expected kernel=N pairs, got {text!r}")
+            raise
+
+    sample, cap = per_kernel(args.sample), per_kernel(args.max_candidates)
+    backend = RecordedBackend()
+    plan, summaries = [], []
+    for kernel in [k.strip() for k in args.kernels.split(",") if k.strip()]:
+        if kernel not in ("fused_moe", "decode_attention"):
+            p.error(f"the zoo covers fused_moe and decode_attention, not {kernel!r}")
+        part, summary = plan_kernel(kernel, backend, sample.get(kernel, 6), cap.get(kernel, 24))
+        plan += part
+        summaries.append(summary)
+    # Interleave kernels too, so a budget cut leaves both covered.
+    by_kernel = [[e for e in plan if e["kernel"] == k] for k in dict.fromkeys(e["kernel"] for e in plan)]
+    plan = [e for i in range(max(map(len, by_kernel), default=0)) for s in by_kernel if i < len(s) for e in [s[i]]]
+    if args.out.suffix == ".gz":
+        import gzip
+
+        with gzip.open(args.out, "wt") as f:
+            json.dump(plan, f)
+    else:
+        args.out.write_text(json.dumps(plan))
+    print(json.dumps({"out": str(args.out), "entries": len(plan), "per_kernel": summaries}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
