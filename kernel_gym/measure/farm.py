@@ -78,6 +78,7 @@ class FarmOptions:
     local_cpus: int | None = None  # local cluster only (None: Ray's detection)
     object_store_mb: int = 0  # local cluster only (0: Ray's default)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the actors
+    keep_actors: bool = False  # keep the actors (and their workers) for the next collect_farm in this process
 
 
 # ---- connecting ---------------------------------------------------------------------------------------------------
@@ -126,46 +127,50 @@ def _device_name(device: str) -> str:
 class Measurer:
     """One GPU: a LiveBackend (isolated worker subprocess + compile pool) fed one chunk at a time by the driver."""
 
-    def __init__(self, kernels: list[str], device: str, timing: TimingOptions, compile_workers: int,
-                 deadline: float) -> None:
+    def __init__(self, device: str, timing: TimingOptions, compile_workers: int) -> None:
         import ray
 
         from kernel_gym.measure.live import LiveBackend
-        from kernel_gym.measure.worker import resolve_family
 
-        self.device, self.timing, self.deadline, self.pool = device, timing, deadline, compile_workers
+        self.device, self.timing, self.pool = device, timing, compile_workers
         ids = ray.get_gpu_ids()
         self.gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or (str(ids[0]) if ids else "")
         self.host = socket.gethostname()
         self.device_name = _device_name(device)
-        self.contexts = contexts_for(kernels, self.device_name)
-        self.fams = {ref: resolve_family(ref) for ref in kernels}
+        self.fams: dict[str, Any] = {}
         # gpu=None: the worker inherits CUDA_VISIBLE_DEVICES, which Ray set to this actor's GPU
         self.backend = LiveBackend(gpu=None, device=device, compile_workers=compile_workers, timing=timing)
 
-    def where(self) -> dict[str, Any]:
+    def where(self, kernels: list[str]) -> dict[str, Any]:
+        """Host, GPU, process and the contexts (device, software, kernel source) this actor's rows will carry."""
+        from kernel_gym.measure.worker import resolve_family
+
+        for ref in kernels:
+            self.fams.setdefault(ref, resolve_family(ref))
+        contexts = contexts_for(kernels, self.device_name)
         return {"host": self.host, "gpu": self.gpu, "pid": os.getpid(), "device": self.device_name,
-                "contexts": {ref: ctx.__dict__ for ref, ctx in self.contexts.items()}, "pool": self.pool}
+                "contexts": {ref: ctx.__dict__ for ref, ctx in contexts.items()}, "pool": self.pool}
 
     def _workload(self, item: PlanItem) -> Any:
-        from kernel_gym.measure.worker import workload_from_key
+        from kernel_gym.measure.worker import resolve_family, workload_from_key
 
-        return workload_from_key(self.fams[item.kernel], item.workload_key)
+        fam = self.fams.setdefault(item.kernel, resolve_family(item.kernel))
+        return workload_from_key(fam, item.workload_key)
 
     def prefetch(self, items: list[PlanItem]) -> None:
         from kernel_gym.kernels.space import Config
 
         for item in items:
-            self.backend.prefetch(self.fams[item.kernel], self._workload(item), [Config.parse(c) for c in item.configs])
+            self.backend.prefetch(item.kernel, self._workload(item), [Config.parse(c) for c in item.configs])
 
-    def measure(self, item: PlanItem) -> list[Measurement] | None:
+    def measure(self, item: PlanItem, deadline: float = 0.0) -> list[Measurement] | None:
         """One chunk, one Measurement per config; None when the budget ran out before it started."""
         from kernel_gym.kernels.space import Config
 
-        if self.deadline and time.time() >= self.deadline:
+        if deadline and time.time() >= deadline:
             return None
-        fam = self.fams[item.kernel]
-        return self.backend.measure_many(fam, self._workload(item), [Config.parse(c) for c in item.configs])
+        # by reference (the worker resolves the same string), so a family instance of a class defined elsewhere works
+        return self.backend.measure_many(item.kernel, self._workload(item), [Config.parse(c) for c in item.configs])
 
     def noise(self, items: list[tuple[str, str, list[str]]], repeats: int) -> list[list[Measurement]]:
         """The items measured `repeats` times, each time in a fresh worker process (like collect's noise study)."""
@@ -177,9 +182,8 @@ class Measurer:
             self.backend.runner.close()  # the next measure_many starts a fresh worker
             rows: list[Measurement] = []
             for ref, wkey, cfgs in items:
-                fam = resolve_family(ref)
-                wl = workload_from_key(fam, wkey)
-                rows.extend(self.backend.measure_many(fam, wl, [Config.parse(c) for c in cfgs]))
+                wl = workload_from_key(resolve_family(ref), wkey)
+                rows.extend(self.backend.measure_many(ref, wl, [Config.parse(c) for c in cfgs]))
             runs.append(rows)
         return runs
 
@@ -188,6 +192,7 @@ class Measurer:
 
 
 _ACTOR: Any = None
+_KEPT: dict[tuple, list[tuple[Any, str]]] = {}  # FarmOptions.keep_actors: (device, timing, pools) -> [(actor, node)]
 
 
 def _remote_measurer(ray: Any) -> Any:
@@ -197,8 +202,8 @@ def _remote_measurer(ray: Any) -> Any:
     if _ACTOR is None:
         class MeasurerActor(Measurer):
             @ray.method(concurrency_group="measure")
-            def measure(self, item: PlanItem) -> tuple[str, str, list[Measurement] | None]:
-                return self.host, self.gpu, Measurer.measure(self, item)
+            def measure(self, item: PlanItem, deadline: float = 0.0) -> tuple[str, str, list[Measurement] | None]:
+                return self.host, self.gpu, Measurer.measure(self, item, deadline)
 
             @ray.method(concurrency_group="measure")
             def noise(self, items: list[tuple[str, str, list[str]]], repeats: int) -> list[list[Measurement]]:
@@ -209,8 +214,8 @@ def _remote_measurer(ray: Any) -> Any:
                 Measurer.prefetch(self, items)
 
             @ray.method(concurrency_group="control")
-            def where(self) -> dict[str, Any]:
-                return Measurer.where(self)
+            def where(self, kernels: list[str]) -> dict[str, Any]:
+                return Measurer.where(self, kernels)
 
             @ray.method(concurrency_group="control")
             def close(self) -> None:
@@ -285,7 +290,10 @@ class Slot:
     ref: Any = None
     reserved: deque = field(default_factory=deque)
     last: tuple[str, str] | None = None
-    failures: int = 0
+    failures: int = 0  # actor failures since its last chunk stored
+    ping: Any = None  # where() in flight after a failure: the actor is back when it answers
+    ping_at: float = 0.0  # when to send the next ping (0: none wanted)
+    down_since: float = 0.0
     dead: bool = False
     chunks_done: int = 0
     rows: int = 0
@@ -298,9 +306,15 @@ class Slot:
     def label(self) -> str:
         return f"{self.info.get('host', '?')}:gpu{self.info.get('gpu', '?')}"
 
+    @property
+    def busy(self) -> bool:
+        return self.running is not None or self.ping is not None or self.ping_at > 0
+
 
 class Farm:
     """The driver's state: slots, queues (one per distinct set of contexts), store, counters."""
+
+    RECOVERY_S = 300.0  # an actor not back this long after a failure is given up
 
     def __init__(self, opts: CollectOptions, farm: FarmOptions, log: Any = sys.stderr) -> None:
         self.opts, self.farm, self.log = opts, farm, log
@@ -313,11 +327,13 @@ class Farm:
         self.queues: dict[str, WorkQueue] = {}
         self.group_of: dict[int, str] = {}
         self.contexts_of: dict[str, dict[str, Context]] = {}
+        self.lookahead: dict[int, int] = {}
         self.stopped_by_budget = False
+        self.deadline = 0.0
 
     # actors
 
-    def start_actors(self, deadline: float) -> None:
+    def start_actors(self) -> None:
         ray = self.ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -325,34 +341,39 @@ class Farm:
         if not nodes:
             raise SystemExit("collect --ray: the Ray cluster has no GPU (start each host with `ray start` on a GPU "
                              "machine; with --device cpu a local cluster gets fake GPUs)")
-        cls = _remote_measurer(ray)
-        env = _actor_env(self.farm.env)
         want = self.opts.gpus or sum(int(n["Resources"]["GPU"]) for n in nodes)
-        for node in sorted(nodes, key=lambda n: n["NodeManagerAddress"]):
-            n_gpu, n_cpu = int(node["Resources"]["GPU"]), node["Resources"].get("CPU", 0.0)
-            cpus = self.farm.actor_cpus if self.farm.actor_cpus >= 0 else max(1.0, n_cpu // n_gpu)
-            if self.opts.device != "cuda":
-                pool = 0
-            elif self.opts.compile_workers >= 0:
-                pool = self.opts.compile_workers // n_gpu
-            else:
-                pool = max(0, int(cpus) - 1)
-            for _ in range(n_gpu):
-                if len(self.slots) >= want:
-                    break
-                actor = cls.options(
-                    num_gpus=1, num_cpus=cpus, max_restarts=self.farm.max_actor_restarts, max_task_retries=0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-                    runtime_env={"env_vars": env} if env else None,
-                ).remote(self.opts.kernels, self.opts.device, self.opts.timing, pool, deadline)
-                self.slots.append(Slot(actor, node["NodeID"]))
-        infos = ray.get([s.actor.where.remote() for s in self.slots])
+        kept_key = (self.opts.device, self.opts.timing, self.opts.compile_workers, self.farm.actor_cpus, want)
+        if self.farm.keep_actors and kept_key in _KEPT:
+            self.slots = [Slot(actor, node) for actor, node in _KEPT[kept_key]]
+        else:
+            cls = _remote_measurer(ray)
+            env = _actor_env(self.farm.env) if self.farm.address or self.farm.env else {}
+            for node in sorted(nodes, key=lambda n: n["NodeManagerAddress"]):
+                n_gpu, n_cpu = int(node["Resources"]["GPU"]), node["Resources"].get("CPU", 0.0)
+                cpus = self.farm.actor_cpus if self.farm.actor_cpus >= 0 else max(1.0, n_cpu // n_gpu)
+                if self.opts.device != "cuda":
+                    pool = 0
+                elif self.opts.compile_workers >= 0:
+                    pool = self.opts.compile_workers // n_gpu
+                else:
+                    pool = max(0, int(cpus) - 1)
+                for _ in range(n_gpu):
+                    if len(self.slots) >= want:
+                        break
+                    actor = cls.options(
+                        num_gpus=1, num_cpus=cpus, max_restarts=self.farm.max_actor_restarts, max_task_retries=0,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+                        runtime_env={"env_vars": env} if env else None,
+                    ).remote(self.opts.device, self.opts.timing, pool)
+                    self.slots.append(Slot(actor, node["NodeID"]))
+            if self.farm.keep_actors:
+                _KEPT[kept_key] = [(s.actor, s.node) for s in self.slots]
+        infos = ray.get([s.actor.where.remote(self.opts.kernels) for s in self.slots])
         for slot, info in zip(self.slots, infos):
             slot.info = info
-        lookahead = self.farm.lookahead
-        self.lookahead = {id(s): (lookahead if lookahead >= 0 else
-                                  (max(1, (2 * s.info["pool"] * 8) // CHUNK) if s.info["pool"] else 0))
-                          for s in self.slots}
+            look = self.farm.lookahead
+            self.lookahead[id(slot)] = look if look >= 0 else (max(1, (2 * info["pool"] * 8) // CHUNK)
+                                                               if info["pool"] else 0)
 
     # queue
 
@@ -385,12 +406,14 @@ class Farm:
                           "workloads": len(todo), "gpu_s": estimate_seconds(todo, opts, 1, 0)["gpu_s"]}
         return stats
 
+    def _queue(self, slot: Slot) -> WorkQueue:
+        return self.queues[self.group_of[id(slot)]]
+
     def _next_for(self, slot: Slot) -> PlanItem | None:
         """The slot's next chunk: its own reservation, else the queue, else one stolen from another slot."""
         if slot.reserved:
             return slot.reserved.popleft()
-        queue = self.queues[self.group_of[id(slot)]]
-        item = queue.take(slot.last)
+        item = self._queue(slot).take(slot.last)
         if item is not None:
             return item
         victims = [s for s in self.slots if s is not slot and s.reserved and self.group_of[id(s)] ==
@@ -400,11 +423,9 @@ class Farm:
         return None
 
     def _refill_reservation(self, slot: Slot) -> None:
-        want = self.lookahead[id(slot)]
-        queue = self.queues[self.group_of[id(slot)]]
         new = []
-        while len(slot.reserved) < want:
-            item = queue.take(slot.last)
+        while len(slot.reserved) < self.lookahead[id(slot)]:
+            item = self._queue(slot).take(slot.last)
             if item is None:
                 break
             slot.reserved.append(item)
@@ -412,10 +433,11 @@ class Farm:
         if new:
             slot.actor.prefetch.remote(new)
 
-    def dispatch(self, slot: Slot, deadline: float) -> None:
-        if slot.dead or slot.running is not None:
-            return
-        if deadline and time.time() >= deadline:
+    def _budget_over(self) -> bool:
+        return bool(self.deadline and time.time() >= self.deadline)
+
+    def dispatch(self, slot: Slot) -> None:
+        if slot.dead or slot.busy or self._budget_over():
             return
         item = self._next_for(slot)
         if item is None:
@@ -423,66 +445,99 @@ class Farm:
         if self.lookahead[id(slot)] and not slot.reserved:  # not compiled ahead (first chunk, or stolen): now
             slot.actor.prefetch.remote([item])
         slot.running, slot.last = item, (item.kernel, item.workload_key)
-        slot.ref = slot.actor.measure.remote(item)
+        slot.ref = slot.actor.measure.remote(item, self.deadline)
         self._refill_reservation(slot)
 
     def _give_back(self, slot: Slot) -> None:
-        queue = self.queues[self.group_of[id(slot)]]
         while slot.reserved:
-            queue.put_back(slot.reserved.pop())
+            self._queue(slot).put_back(slot.reserved.pop())
+
+    def _why(self, exc: BaseException) -> str:
+        lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+        return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]  # a task error's last line is its cause
 
     def _failed(self, slot: Slot, item: PlanItem, exc: BaseException, store: MeasurementStore) -> None:
-        """The actor died (or raised) measuring item: back to the queue, or stored as crash after MAX_ATTEMPTS."""
+        """The actor died (or raised) measuring item: the item back to the queue, or stored as crash after
+        MAX_ATTEMPTS; the slot waits until its actor answers again (Ray restarts it) before it gets more work."""
+        from ray.exceptions import ActorDiedError, RayTaskError
+
         self.actor_failures += 1
         slot.failures += 1
         key = (item.kernel, item.workload_key, item.configs)
         self.attempts[key] = self.attempts.get(key, 0) + 1
-        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        why = self._why(exc)
         print(f"\n[farm] {slot.label} failed on a chunk of {len(item.configs)} configs ({why}); "
               f"attempt {self.attempts[key]} of {MAX_ATTEMPTS}", file=self.log)
         self._give_back(slot)
+        ctx = self.contexts_of[self.group_of[id(slot)]][item.kernel]
         if self.attempts[key] >= MAX_ATTEMPTS:
-            fam_name = self.contexts_of[self.group_of[id(slot)]][item.kernel].kernel
-            ms = [Measurement(kernel=fam_name, workload=item.workload_key, config=c, status=CRASH,
-                              reason=f"farm actor died {MAX_ATTEMPTS} times measuring this chunk: {why}"[:400],
+            ms = [Measurement(kernel=ctx.kernel, workload=item.workload_key, config=c, status=CRASH,
+                              reason=f"farm actor failed {MAX_ATTEMPTS} times measuring this chunk: {why}"[:400],
                               source="live" if self.opts.device == "cuda" else "interpreter")
                   for c in item.configs]
             if not self.opts.remeasure_noisy:
-                self.written += store.put_many(self.contexts_of[self.group_of[id(slot)]][item.kernel], ms,
-                                               origin=slot.origin)
+                self.written += store.put_many(ctx, ms, origin=slot.origin)
         else:
-            self.queues[self.group_of[id(slot)]].put_back(item)
+            self._queue(slot).put_back(item)
             self.requeued += 1
-        if slot.failures > self.farm.max_actor_restarts + 1:
+        if isinstance(exc, ActorDiedError) or slot.failures > MAX_ATTEMPTS * (self.farm.max_actor_restarts + 1):
             slot.dead = True
-            print(f"[farm] {slot.label} gave up after {slot.failures} failures in a row", file=self.log)
+            print(f"[farm] {slot.label} is gone ({why})", file=self.log)
+        elif not isinstance(exc, RayTaskError):  # the actor itself failed: wait for Ray to bring it back
+            slot.ping_at, slot.down_since = time.time(), slot.down_since or time.time()
 
-    def run(self, store: MeasurementStore, deadline: float, remaining: int, t0: float,
+    def _ping_done(self, slot: Slot) -> None:
+        from ray.exceptions import ActorDiedError, RayError
+
+        ref, slot.ping = slot.ping, None
+        try:
+            slot.info = self.ray.get(ref, timeout=60) | {"node": slot.node}
+        except RayError as exc:
+            if isinstance(exc, ActorDiedError) or time.time() - slot.down_since > self.RECOVERY_S:
+                slot.dead = True
+                print(f"[farm] {slot.label} did not come back ({self._why(exc)})", file=self.log)
+            else:
+                slot.ping_at = time.time() + 1.0
+            return
+        slot.down_since = 0.0
+        print(f"[farm] {slot.label} is back (pid {slot.info['pid']})", file=self.log)
+        self.dispatch(slot)
+
+    def run(self, store: MeasurementStore, remaining: int, t0: float,
             hook: Callable[[Farm], None] | None = None) -> None:
         ray = self.ray
         from ray.exceptions import GetTimeoutError, RayError
 
         for slot in self.slots:
-            self.dispatch(slot, deadline)
+            self.dispatch(slot)
         last_print = 0.0
         while True:
-            live = {s.ref: s for s in self.slots if s.running is not None}
-            if not live:
+            now = time.time()
+            for slot in self.slots:
+                if slot.ping_at and now >= slot.ping_at and not slot.dead:
+                    slot.ping_at, slot.ping = 0.0, slot.actor.where.remote(self.opts.kernels)
+            waiting = {s.ref: s for s in self.slots if s.running is not None}
+            pings = {s.ping: s for s in self.slots if s.ping is not None}
+            if not waiting and not pings:
                 for slot in self.slots:
-                    self.dispatch(slot, deadline)
-                if any(s.running is not None for s in self.slots):
+                    self.dispatch(slot)
+                if any(s.busy for s in self.slots if not s.dead):
+                    if not any(s.running is not None or s.ping is not None for s in self.slots):
+                        time.sleep(0.2)  # only pings scheduled for later
                     continue
                 break
-            ready, _ = ray.wait(list(live), num_returns=1, timeout=1.0)
+            ready, _ = ray.wait([*waiting, *pings], num_returns=1, timeout=1.0)
             for ref in ready:
-                slot = live[ref]
+                if ref in pings:
+                    self._ping_done(pings[ref])
+                    continue
+                slot = waiting[ref]
                 item, slot.running, slot.ref = slot.running, None, None
                 try:
                     host, gpu, ms = ray.get(ref, timeout=60)
                 except (RayError, GetTimeoutError) as exc:
                     self._failed(slot, item, exc, store)
-                    if not slot.dead:
-                        self.dispatch(slot, deadline)
+                    self.dispatch(slot)
                     continue
                 slot.failures = 0
                 if ms is None:  # the budget ran out before the chunk started
@@ -495,8 +550,8 @@ class Farm:
                 self.written += n
                 slot.rows += n
                 slot.chunks_done += 1
-                self.dispatch(slot, deadline)
-            if deadline and time.time() >= deadline:
+                self.dispatch(slot)
+            if self._budget_over():
                 self.stopped_by_budget = True
                 for slot in self.slots:
                     self._give_back(slot)
@@ -512,6 +567,8 @@ class Farm:
                       end="", file=self.log, flush=True)
 
     def close(self) -> None:
+        if self.farm.keep_actors:
+            return
         ray = self.ray
         try:
             ray.get([s.actor.close.remote() for s in self.slots if not s.dead], timeout=30)
@@ -524,36 +581,48 @@ class Farm:
                 pass
 
 
+def release_kept_actors() -> None:
+    """Close and kill the actors FarmOptions.keep_actors kept (tests: before the cluster shuts down)."""
+    ray = require_ray()
+    for kept in _KEPT.values():
+        for actor, _ in kept:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001,S110
+                pass
+    _KEPT.clear()
+
+
 def collect_farm(opts: CollectOptions, farm: FarmOptions | None = None, log: Any = sys.stderr,
                  hook: Callable[[Farm], None] | None = None) -> dict[str, Any]:
-    """collect() on a Ray cluster; the same summary keys (shard_exit_codes: one 0 per actor that stayed alive, 1 per
-    actor that gave up) plus the farm's: actors, rows per GPU, chunks re-queued."""
+    """collect() on a Ray cluster; the same summary keys (shard_exit_codes: 0 per actor that stayed alive, 1 per
+    actor given up, and a 1 when chunks were left unmeasured) plus the farm's: actors, rows per GPU, re-queued."""
     farm = farm or FarmOptions()
     require_ray()
     t0 = time.time()
-    deadline = t0 + opts.budget_s if opts.budget_s > 0 else 0.0
     started = connect(farm, opts.device, opts.gpus)
     f = Farm(opts, farm, log)
+    f.deadline = t0 + opts.budget_s if opts.budget_s > 0 else 0.0
     store = MeasurementStore(opts.db)
     try:
-        f.start_actors(deadline)
+        f.start_actors()
         stats = f.plan(store)
         planned = sum(s["planned"] for s in stats.values())
         remaining = sum(s["remaining"] for s in stats.values())
         for s in stats.values():
-            print(f"[farm] {s['device']}: plan {s['workloads']} workloads to measure, {s['planned']} configs; already "
-                  f"stored {s['planned'] - s['remaining']}; to measure {s['remaining']} (GPU ~{_fmt(s['gpu_s'])} on "
-                  f"one GPU)", file=log)
+            print(f"[farm] {s['device']}: plan {s['planned']} configs; already stored {s['planned'] - s['remaining']};"
+                  f" to measure {s['remaining']} in {s['workloads']} workloads (GPU ~{_fmt(s['gpu_s'])} on one GPU)",
+                  file=log)
         print(f"[farm] {len(f.slots)} actors: " + ", ".join(f"{s.label} ({s.info['device']}, pool {s.info['pool']})"
                                                              for s in f.slots), file=log)
         store.set_meta("farm:last_run", {"started": t0, "actors": [s.info | {"node": s.node} for s in f.slots]})
-        f.run(store, deadline, remaining, t0, hook)
+        f.run(store, remaining, t0, hook)
         print(f"\n[farm] wrote {f.written} rows in {_fmt(time.time() - t0)}; store holds {store.count()} rows; "
               f"integrity {store.integrity_check()}; re-queued chunks {f.requeued}", file=log)
         if opts.out:
             n = store.export_snapshot(opts.out)
             print(f"[farm] exported {n} rows to {opts.out}", file=log)
-        left = sum(len(q) for q in f.queues.values())
+        left = sum(len(q) for q in f.queues.values()) + sum(len(s.reserved) for s in f.slots)
         return {"planned": planned, "already_stored": planned - remaining, "written": f.written,
                 "seconds": time.time() - t0, "stopped_by_budget": f.stopped_by_budget and f.written < remaining,
                 "shard_exit_codes": [int(s.dead) for s in f.slots] + ([1] if left and not f.stopped_by_budget else []),
@@ -614,7 +683,7 @@ def farm_noise_study(opts: CollectOptions, repeats: int, farm: FarmOptions | Non
     store = MeasurementStore(opts.db)
     t0 = time.time()
     try:
-        f.start_actors(0.0)
+        f.start_actors()
         refs = [s.actor.noise.remote(items, repeats) for s in f.slots]
         within: dict[str, Any] = {}
         for slot, ref in zip(f.slots, refs):
