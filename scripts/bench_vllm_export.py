@@ -280,6 +280,8 @@ def kernel_gym_vs_anchor(timer: Timer, dev: str, deadline: float, seed: int, dev
         a_fn()
         best_ms, best_cfg = math.inf, None
         for c in recorded_best(fam, wl, 3):
+            if time.time() > deadline:
+                break
             try:
                 fn = fam.prepare(inputs, c)
                 if compare(fam, fn(), ref, wl.dtype):
