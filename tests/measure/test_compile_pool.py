@@ -26,7 +26,7 @@ def test_close_terminates_busy_compile_processes_at_once(tmp_path: Path) -> None
     assert all(m.exists() for m in marks), "the pool never started both jobs"
     procs = list(pool.pool._processes.values())
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
-    t0 = time.perf_counter()
     pool.close()
-    assert time.perf_counter() - t0 < 10
     assert not any(p.is_alive() for p in procs)
+    # killed mid-job by a signal (negative exit code), not left to finish their 60 s sleeps and exit normally
+    assert all(p.exitcode is not None and p.exitcode < 0 for p in procs), [p.exitcode for p in procs]
