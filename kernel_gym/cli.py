@@ -24,6 +24,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
+    if args.merge or args.into:
+        if not (args.merge and args.into):
+            raise UsageError("--merge STORE... needs --into NEW.db (and --into needs --merge)")
+        from kernel_gym.measure.storetools import merge_stores
+
+        report = merge_stores(args.merge, args.into)
+        print(json.dumps(report, indent=2) if args.json else
+              "\n".join([f"{src}: {c['rows']} rows, {c['inserted']} new, {c['duplicates']} already there "
+                          f"({c['replicas']} kept as replicas)" for src, c in report["sources"].items()]
+                         + [f"{report['into']}: {report['rows']} rows, integrity {report['integrity']}"]))
+        return 0
     from kernel_gym.measure import summary
 
     info = summary.dataset_summary(args.db)
@@ -80,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="summarise the embedded H200 dataset (or --db PATH)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--db", default=None, help="a measurement store (sqlite) instead of the packaged dataset")
+    p.add_argument("--merge", nargs="+", default=None, metavar="STORE",
+                   help="merge these stores (.sqlite/.db or .jsonl.gz snapshots) into --into, deduplicated by key")
+    p.add_argument("--into", default=None, metavar="DB", help="the store --merge writes (created when missing)")
     p.set_defaults(func=_cmd_data)
 
     for name, (_, text) in DELEGATED.items():

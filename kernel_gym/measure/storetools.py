@@ -149,12 +149,12 @@ class _Source:
 
 
 def _merge_batch(conn: sqlite3.Connection, rows: list[dict[str, Any]], run: str, counts: dict[str, int]) -> None:
-    """Insert rows in one transaction; a row whose key is stored already goes to replicas unless it is the same row
-    (same origin, time and result: the same store merged twice)."""
+    """Insert rows in one transaction; a row whose key is stored already goes to replicas unless it is the same
+    measurement (same status, median, spread and samples: the same store merged twice, or a snapshot of it)."""
     cols = COLUMNS + ORIGIN_COLUMNS
     insert = (f"INSERT INTO measurements ({','.join(cols)}) VALUES ({','.join('?' * len(cols))}) "
               "ON CONFLICT DO NOTHING")
-    existing = ("SELECT host, gpu, created, median_ms, status FROM measurements WHERE "
+    existing = ("SELECT status, median_ms, spread, repeats FROM measurements WHERE "
                 + " AND ".join(f"{k}=?" for k in KEY_FIELDS))
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -165,7 +165,7 @@ def _merge_batch(conn: sqlite3.Connection, rows: list[dict[str, Any]], run: str,
                 continue
             counts["duplicates"] += 1
             stored = conn.execute(existing, [r[k] for k in KEY_FIELDS]).fetchone()
-            if stored != (r["host"], r["gpu"], r["created"], r["median_ms"], r["status"]):
+            if stored != (r["status"], r["median_ms"], r["spread"], r["repeats"]):
                 replicas.append((*[r[k] for k in KEY_FIELDS], r["host"], r["gpu"], run, r["status"], r["median_ms"],
                                  r["spread"], r["repeats"], r["reason"], r["source"], r["created"]))
         before = conn.total_changes
