@@ -213,3 +213,29 @@ def test_driver_killed_then_resumed(cluster, tmp_path: Path) -> None:
     with MeasurementStore(db) as s:
         assert s.count() == plan and s.count(status="ok") == plan and s.integrity_check() == "ok"
     _no_duplicates(db)
+
+
+def test_noise_study_on_every_gpu_writes_replicas(cluster, tmp_path: Path) -> None:
+    """collect --ray --noise: the subset is measured on both GPUs, each repeat in a fresh worker, into the replicas
+    table (under the interpreter the rows carry no time, so the cross-GPU report has nothing to rank)."""
+    from tiny_family import TinyWorkload
+
+    from kernel_gym.measure.collect import contexts_for
+    from kernel_gym.measure.farm import farm_noise_study
+    from kernel_gym.measure.storetools import replica_rows
+    from kernel_gym.measure.types import OK, Measurement
+
+    db = tmp_path / "noise.sqlite"
+    ctx = contexts_for(["tiny_family:FAMILY"], "cpu-interpreter")["tiny_family:FAMILY"]
+    with MeasurementStore(db) as s:
+        s.put_many(ctx, [Measurement("tiny_scale", TinyWorkload(n).key(), f'{{"BLOCK":{b}}}', OK, median_ms=0.01 * b,
+                                     spread=0.01, repeats=3) for n in (100, 333) for b in (16, 32, 64)])
+    res = farm_noise_study(_opts(db, "tiny_family:FAMILY"), 2, FarmOptions(keep_actors=True),
+                           configs_per_workload=2)
+    assert res["workloads"] == 2 and sorted(res["gpus"]) == sorted({g for g in res["within_gpu"]})
+    with MeasurementStore(db) as s:
+        reps = list(replica_rows(s.conn))
+    assert len(reps) == 2 * 2 * 4  # GPUs x repeats x (2 workloads x 2 configs)
+    assert {r["gpu"] for r in reps} == {"0", "1"} and len({r["run"] for r in reps}) == 2
+    assert {r["config"] for r in reps} == {'{"BLOCK":16}', '{"BLOCK":32}'}  # the fastest stored configs
+    assert res["across_gpus"]["keys_on_several_gpus"] == 0
