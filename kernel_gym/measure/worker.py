@@ -105,7 +105,7 @@ def classify(exc: BaseException) -> tuple[str, str, bool]:
     text = str(exc).strip().splitlines()
     reason = f"{name}: {text[0] if text else ''}"[:REASON_CHARS]
     full = str(exc)
-    if name == "OutOfMemoryError" or "out of memory" in full.lower():
+    if name == "OutOfMemoryError" or "out of memory" in full.lower() or "can't allocate memory" in full:
         return OOM, reason, False
     if name == "OutOfResources":
         return OUT_OF_RESOURCES, reason, False
