@@ -10,6 +10,9 @@
 #   remeasure   measure again, in place, the stored rows too noisy to rank (PREV=kernel_gym/data/h200_measurements.jsonl.gz)
 #   noise       repeat a subset of measurements in separate processes (PREV=snapshot on a fresh machine)
 #   recorded    interpolation error and lookup speed
+#   farm        the same small plan (FARM_ARGS) collected by the plain path and by `collect --ray` (a local Ray
+#               cluster on this machine's GPUs), compared by scripts/compare_stores.py; without ray installed the
+#               plain run is repeated instead (the noise floor the ray run is judged against)
 #   live        a short MaskablePPO run on KernelGym/MoE-live-v0 (gymnasium, SB3, sb3-contrib, cloudpickle wheels on
 #               PYTHONPATH)
 #   livereplay  time the kernels of a replayed trace window against the simulator's prediction (inputs in
@@ -78,6 +81,21 @@ for step in $STEPS; do
       CUDA_VISIBLE_DEVICES=${NOISE_GPU:-${CUDA_VISIBLE_DEVICES:-0}} timeout "$T_NOISE" python3 scripts/collect.py --db "$DB" --noise 3 --noise-out "$OUT/noise.json" \
         > "$OUT/noise.txt" 2>&1
       log "noise: exit $?" ;;
+    farm)
+      args=${FARM_ARGS:-"--kernels fused_moe --model mixtral-8x7b --grid default --configs-per-shape 4"}
+      half=$(( ${T_FARM:-480} / 2 ))
+      rm -f /tmp/farm_plain.sqlite* /tmp/farm_b.sqlite*
+      log "farm: plain collection ($args)"
+      timeout "$half" python3 scripts/collect.py --db /tmp/farm_plain.sqlite --gpus 1 $args > "$OUT/farm_plain.txt" 2>&1
+      log "farm: plain exit $? ($(tail -c 300 "$OUT/farm_plain.txt" | tr '\n' ' '))"
+      if python3 -c "import ray" 2>/dev/null; then how="--ray"; else how=""; fi
+      log "farm: second collection ${how:-plain (ray not installed: $(python3 scripts/collect.py --ray 2>&1 | tail -1))}"
+      timeout "$half" python3 scripts/collect.py --db /tmp/farm_b.sqlite --gpus 1 $how $args > "$OUT/farm_b.txt" 2>&1
+      log "farm: second exit $? ($(tail -c 300 "$OUT/farm_b.txt" | tr '\n' ' '))"
+      python3 scripts/compare_stores.py /tmp/farm_plain.sqlite /tmp/farm_b.sqlite --json "$OUT/farm_compare.json" \
+        > "$OUT/farm_compare.txt" 2>&1
+      log "farm: compare exit $? ($(tr '\n' ' ' < "$OUT/farm_compare.txt"))"
+      cp /tmp/farm_plain.sqlite "$OUT/farm_plain.sqlite"; cp /tmp/farm_b.sqlite "$OUT/farm_b.sqlite" ;;
     recorded)
       log "recorded backend: held-out error, lookups/s"
       timeout 120 python3 scripts/bench_recorded.py --db "$DB" > "$OUT/recorded.txt" 2>&1
