@@ -1,7 +1,8 @@
 """The `kernel-gym` command: one subcommand per stage of the data flow (docs/architecture.md).
 
 Each subcommand imports its stage lazily, so `kernel-gym --help` is instant and GPU-only commands never import
-gymnasium or mlflow. Bad input exits with code 2 and a message that names the problem and the fix.
+gymnasium or mlflow. Bad input exits with code 2 and a message that names the problem and the fix; any other error
+exits 1 with one line; `kernel-gym --debug COMMAND ...` shows the traceback.
 """
 
 from __future__ import annotations
@@ -46,17 +47,38 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
+    import signal
+    import socket
+
     from kernel_gym.policies import tracking
 
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: a TCP port is 1-65535; pass e.g. --port 5000")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:  # a server already there would answer wait_for_ui, and its URL would be printed as ours
+            s.bind(("127.0.0.1", args.port))
+        except OSError as exc:
+            raise UsageError(f"--port {args.port} is in use on 127.0.0.1 ({exc.strerror}): pass another --port, or "
+                             "stop the process listening there") from None
     uri = tracking.setup_tracking()
     proc = tracking.start_ui(port=args.port, tracking_uri=uri)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)  # SIGTERM stops the MLflow server child too (finally below)
     try:
         url = tracking.wait_for_ui(args.port, proc=proc)
         print(f"MLflow UI for {uri} at {url} (Ctrl-C stops it)", flush=True)
         return proc.wait()
     finally:
+        signal.signal(signal.SIGTERM, previous)
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - a server that ignores SIGTERM is killed
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 # Subcommands whose arguments the stage parses itself: (module with main(argv) -> int, help text).
@@ -74,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kernel-gym",
         description="Learn Triton kernel configs for MoE LLM serving from real compile-and-measure data.",
     )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (before the command)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("bench", help="GPU: time each kernel's configs against anchors (SDPA, copy, matmul, torch loop)")
@@ -107,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = False
+    while argv and argv[0] == "--debug":  # global flag before the command: show tracebacks
+        debug, argv = True, argv[1:]
     if argv and argv[0] in DELEGATED:
         command, rest = argv[0], argv[1:]
         rest = rest[1:] if rest[:1] == ["--"] else rest
@@ -118,17 +144,37 @@ def main(argv: list[str] | None = None) -> int:
         rc = func()
         return rc if isinstance(rc, int) else 0
     except (UsageError, ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"kernel-gym {command}: error: {exc}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"kernel-gym {command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except ImportError as exc:
         missing = getattr(exc, "name", None) or ""
         if missing.startswith("kernel_gym") or "from 'kernel_gym" in str(exc):
             print(f"kernel-gym {command}: not available in this version ({exc})", file=sys.stderr)
             return 3
-        raise
+        if debug:
+            raise
+        print(f"kernel-gym {command}: error: {_one_line(exc)} (kernel-gym --debug {command} ... shows where)",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"kernel-gym {command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - anything else: one line, the traceback only with --debug
+        if debug:
+            raise
+        print(f"kernel-gym {command}: error: {type(exc).__name__}: {_one_line(exc)} (kernel-gym --debug {command} "
+              "... shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's message on one line (a multi-line message keeps its first and last lines)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -57,6 +58,7 @@ COLUMNS = (
 ORIGIN_COLUMNS = ("host", "gpu")
 CONTEXT_FIELDS = ("device", "torch_version", "triton_version", "kernel", "source_hash")
 ROW_FIELDS = ("workload", "config", "status", "median_ms", "spread", "repeats", "compile_s", "reason", "source")
+MIN_MEDIAN_MS = 1e-4  # 0.1 us: below any real kernel launch; a smaller stored time is corrupt, not fast
 SNAPSHOT_FORMAT = "kernel_gym-measurements"
 SNAPSHOT_VERSION = 1
 
@@ -85,8 +87,28 @@ class Context:
 class MeasurementStore:
     """Append-only SQLite store of measurements. One instance per process (sqlite connections are not shared)."""
 
-    def __init__(self, path: str | Path, timeout_s: float = 60.0) -> None:
+    def __init__(self, path: str | Path, timeout_s: float = 60.0, read_only: bool = False) -> None:
         self.path = Path(path)
+        if read_only:  # reading never writes: no schema, no WAL switch, no new columns (an MLflow db stays as it is)
+            if not self.path.is_file():
+                raise FileNotFoundError(f"no measurement store at {self.path}: pass the .sqlite file kernel-gym "
+                                        "collect wrote")
+            self.conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s)
+            try:
+                tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
+            except sqlite3.DatabaseError as exc:
+                self.conn.close()
+                raise ValueError(f"{self.path} is not a readable SQLite measurement store ({exc}): restore it or "
+                                 "collect again (kernel-gym collect)") from None
+            if "measurements" not in tables or not set(COLUMNS) <= have:
+                self.conn.close()
+                raise ValueError(f"{self.path} is not a kernel_gym measurement store (no measurements table with "
+                                 f"its columns; tables: {sorted(tables) or 'none'}): pass a store written by "
+                                 "kernel-gym collect")
+            self.read_only = True
+            return
+        self.read_only = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
         self.conn.execute("PRAGMA journal_mode=WAL")
@@ -197,6 +219,9 @@ class MeasurementStore:
 
     def rows(self, kernel: str | None = None, origin: bool = False) -> Iterator[dict[str, Any]]:
         """Rows as dicts of COLUMNS (and, with origin=True, ORIGIN_COLUMNS), in insertion order."""
+        if origin and self.read_only:
+            have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
+            origin = set(ORIGIN_COLUMNS) <= have
         cols = COLUMNS + ORIGIN_COLUMNS if origin else COLUMNS
         sql = f"SELECT {','.join(cols)} FROM measurements"
         cur = self.conn.execute(sql + (" WHERE kernel=? ORDER BY id" if kernel else " ORDER BY id"),
@@ -264,6 +289,24 @@ def iter_snapshot(path: str | Path) -> Iterator[tuple[Context, list[Measurement]
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no measurement snapshot at {path}: collect one (scripts/collect.py --out {path})")
+    try:
+        yield from _read_snapshot(path)
+    except (EOFError, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: truncated or corrupt snapshot ({type(exc).__name__}: {exc}): restore the file "
+                         "(git checkout, or export it again with scripts/collect.py --out)") from None
+
+
+def check_time(path: Path | str, where: str, m: Measurement) -> None:
+    """A stored time must be finite and at least MIN_MEDIAN_MS; else a one-line error naming file and row."""
+    v = m.median_ms
+    if v is None:
+        return
+    if not isinstance(v, (int, float)) or not math.isfinite(v) or v < MIN_MEDIAN_MS:
+        raise ValueError(f"{path}: {where} ({m.kernel} {m.workload} {m.config}): median_ms {v!r} is not a plausible "
+                         f"kernel time (finite and >= {MIN_MEDIAN_MS} ms); re-measure or delete that row")
+
+
+def _read_snapshot(path: Path) -> Iterator[tuple[Context, list[Measurement]]]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         header = json.loads(f.readline() or "{}")
         if header.get("format") != SNAPSHOT_FORMAT or header.get("version") != SNAPSHOT_VERSION:
@@ -271,7 +314,7 @@ def iter_snapshot(path: str | Path) -> Iterator[tuple[Context, list[Measurement]
         fields = header["fields"]
         context: Context | None = None
         batch: list[Measurement] = []
-        for line in f:
+        for lineno, line in enumerate(f, start=2):
             item = json.loads(line)
             if isinstance(item, dict):
                 if context is not None:
@@ -279,8 +322,11 @@ def iter_snapshot(path: str | Path) -> Iterator[tuple[Context, list[Measurement]
                 context, batch = Context(**item["context"]), []
                 continue
             row = dict(zip(fields, item))
-            assert context is not None, f"{path}: a row before any context line"
-            batch.append(Measurement(kernel=context.kernel, **row))
+            if context is None:
+                raise ValueError(f"{path}: line {lineno} is a row before any context line: re-export the snapshot")
+            m = Measurement(kernel=context.kernel, **row)
+            check_time(path, f"line {lineno}", m)
+            batch.append(m)
         if context is not None:
             yield context, batch
 
@@ -292,13 +338,17 @@ def load_rows(path: str | Path) -> list[tuple[Context, list[Measurement]]]:
         return list(iter_snapshot(path))
     if not path.exists():
         raise FileNotFoundError(f"no measurement store at {path}")
-    store = MeasurementStore(path)
+    store = MeasurementStore(path, read_only=True)
     try:
         groups: dict[Context, list[Measurement]] = {}
-        for row in store.rows():
+        for n, row in enumerate(store.rows(), start=1):
             ctx = Context(*(row[c] for c in CONTEXT_FIELDS))
-            groups.setdefault(ctx, []).append(Measurement(kernel=row["kernel"], **{f: row[f] for f in ROW_FIELDS}))
+            m = Measurement(kernel=row["kernel"], **{f: row[f] for f in ROW_FIELDS})
+            check_time(path, f"row {n}", m)
+            groups.setdefault(ctx, []).append(m)
         return list(groups.items())
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{path}: truncated or corrupt SQLite store ({exc}): restore it or collect again") from None
     finally:
         store.close()
 

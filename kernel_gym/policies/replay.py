@@ -459,10 +459,22 @@ def main(argv: Sequence[str] | None = None, backend: Any = None) -> int:
     from kernel_gym.traffic.traces import load_trace
 
     names = parse_policies(args.policies)
+    for flag, path in (("--json", args.json), ("--steps-json", args.steps_json)):  # before the replay runs, not after
+        if path is not None and (path.is_dir() or str(path).endswith(("/", "\\"))):
+            raise ValueError(f"{flag} {path}: a directory; pass a file name, e.g. {flag} {path / 'replay.json'}")
+    if args.tracking_uri:
+        from kernel_gym.policies.tracking import check_tracking_uri
+
+        check_tracking_uri(args.tracking_uri)
     if args.budget < 1:
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
     model = load_model(args.model)
     trace = load_trace(args.trace)
+    dropped = {k: v for k, v in trace.repairs.items() if v}
+    if dropped:
+        why = {"zero_token_rows_dropped": "zero prompt or output tokens: failed requests, as BurstGPT records them"}
+        print(f"trace {trace.name}: " + ", ".join(f"{v} rows dropped ({why.get(k, k)})" for k, v in dropped.items()),
+              file=sys.stderr, flush=True)
     if args.window:
         try:
             start, end = (float(x) for x in args.window.split(":"))

@@ -48,8 +48,25 @@ def setup_tracking(tracking_uri: str | None = None) -> str:
     if not uri:
         uri, _ = default_store()
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    check_tracking_uri(uri)
     mlflow.set_tracking_uri(uri)
     return uri
+
+
+TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
+
+
+def check_tracking_uri(uri: str) -> None:
+    """A one-line error for a tracking URI MLflow cannot use: unknown scheme, or a sqlite file in a missing folder."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme.split("+")[0] not in TRACKING_SCHEMES:
+        raise ValueError(f"tracking URI {uri!r}: use sqlite:///PATH/mlflow.db, http(s)://HOST:PORT or another MLflow "
+                         f"store ({', '.join(TRACKING_SCHEMES)})")
+    if scheme == "sqlite":
+        path = Path(rest[1:] if rest.startswith("/") else rest)
+        if rest not in ("/:memory:", ":memory:") and not path.parent.is_dir():
+            raise ValueError(f"tracking URI {uri!r}: folder {path.parent} does not exist; create it or pass another "
+                             "--tracking-uri")
 
 
 def get_or_create_experiment(name: str, tracking_uri: str) -> str:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -113,13 +115,19 @@ def _err(path: Path, line: int, what: str, fix: str) -> TraceError:
     return TraceError(f"{path}:{line}: {what}; fix: {fix}")
 
 
+MAX_TOKENS = 10_000_000  # per request: far beyond any context window; larger counts are corrupt rows
+
+
 def _int_field(path: Path, line: int, column: str, text: str) -> int:
     try:
         value = float(text)
     except ValueError:
         raise _err(path, line, f"column {column!r} holds {text!r}, not a number",
                    "correct or delete that row") from None
-    if value != value or value != int(value):
+    if not math.isfinite(value) or value > MAX_TOKENS:
+        raise _err(path, line, f"column {column!r} holds {text!r}, not a plausible token count (0 to {MAX_TOKENS:,})",
+                   "correct or delete that row")
+    if value != int(value):
         raise _err(path, line, f"column {column!r} holds {text!r}, not a whole token count",
                    "correct or delete that row")
     if value < 0:
@@ -165,14 +173,25 @@ def _open_csv(path: Path, required: tuple[str, ...], fmt: str):
     return header, reader, fh
 
 
+_AZURE_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:\.(\d+))?\s*(Z|[+-]\d{2}:?\d{2})?$")
+
+
 def _parse_azure_time(text: str) -> float:
-    """'2023-11-16 18:15:46.6805900' -> POSIX seconds (7 fractional digits: more than datetime parses)."""
-    text = text.strip()
-    base, _, frac = text.partition(".")
-    seconds = datetime.fromisoformat(base).replace(tzinfo=timezone.utc).timestamp()
+    """'2023-11-16 18:15:46.6805900' -> POSIX seconds (7 fractional digits: more than datetime parses). A UTC offset
+    ('+05:00', 'Z') is kept; without one the time is UTC, as the published trace's is."""
+    match = _AZURE_TIME.match(text.strip())
+    if match is None:
+        raise ValueError(text)
+    base, frac, offset = match.groups()
+    stamp = datetime.fromisoformat(base)
+    if offset and offset != "Z":
+        sign = 1 if offset[0] == "+" else -1
+        hh, mm = int(offset[1:3]), int(offset[-2:])
+        stamp = stamp.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
+    else:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    seconds = stamp.timestamp()
     if frac:
-        if not frac.isdigit():
-            raise ValueError(text)
         seconds += int(frac) / 10 ** len(frac)
     return seconds
 
@@ -195,6 +214,8 @@ def _load_csv(path: Path, columns: tuple[str, ...], kind: str, name: str | None,
             except ValueError:
                 raise _err(path, line, f"{columns[0]} {rec[it]!r} is not {time_hint}",
                            "correct or delete that row") from None
+            if not math.isfinite(t):
+                raise _err(path, line, f"{columns[0]} {rec[it]!r} is not a finite time", "correct or delete that row")
             rows.append((line, t, _int_field(path, line, columns[1], rec[ip]),
                          _int_field(path, line, columns[2], rec[io])))
     return _finish(path, name or path.stem, rows, {})
@@ -233,7 +254,7 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
                 raise _err(path, line, f"record lacks field(s) {missing}",
                            f"give every line the fields {list(MOONCAKE_FIELDS)}")
             t_ms = rec["timestamp"]
-            if isinstance(t_ms, bool) or not isinstance(t_ms, (int, float)) or t_ms != t_ms:
+            if isinstance(t_ms, bool) or not isinstance(t_ms, (int, float)) or not math.isfinite(t_ms):
                 raise _err(path, line, f"timestamp {t_ms!r} is not a number of milliseconds",
                            "correct or delete that line")
             if t_ms < 0:
@@ -266,6 +287,20 @@ def detect_format(path: str | Path) -> str:
                f"or a Mooncake JSONL with {list(MOONCAKE_FIELDS)}")
 
 
+def _loader(fmt: str) -> Callable[..., Trace]:
+    """The format's loader, turning a file that is not UTF-8 text into a one-line TraceError."""
+    fn = {"azure": load_azure, "mooncake": load_mooncake, "burstgpt": load_burstgpt}[fmt]
+
+    def load(path: str | Path, name: str | None = None) -> Trace:
+        try:
+            return fn(path, name=name)
+        except UnicodeDecodeError as exc:
+            raise _err(Path(path), 1, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset "
+                       f"{exc.start})", "save the trace as UTF-8 (CSV or JSONL)") from None
+
+    return load
+
+
 LOADERS = {"azure": load_azure, "mooncake": load_mooncake, "burstgpt": load_burstgpt}
 
 
@@ -287,11 +322,20 @@ def load_trace(name_or_path: str | Path, traces_dir: str | Path | None = None) -
                 f"trace {key!r} needs {path.resolve()}, which is absent: download {NAMED_TRACES[key]} (README: Data "
                 f"and licences), then set KERNEL_GYM_TRACES to its folder or pass the file's path; or use 'bundled'"
             )
-        fmt = detect_format(path)
-        return LOADERS[fmt](path, name=key)
+        return _loader(_detect(path))(path, name=key)
     path = Path(key)
     if not path.exists():
         raise FileNotFoundError(
             f"trace {key!r} is neither a known name {sorted([*NAMED_TRACES, 'bundled'])} nor an existing file"
         )
-    return LOADERS[detect_format(path)](path)
+    if not path.is_file():
+        raise TraceError(f"--trace {key}: a directory, not a trace file; pass a CSV or JSONL file inside it, or a "
+                         f"name {sorted([*NAMED_TRACES, 'bundled'])}")
+    return _loader(_detect(path))(path)
+
+
+def _detect(path: Path) -> str:
+    try:
+        return detect_format(path)
+    except UnicodeDecodeError as exc:
+        raise _err(path, 1, f"not UTF-8 text (offset {exc.start})", "save the trace as UTF-8 (CSV or JSONL)") from None
