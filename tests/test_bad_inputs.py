@@ -246,3 +246,12 @@ def test_sigterm_stops_the_ui_and_its_server(tmp_path) -> None:
                 time.sleep(0.1)
         else:
             pytest.fail(f"port {port} still held after SIGTERM: the MLflow server outlived kernel-gym ui")
+
+
+def test_programmatic_trace_with_a_nan_arrival_is_refused() -> None:
+    import numpy as np
+
+    from kernel_gym.traffic.traces import Trace
+
+    with pytest.raises(ValueError, match=r"arrival_s\[1\] is nan"):
+        Trace("t", np.array([0.0, np.nan, 2.0]), np.array([1, 1, 1]), np.array([1, 1, 1]))

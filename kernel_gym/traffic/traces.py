@@ -72,6 +72,10 @@ class Trace:
         object.__setattr__(self, "arrival_s", np.asarray(self.arrival_s, dtype=np.float64))
         object.__setattr__(self, "prompt_tokens", np.asarray(self.prompt_tokens, dtype=np.int64))
         object.__setattr__(self, "output_tokens", np.asarray(self.output_tokens, dtype=np.int64))
+        if not np.all(np.isfinite(self.arrival_s)):
+            bad = int(np.flatnonzero(~np.isfinite(self.arrival_s))[0])
+            raise ValueError(f"trace {self.name!r}: arrival_s[{bad}] is {self.arrival_s[bad]}; arrival times must be "
+                             "finite seconds")
         if np.any(np.diff(self.arrival_s) < 0):
             raise ValueError(f"trace {self.name!r}: arrival_s must be non-decreasing; sort the requests by arrival")
         if self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1:
