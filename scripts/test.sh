@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 bash scripts/setup.sh
 "$VENV/bin/ruff" check kernel_gym scripts experiments tests
-"$VENV/bin/python" -m pytest -q -n 2 --durations=15 "$@"
+# loadgroup: tests marked xdist_group (the Ray farm's, which share one local cluster) stay on one worker
+"$VENV/bin/python" -m pytest -q -n 2 --dist loadgroup --durations=15 "$@"

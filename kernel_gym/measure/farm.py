@@ -99,7 +99,7 @@ def connect(farm: FarmOptions, device: str, gpus: int) -> bool:
             kw["num_cpus"] = farm.local_cpus
         if farm.object_store_mb:
             kw["object_store_memory"] = farm.object_store_mb * 1024 * 1024
-        ray.init(**kw)
+        ray.init(address="local", **kw)  # a new cluster, even when one started by `ray start` is running here
     return True
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray", reason="the farm needs ray: pip install 'kernel_gym[ray]'")
+pytestmark = pytest.mark.xdist_group("ray")  # one cluster for the module (scripts/test.sh runs --dist loadgroup)
 
 from kernel_gym.measure.collect import CollectOptions, collect  # noqa: E402
 from kernel_gym.measure.farm import FarmOptions, collect_farm, release_kept_actors  # noqa: E402
@@ -36,7 +37,7 @@ def cluster():
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET")}
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")])
     os.environ["TRITON_INTERPRET"] = "1"
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
              logging_level="ERROR", log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address
