@@ -439,10 +439,11 @@ class Farm:
     def dispatch(self, slot: Slot) -> None:
         if slot.dead or slot.busy or self._budget_over():
             return
+        own = bool(slot.reserved)
         item = self._next_for(slot)
         if item is None:
             return
-        if self.lookahead[id(slot)] and not slot.reserved:  # not compiled ahead (first chunk, or stolen): now
+        if self.lookahead[id(slot)] and not own:  # not compiled ahead by this actor (first chunk, or stolen): now
             slot.actor.prefetch.remote([item])
         slot.running, slot.last = item, (item.kernel, item.workload_key)
         slot.ref = slot.actor.measure.remote(item, self.deadline)

@@ -240,3 +240,21 @@ def test_noise_study_on_every_gpu_writes_replicas(cluster, tmp_path: Path) -> No
     assert {r["gpu"] for r in reps} == {"0", "1"} and len({r["run"] for r in reps}) == 2
     assert {r["config"] for r in reps} == {'{"BLOCK":16}', '{"BLOCK":32}'}  # the fastest stored configs
     assert res["across_gpus"]["keys_on_several_gpus"] == 0
+
+
+def test_budget_stops_between_chunks_and_a_rerun_completes(cluster, tmp_path: Path) -> None:
+    """--budget-s: no chunk starts after the deadline (the ones in flight finish and are stored); the rerun measures
+    the rest."""
+    from farm_family import SLOWPAD
+
+    db = tmp_path / "budget.sqlite"
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    warm = collect_farm(_opts(db, "farm_family:SLOWPAD", plan_file=str(empty)), FarmOptions(keep_actors=True))
+    assert warm["planned"] == 0  # the actors are up: the short budget below is spent measuring
+    first = collect_farm(_opts(db, "farm_family:SLOWPAD", budget_s=0.5), FarmOptions(keep_actors=True))
+    assert first["stopped_by_budget"] and 0 < first["written"] < _plan_size(SLOWPAD), first
+    assert first["shard_exit_codes"] == [0, 0]
+    rest = collect_farm(_opts(db, "farm_family:SLOWPAD"), FarmOptions(keep_actors=True))
+    assert rest["already_stored"] == first["written"] and rest["written"] == _plan_size(SLOWPAD) - first["written"]
+    _no_duplicates(db)
