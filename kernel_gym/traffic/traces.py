@@ -33,10 +33,9 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 
-# Where the published trace files are looked up by name: $KERNEL_GYM_TRACES, else ../shared/traces beside the repo.
-SHARED_TRACES = Path(
-    os.environ.get("KERNEL_GYM_TRACES", Path(__file__).resolve().parents[2] / ".." / "shared" / "traces")
-)
+# Where the published trace files are looked up by name: the folder in $KERNEL_GYM_TRACES (read at each lookup), or
+# the traces_dir given to load_trace. There is no default folder; the bundled excerpt needs neither.
+TRACES_ENV = "KERNEL_GYM_TRACES"
 BUNDLED_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
 BUNDLED_FILE = "AzureLLMInferenceTrace_conv_first10min.csv"
 NAMED_TRACES = {
@@ -313,14 +312,21 @@ def bundled_trace_path() -> Path:
 
 
 def load_trace(name_or_path: str | Path, traces_dir: str | Path | None = None) -> Trace:
-    """A named trace ("azure-conv", "azure-code", "mooncake", "burstgpt" from SHARED_TRACES; "bundled", shipped in
-    the package) or a trace file whose format is detected from its extension and header."""
+    """A named trace ("azure-conv", "azure-code", "mooncake", "burstgpt" from `traces_dir`, else the folder in
+    $KERNEL_GYM_TRACES; "bundled", shipped in the package) or a trace file whose format is detected from its extension
+    and header."""
     key = str(name_or_path)
     if key == "bundled":
         return load_azure(bundled_trace_path(), name="bundled-azure-conv-10min")
     if key in NAMED_TRACES:
-        base = Path(traces_dir) if traces_dir is not None else SHARED_TRACES
-        path = base / NAMED_TRACES[key]
+        folder = traces_dir if traces_dir is not None else os.environ.get(TRACES_ENV) or None
+        if folder is None:
+            raise FileNotFoundError(
+                f"trace {key!r} is read from the folder in {TRACES_ENV}, which is not set: download "
+                f"{NAMED_TRACES[key]} (README: Data and licences) into a folder and set {TRACES_ENV} to it, or pass "
+                "the file's path; or use 'bundled'"
+            )
+        path = Path(folder) / NAMED_TRACES[key]
         if not path.exists():
             raise FileNotFoundError(
                 f"trace {key!r} needs {path.resolve()}, which is absent: download {NAMED_TRACES[key]} (README: Data "

@@ -1,7 +1,9 @@
-"""Trace loaders: the real published files (when present beside the repository), the bundled excerpt, and bad input."""
+"""Trace loaders: the real published files (only from the folder in $KERNEL_GYM_TRACES), the bundled excerpt, and bad
+input."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +20,18 @@ from kernel_gym.traffic.traces import (
     load_trace,
 )
 
-SHARED = Path(__file__).parents[2] / ".." / "shared" / "traces"
-needs_shared = pytest.mark.skipif(
-    not (SHARED / "AzureLLMInferenceTrace_conv.csv").exists(),
-    reason=f"real traces absent: expected them in {SHARED.resolve()} (README.md: Data and licences)",
+# The real traces are read only from the folder the user names in KERNEL_GYM_TRACES; nothing is looked up by default.
+_ENV = os.environ.get("KERNEL_GYM_TRACES", "")
+REAL_TRACES = Path(_ENV) if _ENV else None
+needs_real_traces = pytest.mark.skipif(
+    REAL_TRACES is None or not (REAL_TRACES / "AzureLLMInferenceTrace_conv.csv").exists(),
+    reason="real traces not available: KERNEL_GYM_TRACES is unset" if REAL_TRACES is None else
+    f"real traces absent: KERNEL_GYM_TRACES={_ENV} holds no AzureLLMInferenceTrace_conv.csv (README.md: Data and "
+    "licences)",
 )
 
 
-@needs_shared
+@needs_real_traces
 @pytest.mark.parametrize(
     "name,count,prompt_mean,output_mean,dropped",
     [
@@ -36,7 +42,7 @@ needs_shared = pytest.mark.skipif(
     ],
 )
 def test_real_traces_match_published_stats(name, count, prompt_mean, output_mean, dropped):
-    tr = load_trace(name, traces_dir=SHARED)
+    tr = load_trace(name, traces_dir=REAL_TRACES)
     assert len(tr) == count
     assert tr.repairs["zero_token_rows_dropped"] == dropped
     assert tr.prompt_tokens.mean() == pytest.approx(prompt_mean, rel=2e-3)
@@ -44,9 +50,9 @@ def test_real_traces_match_published_stats(name, count, prompt_mean, output_mean
     assert tr.arrival_s[0] == 0 and np.all(np.diff(tr.arrival_s) >= 0)
 
 
-@needs_shared
+@needs_real_traces
 def test_azure_conv_duration_and_rate():
-    tr = load_trace("azure-conv", traces_dir=SHARED)
+    tr = load_trace("azure-conv", traces_dir=REAL_TRACES)
     assert tr.duration_s == pytest.approx(3501.72, abs=0.01)  # 18:15:46.68 .. 19:14:08.40
     assert tr.mean_rate == pytest.approx(5.530, abs=1e-3)
 
@@ -58,8 +64,8 @@ def test_bundled_trace_is_an_unmodified_prefix_with_attribution():
         "Attribution 4.0 International")
     readme = (BUNDLED_DIR / "README.md").read_text()
     assert "Splitwise" in readme and "CC BY 4.0" in readme
-    full = SHARED / "AzureLLMInferenceTrace_conv.csv"
-    if full.exists():
+    full = REAL_TRACES / "AzureLLMInferenceTrace_conv.csv" if REAL_TRACES is not None else None
+    if full is not None and full.exists():
         data = bundled_trace_path().read_bytes()
         assert full.read_bytes()[: len(data)] == data
 
@@ -137,6 +143,20 @@ def test_load_trace_detects_format_from_header_and_extension(tmp_path):
         load_trace("azure-conversation")
     with pytest.raises(FileNotFoundError, match="absent"):
         load_trace("azure-conv", traces_dir=tmp_path)
+
+
+def test_named_traces_have_no_default_folder(tmp_path, monkeypatch):
+    """Without KERNEL_GYM_TRACES (and no traces_dir) a named trace is refused with the fix; nothing is looked up
+    beside the repository. With it, the folder it names is used, read at call time. The bundled trace needs neither."""
+    monkeypatch.delenv("KERNEL_GYM_TRACES", raising=False)
+    with pytest.raises(FileNotFoundError, match="KERNEL_GYM_TRACES, which is not set"):
+        load_trace("azure-conv")
+    assert len(load_trace("bundled")) == 2867
+    monkeypatch.setenv("KERNEL_GYM_TRACES", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=str(tmp_path.resolve())):
+        load_trace("azure-code")
+    _write(tmp_path, "AzureLLMInferenceTrace_code.csv", AZ + "2023-11-16 18:15:46.68,3,4\n")
+    assert len(load_trace("azure-code")) == 1
 
 
 def test_window_and_scale_rate():
