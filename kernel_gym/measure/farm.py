@@ -460,7 +460,7 @@ class Farm:
     def _failed(self, slot: Slot, item: PlanItem, exc: BaseException, store: MeasurementStore) -> None:
         """The actor died (or raised) measuring item: the item back to the queue, or stored as crash after
         MAX_ATTEMPTS; the slot waits until its actor answers again (Ray restarts it) before it gets more work."""
-        from ray.exceptions import ActorDiedError, RayTaskError
+        from ray.exceptions import RayTaskError
 
         self.actor_failures += 1
         slot.failures += 1
@@ -481,10 +481,12 @@ class Farm:
         else:
             self._queue(slot).put_back(item)
             self.requeued += 1
-        if isinstance(exc, ActorDiedError) or slot.failures > MAX_ATTEMPTS * (self.farm.max_actor_restarts + 1):
+        if slot.failures > MAX_ATTEMPTS * (self.farm.max_actor_restarts + 1):
             slot.dead = True
             print(f"[farm] {slot.label} is gone ({why})", file=self.log)
-        elif not isinstance(exc, RayTaskError):  # the actor itself failed: wait for Ray to bring it back
+        elif not isinstance(exc, RayTaskError):
+            # the actor itself failed (ActorDiedError even while Ray restarts it, in some Ray versions): ping it until
+            # it answers again; a ping that says the actor is dead for good gives the slot up
             slot.ping_at, slot.down_since = time.time(), slot.down_since or time.time()
 
     def _ping_done(self, slot: Slot) -> None:
@@ -494,7 +496,8 @@ class Farm:
         try:
             slot.info = self.ray.get(ref, timeout=60) | {"node": slot.node}
         except RayError as exc:
-            if isinstance(exc, ActorDiedError) or time.time() - slot.down_since > self.RECOVERY_S:
+            limit = 30.0 if isinstance(exc, ActorDiedError) else self.RECOVERY_S  # died: Ray may still restart it
+            if time.time() - slot.down_since > limit:
                 slot.dead = True
                 print(f"[farm] {slot.label} did not come back ({self._why(exc)})", file=self.log)
             else:
