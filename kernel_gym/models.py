@@ -73,13 +73,21 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A built-in spec by name, or a spec from a JSON file with ModelSpec's fields."""
+    """A built-in or zoo spec by name ("NAME@tpN": its tensor-parallel shard), or a spec from a JSON file with
+    ModelSpec's fields."""
     if name_or_path in BUILTIN_MODELS:
         return BUILTIN_MODELS[name_or_path]
+    from kernel_gym import zoo  # the zoo builds on this module
+
+    base, _, tp = name_or_path.partition("@tp")
+    if base in zoo.ZOO:
+        if tp and not tp.isdigit():
+            raise ValueError(f"model {name_or_path!r}: write a shard as NAME@tpN with N an integer, e.g. {base}@tp2")
+        return zoo.shard(zoo.ZOO[base], int(tp or 1))
     path = Path(name_or_path)
     if not path.suffix == ".json" or not path.exists():
         raise ValueError(
-            f"unknown model {name_or_path!r}: use one of {sorted(BUILTIN_MODELS)} "
+            f"unknown model {name_or_path!r}: use one of {sorted(zoo.ZOO)} (NAME@tpN for a tensor-parallel shard) "
             "or the path of a JSON file with the fields of kernel_gym.models.ModelSpec"
         )
     try:

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kernel_gym.policies import zoo_policy
 from kernel_gym.policies.catalogue import (
     MAX_CATALOGUE,
     Catalogue,
@@ -55,7 +56,8 @@ class TrainArgs:
     backend: str = "recorded"
     """Measurement backend: "recorded" (H200 store, CPU) or "live" (GPU); tests pass a Backend object to train()."""
     model: str = "mixtral-8x7b"
-    """Model spec whose shapes make the workload grid: a built-in name or a ModelSpec JSON file."""
+    """Model spec whose shapes make the workload grid: a built-in or zoo name (NAME@tpN for a tensor-parallel shard), a
+    ModelSpec JSON file, or "zoo": one model-conditioned policy over every zoo training model (kernel_gym/zoo.py)."""
     profile: str = "grid"
     """Traffic profile the episodes draw workloads from: grid | eval | small."""
     total_timesteps: int = 30_000
@@ -221,8 +223,15 @@ def prepare_data(
     from kernel_gym.kernels import get_family
 
     family = get_family(kernel)
-    train, heldout = split_profile(backend, family, resolve_profile(profile, kernel, model), holdout, split_seed)
-    catalogue = build_catalogue(kernel, train, near, max_catalogue, depth)
+    if model == zoo_policy.ZOO_MODEL:  # the model-conditioned policy: every zoo training shard, test models left out
+        profile = zoo_policy.zoo_profile(kernel)
+    resolved = resolve_profile(profile, kernel, model)
+    train, heldout = split_profile(backend, family, resolved, holdout, split_seed)
+    candidates = train
+    if model == zoo_policy.ZOO_MODEL:  # actions only among configs measured at (almost) every zoo shape
+        common = zoo_policy.common_configs(train, set(resolved.anchors), family.space)
+        candidates = zoo_policy.restrict(train, common)
+    catalogue = build_catalogue(kernel, candidates, near, max_catalogue, depth)
     return PreparedData(kernel, train, heldout, catalogue, best_static_config(train))
 
 
@@ -388,7 +397,8 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
         raise ValueError(f"checkpoint in {ckpt} trained with obs_jitter={state['obs_jitter']}, this run has "
                          f"{args.resolved_obs_jitter}: resume with --obs-jitter {state['obs_jitter']}")
 
-    specs = tracking.model_specs(args.model)
+    zoo = args.model == zoo_policy.ZOO_MODEL
+    specs = zoo_policy.zoo_specs(args.kernel) if zoo else tracking.model_specs(args.model)
     identity = tracking.policy_identity(args.env_id, specs, str(getattr(backend, "dataset_hash", "") or ""))
     uri = tracking.setup_tracking(args.tracking_uri or None)
     experiment_id = tracking.get_or_create_experiment(args.experiment, uri)

@@ -1,0 +1,119 @@
+"""One model-conditioned policy per kernel family, trained on the shape zoo, and its zero-shot choices.
+
+Why: a user brings a model the project never measured. The observation already carries the shape's own features
+(MoE: experts, hidden, intermediate, top-k, tokens per expert, skew; decode: heads, KV heads, head dim, batch,
+context), so one policy trained over many architectures can answer for any spec. Two things make its training match
+what a deployment sees:
+
+- the workloads are every zoo training shard's (kernel_gym.zoo: published MoE models at TP 1/2/4) plus the built-in
+  models' full grids, never a row of a test model's workloads;
+- its action catalogue is drawn only from the configs measured at (almost) every zoo shape, so the mask it trains
+  under (measured and valid) is the mask a deployment has (valid by the knob-space rules) wherever it trains.
+
+Zero-shot choice (`choose`): the actor's argmax over the catalogue entries the knob-space rules allow at the
+workload, nothing else: exactly what the exported policy does for an unseen spec (pyfunc_model's "rules" mask).
+`ranked` lists the same entries by the actor's preference: the candidates `kernel-gym tune` measures.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from kernel_gym.kernels.space import Config
+from kernel_gym.policies.catalogue import WorkloadReference
+from kernel_gym.policies.observation import observe
+
+ZOO_MODEL = "zoo"  # TrainArgs.model value that selects the model-conditioned zoo training
+COMMON_SHARE = 0.9  # a config joins the candidates when measured at this share of the zoo shapes where it is valid
+
+
+def zoo_specs(kernel: str) -> list[Any]:
+    """The training shards (ModelSpecs) of the zoo for a kernel: every training model at TP 1, 2, 4."""
+    from kernel_gym import zoo
+
+    return [s for s in zoo.zoo_shards(zoo.training_models(kernel)) if s.name not in zoo.TOO_LARGE]
+
+
+def zoo_profile(kernel: str) -> Any:
+    """The model-conditioned training profile: zoo shards' sampled shapes plus the built-in models' full grids, minus
+    every workload a test model produces. Anchors (always in training) are the zoo shapes."""
+    from kernel_gym import zoo
+    from kernel_gym.envs.base import WorkloadProfile
+    from kernel_gym.kernels.workloads import model_workloads
+    from kernel_gym.models import BUILTIN_MODELS
+
+    test = zoo.test_workload_keys(kernel)
+    workloads: dict[str, Any] = {}
+    for spec in BUILTIN_MODELS.values():
+        for w in model_workloads(kernel, spec, "default"):
+            workloads.setdefault(w.key(), w)
+    anchors = []
+    for spec in zoo_specs(kernel):
+        for w in zoo.shard_workloads(kernel, spec, "zoo"):
+            workloads.setdefault(w.key(), w)
+            anchors.append(w.key())
+    kept = [w for k, w in workloads.items() if k not in test]
+    return WorkloadProfile(ZOO_MODEL, kept, anchors=[k for k in dict.fromkeys(anchors) if k not in test])
+
+
+def common_configs(refs: Sequence[WorkloadReference], anchors: set[str], space: Any,
+                   share: float = COMMON_SHARE) -> set[Config]:
+    """Configs measured (ok or failed) at >= `share` of the anchor (zoo) workloads where the rules allow them."""
+    zoo_refs = [r for r in refs if r.key in anchors]
+    if not zoo_refs:
+        return set()
+    measured: Counter = Counter()
+    valid: Counter = Counter()
+    seen = {c for r in zoo_refs for c in (*r.times, *r.failures)}
+    for r in zoo_refs:
+        have = set(r.times) | set(r.failures)
+        for c in seen:
+            if space.is_valid(c, r.workload):
+                valid[c] += 1
+                measured[c] += c in have
+    return {c for c in seen if valid[c] and measured[c] / valid[c] >= share}
+
+
+def restrict(refs: Sequence[WorkloadReference], allowed: set[Config]) -> list[WorkloadReference]:
+    """The references with only `allowed` configs (and the default) left as catalogue candidates."""
+    out = []
+    for r in refs:
+        times = {c: t for c, t in r.times.items() if c in allowed or c == r.default}
+        if times:
+            out.append(replace(r, times=times))
+    return out
+
+
+def rule_mask(catalogue: Any, space: Any, workload: Any) -> np.ndarray:
+    """What a deployment has for a workload it never measured: the knob-space rules, nothing else."""
+    return np.array([space.is_valid(c, workload) for c in catalogue.configs], dtype=bool)
+
+
+def action_logits(model: Any, workload: Any) -> np.ndarray:
+    """The actor's logits over the catalogue for a workload's observation (MaskablePPO, deterministic part)."""
+    import torch
+
+    obs = torch.as_tensor(observe(workload)[None, :], dtype=torch.float32)
+    with torch.no_grad():
+        dist = model.policy.get_distribution(obs)
+        return dist.distribution.logits.cpu().numpy()[0]
+
+
+def ranked(model: Any, catalogue: Any, space: Any, workload: Any) -> list[Config]:
+    """Catalogue entries valid at the workload, most preferred first (the first is `choose`'s answer)."""
+    mask = rule_mask(catalogue, space, workload)
+    if not mask.any():
+        return []
+    logits = np.where(mask, action_logits(model, workload), -np.inf)
+    order = np.argsort(-logits, kind="stable")
+    return [catalogue.configs[int(i)] for i in order if mask[i]]
+
+
+def choose(model: Any, catalogue: Any, space: Any, workload: Any, default: Config) -> Config:
+    """The zero-shot choice; the default config where no catalogue entry is valid (what the Dispatcher does)."""
+    top = ranked(model, catalogue, space, workload)
+    return top[0] if top else default

@@ -1,0 +1,329 @@
+"""Zero-shot quality on models never trained on, timed live: the model-conditioned policy's choices beside a wide sweep.
+
+What a user gets for a model the project never measured is the policy's choice under the knob-space rules alone
+(`kernel_gym.policies.zoo_policy.choose`, the pyfunc model's "rules" mask). This script measures exactly that:
+
+    python scripts/zero_shot_live.py plan --out benchmarks/generalisation/plan.json      # CPU: train 3 seeds, choose
+    python3 scripts/zero_shot_live.py time --plan benchmarks/generalisation/plan.json --out $OUT/live.json   # GPU
+    python scripts/zero_shot_live.py report --result benchmarks/generalisation/live.json  # -> generalisation.json
+
+`plan` trains one model-conditioned policy per kernel and seed on the zoo's training models (never a row of a test
+model's workloads; kernel_gym.zoo.TEST_MODELS), then for each evaluation workload of the test models writes: each
+seed's zero-shot choice, each seed's 8 most preferred valid configs (what `kernel-gym tune` would measure), and a sweep
+of at least 256 configs sampled uniformly from the valid space plus every catalogue entry and the default.
+
+`time` (GPU; imports only torch, triton, numpy and the standard library) compiles every config in a CPU pool, then per
+workload, in one process: checks each config against the torch reference (outputs NaN-poisoned first, then a second
+launch over a NaN-filled output) and times it (the sweep); then times the seeds' choices, the tune picks and the
+sweep's three fastest in shuffled rounds, paired. `report` scores ratio = best_ms / chosen_ms from the paired rounds
+(best = the fastest of that paired set, which holds the sweep's best) and the tune and sweep curves from the sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+KERNEL_ENVS = {"fused_moe": "KernelGym/MoE-v0", "decode_attention": "KernelGym/DecodeAttention-v0"}
+TUNE_K = 8
+# Evaluation workloads timed live (the GPU budget of one session allows ~20 wide sweeps): for each test model, shards
+# and sizes spread so that every TP degree, small and large M (batch), and skewed routing appear.
+MOE_EVAL = {  # model -> [(tp, tokens, skew)]
+    "phi-3.5-moe": [(1, 1, 0.0), (2, 256, 1.2), (4, 4096, 0.0), (1, 1024, 0.0)],
+    "qwen1.5-moe-a2.7b": [(1, 16, 0.0), (2, 1024, 0.0), (4, 64, 1.2), (1, 256, 0.0)],
+    "gpt-oss-20b": [(1, 64, 0.0), (2, 4096, 0.0), (4, 256, 1.2), (2, 16, 0.0)],
+}
+DECODE_EVAL = {  # model -> [(tp, batch, context)]
+    "qwen2-57b-a14b": [(1, 1, 4096), (2, 64, 2048), (4, 256, 4096)],
+    "llama-4-scout": [(1, 8, 16384), (4, 128, 1024), (2, 32, 4096)],
+    "granite-3.0-3b-a800m": [(1, 32, 4096), (2, 256, 4096), (4, 1, 4096)],
+}
+
+
+def eval_workloads(kernel: str) -> list[tuple[str, object]]:
+    """(shard name, workload) pairs, interleaved over models so a budget cut keeps every model."""
+    from kernel_gym import zoo
+    from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload
+
+    per_model = []
+    for model, points in (MOE_EVAL if kernel == "fused_moe" else DECODE_EVAL).items():
+        rows = []
+        for p in points:
+            spec = zoo.shard(zoo.ZOO[model], p[0])
+            if kernel == "fused_moe":
+                w = MoEWorkload(p[1], spec.num_experts, spec.top_k, spec.hidden, spec.intermediate, p[2])
+            else:
+                w = DecodeWorkload(spec.num_heads, spec.num_kv_heads, spec.head_dim, p[1], p[2])
+            rows.append((spec.name, w))
+        per_model.append(rows)
+    return [r for i in range(max(map(len, per_model))) for rows in per_model if i < len(rows) for r in [rows[i]]]
+
+
+def make_plan(args: argparse.Namespace) -> int:
+    from sb3_contrib import MaskablePPO
+
+    from kernel_gym import zoo
+    from kernel_gym.kernels import get_family
+    from kernel_gym.measure import make_backend
+    from kernel_gym.policies import zoo_policy
+    from kernel_gym.policies.train import TrainArgs, train
+
+    backend = make_backend("recorded")
+    entries, trained = [], []
+    for kernel in args.kernels:
+        space, family = get_family(kernel).space, get_family(kernel)
+        policies = []
+        for seed in args.seeds:
+            ckpt = args.checkpoints / f"zoo-{kernel}-seed{seed}"
+            res = train(TrainArgs(env_id=KERNEL_ENVS[kernel], model=zoo_policy.ZOO_MODEL, holdout=0.1, seed=seed,
+                                  total_timesteps=args.timesteps, eval_freq=0, checkpoint_freq=0,
+                                  checkpoint_dir=str(ckpt), experiment="kernel-gym-zoo",
+                                  run_name=f"zoo-{kernel}-seed{seed}", tracking_uri=args.tracking_uri,
+                                  progress_bar=False, log_model=seed == args.seeds[0],
+                                  register_model=seed == args.seeds[0]), backend=backend)
+            model = MaskablePPO.load(ckpt / "latest.zip", device="cpu")
+            policies.append((seed, model, res.catalogue))
+            trained.append({"kernel": kernel, "seed": seed, "run_id": res.run_id, "model_uri": res.model_uri,
+                            "catalogue": len(res.catalogue), "train_workloads": res.catalogue.meta.get(
+                                "train_workloads"), "recorded_heldout_geomean": res.evaluation.geomean_policy})
+            print(f"{kernel} seed {seed}: trained ({len(res.catalogue)} actions)", flush=True)
+        for shard, w in eval_workloads(kernel):
+            assert w.key() in zoo.test_workload_keys(kernel), f"{w.key()} is not a test workload"
+            choices, tune = {}, {}
+            for seed, model, cat in policies:
+                ranked = zoo_policy.ranked(model, cat, space, w)
+                choices[seed] = str(ranked[0] if ranked else family.default_config(w))
+                tune[seed] = [str(c) for c in ranked[:TUNE_K]]
+            sweep = [str(c) for c in space.sample(w, args.sweep, seed=args.sweep_seed)]
+            catalogue = [str(c) for _, _, cat in policies for c in cat.configs if space.is_valid(c, w)]
+            configs = list(dict.fromkeys([*choices.values(), *(c for t in tune.values() for c in t),
+                                          str(family.default_config(w)), *catalogue, *sweep]))
+            entries.append({"kernel": kernel, "model": zoo.base_model(shard), "shard": shard,
+                            "workload": w.key(), "choices": choices, "tune": tune,
+                            "default": str(family.default_config(w)), "sweep": sweep, "configs": configs})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
+                                    "seeds": args.seeds, "timesteps": args.timesteps, "sweep": args.sweep,
+                                    "trained": trained, "entries": entries}, indent=1))
+    print(f"wrote {len(entries)} workloads, {sum(len(e['configs']) for e in entries)} configs to {args.out}")
+    return 0
+
+
+def time_plan(args: argparse.Namespace) -> int:
+    import torch
+
+    from kernel_gym.kernels import get_family
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.measure.compiler import CompilePool
+    from kernel_gym.measure.timing import TimingOptions, time_launch
+    from kernel_gym.measure.worker import compare, poison_outputs, poisoned_empty, workload_from_key
+
+    if not torch.cuda.is_available():
+        raise SystemExit("`time` runs the kernels on a CUDA GPU; on the CPU only `plan` and `report` work")
+    plan = json.loads(args.plan.read_text())
+    entries = plan["entries"]
+    os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/kernel_gym_triton_cache")
+    pool = CompilePool(args.compile_workers, {"TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]})
+    t0 = time.time()
+    futures = [pool.submit(e["kernel"], e["workload"], e["configs"]) for e in entries]
+    paired_timing = TimingOptions(min_reps=args.reps, max_reps=args.reps, round_reps=args.reps, max_time_s=10.0)
+    rng = random.Random(0)
+    results = []
+    for n, (entry, fut) in enumerate(zip(entries, futures)):
+        if time.time() - t0 > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s spent: {len(entries) - n} workloads left", flush=True)
+            break
+        compiled = CompilePool.collect(fut, timeout_s=300)
+        fam = get_family(entry["kernel"])
+        wl = workload_from_key(fam, entry["workload"])
+        inputs = fam.make_inputs(wl, "cuda", seed=0)
+        ref = fam.reference(inputs)
+        sweep_ms, status, seconds, fns = {}, {}, {}, {}
+        w0 = time.time()
+        for c in entry["configs"]:
+            c0 = time.time()
+            try:
+                with poisoned_empty():
+                    fn = fam.prepare(inputs, Config.parse(c))
+                    out = fn()
+                torch.cuda.synchronize()
+                wrong = compare(fam, out, ref, wl.dtype)
+                if wrong is None:
+                    poison_outputs(out)
+                    wrong = compare(fam, fn(), ref, wl.dtype)
+                if wrong is None:
+                    sweep_ms[c] = time_launch(fn, TimingOptions()).median_ms
+                    fns[c] = fn
+                    status[c] = "ok"
+                else:
+                    status[c] = f"wrong_result: {wrong}"[:200]
+            except Exception as exc:  # noqa: BLE001 - a failing config is recorded, never timed
+                status[c] = f"{type(exc).__name__}: {exc}"[:200]
+                torch.cuda.synchronize()
+            seconds[c] = time.time() - c0 + compiled.get(c, (None, "", 0.0))[2]
+        sweep_s = time.time() - w0
+        top = sorted(sweep_ms, key=sweep_ms.__getitem__)[:3]
+        tune_picks = {s: min((c for c in t if c in sweep_ms), key=sweep_ms.__getitem__, default=None)
+                      for s, t in entry["tune"].items()}
+        paired_set = [c for c in dict.fromkeys([*entry["choices"].values(), *tune_picks.values(), *top,
+                                                entry["default"]]) if c in fns]
+        rounds = {c: [] for c in paired_set}
+        for _ in range(args.rounds):
+            order = list(paired_set)
+            rng.shuffle(order)
+            for c in order:
+                rounds[c].append(time_launch(fns[c], paired_timing).median_ms)
+        results.append({**{k: entry[k] for k in ("kernel", "model", "shard", "workload", "choices", "tune",
+                                                 "default")},
+                        "tune_picks": tune_picks, "sweep_ms": sweep_ms, "status": status, "seconds": seconds,
+                        "sweep_s": sweep_s, "configs_swept": len(entry["configs"]), "round_ms": rounds})
+        ok = sum(s == "ok" for s in status.values())
+        chosen = entry["choices"][next(iter(entry["choices"]))]
+        ratio = min(min(v) for v in rounds.values()) / min(rounds[chosen]) if chosen in rounds else None
+        print(f"[{time.time() - t0:.0f}s] {n + 1}/{len(entries)} {entry['kernel']} {entry['shard']}: {ok}/"
+              f"{len(status)} ok in {sweep_s:.0f} s; seed-0 choice at {ratio}", flush=True)
+        fns.clear()
+        del inputs, ref
+        torch.cuda.empty_cache()
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                        "triton": __import__("triton").__version__, "rounds": args.rounds,
+                                        "reps": args.reps, "results": results}, indent=1))
+    pool.close()
+    return 0
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def _p5(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[max(0, math.ceil(0.05 * len(s)) - 1)] if s else float("nan")
+
+
+def paired_ms(r: dict, config: str | None) -> float | None:
+    """Median over the paired rounds of a config's time."""
+    times = r["round_ms"].get(config) if config else None
+    return _median(times) if times else None
+
+
+def report(args: argparse.Namespace) -> int:
+    """generalisation.json from a `time` result (ratios from paired rounds; curves from the sweep)."""
+    live = json.loads(args.result.read_text())
+    plan = json.loads(args.plan.read_text()) if args.plan and args.plan.exists() else {}
+    out: dict = {"zero_shot": {"kernel": {}}, "tuned": {}, "curves": {}, "meta": {
+        "device": live.get("device"), "torch": live.get("torch"), "triton": live.get("triton"),
+        "rounds": live.get("rounds"), "reps": live.get("reps"), "seeds": plan.get("seeds"),
+        "timesteps": plan.get("timesteps"), "trained": plan.get("trained"), "commit": args.commit,
+        "dataset_sha256": args.dataset_hash, "command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
+        "ratio": "best_ms / chosen_ms: medians over paired rounds; best = fastest of (seed choices, tune picks, the "
+                 "sweep's 3 fastest, default) in those rounds"}}
+    for kernel in dict.fromkeys(r["kernel"] for r in live["results"]):
+        rows, tuned, default_rows = [], [], []
+        curve_policy: dict[int, list[float]] = {}
+        curve_random: dict[int, list[float]] = {}
+        seconds_per_config = []
+        for r in (x for x in live["results"] if x["kernel"] == kernel):
+            best = min(paired_ms(r, c) for c in r["round_ms"])
+            for seed, c in r["choices"].items():
+                ms = paired_ms(r, c)
+                if ms is None:  # the choice failed its check: the Dispatcher's fallback is the default config
+                    ms = paired_ms(r, r["default"])
+                rows.append({"model": r["model"], "shard": r["shard"], "workload": r["workload"], "seed": int(seed),
+                             "chosen": c, "chosen_ms": ms, "best_ms": best, "ratio": best / ms,
+                             "configs_swept": r["configs_swept"]})
+            for seed, c in r["tune_picks"].items():
+                ms = paired_ms(r, c)
+                if ms is not None:
+                    tuned.append({"shard": r["shard"], "seed": int(seed), "ratio": best / ms})
+            d = paired_ms(r, r["default"])
+            if d is not None:
+                default_rows.append(best / d)
+            sweep_best = min(r["sweep_ms"].values())
+            n_sweep = len(r["sweep_ms"])
+            seconds_per_config.append(sum(r["seconds"].values()) / max(1, len(r["seconds"])))
+            for ranked in r["tune"].values():  # policy-ranked top-k, scored on the sweep's times
+                for k in (1, 2, 4, 8):
+                    got = [r["sweep_ms"][c] for c in ranked[:k] if c in r["sweep_ms"]]
+                    if got:
+                        curve_policy.setdefault(k, []).append(sweep_best / min(got))
+            sweep_cfgs = sorted(r["sweep_ms"])
+            rng = random.Random(0)
+            for k in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+                vals = []
+                for _ in range(50):
+                    pick = rng.sample(sweep_cfgs, min(k, n_sweep))
+                    vals.append(sweep_best / min(r["sweep_ms"][c] for c in pick))
+                curve_random.setdefault(k, []).append(_geomean(vals))
+        ratios = [x["ratio"] for x in rows]
+        out["zero_shot"]["kernel"][kernel] = {
+            "test_models": sorted({x["model"] for x in rows}), "geomean": _geomean(ratios), "p5": _p5(ratios),
+            "min": min(ratios), "workloads": len({x["workload"] for x in rows}),
+            "seeds": sorted({x["seed"] for x in rows}),
+            "default_geomean": _geomean(default_rows), "estimated_share": 0.0, "rows": rows}
+        tr = [x["ratio"] for x in tuned]
+        out["tuned"][kernel] = {"configs_per_shape": TUNE_K, "geomean": _geomean(tr), "p5": _p5(tr),
+                                "min": min(tr) if tr else None, "rows": tuned}
+        spc = sum(seconds_per_config) / len(seconds_per_config)
+        out["curves"][kernel] = {
+            "gpu_seconds_per_config": spc,
+            "policy_ranked": {k: _geomean(v) for k, v in sorted(curve_policy.items())},
+            "random_order": {k: _geomean(v) for k, v in sorted(curve_random.items())},
+            "note": "quality = sweep best / best of the first k configs (sweep times); GPU-seconds = k x "
+                    "gpu_seconds_per_config (compile + check + time). Random order over the >= 256-config sweep is "
+                    "exhaustive search cut at k; k = all is the full grid a benchmark_moe-style tuner runs."}
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    for kernel, z in out["zero_shot"]["kernel"].items():
+        t = out["tuned"][kernel]
+        print(f"{kernel}: zero-shot geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
+              f"{z['workloads']} workloads x {len(z['seeds'])} seeds (default {z['default_geomean']:.3f}); "
+              f"tuned (top-{TUNE_K}) geomean {t['geomean']:.3f} p5 {t['p5']:.3f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("plan", help="CPU: train the zoo policies (3 seeds), write each test workload's configs")
+    a.add_argument("--out", type=Path, default=Path("benchmarks/generalisation/plan.json"))
+    a.add_argument("--kernels", nargs="+", default=list(KERNEL_ENVS), choices=list(KERNEL_ENVS))
+    a.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    a.add_argument("--timesteps", type=int, default=30_000)
+    a.add_argument("--sweep", type=int, default=256, help="valid configs sampled uniformly per workload")
+    a.add_argument("--sweep-seed", type=int, default=0)
+    a.add_argument("--tracking-uri", default="", help="MLflow store of the training runs (default: mlruns/)")
+    a.add_argument("--checkpoints", type=Path, default=Path("out/checkpoints"), help="where the policies are saved")
+    b = sub.add_parser("time", help="GPU: sweep and paired timing per workload")
+    b.add_argument("--plan", type=Path, required=True)
+    b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--rounds", type=int, default=5)
+    b.add_argument("--reps", type=int, default=10, help="timed samples per config per paired round")
+    b.add_argument("--budget-s", type=float, default=420.0, help="start no new workload after this many seconds")
+    b.add_argument("--compile-workers", type=int, default=14)
+    c = sub.add_parser("report", help="CPU: benchmarks/generalisation.json from a `time` result")
+    c.add_argument("--result", type=Path, required=True)
+    c.add_argument("--plan", type=Path, default=Path("benchmarks/generalisation/plan.json"))
+    c.add_argument("--out", type=Path, default=Path("benchmarks/generalisation.json"))
+    c.add_argument("--commit", default="", help="commit the GPU run used")
+    c.add_argument("--dataset-hash", default="", help="sha256 of the dataset the policies trained on")
+    args = p.parse_args(argv)
+    if args.cmd == "plan":
+        return make_plan(args)
+    if args.cmd == "time":
+        return time_plan(args)
+    return report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
