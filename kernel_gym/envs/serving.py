@@ -22,6 +22,7 @@ from kernel_gym.envs.base import resolve_backend
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.coverage import CoveredBackend, cover
+from kernel_gym.measure.types import is_estimated
 from kernel_gym.policies.catalogue import WorkloadReference, build_catalogue, measure_reference
 from kernel_gym.traffic.features import traffic_features
 from kernel_gym.traffic.roofline import COPY_BW
@@ -112,12 +113,14 @@ class ServingCatalogue:
 # ---- choosers used inside the simulator ---------------------------------------------------------------------------
 
 class _Answers:
-    """Memoised ok-times and compile times of (kernel, workload, config) from a backend."""
+    """Memoised ok-times and compile times of (kernel, workload, config) from a backend, and whether each ok time is
+    an estimate (interpolated, proxied, borrowed: measure.types.is_estimated) rather than a measurement."""
 
     def __init__(self, backend: Any, compile_s: dict[tuple[str, Config], float]) -> None:
         self.backend = backend
         self.compile_s = compile_s
         self._ok: dict[tuple[str, Any, Config], float | None] = {}
+        self._est: dict[tuple[str, Any, Config], bool] = {}
         self._avail: dict[tuple[str, Any, KVLayout | None], list[tuple[float, Config]]] = {}
 
     def time_ms(self, kernel: str, workload: Any, config: Config) -> float | None:
@@ -126,9 +129,17 @@ class _Answers:
             m = self.backend.measure(kernel, workload, config)
             ok = m.ok and m.median_ms is not None and m.median_ms > 0
             self._ok[key] = float(m.median_ms) if ok else None
+            self._est[key] = is_estimated(m.source)
             if ok and m.compile_s is not None and (kernel, config) not in self.compile_s:
                 self.compile_s[(kernel, config)] = float(m.compile_s)
         return self._ok[key]
+
+    def estimated(self, kernel: str, workload: Any, config: Config) -> bool:
+        """Whether the time of this (kernel, workload, config) is an estimate rather than a measurement."""
+        key = (kernel, workload, config)
+        if key not in self._est:
+            self.time_ms(kernel, workload, config)
+        return self._est[key]
 
     def ranked(self, kernel: str, workload: Any, kv: KVLayout | None) -> list[tuple[float, Config]]:
         """(time, config) of every available ok config, fastest first (decode: only those with layout kv)."""
@@ -151,12 +162,16 @@ class _Answers:
 
 
 class _Coverage:
-    """Counts kernel calls per family and those answered by a CoveredBackend proxy (outside the measured grid)."""
+    """Counts kernel calls per family and those answered by a CoveredBackend proxy (outside the measured grid), and
+    sums per family the kernel seconds of the configs served (one layer) and the part of them resting on estimated
+    times (`charge`): the estimated share of tuned-kernel time, as replay reports it."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend if isinstance(backend, CoveredBackend) else None
         self.calls = dict.fromkeys(KERNELS, 0)
         self.proxied = dict.fromkeys(KERNELS, 0)
+        self.kernel_s = dict.fromkeys(KERNELS, 0.0)
+        self.estimated_s = dict.fromkeys(KERNELS, 0.0)
         self._flag: dict[tuple[str, Any], bool] = {}
 
     def count(self, kernel: str, workload: Any) -> None:
@@ -170,8 +185,17 @@ class _Coverage:
         if f:
             self.proxied[kernel] += 1
 
+    def charge(self, kernel: str, seconds: float, estimated: bool) -> None:
+        self.kernel_s[kernel] += seconds
+        if estimated:
+            self.estimated_s[kernel] += seconds
+
     def snapshot(self) -> tuple[int, int]:
         return sum(self.calls.values()), sum(self.proxied.values())
+
+    def seconds(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(kernel seconds, estimated kernel seconds) per family so far, one layer (copies)."""
+        return dict(self.kernel_s), dict(self.estimated_s)
 
 
 class _RuleChooser:
@@ -181,7 +205,7 @@ class _RuleChooser:
     def __init__(self, answers: _Answers, rules: dict[str, DispatchRule]) -> None:
         self.answers = answers
         self.fallbacks = 0
-        self._memos: dict[tuple[str, int], dict[Any, Config]] = {}
+        self._memos: dict[tuple[str, int], dict[Any, tuple[Config, float, bool]]] = {}
         self.rules = rules
         self.coverage = _Coverage(answers.backend)
 
@@ -197,10 +221,13 @@ class _RuleChooser:
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
         self.coverage.count(kernel, workload)
         memo = self._active[kernel]
-        c = memo.get(workload)
-        if c is None:
-            c = memo[workload] = self._resolve(self._rules[kernel], kernel, workload, kv)
-        return c
+        hit = memo.get(workload)
+        if hit is None:
+            c = self._resolve(self._rules[kernel], kernel, workload, kv)
+            a = self.answers
+            hit = memo[workload] = (c, a.time_ms(kernel, workload, c) * 1e-3, a.estimated(kernel, workload, c))
+        self.coverage.charge(kernel, hit[1], hit[2])
+        return hit[0]
 
     def _resolve(self, rule: DispatchRule, kernel: str, workload: Any, kv: KVLayout) -> Config:
         c = rule.choose(workload)
@@ -230,19 +257,21 @@ class OracleChooser:
 
     def __init__(self, answers: _Answers) -> None:
         self.answers = answers
-        self._memo: dict[tuple[str, Any, KVLayout], Config] = {}
+        self._memo: dict[tuple[str, Any, KVLayout], tuple[Config, float, bool]] = {}
         self.coverage = _Coverage(answers.backend)
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
         self.coverage.count(kernel, workload)
         key = (kernel, workload, kv)
-        c = self._memo.get(key)
-        if c is None:
+        hit = self._memo.get(key)
+        if hit is None:
             ranked = self.answers.ranked(kernel, workload, kv if kernel == "decode_attention" else None)
             if not ranked:
                 raise RuntimeError(f"oracle: backend has no ok config for {kernel} on {workload.key()} ({kv})")
-            c = self._memo[key] = ranked[0][1]
-        return c
+            t, c = ranked[0]
+            hit = self._memo[key] = (c, t * 1e-3, self.answers.estimated(kernel, workload, c))
+        self.coverage.charge(kernel, hit[1], hit[2])
+        return hit[0]
 
 
 # ---- the catalogue of rules from the training traffic -------------------------------------------------------------
@@ -663,6 +692,7 @@ class ServingEnv(gym.Env):
         rules = {k: self.catalogue.rules[k][i] for k, i in zip(KERNELS, a)}
         fb0 = self.chooser.fallbacks
         calls0, prox0 = self.chooser.coverage.snapshot()
+        ks0, est0 = self.chooser.coverage.seconds()
         relayout = self.apply_rules(rules)
         self._current = a
         t_end = self._t0 + self.interval_s * (self._interval + 1)
@@ -670,6 +700,8 @@ class ServingEnv(gym.Env):
         self._interval += 1
         reward = st.output_tokens / (self.interval_s * self.catalogue.nominal_tokens_per_s)
         compile_stall = sum(s for _, s, why in st.stalls if why.startswith("compile"))
+        ks1, est1 = self.chooser.coverage.seconds()
+        layers = self.model.num_layers
         info = {
             "tokens": st.output_tokens,
             "tokens_per_s": st.output_tokens / max(st.t_end - st.t_start, 1e-9),
@@ -680,6 +712,10 @@ class ServingEnv(gym.Env):
             "fallbacks": self.chooser.fallbacks - fb0,
             "kernel_calls": self.chooser.coverage.snapshot()[0] - calls0,
             "proxied_calls": self.chooser.coverage.snapshot()[1] - prox0,
+            # tuned-kernel seconds served in the interval (all layers), per family, and the part on estimated times
+            "tuned_kernel_s": st.tuned_kernel_s,
+            "kernel_s": {k: (ks1[k] - ks0[k]) * layers for k in KERNELS},
+            "estimated_kernel_s": {k: (est1[k] - est0[k]) * layers for k in KERNELS},
             "sim_time_s": st.t_end - st.t_start,
             "action_mask": self.action_masks(),
         }
@@ -709,12 +745,29 @@ def _act(policy: Any, obs: np.ndarray, env: ServingEnv) -> np.ndarray:
     return np.asarray(policy(obs, env))
 
 
+def estimated_shares(kernel_s: dict[str, dict[str, float]], estimated_s: dict[str, dict[str, float]],
+                     windows: int = 1) -> dict[str, float]:
+    """Per policy ("agent", ...): `<who>_tuned_kernel_s` (per window), `<who>_estimated_share` and
+    `<who>_estimated_share.<kernel>`: estimated seconds / tuned-kernel seconds (0.0 when a family ran no kernel)."""
+    out: dict[str, float] = {}
+    for who, ks in kernel_s.items():
+        es = estimated_s[who]
+        total = sum(ks.values())
+        out[f"{who}_tuned_kernel_s"] = total / max(windows, 1)
+        out[f"{who}_estimated_share"] = sum(es.values()) / total if total > 0 else 0.0
+        for k in KERNELS:
+            out[f"{who}_estimated_share.{k}"] = es[k] / ks[k] if ks[k] > 0 else 0.0
+    return out
+
+
 def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[float] | None = None,
                      num_windows: int = 1) -> dict[str, Any]:
     """Tokens/s of `policy` (a callable (obs, env) -> action, an sb3 model, or "default"), of the default rules, and
     of the per-workload oracle chooser (fastest available config per step's workload, compile stalls counted, decode
     layout fixed to the catalogue's oracle layout) on the same windows. Windows: `start_s` (trace seconds) or
-    `num_windows` evenly spaced over the env's split (default split "heldout")."""
+    `num_windows` evenly spaced over the env's split (default split "heldout"). Per policy (agent, default, oracle)
+    also the share of its tuned-kernel seconds resting on estimated times, overall and per family
+    (`estimated_shares`), and the share of kernel calls on proxied workloads (`<who>_proxied_share`)."""
     kw = dict(env_kwargs)
     kw.setdefault("split", "heldout")
     env = ServingEnv(**kw)
@@ -725,6 +778,9 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
     totals = {"agent": 0.0, "default": 0.0, "oracle": 0.0}
     calls = {"agent": [0, 0, 0], "default": [0, 0, 0], "oracle": [0, 0, 0]}  # kernel calls, proxied, fallbacks
     stalls = {"agent": 0.0, "default": 0.0, "oracle": 0.0}
+    # tuned-kernel seconds per family (all layers) and the part resting on estimated times
+    kernel_s = {who: dict.fromkeys(KERNELS, 0.0) for who in calls}
+    est_s = {who: dict.fromkeys(KERNELS, 0.0) for who in calls}
     rows: list[dict[str, Any]] = []
     actions: list[list[str]] = []
     for s in start_s:
@@ -740,6 +796,9 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
                 calls[who][0] += info["kernel_calls"]
                 calls[who][1] += info["proxied_calls"]
                 calls[who][2] += info["fallbacks"]
+                for k in KERNELS:
+                    kernel_s[who][k] += info["kernel_s"][k]
+                    est_s[who][k] += info["estimated_kernel_s"][k]
                 if who == "agent":
                     actions.append(info["rules"])
             elapsed = env.sim.clock - env._t0
@@ -758,6 +817,10 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
         n_calls, n_prox = oracle.coverage.snapshot()
         calls["oracle"][0] += n_calls
         calls["oracle"][1] += n_prox
+        ks, es = oracle.coverage.seconds()
+        for k in KERNELS:
+            kernel_s["oracle"][k] += ks[k] * env.model.num_layers
+            est_s["oracle"][k] += es[k] * env.model.num_layers
         stalls["oracle"] += st.stall_s
         row["oracle_relayout_s"] = relayout
         row["oracle_compiles"] = sum(1 for _, _, why in st.stalls if why.startswith("compile"))
@@ -772,6 +835,9 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
     for who, (nc, npx, nfb) in calls.items():
         out[f"{who}_proxied_share"] = npx / nc if nc else 0.0
         out[f"{who}_fallbacks"] = nfb
+    # and the share of each policy's tuned-kernel seconds whose times are estimates (interpolated between measured
+    # shapes, proxied, or borrowed from another shape) rather than measurements of that workload and config
+    out.update(estimated_shares(kernel_s, est_s, n))
     out["windows"] = rows
     out["agent_rules"] = actions
     out["oracle_kv"] = f"{env.catalogue.oracle_kv.page_size}/{env.catalogue.oracle_kv.layout}"

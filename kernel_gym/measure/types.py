@@ -21,6 +21,14 @@ TIMEOUT = "timeout"  # the worker hung past its deadline
 OOM = "oom"  # CUDA out of memory
 UNAVAILABLE = "unavailable"  # recorded backend: no measurement near enough to answer
 FAILURE_STATUSES = (INVALID, COMPILE_ERROR, OUT_OF_RESOURCES, WRONG_RESULT, CRASH, TIMEOUT, OOM, UNAVAILABLE)
+# Sources of measured times (that exact workload and config timed on the device). Any other source is an estimate:
+# recorded-interpolated, recorded-proxy, recorded-borrowed (measure/coverage.py), a roofline or a test backend.
+MEASURED_SOURCES = ("recorded", "live")
+
+
+def is_estimated(source: str) -> bool:
+    """Whether a time with this `Measurement.source` is an estimate rather than a measurement of that workload."""
+    return source not in MEASURED_SOURCES
 
 
 @dataclass(frozen=True)
@@ -29,7 +37,8 @@ class Measurement:
 
     median_ms: median kernel time (None unless status == "ok").
     spread: (p90 - p10) / median of the repeats, a dimensionless noise figure.
-    source: "live" | "recorded" | "recorded-interpolated" | "interpreter".
+    source: "live" | "recorded" | "recorded-interpolated" | "recorded-proxy" | "recorded-borrowed" | "interpreter"
+    (is_estimated: every source but "live" and "recorded").
     """
 
     kernel: str

@@ -29,12 +29,11 @@ import numpy as np
 
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.coverage import CoveredBackend
+from kernel_gym.measure.types import MEASURED_SOURCES, is_estimated  # noqa: F401 - MEASURED_SOURCES re-exported
 from kernel_gym.policies.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy, make_baselines
 from kernel_gym.traffic.simulator import _C, KERNELS, BackendTimer, KVLayout, SimResult, Simulator
 
 POLICY_NAMES = ("default", "static", "vllm-table", "autotune", "random", "tpe", "learned", "oracle")
-# Sources of measured times; any other (recorded-interpolated, -proxy, -borrowed, a roofline) is an estimate.
-MEASURED_SOURCES = ("recorded", "live")
 METRICS = ("tokens_per_s", "tuned_kernel_s", "tuned_kernel_s_same_traffic", "tuning_gpu_s", "ttft_p50_s",
            "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
@@ -132,7 +131,7 @@ class GuardedChooser:
                     out = max(cands, key=lambda c: self._oracle.time_ms(kernel, workload, c))
                     t = self._oracle.time_ms(kernel, workload, out)
             source = self.backend.measure(kernel, workload, out).source
-            hit = self._ok[key] = (out, t * 1e-3, source not in MEASURED_SOURCES)
+            hit = self._ok[key] = (out, t * 1e-3, is_estimated(source))
         return hit
 
 

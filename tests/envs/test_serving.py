@@ -252,3 +252,47 @@ def test_covered_backend_answers_outside_the_grid_honestly_and_counts_it(recorde
     for w in (tiny, tiny, PrefillWorkload(32, 8, 128, (2048,))):
         oracle.choose("prefill_attention", w, KVLayout(16, "NHD"))
     assert oracle.coverage.calls["prefill_attention"] == 3 and oracle.coverage.proxied["prefill_attention"] == 2
+
+
+class _TaggedBackend:
+    """The analytic backend with measured sources ("recorded") except for the workloads `estimated(kernel, workload)`
+    picks, which answer as "recorded-interpolated" (same times)."""
+
+    def __init__(self, inner, estimated):
+        self.inner, self.estimated = inner, estimated
+        self.name = "recorded"
+
+    def measure(self, kernel, workload, config):
+        from dataclasses import replace
+
+        m = self.inner.measure(kernel, workload, config)
+        return replace(m, source="recorded-interpolated" if self.estimated(kernel, workload) else "recorded")
+
+    def available_configs(self, kernel, workload):
+        return self.inner.available_configs(kernel, workload)
+
+
+def test_estimated_share_of_tuned_kernel_time_per_policy_and_family(kwargs, backend):
+    """Serving-v0 reports, per policy and family, the share of tuned-kernel seconds on estimated times: the seconds it
+    charges add up to the simulator's tuned-kernel time, a family answered only by estimates is at 1.0, one answered
+    only by measurements at 0.0, and a split inside a family lands strictly between."""
+    big_moe = lambda k, w: k == "fused_moe" and w.num_tokens >= 64  # noqa: E731
+    tagged = _TaggedBackend(backend, lambda k, w: k == "prefill_attention" or big_moe(k, w))
+    kw = dict(kwargs, backend=tagged)
+    env = make(kw, split="heldout")
+    env.reset(options={"start_s": env._range[0]})
+    _, _, _, _, info = env.step(env.default_action())
+    assert sum(info["kernel_s"].values()) == pytest.approx(info["tuned_kernel_s"], rel=1e-9)
+    assert info["estimated_kernel_s"]["prefill_attention"] == pytest.approx(info["kernel_s"]["prefill_attention"])
+    assert info["estimated_kernel_s"]["decode_attention"] == 0.0
+    res = evaluate_serving(kw, "default")
+    for who in ("agent", "default", "oracle"):
+        assert res[f"{who}_estimated_share.prefill_attention"] == pytest.approx(1.0)
+        assert res[f"{who}_estimated_share.decode_attention"] == 0.0
+        assert 0.0 < res[f"{who}_estimated_share.fused_moe"] < 1.0
+        assert 0.0 < res[f"{who}_estimated_share"] < 1.0
+        assert res[f"{who}_tuned_kernel_s"] > 0
+    # the analytic backend's own answers are not measurements: everything is estimated
+    plain = evaluate_serving(kwargs, "default")
+    assert plain["oracle_estimated_share"] == pytest.approx(1.0)
+    assert plain["agent_estimated_share"] == pytest.approx(1.0)
