@@ -46,3 +46,72 @@ def test_markdown_prints_the_share_beside_the_figures() -> None:
               "estimated_share.prefill_attention": 0.1})
     md = replay.markdown({"trace": "t", "model": "mixtral-8x7b", "routing": "zipf:1.2", "policies": {"learned": m}})
     assert "| 25.0% (10%/0%/50%) |" in md and "Expert routing: zipf:1.2" in md
+
+
+class TableBackend:
+    """Times and sources from a table {(workload, config): (ms, source)}; other pairs are unavailable."""
+
+    name = "recorded"
+
+    def __init__(self, table):
+        self.table = table
+
+    def measure(self, kernel, workload, config):
+        hit = self.table.get((workload, config))
+        if hit is None:
+            return Measurement(kernel, workload.key(), str(config), "unavailable", source="recorded")
+        return Measurement(kernel, workload.key(), str(config), OK, median_ms=hit[0], spread=0.0, repeats=3,
+                           source=hit[1])
+
+    def available_configs(self, kernel, workload):
+        return [c for (w, c) in self.table if w == workload]
+
+
+def test_policy_quality_shares_come_from_the_sources_of_the_scoring_times() -> None:
+    """bench_policies: a workload counts as estimated when its oracle or the policy's (fallback) time is estimated; the
+    oracle-time share weighs the oracle's milliseconds. A result on measured rows only reports 0.0, computed."""
+    from tests.script_module import load_script
+
+    bench = load_script("bench_policies")
+    fam = get_family("fused_moe")
+    a, b = MoEWorkload(4, 8, 2, 4096, 14336, 0.0, "bfloat16"), MoEWorkload(4096, 8, 2, 4096, 14336, 0.0, "bfloat16")
+    ca, cb = fam.default_config(a), fam.default_config(b)
+    assert ca != cb
+    table = {(a, ca): (1.0, "recorded"), (a, cb): (2.0, "recorded"),
+             (b, ca): (4.0, "recorded-interpolated"), (b, cb): (3.0, "recorded-interpolated")}
+    rows = [{"workload": a.key(), "chosen": str(cb)}, {"workload": b.key(), "chosen": str(cb)}]
+    out = bench.estimated_shares(TableBackend(table), "fused_moe", rows)
+    assert out["estimated_workloads"] == 1 and out["estimated_workload_share"] == 0.5
+    assert abs(out["estimated_oracle_time_share"] - 3.0 / (1.0 + 3.0)) < 1e-12
+    assert abs(out["estimated_policy_time_share"] - 3.0 / (2.0 + 3.0)) < 1e-12
+    # only the policy's time estimated: the oracle (ca) is measured at b; the policy's choice has no time there, so
+    # it is scored at b's default config (cb), whose time is borrowed
+    table2 = {(b, ca): (2.0, "recorded"), (b, cb): (3.0, "recorded-borrowed")}
+    other = ca.replace(num_warps=8 if ca["num_warps"] != 8 else 4)
+    assert other not in (ca, cb)
+    out2 = bench.estimated_shares(TableBackend(table2), "fused_moe", [{"workload": b.key(), "chosen": str(other)}])
+    assert out2["estimated_workloads"] == 1 and out2["estimated_oracle_time_share"] == 0.0
+    assert out2["estimated_policy_time_share"] == 1.0
+    measured = {k: (v[0], "recorded") for k, v in table.items()}
+    zero = bench.estimated_shares(TableBackend(measured), "fused_moe", rows)
+    assert zero["estimated_workload_share"] == 0.0 and zero["estimated_oracle_time_share"] == 0.0
+    assert zero["estimated_share_basis"].startswith("computed")
+    md_doc = {"command": "x", "machine": {"cpus": 2}, "results": [
+        {"env_id": "KernelGym/MoE-v0", "model": "m", "geomean_policy": 1.0, "geomean_default": 0.5,
+         "geomean_static": 0.9, "heldout_workloads": 2, "timesteps": 1, "train_seconds": 1, "meets_target": True,
+         **out}]}
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        md = bench.write_markdown(md_doc, Path(d) / "q.md")
+    assert "| 1 of 2 / 75.0% |" in md
+
+
+def test_serving_summary_cell() -> None:
+    from tests.script_module import load_script
+
+    bench = load_script("bench_serving")
+    res = {"agent_estimated_share": 0.25, "agent_estimated_share.prefill_attention": 1.0,
+           "agent_estimated_share.decode_attention": 0.0, "agent_estimated_share.fused_moe": 0.125}
+    assert bench.estimated_cell(res, "agent") == "25.0% (100%/0%/12%)"
