@@ -73,11 +73,11 @@ def estimated_shares(backend, kernel: str, rows: list[dict]) -> dict:
     "chosen": config, ...}) the workload's references are measured again (lookups), and the sources of the two times
     that score it are read: the oracle's (fastest ok config) and the policy's (the chosen config, else the default,
     else the slowest ok config: catalogue.WorkloadReference.ratio_with_fallback)."""
+    from kernel_gym.dispatch.catalogue import measure_reference
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import workload_from_key
     from kernel_gym.measure.types import is_estimated
-    from kernel_gym.policies.catalogue import measure_reference
 
     family = get_family(kernel)
     rec = _SourceRecorder(backend)

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from kernel_gym.kernels.space import Config
+from kernel_gym.measure.roofline import RooflineTimer
 from kernel_gym.models import load_model
-from kernel_gym.traffic import KVLayout, RooflineTimer, Simulator, StaticChooser, load_trace
+from kernel_gym.traffic import KVLayout, Simulator, StaticChooser, load_trace
 from kernel_gym.traffic.routing import ZipfRouting
 
 

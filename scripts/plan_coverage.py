@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.depth < 1 or args.top < 0 or args.neighbour_top < 0 or args.configs_per_shape < 0:
         p.error("--depth must be >= 1; --top, --neighbour-top and --configs-per-shape >= 0")
 
+    from kernel_gym.dispatch.catalogue import MAX_CATALOGUE, build_catalogue
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.recorded import RecordedBackend
-    from kernel_gym.policies.catalogue import MAX_CATALOGUE, build_catalogue
     from kernel_gym.policies.train import prepare_data
 
     backend = RecordedBackend(args.data or None)
@@ -98,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 def plan_new_shapes(backend, kernels: list[str], models: list[str], per_shape: int, neighbour_top: int):
     """Per grid shape without stored rows: collect's seeded sample, the default, the training catalogue, and the
     fastest stored configs of its nearest measured neighbours below and above along the first feature axis."""
+    from kernel_gym.dispatch.catalogue import primary_value
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import workload_from_key
     from kernel_gym.measure.collect import CollectOptions, build_plan
-    from kernel_gym.policies.catalogue import primary_value
     from kernel_gym.policies.train import prepare_data
 
     plan, summary = [], {}
@@ -174,7 +174,7 @@ def plan_new_knobs(backend, kernels: list[str], models: list[str], top: int):
 def neighbours(workload, refs) -> list:
     """The measured references nearest below and above `workload` along its primary axis, all else equal (the
     workload keys differ in one field)."""
-    from kernel_gym.policies.catalogue import primary_value
+    from kernel_gym.dispatch.catalogue import primary_value
 
     x = primary_value(workload)
     fields = json.loads(workload.key())

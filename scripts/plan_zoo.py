@@ -24,9 +24,9 @@ from pathlib import Path
 
 def candidate_configs(kernel: str, backend, sample: int, seed: int = 0) -> tuple[list, list]:
     """(catalogue configs learned from the stored data, the seeded order of the whole space) for one kernel."""
+    from kernel_gym.dispatch.catalogue import MAX_CATALOGUE, build_catalogue
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.collect import _stable_seed
-    from kernel_gym.policies.catalogue import MAX_CATALOGUE, build_catalogue
     from kernel_gym.policies.train import prepare_data
 
     learned: dict = {}

@@ -24,6 +24,7 @@ import math
 import random
 from typing import Any, Callable, Iterable
 
+from kernel_gym.dispatch.rules import default_for, fastest, follow_kv
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import MOE_TOKENS, MoEWorkload, model_workloads
@@ -68,28 +69,8 @@ class Oracle:
         key = (kernel, workload, kv if kernel == "decode_attention" else None)
         if key not in self._best:
             cands = self.candidates(kernel, workload, kv)
-            self._best[key] = min(cands, key=lambda c: self.time_ms(kernel, workload, c)) if cands else None
+            self._best[key] = fastest(cands, lambda c: self.time_ms(kernel, workload, c)) if cands else None
         return self._best[key]
-
-
-def default_for(kernel: str, workload: Any, kv: KVLayout | None) -> Config:
-    """The family's default config, on the KV layout in force for decode."""
-    cfg = get_family(kernel).default_config(workload)
-    if kernel == "decode_attention" and kv is not None:
-        from kernel_gym.policies.dispatcher import on_layout
-
-        cfg = on_layout(cfg, workload, kv.page_size, kv.layout)
-    return cfg
-
-
-def follow_kv(kernel: str, cfg: Config, workload: Any, kv: KVLayout | None) -> Config:
-    """A decode config on the KV layout in force (nearest valid config there)."""
-    if kernel == "decode_attention" and kv is not None and (cfg["PAGE_SIZE"], cfg["LAYOUT"]) != (kv.page_size,
-                                                                                                  kv.layout):
-        from kernel_gym.policies.dispatcher import on_layout
-
-        return on_layout(cfg, workload, kv.page_size, kv.layout)
-    return cfg
 
 
 class Policy:
@@ -239,7 +220,7 @@ class SearchPolicy(Policy):
         if self.sim is not None:
             self.sim.add_stall(stall, f"{self.name} {kernel} {len(tried)} configs")
             self.sim.compiled.update((kernel, c) for c in tried)
-        return min(tried, key=lambda c: self.oracle.time_ms(kernel, workload, c))
+        return fastest(tried, lambda c: self.oracle.time_ms(kernel, workload, c))
 
     def _tpe(self, kernel: str, workload: Any, cands: list[Config]) -> list[Config]:
         import optuna
@@ -278,13 +259,13 @@ class SearchPolicy(Policy):
 
 def training_references(backend: Any, model: Any, kernels: Iterable[str] = KERNELS) -> dict[str, list[Any]]:
     """Reference times of every answerable config on the model's collection grid (the training traffic)."""
-    from kernel_gym.policies.catalogue import measure_reference
+    from kernel_gym.dispatch.catalogue import measure_reference
 
     return {k: measure_reference(backend, get_family(k), model_workloads(k, model)) for k in kernels}
 
 
 def static_configs(refs: dict[str, list[Any]]) -> dict[str, Config]:
-    from kernel_gym.policies.catalogue import best_static_config
+    from kernel_gym.dispatch.catalogue import best_static_config
 
     out = {}
     for k, r in refs.items():

@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from kernel_gym.dispatch.rules import fallback_config, fastest
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.types import Measurement
 
@@ -41,7 +42,7 @@ class WorkloadReference:
 
     @property
     def best_config(self) -> Config:
-        return min(self.times, key=self.times.__getitem__)
+        return fastest(self.times, self.times.__getitem__)
 
     def ratio(self, config: Config) -> float | None:
         """oracle_time / time(config), or None when the config has no ok measurement here."""
@@ -50,14 +51,13 @@ class WorkloadReference:
 
     def ratio_with_fallback(self, config: Config) -> tuple[float, bool]:
         """(ratio, failed): a config without an ok time falls back to the default config, as a dispatcher would;
-        when the default has no ok time either, to the slowest ok config (the conservative bound)."""
+        when the default has no ok time either, to the slowest ok config (the conservative bound):
+        rules.fallback_config."""
         r = self.ratio(config)
         if r is not None:
             return r, False
-        r = self.ratio(self.default)
-        if r is None:
-            r = self.best_time / max(self.times.values())
-        return r, True
+        fallback = fallback_config(self.default, self.times.get, lambda: self.times)
+        return self.best_time / self.times[fallback], True
 
 
 def measure_reference(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from kernel_gym.dispatch.rules import default_for, on_layout
 from kernel_gym.kernels.space import Config
 
 DISPATCH_FORMAT = "kernel-gym-dispatch/1"
@@ -270,12 +271,7 @@ class Dispatcher:
         return out
 
     def _default(self, kernel: str, workload: Any, kv: Any) -> Config:
-        from kernel_gym.kernels import get_family
-
-        cfg = get_family(kernel).default_config(workload)
-        if kernel == "decode_attention" and kv is not None:
-            cfg = on_layout(cfg, workload, kv.page_size, kv.layout)
-        return cfg
+        return default_for(kernel, workload, kv)
 
     @property
     def kv_layout(self) -> Any:
@@ -322,21 +318,6 @@ class Dispatcher:
             family.prepare(family.make_inputs(wl, device), cfg)()
         torch.cuda.synchronize()
         return chosen
-
-
-def on_layout(cfg: Config, workload: Any, page_size: int, layout: str) -> Config:
-    """A decode config moved to a KV layout: the same knobs if valid there, else the valid config on that layout
-    that differs from it in the fewest knobs (ties: the space's order)."""
-    from kernel_gym.kernels import get_family
-
-    space = get_family("decode_attention").space
-    moved = cfg.replace(PAGE_SIZE=page_size, LAYOUT=layout)
-    if space.is_valid(moved, workload):
-        return moved
-    valid = [c for c in space.valid_configs(workload) if c["PAGE_SIZE"] == page_size and c["LAYOUT"] == layout]
-    if not valid:
-        raise ValueError(f"no decode config is valid for {workload} with PAGE_SIZE={page_size} LAYOUT={layout}")
-    return min(valid, key=lambda c: sum(c[k] != moved[k] for k in moved))
 
 
 def knob_distance(a: Config, b: Config) -> tuple[int, float]:

@@ -15,11 +15,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
-from kernel_gym.kernels import get_family
-from kernel_gym.kernels.space import Config
-from kernel_gym.kernels.workloads import model_workloads
-from kernel_gym.measure.types import INVALID, UNAVAILABLE
-from kernel_gym.policies.catalogue import (
+from kernel_gym.dispatch.catalogue import (
     MAX_CATALOGUE,
     Catalogue,
     WorkloadReference,
@@ -27,7 +23,11 @@ from kernel_gym.policies.catalogue import (
     measure_reference,
     split_references,
 )
-from kernel_gym.policies.observation import CLIP, encode, feature_names, observe, raw_features
+from kernel_gym.dispatch.observation import CLIP, encode, feature_names, observe, raw_features
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import model_workloads
+from kernel_gym.measure.types import INVALID, UNAVAILABLE
 
 FAILURE_PENALTY = -1.0
 PROFILES = ("grid", "eval", "small")

@@ -17,7 +17,7 @@ class PrefillAttentionEnv(KernelConfigEnv):
 
     ## Observation Space
 
-    `Box(-4, 4, (8,), float32)`: features of kernel_gym.policies.observation, each mapped linearly from the range
+    `Box(-4, 4, (8,), float32)`: features of kernel_gym.dispatch.observation, each mapped linearly from the range
     below to [-1, 1] and clipped to [-4, 4].
 
     | Num | Observation            | Range    |

@@ -18,14 +18,14 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
+from kernel_gym.dispatch.catalogue import WorkloadReference, build_catalogue, measure_reference
 from kernel_gym.envs.base import resolve_backend
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.coverage import CoveredBackend, cover
+from kernel_gym.measure.roofline import COPY_BW
 from kernel_gym.measure.types import is_estimated
-from kernel_gym.policies.catalogue import WorkloadReference, build_catalogue, measure_reference
 from kernel_gym.traffic.features import traffic_features
-from kernel_gym.traffic.roofline import COPY_BW
 from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS, BackendTimer, KVLayout, Simulator
 from kernel_gym.traffic.traces import Trace, load_trace
 

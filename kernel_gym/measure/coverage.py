@@ -16,8 +16,8 @@ import numpy as np
 
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.recorded import AXES, RecordedBackend, _fixed_key
+from kernel_gym.measure.roofline import kernel_roofline, op_s
 from kernel_gym.measure.types import UNAVAILABLE, Measurement
-from kernel_gym.traffic.roofline import kernel_roofline, op_s
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kernel_gym.dispatch.dispatcher import AXES, Dispatcher, DispatchTable, KernelTable
 from kernel_gym.kernels.space import Config
-from kernel_gym.policies.dispatcher import AXES, Dispatcher, DispatchTable, KernelTable
 from kernel_gym.traffic.simulator import _C, COMPILE_S_DEFAULT
 
 Predictor = Callable[[list[Any]], list[Config]]
@@ -109,11 +109,11 @@ class OnlineTuner:
         wls = [cell_workload(t.kernel, t.fixed, a, b) for a, b in new_cells]
         chosen = list(self.predictors[t.kernel](wls)) if t.kernel in self.predictors else []
         if len(chosen) != len(wls):
-            from kernel_gym.policies.baselines import default_for
+            from kernel_gym.dispatch.rules import default_for
 
             chosen = [default_for(t.kernel, w, None) for w in wls]
         if t.kernel == "decode_attention" and t.kv_layout:
-            from kernel_gym.policies.dispatcher import on_layout
+            from kernel_gym.dispatch.rules import on_layout
 
             ps, lay = t.kv_layout["page_size"], t.kv_layout["layout"]
             chosen = [on_layout(c, w, ps, lay) for c, w in zip(chosen, wls)]

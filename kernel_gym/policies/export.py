@@ -3,7 +3,7 @@
 `kernel-gym export --model-uri models:/kernel-gym-moe-v0-mixtral-8x7b/1 --format dispatch|vllm --out DIR` loads each
 policy (an MLflow pyfunc, kernel_gym.policies.pyfunc_model), asks it for a config on a grid of workload buckets per
 kernel (the model's collection grid, plus routing skews for MoE) and writes:
-- dispatch: DIR/dispatch_table.json (kernel_gym.policies.dispatcher.DispatchTable: buckets, configs, device,
+- dispatch: DIR/dispatch_table.json (kernel_gym.dispatch.dispatcher.DispatchTable: buckets, configs, device,
   versions, the policy each kernel came from);
 - vllm / sglang: the engine's fused-MoE config file, chosen among configs measured in the vllm_fused_moe family
   (vLLM's own kernel) with the engine's shipped entry always a candidate: kernel_gym.policies.engine_export.
@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kernel_gym.dispatch.dispatcher import DispatchTable, KernelTable
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import (
     DECODE_BATCHES,
@@ -33,7 +34,6 @@ from kernel_gym.kernels.workloads import (
     MoEWorkload,
     PrefillWorkload,
 )
-from kernel_gym.policies.dispatcher import DispatchTable, KernelTable
 
 # A predictor maps workloads to configs (one call per kernel: a pyfunc predict, a backend's oracle, a test function).
 Predictor = Callable[[list[Any]], list[Config]]
@@ -97,8 +97,8 @@ def layout_scores(configs: Sequence[Config], wls: Sequence[Any],
     """Per KV layout (page size, layout): the policy's choices moved onto it (on_layout), scored on the measured data
     as (geomean over cells of best time / moved choice's time, cells with data). Cells where the moved config has no
     answer are skipped, so layouts are compared by quality and by how much of the grid the data covers."""
+    from kernel_gym.dispatch.rules import on_layout
     from kernel_gym.kernels import get_family
-    from kernel_gym.policies.dispatcher import on_layout
 
     space = get_family("decode_attention").space
     pages = next(k.values for k in space.knobs if k.name == "PAGE_SIZE")
@@ -146,7 +146,7 @@ def build_kernel_table(kernel: str, model: Any, predict: Predictor, policy: dict
         raise ValueError(f"{kernel}: the policy returned {len(configs)} configs for {len(wls)} workloads")
     layout = None
     if kernel == "decode_attention":
-        from kernel_gym.policies.dispatcher import on_layout
+        from kernel_gym.dispatch.rules import on_layout
 
         chosen_by, scores = "given", {}
         if kv_layout is None and scorer is not None:

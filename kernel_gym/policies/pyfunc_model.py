@@ -7,7 +7,7 @@ code_paths (kernel_gym_observation.py, kernel_gym_workloads.py).
 
 Input rows (a pandas DataFrame), one per workload, either
 - `workload_key`: the workload's canonical key (kernel_gym.kernels.workloads `workload.key()`), or
-- the raw feature columns of kernel_gym.policies.observation.FEATURES[kernel] (e.g. log2_tokens, skew, ...).
+- the raw feature columns of kernel_gym.dispatch.observation.FEATURES[kernel] (e.g. log2_tokens, skew, ...).
 An optional `kernel` column must match the model's kernel.
 
 Output columns: `config` (canonical JSON of the knob values), `action` (catalogue index) and `mask_source`: which
@@ -31,7 +31,7 @@ def _observation_module():
     try:
         import kernel_gym_observation as mod  # bundled with the logged model (code_paths)
     except ImportError:
-        from kernel_gym.policies import observation as mod
+        from kernel_gym.dispatch import observation as mod
     return mod
 
 

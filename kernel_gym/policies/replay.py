@@ -27,10 +27,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from kernel_gym.dispatch.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy, make_baselines
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.coverage import CoveredBackend
 from kernel_gym.measure.types import MEASURED_SOURCES, is_estimated  # noqa: F401 - MEASURED_SOURCES re-exported
-from kernel_gym.policies.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy, make_baselines
 from kernel_gym.traffic.simulator import _C, KERNELS, BackendTimer, KVLayout, SimResult, Simulator
 
 POLICY_NAMES = ("default", "static", "vllm-table", "autotune", "random", "tpe", "learned", "oracle")
@@ -43,7 +43,7 @@ class GuardedChooser:
     one), accumulates tuned-kernel seconds per kernel, and optionally records per-step workloads for the live check."""
 
     def __init__(self, policy: Any, backend: Any, num_layers: int, record_steps: int = 0) -> None:
-        from kernel_gym.policies.baselines import Oracle
+        from kernel_gym.dispatch.baselines import Oracle
 
         self.policy = policy
         self.backend = backend
@@ -119,17 +119,17 @@ class GuardedChooser:
             out = cfg
             if t is None:
                 self.fallbacks += 1
-                from kernel_gym.policies.baselines import default_for
+                from kernel_gym.dispatch.rules import default_for, fallback_config
 
-                out = default_for(kernel, workload, kv)
-                t = self._oracle.time_ms(kernel, workload, out)
-                if t is None:
-                    cands = self._oracle.candidates(kernel, workload, kv)
-                    if not cands:
-                        raise LookupError(f"the backend can time no config of {kernel} on {workload.key()} with KV "
-                                          f"layout {kv}; collect measurements for this model first")
-                    out = max(cands, key=lambda c: self._oracle.time_ms(kernel, workload, c))
-                    t = self._oracle.time_ms(kernel, workload, out)
+                def time_of(c: Config) -> float | None:
+                    return self._oracle.time_ms(kernel, workload, c)
+
+                out = fallback_config(default_for(kernel, workload, kv), time_of,
+                                      lambda: self._oracle.candidates(kernel, workload, kv))
+                if out is None:
+                    raise LookupError(f"the backend can time no config of {kernel} on {workload.key()} with KV "
+                                      f"layout {kv}; collect measurements for this model first")
+                t = time_of(out)
             source = self.backend.measure(kernel, workload, out).source
             hit = self._ok[key] = (out, t * 1e-3, is_estimated(source))
         return hit
@@ -194,7 +194,7 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
 
 def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str | None = None) -> Any:
     """The Dispatcher over a dispatch table: from a file, or exported now from the given (or latest) policies."""
-    from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable
+    from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
     from kernel_gym.policies.export import table_from_registry
 
     if not table_path:
@@ -541,7 +541,7 @@ def load_info(trace: Any, rate_scale: float = 1.0, window: str = "") -> dict[str
 
 def _fresh(disp: Any) -> Any:
     """A Dispatcher over the same table with fresh memo state for each replay."""
-    from kernel_gym.policies.dispatcher import Dispatcher
+    from kernel_gym.dispatch.dispatcher import Dispatcher
 
     return Dispatcher(disp.table)
 

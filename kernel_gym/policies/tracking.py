@@ -168,7 +168,7 @@ def log_policy_model(
     returns the model URI ("models:/name/version" when registered, else the logged model's URI).
 
     known: (workload key, observation, mask) of every workload the run saw (the pyfunc's stored validity masks)."""
-    from kernel_gym.policies import observation as obs_mod
+    from kernel_gym.dispatch import observation as obs_mod
 
     params, activation = export_policy_arrays(model)
     meta = {

@@ -28,8 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kernel_gym.policies import zoo_policy
-from kernel_gym.policies.catalogue import (
+from kernel_gym.dispatch.catalogue import (
     MAX_CATALOGUE,
     Catalogue,
     Evaluation,
@@ -38,7 +37,8 @@ from kernel_gym.policies.catalogue import (
     build_catalogue,
     evaluate_choices,
 )
-from kernel_gym.policies.observation import observe
+from kernel_gym.dispatch.observation import observe
+from kernel_gym.policies import zoo_policy
 
 # Default obs_jitter per kernel (log2 units), from held-out sweeps on the recorded H200 data (docs/agent.md): decode 0.5
 # since its grid gained batches 3, 6, 12, 24, 48 (neighbours 0.4-0.6 apart in log2 batch; 1.0 suited the powers of two:

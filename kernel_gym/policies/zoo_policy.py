@@ -23,9 +23,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kernel_gym.dispatch.catalogue import WorkloadReference
+from kernel_gym.dispatch.observation import observe
 from kernel_gym.kernels.space import Config
-from kernel_gym.policies.catalogue import WorkloadReference
-from kernel_gym.policies.observation import observe
 
 ZOO_MODEL = "zoo"  # TrainArgs.model value that selects the model-conditioned zoo training
 COMMON_SHARE = 0.9  # a config joins the candidates when measured at this share of the zoo shapes where it is valid

@@ -1,7 +1,6 @@
 """Traffic: trace loaders, synthetic profiles, expert routing profiles, the serving simulator, traffic features."""
 
 from kernel_gym.traffic.features import FEATURE_NAMES, feature_dict, traffic_features
-from kernel_gym.traffic.roofline import RooflineTimer, dense_step_s
 from kernel_gym.traffic.routing import (
     DriftingHotRouting,
     RoutingProfile,
@@ -36,7 +35,7 @@ from kernel_gym.traffic.synthetic import (
 from kernel_gym.traffic.traces import Trace, TraceError, load_trace
 
 __all__ = [
-    "FEATURE_NAMES", "feature_dict", "traffic_features", "RooflineTimer", "dense_step_s", "DriftingHotRouting",
+    "FEATURE_NAMES", "feature_dict", "traffic_features", "DriftingHotRouting",
     "RoutingProfile", "UniformRouting", "ZipfRouting", "effective_skew", "entropy_norm", "max_share", "KERNELS",
     "BackendTimer", "ConfigChooser", "IntervalStats", "KernelTimer", "KVLayout", "SimResult", "Simulator",
     "StaticChooser", "EmpiricalLengths", "FixedLengths", "LogNormalLengths", "Phase", "arrival_times", "diurnal",

@@ -21,7 +21,7 @@ import numpy as np
 
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
-from kernel_gym.traffic.roofline import COPY_BW, DEFAULT_VOCAB, dense_step_s
+from kernel_gym.measure.roofline import COPY_BW, DEFAULT_VOCAB, dense_step_s
 from kernel_gym.traffic.routing import entropy_norm
 from kernel_gym.traffic.routing import uniform_for as _uniform_for
 

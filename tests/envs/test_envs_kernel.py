@@ -11,9 +11,9 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import kernel_gym  # noqa: F401  (registers the ids)
+from kernel_gym.dispatch.catalogue import split_workloads
 from kernel_gym.envs import ENV_IDS, ENV_KERNELS
 from kernel_gym.measure.types import COMPILE_ERROR, INVALID, UNAVAILABLE
-from kernel_gym.policies.catalogue import split_workloads
 from tests.fakes.analytic_backend import AnalyticBackend
 
 KERNEL_IDS = ["KernelGym/MoE-v0", "KernelGym/DecodeAttention-v0", "KernelGym/PrefillAttention-v0"]
@@ -147,7 +147,7 @@ def test_split_holds_out_whole_interleaved_token_counts_and_keeps_anchors():
 
 
 def test_catalogue_depth_adds_each_training_workloads_runner_up(backend):
-    from kernel_gym.policies.catalogue import build_catalogue
+    from kernel_gym.dispatch.catalogue import build_catalogue
 
     env = gymnasium.make("KernelGym/MoE-v0", backend=backend, catalogue_depth=1).unwrapped
     refs = env.references
@@ -184,7 +184,7 @@ def test_render_ansi_describes_the_last_step(backend):
 def test_obs_jitter_moves_only_the_workload_axes_of_training_observations(backend):
     """obs_jitter (training only) shifts the decode batch and context features by Gaussian noise per reset and
     leaves the model's constant features alone; the default (0) returns the exact observation every time."""
-    from kernel_gym.policies.observation import feature_names
+    from kernel_gym.dispatch.observation import feature_names
 
     names = feature_names("decode_attention")
     exact = gymnasium.make("KernelGym/DecodeAttention-v0", backend=backend).unwrapped
@@ -208,7 +208,7 @@ def test_obs_jitter_moves_only_the_workload_axes_of_training_observations(backen
 def test_prefill_jitter_scales_every_length_together(backend):
     """Prefill's jitter axis is the sequence lengths, all scaled by one factor 2^d: total tokens and the longest
     length move by d, the causal pairs by 2d (log2 units), the number of sequences not at all."""
-    from kernel_gym.policies.observation import FEATURES, feature_names
+    from kernel_gym.dispatch.observation import FEATURES, feature_names
 
     names = feature_names("prefill_attention")
     exact = gymnasium.make("KernelGym/PrefillAttention-v0", backend=backend).unwrapped
@@ -230,8 +230,8 @@ def test_obs_jitter_masks_what_the_knob_space_rejects_at_the_moved_workload(back
     """With obs_jitter the mask follows the observation: a MoE workload at <= 96 tokens whose observation was moved
     above 96 tokens gets the fused top-k sum (FUSE_SUM=1, invalid above 96 tokens) masked, the mask is never wider
     than the exact workload's, and stepping an entry masked only by the jitter ends the episode as invalid."""
+    from kernel_gym.dispatch.catalogue import Catalogue
     from kernel_gym.kernels.fused_moe import FUSE_SUM_MAX_TOKENS
-    from kernel_gym.policies.catalogue import Catalogue
 
     plain = gymnasium.make("KernelGym/MoE-v0", backend=backend).unwrapped
     ref = next(r for r in plain.references if r.workload.num_tokens == FUSE_SUM_MAX_TOKENS)

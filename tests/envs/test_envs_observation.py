@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernel_gym.dispatch import observation
 from kernel_gym.kernels.workloads import model_workloads
 from kernel_gym.models import BUILTIN_MODELS
-from kernel_gym.policies import observation
 
 
 @pytest.mark.parametrize("kernel", ["fused_moe", "decode_attention", "prefill_attention"])
@@ -29,7 +29,7 @@ def test_encode_names_missing_features():
         observation.feature_names("gemm")
 
 
-@pytest.mark.parametrize("module", ["policies/observation.py", "kernels/workloads.py"])
+@pytest.mark.parametrize("module", ["dispatch/observation.py", "kernels/workloads.py"])
 def test_bundled_modules_import_nothing_from_kernel_gym(module):
     path = Path(observation.__file__).resolve().parents[1] / module
     for node in ast.walk(ast.parse(path.read_text())):

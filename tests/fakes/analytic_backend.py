@@ -9,10 +9,10 @@ from __future__ import annotations
 import random
 import zlib
 
+from kernel_gym.dispatch.observation import observe
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.types import COMPILE_ERROR, INVALID, OK, Measurement
-from kernel_gym.policies.observation import observe
 
 
 class AnalyticBackend:

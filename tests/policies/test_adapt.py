@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable, KernelTable  # noqa: E402
 from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
 from kernel_gym.policies.adapt import OnlineTuner, run_adaptive  # noqa: E402
-from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable, KernelTable  # noqa: E402
 from kernel_gym.policies.export import fixed_dims  # noqa: E402
 from kernel_gym.traffic import BackendTimer, Simulator, ZipfRouting, load_trace  # noqa: E402
 from kernel_gym.traffic.simulator import KVLayout  # noqa: E402

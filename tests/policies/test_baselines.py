@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_gym.dispatch import baselines as bl  # noqa: E402
 from kernel_gym.kernels import get_family  # noqa: E402
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload  # noqa: E402
 from kernel_gym.measure.coverage import CoveredBackend, cover, roofline_scale  # noqa: E402
 from kernel_gym.measure.recorded import RecordedBackend  # noqa: E402
 from kernel_gym.measure.store import Context  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
-from kernel_gym.policies import baselines as bl  # noqa: E402
 from kernel_gym.traffic.simulator import KVLayout  # noqa: E402
 from tests.fakes.analytic_backend import AnalyticBackend
 
@@ -106,7 +106,7 @@ def test_table_baselines_static_and_vllm_nearest_m():
     be = AnalyticBackend(sample=40)
     refs = bl.training_references(be, MODEL, ["fused_moe", "decode_attention", "prefill_attention"])
     static = bl.static_configs(refs)
-    from kernel_gym.policies.catalogue import best_static_config
+    from kernel_gym.dispatch.catalogue import best_static_config
 
     assert static["fused_moe"] == best_static_config(refs["fused_moe"])
     table = bl.vllm_moe_table(bl.Oracle(be), MODEL)

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable, KernelTable, bucket_edges
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
 from kernel_gym.models import BUILTIN_MODELS
-from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable, KernelTable, bucket_edges
 from kernel_gym.policies.export import build_table
 from kernel_gym.traffic.simulator import KVLayout
 

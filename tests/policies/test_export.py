@@ -12,11 +12,11 @@ import mlflow
 import numpy as np
 import pytest
 
+from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
+from kernel_gym.dispatch.observation import feature_names
 from kernel_gym.kernels.workloads import MOE_TOKENS
 from kernel_gym.models import BUILTIN_MODELS
 from kernel_gym.policies import export
-from kernel_gym.policies.dispatcher import Dispatcher, DispatchTable
-from kernel_gym.policies.observation import feature_names
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")

@@ -8,10 +8,11 @@ import json
 import mlflow
 import pytest
 
+from kernel_gym.dispatch.baselines import Oracle  # noqa: E402
+from kernel_gym.dispatch.rules import default_for  # noqa: E402
 from kernel_gym.measure.coverage import CoveredBackend  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
 from kernel_gym.policies import replay  # noqa: E402
-from kernel_gym.policies.baselines import Oracle, default_for  # noqa: E402
 from kernel_gym.policies.export import build_table  # noqa: E402
 from kernel_gym.traffic import load_trace  # noqa: E402
 from tests.fakes.analytic_backend import AnalyticBackend
@@ -107,7 +108,7 @@ def test_errors_are_clear(backend, tmp_path, monkeypatch):
 def test_learned_table_matching_the_oracle_tracks_it_on_moe(backend, table_path):
     trace = load_trace("bundled").window(0, 15)
     cov = CoveredBackend(backend)
-    from kernel_gym.policies.baselines import make_baselines
+    from kernel_gym.dispatch.baselines import make_baselines
 
     fac = make_baselines(["oracle"], cov, MODEL)
     fac["learned"] = lambda: replay.learned_policy(MODEL, table_path=str(table_path))

@@ -114,8 +114,8 @@ def test_pyfunc_accepts_feature_columns_and_matches_the_torch_policy(trained, st
     import pandas as pd
     from sb3_contrib import MaskablePPO
 
+    from kernel_gym.dispatch.observation import observe, raw_features
     from kernel_gym.kernels.workloads import workload_from_key
-    from kernel_gym.policies.observation import observe, raw_features
     from kernel_gym.policies.pyfunc_model import actor_logits
     from kernel_gym.policies.tracking import export_policy_arrays
 

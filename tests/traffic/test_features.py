@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from kernel_gym.kernels.space import Config
+from kernel_gym.measure.roofline import RooflineTimer
 from kernel_gym.models import ModelSpec
 from kernel_gym.traffic.features import FEATURE_NAMES, feature_dict, traffic_features
-from kernel_gym.traffic.roofline import RooflineTimer
 from kernel_gym.traffic.routing import ZipfRouting
 from kernel_gym.traffic.simulator import Simulator, StaticChooser
 from kernel_gym.traffic.synthetic import FixedLengths, Phase, traffic_shift

@@ -9,9 +9,9 @@ import pytest
 
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+from kernel_gym.measure.roofline import COPY_BW, dense_step_s
 from kernel_gym.measure.types import OK, UNAVAILABLE, Measurement
 from kernel_gym.models import BUILTIN_MODELS, ModelSpec
-from kernel_gym.traffic.roofline import COPY_BW, dense_step_s
 from kernel_gym.traffic.routing import UniformRouting, ZipfRouting
 from kernel_gym.traffic.simulator import (
     COMPILE_S_DEFAULT,
