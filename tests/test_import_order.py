@@ -1,0 +1,125 @@
+"""The one-way import order (docs/architecture.md): kernels < measure < traffic < dispatch < envs < policies < cli.
+
+Every module under kernel_gym/ is parsed with ast; each import of kernel_gym (absolute or relative, at module level or
+inside a function) is mapped to its floor and must not be above the importing module's floor. cli.py, demo.py and
+bench.py are the cli floor; the package root, models.py and zoo.py are the bottom "spec" floor that every floor may
+import, and they themselves import only kernels.workloads and each other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "kernel_gym"
+FLOORS = ("kernels", "measure", "traffic", "dispatch", "envs", "policies", "cli")
+CLI_MODULES = {"cli", "demo", "bench"}
+SPEC_MODULES = {"models", "zoo"}
+# What the spec floor may import besides itself.
+SPEC_MAY_IMPORT = ("kernel_gym.kernels.workloads",)
+# (importing file, imported module prefix) -> why the exception is allowed.
+ALLOWED = {
+    ("kernel_gym/__init__.py", "kernel_gym.envs"):
+        "`import kernel_gym` registers the Gymnasium ids (lazily, in _register_envs, only with gymnasium installed)",
+}
+SPEC = -1  # below kernels: importable from every floor
+
+
+def module_name(path: str) -> str:
+    """'kernel_gym/measure/coverage.py' -> 'kernel_gym.measure.coverage' ('kernel_gym/envs/__init__.py' ->
+    'kernel_gym.envs')."""
+    parts = path[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def floor_of(module: str) -> int | None:
+    """The floor index of a kernel_gym module name (SPEC for the spec floor), None for one outside every floor."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    if len(parts) == 1 or parts[1] in SPEC_MODULES:
+        return SPEC
+    if parts[1] in CLI_MODULES:
+        return FLOORS.index("cli")
+    if parts[1] in FLOORS:
+        return FLOORS.index(parts[1])
+    return None
+
+
+def imported_modules(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every kernel_gym import anywhere in the tree. `from X import a, b` yields
+    X.a and X.b (a name may be a submodule); relative imports are resolved against `module`."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == PACKAGE]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != PACKAGE:
+                continue
+            out += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+    return sorted(out)
+
+
+def violations(source: str, path: str) -> list[str]:
+    """Every import in `source` (the text of the module at `path`, relative to the repository root) that goes up
+    the floors, or lands outside every floor, as 'path:line: message'."""
+    module = module_name(path)
+    own = floor_of(module)
+    if own is None:
+        return [f"{path}:1: {module} is on no floor: add its package to FLOORS in tests/test_import_order.py"]
+    problems = []
+    for line, target in imported_modules(ast.parse(source), module, path.endswith("__init__.py")):
+        if any(target == p or target.startswith(p + ".") for (f, p) in ALLOWED if f == path):
+            continue
+        floor = floor_of(target)
+        if floor is None:
+            problems.append(f"{path}:{line}: imports {target}, which is on no floor")
+        elif own == SPEC:
+            if floor != SPEC and not any(target == p or target.startswith(p + ".") for p in SPEC_MAY_IMPORT):
+                problems.append(f"{path}:{line}: the spec floor imports {target}; it may import only "
+                                f"{', '.join(SPEC_MAY_IMPORT)} and the spec modules")
+        elif floor > own:
+            problems.append(f"{path}:{line}: {FLOORS[own]} imports {target} from the higher floor {FLOORS[floor]}")
+    return problems
+
+
+def test_no_module_imports_a_higher_floor():
+    files = sorted((ROOT / PACKAGE).rglob("*.py"))
+    assert len(files) > 50
+    problems = []
+    for f in files:
+        rel = f.relative_to(ROOT).as_posix()
+        problems += violations(f.read_text(), rel)
+    assert not problems, "upward imports (docs/architecture.md, floors):\n" + "\n".join(problems)
+
+
+def test_the_checker_reports_wrong_imports():
+    source = (
+        "from kernel_gym.kernels.space import Config\n"
+        "from kernel_gym.models import load_model\n"
+        "from kernel_gym import zoo\n"
+        "import kernel_gym.measure.types\n"
+        "def f():\n"
+        "    from kernel_gym.policies.train import train\n"
+        "    import kernel_gym.envs.base\n"
+        "from ..dispatch import catalogue\n"
+        "from . import roofline\n"
+        "from kernel_gym import cli\n"
+    )
+    found = violations(source, "kernel_gym/measure/example.py")
+    assert [p.split(":")[1] for p in found] == ["6", "7", "8", "10"], found
+    assert "kernel_gym.policies.train" in found[0] and "kernel_gym.dispatch.catalogue" in found[2]
+    assert violations("from kernel_gym.traffic.simulator import Simulator\n", "kernel_gym/dispatch/x.py") == []
+    assert violations("from kernel_gym.dispatch.rules import fastest\n", "kernel_gym/traffic/x.py")
+    assert violations("from kernel_gym.measure.types import OK\n", "kernel_gym/models.py")
+    assert violations("from kernel_gym.kernels.workloads import MoEWorkload\n", "kernel_gym/zoo.py") == []
+    assert violations("import os\n", "kernel_gym/newfloor/x.py")
