@@ -4,8 +4,8 @@
 learned,oracle --json out/replay.json` replays the trace once per policy (kernel times from the backend: the recorded
 H200 store by default) and writes {"trace", "model", "policies": {NAME: {tokens_per_s, tuned_kernel_s, tuning_gpu_s,
 ttft_p50_s, ttft_p99_s, tpot_p50_s, tpot_p99_s, ...}}}, a markdown table (.md) and plots (.png: tokens/s over time,
-config switches) beside the JSON, and logs all of it to MLflow. The baselines are defined in baselines.py; "learned"
-is the exported policy served through the Dispatcher (no measurement at serving time).
+config switches) beside the JSON, and logs all of it to MLflow. The baselines are defined in dispatch/baselines.py;
+"learned" is the exported policy served through the Dispatcher (no measurement at serving time).
 
 A policy that offers `choose_within` (the learned Dispatcher) is given the configs the data holds for the workload
 (valid, on the KV layout in force, answered "ok" by the backend: a data-availability mask as in training, no timing)

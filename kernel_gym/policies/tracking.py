@@ -185,7 +185,7 @@ def log_policy_model(
         t = Path(tmp)
         np.savez(t / "policy.npz", **params)
         (t / "policy.json").write_text(json.dumps(meta))
-        shutil.copy(PACKAGE_ROOT / "policies" / "observation.py", t / "kernel_gym_observation.py")
+        shutil.copy(PACKAGE_ROOT / "dispatch" / "observation.py", t / "kernel_gym_observation.py")
         shutil.copy(PACKAGE_ROOT / "kernels" / "workloads.py", t / "kernel_gym_workloads.py")
         info = mlflow.pyfunc.log_model(
             name="policy",

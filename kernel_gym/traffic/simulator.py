@@ -6,8 +6,8 @@ Per engine step: running decode requests each add one token; the rest of the tok
 memory minus weights; a decode that needs a page when none is free preempts the most recently admitted running request
 (recompute: its pages are freed, and on resume it prefills prompt + generated tokens again without re-emitting them).
 Each step becomes three tuned-kernel workloads per layer (prefill attention, decode attention, fused MoE) timed by a
-`KernelTimer` under configs picked by a `ConfigChooser`, plus the untuned ops from a roofline (roofline.py), plus a
-fixed per-step overhead, plus stalls (first-use compiles, KV re-layouts, ones charged by `add_stall`).
+`KernelTimer` under configs picked by a `ConfigChooser`, plus the untuned ops from a roofline (measure/roofline.py),
+plus a fixed per-step overhead, plus stalls (first-use compiles, KV re-layouts, ones charged by `add_stall`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def log_policy(tmp: Path, name: str = "kernel-gym-moe-v0", extra: dict | None = 
     meta = {"kernel": "fused_moe", "env_id": "KernelGym/MoE-v0", "activation": "tanh", "feature_names": names,
             "configs": [A, B], "known_masks": {}, "known_obs": {}, "run_id": "r1", **(extra or {})}
     (tmp / "policy.json").write_text(json.dumps(meta))
-    shutil.copy(PKG / "policies" / "observation.py", tmp / "kernel_gym_observation.py")
+    shutil.copy(PKG / "dispatch" / "observation.py", tmp / "kernel_gym_observation.py")
     shutil.copy(PKG / "kernels" / "workloads.py", tmp / "kernel_gym_workloads.py")
     with mlflow.start_run():
         info = mlflow.pyfunc.log_model(
