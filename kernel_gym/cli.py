@@ -87,6 +87,7 @@ DELEGATED = {
     "train": ("kernel_gym.policies.train", "train a MaskablePPO policy on an environment; logs to MLflow"),
     "replay": ("kernel_gym.policies.replay", "replay a trace through the serving simulator with each policy"),
     "export": ("kernel_gym.policies.export", "export a registered policy as a dispatch table or vLLM config files"),
+    "tune": ("kernel_gym.policies.tune", "GPU: measure the policy's top candidates for a new model, export the table"),
     "demo": ("kernel_gym.demo", "the main job on embedded defaults, CPU only: train, export, replay, compare"),
 }
 

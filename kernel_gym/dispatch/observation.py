@@ -95,3 +95,16 @@ def encode(kernel: str, raw: Mapping[str, float]) -> np.ndarray:
 def observe(workload: Any) -> np.ndarray:
     """The observation of one workload."""
     return encode(workload.kernel, raw_features(workload))
+
+
+def actor_logits(params: Mapping[str, np.ndarray], activation: str, obs: np.ndarray) -> np.ndarray:
+    """Forward pass of an exported actor (tracking.export_policy_arrays): hidden layers W{i}, b{i} with `activation`,
+    then the action head. Here, beside the observation, so that the logged model and `kernel-gym tune` (on a GPU
+    machine without MLflow) score a policy with the same numpy code."""
+    act = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}[activation]
+    x = np.asarray(obs, dtype=np.float32)
+    i = 0
+    while f"W{i}" in params:
+        x = act(x @ params[f"W{i}"].T + params[f"b{i}"])
+        i += 1
+    return x @ params["W_out"].T + params["b_out"]

@@ -277,6 +277,8 @@ def check_policy_model(kernel: str, provenance: dict[str, Any], model: Any) -> s
     specs = _trained_for(provenance)
     conditioned = bool(provenance.get("model_conditioned"))
     trained = "unknown (logged without a model spec)" if specs is None else ",".join(s.get("name", "?") for s in specs)
+    if specs is not None and conditioned and len(specs) > 3:
+        trained = f"{len(specs)} specs: {specs[0].get('name', '?')}, ..., {specs[-1].get('name', '?')}"
     if specs is not None and not conditioned and model is not None:
         want = asdict(model)
         match = any(s == want or (set(s) == {"name"} and s["name"] == want["name"]) for s in specs)

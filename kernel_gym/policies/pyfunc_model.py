@@ -44,14 +44,8 @@ def _workloads_module():
 
 
 def actor_logits(params: dict[str, np.ndarray], activation: str, obs: np.ndarray) -> np.ndarray:
-    """Forward pass of the exported actor: hidden layers W{i}, b{i} with `activation`, then the action head."""
-    act = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}[activation]
-    x = np.asarray(obs, dtype=np.float32)
-    i = 0
-    while f"W{i}" in params:
-        x = act(x @ params[f"W{i}"].T + params[f"b{i}"])
-        i += 1
-    return x @ params["W_out"].T + params["b_out"]
+    """The actor's forward pass: the bundled observation module's (one implementation for the model and for tune)."""
+    return _observation_module().actor_logits(params, activation, obs)
 
 
 class KernelPolicyModel(PythonModel):
