@@ -30,7 +30,7 @@ class _Points:
 
 
 def roofline_scale(kernel: str, query: Any, source: Any) -> float:
-    """The one scaling rule: max(1, roofline(query) / roofline(source)), roofline = traffic.roofline.op_s of
+    """The one scaling rule: max(1, roofline(query) / roofline(source)), roofline = measure.roofline.op_s of
     kernel_roofline (flops at 792 TFLOP/s vs bytes at 4.27 TB/s). More work scales a time up; a smaller shape is
     never priced faster than the measurement it comes from (small calls are launch-bound)."""
     q, s = op_s(*kernel_roofline(kernel, query)), op_s(*kernel_roofline(kernel, source))
