@@ -270,7 +270,9 @@ def static_configs(refs: dict[str, list[Any]]) -> dict[str, Config]:
     out = {}
     for k, r in refs.items():
         if not r:
-            raise ValueError(f"no {k} workload of the training grid has a measurement: cannot build baselines")
+            raise ValueError(f"no {k} workload of this model's grid has a measurement, and replay scores every policy "
+                             "on measured times: measure the model first (kernel-gym tune --model SPEC, or "
+                             "kernel-gym collect --model SPEC, on a GPU) or replay a measured model")
         out[k] = best_static_config(r)
     return out
 

@@ -449,7 +449,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = table.save(args.out / TABLE_FILE)
     else:
         path = write_vllm(table, args.out, args.skew)
+    measured = {k: measured_model(k, model) for k in table.kernels}
+    for k, known in measured.items():
+        if not known:
+            print(f"note: {model.name} has no {k} measurements: its table holds the model-conditioned policy's "
+                  "zero-shot choices (docs/generalisation.md gives their measured quality); `kernel-gym tune` "
+                  "measures the policy's candidates for it", file=sys.stderr)
     print(json.dumps({"format": args.format, "path": str(path), "kernels": {
-        k: {"policy": t.policy.get("model_uri", ""), "buckets": len(t.cells), "configs": len(t.configs)}
+        k: {"policy": t.policy.get("model_uri", ""), "buckets": len(t.cells), "configs": len(t.configs),
+            "model_measured": measured[k]}
         for k, t in table.kernels.items()}}, indent=1))
     return 0
+
+
+def measured_model(kernel: str, model: Any) -> bool:
+    """Whether the packaged data holds any workload of this model's shape for the kernel (its fixed dimensions)."""
+    from kernel_gym.measure import make_backend
+
+    backend = make_backend("recorded")
+    if kernel not in backend.kernels():
+        return False
+    fixed = fixed_dims(kernel, model)
+    return any(all(getattr(w, f, v) == v for f, v in fixed.items()) for w in backend.workloads(kernel))

@@ -90,17 +90,22 @@ def test_latest_policy_prefers_the_one_trained_for_the_model(store, tmp_path):
 
 
 def test_vllm_export_has_vllm_name_and_schema(store, tmp_path):
-    """--format vllm writes vLLM's file from vllm_fused_moe measurements (tests/policies/test_engine_export.py); the
-    packaged data has none, so it is refused, and --force writes vLLM's own shipped entries, marked as an estimate."""
-    with pytest.raises(ValueError, match="refusing to export"):
-        export.main(["--format", "vllm", "--out", str(tmp_path)])
-    assert export.main(["--format", "vllm", "--force", "--out", str(tmp_path)]) == 0
-    path = tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json"
+    """--format vllm writes vLLM's file from vllm_fused_moe measurements (tests/policies/test_engine_export.py): the
+    packaged data holds them for Mixtral-8x7B (H200 run 2), so its file is written from measurements; a spec without
+    them is refused, and --force writes vLLM's own entries for it, marked as an estimate."""
+    assert export.main(["--format", "vllm", "--out", str(tmp_path / "mixtral")]) == 0
+    path = tmp_path / "mixtral" / "E=8,N=14336,device_name=NVIDIA_H200.json"
     data = json.loads(path.read_text())
     keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
     assert all(set(v) == keys and all(isinstance(x, int) for x in v.values()) for v in data.values())
-    assert {int(k): v for k, v in data.items()}[4096]["BLOCK_SIZE_N"] == 256  # vLLM's shipped H200 entry
-    assert json.loads((tmp_path / "kernel_gym_export.json").read_text())["files"][path.name]["estimate"] is True
+    assert {int(k) for k in data} >= {1, 16, 256, 4096}
+    sidecar = json.loads((tmp_path / "mixtral" / "kernel_gym_export.json").read_text())
+    assert sidecar["files"][path.name]["estimate"] is False
+    with pytest.raises(ValueError, match="refusing to export"):
+        export.main(["--format", "vllm", "--model", "phi-3.5-moe", "--out", str(tmp_path / "phi")])
+    assert export.main(["--format", "vllm", "--model", "phi-3.5-moe", "--force", "--out", str(tmp_path / "phi")]) == 0
+    forced = json.loads((tmp_path / "phi" / "kernel_gym_export.json").read_text())
+    assert all(f["estimate"] is True for f in forced["files"].values())
 
 
 def test_export_errors_name_the_fix(store, tmp_path):
