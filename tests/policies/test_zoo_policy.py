@@ -1,0 +1,81 @@
+"""The model-conditioned policy's catalogue and zero-shot choice, and `kernel-gym tune`'s plan and refit."""
+
+import json
+
+import numpy as np
+import pytest
+
+from kernel_gym.dispatch.catalogue import WorkloadReference
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import MoEWorkload
+from kernel_gym.policies import tune, zoo_policy
+
+FAM = get_family("fused_moe")
+W1 = MoEWorkload(16, 8, 2, 4096, 14336)
+W2 = MoEWorkload(64, 8, 2, 4096, 14336)
+
+
+def ref(w, times):
+    return WorkloadReference(w, {Config.parse(c): t for c, t in times.items()}, {}, FAM.default_config(w),
+                             frozenset(Config.parse(c) for c in times))
+
+
+def test_common_configs_need_a_measurement_at_most_zoo_shapes():
+    a, b = str(FAM.default_config(W1)), str(FAM.default_config(W1).replace(num_warps=8))
+    refs = [ref(W1, {a: 1.0, b: 0.9}), ref(W2, {a: 2.0})]
+    common = zoo_policy.common_configs(refs, {W1.key(), W2.key()}, FAM.space)
+    assert Config.parse(a) in common and Config.parse(b) not in common  # b is valid at W2 but unmeasured there
+    restricted = zoo_policy.restrict(refs, common)
+    assert set(restricted[0].times) == {Config.parse(a)}
+
+
+def test_ranker_masks_with_the_rules_only(tmp_path):
+    configs = [FAM.default_config(W1), FAM.default_config(W1).replace(BLOCK_M=128, TMA_LOADS=2)]
+    meta = {"kernel": "fused_moe", "configs": [dict(c) for c in configs], "activation": "tanh"}
+    obs_dim = 8
+    params = {"W0": np.zeros((4, obs_dim), np.float32), "b0": np.zeros(4, np.float32),
+              "W_out": np.zeros((2, 4), np.float32), "b_out": np.array([0.0, 1.0], np.float32)}
+    tune.save_bundle(tmp_path, "fused_moe", meta, params, {"model_uri": "models:/x/1"})
+    meta2, params2, prov = tune.load_bundle(tmp_path, "fused_moe")
+    assert prov["model_uri"] == "models:/x/1" and np.array_equal(params2["b_out"], params["b_out"])
+    rank = tune.ranker("fused_moe", meta2, params2)
+    tiny = MoEWorkload(16, 8, 2, 96, 96)  # TMA needs whole 128-row tiles: the second entry is invalid here
+    assert rank(W1)[0] == configs[1]  # preferred and valid
+    assert configs[1] not in rank(tiny) and rank(tiny)[0] == configs[0]
+    plan = tune.tune_plan("fused_moe", __import__("kernel_gym.models", fromlist=["x"]).load_model("mixtral-8x7b"),
+                          rank, top_k=1)
+    assert plan and all(len(e["configs"]) == 1 for e in plan)
+    assert len({e["workload"] for e in plan}) == len(plan)
+
+
+def test_tuned_predictor_takes_the_fastest_measured_else_zero_shot():
+    a, b = FAM.default_config(W1), FAM.default_config(W1).replace(num_warps=8)
+    plan = [{"kernel": "fused_moe", "workload": W1.key(), "configs": [str(a), str(b)]},
+            {"kernel": "fused_moe", "workload": W2.key(), "configs": [str(a)]}]
+    times = {(W1.key(), str(a)): 2.0, (W1.key(), str(b)): 1.0}
+    predict = tune.tuned_predictor(plan, times, lambda ws: [a for _ in ws])
+    assert predict([W1, W2]) == [b, a]  # W2 has no measurement: the zero-shot choice stays
+    assert predict.measured_cells == 1
+
+
+def test_zero_shot_report_scores_paired_rounds(tmp_path):
+    """scripts/zero_shot_live.py report: ratio = best / chosen over paired rounds; a failed choice falls back."""
+    from tests.script_module import load_script
+
+    zsl = load_script("zero_shot_live")
+    a, b, d = "A", "B", "D"
+    result = {"results": [{"kernel": "fused_moe", "model": "m", "shard": "m", "workload": "w1",
+                           "choices": {"0": a, "1": "X"}, "tune": {"0": [a, b], "1": [b]}, "default": d,
+                           "tune_picks": {"0": b, "1": b}, "sweep_ms": {a: 2.0, b: 1.0, d: 4.0},
+                           "seconds": {a: 0.1, b: 0.1, d: 0.1}, "configs_swept": 3,
+                           "round_ms": {a: [2.0, 2.0, 2.2], b: [1.0, 1.1, 1.0], d: [4.0, 4.0, 4.0]}}]}
+    (tmp_path / "live.json").write_text(json.dumps(result))
+    out = tmp_path / "g.json"
+    zsl.main(["report", "--result", str(tmp_path / "live.json"), "--plan", str(tmp_path / "none.json"),
+              "--out", str(out)])
+    g = json.loads(out.read_text())
+    rows = {r["seed"]: r for r in g["zero_shot"]["kernel"]["fused_moe"]["rows"]}
+    assert rows[0]["ratio"] == 0.5 and rows[1]["ratio"] == 0.25  # seed 1's choice failed: the default config
+    assert g["tuned"]["fused_moe"]["geomean"] == 1.0
+    assert g["curves"]["fused_moe"]["policy_ranked"]["1"] == pytest.approx(0.5 ** 0.5)  # seeds: a (0.5), b (1)
