@@ -284,12 +284,39 @@ def report(args: argparse.Namespace) -> int:
                     "gpu_seconds_per_config (compile + check + time). Random order over the >= 256-config sweep is "
                     "exhaustive search cut at k; k = all is the full grid a benchmark_moe-style tuner runs."}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
+    plot_curves(out["curves"], args.out.with_name(args.out.stem + "_curve.png"))
     for kernel, z in out["zero_shot"]["kernel"].items():
         t = out["tuned"][kernel]
         print(f"{kernel}: zero-shot geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
               f"{z['workloads']} workloads x {len(z['seeds'])} seeds (default {z['default_geomean']:.3f}); "
               f"tuned (top-{TUNE_K}) geomean {t['geomean']:.3f} p5 {t['p5']:.3f}")
     return 0
+
+
+def plot_curves(curves: dict, path: Path) -> None:
+    """Quality (sweep best / best found) against GPU-seconds per shape: the policy's ranking vs random search."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), squeeze=False)
+    for ax, (kernel, c) in zip(axes[0], curves.items()):
+        spc = c["gpu_seconds_per_config"]
+        for key, label, style in (("policy_ranked", "policy's top-k (tune)", "o-"),
+                                  ("random_order", "random valid configs (search)", "s--")):
+            ks = sorted(int(k) for k in c[key])
+            ax.plot([k * spc for k in ks], [c[key][str(k)] if str(k) in c[key] else c[key][k] for k in ks], style,
+                    label=label)
+        ax.axhline(0.99, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("GPU-seconds per shape")
+        ax.set_ylabel("quality (sweep best / best found)")
+        ax.set_title(f"{kernel}, models never trained on")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
