@@ -37,7 +37,7 @@ def _replay(args: argparse.Namespace, chooser_name: str, trace, model) -> dict:
                         ZipfRouting(model.num_experts, model.top_k, seed=0, exponent=args.skew), kv_layout=kv)
         coverage = None
     else:
-        from kernel_gym.envs.serving import KERNELS, DispatchRule, OracleChooser, _Answers, _RuleChooser
+        from kernel_gym.dispatch.serving_rules import KERNELS, DispatchRule, OracleChooser, _Answers, _RuleChooser
         from kernel_gym.kernels import get_family
         from kernel_gym.measure import make_backend
         from kernel_gym.measure.coverage import cover

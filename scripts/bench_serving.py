@@ -41,8 +41,10 @@ def main() -> None:
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from kernel_gym.envs.serving import ServingEnv, build_serving_catalogue, evaluate_serving
+    from kernel_gym.dispatch.serving_rules import build_serving_catalogue
+    from kernel_gym.envs.serving import ServingEnv
     from kernel_gym.measure import make_backend
+    from kernel_gym.policies.serving_eval import evaluate_serving
 
     torch.set_num_threads(args.threads)
     out = Path(args.out_dir)

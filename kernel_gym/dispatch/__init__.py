@@ -10,6 +10,9 @@
 - `baselines.py`: the policies a user could run instead of the learned one (default, static, vllm-table, autotune,
   random, tpe, oracle) as simulator ConfigChoosers.
 - `rules.py`: the decision rules those share, one named function per rule (below).
+- `serving_rules.py`: Serving-v0's dispatch rules (`bucket_of`, `DispatchRule`), their catalogue built from the
+  training traffic (`build_serving_catalogue`) and the choosers the simulator runs them through (`_RuleChooser`,
+  `OracleChooser`).
 
 The package's `__init__` imports nothing, so `import kernel_gym.dispatch.dispatcher` stays standard-library-only.
 
@@ -17,30 +20,30 @@ Decision rules: which chooser uses which
 ----------------------------------------
 Oracle (`rules.fastest`: lowest time, ties to the first in the given order): `WorkloadReference.best_config`,
 `baselines.Oracle.best` (fastest valid, answerable config on the KV layout in force), and `SearchPolicy` keeping the
-fastest of the configs it measured. `envs/serving.py`'s `OracleChooser` applies the same rule through
+fastest of the configs it measured. `serving_rules.py`'s `OracleChooser` applies the same rule through
 `_Answers.ranked()[0]` (a stable sort by time, so the same tie order) and its rule tables through
-`min(ok, key=time)`; they are left there until serving.py is split (issue 17 item 3).
+`min(ok, key=time)`.
 
 Fallback, when a choice has no time: two different rules, on purpose, kept apart.
 - Evaluation and replay (`rules.fallback_config`): the family default, else the SLOWEST timed candidate (the
   conservative bound: a choice the data cannot score is never credited with a good time). Used by
   `WorkloadReference.ratio_with_fallback` (training evaluation, the static baseline) and `policies.replay`'s
   `GuardedChooser`.
-- The Serving-v0 env (`envs/serving.py` `_RuleChooser._resolve`): the family default, else the FASTEST available
+- The Serving-v0 env (`serving_rules.py` `_RuleChooser._resolve`): the family default, else the FASTEST available
   config (`_Answers.ranked()[0]`), every fallback counted in `info["fallbacks"]`. The two were written separately and
   give different numbers when a fallback happens; this refactor changes no number, so both stay (the env's in
-  serving.py until that file is split) and whether they should agree is left as an open question.
+  serving_rules.py) and whether they should agree is left as an open question.
 
 Following the KV layout (a decode config under the page size and layout in force): two different rules.
 - `rules.on_layout` / `rules.follow_kv` / `rules.default_for`: the same knobs on the new layout if valid there, else
   the valid config on that layout nearest in knobs. Used by the `Dispatcher`, the baselines, replay, export and
   online adaptation.
 - Plain relabelling (`cfg.replace(PAGE_SIZE=..., LAYOUT=...)`, no validity check): `traffic.simulator.StaticChooser`
-  (the traffic floor cannot import dispatch) and `envs/serving.py`'s `DispatchRule` / `_RuleChooser`, where a
+  (the traffic floor cannot import dispatch) and `serving_rules.py`'s `DispatchRule` / `_RuleChooser`, where a
   relabelled config that is invalid or untimed then takes the env's fallback above.
 
 Shape buckets stay per use: the dispatch table's two axes per kernel (`dispatcher.AXES`, `axis_values`), the search
 baselines' tuning key (`baselines.shape_key`, what an autotuner keys on) and the Serving-v0 rule tables' half-octave
-buckets (`envs/serving.py` `bucket_of`). A bucket field on the kernel families was not added: `source_hash()` of each
+buckets (`serving_rules.py` `bucket_of`). A bucket field on the kernel families was not added: `source_hash()` of each
 family module hashes the whole family class, so any edit there re-keys (orphans) the family's stored measurements.
 """

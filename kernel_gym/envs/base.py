@@ -27,6 +27,7 @@ from kernel_gym.dispatch.observation import CLIP, encode, feature_names, observe
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import model_workloads
+from kernel_gym.measure import resolve_backend
 from kernel_gym.measure.types import INVALID, UNAVAILABLE
 
 FAILURE_PENALTY = -1.0
@@ -59,21 +60,6 @@ class WorkloadProfile:
     workloads: list[Any]
     weights: list[float] | None = None
     anchors: list[str] = field(default_factory=list)
-
-
-def resolve_backend(backend: Any) -> Any:
-    """A Backend object as is, or a name for kernel_gym.measure.make_backend ("recorded", "live", ...)."""
-    if not isinstance(backend, str):
-        if not hasattr(backend, "measure") or not hasattr(backend, "available_configs"):
-            raise TypeError(f"backend {backend!r} is neither a backend name nor a Backend (measure, available_configs)")
-        return backend
-    try:
-        from kernel_gym.measure import make_backend
-    except ImportError as exc:
-        raise ValueError(
-            f"backend {backend!r}: kernel_gym.measure.make_backend is not available ({exc}); pass a Backend object"
-        ) from exc
-    return make_backend(backend)
 
 
 def resolve_profile(profile: Any, kernel: str, model: Any) -> WorkloadProfile:

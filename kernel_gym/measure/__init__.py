@@ -1,6 +1,7 @@
 """Measurement: one backend interface (types.Backend), three backends, the SQLite store, collection and summary.
 
-`make_backend("live" | "recorded" | "interpreter", **kw)` builds one; submodules import torch/triton only when used.
+`make_backend("live" | "recorded" | "interpreter", **kw)` builds one (`resolve_backend`: from a name or as is);
+submodules import torch/triton only when used.
 """
 
 from __future__ import annotations
@@ -30,4 +31,13 @@ def make_backend(name: str, **kw: Any) -> Backend:
     raise ValueError(f"unknown backend {name!r}: choose one of {list(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "Backend", "Measurement", "make_backend"]
+def resolve_backend(backend: Any) -> Any:
+    """A Backend object as is, or a name for make_backend ("recorded", "live", ...)."""
+    if not isinstance(backend, str):
+        if not hasattr(backend, "measure") or not hasattr(backend, "available_configs"):
+            raise TypeError(f"backend {backend!r} is neither a backend name nor a Backend (measure, available_configs)")
+        return backend
+    return make_backend(backend)
+
+
+__all__ = ["BACKENDS", "Backend", "Measurement", "make_backend", "resolve_backend"]

@@ -11,15 +11,11 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from kernel_gym.envs.serving import (
-    KERNELS,
-    DispatchRule,
-    ServingEnv,
-    build_serving_catalogue,
-    evaluate_serving,
-)
+from kernel_gym.dispatch.serving_rules import DispatchRule, build_serving_catalogue
+from kernel_gym.envs.serving import ServingEnv
 from kernel_gym.measure.types import OK
-from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT
+from kernel_gym.policies.serving_eval import evaluate_serving
+from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS
 from kernel_gym.traffic.synthetic import LogNormalLengths, poisson
 from tests.fakes.analytic_backend import AnalyticBackend
 
@@ -222,7 +218,7 @@ def test_covered_backend_answers_outside_the_grid_honestly_and_counts_it(recorde
     """The H200 data stops at 2112 causal pairs (prefill) and 6144 tokens (MoE): a proxy answers beyond, never
     faster than the nearest measured shape when smaller, scaled by the roofline ratio when bigger; in-grid answers
     are the recorded ones; choosers count the calls that rest on proxies."""
-    from kernel_gym.envs.serving import OracleChooser, _Answers
+    from kernel_gym.dispatch.serving_rules import OracleChooser, _Answers
     from kernel_gym.kernels.workloads import MoEWorkload, PrefillWorkload
     from kernel_gym.measure.coverage import CoveredBackend, cover
     from kernel_gym.traffic.simulator import KVLayout
