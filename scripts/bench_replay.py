@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from kernel_gym.measure import make_backend
-from kernel_gym.policies import replay
+from kernel_gym.policies import replay, replay_report
 from kernel_gym.policies.train import TrainArgs, train
 
 ENVS = {"fused_moe": "KernelGym/MoE-v0", "decode_attention": "KernelGym/DecodeAttention-v0",
@@ -53,7 +53,7 @@ def main() -> int:
                          "--seed", str(args.seed), "--json", str(path), *uris])
             reports.append((name, json.loads(path.read_text())))
     summary = args.out / "summary.md"
-    summary.write_text(replay.summary_markdown(reports))
+    summary.write_text(replay_report.summary_markdown(reports))
     print(summary.read_text())
     return 0
 

@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from kernel_gym.policies.replay import main, summary_markdown
+from kernel_gym.policies.replay import main
+from kernel_gym.policies.replay_report import summary_markdown
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--summary"]:

@@ -4,8 +4,9 @@
 learned,oracle --json out/replay.json` replays the trace once per policy (kernel times from the backend: the recorded
 H200 store by default) and writes {"trace", "model", "policies": {NAME: {tokens_per_s, tuned_kernel_s, tuning_gpu_s,
 ttft_p50_s, ttft_p99_s, tpot_p50_s, tpot_p99_s, ...}}}, a markdown table (.md) and plots (.png: tokens/s over time,
-config switches) beside the JSON, and logs all of it to MLflow. The baselines are defined in dispatch/baselines.py;
-"learned" is the exported policy served through the Dispatcher (no measurement at serving time).
+config switches) beside the JSON, and logs all of it to MLflow (the reporting and the check of the project's targets:
+replay_report.py). The baselines are defined in dispatch/baselines.py; "learned" is the exported policy served through
+the Dispatcher (no measurement at serving time).
 
 A policy that offers `choose_within` (the learned Dispatcher) is given the configs the data holds for the workload
 (valid, on the KV layout in force, answered "ok" by the backend: a data-availability mask as in training, no timing)
@@ -31,7 +32,8 @@ from kernel_gym.dispatch.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy,
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.coverage import CoveredBackend
 from kernel_gym.measure.types import MEASURED_SOURCES, is_estimated  # noqa: F401 - MEASURED_SOURCES re-exported
-from kernel_gym.traffic.simulator import _C, KERNELS, BackendTimer, KVLayout, SimResult, Simulator
+from kernel_gym.policies.replay_report import log_mlflow, markdown, write_outputs
+from kernel_gym.traffic.simulator import KERNELS, BackendTimer, KVLayout, SimResult, Simulator
 
 POLICY_NAMES = ("default", "static", "vllm-table", "autotune", "random", "tpe", "learned", "oracle")
 METRICS = ("tokens_per_s", "tuned_kernel_s", "tuned_kernel_s_same_traffic", "tuning_gpu_s", "ttft_p50_s",
@@ -248,173 +250,6 @@ def report(trace_name: str, model_name: str, runs: dict[str, PolicyRun], extra: 
                              **{k: v for k, v in r.metrics.items() if k not in METRICS}} for n, r in runs.items()}}
 
 
-def markdown(rep: dict[str, Any]) -> str:
-    pols = rep["policies"]
-    ref = pols.get("oracle", {}).get("tokens_per_s")
-    lines = [f"# Replay: {rep['trace']} on {rep['model']}", "",
-             *([f"Load: {rep['load']}", ""] if rep.get("load") else []),
-             *([f"Expert routing: {rep['routing']}", ""] if rep.get("routing") else []),
-             "| policy | tokens/s | vs oracle | tuned kernels (s) | same-traffic kernels (s) | vs oracle | "
-             "tuning (GPU-s) | TTFT p50 (s) | TTFT p99 (s) | TPOT p50 (ms) | TPOT p99 (ms) | switches | fallbacks | "
-             "estimated kernel time (all; prefill/decode/MoE) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    kref = pols.get("oracle", {}).get("tuned_kernel_s_same_traffic")
-    for n, m in pols.items():
-        rel = f"{m['tokens_per_s'] / ref:.3f}" if ref else "-"
-        same = m.get("tuned_kernel_s_same_traffic")
-        krel = f"{kref / same:.3f}" if kref and same else "-"
-        same_s = f"{same:.2f}" if same is not None else "-"
-        lines.append(f"| {n} | {m['tokens_per_s']:.1f} | {rel} | {m['tuned_kernel_s']:.2f} | {same_s} | {krel} | "
-                     f"{m['tuning_gpu_s']:.1f} | "
-                     f"{m['ttft_p50_s']:.3f} | {m['ttft_p99_s']:.3f} | {m['tpot_p50_s'] * 1e3:.2f} | "
-                     f"{m['tpot_p99_s'] * 1e3:.2f} | {m.get('config_switches', 0):.0f} | {m.get('fallbacks', 0):.0f} | "
-                     f"{_estimated(m)} |")
-    lines += ["", "Estimated kernel time: the share of each policy's tuned-kernel seconds whose times are estimates "
-              "(interpolated between measured shapes, proxied from a nearest measured shape, or borrowed from another "
-              "shape and roofline-scaled) rather than measurements of that exact workload and config."]
-    return "\n".join(lines) + "\n"
-
-
-def _estimated(m: dict[str, Any]) -> str:
-    if "estimated_share" not in m:
-        return "-"
-    parts = "/".join(f"{100 * m.get(f'estimated_share.{k}', 0.0):.0f}%"
-                     for k in ("prefill_attention", "decode_attention", "fused_moe"))
-    return f"{100 * m['estimated_share']:.1f}% ({parts})"
-
-
-TARGET_RATIO = 0.97  # the issue's bar: learned >= 0.97 x oracle
-
-
-def target_checks(rep: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets on one report: each {target, value, bar, met, margin}. margin > 0: met by that much
-    (relative), < 0: missed by that much. Kernel time ratios are oracle/learned (1 = as fast as the oracle)."""
-    p = rep["policies"]
-    if "learned" not in p:
-        return []
-    lr = p["learned"]
-    out: list[dict[str, Any]] = []
-
-    def add(target: str, value: float, bar: float, strict: bool = False) -> None:
-        met = value > bar if strict else value >= bar
-        out.append({"target": target, "value": value, "bar": bar, "met": bool(met),
-                    "margin": (value - bar) / bar if bar else 0.0})
-
-    if "oracle" in p:
-        o = p["oracle"]
-        add("tokens/s >= 0.97 x oracle", lr["tokens_per_s"] / o["tokens_per_s"], TARGET_RATIO)
-        add("tuned-kernel time (own run) >= 0.97 x oracle speed", o["tuned_kernel_s"] / lr["tuned_kernel_s"],
-            TARGET_RATIO)
-        if lr.get("tuned_kernel_s_same_traffic") and o.get("tuned_kernel_s_same_traffic"):
-            add("tuned-kernel time (same traffic) >= 0.97 x oracle speed",
-                o["tuned_kernel_s_same_traffic"] / lr["tuned_kernel_s_same_traffic"], TARGET_RATIO)
-    if "vllm-table" in p:
-        v = p["vllm-table"]
-        add("tokens/s > vllm-table", lr["tokens_per_s"] / v["tokens_per_s"], 1.0, strict=True)
-        if lr.get("tuned_kernel_s_same_traffic") and v.get("tuned_kernel_s_same_traffic"):
-            add("kernel time (same traffic) < vllm-table",
-                v["tuned_kernel_s_same_traffic"] / lr["tuned_kernel_s_same_traffic"], 1.0, strict=True)
-    if "static" in p:
-        add("tokens/s >= static", lr["tokens_per_s"] / p["static"]["tokens_per_s"], 1.0)
-    for n in ("autotune", "random", "tpe"):
-        if n in p:
-            s = p[n]
-            out.append({"target": f"tuning GPU-s < {n}", "value": lr["tuning_gpu_s"], "bar": s["tuning_gpu_s"],
-                        "met": lr["tuning_gpu_s"] < s["tuning_gpu_s"],
-                        # GPU-s saved, relative to the baseline's (the dataset's one-off collection is not counted)
-                        "margin": (s["tuning_gpu_s"] - lr["tuning_gpu_s"]) / s["tuning_gpu_s"] if s["tuning_gpu_s"]
-                        else 0.0})
-            add(f"tokens/s >= {n}", lr["tokens_per_s"] / s["tokens_per_s"], 1.0)
-    return out
-
-
-def summary_markdown(reports: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """benchmarks/replay/summary.md: per report, the load and the target check table (met / missed by how much)."""
-    lines = ["# Replay on the recorded H200 data: target check", "",
-             "Ratios are learned / reference for tokens/s and reference / learned for kernel time (1.0 = equal). "
-             "Margin: relative distance to the bar (negative = missed by that much).", ""]
-    for name, rep in reports:
-        lines += [f"## {name}: {rep['trace']} on {rep['model']}, routing {rep.get('routing', '?')}", "",
-                  f"Load: {rep.get('load', '?')}", "",
-                  "| target | value | bar | met | margin |", "|---|---|---|---|---|"]
-        for c in target_checks(rep):
-            lines.append(f"| {c['target']} | {c['value']:.3f} | {c['bar']:.3f} | {'met' if c['met'] else 'MISSED'} | "
-                         f"{c['margin']:+.1%} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def tokens_over_time(res: SimResult, bins: int = 60) -> tuple[np.ndarray, np.ndarray]:
-    """(bin centres, output tokens/s per bin): decode tokens at each step's end plus first tokens."""
-    steps = res.steps
-    t_end = steps[:, _C["t_start"]] + steps[:, _C["duration_s"]]
-    first = res.first_token_s[~np.isnan(res.first_token_s)]
-    hi = float(max(t_end.max() if len(t_end) else 1.0, first.max() if len(first) else 1.0))
-    edges = np.linspace(0.0, hi, bins + 1)
-    h, _ = np.histogram(t_end, edges, weights=steps[:, _C["decode_batch"]])
-    f, _ = np.histogram(first, edges)
-    return (edges[:-1] + edges[1:]) / 2, (h + f) / np.diff(edges)
-
-
-def plot(runs: dict[str, PolicyRun], path_tokens: Path, path_switches: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for n, r in runs.items():
-        x, y = tokens_over_time(r.result)
-        ax.plot(x, y, label=n, lw=1.2)
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("output tokens/s")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path_tokens, dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for n, r in runs.items():
-        times = sorted(t for t, *_ in r.result.switch_log)
-        ax.step([0.0, *times], np.arange(len(times) + 1), where="post", label=f"{n} ({len(times)})")
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("config switches (cumulative)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path_switches, dpi=110)
-    plt.close(fig)
-
-
-def write_outputs(rep: dict[str, Any], runs: dict[str, PolicyRun], json_path: Path) -> list[Path]:
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(rep, indent=1))
-    md = json_path.with_suffix(".md")
-    md.write_text(markdown(rep))
-    p1 = json_path.with_name(json_path.stem + "_tokens.png")
-    p2 = json_path.with_name(json_path.stem + "_switches.png")
-    plot(runs, p1, p2)
-    return [json_path, md, p1, p2]
-
-
-def log_mlflow(rep: dict[str, Any], paths: list[Path], params: dict[str, Any], tracking_uri: str | None) -> str:
-    import mlflow
-
-    from kernel_gym.policies import tracking
-
-    uri = tracking.setup_tracking(tracking_uri)
-    exp = tracking.get_or_create_experiment("kernel-gym-replay", uri)
-    with mlflow.start_run(experiment_id=exp, run_name=f"replay-{rep['trace']}-{rep['model']}") as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
-        mlflow.set_tag("git_commit", tracking.git_commit())
-        metrics = {f"{n}/{k}": float(v) for n, m in rep["policies"].items() for k, v in m.items()
-                   if isinstance(v, (int, float)) and np.isfinite(v)}
-        mlflow.log_metrics(metrics)
-        for p in paths:
-            mlflow.log_artifact(str(p), artifact_path="plots" if p.suffix == ".png" else None)
-        return run.info.run_id
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-gym replay", description=__doc__.splitlines()[0])
     p.add_argument("--trace", default="bundled", help="trace name (azure-conv, azure-code, bundled, ...) or path")
@@ -546,5 +381,5 @@ def _fresh(disp: Any) -> Any:
     return Dispatcher(disp.table)
 
 
-__all__ = ["POLICY_NAMES", "GuardedChooser", "PolicyRun", "learned_policy", "main", "markdown", "replay",
-           "report", "routing_profile", "run_policy"]
+__all__ = ["POLICY_NAMES", "GuardedChooser", "PolicyRun", "learned_policy", "main", "replay", "report",
+           "routing_profile", "run_policy"]

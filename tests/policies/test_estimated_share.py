@@ -6,6 +6,7 @@ from kernel_gym.kernels import get_family
 from kernel_gym.kernels.workloads import MoEWorkload
 from kernel_gym.measure.types import OK, Measurement
 from kernel_gym.policies import replay
+from kernel_gym.policies.replay_report import markdown
 from kernel_gym.traffic.simulator import KVLayout
 
 WL_MEASURED = MoEWorkload(16, 8, 2, 4096, 14336, 0.0, "bfloat16")
@@ -44,7 +45,7 @@ def test_markdown_prints_the_share_beside_the_figures() -> None:
                           "tpot_p99_s")}
     m.update({"estimated_share": 0.25, "estimated_share.fused_moe": 0.5, "estimated_share.decode_attention": 0.0,
               "estimated_share.prefill_attention": 0.1})
-    md = replay.markdown({"trace": "t", "model": "mixtral-8x7b", "routing": "zipf:1.2", "policies": {"learned": m}})
+    md = markdown({"trace": "t", "model": "mixtral-8x7b", "routing": "zipf:1.2", "policies": {"learned": m}})
     assert "| 25.0% (10%/0%/50%) |" in md and "Expert routing: zipf:1.2" in md
 
 
