@@ -32,9 +32,14 @@ TABLE_SIZES = (1, 2, 4)  # compact tables: at most this many distinct configs (f
 
 # ---- shape buckets ------------------------------------------------------------------------------------------------
 
+def half_octave(x: float) -> float:
+    """log2(x) rounded to half steps (x below 1 counts as 1): a bucket coordinate of a size axis."""
+    return round(2.0 * math.log2(max(float(x), 1.0))) / 2.0
+
+
 def bucket_of(kernel: str, workload: Any) -> tuple[float, ...]:
     """Coordinates of a workload's bucket: half-octave steps of the size axes the recorded backend interpolates on."""
-    h = lambda x: round(2.0 * math.log2(max(float(x), 1.0))) / 2.0
+    h = half_octave
     if kernel == "prefill_attention":
         return (h(workload.causal_pairs()),)
     if kernel == "decode_attention":
