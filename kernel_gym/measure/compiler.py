@@ -124,3 +124,7 @@ class CompilePool:
                 proc.terminate()
         for proc in procs:
             proc.join(timeout=5)
+        for proc in procs:  # a process that ignored SIGTERM (or was slow to act on it on a loaded machine)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
