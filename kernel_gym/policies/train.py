@@ -58,6 +58,8 @@ class TrainArgs:
     model: str = "mixtral-8x7b"
     """Model spec whose shapes make the workload grid: a built-in or zoo name (NAME@tpN for a tensor-parallel shard), a
     ModelSpec JSON file, or "zoo": one model-conditioned policy over every zoo training model (kernel_gym/zoo.py)."""
+    exclude_models: str = ""
+    """With --model zoo: comma list of zoo models whose rows (every shard's) stay out of training (leave-one-out)."""
     profile: str = "grid"
     """Traffic profile the episodes draw workloads from: grid | eval | small."""
     total_timesteps: int = 30_000
@@ -216,15 +218,18 @@ class PreparedData:
 def prepare_data(
     kernel: str, backend: Any, model: Any = "mixtral-8x7b", profile: Any = "grid", holdout: float = 0.25,
     split_seed: int = 0, near: float = 0.0, max_catalogue: int = MAX_CATALOGUE, depth: int = 2,
+    exclude_models: Sequence[str] = (),
 ) -> PreparedData:
     """Measure the profile's workloads through the backend, split them, and build catalogue and static baseline from
-    the training part only."""
+    the training part only (model "zoo": without the rows of `exclude_models` too)."""
     from kernel_gym.envs.base import resolve_profile, split_profile
     from kernel_gym.kernels import get_family
 
     family = get_family(kernel)
     if model == zoo_policy.ZOO_MODEL:  # the model-conditioned policy: every zoo training shard, test models left out
-        profile = zoo_policy.zoo_profile(kernel)
+        profile = zoo_policy.zoo_profile(kernel, exclude_models)
+    elif exclude_models:
+        raise ValueError("exclude_models applies to the zoo policy only (--model zoo)")
     resolved = resolve_profile(profile, kernel, model)
     train, heldout = split_profile(backend, family, resolved, holdout, split_seed)
     candidates = train
@@ -382,7 +387,8 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
     torch.set_num_threads(args.torch_threads)
     backend = resolve_backend(backend if backend is not None else args.backend)
     data = prepare_data(args.kernel, backend, args.model, args.profile, args.holdout, args.split_seed, args.near,
-                        args.max_catalogue, args.catalogue_depth)
+                        args.max_catalogue, args.catalogue_depth,
+                        [m.strip() for m in args.exclude_models.split(",") if m.strip()])
     eval_on = "heldout" if data.heldout else "train"
     ckpt = Path(args.checkpoint_dir or f"out/checkpoints/{args.short}-seed{args.seed}")
     if args.resume and not (_state_path(ckpt).exists() and (ckpt / "latest.zip").exists()):
@@ -398,7 +404,8 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
                          f"{args.resolved_obs_jitter}: resume with --obs-jitter {state['obs_jitter']}")
 
     zoo = args.model == zoo_policy.ZOO_MODEL
-    specs = zoo_policy.zoo_specs(args.kernel) if zoo else tracking.model_specs(args.model)
+    excluded = [m.strip() for m in args.exclude_models.split(",") if m.strip()]
+    specs = zoo_policy.zoo_specs(args.kernel, excluded) if zoo else tracking.model_specs(args.model)
     identity = tracking.policy_identity(args.env_id, specs, str(getattr(backend, "dataset_hash", "") or ""))
     uri = tracking.setup_tracking(args.tracking_uri or None)
     experiment_id = tracking.get_or_create_experiment(args.experiment, uri)

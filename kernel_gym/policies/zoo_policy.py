@@ -31,28 +31,50 @@ ZOO_MODEL = "zoo"  # TrainArgs.model value that selects the model-conditioned zo
 COMMON_SHARE = 0.9  # a config joins the candidates when measured at this share of the zoo shapes where it is valid
 
 
-def zoo_specs(kernel: str) -> list[Any]:
+def zoo_specs(kernel: str, exclude: Sequence[str] = ()) -> list[Any]:
     """The training shards (ModelSpecs) of the zoo for a kernel: every training model at TP 1, 2, 4."""
     from kernel_gym import zoo
 
-    return [s for s in zoo.zoo_shards(zoo.training_models(kernel)) if s.name not in zoo.TOO_LARGE]
+    unknown = [m for m in exclude if m not in zoo.ZOO]
+    if unknown:
+        raise ValueError(f"exclude_models: unknown zoo model(s) {unknown}; the zoo has {sorted(zoo.ZOO)}")
+    return [s for s in zoo.zoo_shards([m for m in zoo.training_models(kernel) if m not in exclude])
+            if s.name not in zoo.TOO_LARGE]
 
 
-def zoo_profile(kernel: str) -> Any:
+def excluded_keys(kernel: str, models: Sequence[str]) -> set[str]:
+    """Every workload key the named zoo models produce for a kernel (all shards, both zoo grids, and the built-in
+    collection grid for built-in models)."""
+    from kernel_gym import zoo
+    from kernel_gym.kernels.workloads import model_workloads
+    from kernel_gym.models import BUILTIN_MODELS
+
+    keys: set[str] = set()
+    for spec in zoo.zoo_shards(models):
+        for grid in ("zoo", "eval"):
+            keys.update(w.key() for w in zoo.shard_workloads(kernel, spec, grid))
+    for name in models:
+        if name in BUILTIN_MODELS:
+            keys.update(w.key() for w in model_workloads(kernel, BUILTIN_MODELS[name], "default"))
+    return keys
+
+
+def zoo_profile(kernel: str, exclude: Sequence[str] = ()) -> Any:
     """The model-conditioned training profile: zoo shards' sampled shapes plus the built-in models' full grids, minus
-    every workload a test model produces. Anchors (always in training) are the zoo shapes."""
+    every workload a test model (or an `exclude`d model: leave-one-model-out) produces. Anchors (always in training)
+    are the zoo shapes."""
     from kernel_gym import zoo
     from kernel_gym.envs.base import WorkloadProfile
     from kernel_gym.kernels.workloads import model_workloads
     from kernel_gym.models import BUILTIN_MODELS
 
-    test = zoo.test_workload_keys(kernel)
+    test = zoo.test_workload_keys(kernel) | excluded_keys(kernel, exclude)
     workloads: dict[str, Any] = {}
     for spec in BUILTIN_MODELS.values():
         for w in model_workloads(kernel, spec, "default"):
             workloads.setdefault(w.key(), w)
     anchors = []
-    for spec in zoo_specs(kernel):
+    for spec in zoo_specs(kernel, exclude):
         for w in zoo.shard_workloads(kernel, spec, "zoo"):
             workloads.setdefault(w.key(), w)
             anchors.append(w.key())
