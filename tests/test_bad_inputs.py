@@ -255,3 +255,23 @@ def test_programmatic_trace_with_a_nan_arrival_is_refused() -> None:
 
     with pytest.raises(ValueError, match=r"arrival_s\[1\] is nan"):
         Trace("t", np.array([0.0, np.nan, 2.0]), np.array([1, 1, 1]), np.array([1, 1, 1]))
+
+
+# ---- unseen models and tune ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["tune", "--model", "nope", "--dry-run"], "unknown model 'nope'"),
+    (["tune", "--model", "mixtral-8x7b@tp3", "--dry-run"], "must divide by tp=3"),
+    (["tune", "--model", "phi-3.5-moe", "--top-k", "0"], "--top-k must be >= 1"),
+    (["tune", "--model", "phi-3.5-moe", "--policy-dir", "/nonexistent/kg", "--dry-run"], "--save-policies"),
+    (["train", "--model", "zoo", "--exclude-models", "foo"], "unknown zoo model(s) ['foo']"),
+])
+def test_tune_and_zoo_inputs(capsys, argv, needle) -> None:
+    one_line_error(*run_cli(argv, capsys)[::2], needle)
+
+
+def test_replay_of_a_model_without_data_is_refused_in_one_line(tmp_path, capsys) -> None:
+    rc, _, err = run_cli(["replay", "--trace", "bundled", "--model", "phi-3.5-moe", "--policies", "static",
+                          "--window", "0:30", "--json", str(tmp_path / "r.json"), "--no-mlflow"], capsys)
+    one_line_error(rc, err, "has a measurement", "kernel-gym tune")
