@@ -8,5 +8,5 @@ VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-"$VENV/bin/python" -m pip install -q -e ".[test,ray]"  # ray: collect --ray and its tests (an 80 MB wheel)
+"$VENV/bin/python" -m pip install -q -e ".[test]"
 echo "kernel_gym installed in $VENV"

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 bash scripts/setup.sh
+"$VENV/bin/python" -m pip install -q -e ".[ray]"  # the optional Ray extra (an 80 MB wheel): the farm's tests need it
 "$VENV/bin/ruff" check kernel_gym scripts experiments tests
 # loadgroup: tests marked xdist_group (the Ray farm's, which share one local cluster) stay on one worker
 "$VENV/bin/python" -m pytest -q -n 2 --dist loadgroup --durations=15 "$@"

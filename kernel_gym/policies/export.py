@@ -212,7 +212,7 @@ def build_table(model: Any, predictors: dict[str, tuple[Predictor, dict[str, Any
 
 
 def registered_kernel_names() -> dict[str, str]:
-    """Registered model name (kernel-gym-<env>: the name of model-conditioned policies) -> kernel, per kernel env."""
+    """Registered model name stem (kernel-gym-<env>; -<model> and -conditioned are added to it) -> kernel."""
     from kernel_gym.envs import ENV_KERNELS
 
     return {f"kernel-gym-{env.split('/')[-1].lower()}": k for env, k in ENV_KERNELS.items()}
@@ -294,15 +294,16 @@ def check_policy_model(kernel: str, provenance: dict[str, Any], model: Any) -> s
 
 def latest_model_uris(model_name: str | None = None) -> dict[str, str]:
     """kernel -> models:/NAME/VERSION of the latest version of each registered kernel-gym-* policy in the store. With
-    a model name, a policy trained for that model (kernel-gym-<env>-<model>, as scripts/bench_replay.py registers
-    them) is preferred over the generic kernel-gym-<env>."""
+    a model name, a policy trained for that model (kernel-gym-<env>-<model>) comes first, then the model-conditioned
+    kernel-gym-<env>-conditioned, then the bare kernel-gym-<env> of older stores."""
     import mlflow
 
     client = mlflow.tracking.MlflowClient()
     out: dict[str, str] = {}
     names = registered_kernel_names()
     specific = [(f"{base}-{model_name}", k) for base, k in names.items()] if model_name else []
-    candidates = specific + list(names.items())
+    conditioned = [(f"{base}-conditioned", k) for base, k in names.items()]
+    candidates = specific + conditioned + list(names.items())
     for name, kernel in candidates:  # every model-specific name first, then the generic ones
         if kernel in out:
             continue

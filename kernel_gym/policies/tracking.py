@@ -212,9 +212,10 @@ def model_specs(model: Any) -> list[Any]:
 
 
 def registered_policy_name(env_id: str, specs: Sequence[Any]) -> str:
-    """kernel-gym-<env>-<model> for a policy trained on one model; kernel-gym-<env> for a model-conditioned one."""
+    """kernel-gym-<env>-<model> for a policy trained on one model; kernel-gym-<env>-conditioned for a model-conditioned
+    one (not the bare kernel-gym-<env>: stores from before this naming hold single-model policies under it)."""
     base = f"kernel-gym-{env_id.split('/')[-1].lower()}"
-    return base if len(specs) != 1 else f"{base}-{specs[0].name}"
+    return f"{base}-conditioned" if len(specs) != 1 else f"{base}-{specs[0].name}"
 
 
 def policy_identity(env_id: str, specs: Sequence[Any], dataset_hash: str) -> dict[str, str]:

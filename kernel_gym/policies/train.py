@@ -8,7 +8,7 @@
    eval_freq steps and checkpointing every checkpoint_freq steps (resume=True continues the same MLflow run);
 4. logs parameters, SB3's metrics, evaluation metrics, data and code versions, plots, the catalogue and the policy
    (a self-contained pyfunc registered as kernel-gym-<env>-<model>, e.g. kernel-gym-moe-v0-mixtral-8x7b; a policy
-   trained on several models keeps kernel-gym-<env> and the tag policy.model_conditioned=true).
+   trained on several models is kernel-gym-<env>-conditioned, with the tag policy.model_conditioned=true).
 Seeded runs on a deterministic (recorded) backend are reproducible.
 """
 

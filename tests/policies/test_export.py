@@ -87,6 +87,10 @@ def test_latest_policy_prefers_the_one_trained_for_the_model(store, tmp_path):
     assert export.main(["--model", "olmoe-1b-7b", "--out", str(tmp_path / "o")]) == 0
     table = DispatchTable.load(tmp_path / "o" / export.TABLE_FILE)
     assert table.kernels["fused_moe"].policy["model_uri"] == own
+    # a model-conditioned policy (kernel-gym-<env>-conditioned) comes before the bare legacy name
+    cond = log_policy(tmp_path, name="kernel-gym-moe-v0-conditioned")
+    assert export.latest_model_uris("mixtral-8x7b") == {"fused_moe": cond}
+    assert export.latest_model_uris("olmoe-1b-7b") == {"fused_moe": own}
 
 
 def test_vllm_export_has_vllm_name_and_schema(store, tmp_path):
@@ -192,6 +196,7 @@ def test_policy_for_another_model_is_refused_in_one_line(store, tmp_path, capsys
     with pytest.raises(ValueError, match="with other spec fields"):
         export.main(["--model", "olmoe-1b-7b", "--model-uri", uri2, "--out", str(tmp_path / "bad2")])
     both = [olmoe, dataclasses.asdict(BUILTIN_MODELS["mixtral-8x7b"])]
-    cond = log_policy(tmp_path, name="kernel-gym-moe-v0", extra={"model_specs": both, "model_conditioned": True})
+    cond = log_policy(tmp_path, name="kernel-gym-moe-v0-conditioned",
+                      extra={"model_specs": both, "model_conditioned": True})
     assert export.main(["--model-uri", cond, "--out", str(tmp_path / "cond")]) == 0
     assert "(model olmoe-1b-7b,mixtral-8x7b, model-conditioned)" in capsys.readouterr().err
