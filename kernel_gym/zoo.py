@@ -10,7 +10,8 @@ The test split is fixed per kernel: models whose shapes no training row may shar
 model produces are left out of training, also when a training model produces the same workload), never looked at
 while choosing hyper-parameters.
 
-Imports only the standard library: this module runs on the GPU machine too.
+Imports only the standard library and kernel_gym.models / kernels.workloads (themselves standard library only): this
+module runs on the GPU machine too.
 """
 
 from __future__ import annotations
