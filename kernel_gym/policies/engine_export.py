@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -90,14 +91,20 @@ def baseline(shape: MoEShape, m: int, device: str) -> tuple[Config, str]:
     return to_config(entry), source
 
 
-def pick(times: dict[Config, float], base: Config, min_gain: float = DEFAULT_MIN_GAIN) -> tuple[Config, float]:
+def pick(times: dict[Config, float], base: Config, min_gain: float = DEFAULT_MIN_GAIN,
+         spreads: dict[Config, float] | None = None) -> tuple[Config, float]:
     """(chosen config, measured gain = base time / chosen time): the fastest measured config if it beats the
-    baseline by at least min_gain, else the baseline. An unmeasured baseline cannot be beaten (gain 1.0)."""
+    baseline by at least min_gain and, given the rows' spreads ((p90 - p10) / median of their samples), by more than
+    their mean spread: a lead inside the measurements' own noise is not a lead (H200 run 2: picks with a 1-3% sweep
+    lead at M <= 64 came out slower paired). An unmeasured baseline cannot be beaten (gain 1.0)."""
     if base not in times or not times:
         return base, 1.0
     best = min(times, key=lambda c: (times[c], str(c)))
     gain = times[base] / times[best]
-    return (best, gain) if gain >= 1.0 + min_gain else (base, 1.0)
+    margin = min_gain
+    if spreads:
+        margin = max(margin, 0.5 * (spreads.get(base, 0.0) + spreads.get(best, 0.0)))
+    return (best, gain) if gain >= 1.0 + margin else (base, 1.0)
 
 
 # ---- measurements ------------------------------------------------------------------------------------------------
@@ -110,6 +117,7 @@ class Row:
     workload: MoEWorkload
     config: Config
     median_ms: float
+    spread: float = 0.0
 
 
 def measured_rows(sources: Iterable[str | Path], source_hash: str | None = None) -> list[Row]:
@@ -130,30 +138,34 @@ def measured_rows(sources: Iterable[str | Path], source_hash: str | None = None)
                     data = json.loads(m.workload)
                     data.pop("kernel", None)
                     out.append(Row(ctx.device, ctx.triton_version, MoEWorkload(**data), Config.parse(m.config),
-                                   float(m.median_ms)))
+                                   float(m.median_ms), float(m.spread or 0.0)))
     return out
 
 
 Times = dict[tuple[int, float], dict[Config, float]]
 
 
-def times_by_workload(rows: Sequence[Row], shape: MoEShape, device: str) -> Times:
-    """(M, skew) -> {config: fastest stored time} of this shape's rows measured on `device`."""
-    out: Times = defaultdict(dict)
+def times_by_workload(rows: Sequence[Row], shape: MoEShape, device: str) -> tuple[Times, Times]:
+    """((M, skew) -> {config: median of its stored times}, the same -> {config: largest stored spread}) of this
+    shape's rows measured on `device`. The median, not the fastest: the fastest of repeats is biased low (the
+    winner's curse) and would flatter a config measured more often."""
+    samples: dict[tuple[int, float], dict[Config, list[Row]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         w = r.workload
         if r.device != device or (w.num_experts, w.top_k, w.hidden, w.intermediate, w.dtype) != shape.fixed_key():
             continue
-        cell = out[(w.num_tokens, w.skew)]
-        cell[r.config] = min(cell.get(r.config, math.inf), r.median_ms)
-    return dict(out)
+        samples[(w.num_tokens, w.skew)][r.config].append(r)
+    times: Times = {k: {c: statistics.median(x.median_ms for x in rs) for c, rs in cell.items()}
+                    for k, cell in samples.items()}
+    spreads: Times = {k: {c: max(x.spread for x in rs) for c, rs in cell.items()} for k, cell in samples.items()}
+    return times, spreads
 
 
 # ---- the table -----------------------------------------------------------------------------------------------------
 
 
-def build_entries(shape: MoEShape, device: str, skew: float, times: Times,
-                  min_gain: float = DEFAULT_MIN_GAIN) -> tuple[dict[str, dict[str, int]], list[dict[str, Any]]]:
+def build_entries(shape: MoEShape, device: str, skew: float, times: Times, min_gain: float = DEFAULT_MIN_GAIN,
+                  spreads: Times | None = None) -> tuple[dict[str, dict[str, int]], list[dict[str, Any]]]:
     """({str(M): entry} over vLLM's keys, per-key report: chosen config, baseline source, measured gain)."""
     from kernel_gym.kernels.vllm_moe import to_entry
 
@@ -161,7 +173,7 @@ def build_entries(shape: MoEShape, device: str, skew: float, times: Times,
     for m in vllm_tables.VLLM_M_KEYS:
         base, source = baseline(shape, m, device)
         cell = times.get((m, round(skew, 3)), {})
-        chosen, gain = pick(cell, base, min_gain)
+        chosen, gain = pick(cell, base, min_gain, (spreads or {}).get((m, round(skew, 3))))
         content[str(m)] = to_entry(chosen)
         report.append({"M": m, "baseline": source, "measured_configs": len(cell), "baseline_measured": base in cell,
                        "changed": chosen != base, "measured_gain": round(gain, 4)})
@@ -198,7 +210,7 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
     label, skew = parse_routing(routing)
     if rows is None:
         rows = measured_rows(stores)
-    here = times_by_workload(rows, shape, device)
+    here, spread = times_by_workload(rows, shape, device)
     shape_desc = f"E={shape.num_experts},N={shape.n},H={shape.hidden},top_k={shape.top_k},{dtype} ({model.name} tp{tp})"
     others = sorted({r.device for r in rows if r.device != device
                      and (r.workload.num_experts, r.workload.top_k, r.workload.hidden, r.workload.intermediate,
@@ -216,8 +228,8 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
         estimate = True
         if others:
             source_device = others[0]
-            here = times_by_workload(rows, shape, source_device)
-    content, report = build_entries(shape, device, skew, here, min_gain)
+            here, spread = times_by_workload(rows, shape, source_device)
+    content, report = build_entries(shape, device, skew, here, min_gain, spread)
     tv = triton_version or next((r.triton_version for r in rows if r.device == source_device), "")
     if fmt == "sglang" and not tv:
         raise ValueError("--format sglang needs --triton-version (SGLang reads configs/triton_X_Y_Z/ of the Triton "

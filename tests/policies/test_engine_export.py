@@ -138,3 +138,13 @@ def test_cli_export_formats(tmp_path, monkeypatch):
     assert os.path.exists(tmp_path / "s/configs/triton_3_4_0/E=8,N=14336,device_name=NVIDIA_H200.json")
     with pytest.raises(ValueError, match="refusing to export"):
         export.main(["--format", "vllm", "--store", str(store), "--tp", "2", "--out", str(tmp_path / "x")])
+
+
+def test_a_lead_inside_the_rows_noise_is_not_taken():
+    """pick: a 3% sweep lead with 8% spreads stays the engine's entry; the same lead with 1% spreads is taken."""
+    shape = ee.shard_shape(MIXTRAL)
+    base, _ = ee.baseline(shape, 4, "NVIDIA H200")
+    other = base.replace(num_warps=8 if base["num_warps"] != 8 else 4)
+    times = {base: 1.0, other: 0.97}
+    assert ee.pick(times, base, 0.01, {base: 0.08, other: 0.08}) == (base, 1.0)
+    assert ee.pick(times, base, 0.01, {base: 0.01, other: 0.01})[0] == other
