@@ -54,7 +54,7 @@ from kernel_gym.measure.types import CRASH, OK, Measurement
 
 RAY_MISSING = "collect --ray needs Ray, which is not installed: pip install 'kernel_gym[ray]'"
 FORWARDED_ENV = ("PYTHONPATH", "TRITON_CACHE_DIR", "TRITON_INTERPRET")  # plus every KERNEL_GYM_* variable
-MAX_ATTEMPTS = 3  # a chunk whose actor died this often is stored as crash
+MAX_ATTEMPTS = 3  # a chunk whose actor died this often is split in two; a single config, stored as crash
 
 
 class RayMissing(SystemExit):
@@ -458,8 +458,9 @@ class Farm:
         return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]  # a task error's last line is its cause
 
     def _failed(self, slot: Slot, item: PlanItem, exc: BaseException, store: MeasurementStore) -> None:
-        """The actor died (or raised) measuring item: the item back to the queue, or stored as crash after
-        MAX_ATTEMPTS; the slot waits until its actor answers again (Ray restarts it) before it gets more work."""
+        """The actor died (or raised) measuring item: the item back to the queue; after MAX_ATTEMPTS split in halves
+        (each queued again) until the one config that kills the actor is stored as crash. The slot waits until its
+        actor answers again (Ray restarts it) before it gets more work."""
         from ray.exceptions import RayTaskError
 
         self.actor_failures += 1
@@ -471,7 +472,13 @@ class Farm:
               f"attempt {self.attempts[key]} of {MAX_ATTEMPTS}", file=self.log)
         self._give_back(slot)
         ctx = self.contexts_of[self.group_of[id(slot)]][item.kernel]
-        if self.attempts[key] >= MAX_ATTEMPTS:
+        if self.attempts[key] >= MAX_ATTEMPTS and len(item.configs) > 1:
+            # Find the culprit instead of writing the whole chunk off: each half goes back with its own attempts.
+            half = len(item.configs) // 2
+            for part in (item.configs[:half], item.configs[half:]):
+                self._queue(slot).put_back(PlanItem(item.kernel, item.workload_key, part, item.grid))
+            self.requeued += 2
+        elif self.attempts[key] >= MAX_ATTEMPTS:
             ms = [Measurement(kernel=ctx.kernel, workload=item.workload_key, config=c, status=CRASH,
                               reason=f"farm actor failed {MAX_ATTEMPTS} times measuring this chunk: {why}"[:400],
                               source="live" if self.opts.device == "cuda" else "interpreter")

@@ -197,3 +197,33 @@ def test_collect_ray_without_ray_exits_2_with_the_install_line(monkeypatch, caps
     assert len(err) == 1 and "pip install 'kernel_gym[ray]'" in err[0]
     assert not (tmp_path / "x.sqlite").exists()
     assert collect.main(["--dry-run", "--kernels", "tiny_family:FAMILY", "--model", "mixtral-8x7b"]) == 0  # no --ray
+
+
+def test_a_chunk_that_keeps_killing_actors_is_bisected_to_its_culprit(tmp_path: Path) -> None:
+    """Farm._failed: after MAX_ATTEMPTS failures a chunk is split in halves (queued again), never written off whole;
+    only a single config that keeps failing is stored as crash."""
+    pytest.importorskip("ray")
+    from types import SimpleNamespace
+
+    from kernel_gym.measure import farm as fm
+
+    queue = fm.WorkQueue([])
+    ctx = Context.current("tiny", "h", device="cpu-interpreter")
+    driver = SimpleNamespace(actor_failures=0, attempts={}, log=sys.stderr, requeued=0, written=0,
+                             _why=lambda exc: str(exc), _give_back=lambda slot: None, _queue=lambda slot: queue,
+                             contexts_of={"g": {"tiny": ctx}}, group_of={}, opts=SimpleNamespace(device="cpu",
+                             remeasure_noisy=False), farm=SimpleNamespace(max_actor_restarts=100))
+    slot = fm.Slot(actor=None, node="n", info={"pid": 1})
+    driver.group_of[id(slot)] = "g"
+    configs = tuple(json.dumps({"B": i}) for i in range(4))
+    item = PlanItem("tiny", '{"n":1}', configs, "eval")
+    with MeasurementStore(tmp_path / "s.sqlite") as store:
+        for _ in range(fm.MAX_ATTEMPTS):
+            fm.Farm._failed(driver, slot, item, RuntimeError("actor died"), store)
+        halves = {queue.take().configs for _ in range(2)}
+        assert halves == {configs[:2], configs[2:]} and store.count() == 0
+        single = PlanItem("tiny", '{"n":1}', configs[:1], "eval")
+        for _ in range(fm.MAX_ATTEMPTS):
+            fm.Farm._failed(driver, slot, single, RuntimeError("actor died"), store)
+        rows = list(store.rows())
+    assert [(r["config"], r["status"]) for r in rows] == [(configs[0], CRASH)]
