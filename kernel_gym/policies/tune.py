@@ -175,8 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             given = parse_model_uris(args.model_uri)
             uri = given.get(kernel) or latest_model_uris(model.name).get(kernel)
             if not uri:
-                raise ValueError(f"no {kernel} policy in the MLflow store: train one (kernel-gym train --model zoo "
-                                 f"--env-id ...) or pass --model-uri {kernel}=URI")
+                raise ValueError(f"no {kernel} policy in the MLflow store: pass --policy-dir "
+                                 "benchmarks/generalisation/policies (the zoo policies the repository ships), train "
+                                 f"one (kernel-gym train --model zoo --env-id ...), or pass --model-uri {kernel}=URI")
             meta, params, provenance = policy_bundle(uri, kernel)
             if args.save_policies:
                 save_bundle(args.save_policies, kernel, meta, params, provenance)
