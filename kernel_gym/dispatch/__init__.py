@@ -24,15 +24,12 @@ fastest of the configs it measured. `serving_rules.py`'s `OracleChooser` applies
 `_Answers.ranked()[0]` (a stable sort by time, so the same tie order) and its rule tables through
 `min(ok, key=time)`.
 
-Fallback, when a choice has no time: two different rules, on purpose, kept apart.
-- Evaluation and replay (`rules.fallback_config`): the family default, else the SLOWEST timed candidate (the
-  conservative bound: a choice the data cannot score is never credited with a good time). Used by
-  `WorkloadReference.ratio_with_fallback` (training evaluation, the static baseline) and `policies.replay`'s
-  `GuardedChooser`.
-- The Serving-v0 env (`serving_rules.py` `_RuleChooser._resolve`): the family default, else the FASTEST available
-  config (`_Answers.ranked()[0]`), every fallback counted in `info["fallbacks"]`. The two were written separately and
-  give different numbers when a fallback happens; this refactor changes no number, so both stay (the env's in
-  serving_rules.py) and whether they should agree is left as an open question.
+Fallback, when a choice has no time: one rule, `rules.fallback_config`: the family default, else the SLOWEST timed
+candidate (the conservative bound: a choice the data cannot score is never credited with a good time). Used by
+`WorkloadReference.ratio_with_fallback` (training evaluation, the static baseline), `policies.replay`'s
+`GuardedChooser` and the Serving-v0 env (`serving_rules._RuleChooser._resolve`, every fallback counted in
+`info["fallbacks"]`; it used to credit the fastest available config, which flattered the agent at its 9 fallbacks on
+the committed benchmark: benchmarks/serving/ was re-run with the shared rule).
 
 Following the KV layout (a decode config under the page size and layout in force): two different rules.
 - `rules.on_layout` / `rules.follow_kv` / `rules.default_for`: the same knobs on the new layout if valid there, else

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kernel_gym.dispatch.catalogue import WorkloadReference, build_catalogue, measure_reference
+from kernel_gym.dispatch.rules import fallback_config
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure import resolve_backend
@@ -208,7 +209,8 @@ class _Coverage:
 
 class _RuleChooser:
     """The simulator's ConfigChooser: the active rule per family; a config the backend cannot answer for this
-    workload falls back to the family default, then to the fastest available config (counted in `fallbacks`)."""
+    workload falls back as everywhere else (dispatch.rules.fallback_config: the family default, then the slowest
+    available config, the conservative bound; counted in `fallbacks`)."""
 
     def __init__(self, answers: _Answers, rules: dict[str, DispatchRule]) -> None:
         self.answers = answers
@@ -244,19 +246,23 @@ class _RuleChooser:
         if get_family(kernel).space.is_valid(c, workload) and self.answers.time_ms(kernel, workload, c) is not None:
             return c
         self.fallbacks += 1
+        space = get_family(kernel).space
         d = get_family(kernel).default_config(workload)
         if kernel == "decode_attention":
             d = d.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
-        if get_family(kernel).space.is_valid(d, workload) and self.answers.time_ms(kernel, workload, d) is not None:
-            return d
-        ranked = self.answers.ranked(kernel, workload, kv if kernel == "decode_attention" else None)
-        if not ranked:
+
+        def time_of(cfg: Config) -> float | None:
+            return self.answers.time_ms(kernel, workload, cfg) if space.is_valid(cfg, workload) else None
+
+        chosen = fallback_config(d, time_of, lambda: [c for _, c in self.answers.ranked(
+            kernel, workload, kv if kernel == "decode_attention" else None)])
+        if chosen is None:
             raise RuntimeError(
                 f"backend {getattr(self.answers.backend, 'name', '?')!r} has no ok config for {kernel} on "
                 f"{workload.key()} (KV layout {kv}); the trace produces shapes outside the backend's data: use a "
                 "shorter max_num_batched_tokens, a lower rate_scale or a backend that covers them"
             )
-        return ranked[0][1]
+        return chosen
 
 
 class OracleChooser:
