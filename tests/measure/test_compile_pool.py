@@ -27,6 +27,15 @@ def test_close_terminates_busy_compile_processes_at_once(tmp_path: Path) -> None
     procs = list(pool.pool._processes.values())
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
     pool.close()
-    assert not any(p.is_alive() for p in procs)
-    # killed mid-job by a signal (negative exit code), not left to finish their 60 s sleeps and exit normally
-    assert all(p.exitcode is not None and p.exitcode < 0 for p in procs), [p.exitcode for p in procs]
+    # gone (or a zombie) right after close, not left to finish their 60 s sleeps. Asked of the kernel, not of
+    # Process.is_alive(): another waiter (the executor's manager thread, or a SIGCHLD handler a library installed in
+    # this test process) may reap the child first, after which is_alive() can never see it exit.
+    assert not any(_running(p.pid) for p in procs), [p.pid for p in procs]
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")

@@ -69,6 +69,7 @@ def test_zero_shot_report_scores_paired_rounds(tmp_path):
                            "choices": {"0": a, "1": "X"}, "tune": {"0": [a, b], "1": [b]}, "default": d,
                            "tune_picks": {"0": b, "1": b}, "sweep_ms": {a: 2.0, b: 1.0, d: 4.0},
                            "seconds": {a: 0.1, b: 0.1, d: 0.1}, "configs_swept": 3,
+                           "status": {a: "ok", b: "ok", d: "ok", "X": "wrong_result: non-finite"},
                            "round_ms": {a: [2.0, 2.0, 2.2], b: [1.0, 1.1, 1.0], d: [4.0, 4.0, 4.0]}}]}
     (tmp_path / "live.json").write_text(json.dumps(result))
     out = tmp_path / "g.json"
