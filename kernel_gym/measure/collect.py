@@ -440,6 +440,26 @@ def _noise_entry(items: list[tuple[str, str, list[str]]], gpu: int | None, devic
     out.put(rows)
 
 
+def noise_items(db: str, workloads_per_kernel: int = 12, configs_per_workload: int = 8,
+                seed: int = 0) -> list[tuple[str, str, list[str]]]:
+    """The noise study's subset: per kernel, random measured workloads and their fastest stored configs (where
+    winners are decided). The farm's cross-GPU study times the same subset."""
+    store = MeasurementStore(db)
+    rng = random.Random(seed)
+    by_kernel: dict[str, dict[str, list[tuple[float, str]]]] = {}
+    for row in store.rows():
+        if row["status"] == OK and row["median_ms"]:
+            by_kernel.setdefault(row["kernel"], {}).setdefault(row["workload"], []).append((row["median_ms"],
+                                                                                           row["config"]))
+    store.close()
+    items = []
+    for kernel, wls in sorted(by_kernel.items()):
+        keys = sorted(wls)
+        for wkey in rng.sample(keys, min(workloads_per_kernel, len(keys))):
+            items.append((kernel, wkey, [c for _, c in sorted(wls[wkey])[:configs_per_workload]]))
+    return items
+
+
 def noise_study(db: str, repeats: int, workloads_per_kernel: int = 12, configs_per_workload: int = 8,
                 device: str = "cuda", seed: int = 0, timing: TimingOptions = DEFAULT_TIMING,
                 log: Any = sys.stderr) -> dict[str, Any]:
@@ -448,20 +468,7 @@ def noise_study(db: str, repeats: int, workloads_per_kernel: int = 12, configs_p
     changes between processes. The subset per workload: the stored fastest configs (where winners are decided)."""
     import numpy as np
 
-    store = MeasurementStore(db)
-    rng = random.Random(seed)
-    by_kernel: dict[str, dict[str, list[tuple[float, str]]]] = {}
-    for row in store.rows():
-        if row["status"] == "ok" and row["median_ms"]:
-            by_kernel.setdefault(row["kernel"], {}).setdefault(row["workload"], []).append((row["median_ms"],
-                                                                                           row["config"]))
-    store.close()
-    items = []
-    for kernel, wls in sorted(by_kernel.items()):
-        keys = sorted(wls)
-        for wkey in rng.sample(keys, min(workloads_per_kernel, len(keys))):
-            best = sorted(wls[wkey])[:configs_per_workload]
-            items.append((kernel, wkey, [c for _, c in best]))
+    items = noise_items(db, workloads_per_kernel, configs_per_workload, seed)
     if not items:
         raise SystemExit(f"noise study: no successful measurements in {db}; collect first")
     gpu = None if device == "cpu" else _visible_gpus(device)[0]

@@ -27,7 +27,6 @@ Ray is optional (`pip install 'kernel_gym[ray]'`); without it `--ray` exits 2 wi
 from __future__ import annotations
 
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from kernel_gym.measure.collect import (
     drop_done,
     estimate_seconds,
     load_plan_file,
+    noise_items,
     noisy_plan,
 )
 from kernel_gym.measure.store import Context, MeasurementStore
@@ -648,25 +648,6 @@ def collect_farm(opts: CollectOptions, farm: FarmOptions | None = None, log: Any
 
 
 # ---- noise across GPUs --------------------------------------------------------------------------------------------
-
-
-def noise_items(db: str, workloads_per_kernel: int = 12, configs_per_workload: int = 8,
-                seed: int = 0) -> list[tuple[str, str, list[str]]]:
-    """collect.noise_study's subset: per kernel, random measured workloads and their fastest stored configs."""
-    store = MeasurementStore(db)
-    rng = random.Random(seed)
-    by_kernel: dict[str, dict[str, list[tuple[float, str]]]] = {}
-    for row in store.rows():
-        if row["status"] == OK and row["median_ms"]:
-            by_kernel.setdefault(row["kernel"], {}).setdefault(row["workload"], []).append((row["median_ms"],
-                                                                                           row["config"]))
-    store.close()
-    items = []
-    for kernel, wls in sorted(by_kernel.items()):
-        keys = sorted(wls)
-        for wkey in rng.sample(keys, min(workloads_per_kernel, len(keys))):
-            items.append((kernel, wkey, [c for _, c in sorted(wls[wkey])[:configs_per_workload]]))
-    return items
 
 
 def farm_noise_study(opts: CollectOptions, repeats: int, farm: FarmOptions | None = None,
