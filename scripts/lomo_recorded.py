@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                             times[c] = m.median_ms
                     if not times:
                         continue
-                    choice = zoo_policy.choose(policy, res.catalogue, fam.space, w, fam.default_config(w))
+                    choice = zoo_policy.choose(policy, res.catalogue, w, fam.default_config(w))
                     if choice not in times:
                         unmeasured += 1
                         continue

@@ -97,7 +97,7 @@ def make_plan(args: argparse.Namespace) -> int:
             assert w.key() in zoo.test_workload_keys(kernel), f"{w.key()} is not a test workload"
             choices, tune = {}, {}
             for seed, model, cat in policies:
-                ranked = zoo_policy.ranked(model, cat, space, w)
+                ranked = zoo_policy.ranked(model, cat, w)
                 choices[seed] = str(ranked[0] if ranked else family.default_config(w))
                 tune[seed] = [str(c) for c in ranked[:TUNE_K]]
             sweep = [str(c) for c in space.sample(w, args.sweep, seed=args.sweep_seed)]

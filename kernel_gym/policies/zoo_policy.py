@@ -21,10 +21,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Sequence
 
-import numpy as np
-
 from kernel_gym.dispatch.catalogue import WorkloadReference
-from kernel_gym.dispatch.observation import observe
 from kernel_gym.kernels.space import Config
 
 ZOO_MODEL = "zoo"  # TrainArgs.model value that selects the model-conditioned zoo training
@@ -110,32 +107,19 @@ def restrict(refs: Sequence[WorkloadReference], allowed: set[Config]) -> list[Wo
     return out
 
 
-def rule_mask(catalogue: Any, space: Any, workload: Any) -> np.ndarray:
-    """What a deployment has for a workload it never measured: the knob-space rules, nothing else."""
-    return np.array([space.is_valid(c, workload) for c in catalogue.configs], dtype=bool)
+def ranked(model: Any, catalogue: Any, workload: Any) -> list[Config]:
+    """Catalogue entries valid at the workload, most preferred first (the first is `choose`'s answer): the trained
+    model's actor exported as it is logged (tracking.export_policy_arrays) and ranked by tune.ranker, the same numpy
+    forward pass and rules-only mask the deployed model and `kernel-gym tune` use."""
+    from kernel_gym.policies.tracking import export_policy_arrays
+    from kernel_gym.policies.tune import ranker
+
+    params, activation = export_policy_arrays(model)
+    meta = {"configs": [dict(c) for c in catalogue.configs], "activation": activation}
+    return ranker(catalogue.kernel, meta, params)(workload)
 
 
-def action_logits(model: Any, workload: Any) -> np.ndarray:
-    """The actor's logits over the catalogue for a workload's observation (MaskablePPO, deterministic part)."""
-    import torch
-
-    obs = torch.as_tensor(observe(workload)[None, :], dtype=torch.float32)
-    with torch.no_grad():
-        dist = model.policy.get_distribution(obs)
-        return dist.distribution.logits.cpu().numpy()[0]
-
-
-def ranked(model: Any, catalogue: Any, space: Any, workload: Any) -> list[Config]:
-    """Catalogue entries valid at the workload, most preferred first (the first is `choose`'s answer)."""
-    mask = rule_mask(catalogue, space, workload)
-    if not mask.any():
-        return []
-    logits = np.where(mask, action_logits(model, workload), -np.inf)
-    order = np.argsort(-logits, kind="stable")
-    return [catalogue.configs[int(i)] for i in order if mask[i]]
-
-
-def choose(model: Any, catalogue: Any, space: Any, workload: Any, default: Config) -> Config:
+def choose(model: Any, catalogue: Any, workload: Any, default: Config) -> Config:
     """The zero-shot choice; the default config where no catalogue entry is valid (what the Dispatcher does)."""
-    top = ranked(model, catalogue, space, workload)
+    top = ranked(model, catalogue, workload)
     return top[0] if top else default
