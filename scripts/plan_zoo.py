@@ -11,6 +11,11 @@ the oracle of a zoo shape is the best of several dozen configs that cover the sp
 
     python scripts/plan_zoo.py --kernels fused_moe,decode_attention --out zoo_plan.json.gz
     python3 -m kernel_gym.cli collect --plan zoo_plan.json.gz --kernels fused_moe,decode_attention --db zoo.sqlite
+    python scripts/plan_zoo.py --remaining-of zoo_plan.json.gz --out rest.json.gz   # what the packaged data lacks
+
+`--remaining-of` keeps the entries of an earlier plan that the packaged dataset does not hold yet (and that the
+current rules still allow), largest-M MoE cells first, then the other uniform cells, then skewed ones: a budget cut
+then leaves the cells that the zero-shot policy misses most (large M at TP 2-4) measured.
 """
 
 from __future__ import annotations
@@ -79,6 +84,41 @@ def plan_kernel(kernel: str, backend, sample: int, max_candidates: int) -> tuple
     return plan, summary
 
 
+def remaining(plan: list[dict], backend) -> list[dict]:
+    """The entries of `plan` not yet in the packaged dataset and still valid, in priority order (module docstring)."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.measure.worker import workload_from_key
+
+    stored = {k: backend.stored_keys(k) for k in {e["kernel"] for e in plan} if k in backend.kernels()}
+    rest = []
+    for e in plan:
+        fam = get_family(e["kernel"])
+        wl = workload_from_key(fam, e["workload"])
+        configs = [c for c in e["configs"] if (e["workload"], c) not in stored.get(e["kernel"], set())
+                   and fam.space.is_valid(Config.parse(c), wl)]
+        if configs:
+            rest.append({**e, "configs": configs})
+
+    def priority(e: dict) -> int:
+        w = json.loads(e["workload"])
+        if e["kernel"] != "fused_moe":
+            return 3
+        return 0 if w["num_tokens"] >= 4096 else 2 if w.get("skew", 0.0) > 0 else 1
+
+    return sorted(rest, key=priority)  # stable: plan order within a priority
+
+
+def write_plan(plan: list[dict], out: Path) -> None:
+    if out.suffix == ".gz":
+        import gzip
+
+        with gzip.open(out, "wt") as f:
+            json.dump(plan, f)
+    else:
+        out.write_text(json.dumps(plan))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", default="fused_moe,decode_attention", help="comma list: fused_moe, decode_attention")
@@ -87,8 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-candidates", default="fused_moe=24,decode_attention=20",
                    help="cap on the learned catalogue configs, per kernel (kernel=N comma list)")
     p.add_argument("--out", type=Path, required=True, help="plan file (.json or .json.gz) for `collect --plan`")
+    p.add_argument("--remaining-of", type=Path, default=None, metavar="PLAN",
+                   help="instead of planning anew: the part of this earlier plan the packaged dataset lacks")
     args = p.parse_args(argv)
     from kernel_gym.measure.recorded import RecordedBackend
+
+    if args.remaining_of is not None:
+        import gzip
+
+        opener = gzip.open if args.remaining_of.suffix == ".gz" else open
+        try:
+            with opener(args.remaining_of, "rt") as f:
+                earlier = json.load(f)
+        except (OSError, ValueError) as e:
+            p.error(f"--remaining-of {args.remaining_of}: cannot read a JSON plan ({e})")
+        rest = remaining(earlier, RecordedBackend())
+        write_plan(rest, args.out)
+        print(json.dumps({"out": str(args.out), "entries": len(rest),
+                          "configs": sum(len(e["configs"]) for e in rest)}))
+        return 0
 
     def per_kernel(text: str) -> dict[str, int]:
         try:
@@ -109,13 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     # Interleave kernels too, so a budget cut leaves both covered.
     by_kernel = [[e for e in plan if e["kernel"] == k] for k in dict.fromkeys(e["kernel"] for e in plan)]
     plan = [e for i in range(max(map(len, by_kernel), default=0)) for s in by_kernel if i < len(s) for e in [s[i]]]
-    if args.out.suffix == ".gz":
-        import gzip
-
-        with gzip.open(args.out, "wt") as f:
-            json.dump(plan, f)
-    else:
-        args.out.write_text(json.dumps(plan))
+    write_plan(plan, args.out)
     print(json.dumps({"out": str(args.out), "entries": len(plan), "per_kernel": summaries}, indent=1))
     return 0
 

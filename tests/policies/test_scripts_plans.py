@@ -134,3 +134,32 @@ def test_new_shape_plan_finds_the_best_of_a_fully_sampled_shape():
             ratios.append(ref.best_time / min(ref.times[c] for c in plan if c in ref.times))
     assert len(ratios) >= 80
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) >= 0.9995 and min(ratios) >= 0.989
+
+
+def test_plan_zoo_remaining_drops_stored_and_invalid_configs_and_puts_large_m_first():
+    from kernel_gym.kernels import get_family
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.kernels.workloads import MoEWorkload
+
+    plan_zoo = load_script("plan_zoo")
+    space = get_family("fused_moe").space
+    small = MoEWorkload(16, 8, 2, 256, 512, 0.0)
+    large = MoEWorkload(4096, 8, 2, 256, 512, 0.0)
+    valid = [str(c) for c in space.sample(small, 3, seed=0)]
+    fuse_sum = next(str(c) for c in space.all_configs() if c["FUSE_SUM"] == 1 and space.is_valid(c, small))
+    assert not space.is_valid(Config.parse(fuse_sum), large)  # ruled out at large M: the entry must lose it
+
+    class Backend:
+        def kernels(self):
+            return ["fused_moe"]
+
+        def stored_keys(self, kernel):
+            return {(small.key(), valid[0])}
+
+    large_cfgs = [str(c) for c in space.sample(large, 2, seed=0)]
+    plan = [{"kernel": "fused_moe", "workload": small.key(), "configs": valid},
+            {"kernel": "fused_moe", "workload": large.key(), "configs": [*large_cfgs, fuse_sum]}]
+    rest = plan_zoo.remaining(plan, Backend())
+    assert [e["workload"] for e in rest] == [large.key(), small.key()]  # M = 4096 first
+    assert rest[0]["configs"] == large_cfgs  # the config the rules now reject is gone
+    assert rest[1]["configs"] == valid[1:]  # the stored one is gone
