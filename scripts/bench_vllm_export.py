@@ -3,9 +3,13 @@
 For each model shape (Mixtral-8x7B TP1, OLMoE (no shipped table: vLLM's default rule is the anchor), Qwen2-57B-A14B
 TP1, Mixtral-8x22B TP4, then the TP2 shards of Mixtral-8x7B and Qwen2-57B while the budget lasts), every vLLM M key
 (1 ... 4096) and two routing profiles (uniform; Zipf 1.2 = MoEWorkload skew 1.2):
-  (a) sweep: the engine's own entry (shipped table, else default rule), its valid one-knob neighbours and a seeded
-      sample of valid vllm_fused_moe configs (--per-m in all), each checked against the fp32 reference on NaN-filled
-      workspaces before it is timed (L2 flushed, CUDA events; kernel_gym.measure.timing);
+  (a) sweep: the engine's own entry (shipped table, else default rule), the packaged dataset's fastest stored
+      configs at that (M, routing) (what `kernel-gym export --format vllm` chooses among), the entry's valid one-knob
+      neighbours and a seeded sample of valid vllm_fused_moe configs (--per-m in all), each checked against the fp32
+      reference on NaN-filled workspaces before it is timed (L2 flushed, CUDA events; kernel_gym.measure.timing),
+      replayed from a CUDA graph: vLLM captures its decode batches in graphs, and without one the ~15 host-side ops
+      of the alignment made small-M samples depend on the CPU rather than on the config (run 4: 14 of the 17 keys
+      that came out below 1.0 were at M <= 64);
   (b) pick: the fastest, kept only if it beat the engine's entry by >= --min-gain (engine_export.pick, the rule
       `kernel-gym export --format vllm` applies to stored measurements);
   (c) confirm then report: the pick and the engine entry re-timed paired in this process (alternating, medians);
@@ -15,7 +19,10 @@ TP1, Mixtral-8x22B TP4, then the TP2 shards of Mixtral-8x7B and Qwen2-57B while 
   (d) every measurement goes to $OUT/vllm_fused_moe.sqlite (kernel_gym.measure.store format: joins the dataset;
       `kernel-gym export --format vllm --store $OUT/vllm_fused_moe.sqlite` exports from it), and the exported files
       are written under $OUT/vllm/ and $OUT/sglang/ (one per model and routing);
-  (e) with budget left: kernel_gym's own fused_moe (its dataset's best configs) vs the same anchor, Mixtral TP1.
+  (e) with the --anchor-s budget: kernel_gym's own fused_moe (the dataset's fastest stored configs at that M and
+      routing, and at the uniform routing of that M) vs the same anchor, every shape that ran, M = 1 ... 4096, both
+      routings, on the same work: the anchor's alignment runs before its closure here (vm.prepare_kernels_only), as
+      kernel_gym's does in its prepare, both replayed from CUDA graphs.
 Compiles run ahead in a pool of CPU processes (kernel_gym.measure.compiler) into Triton's cache; M is a runtime
 argument of the kernels, so one compile per config and shape serves every M.
 
@@ -77,7 +84,7 @@ def log(msg: str) -> None:
 
 
 class Timer:
-    """CUDA: kernel_gym's flushed event timing. CPU smoke: wall clock (logic only)."""
+    """CUDA: kernel_gym's flushed event timing of CUDA-graph replays. CPU smoke: wall clock (logic only)."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
@@ -87,6 +94,19 @@ class Timer:
             self.sweep_opts = TimingOptions(min_reps=5, max_reps=15, round_reps=5, target_spread=0.03, max_time_s=0.3)
             self.pair_opts = TimingOptions(min_reps=10, max_reps=10, round_reps=10, target_spread=1.0,
                                            max_time_s=5.0)
+
+    def ready(self, fn: Callable[[], Any]) -> tuple[Callable[[], Any], bool]:
+        """(the closure to time, whether it is a graph replay): captured once per config, after its check."""
+        if not self.cuda:
+            return fn, False
+        from kernel_gym.measure.timing import capture_graph
+
+        try:
+            return capture_graph(fn), True
+        except Exception as exc:  # noqa: BLE001 - a launch that cannot be captured is timed eagerly, and says so
+            log(f"  CUDA graph capture failed ({type(exc).__name__}: {str(exc)[:120]}); timing eagerly")
+            torch.cuda.synchronize()
+            return fn, False
 
     def sweep(self, fn: Callable[[], Any]) -> tuple[float, float, int]:
         if not self.cuda:
@@ -127,13 +147,22 @@ def paired(timer: Timer, a: Callable[[], Any], b: Callable[[], Any], rounds: int
 # ---- candidates ----------------------------------------------------------------------------------------------------
 
 
+RECORDED_K = 6  # the dataset's fastest stored configs per (M, routing) that join the sweep
+
+
+def recorded_best(family: Any, wl: Any, k: int) -> list[Config]:
+    from kernel_gym.bench import recorded_best as best
+
+    return best(family, wl, k)
+
+
 def candidates(shape: ee.MoEShape, m: int, per_m: int, pool: list[Config], seed: int,
-               device: str) -> tuple[Config, list[Config]]:
-    """(engine entry, [engine entry, its valid neighbours, a seeded sample of the shape's pool valid at M]), at most
-    per_m configs."""
-    wl = shape.workload(m, 0.0)
+               device: str, skew: float = 0.0, recorded: int = RECORDED_K) -> tuple[Config, list[Config]]:
+    """(engine entry, [engine entry, the dataset's fastest stored configs at (M, skew), the entry's valid neighbours,
+    a seeded sample of the shape's pool valid at M]), at most per_m configs."""
+    wl = shape.workload(m, skew)
     base, _ = ee.baseline(shape, m, device)
-    picks = [base, *vm.neighbours(base, wl)]
+    picks = [base, *recorded_best(vm.FAMILY, wl, recorded), *vm.neighbours(base, wl)]
     rest = [c for c in pool if c not in picks and vm.SPACE.is_valid(c, wl)]
     random.Random(seed * 100003 + m).shuffle(rest)
     picks += rest
@@ -175,6 +204,7 @@ def measure_config(inputs: fm.MoEInputs, ref: torch.Tensor, config: Config, time
     wrong = compare(vm.FAMILY, out, ref, wl.dtype)
     if wrong:
         return Measurement(status=WRONG_RESULT, reason=wrong[:300], compile_s=compile_s, **base), None
+    fn, _ = timer.ready(fn)
     ms, spread, reps = timer.sweep(fn)
     return Measurement(status=OK, median_ms=ms, spread=spread, repeats=reps, compile_s=compile_s, **base), fn
 
@@ -194,7 +224,8 @@ def run_model(name: str, shape: ee.MoEShape, m_keys: tuple[int, ...], args: Any,
         cell_deadline = time.time() + max(0.5, (sweep_end - time.time()) / (len(cells) - i))
         inputs = make_inputs(shape, m, skew, dev, weights, args.seed)
         ref = vm.FAMILY.reference(inputs)
-        base, cands = candidates(shape, m, args.per_m, pool_cfgs, args.seed, args.device_name)
+        base, cands = candidates(shape, m, args.per_m, pool_cfgs, args.seed, args.device_name, skew,
+                                 0 if args.smoke else RECORDED_K)
         measured: list[Measurement] = []
         fns: dict[Config, Callable[[], Any]] = {}
         for c in cands:
@@ -239,11 +270,8 @@ def run_model(name: str, shape: ee.MoEShape, m_keys: tuple[int, ...], args: Any,
 
 
 def summarise(rows: list[dict]) -> dict:
-    def geo(xs: list[float]) -> float:
-        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-    return {"geomean_uniform": geo([r["speedup"] for r in rows if r["routing"] == "uniform"]),
-            "geomean_skew": geo([r["speedup"] for r in rows if r["routing"] != "uniform"]),
+    return {"geomean_uniform": _geo([r["speedup"] for r in rows if r["routing"] == "uniform"]),
+            "geomean_skew": _geo([r["speedup"] for r in rows if r["routing"] != "uniform"]),
             "min": min((r["speedup"] for r in rows), default=float("nan"))}
 
 
@@ -266,39 +294,95 @@ def write_engine_files(out: Path, name: str, shape: ee.MoEShape, device: str, ta
 # ---- (e) kernel_gym's own fused_moe vs the same anchor --------------------------------------------------------------
 
 
-def kernel_gym_vs_anchor(timer: Timer, dev: str, deadline: float, seed: int, device_name: str) -> dict:
-    from kernel_gym.bench import recorded_best
+ANCHOR_M = (1, 16, 64, 256, 1024, 4096)
 
+
+POLICY_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "generalisation" / "policies"
+
+
+def kernel_gym_candidates(shape: ee.MoEShape, m: int, skew: float, k: int = 3) -> tuple[list[Config], str]:
+    """(kernel_gym's own configs for one (M, routing), where they come from): the dataset's fastest stored fused_moe
+    configs there, then at the same M with uniform routing (what its dispatch table serves a skewed batch that was
+    not measured); where the dataset has neither, the shipped zoo policy's top-k, which is what `kernel-gym export`
+    writes for a shape it never measured."""
     fam = fm.FAMILY
-    shape = ee.MoEShape(8, 4096, 14336, 2)
-    out = []
-    for m in (1, 16, 64, 256, 1024, 4096):
+    wl = fam_workload(shape, m, skew)
+    picks = recorded_best(fam, wl, k) + (recorded_best(fam, fam_workload(shape, m, 0.0), k) if skew else [])
+    picks = [c for c in dict.fromkeys(picks) if fam.space.is_valid(c, wl)]
+    if picks:
+        return picks, "dataset"
+    from kernel_gym.policies import tune
+
+    rank = tune.ranker(fam.name, *tune.load_bundle(POLICY_DIR, fam.name)[:2])
+    return rank(wl)[:k], "zero-shot policy"
+
+
+def fam_workload(shape: ee.MoEShape, m: int, skew: float) -> Any:
+    from kernel_gym.kernels.workloads import MoEWorkload
+
+    return MoEWorkload(m, shape.num_experts, shape.top_k, shape.hidden, shape.n, skew, shape.dtype)
+
+
+def kernel_gym_vs_anchor(shapes: dict[str, ee.MoEShape], timer: Timer, dev: str, deadline: float, seed: int,
+                         device_name: str, rounds: int) -> dict:
+    """(e): per shape, M and routing, the anchor (vLLM's engine config in vLLM's design) and kernel_gym's fused_moe
+    with its own configs, both checked against the fp32 reference, then timed paired on the same inputs."""
+    fam = fm.FAMILY
+    cells = [(name, m, label, skew) for name in shapes for label, skew in ROUTINGS for m in ANCHOR_M]
+    out: dict[str, dict] = {}
+    for n, (name, m, label, skew) in enumerate(cells):
         if time.time() > deadline:
+            log(f"  (e) budget spent: {len(cells) - n} of {len(cells)} cells left")
             break
-        wl = shape.workload(m, 0.0)
+        shape = shapes[name]
+        wl = fam_workload(shape, m, skew)
         inputs = fam.make_inputs(wl, dev, seed)
         ref = fam.reference(inputs)
-        anchor = vm.vllm_engine_config(8, 14336, m, device_name=device_name)
-        a_fn = vm.prepare(inputs, anchor)
-        a_fn()
-        best_ms, best_cfg = math.inf, None
-        for c in recorded_best(fam, wl, 3):
-            if time.time() > deadline:
-                break
+        anchor = ee.baseline(shape, m, device_name)[0]
+        a_fn = vm.prepare_kernels_only(inputs, anchor)
+        row: dict[str, Any] = {"M": m, "routing": label, "anchor_config": dict(anchor)}
+        if compare(vm.FAMILY, a_fn(), ref, wl.dtype):
+            row["error"] = "the anchor failed the reference check"
+            out.setdefault(name, {"rows": []})["rows"].append(row)
+            continue
+        a_fn, a_graph = timer.ready(a_fn)
+        best = None
+        configs, source = kernel_gym_candidates(shape, m, skew)
+        row["kernel_gym_source"] = source
+        for c in configs:
             try:
                 fn = fam.prepare(inputs, c)
                 if compare(fam, fn(), ref, wl.dtype):
                     continue
-                t_anchor, t_ours = paired(timer, a_fn, fn, 4)
+                fn, graph = timer.ready(fn)
+                t_anchor, t_ours = paired(timer, a_fn, fn, rounds)
             except Exception:  # noqa: BLE001,S112 - a config that fails here is just not a candidate
+                torch.cuda.synchronize()
                 continue
-            if t_ours < best_ms:
-                best_ms, best_cfg, best_anchor = t_ours, c, t_anchor
-        if best_cfg is not None:
-            out.append({"M": m, "anchor_ms": best_anchor, "kernel_gym_ms": best_ms,
-                        "ratio_anchor_over_kernel_gym": best_anchor / best_ms, "config": dict(best_cfg)})
-            log(f"  fused_moe M={m}: kernel_gym {best_ms:.4f} ms vs vLLM-design shipped {best_anchor:.4f} ms")
-    return {"model": "mixtral-8x7b-tp1", "routing": "uniform", "rows": out}
+            if best is None or t_ours < best[1]:
+                best = (c, t_ours, t_anchor, graph)
+        if best is None:
+            row["error"] = "no stored kernel_gym config passed"
+        else:
+            c, t_ours, t_anchor, graph = best
+            row.update({"anchor_ms": t_anchor, "kernel_gym_ms": t_ours, "speedup": t_anchor / t_ours,
+                        "config": dict(c), "cuda_graph": graph and a_graph})
+            log(f"  (e) {name} M={m:5d} {label:9s}: kernel_gym {t_ours:.4f} ms vs anchor {t_anchor:.4f} ms "
+                f"(x{t_anchor / t_ours:.3f})")
+        out.setdefault(name, {"rows": []})["rows"].append(row)
+        del inputs, ref, a_fn
+        torch.cuda.empty_cache()
+    for res in out.values():
+        ok = [r for r in res["rows"] if "speedup" in r]
+        res.update({"geomean_uniform": _geo([r["speedup"] for r in ok if r["routing"] == "uniform"]),
+                    "geomean_skew": _geo([r["speedup"] for r in ok if r["routing"] != "uniform"]),
+                    "min": min((r["speedup"] for r in ok), default=float("nan"))})
+    return {"scope": "kernels only: routing and alignment before the timed call on both sides; CUDA-graph replays",
+            "models": out}
+
+
+def _geo(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
 # ---- main ------------------------------------------------------------------------------------------------------------
@@ -317,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     p.add_argument("--budget-s", type=float, default=330.0)
+    p.add_argument("--anchor-s", type=float, default=0.0,
+                   help="seconds of the budget kept for (e), kernel_gym's own kernel vs the anchor (0: skip it)")
     p.add_argument("--per-m", type=int, default=28, help="configs per (M, routing): engine entry, neighbours, sample")
     p.add_argument("--pool", type=int, default=24, help="sampled configs per shape (shared by its M keys)")
     p.add_argument("--min-gain", type=float, default=ee.DEFAULT_MIN_GAIN)
@@ -328,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: checks the script's logic")
     args = p.parse_args(argv)
     start = time.time()
-    end = start + args.budget_s
+    end = start + args.budget_s - args.anchor_s
     cuda = torch.cuda.is_available() and not args.smoke
     dev = "cuda" if cuda else "cpu"
     if not cuda and not args.smoke:
@@ -357,7 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in shapes.items():  # every config any M of the shape may try: compiled once, ahead
         cs = []
         for m in m_keys:
-            cs += candidates(s, m, args.per_m, pools[name], args.seed, args.device_name)[1]
+            for _, skew in ROUTINGS:
+                cs += candidates(s, m, args.per_m, pools[name], args.seed, args.device_name, skew,
+                                 0 if args.smoke else RECORDED_K)[1]
         compile_sets[name] = list(dict.fromkeys(cs))
     compiler, futures = None, {}
     if cuda:
@@ -369,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
             futures[name] = compiler.submit(vm.FAMILY.name, s.workload(256, 0.0).key(),
                                             [str(c) for c in compile_sets[name]], chunk=4)
         log(f"compiling {sum(len(v) for v in compile_sets.values())} configs in {workers} processes")
+        if args.anchor_s > 0:  # (e)'s kernel_gym configs compile in the background meanwhile
+            for s in shapes.values():
+                for m in ANCHOR_M:
+                    for _, skew in ROUTINGS:
+                        compiler.submit(fm.FAMILY.name, fam_workload(s, m, skew).key(),
+                                        [str(c) for c in kernel_gym_candidates(s, m, skew)[0]])
 
     result: dict[str, Any] = {"models": {}, "details": {}, "files": []}
     for i, (name, shape) in enumerate(shapes.items()):
@@ -404,15 +498,18 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "bench_vllm_export.json").write_text(json.dumps(result, indent=1))
         if cuda:
             torch.cuda.empty_cache()
-    if compiler is not None:
-        compiler.close()
-    if cuda and "mixtral-8x7b-tp1" in shapes and end - time.time() > 45:
-        log("(e) kernel_gym fused_moe vs the vLLM-design anchor, Mixtral TP1")
+    if cuda and args.anchor_s > 0:
+        ran = {name: shapes[name] for name in result["models"]}
+        log(f"(e) kernel_gym fused_moe vs the vLLM-design anchor: {len(ran)} shapes, {args.anchor_s:.0f} s")
         try:
-            result["kernel_gym_fused_moe"] = kernel_gym_vs_anchor(timer, dev, end, args.seed, args.device_name)
+            result["kernel_gym_fused_moe"] = kernel_gym_vs_anchor(ran, timer, dev, start + args.budget_s, args.seed,
+                                                                  args.device_name, max(2, args.pair_rounds // 2))
         except Exception as exc:  # noqa: BLE001
             result["kernel_gym_fused_moe"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    result["meta"] = {"commit": git_commit(), "torch": torch.__version__, "triton": triton.__version__,
+    if compiler is not None:
+        compiler.close()
+    result["meta"] = {"commit": git_commit(), "cuda_graph": cuda, "anchor_s": args.anchor_s,
+                      "torch": torch.__version__, "triton": triton.__version__,
                       "device": gpu, "engine_device_name": args.device_name, "seed": args.seed,
                       "per_m": args.per_m, "pool": args.pool, "min_gain": args.min_gain,
                       "pair_rounds": args.pair_rounds, "m_keys": list(m_keys),

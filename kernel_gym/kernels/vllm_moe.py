@@ -279,6 +279,54 @@ def prepare(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]
     return launch
 
 
+# prepare_kernels_only repeats prepare's launch on purpose: prepare must stay byte-identical, since its source hash keys
+# the stored vllm_fused_moe rows.
+def prepare_kernels_only(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
+    """prepare() with the alignment done once before the closure: the timing scope of kernel_gym's own fused_moe
+    (whose alignment runs in its prepare), so that the two kernels are compared on the same work. Used only for that
+    comparison (scripts/bench_vllm_export.py); configs are still measured and exported with prepare()."""
+    wl = _check_workload(inputs.workload)
+    SPACE.check(config, wl)
+    bm, bn, bk = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]), int(config["BLOCK_SIZE_K"])
+    meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=int(config["GROUP_SIZE_M"]),
+                num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    x, w1, w2 = inputs.x, inputs.w1, inputs.w2
+    m, e, hidden, inter, top_k = wl.num_tokens, wl.num_experts, wl.hidden, wl.intermediate, wl.top_k
+    dev, n_slots = x.device, m * top_k
+    weights, ids = _fm.route(inputs.router_logits.to(dev), top_k)
+    flat_weights = weights.flatten().contiguous()
+    al = moe_align_block_size(ids, e, bm)
+    nan = float("nan")
+    cache1 = torch.full((n_slots, 2 * inter), nan, dtype=x.dtype, device=dev)
+    cache2 = torch.full((n_slots, inter), nan, dtype=x.dtype, device=dev)
+    cache3 = torch.full((n_slots, hidden), nan, dtype=x.dtype, device=dev)
+    out = torch.full((m, hidden), nan, dtype=x.dtype, device=dev)
+    em = max_padded_slots(n_slots, e, bm)
+    grid1 = (triton.cdiv(em, bm) * triton.cdiv(2 * inter, bn),)
+    grid2 = (triton.cdiv(em, bm) * triton.cdiv(hidden, bn),)
+    grid_act = (triton.cdiv(n_slots * inter, SILU_BLOCK),)
+
+    def launch() -> torch.Tensor:
+        _moe_gemm_kernel[grid1](
+            x, w1, cache1, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
+            2 * inter, hidden, em, n_slots,
+            x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), cache1.stride(0), cache1.stride(1),
+            TOP_K=top_k, MUL_ROUTED_WEIGHT=False, **meta,
+        )
+        _silu_and_mul_kernel[grid_act](cache1, cache2, n_slots * inter, inter, BLOCK=SILU_BLOCK)
+        _moe_gemm_kernel[grid2](
+            cache2, w2, cache3, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
+            hidden, inter, em, n_slots,
+            cache2.stride(0), cache2.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), cache3.stride(0),
+            cache3.stride(1),
+            TOP_K=1, MUL_ROUTED_WEIGHT=True, **meta,
+        )
+        torch.sum(cache3.view(m, top_k, hidden), dim=1, out=out)
+        return out
+
+    return launch
+
+
 def source_hash() -> str:
     """Hash of the kernels and the launch code (the measurement store key changes when either does)."""
     return _space.source_hash(_moe_gemm_kernel.fn, _silu_and_mul_kernel.fn, moe_align_block_size, max_padded_slots,

@@ -34,6 +34,11 @@ class TimingOptions:
     target_spread: float = 0.04  # stop once (p90 - p10) / median is this small
     max_time_s: float = 0.4  # stop adding rounds once the samples so far took this long
     flush: bool = True
+    # Replay the launch from a CUDA graph (captured once, outside the samples): the GPU time of the launch's kernels
+    # with no host launch overhead at all, as an engine that captures its decode batches in graphs runs them (vLLM
+    # and SGLang do, up to a few hundred tokens). Host-heavy launch code (torch ops around the kernels) otherwise
+    # makes small-M samples depend on the CPU, not on the config. The launch must not synchronise with the host.
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_reps <= self.max_reps:
@@ -82,6 +87,8 @@ def time_launch(fn: Callable[[], Any], options: TimingOptions | None = None, dev
     import torch
 
     options = options or DEFAULT_TIMING
+    if options.cuda_graph:
+        fn = capture_graph(fn)
     buf = _flush_buffer(device) if options.flush else None
     samples: list[float] = []
     spent_s = 0.0
@@ -104,3 +111,26 @@ def time_launch(fn: Callable[[], Any], options: TimingOptions | None = None, dev
         if t.spread <= options.target_spread or len(samples) >= options.max_reps or spent_s >= options.max_time_s:
             return t
         n = min(options.round_reps, options.max_reps - len(samples))
+
+
+def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """A replay closure of `fn` captured in a CUDA graph (warmed on a side stream first, as PyTorch requires); the
+    closure keeps the graph, and with it the graph's memory pool, alive."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+
+    def replay() -> None:
+        graph.replay()
+
+    replay.graph = graph  # type: ignore[attr-defined]
+    return replay
