@@ -1,0 +1,276 @@
+"""The time of one engine step on G GPUs under a Layout, and the serving simulator that uses it.
+
+Per layer of a step (kernel_gym.parallel.layout says which shapes each GPU runs):
+
+    prefill attention + decode attention at the busiest data-parallel rank's shapes (heads / tp)
+  + fused MoE at the busiest GPU's shape (EP: the GPU whose experts received the most token-slots of the step's
+    sampled routing, so the EP load imbalance is in the kernel time)
+  + collectives from the measured table: 2 all-reduces over tp ranks (after attention, after the MoE) and 2
+    all-to-alls over ep ranks (dispatch, combine)
+
+Kernel times are the fastest config the backend answers for each sharded shape (the deployment runs tuned kernels;
+kernel_gym's dispatch table approximates that oracle), measured on one GPU. A shard the data has no rows for is, with
+`estimate_missing`, priced from the same model's unsharded shape scaled by the roofline ratio of the two shapes (a
+labelled estimate), else refused with the command that measures it. Every second is booked as measured or estimated
+(`StepPricer.report`), like Serving-v0's estimated share.
+
+`ParallelSimulator` is traffic.simulator.Simulator with that pricing: the untuned ops per GPU (ceil(T / ep) tokens at
+heads / tp), the KV pool of the layout, configs precompiled at launch (no compile stalls).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+from kernel_gym.measure import resolve_backend
+from kernel_gym.measure.coverage import cover
+from kernel_gym.measure.roofline import DEFAULT_VOCAB, dense_step_s, kernel_roofline, op_s
+from kernel_gym.measure.types import is_estimated
+from kernel_gym.parallel.collectives import CollectiveTable, resolve_table
+from kernel_gym.parallel.layout import (
+    Layout,
+    attention_spec,
+    decode_shard,
+    moe_shard,
+    pool_memory_bytes,
+    prefill_shard,
+    why_invalid,
+)
+from kernel_gym.traffic.routing import uniform_for
+from kernel_gym.traffic.simulator import (
+    GPU_MEMORY_UTILIZATION,
+    H200_MEMORY_BYTES,
+    KERNELS,
+    KVLayout,
+    SimResult,
+    Simulator,
+)
+
+PLAN_COMMAND = "python3 scripts/parallel_replay.py plan --model MODEL --gpus G --out plan.json"
+PARTS = (*KERNELS, "all_reduce", "all_to_all")
+
+
+class ShardUnmeasured(LookupError):
+    """A sharded kernel shape without data (and no estimate asked for)."""
+
+
+class StepPricer:
+    """Per-layer seconds of each part of a step under one layout, with the measured / estimated bookkeeping."""
+
+    def __init__(self, spec: Any, layout: Layout, backend: Any = "recorded", table: Any = None,
+                 estimate_missing: bool = True, dtype: str = "bfloat16") -> None:
+        self.spec, self.layout, self.dtype = spec, layout, dtype
+        self.table: CollectiveTable | None = None if layout.gpus == 1 else resolve_table(table)
+        if self.table is not None:
+            for op, deg in (("all_reduce", layout.tp), ("all_to_all", layout.ep)):
+                if deg > 1:
+                    self.table._curve(op, deg)  # refuses a GPU count the table lacks, before any replay
+        self.backend = cover(resolve_backend(backend))
+        self.estimate_missing = estimate_missing
+        self.attn = attention_spec(spec, layout)
+        self._best: dict[tuple[str, Any, Any], tuple[Config, float, bool] | None] = {}
+        self._priced: dict[tuple[str, Any, Any], tuple[Config, float, bool]] = {}
+        self.seconds = dict.fromkeys(PARTS, 0.0)  # per layer, summed over steps
+        self.estimated = dict.fromkeys(PARTS, 0.0)
+        self.imbalance: list[float] = []
+
+    # ---- kernels ----
+
+    def _fastest(self, kernel: str, wl: Any, kv: KVLayout | None) -> tuple[Config, float, bool] | None:
+        """(config, seconds, estimated) of the fastest config the backend answers "ok" for wl."""
+        key = (kernel, wl, kv)
+        if key not in self._best:
+            space = get_family(kernel).space
+            best = None
+            for c in self.backend.available_configs(kernel, wl):
+                if kv is not None and (c.get("PAGE_SIZE") != kv.page_size or c.get("LAYOUT") != kv.layout):
+                    continue
+                if not space.is_valid(c, wl):
+                    continue
+                m = self.backend.measure(kernel, wl, c)
+                if m.ok and m.median_ms and (best is None or m.median_ms * 1e-3 < best[1]):
+                    best = (c, m.median_ms * 1e-3, is_estimated(m.source))
+            self._best[key] = best
+        return self._best[key]
+
+    def _unsharded(self, kernel: str, wl: Any) -> Any:
+        """The one-GPU shape of the same model doing the same rows: the source of an estimate."""
+        s = self.spec
+        if kernel == "prefill_attention":
+            return PrefillWorkload(s.num_heads, s.num_kv_heads, s.head_dim, wl.seq_lens, wl.dtype)
+        if kernel == "decode_attention":
+            return DecodeWorkload(s.num_heads, s.num_kv_heads, s.head_dim, wl.batch, wl.context_len, wl.dtype)
+        rows = wl.num_tokens * wl.top_k
+        return MoEWorkload(max(1, -(-rows // s.top_k)), s.num_experts, s.top_k, s.hidden, s.intermediate, wl.skew,
+                           wl.dtype)
+
+    def price(self, kernel: str, wl: Any, kv: KVLayout | None = None) -> tuple[Config, float, bool]:
+        """(config, seconds per call, estimated) of a sharded shape."""
+        key = (kernel, wl, kv)
+        hit = self._priced.get(key)
+        if hit is not None:
+            return hit
+        best = self._fastest(kernel, wl, kv)
+        src = self._unsharded(kernel, wl)
+        if self.estimate_missing and src != wl and (best is None or self.backend.is_proxied(kernel, wl)):
+            # the shard's own rows do not bracket it: the same model's unsharded shape, when its rows do, scaled by
+            # the roofline ratio is the closer estimate (the proxy rule never scales a time down)
+            base = self._fastest(kernel, src, kv)
+            if base is not None and (best is None or not self.backend.is_proxied(kernel, src)):
+                ratio = op_s(*kernel_roofline(kernel, wl)) / op_s(*kernel_roofline(kernel, src))
+                best = (base[0], base[1] * ratio, True)
+        if best is None:
+            raise ShardUnmeasured(
+                f"{kernel}: no data for the {self.layout} shard {wl.key()}"
+                + ("" if self.estimate_missing else " (estimate_missing=False)")
+                + f"; measure the layout's shards on one GPU: {PLAN_COMMAND}, then python3 scripts/collect.py "
+                "--plan plan.json --kernels fused_moe"
+            )
+        self._priced[key] = best
+        return best
+
+    def _book(self, part: str, seconds: float, estimated: bool) -> float:
+        self.seconds[part] += seconds
+        if estimated:
+            self.estimated[part] += seconds
+        return seconds
+
+    def prefill_s(self, seq_lens: tuple[int, ...], kv: KVLayout) -> tuple[Config, float]:
+        c, t, est = self.price("prefill_attention", prefill_shard(self.spec, self.layout, seq_lens, self.dtype))
+        return c, self._book("prefill_attention", t, est)
+
+    def decode_s(self, batch: int, context_len: int, kv: KVLayout) -> tuple[Config, float]:
+        wl = decode_shard(self.spec, self.layout, batch, context_len, self.dtype)
+        c, t, est = self.price("decode_attention", wl, kv)
+        return c, self._book("decode_attention", t, est)
+
+    def moe_s(self, num_tokens: int, skew: float, slot_counts: np.ndarray | None) -> tuple[Config | None, float]:
+        """The busiest GPU's fused MoE plus every collective of the layer (they sit on the MoE's path)."""
+        sh = moe_shard(self.spec, self.layout, num_tokens, skew, slot_counts, self.dtype, self.spec.dtype_bytes)
+        total, cfg = 0.0, None
+        if sh.workload is not None:
+            cfg, t, est = self.price("fused_moe", sh.workload)
+            total += self._book("fused_moe", t, est)
+        if self.layout.ep > 1:
+            self.imbalance.append(sh.imbalance)
+        for op, deg, nbytes in (("all_reduce", self.layout.tp, sh.all_reduce_bytes),
+                                ("all_to_all", self.layout.ep, sh.all_to_all_bytes)):
+            if nbytes:  # two per layer: after attention and after the MoE / dispatch and combine
+                t = 2 * self.table.time_s(op, deg, nbytes)
+                total += self._book(op, t, not self.table.measured_at(op, deg, nbytes))
+        return cfg, total
+
+    def report(self) -> dict[str, float]:
+        """Per-layer seconds per part summed over the steps so far, and the estimated share of each and of all."""
+        total = sum(self.seconds.values())
+        out = {f"{p}_s": self.seconds[p] for p in PARTS}
+        out.update({f"{p}_estimated_share": self.estimated[p] / self.seconds[p] if self.seconds[p] else 0.0
+                    for p in PARTS})
+        out["step_parts_s"] = total
+        out["estimated_share"] = sum(self.estimated.values()) / total if total else 0.0
+        out["collective_share"] = (self.seconds["all_reduce"] + self.seconds["all_to_all"]) / total if total else 0.0
+        imb = np.asarray(self.imbalance) if self.imbalance else np.ones(1)
+        out["ep_imbalance_mean"] = float(imb.mean())
+        out["ep_imbalance_p99"] = float(np.percentile(imb, 99))
+        return out
+
+
+class _Unused:
+    """The base Simulator's chooser and timer slots: ParallelSimulator prices every kernel itself."""
+
+    precompiled = ()
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        raise RuntimeError("ParallelSimulator prices kernels through its StepPricer")
+
+    def time_s(self, kernel: str, workload: Any, config: Config) -> float:
+        raise RuntimeError("ParallelSimulator prices kernels through its StepPricer")
+
+
+class _PerGPUDense(dict):
+    """The base Simulator's memo of untuned-op seconds per (tokens, logits), answering for one GPU of the layout:
+    ceil(T / ep) tokens of its data-parallel rank at heads / tp."""
+
+    def __init__(self, spec: Any, ep: int, vocab: int) -> None:
+        super().__init__()
+        self.spec, self.ep, self.vocab = spec, ep, vocab
+
+    def get(self, key: tuple[int, int], default: Any = None) -> float:
+        hit = dict.get(self, key)
+        if hit is None:
+            tokens, logits = key
+            hit = self[key] = dense_step_s(self.spec, -(-tokens // self.ep), -(-logits // self.ep), self.vocab)
+        return hit
+
+
+class ParallelSimulator(Simulator):
+    """The serving simulator on `layout.gpus` GPUs (module docstring). Sampled routing per step
+    (`routing.loads(clock, tokens)`) feeds the EP imbalance."""
+
+    def __init__(self, spec: Any, requests: Any, layout: Layout, pricer: StepPricer | None = None,
+                 routing_profile: Any = None, *, backend: Any = "recorded", table: Any = None,
+                 gpu_memory_bytes: float = H200_MEMORY_BYTES,
+                 gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, vocab_size: int = DEFAULT_VOCAB,
+                 **kw: Any) -> None:
+        why = why_invalid(spec, layout, layout.gpus, gpu_memory_bytes, gpu_memory_utilization)
+        if why:
+            raise ValueError(why)
+        self.spec, self.layout = spec, layout
+        self.pricer = pricer or StepPricer(spec, layout, backend, table)
+        routing = routing_profile if routing_profile is not None else uniform_for(spec)
+        mem = pool_memory_bytes(spec, layout, gpu_memory_bytes, gpu_memory_utilization)
+        super().__init__(attention_spec(spec, layout), requests, _Unused(), _Unused(), routing,
+                         gpu_memory_bytes=mem, gpu_memory_utilization=gpu_memory_utilization,
+                         vocab_size=vocab_size, compile_s=lambda kernel, config: 0.0, **kw)
+        self._dense_memo = _PerGPUDense(self.pricer.attn, layout.ep, vocab_size)
+
+    def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
+        p = self.pricer
+        if kernel == "prefill_attention":
+            cfg, t = p.prefill_s(key[1], self.kv_layout)
+        elif kernel == "decode_attention":
+            cfg, t = p.decode_s(key[1], key[2], self.kv_layout)
+        else:
+            tokens = key[1]
+            counts = self.routing.loads(self.clock, tokens) if self.layout.ep > 1 else None
+            cfg, t = p.moe_s(tokens, key[2], counts)
+        if cfg is not None:
+            self.configs_used[kernel][cfg] += 1
+        return t
+
+
+def goodput(result: SimResult, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, float]:
+    """Requests that finished within both SLOs (TTFT <= ttft_slo_s; TPOT <= tpot_slo_s, one-token requests pass on
+    TTFT alone): per second over the replay's span, their output tokens per second, and their share of requests."""
+    done = ~np.isnan(result.finish_s)
+    ttft_ok = result.ttft_s <= ttft_slo_s
+    tpot = result.tpot_s
+    tpot_ok = np.isnan(tpot) | (tpot <= tpot_slo_s)
+    good = done & ttft_ok & tpot_ok
+    span = max(float(np.nanmax(result.finish_s)) - float(result.arrival_s[0]), 1e-12) if done.any() else math.inf
+    return {"goodput_req_per_s": float(good.sum()) / span,
+            "goodput_tokens_per_s": float(result.generated_tokens[good].sum()) / span,
+            "slo_attainment": float(good.mean()),
+            "ttft_slo_s": float(ttft_slo_s), "tpot_slo_s": float(tpot_slo_s)}
+
+
+def serve(spec: Any, requests: Any, layout: Layout, *, backend: Any = "recorded", table: Any = None,
+          routing: Any = None, ttft_slo_s: float = 2.0, tpot_slo_s: float = 0.1, estimate_missing: bool = True,
+          **sim_kwargs: Any) -> dict[str, Any]:
+    """Replay `requests` to completion under `layout`: the simulator's summary, goodput at the SLO, and the pricer's
+    report (seconds per part, estimated shares, EP imbalance)."""
+    pricer = StepPricer(spec, layout, backend, table, estimate_missing)
+    sim = ParallelSimulator(spec, requests, layout, pricer, routing, **sim_kwargs)
+    res = sim.run()
+    layers = spec.num_layers
+    rep = {k: v * layers if k.endswith("_s") and not k.startswith("ep_") else v for k, v in pricer.report().items()}
+    keep = ("tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "finished", "requests",
+            "preemptions", "kv_pages", "busy_s")
+    return {"layout": layout.name, "tp": layout.tp, "ep": layout.ep, "gpus": layout.gpus,
+            **{k: res.summary[k] for k in keep}, **goodput(res, ttft_slo_s, tpot_slo_s), **rep}
