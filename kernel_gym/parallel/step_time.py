@@ -80,6 +80,12 @@ class StepPricer:
         self.estimated = dict.fromkeys(PARTS, 0.0)
         self.imbalance: list[float] = []
 
+    def reset_counts(self) -> None:
+        """Zero the bookkeeping, keep the memoised prices (a new replay under the same layout)."""
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.estimated = dict.fromkeys(PARTS, 0.0)
+        self.imbalance = []
+
     # ---- kernels ----
 
     def _fastest(self, kernel: str, wl: Any, kv: KVLayout | None) -> tuple[Config, float, bool] | None:
@@ -262,10 +268,15 @@ def goodput(result: SimResult, ttft_slo_s: float, tpot_slo_s: float) -> dict[str
 
 def serve(spec: Any, requests: Any, layout: Layout, *, backend: Any = "recorded", table: Any = None,
           routing: Any = None, ttft_slo_s: float = 2.0, tpot_slo_s: float = 0.1, estimate_missing: bool = True,
-          **sim_kwargs: Any) -> dict[str, Any]:
+          pricer: StepPricer | None = None, **sim_kwargs: Any) -> dict[str, Any]:
     """Replay `requests` to completion under `layout`: the simulator's summary, goodput at the SLO, and the pricer's
-    report (seconds per part, estimated shares, EP imbalance)."""
-    pricer = StepPricer(spec, layout, backend, table, estimate_missing)
+    report (seconds per part, estimated shares, EP imbalance). A `pricer` of that layout is reused (its prices
+    memoised, its counts zeroed)."""
+    if pricer is None:
+        pricer = StepPricer(spec, layout, backend, table, estimate_missing)
+    elif pricer.layout != layout:
+        raise ValueError(f"pricer is for {pricer.layout}, not {layout}")
+    pricer.reset_counts()
     sim = ParallelSimulator(spec, requests, layout, pricer, routing, **sim_kwargs)
     res = sim.run()
     layers = spec.num_layers

@@ -1,0 +1,193 @@
+"""KernelGym/ServingTPEP-v0 (ParallelServingEnv): choose how a MoE model is split over G GPUs (tensor vs expert
+parallelism) for the traffic a deployment will serve, scored by goodput at a TTFT/TPOT SLO.
+
+Why one decision per episode: serving engines fix the layout at launch (vLLM's --tensor-parallel-size,
+--data-parallel-size and --enable-expert-parallel, SGLang's --tp/--ep place the weights once; changing them means
+restarting the engine and reloading every weight, minutes of downtime). So the realistic choice is per deployment:
+the agent sees what the traffic looked like just before (arrival rate, prompt and output lengths, how skewed the
+expert routing is) and picks the layout that then serves a window of the trace. The step times come from
+kernel_gym.parallel (sharded kernels measured on one GPU, collectives from the measured table, EP imbalance from the
+step's sampled routing); without a measured collectives table the environment refuses to start.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from kernel_gym.measure import resolve_backend
+from kernel_gym.measure.coverage import cover
+from kernel_gym.parallel.collectives import resolve_table
+from kernel_gym.parallel.layout import Layout, layouts_for, why_invalid
+from kernel_gym.parallel.step_time import StepPricer, serve
+from kernel_gym.traffic.routing import entropy_norm
+from kernel_gym.traffic.windows import resolve_model, resolve_trace, slice_window
+
+CLIP = 4.0
+SPLITS = ("train", "heldout")
+FEATURES = ("arrival_rate", "prompt_p50", "prompt_p90", "output_p50", "output_p90", "max_expert_share",
+            "routing_entropy")
+
+
+class ParallelServingEnv(gym.Env):
+    """
+    ## Description
+
+    A serving engine on `gpus` GPUs replays a window of a request trace under the layout the agent picks
+    (kernel_gym.parallel.layout: TP = G, EP = G, or the mixed tp x ep = G). One step per episode.
+
+    ## Action Space
+
+    `Discrete(len(layouts_for(gpus)))`: index into `env.unwrapped.layouts` (pure TP first, pure EP last).
+    `action_masks()` is False for layouts the model cannot use on G GPUs (heads or intermediate not divisible by
+    tp, experts not by ep, weights that leave no KV cache), MaskablePPO's convention.
+
+    ## Observation Space
+
+    `Box(-4, 4, (7,), float32)` over the `context_s` seconds of trace before the window: arrival rate / the
+    split's mean rate, log2(1 + prompt tokens) p50 and p90 / 14, log2(1 + output tokens) p50 and p90 / 14, and the
+    routing profile's max-expert share and normalised entropy at the window's start.
+
+    ## Rewards
+
+    Goodput (requests per second finishing within both SLOs) / offered requests per second of the window: 1 when
+    every request meets the SLO and the engine keeps up, less otherwise.
+
+    ## Starting State
+
+    A window of `window_s` seconds (after `warmup_s` of the same trace, served too and counted) drawn (seeded) from
+    the split: the first 1 - holdout of the trace ("train") or the rest ("heldout"); `reset(options={"start_s": t})`
+    fixes it.
+
+    ## Episode End
+
+    Terminated after the one step.
+
+    ## Arguments
+
+    `backend` ("recorded"), `model`, `trace` ("bundled"; any load_trace name or a Trace), `gpus` (8), `table` (the
+    collectives table: path, dict or CollectiveTable; None: benchmarks/multigpu/collectives.json), `routing` (a
+    RoutingProfile; None = uniform), `split`, `holdout` (0.2), `window_s` (60), `warmup_s` (10), `context_s` (60),
+    `rate_scale` (1), `ttft_slo_s` (2.0), `tpot_slo_s` (0.1), `sim_kwargs` (Simulator arguments).
+
+    ## Version History
+
+    - v0: initial version (layout per deployment, goodput reward).
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, backend: Any = "recorded", model: Any = "mixtral-8x7b", trace: Any = "bundled", gpus: int = 8,
+                 table: Any = None, routing: Any = None, split: str = "train", holdout: float = 0.2,
+                 window_s: float = 60.0, warmup_s: float = 10.0, context_s: float = 60.0, rate_scale: float = 1.0,
+                 ttft_slo_s: float = 2.0, tpot_slo_s: float = 0.1, sim_kwargs: dict[str, Any] | None = None,
+                 render_mode: str | None = None) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r} is not one of {list(SPLITS)}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode {render_mode!r} is not one of {self.metadata['render_modes']}")
+        if window_s <= 0 or warmup_s < 0 or context_s <= 0 or rate_scale <= 0 or not 0 < holdout < 1:
+            raise ValueError("need window_s > 0, warmup_s >= 0, context_s > 0, rate_scale > 0, 0 < holdout < 1")
+        self.render_mode = render_mode
+        self.table = resolve_table(table) if gpus > 1 else None
+        self.backend = cover(resolve_backend(backend))
+        self.model = resolve_model(model)
+        self.trace = resolve_trace(trace)
+        self.gpus = int(gpus)
+        self.routing = routing
+        self.window_s, self.warmup_s, self.context_s = float(window_s), float(warmup_s), float(context_s)
+        self.rate_scale = float(rate_scale)
+        self.slo = (float(ttft_slo_s), float(tpot_slo_s))
+        self.sim_kwargs = dict(sim_kwargs or {})
+        self.layouts: list[Layout] = layouts_for(self.gpus)
+        self.reasons = [why_invalid(self.model, lay, self.gpus) for lay in self.layouts]
+        self._mask = np.array([not r for r in self.reasons], dtype=bool)
+        if not self._mask.any():
+            raise ValueError(f"{self.model.name} fits no layout on {self.gpus} GPUs: " + "; ".join(self.reasons))
+        self._pricers: dict[Layout, StepPricer] = {}
+        train_end = self.trace.duration_s * (1 - holdout)
+        lo, hi = (0.0, train_end) if split == "train" else (train_end, self.trace.duration_s)
+        span = (self.warmup_s + self.window_s) * self.rate_scale
+        self._range = (max(lo, self.context_s * self.rate_scale) + self.warmup_s * self.rate_scale, hi - span +
+                       self.warmup_s * self.rate_scale)
+        if self._range[1] < self._range[0]:
+            raise ValueError(f"the {split} part of trace {self.trace.name!r} is shorter than context + warm-up + "
+                             "window; use shorter windows or a longer trace")
+        lo_i, hi_i = np.searchsorted(self.trace.arrival_s, [lo, hi])
+        self.nominal_req_per_s = (hi_i - lo_i) / max(hi - lo, 1e-9) * self.rate_scale
+        self.observation_space = gym.spaces.Box(-CLIP, CLIP, (len(FEATURES),), np.float32)
+        self.action_space = gym.spaces.Discrete(len(self.layouts))
+        self.start_s = 0.0
+        self._obs = np.zeros(len(FEATURES), np.float32)
+        self._last: dict[str, Any] = {}
+
+    def action_masks(self) -> np.ndarray:
+        return self._mask.copy()
+
+    def action_of(self, layout: Layout) -> int:
+        """The action that launches `layout` (the fixed-layout baselines: TP = G, EP = G, mixed)."""
+        return self.layouts.index(layout)
+
+    def _features(self, start_s: float) -> np.ndarray:
+        tr = self.trace
+        lo, hi = np.searchsorted(tr.arrival_s, [start_s - self.context_s * self.rate_scale, start_s])
+        rate = (hi - lo) / self.context_s / max(self.nominal_req_per_s, 1e-9)
+        lg = lambda x: math.log2(1.0 + float(x)) / 14.0
+        p = tr.prompt_tokens[lo:hi] if hi > lo else np.ones(1)
+        o = tr.output_tokens[lo:hi] if hi > lo else np.ones(1)
+        if self.routing is None:
+            max_share, entropy = 1.0 / self.model.num_experts, 1.0
+        else:
+            shares = self.routing.load_shares(start_s / self.rate_scale)
+            max_share, entropy = float(np.max(shares)), entropy_norm(shares)
+        f = [rate, lg(np.percentile(p, 50)), lg(np.percentile(p, 90)), lg(np.percentile(o, 50)),
+             lg(np.percentile(o, 90)), max_share, entropy]
+        return np.clip(np.asarray(f, dtype=np.float32), -CLIP, CLIP)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Draw a window start (trace seconds); options={"start_s": t} fixes it."""
+        super().reset(seed=seed)
+        if options and "start_s" in options:
+            start = float(options["start_s"])
+            lo = self.warmup_s * self.rate_scale
+            if not lo <= start <= self.trace.duration_s:
+                raise ValueError(f"start_s {start} must lie in [{lo:g}, {self.trace.duration_s:g}]")
+        else:
+            start = float(self.np_random.uniform(*self._range))
+        self.start_s = start
+        self._obs = self._features(start)
+        return self._obs.copy(), {"start_s": start, "action_mask": self.action_masks()}
+
+    def serve_layout(self, layout: Layout) -> dict[str, Any]:
+        """Goodput and the step-time breakdown of the current window under `layout` (the env's reward source)."""
+        t0 = self.start_s - self.warmup_s * self.rate_scale
+        requests = slice_window(self.trace, t0, self.start_s + self.window_s * self.rate_scale, self.rate_scale)
+        pricer = self._pricers.get(layout)
+        if pricer is None:
+            pricer = self._pricers[layout] = StepPricer(self.model, layout, self.backend, self.table)
+        out = serve(self.model, requests, layout, routing=self.routing, ttft_slo_s=self.slo[0],
+                    tpot_slo_s=self.slo[1], pricer=pricer, **self.sim_kwargs)
+        out["offered_req_per_s"] = len(requests.arrival_s) / (self.warmup_s + self.window_s)
+        return out
+
+    def step(self, action: Any):
+        a = int(np.asarray(action).reshape(-1)[0])
+        if not 0 <= a < len(self.layouts):
+            raise ValueError(f"action {action!r} is outside Discrete({len(self.layouts)})")
+        layout = self.layouts[a]
+        if not self._mask[a]:
+            raise ValueError(f"action {a} ({layout}) is masked: {self.reasons[a]}")
+        info = self.serve_layout(layout)
+        reward = info["goodput_req_per_s"] / max(info["offered_req_per_s"], 1e-9)
+        info.update(start_s=self.start_s, action_mask=self.action_masks())
+        self._last = info
+        return self._obs.copy(), float(reward), True, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            keys = ("layout", "goodput_req_per_s", "slo_attainment", "estimated_share", "collective_share")
+            return ", ".join(f"{k}={self._last[k]}" for k in keys if k in self._last) or "(no step yet)"
+        return None
