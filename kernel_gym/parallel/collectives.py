@@ -188,6 +188,9 @@ def load_table(path: str | Path | None = None) -> CollectiveTable:
         data = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CollectivesError(f"collectives table {p}: cannot read JSON ({exc})") from exc
+    if isinstance(data, dict) and data.get("backend") != "nccl":
+        raise CollectivesError(f"collectives table {p} was measured with backend {data.get('backend')!r} (a dry run "
+                               f"or a fixture), not NCCL on GPUs; run `{MEASURE_COMMAND}`")
     return CollectiveTable(data, str(p))
 
 
