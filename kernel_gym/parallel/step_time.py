@@ -64,9 +64,10 @@ class StepPricer:
     """Per-layer seconds of each part of a step under one layout, with the measured / estimated bookkeeping."""
 
     def __init__(self, spec: Any, layout: Layout, backend: Any = "recorded", table: Any = None,
-                 estimate_missing: bool = True, dtype: str = "bfloat16") -> None:
+                 estimate_missing: bool = True, dtype: str = "bfloat16", kernels_only: bool = False) -> None:
+        """kernels_only: price kernels without a collectives table (scripts/live_parallel_check.py's plan step)."""
         self.spec, self.layout, self.dtype = spec, layout, dtype
-        self.table: CollectiveTable | None = None if layout.gpus == 1 else resolve_table(table)
+        self.table: CollectiveTable | None = None if layout.gpus == 1 or kernels_only else resolve_table(table)
         if self.table is not None:
             for op, deg in (("all_reduce", layout.tp), ("all_to_all", layout.ep)):
                 if deg > 1:
