@@ -12,7 +12,8 @@ TP1, Mixtral-8x22B TP4, then the TP2 shards of Mixtral-8x7B and Qwen2-57B while 
       that came out below 1.0 were at M <= 64);
   (b) pick: the fastest, kept only if it beat the engine's entry by >= --min-gain (engine_export.pick, the rule
       `kernel-gym export --format vllm` applies to stored measurements);
-  (c) confirm then report: the pick and the engine entry re-timed paired in this process (alternating, medians);
+  (c) confirm then report: the pick and the engine entry re-timed paired in this process (samples interleaved one
+      by one, medians);
       a pick not faster than the entry by --min-gain in the confirmation round is dropped for the entry (speedup 1
       by construction);
       the reported times come from a further paired round, independent of the selection;
@@ -22,7 +23,8 @@ TP1, Mixtral-8x22B TP4, then the TP2 shards of Mixtral-8x7B and Qwen2-57B while 
   (e) with the --anchor-s budget: kernel_gym's own fused_moe (the dataset's fastest stored configs at that M and
       routing, and at the uniform routing of that M) vs the same anchor, every shape that ran, M = 1 ... 4096, both
       routings, on the same work: the anchor's alignment runs before its closure here (vm.prepare_kernels_only), as
-      kernel_gym's does in its prepare, both replayed from CUDA graphs.
+      kernel_gym's does in its prepare; both timed eagerly (3-5 launches each, covered by the timing's spin), since
+      fused_moe's TMA configs cannot be replayed from a graph (run 5: an illegal address).
 Compiles run ahead in a pool of CPU processes (kernel_gym.measure.compiler) into Triton's cache; M is a runtime
 argument of the kernels, so one compile per config and shape serves every M.
 
@@ -134,7 +136,13 @@ class Timer:
 
 
 def paired(timer: Timer, a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float, float]:
-    """Medians of `rounds` alternating samples of a and b (a first, then b first, ...), same process, warm."""
+    """Medians of a's and b's samples taken in turn in the same process, warm: on the GPU 5 x `rounds` samples each,
+    interleaved one by one (kernel_gym.measure.timing.time_interleaved); on the CPU smoke, alternating wall clocks."""
+    if timer.cuda:
+        from kernel_gym.measure.timing import time_interleaved
+
+        ta, tb = time_interleaved([a, b], 5 * rounds)
+        return statistics.median(ta), statistics.median(tb)
     ta, tb = [], []
     for i in range(rounds):
         first, second = (a, b) if i % 2 == 0 else (b, a)
@@ -345,7 +353,6 @@ def kernel_gym_vs_anchor(shapes: dict[str, ee.MoEShape], timer: Timer, dev: str,
             row["error"] = "the anchor failed the reference check"
             out.setdefault(name, {"rows": []})["rows"].append(row)
             continue
-        a_fn, a_graph = timer.ready(a_fn)
         best = None
         configs, source = kernel_gym_candidates(shape, m, skew)
         row["kernel_gym_source"] = source
@@ -354,19 +361,18 @@ def kernel_gym_vs_anchor(shapes: dict[str, ee.MoEShape], timer: Timer, dev: str,
                 fn = fam.prepare(inputs, c)
                 if compare(fam, fn(), ref, wl.dtype):
                     continue
-                fn, graph = timer.ready(fn)
                 t_anchor, t_ours = paired(timer, a_fn, fn, rounds)
             except Exception:  # noqa: BLE001,S112 - a config that fails here is just not a candidate
                 torch.cuda.synchronize()
                 continue
             if best is None or t_ours < best[1]:
-                best = (c, t_ours, t_anchor, graph)
+                best = (c, t_ours, t_anchor)
         if best is None:
             row["error"] = "no stored kernel_gym config passed"
         else:
-            c, t_ours, t_anchor, graph = best
+            c, t_ours, t_anchor = best
             row.update({"anchor_ms": t_anchor, "kernel_gym_ms": t_ours, "speedup": t_anchor / t_ours,
-                        "config": dict(c), "cuda_graph": graph and a_graph})
+                        "config": dict(c)})
             log(f"  (e) {name} M={m:5d} {label:9s}: kernel_gym {t_ours:.4f} ms vs anchor {t_anchor:.4f} ms "
                 f"(x{t_anchor / t_ours:.3f})")
         out.setdefault(name, {"rows": []})["rows"].append(row)
@@ -377,7 +383,7 @@ def kernel_gym_vs_anchor(shapes: dict[str, ee.MoEShape], timer: Timer, dev: str,
         res.update({"geomean_uniform": _geo([r["speedup"] for r in ok if r["routing"] == "uniform"]),
                     "geomean_skew": _geo([r["speedup"] for r in ok if r["routing"] != "uniform"]),
                     "min": min((r["speedup"] for r in ok), default=float("nan"))})
-    return {"scope": "kernels only: routing and alignment before the timed call on both sides; CUDA-graph replays",
+    return {"scope": "kernels only: routing and alignment before the timed call on both sides; eager launches",
             "models": out}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "kernel_gym"
-FLOORS = ("kernels", "measure", "traffic", "dispatch", "envs", "policies", "cli")
+FLOORS = ("kernels", "measure", "traffic", "dispatch", "parallel", "envs", "policies", "cli")
 CLI_MODULES = {"cli", "demo", "bench"}
 SPEC_MODULES = {"models", "zoo"}
 # What the spec floor may import besides itself.

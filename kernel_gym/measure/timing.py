@@ -37,7 +37,9 @@ class TimingOptions:
     # Replay the launch from a CUDA graph (captured once, outside the samples): the GPU time of the launch's kernels
     # with no host launch overhead at all, as an engine that captures its decode batches in graphs runs them (vLLM
     # and SGLang do, up to a few hundred tokens). Host-heavy launch code (torch ops around the kernels) otherwise
-    # makes small-M samples depend on the CPU, not on the config. The launch must not synchronise with the host.
+    # makes small-M samples depend on the CPU, not on the config. The launch must not synchronise with the host, nor
+    # allocate through Triton's allocator (fused_moe's TMA_LOADS configs do: their replay read freed memory on the
+    # H200, benchmarks/vllm_export/run5).
     cuda_graph: bool = False
 
     def __post_init__(self) -> None:
@@ -134,3 +136,25 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
 
     replay.graph = graph  # type: ignore[attr-defined]
     return replay
+
+
+def time_interleaved(fns: list[Callable[[], Any]], reps: int, device: str = "cuda") -> list[list[float]]:
+    """Per closure, `reps` samples (ms) taken in turn: a b c, then c b a, ... each after an L2 flush and a spin. A
+    slow drift of the GPU's clocks (power or temperature: a minute of large-M MoE on the H200 moved one config's time
+    by 25% between two rounds) then falls on every closure alike, so their ratio holds where separate rounds do not."""
+    import torch
+
+    buf = _flush_buffer(device)
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+              for _ in fns]
+    for r in range(reps):
+        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            buf.zero_()
+            torch.cuda._sleep(SPIN_CYCLES)
+            start, end = events[i][r]
+            start.record()
+            fns[i]()
+            end.record()
+    torch.cuda.synchronize()
+    return [[s.elapsed_time(e) for s, e in per_fn] for per_fn in events]

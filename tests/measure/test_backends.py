@@ -55,3 +55,34 @@ def test_live_worker_isolates_crash_hang_and_oom() -> None:
     assert "no answer within 3 s" in ms[3].reason
     assert restarts == 2  # segfault, hang
     assert all(m.median_ms is None for m in ms)  # the interpreter never times
+
+
+@pytest.mark.gpu
+def test_graph_and_interleaved_timing_measure_the_same_kernel_alike():
+    """capture_graph replays the launch (same result), time_interleaved returns per-closure samples, and a launch
+    doing twice the work takes longer under both."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: run `pytest -m gpu` on the GPU machine (README: GPU parts)")
+    from kernel_gym.measure.timing import TimingOptions, capture_graph, time_interleaved, time_launch
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+
+    def once():
+        torch.matmul(a, a, out=out)
+
+    def twice():
+        torch.matmul(a, a, out=out)
+        torch.matmul(a, a, out=out)
+
+    replay = capture_graph(once)
+    out.zero_()
+    replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), (a @ a).float(), rtol=1e-2, atol=1e-1)
+    graph_ms = time_launch(once, TimingOptions(cuda_graph=True)).median_ms
+    t_once, t_twice = time_interleaved([once, twice], 8)
+    assert len(t_once) == len(t_twice) == 8
+    assert sorted(t_twice)[4] > 1.5 * sorted(t_once)[4]
+    assert graph_ms > 0.5 * sorted(t_once)[4]
