@@ -15,8 +15,9 @@ of at least 256 configs sampled uniformly from the valid space plus every catalo
 `time` (GPU; imports only torch, triton, numpy and the standard library) compiles every config in a CPU pool, then per
 workload, in one process: checks each config against the torch reference (outputs NaN-poisoned first, then a second
 launch over a NaN-filled output) and times it (the sweep); then times the seeds' choices, the tune picks and the
-sweep's three fastest in shuffled rounds, paired. `report` scores ratio = best_ms / chosen_ms from the paired rounds
-(best = the fastest of that paired set, which holds the sweep's best) and the tune and sweep curves from the sweep.
+sweep's three fastest paired, their samples interleaved one by one. `report` scores ratio = best_ms / chosen_ms from
+the paired rounds (best = the fastest of that paired set, which holds the sweep's best) and the tune and sweep curves
+from the sweep.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def time_plan(args: argparse.Namespace) -> int:
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.measure.compiler import CompilePool
-    from kernel_gym.measure.timing import TimingOptions, time_launch
+    from kernel_gym.measure.timing import TimingOptions, time_interleaved, time_launch
     from kernel_gym.measure.worker import compare, poison_outputs, poisoned_empty, workload_from_key
 
     if not torch.cuda.is_available():
@@ -136,8 +137,6 @@ def time_plan(args: argparse.Namespace) -> int:
     pool = CompilePool(args.compile_workers, {"TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]})
     t0 = time.time()
     futures = [pool.submit(e["kernel"], e["workload"], e["configs"]) for e in entries]
-    paired_timing = TimingOptions(min_reps=args.reps, max_reps=args.reps, round_reps=args.reps, max_time_s=10.0)
-    rng = random.Random(0)
     results = []
     for n, (entry, fut) in enumerate(zip(entries, futures)):
         if time.time() - t0 > args.budget_s:
@@ -185,12 +184,11 @@ def time_plan(args: argparse.Namespace) -> int:
                       for s, t in entry["tune"].items()}
         paired_set = [c for c in dict.fromkeys([*entry["choices"].values(), *tune_picks.values(), *top,
                                                 entry["default"]]) if c in fns]
-        rounds = {c: [] for c in paired_set}
-        for _ in range(args.rounds):
-            order = list(paired_set)
-            rng.shuffle(order)
-            for c in order:
-                rounds[c].append(time_launch(fns[c], paired_timing).median_ms)
+        # Samples interleaved one by one (a b c ..., then ... c b a): a drift of the clocks over the workload's
+        # rounds (power, temperature: large-M MoE) falls on every config alike; a round = `reps` samples' median.
+        samples = time_interleaved([fns[c] for c in paired_set], args.rounds * args.reps)
+        rounds = {c: [_median(xs[i:i + args.reps]) for i in range(0, len(xs), args.reps)]
+                  for c, xs in zip(paired_set, samples)}
         results.append({**{k: entry[k] for k in ("kernel", "model", "shard", "workload", "choices", "tune",
                                                  "default")},
                         "tune_picks": tune_picks, "sweep_ms": sweep_ms, "status": status, "seconds": seconds,
