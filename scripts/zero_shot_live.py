@@ -48,6 +48,9 @@ DECODE_EVAL = {  # model -> [(tp, batch, context)]
     "qwen2-57b-a14b": [(1, 1, 4096), (2, 64, 2048), (4, 256, 4096)],
     "llama-4-scout": [(1, 8, 16384), (4, 128, 1024), (2, 32, 4096)],
     "granite-3.0-3b-a800m": [(1, 32, 4096), (2, 256, 4096), (4, 1, 4096)],
+    # fresh (kernel_gym.zoo.FRESH_MODELS), added after run 3
+    "ernie-4.5-21b-a3b": [(1, 1, 4096), (2, 64, 2048), (4, 128, 1024)],
+    "glm-4.5-air": [(1, 32, 4096), (2, 8, 16384), (4, 256, 4096)],
 }
 
 
@@ -229,18 +232,52 @@ def paired_ms(r: dict, config: str | None) -> float | None:
     return _median(times) if times else None
 
 
+def _group(rows: list[dict], key: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for x in rows:
+        out.setdefault(x[key], []).append(x["ratio"])
+    return out
+
+
+def _subset(rows: list[dict], models: tuple[str, ...]) -> dict | None:
+    """Scores over the rows of these models only (None when none of them was timed)."""
+    ratios = [x["ratio"] for x in rows if x["model"] in models]
+    return {"models": list(models), "geomean": _geomean(ratios), "p5": _p5(ratios), "min": min(ratios),
+            "rows": len(ratios)} if ratios else None
+
+
 def report(args: argparse.Namespace) -> int:
-    """generalisation.json from a `time` result (ratios from paired rounds; curves from the sweep)."""
-    live = json.loads(args.result.read_text())
-    plan = json.loads(args.plan.read_text()) if args.plan and args.plan.exists() else {}
+    """generalisation.json from `time` results (ratios from paired rounds; curves from the sweep). Several runs may be
+    given (--result / --plan / --commit / --dataset-hash in the same order): for each kernel the last run that timed
+    it counts, and the kernel's entry records that run's provenance."""
+    n = len(args.result)
+    for name in ("plan", "commit", "dataset_hash"):
+        if len(getattr(args, name)) not in (0, n):
+            raise SystemExit(f"--{name.replace('_', '-')}: give one per --result ({n}), in the same order")
+    runs = []
+    for i, path in enumerate(args.result):
+        plan_path = args.plan[i] if args.plan else None
+        runs.append({"live": json.loads(path.read_text()), "result": str(path),
+                     "plan": json.loads(plan_path.read_text()) if plan_path else {},
+                     "plan_path": str(plan_path) if plan_path else None,
+                     "commit": args.commit[i] if args.commit else "",
+                     "dataset_sha256": args.dataset_hash[i] if args.dataset_hash else ""})
+    by_kernel = {r["kernel"]: run for run in runs for r in run["live"]["results"]}  # the last run per kernel
     out: dict = {"zero_shot": {"kernel": {}}, "tuned": {}, "curves": {}, "meta": {
-        "device": live.get("device"), "torch": live.get("torch"), "triton": live.get("triton"),
-        "rounds": live.get("rounds"), "reps": live.get("reps"), "seeds": plan.get("seeds"),
-        "timesteps": plan.get("timesteps"), "trained": plan.get("trained"), "commit": args.commit,
-        "dataset_sha256": args.dataset_hash, "command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
+        "command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
         "ratio": "best_ms / chosen_ms: medians over paired rounds; best = fastest of (seed choices, tune picks, the "
-                 "sweep's 3 fastest, default) in those rounds"}}
-    for kernel in dict.fromkeys(r["kernel"] for r in live["results"]):
+                 "sweep's 3 fastest, default) in those rounds",
+        "runs": {kernel: {"result": run["result"], "plan": run["plan_path"], "commit": run["commit"],
+                          "dataset_sha256": run["dataset_sha256"], "device": run["live"].get("device"),
+                          "torch": run["live"].get("torch"), "triton": run["live"].get("triton"),
+                          "rounds": run["live"].get("rounds"), "reps": run["live"].get("reps"),
+                          "seeds": run["plan"].get("seeds"), "timesteps": run["plan"].get("timesteps"),
+                          "trained": [t for t in run["plan"].get("trained", []) if t.get("kernel") == kernel]}
+                 for kernel, run in by_kernel.items()}}}
+    from kernel_gym import zoo
+
+    for kernel, run in by_kernel.items():
+        live = run["live"]
         rows, tuned, default_rows = [], [], []
         curve_policy: dict[int, list[float]] = {}
         curve_random: dict[int, list[float]] = {}
@@ -283,7 +320,10 @@ def report(args: argparse.Namespace) -> int:
             "test_models": sorted({x["model"] for x in rows}), "geomean": _geomean(ratios), "p5": _p5(ratios),
             "min": min(ratios), "workloads": len({x["workload"] for x in rows}),
             "seeds": sorted({x["seed"] for x in rows}),
-            "default_geomean": _geomean(default_rows), "estimated_share": 0.0, "rows": rows}
+            "default_geomean": _geomean(default_rows), "estimated_share": 0.0,
+            "per_model": {m: {"geomean": _geomean(v), "p5": _p5(v), "min": min(v)} for m, v in sorted(
+                _group(rows, "model").items())},
+            "fresh_models": _subset(rows, zoo.FRESH_MODELS), "rows": rows}
         tr = [x["ratio"] for x in tuned]
         out["tuned"][kernel] = {"configs_per_shape": TUNE_K, "geomean": _geomean(tr), "p5": _p5(tr),
                                 "min": min(tr) if tr else None, "rows": tuned}
@@ -302,6 +342,9 @@ def report(args: argparse.Namespace) -> int:
         print(f"{kernel}: zero-shot geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
               f"{z['workloads']} workloads x {len(z['seeds'])} seeds (default {z['default_geomean']:.3f}); "
               f"tuned (top-{TUNE_K}) geomean {t['geomean']:.3f} p5 {t['p5']:.3f}")
+        for m, v in z["per_model"].items():
+            print(f"    {m:22s} geomean {v['geomean']:.3f} p5 {v['p5']:.3f} min {v['min']:.3f}"
+                  f"{'   (fresh)' if m in zoo.FRESH_MODELS else ''}")
     return 0
 
 
@@ -351,11 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--budget-s", type=float, default=420.0, help="start no new workload after this many seconds")
     b.add_argument("--compile-workers", type=int, default=14)
     c = sub.add_parser("report", help="CPU: benchmarks/generalisation.json from a `time` result")
-    c.add_argument("--result", type=Path, required=True)
-    c.add_argument("--plan", type=Path, default=Path("benchmarks/generalisation/plan.json"))
+    c.add_argument("--result", type=Path, nargs="+", required=True,
+                   help="`time` results; for each kernel the last one that timed it counts")
+    c.add_argument("--plan", type=Path, nargs="*", default=[], help="the plan of each result, same order")
     c.add_argument("--out", type=Path, default=Path("benchmarks/generalisation.json"))
-    c.add_argument("--commit", default="", help="commit the GPU run used")
-    c.add_argument("--dataset-hash", default="", help="sha256 of the dataset the policies trained on")
+    c.add_argument("--commit", nargs="*", default=[], help="the commit each GPU run used, same order")
+    c.add_argument("--dataset-hash", nargs="*", default=[],
+                   help="sha256 of the dataset each run's policies trained on, same order")
     args = p.parse_args(argv)
     if args.cmd == "plan":
         return make_plan(args)
