@@ -323,7 +323,8 @@ def report(args: argparse.Namespace) -> int:
             "default_geomean": _geomean(default_rows), "estimated_share": 0.0,
             "per_model": {m: {"geomean": _geomean(v), "p5": _p5(v), "min": min(v)} for m, v in sorted(
                 _group(rows, "model").items())},
-            "fresh_models": _subset(rows, zoo.FRESH_MODELS), "rows": rows}
+            "fresh_models": _subset(rows, tuple(m for m in zoo.FRESH_MODELS if m in zoo.TEST_MODELS[kernel])),
+            "rows": rows}
         tr = [x["ratio"] for x in tuned]
         out["tuned"][kernel] = {"configs_per_shape": TUNE_K, "geomean": _geomean(tr), "p5": _p5(tr),
                                 "min": min(tr) if tr else None, "rows": tuned}
