@@ -7,8 +7,12 @@ synchronisation per round; rounds continue until (p90 - p10) / median <= target_
 time is reached. After the flush the GPU also spins for SPIN_CYCLES (torch.cuda._sleep) before the start event, so it
 stays busy while Python enqueues the launch and host launch overhead does not enter the event interval even on a
 contended CPU: the flush alone (~60 us) did not cover it for small kernels while 30 compile processes shared the
-cores, and their samples spread by 50% or more (benchmarks/h200_run3, docs/measurement.md). Imports torch, numpy and
-the standard library only.
+cores, and their samples spread by 50% or more (benchmarks/h200_run3, docs/measurement.md).
+
+Two variants for comparisons: `TimingOptions(cuda_graph=True)` / `capture_graph` time replays of a CUDA graph (the
+launch's GPU time with no host launch cost, as engines run decode batches), and `time_interleaved` takes the samples
+of several closures in turn, one by one, for paired ratios that a drift of the clocks cannot bias. Imports torch, numpy
+and the standard library only.
 """
 
 from __future__ import annotations
