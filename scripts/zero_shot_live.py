@@ -255,6 +255,9 @@ def report(args: argparse.Namespace) -> int:
         if len(getattr(args, name)) not in (0, n):
             raise SystemExit(f"--{name.replace('_', '-')}: give one per --result ({n}), in the same order")
     runs = []
+    for path in [*args.result, *args.plan]:
+        if not path.exists():
+            raise SystemExit(f"{path}: no such file (--result / --plan)")
     for i, path in enumerate(args.result):
         plan_path = args.plan[i] if args.plan else None
         runs.append({"live": json.loads(path.read_text()), "result": str(path),

@@ -73,10 +73,37 @@ def test_zero_shot_report_scores_paired_rounds(tmp_path):
                            "round_ms": {a: [2.0, 2.0, 2.2], b: [1.0, 1.1, 1.0], d: [4.0, 4.0, 4.0]}}]}
     (tmp_path / "live.json").write_text(json.dumps(result))
     out = tmp_path / "g.json"
-    zsl.main(["report", "--result", str(tmp_path / "live.json"), "--plan", str(tmp_path / "none.json"),
-              "--out", str(out)])
+    with pytest.raises(SystemExit, match="none.json"):  # a plan that is not there is named, not skipped
+        zsl.main(["report", "--result", str(tmp_path / "live.json"), "--plan", str(tmp_path / "none.json"),
+                  "--out", str(out)])
+    with pytest.raises(SystemExit, match="one per --result"):
+        zsl.main(["report", "--result", str(tmp_path / "live.json"), "--commit", "a", "b", "--out", str(out)])
+    zsl.main(["report", "--result", str(tmp_path / "live.json"), "--out", str(out)])
     g = json.loads(out.read_text())
     rows = {r["seed"]: r for r in g["zero_shot"]["kernel"]["fused_moe"]["rows"]}
     assert rows[0]["ratio"] == 0.5 and rows[1]["ratio"] == 0.25  # seed 1's choice failed: the default config
     assert g["tuned"]["fused_moe"]["geomean"] == 1.0
     assert g["curves"]["fused_moe"]["policy_ranked"]["1"] == pytest.approx(0.5 ** 0.5)  # seeds: a (0.5), b (1)
+
+
+def test_zero_shot_report_takes_each_kernel_from_the_last_run_that_timed_it(tmp_path):
+    from tests.script_module import load_script
+
+    zsl = load_script("zero_shot_live")
+
+    def run(kernel, ms_a):
+        return {"results": [{"kernel": kernel, "model": "m", "shard": "m", "workload": "w", "choices": {"0": "A"},
+                             "tune": {"0": ["A"]}, "default": "D", "tune_picks": {"0": "A"},
+                             "sweep_ms": {"A": ms_a, "D": 1.0}, "seconds": {"A": 0.1, "D": 0.1},
+                             "status": {"A": "ok", "D": "ok"}, "round_ms": {"A": [ms_a], "D": [1.0]}}]}
+
+    paths = []
+    for i, (kernel, ms) in enumerate([("fused_moe", 4.0), ("decode_attention", 2.0), ("fused_moe", 1.0)]):
+        paths.append(tmp_path / f"live{i}.json")
+        paths[-1].write_text(json.dumps(run(kernel, ms)))
+    out = tmp_path / "g.json"
+    zsl.main(["report", "--result", *map(str, paths), "--commit", "c0", "c1", "c2", "--out", str(out)])
+    g = json.loads(out.read_text())
+    assert g["zero_shot"]["kernel"]["fused_moe"]["geomean"] == 1.0  # run 2 (A at 1.0 ms), not run 0 (0.25)
+    assert g["zero_shot"]["kernel"]["decode_attention"]["geomean"] == 0.5
+    assert g["meta"]["runs"]["fused_moe"]["commit"] == "c2" and g["meta"]["runs"]["decode_attention"]["commit"] == "c1"
