@@ -54,22 +54,28 @@ DECODE_EVAL = {  # model -> [(tp, batch, context)]
 }
 
 
-def eval_workloads(kernel: str) -> list[tuple[str, object]]:
-    """(shard name, workload) pairs, interleaved over models so a budget cut keeps every model."""
+# Leave-one-model-out, timed live: a training model's shapes, scored with a policy trained without any of its rows
+# (`plan --leave-out MODEL ...`). Three shards each: small M sharded, large M, skewed (MoE); three batch x context
+# points (decode).
+LOMO_MOE = [(2, 64, 0.0), (1, 4096, 0.0), (4, 256, 1.2)]
+LOMO_DECODE = [(1, 1, 4096), (2, 64, 2048), (4, 256, 4096)]
+
+
+def _workload(kernel: str, model: str, point: tuple) -> tuple[str, object]:
     from kernel_gym import zoo
     from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload
 
-    per_model = []
-    for model, points in (MOE_EVAL if kernel == "fused_moe" else DECODE_EVAL).items():
-        rows = []
-        for p in points:
-            spec = zoo.shard(zoo.ZOO[model], p[0])
-            if kernel == "fused_moe":
-                w = MoEWorkload(p[1], spec.num_experts, spec.top_k, spec.hidden, spec.intermediate, p[2])
-            else:
-                w = DecodeWorkload(spec.num_heads, spec.num_kv_heads, spec.head_dim, p[1], p[2])
-            rows.append((spec.name, w))
-        per_model.append(rows)
+    spec = zoo.shard(zoo.ZOO[model], point[0])
+    if kernel == "fused_moe":
+        return spec.name, MoEWorkload(point[1], spec.num_experts, spec.top_k, spec.hidden, spec.intermediate, point[2])
+    return spec.name, DecodeWorkload(spec.num_heads, spec.num_kv_heads, spec.head_dim, point[1], point[2])
+
+
+def eval_workloads(kernel: str, models: dict[str, list] | None = None) -> list[tuple[str, object]]:
+    """(shard name, workload) pairs of the test models (or of `models`: name -> points), interleaved over models so a
+    budget cut keeps every model."""
+    per_model = [[_workload(kernel, model, p) for p in points] for model, points in
+                 (models or (MOE_EVAL if kernel == "fused_moe" else DECODE_EVAL)).items()]
     return [r for i in range(max(map(len, per_model))) for rows in per_model if i < len(rows) for r in [rows[i]]]
 
 
@@ -86,35 +92,49 @@ def make_plan(args: argparse.Namespace) -> int:
     entries, trained = [], []
     for kernel in args.kernels:
         space, family = get_family(kernel).space, get_family(kernel)
-        policies = []
-        for seed in args.seeds:
-            ckpt = args.checkpoints / f"zoo-{kernel}-seed{seed}"
-            res = train(TrainArgs(env_id=KERNEL_ENVS[kernel], model=zoo_policy.ZOO_MODEL, holdout=0.1, seed=seed,
-                                  total_timesteps=args.timesteps, eval_freq=0, checkpoint_freq=0,
-                                  checkpoint_dir=str(ckpt), experiment="kernel-gym-zoo",
-                                  run_name=f"zoo-{kernel}-seed{seed}", tracking_uri=args.tracking_uri,
-                                  progress_bar=False, log_model=seed == args.seeds[0],
-                                  register_model=seed == args.seeds[0]), backend=backend)
-            model = MaskablePPO.load(ckpt / "latest.zip", device="cpu")
-            policies.append((seed, model, res.catalogue))
-            trained.append({"kernel": kernel, "seed": seed, "run_id": res.run_id, "model_uri": res.model_uri,
-                            "catalogue": len(res.catalogue), "train_workloads": res.catalogue.meta.get(
-                                "train_workloads"), "recorded_heldout_geomean": res.evaluation.geomean_policy})
-            print(f"{kernel} seed {seed}: trained ({len(res.catalogue)} actions)", flush=True)
-        for shard, w in eval_workloads(kernel):
-            assert w.key() in zoo.test_workload_keys(kernel), f"{w.key()} is not a test workload"
-            choices, tune = {}, {}
-            for seed, model, cat in policies:
-                ranked = zoo_policy.ranked(model, cat, w)
-                choices[seed] = str(ranked[0] if ranked else family.default_config(w))
-                tune[seed] = [str(c) for c in ranked[:TUNE_K]]
-            sweep = [str(c) for c in space.sample(w, args.sweep, seed=args.sweep_seed)]
-            catalogue = [str(c) for _, _, cat in policies for c in cat.configs if space.is_valid(c, w)]
-            configs = list(dict.fromkeys([*choices.values(), *(c for t in tune.values() for c in t),
-                                          str(family.default_config(w)), *catalogue, *sweep]))
-            entries.append({"kernel": kernel, "model": zoo.base_model(shard), "shard": shard,
-                            "workload": w.key(), "choices": choices, "tune": tune,
-                            "default": str(family.default_config(w)), "sweep": sweep, "configs": configs})
+        if args.leave_out:  # one group per left-out training model: its policies never saw any of its rows
+            allowed = zoo.training_models(kernel)
+            unknown = [m for m in args.leave_out if m not in zoo.ZOO]
+            if unknown:
+                raise SystemExit(f"--leave-out: unknown zoo model(s) {unknown}; the zoo has {sorted(zoo.ZOO)}")
+            points = LOMO_MOE if kernel == "fused_moe" else LOMO_DECODE
+            groups = [((m,), "lomo", eval_workloads(kernel, {m: points})) for m in args.leave_out if m in allowed]
+        else:
+            groups = [((), "test", eval_workloads(kernel))]
+        for exclude, split, workloads in groups:
+            tag = f"zoo-{kernel}" + "".join(f"-without-{m}" for m in exclude)
+            policies = []
+            for seed in args.seeds:
+                ckpt = args.checkpoints / f"{tag}-seed{seed}"
+                register = seed == args.seeds[0] and not exclude
+                res = train(TrainArgs(env_id=KERNEL_ENVS[kernel], model=zoo_policy.ZOO_MODEL, holdout=0.1, seed=seed,
+                                      exclude_models=",".join(exclude), total_timesteps=args.timesteps, eval_freq=0,
+                                      checkpoint_freq=0, checkpoint_dir=str(ckpt), experiment="kernel-gym-zoo",
+                                      run_name=f"{tag}-seed{seed}", tracking_uri=args.tracking_uri,
+                                      progress_bar=False, log_model=register, register_model=register),
+                            backend=backend)
+                model = MaskablePPO.load(ckpt / "latest.zip", device="cpu")
+                policies.append((seed, model, res.catalogue))
+                trained.append({"kernel": kernel, "seed": seed, "excluded": list(exclude), "run_id": res.run_id,
+                                "model_uri": res.model_uri, "catalogue": len(res.catalogue),
+                                "train_workloads": res.catalogue.meta.get("train_workloads"),
+                                "recorded_heldout_geomean": res.evaluation.geomean_policy})
+                print(f"{tag} seed {seed}: trained ({len(res.catalogue)} actions)", flush=True)
+            held_out = zoo_policy.excluded_keys(kernel, exclude) if exclude else zoo.test_workload_keys(kernel)
+            for shard, w in workloads:
+                assert w.key() in held_out, f"{w.key()} is not held out of training"
+                choices, tune = {}, {}
+                for seed, model, cat in policies:
+                    ranked = zoo_policy.ranked(model, cat, w)
+                    choices[seed] = str(ranked[0] if ranked else family.default_config(w))
+                    tune[seed] = [str(c) for c in ranked[:TUNE_K]]
+                sweep = [str(c) for c in space.sample(w, args.sweep, seed=args.sweep_seed)]
+                catalogue = [str(c) for _, _, cat in policies for c in cat.configs if space.is_valid(c, w)]
+                configs = list(dict.fromkeys([*choices.values(), *(c for t in tune.values() for c in t),
+                                              str(family.default_config(w)), *catalogue, *sweep]))
+                entries.append({"kernel": kernel, "model": zoo.base_model(shard), "shard": shard, "split": split,
+                                "workload": w.key(), "choices": choices, "tune": tune,
+                                "default": str(family.default_config(w)), "sweep": sweep, "configs": configs})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
                                     "seeds": args.seeds, "timesteps": args.timesteps, "sweep": args.sweep,
@@ -193,7 +213,7 @@ def time_plan(args: argparse.Namespace) -> int:
         rounds = {c: [_median(xs[i:i + args.reps]) for i in range(0, len(xs), args.reps)]
                   for c, xs in zip(paired_set, samples)}
         results.append({**{k: entry[k] for k in ("kernel", "model", "shard", "workload", "choices", "tune",
-                                                 "default")},
+                                                 "default")}, "split": entry.get("split", "test"),
                         "tune_picks": tune_picks, "sweep_ms": sweep_ms, "status": status, "seconds": seconds,
                         "sweep_s": sweep_s, "configs_swept": len(sweep_ms), "configs_attempted": len(entry["configs"]),
                         "round_ms": rounds})
@@ -246,18 +266,81 @@ def _subset(rows: list[dict], models: tuple[str, ...]) -> dict | None:
             "rows": len(ratios)} if ratios else None
 
 
+def score(results: list[dict]) -> dict:
+    """Rows and curves of one kernel's timed workloads: ratio = best / chosen from the paired samples (a choice that
+    failed its check is charged the default config, the Dispatcher's fallback); tune picks; the policy-ranked and
+    random-order curves from the sweep."""
+    rows, tuned, default_rows = [], [], []
+    curve_policy: dict[int, list[float]] = {}
+    curve_random: dict[int, list[float]] = {}
+    seconds_per_config = []
+    for r in results:
+        best = min(paired_ms(r, c) for c in r["round_ms"])
+        for seed, c in r["choices"].items():
+            ms = paired_ms(r, c)
+            if ms is None:  # the choice failed its check: the Dispatcher's fallback is the default config
+                ms = paired_ms(r, r["default"])
+            swept = len(r["sweep_ms"])  # configs that passed the check and were timed (not attempts)
+            rows.append({"model": r["model"], "shard": r["shard"], "workload": r["workload"], "seed": int(seed),
+                         "chosen": c, "chosen_ms": ms, "best_ms": best, "ratio": best / ms,
+                         "configs_swept": swept, "configs_attempted": len(r["status"])})
+        for seed, c in r["tune_picks"].items():
+            ms = paired_ms(r, c)
+            if ms is not None:
+                tuned.append({"shard": r["shard"], "seed": int(seed), "ratio": best / ms})
+        d = paired_ms(r, r["default"])
+        if d is not None:
+            default_rows.append(best / d)
+        sweep_best = min(r["sweep_ms"].values())
+        n_sweep = len(r["sweep_ms"])
+        seconds_per_config.append(sum(r["seconds"].values()) / max(1, len(r["seconds"])))
+        for ranked in r["tune"].values():  # policy-ranked top-k, scored on the sweep's times
+            for k in (1, 2, 4, 8):
+                got = [r["sweep_ms"][c] for c in ranked[:k] if c in r["sweep_ms"]]
+                if got:
+                    curve_policy.setdefault(k, []).append(sweep_best / min(got))
+        sweep_cfgs = sorted(r["sweep_ms"])
+        rng = random.Random(0)
+        for k in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            vals = []
+            for _ in range(50):
+                pick = rng.sample(sweep_cfgs, min(k, n_sweep))
+                vals.append(sweep_best / min(r["sweep_ms"][c] for c in pick))
+            curve_random.setdefault(k, []).append(_geomean(vals))
+    ratios = [x["ratio"] for x in rows]
+    summary = {"test_models": sorted({x["model"] for x in rows}), "geomean": _geomean(ratios), "p5": _p5(ratios),
+               "min": min(ratios), "workloads": len({(x["shard"], x["workload"]) for x in rows}),
+               "seeds": sorted({x["seed"] for x in rows}), "default_geomean": _geomean(default_rows),
+               "estimated_share": 0.0,
+               "per_model": {m: {"geomean": _geomean(v), "p5": _p5(v), "min": min(v)}
+                             for m, v in sorted(_group(rows, "model").items())}}
+    tr = [x["ratio"] for x in tuned]
+    spc = sum(seconds_per_config) / len(seconds_per_config)
+    return {"summary": summary, "rows": rows,
+            "tuned": {"configs_per_shape": TUNE_K, "geomean": _geomean(tr), "p5": _p5(tr),
+                      "min": min(tr) if tr else None, "rows": tuned},
+            "curves": {"gpu_seconds_per_config": spc,
+                       "policy_ranked": {k: _geomean(v) for k, v in sorted(curve_policy.items())},
+                       "random_order": {k: _geomean(v) for k, v in sorted(curve_random.items())},
+                       "note": "quality = sweep best / best of the first k configs (sweep times); GPU-seconds = k x "
+                               "gpu_seconds_per_config (compile + check + time). Random order over the >= "
+                               "256-config sweep is exhaustive search cut at k; k = all is the full grid a "
+                               "benchmark_moe-style tuner runs."}}
+
+
 def report(args: argparse.Namespace) -> int:
-    """generalisation.json from `time` results (ratios from paired rounds; curves from the sweep). Several runs may be
-    given (--result / --plan / --commit / --dataset-hash in the same order): for each kernel the last run that timed
-    it counts, and the kernel's entry records that run's provenance."""
+    """generalisation.json from `time` results. Several runs may be given (--result / --plan / --commit /
+    --dataset-hash in the same order): for each kernel and split (test models; leave-one-model-out) the last run that
+    timed it counts, and its entry records that run's provenance. Test-split workloads give "zero_shot", "tuned" and
+    "curves"; leave-one-model-out ones give "leave_one_model_out_live"."""
     n = len(args.result)
     for name in ("plan", "commit", "dataset_hash"):
         if len(getattr(args, name)) not in (0, n):
             raise SystemExit(f"--{name.replace('_', '-')}: give one per --result ({n}), in the same order")
-    runs = []
     for path in [*args.result, *args.plan]:
         if not path.exists():
             raise SystemExit(f"{path}: no such file (--result / --plan)")
+    runs = []
     for i, path in enumerate(args.result):
         plan_path = args.plan[i] if args.plan else None
         runs.append({"live": json.loads(path.read_text()), "result": str(path),
@@ -265,82 +348,37 @@ def report(args: argparse.Namespace) -> int:
                      "plan_path": str(plan_path) if plan_path else None,
                      "commit": args.commit[i] if args.commit else "",
                      "dataset_sha256": args.dataset_hash[i] if args.dataset_hash else ""})
-    by_kernel = {r["kernel"]: run for run in runs for r in run["live"]["results"]}  # the last run per kernel
-    out: dict = {"zero_shot": {"kernel": {}}, "tuned": {}, "curves": {}, "meta": {
+    by_key = {(r["kernel"], r.get("split", "test")): run for run in runs for r in run["live"]["results"]}
+    out: dict = {"zero_shot": {"kernel": {}}, "tuned": {}, "curves": {}, "leave_one_model_out_live": {}, "meta": {
         "command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
-        "ratio": "best_ms / chosen_ms: medians over paired rounds; best = fastest of (seed choices, tune picks, the "
-                 "sweep's 3 fastest, default) in those rounds",
-        "runs": {kernel: {"result": run["result"], "plan": run["plan_path"], "commit": run["commit"],
-                          "dataset_sha256": run["dataset_sha256"], "device": run["live"].get("device"),
-                          "torch": run["live"].get("torch"), "triton": run["live"].get("triton"),
-                          "rounds": run["live"].get("rounds"), "reps": run["live"].get("reps"),
-                          "seeds": run["plan"].get("seeds"), "timesteps": run["plan"].get("timesteps"),
-                          "trained": [t for t in run["plan"].get("trained", []) if t.get("kernel") == kernel]}
-                 for kernel, run in by_kernel.items()}}}
+        "ratio": "best_ms / chosen_ms: medians over paired samples; best = fastest of (seed choices, tune picks, the "
+                 "sweep's 3 fastest, default) in those samples",
+        "runs": {f"{kernel}/{split}": {
+            "result": run["result"], "plan": run["plan_path"], "commit": run["commit"],
+            "dataset_sha256": run["dataset_sha256"], "device": run["live"].get("device"),
+            "torch": run["live"].get("torch"), "triton": run["live"].get("triton"),
+            "rounds": run["live"].get("rounds"), "reps": run["live"].get("reps"), "seeds": run["plan"].get("seeds"),
+            "timesteps": run["plan"].get("timesteps"),
+            "trained": [t for t in run["plan"].get("trained", []) if t.get("kernel") == kernel]}
+            for (kernel, split), run in by_key.items()}}}
     from kernel_gym import zoo
 
-    for kernel, run in by_kernel.items():
-        live = run["live"]
-        rows, tuned, default_rows = [], [], []
-        curve_policy: dict[int, list[float]] = {}
-        curve_random: dict[int, list[float]] = {}
-        seconds_per_config = []
-        for r in (x for x in live["results"] if x["kernel"] == kernel):
-            best = min(paired_ms(r, c) for c in r["round_ms"])
-            for seed, c in r["choices"].items():
-                ms = paired_ms(r, c)
-                if ms is None:  # the choice failed its check: the Dispatcher's fallback is the default config
-                    ms = paired_ms(r, r["default"])
-                swept = len(r["sweep_ms"])  # configs that passed the check and were timed (not attempts)
-                rows.append({"model": r["model"], "shard": r["shard"], "workload": r["workload"], "seed": int(seed),
-                             "chosen": c, "chosen_ms": ms, "best_ms": best, "ratio": best / ms,
-                             "configs_swept": swept, "configs_attempted": len(r["status"])})
-            for seed, c in r["tune_picks"].items():
-                ms = paired_ms(r, c)
-                if ms is not None:
-                    tuned.append({"shard": r["shard"], "seed": int(seed), "ratio": best / ms})
-            d = paired_ms(r, r["default"])
-            if d is not None:
-                default_rows.append(best / d)
-            sweep_best = min(r["sweep_ms"].values())
-            n_sweep = len(r["sweep_ms"])
-            seconds_per_config.append(sum(r["seconds"].values()) / max(1, len(r["seconds"])))
-            for ranked in r["tune"].values():  # policy-ranked top-k, scored on the sweep's times
-                for k in (1, 2, 4, 8):
-                    got = [r["sweep_ms"][c] for c in ranked[:k] if c in r["sweep_ms"]]
-                    if got:
-                        curve_policy.setdefault(k, []).append(sweep_best / min(got))
-            sweep_cfgs = sorted(r["sweep_ms"])
-            rng = random.Random(0)
-            for k in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-                vals = []
-                for _ in range(50):
-                    pick = rng.sample(sweep_cfgs, min(k, n_sweep))
-                    vals.append(sweep_best / min(r["sweep_ms"][c] for c in pick))
-                curve_random.setdefault(k, []).append(_geomean(vals))
-        ratios = [x["ratio"] for x in rows]
-        out["zero_shot"]["kernel"][kernel] = {
-            "test_models": sorted({x["model"] for x in rows}), "geomean": _geomean(ratios), "p5": _p5(ratios),
-            "min": min(ratios), "workloads": len({x["workload"] for x in rows}),
-            "seeds": sorted({x["seed"] for x in rows}),
-            "default_geomean": _geomean(default_rows), "estimated_share": 0.0,
-            "per_model": {m: {"geomean": _geomean(v), "p5": _p5(v), "min": min(v)} for m, v in sorted(
-                _group(rows, "model").items())},
-            "fresh_models": _subset(rows, tuple(m for m in zoo.FRESH_MODELS if m in zoo.TEST_MODELS[kernel])),
-            "rows": rows}
-        tr = [x["ratio"] for x in tuned]
-        out["tuned"][kernel] = {"configs_per_shape": TUNE_K, "geomean": _geomean(tr), "p5": _p5(tr),
-                                "min": min(tr) if tr else None, "rows": tuned}
-        spc = sum(seconds_per_config) / len(seconds_per_config)
-        out["curves"][kernel] = {
-            "gpu_seconds_per_config": spc,
-            "policy_ranked": {k: _geomean(v) for k, v in sorted(curve_policy.items())},
-            "random_order": {k: _geomean(v) for k, v in sorted(curve_random.items())},
-            "note": "quality = sweep best / best of the first k configs (sweep times); GPU-seconds = k x "
-                    "gpu_seconds_per_config (compile + check + time). Random order over the >= 256-config sweep is "
-                    "exhaustive search cut at k; k = all is the full grid a benchmark_moe-style tuner runs."}
+    for (kernel, split), run in by_key.items():
+        sc = score([r for r in run["live"]["results"] if r["kernel"] == kernel and r.get("split", "test") == split])
+        if split == "lomo":
+            out["leave_one_model_out_live"][kernel] = {**sc["summary"], "models_left_out": sc["summary"].pop(
+                "test_models"), "tuned": sc["tuned"], "rows": sc["rows"]}
+            continue
+        fresh = tuple(m for m in zoo.FRESH_MODELS if m in zoo.TEST_MODELS[kernel])
+        out["zero_shot"]["kernel"][kernel] = {**sc["summary"], "fresh_models": _subset(sc["rows"], fresh),
+                                              "rows": sc["rows"]}
+        out["tuned"][kernel] = sc["tuned"]
+        out["curves"][kernel] = sc["curves"]
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     plot_curves(out["curves"], args.out.with_name(args.out.stem + "_curve.png"))
+    for kernel, z in out["leave_one_model_out_live"].items():
+        print(f"{kernel}, leave-one-model-out: geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
+              f"{z['workloads']} workloads of {len(z['models_left_out'])} models x {len(z['seeds'])} seeds")
     for kernel, z in out["zero_shot"]["kernel"].items():
         t = out["tuned"][kernel]
         print(f"{kernel}: zero-shot geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
@@ -388,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--timesteps", type=int, default=30_000)
     a.add_argument("--sweep", type=int, default=256, help="valid configs sampled uniformly per workload")
     a.add_argument("--sweep-seed", type=int, default=0)
+    a.add_argument("--leave-out", nargs="*", default=[], metavar="MODEL",
+                   help="leave-one-model-out instead of the test split: per zoo training model, policies trained "
+                        "without its rows, choosing at three of its shards")
     a.add_argument("--tracking-uri", default="", help="MLflow store of the training runs (default: mlruns/)")
     a.add_argument("--checkpoints", type=Path, default=Path("out/checkpoints"), help="where the policies are saved")
     b = sub.add_parser("time", help="GPU: sweep and paired timing per workload")

@@ -91,19 +91,28 @@ def test_zero_shot_report_takes_each_kernel_from_the_last_run_that_timed_it(tmp_
 
     zsl = load_script("zero_shot_live")
 
-    def run(kernel, ms_a):
+    def run(kernel, ms_a, split="test"):
         return {"results": [{"kernel": kernel, "model": "m", "shard": "m", "workload": "w", "choices": {"0": "A"},
+                             "split": split,
                              "tune": {"0": ["A"]}, "default": "D", "tune_picks": {"0": "A"},
                              "sweep_ms": {"A": ms_a, "D": 1.0}, "seconds": {"A": 0.1, "D": 0.1},
                              "status": {"A": "ok", "D": "ok"}, "round_ms": {"A": [ms_a], "D": [1.0]}}]}
 
     paths = []
-    for i, (kernel, ms) in enumerate([("fused_moe", 4.0), ("decode_attention", 2.0), ("fused_moe", 1.0)]):
+    for i, (kernel, ms, split) in enumerate([("fused_moe", 4.0, "test"), ("decode_attention", 2.0, "test"),
+                                             ("fused_moe", 1.0, "test"), ("fused_moe", 2.0, "lomo")]):
         paths.append(tmp_path / f"live{i}.json")
-        paths[-1].write_text(json.dumps(run(kernel, ms)))
+        paths[-1].write_text(json.dumps(run(kernel, ms, split)))
     out = tmp_path / "g.json"
-    zsl.main(["report", "--result", *map(str, paths), "--commit", "c0", "c1", "c2", "--out", str(out)])
+    zsl.main(["report", "--result", *map(str, paths[:3]), "--commit", "c0", "c1", "c2", "--out", str(out)])
     g = json.loads(out.read_text())
     assert g["zero_shot"]["kernel"]["fused_moe"]["geomean"] == 1.0  # run 2 (A at 1.0 ms), not run 0 (0.25)
     assert g["zero_shot"]["kernel"]["decode_attention"]["geomean"] == 0.5
-    assert g["meta"]["runs"]["fused_moe"]["commit"] == "c2" and g["meta"]["runs"]["decode_attention"]["commit"] == "c1"
+    runs = g["meta"]["runs"]
+    assert runs["fused_moe/test"]["commit"] == "c2" and runs["decode_attention/test"]["commit"] == "c1"
+    assert g["leave_one_model_out_live"] == {}
+    zsl.main(["report", "--result", *map(str, paths), "--out", str(out)])  # a leave-one-model-out run joins
+    g = json.loads(out.read_text())
+    assert g["zero_shot"]["kernel"]["fused_moe"]["geomean"] == 1.0  # its rows do not mix with the test split's
+    assert g["leave_one_model_out_live"]["fused_moe"]["geomean"] == 0.5
+    assert g["leave_one_model_out_live"]["fused_moe"]["models_left_out"] == ["m"]
