@@ -4,7 +4,7 @@ correct ones; each failure must be stored with its reason, the worker restarted,
   python scripts/fault_injection.py                      # GPU, under ~1 minute; JSON under $OUT (default ./out)
   python scripts/fault_injection.py --device cpu         # the same under the Triton interpreter (tests)
 
-The family is kernel_gym.measure.fault_family:FAULTS (test-only): the worker process finds it by that import path.
+The family is tests.measure.fault_family:FAULTS (test-only): the worker process finds it by that import path.
 Measurements go through the live backend's supervised worker (worker.IsolatedRunner) into a SQLite measurement store,
 one put_many per workload as the collector does; the table and the checks are read back from the store.
 """
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.measure.types import CRASH, OK, OOM, TIMEOUT  # noqa: E402
 
-FAMILY_REF = "kernel_gym.measure.fault_family:FAULTS"
+FAMILY_REF = "tests.measure.fault_family:FAULTS"
 EXPECTED = {"ok": OK, "hang": TIMEOUT, "illegal": CRASH, "oom": OOM}
 # per workload size: (BLOCK, MODE) in measurement order; faults between correct configs, never first (the first
 # config of a workload has the long first-config deadline, which covers building inputs)
@@ -39,7 +39,7 @@ PLAN = {
 
 
 def run(device: str, db: Path, hang_timeout_s: float, modes: tuple[str, ...] = tuple(EXPECTED)) -> dict[str, Any]:
-    from kernel_gym.measure.fault_family import FAULTS, FaultWorkload
+    from tests.measure.fault_family import FAULTS, FaultWorkload
     from kernel_gym.measure.live import LiveBackend
     from kernel_gym.measure.store import Context, MeasurementStore
     from kernel_gym.measure.worker import family_source_hash

@@ -1,6 +1,6 @@
 """Test-only kernel families that misbehave on purpose, importable on the GPU machine (torch, triton, stdlib only).
 
-FAULTS (`kernel_gym.measure.fault_family:FAULTS`): out = x * 2 with a MODE knob. MODE=ok is correct; hang launches a
+FAULTS (`tests.measure.fault_family:FAULTS`): out = x * 2 with a MODE knob. MODE=ok is correct; hang launches a
 Triton kernel that spins forever on a flag nobody sets; illegal stores through an out-of-bounds pointer (an illegal
 address, which poisons the CUDA context); oom allocates a buffer far beyond the GPU's memory. Used by
 scripts/fault_injection.py to check that a real collection stores each failure with its reason, restarts its worker
