@@ -270,11 +270,15 @@ def score(results: list[dict]) -> dict:
     """Rows and curves of one kernel's timed workloads: ratio = best / chosen from the paired samples (a choice that
     failed its check is charged the default config, the Dispatcher's fallback); tune picks; the policy-ranked and
     random-order curves from the sweep."""
-    rows, tuned, default_rows = [], [], []
+    rows, tuned, default_rows, incomplete = [], [], [], []
     curve_policy: dict[int, list[float]] = {}
     curve_random: dict[int, list[float]] = {}
     seconds_per_config = []
     for r in results:
+        if len(r["sweep_ms"]) < 0.5 * len(r["status"]):  # most of the sweep failed (e.g. out of memory): its best is
+            incomplete.append({"shard": r["shard"], "workload": r["workload"],  # no oracle; reported, not scored
+                               "configs_swept": len(r["sweep_ms"]), "configs_attempted": len(r["status"])})
+            continue
         best = min(paired_ms(r, c) for c in r["round_ms"])
         for seed, c in r["choices"].items():
             ms = paired_ms(r, c)
@@ -311,7 +315,7 @@ def score(results: list[dict]) -> dict:
     summary = {"test_models": sorted({x["model"] for x in rows}), "geomean": _geomean(ratios), "p5": _p5(ratios),
                "min": min(ratios), "workloads": len({(x["shard"], x["workload"]) for x in rows}),
                "seeds": sorted({x["seed"] for x in rows}), "default_geomean": _geomean(default_rows),
-               "estimated_share": 0.0,
+               "estimated_share": 0.0, "incomplete_sweeps_left_out": incomplete,
                "per_model": {m: {"geomean": _geomean(v), "p5": _p5(v), "min": min(v)}
                              for m, v in sorted(_group(rows, "model").items())}}
     tr = [x["ratio"] for x in tuned]
@@ -366,8 +370,9 @@ def report(args: argparse.Namespace) -> int:
     for (kernel, split), run in by_key.items():
         sc = score([r for r in run["live"]["results"] if r["kernel"] == kernel and r.get("split", "test") == split])
         if split == "lomo":
-            out["leave_one_model_out_live"][kernel] = {**sc["summary"], "models_left_out": sc["summary"].pop(
-                "test_models"), "tuned": sc["tuned"], "rows": sc["rows"]}
+            left_out = sc["summary"].pop("test_models")
+            out["leave_one_model_out_live"][kernel] = {**sc["summary"], "models_left_out": left_out,
+                                                       "tuned": sc["tuned"], "rows": sc["rows"]}
             continue
         fresh = tuple(m for m in zoo.FRESH_MODELS if m in zoo.TEST_MODELS[kernel])
         out["zero_shot"]["kernel"][kernel] = {**sc["summary"], "fresh_models": _subset(sc["rows"], fresh),

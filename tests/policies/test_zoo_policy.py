@@ -116,3 +116,21 @@ def test_zero_shot_report_takes_each_kernel_from_the_last_run_that_timed_it(tmp_
     assert g["zero_shot"]["kernel"]["fused_moe"]["geomean"] == 1.0  # its rows do not mix with the test split's
     assert g["leave_one_model_out_live"]["fused_moe"]["geomean"] == 0.5
     assert g["leave_one_model_out_live"]["fused_moe"]["models_left_out"] == ["m"]
+
+
+def test_zero_shot_report_leaves_a_failed_sweep_out_of_the_score(tmp_path):
+    """A workload whose sweep mostly failed (out of memory) has no oracle: it is listed, not scored."""
+    from tests.script_module import load_script
+
+    zsl = load_script("zero_shot_live")
+    good = {"kernel": "fused_moe", "model": "m", "shard": "m", "workload": "w1", "choices": {"0": "A"},
+            "tune": {"0": ["A"]}, "default": "D", "tune_picks": {"0": "A"}, "sweep_ms": {"A": 2.0, "D": 1.0},
+            "seconds": {"A": 0.1, "D": 0.1}, "status": {"A": "ok", "D": "ok"}, "round_ms": {"A": [2.0], "D": [1.0]}}
+    broken = {**good, "workload": "w2", "sweep_ms": {"A": 1.0}, "round_ms": {"A": [1.0]},
+              "status": {"A": "ok", **{f"C{i}": "oom: CUDA out of memory" for i in range(5)}}}
+    (tmp_path / "live.json").write_text(json.dumps({"results": [good, broken]}))
+    out = tmp_path / "g.json"
+    zsl.main(["report", "--result", str(tmp_path / "live.json"), "--out", str(out)])
+    z = json.loads(out.read_text())["zero_shot"]["kernel"]["fused_moe"]
+    assert z["workloads"] == 1 and z["geomean"] == 0.5
+    assert [x["workload"] for x in z["incomplete_sweeps_left_out"]] == ["w2"]
