@@ -50,7 +50,8 @@ def _compile_job(ref: str, workload_key: str, configs: list[str],
     fam = resolve_family(ref)
     if _state.get("key") != (ref, workload_key):
         _state.clear()
-        wl = workload_from_key(fam, workload_key)
+        _release(device)  # the previous workload's inputs: 14 pool processes each caching a large MoE layer's
+        wl = workload_from_key(fam, workload_key)  # blocks ran the timing process out of memory (H200, run 7)
         try:
             _state.update(key=(ref, workload_key), workload=wl, inputs=fam.make_inputs(wl, device, 0))
         except Exception as exc:  # noqa: BLE001 - the GPU worker will meet and record the same failure
@@ -74,7 +75,16 @@ def _compile_job(ref: str, workload_key: str, configs: list[str],
             out.append((cfg, None, "", time.perf_counter() - t0))
             continue
         out.append((cfg, None, "", time.perf_counter() - t0))
+    _release(device)  # the closures' workspaces: only the workload's inputs stay allocated between jobs
     return out
+
+
+def _release(device: str) -> None:
+    """Hand the caching allocator's free blocks back to the GPU (the timing process shares it)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 class CompilePool:
