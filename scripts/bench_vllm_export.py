@@ -20,11 +20,12 @@ TP1, Mixtral-8x22B TP4, then the TP2 shards of Mixtral-8x7B and Qwen2-57B while 
   (d) every measurement goes to $OUT/vllm_fused_moe.sqlite (kernel_gym.measure.store format: joins the dataset;
       `kernel-gym export --format vllm --store $OUT/vllm_fused_moe.sqlite` exports from it), and the exported files
       are written under $OUT/vllm/ and $OUT/sglang/ (one per model and routing);
-  (e) with the --anchor-s budget: kernel_gym's own fused_moe (the dataset's fastest stored configs at that M and
-      routing, and at the uniform routing of that M) vs the same anchor, every shape that ran, M = 1 ... 4096, both
-      routings, on the same work: the anchor's alignment runs before its closure here (vm.prepare_kernels_only), as
-      kernel_gym's does in its prepare; both timed eagerly (3-5 launches each, covered by the timing's spin), since
-      fused_moe's TMA configs cannot be replayed from a graph (run 5: an illegal address).
+  (e) with the --anchor-s budget: kernel_gym's own fused_moe (candidates as `kernel-gym bench` picks them: the
+      dataset's fastest stored configs at that M and routing and at the uniform routing of that M, their TMA
+      variants, a seeded sample; the sweep's two fastest are paired with the anchor) vs the same anchor, every shape
+      that ran, M = 1 ... 4096, both routings, on the same work: the anchor's alignment runs before its closure here
+      (vm.prepare_kernels_only), as kernel_gym's does in its prepare; both timed eagerly (3-5 launches each, covered
+      by the timing's spin), since a graph replay of fused_moe hit an illegal address (run 5).
 Compiles run ahead in a pool of CPU processes (kernel_gym.measure.compiler) into Triton's cache; M is a runtime
 argument of the kernels, so one compile per config and shape serves every M.
 
@@ -159,6 +160,7 @@ RECORDED_K = 6  # the dataset's fastest stored configs per (M, routing) that joi
 
 
 def recorded_best(family: Any, wl: Any, k: int) -> list[Config]:
+    """The packaged dataset's k fastest valid configs of this workload (kernel_gym.bench.recorded_best)."""
     from kernel_gym.bench import recorded_best as best
 
     return best(family, wl, k)
@@ -383,7 +385,7 @@ def kernel_gym_vs_anchor(shapes: dict[str, ee.MoEShape], timer: Timer, dev: str,
                 best = (c, t_ours, t_anchor)
         swept.clear()
         if best is None:
-            row["error"] = "no stored kernel_gym config passed"
+            row["error"] = "no kernel_gym candidate passed its check"
         else:
             c, t_ours, t_anchor = best
             row.update({"anchor_ms": t_anchor, "kernel_gym_ms": t_ours, "speedup": t_anchor / t_ours,

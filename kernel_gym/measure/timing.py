@@ -41,9 +41,10 @@ class TimingOptions:
     # Replay the launch from a CUDA graph (captured once, outside the samples): the GPU time of the launch's kernels
     # with no host launch overhead at all, as an engine that captures its decode batches in graphs runs them (vLLM
     # and SGLang do, up to a few hundred tokens). Host-heavy launch code (torch ops around the kernels) otherwise
-    # makes small-M samples depend on the CPU, not on the config. The launch must not synchronise with the host, nor
-    # allocate through Triton's allocator (fused_moe's TMA_LOADS configs do: their replay read freed memory on the
-    # H200, benchmarks/vllm_export/run5).
+    # makes small-M samples depend on the CPU, not on the config. The launch must not synchronise with the host.
+    # Replaying kernel_gym's own fused_moe hit an illegal address on the H200 (benchmarks/vllm_export/run5; its
+    # TMA configs allocate descriptors through Triton's allocator at launch, the likely cause): use it for launches
+    # known to replay, such as vllm_fused_moe's.
     cuda_graph: bool = False
 
     def __post_init__(self) -> None:
