@@ -10,11 +10,16 @@ GPUs, timed end to end, beside the simulator's prediction for the same steps (ta
 shape every GPU runs and the config the simulator's pricer picks for it, with its predicted kernel time and whether
 that time is measured or estimated. `run` (one process per GPU, NCCL, NVLink multicast off; imports only torch,
 triton, numpy, the standard library and kernel_gym.kernels.fused_moe, which imports only torch and triton) builds
-L layers of random weights, and times with CUDA events: TP = fused MoE on the intermediate / N shard then an
-all-reduce, per layer; EP = all-to-all dispatch of each rank's tokens to the GPUs of their experts, the local experts
-(one expert per received row), all-to-all combine, per layer; also each part alone. `report` predicts
-L x (kernel + the collectives of the layer from the table) and prints the error against the live stack and the
-error of the parts' sum (how much the composition itself misses).
+L layers of random weights, checks each rank's fused MoE against the fp32 reference (compiling it before any
+collective, so no rank waits in NCCL on another's Triton compile) and the collectives against known values (the
+uneven all-to-all splits included), then times with kernel_gym.parallel.launch.time_closure (CUDA events after a GPU
+spin that hides Python's launch overhead, slowest rank per sample): TP = fused MoE on the intermediate / N shard then
+an all-reduce, per layer; EP = all-to-all dispatch of each rank's tokens to the GPUs of their experts, the local
+experts (one expert per received row), all-to-all combine, per layer; also each part alone. --budget-s stops between
+layouts (the output keeps what was timed, "complete": false); a rank that raises, dies or hangs past --timeout-s
+ends the whole job. `report` predicts L x (kernel + the collectives of the layer from the table) and prints the error
+against the live stack (within the 10% target or not) and the error of the parts' sum (how much the composition
+itself misses); exit 1 when a layout was not timed live.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -103,169 +107,242 @@ def plan(args: argparse.Namespace) -> int:
 
 # ---- run (GPUs) ---------------------------------------------------------------------------------------------------
 
-def _stack_time(torch, dist, fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        dist.barrier()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3)
-    t = torch.tensor(ts, dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return statistics.median(t.tolist())
+def _check_kernel(torch, FAMILY, inputs, launch, what: str) -> None:
+    """The fused MoE output of one layer against the fp32 reference (before anything is timed)."""
+    out = launch().float()
+    ref = FAMILY.reference(inputs)
+    atol, rtol = FAMILY.tolerance(inputs.workload.dtype)
+    if not torch.allclose(out, ref, atol=atol, rtol=rtol):
+        err = (out - ref).abs().max().item()
+        raise RuntimeError(f"{what}: fused MoE output differs from the reference (max abs error {err:.3g}, atol "
+                           f"{atol}, rtol {rtol}); not timing a wrong kernel")
 
 
 def worker(rank: int, n: int, init: str, p: dict, opts: dict, out_file: str) -> None:
+    """One rank: per layout, build L layers, check the kernel and the collectives, then time the stack and its parts.
+    Rank 0 rewrites `out_file` after each layout (a run ended by the budget or a failure keeps what it timed)."""
     import torch
     import torch.distributed as dist
 
     from kernel_gym.kernels.fused_moe import FAMILY, MoEInputs
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import MoEWorkload
+    from kernel_gym.parallel.launch import agree_to_stop, init_rank, time_closure
 
-    for k, v in NO_MULTICAST_ENV.items():
-        assert os.environ.get(k) == v, f"{k} must be {v} in every rank (NVLink multicast stays off)"
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=n, device_id=dev)
-    h, L, t, e, k = p["hidden"], p["layers"], p["tokens"], p["num_experts"], p["top_k"]
-    ids = torch.tensor(p["routing"], dtype=torch.int64)
-    results = {}
-    for lay in p["layouts"]:
-        mine = lay["ranks"][rank]
-        layers = []
-        for layer in range(L):
-            if mine is None:
-                layers.append(None)
-                continue
-            wl = MoEWorkload(**{a: b for a, b in json.loads(mine["workload"]).items() if a != "kernel"})
-            inputs = FAMILY.make_inputs(wl, "cuda", seed=layer)
-            if lay["ep"] > 1:  # route every received row to its own local expert (top-1, weight 1)
-                per = e // n
-                local = ids.flatten()
-                local = local[(local // per) == rank] - rank * per
-                order = torch.sort(local, stable=True).values
-                logits = torch.full((wl.num_tokens, per), -30.0)
-                logits[torch.arange(wl.num_tokens), order] = 30.0
-                inputs = MoEInputs(wl, inputs.x, logits.to(dev), inputs.w1, inputs.w2)
-            layers.append((inputs, FAMILY.prepare(inputs, Config.parse(mine["config"]))))
-        if lay["ep"] == 1:
-            y = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
+    dev = init_rank(rank, n, init, "nccl", opts["timeout_s"])
 
-            def kernels(layers=layers) -> None:
-                for _, launch in layers:
+    def say(msg: str) -> None:
+        if rank == 0:
+            print(f"[live] {msg}", file=sys.stderr, flush=True)
+
+    def all_ok(ok: bool, what: str) -> None:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not flag.item():  # every rank raises: none is left waiting in a collective
+            raise RuntimeError(f"{what}: check failed on some rank; nothing timed")
+
+    try:
+        h, L, t, e = p["hidden"], p["layers"], p["tokens"], p["num_experts"]
+        ids = torch.tensor(p["routing"], dtype=torch.int64)
+        results: dict[str, dict] = {}
+        for lay in p["layouts"]:
+            if agree_to_stop(dev, opts["deadline"]):
+                say(f"budget spent: {lay['layout']} not timed")
+                break
+            name = lay["layout"]
+            mine = lay["ranks"][rank]
+            layers = []
+            for layer in range(L):
+                if mine is None:
+                    layers.append(None)
+                    continue
+                wl = MoEWorkload(**{a: b for a, b in json.loads(mine["workload"]).items() if a != "kernel"})
+                inputs = FAMILY.make_inputs(wl, "cuda", seed=layer)
+                if lay["ep"] > 1:  # route every received row to its own local expert (top-1, weight 1)
+                    per = e // n
+                    local = ids.flatten()
+                    local = local[(local // per) == rank] - rank * per
+                    order = torch.sort(local, stable=True).values
+                    logits = torch.full((wl.num_tokens, per), -30.0)
+                    logits[torch.arange(wl.num_tokens), order] = 30.0
+                    inputs = MoEInputs(wl, inputs.x, logits.to(dev), inputs.w1, inputs.w2)
+                layers.append((inputs, FAMILY.prepare(inputs, Config.parse(mine["config"]))))
+            # compile (Triton) and check on this rank alone, before any collective of the layout: a slow compile
+            # must not leave the other ranks waiting in NCCL, and a wrong kernel is never timed
+            if layers[0] is not None:
+                _check_kernel(torch, FAMILY, *layers[0], f"rank {rank} {name}")
+                for _, launch in layers[1:]:
                     launch()
+            torch.cuda.synchronize()
+            say(f"{name}: {L} layers built, kernels compiled and checked")
+            if lay["ep"] == 1:
+                y = torch.full((t, h), float(rank + 1), dtype=torch.bfloat16, device=dev)
+                dist.all_reduce(y)
+                all_ok(bool(torch.all(y == n * (n + 1) / 2).item()), f"{name} all-reduce")
+                y.zero_()
 
-            def collectives(y=y) -> None:
-                for _ in range(L):
-                    dist.all_reduce(y)
+                def kernels(layers=layers) -> None:
+                    for _, launch in layers:
+                        launch()
 
-            def stack(layers=layers) -> None:
-                for _, launch in layers:
-                    dist.all_reduce(launch())
-        else:
-            per, tok = e // n, t // n
-            dest = (ids // per)  # [t, k] destination rank of every slot
-            src_rank = torch.arange(t) // tok
-            send = [int(((src_rank[:, None] == rank) & (dest == d)).sum()) for d in range(n)]
-            recv = [int(((src_rank[:, None] == s) & (dest == rank)).sum()) for s in range(n)]
-            x_send = torch.randn(sum(send), h, dtype=torch.bfloat16, device=dev)
-            x_recv = layers[0][0].x if layers[0] is not None else torch.empty(0, h, dtype=torch.bfloat16, device=dev)
-            back = torch.empty_like(x_send)
+                def collectives(y=y) -> None:
+                    for _ in range(L):
+                        dist.all_reduce(y)
 
-            def a2a_in(x_recv=x_recv, x_send=x_send, send=send, recv=recv) -> None:
-                dist.all_to_all_single(x_recv, x_send, output_split_sizes=recv, input_split_sizes=send)
+                def stack(layers=layers) -> None:
+                    for _, launch in layers:
+                        dist.all_reduce(launch())
+            else:
+                per, tok = e // n, t // n
+                dest = (ids // per)  # [t, k] destination rank of every slot
+                src_rank = torch.arange(t) // tok
+                send = [int(((src_rank[:, None] == rank) & (dest == d)).sum()) for d in range(n)]
+                recv = [int(((src_rank[:, None] == s) & (dest == rank)).sum()) for s in range(n)]
+                x_send = torch.full((sum(send), h), float(rank), dtype=torch.bfloat16, device=dev)
+                x_recv = layers[0][0].x if layers[0] is not None else torch.empty(0, h, dtype=torch.bfloat16,
+                                                                                  device=dev)
+                back = torch.empty_like(x_send)
 
-            def a2a_out(y, back=back, send=send, recv=recv) -> None:
-                dist.all_to_all_single(back, y, output_split_sizes=send, input_split_sizes=recv)
+                def a2a_in(x_recv=x_recv, x_send=x_send, send=send, recv=recv) -> None:
+                    dist.all_to_all_single(x_recv, x_send, output_split_sizes=recv, input_split_sizes=send)
 
-            def kernels(layers=layers) -> None:
-                for item in layers:
-                    if item is not None:
-                        item[1]()
+                def a2a_out(y, back=back, send=send, recv=recv) -> None:
+                    dist.all_to_all_single(back, y, output_split_sizes=send, input_split_sizes=recv)
 
-            def collectives(x_recv=x_recv) -> None:
-                for _ in range(L):
-                    a2a_in()
-                    a2a_out(x_recv)
+                # dispatch: rows from rank s carry s; combine sends them back, so every returned row carries rank
+                a2a_in()
+                want = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(recv, device=dev))
+                ok = torch.equal(x_recv, want[:, None].to(x_recv.dtype).expand_as(x_recv).contiguous())
+                a2a_out(x_recv)
+                all_ok(ok and bool(torch.all(back == rank).item()), f"{name} all-to-all dispatch and combine")
+                x_recv.normal_()  # the experts' input again (the check wrote rank ids into it)
+                x_send.normal_()
 
-            def stack(layers=layers, x_recv=x_recv) -> None:
-                for item in layers:
-                    a2a_in()
-                    a2a_out(item[1]() if item is not None else x_recv)
-        res = {name: _stack_time(torch, dist, fn, opts["repeats"], opts["warmup"])
-               for name, fn in (("stack_s", stack), ("kernels_s", kernels), ("collectives_s", collectives))}
-        results[lay["layout"]] = res
-    if rank == 0:
-        Path(out_file).write_text(json.dumps(results))
-    dist.destroy_process_group()
+                def kernels(layers=layers) -> None:
+                    for item in layers:
+                        if item is not None:
+                            item[1]()
+
+                def collectives(x_recv=x_recv) -> None:
+                    for _ in range(L):
+                        a2a_in()
+                        a2a_out(x_recv)
+
+                def stack(layers=layers, x_recv=x_recv) -> None:
+                    for item in layers:
+                        a2a_in()
+                        a2a_out(item[1]() if item is not None else x_recv)
+            res = {}
+            for part, fn in (("stack_s", stack), ("kernels_s", kernels), ("collectives_s", collectives)):
+                r = time_closure(fn, dev, opts["repeats"], opts["warmup"])
+                res[part] = r["median_s"]
+                res[part.replace("_s", "_timing")] = {k: r[k] for k in ("p10_s", "p90_s", "repeats", "inner",
+                                                                         "host_bound_samples")}
+                say(f"{name} {part[:-2]}: {r['median_s'] * 1e3:.3f} ms (p10 {r['p10_s'] * 1e3:.3f}, p90 "
+                    f"{r['p90_s'] * 1e3:.3f}; host-bound samples {r['host_bound_samples']}/{r['repeats']})")
+            results[name] = res
+            if rank == 0:
+                Path(out_file).write_text(json.dumps(results))
+            del layers, stack, kernels, collectives
+            torch.cuda.empty_cache()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 def run(args: argparse.Namespace) -> int:
     import datetime
+    import time
 
     import torch
-    import torch.multiprocessing as mp
+
+    from kernel_gym.parallel.launch import RankFailure, run_ranks
 
     p = json.loads(Path(args.plan).read_text())
     n = p["gpus"]
     if torch.cuda.device_count() < n:
         print(f"live_parallel_check: the plan is for {n} GPUs, {torch.cuda.device_count()} visible", file=sys.stderr)
         return 2
+    deadline = time.time() + args.budget_s if args.budget_s > 0 else float("inf")
+    opts = {"repeats": args.repeats, "warmup": args.warmup, "timeout_s": args.timeout_s, "deadline": deadline}
+    why = ""
     with tempfile.TemporaryDirectory() as scratch:
         rows = Path(scratch) / "rows.json"
-        mp.spawn(worker, args=(n, f"file://{scratch}/rendezvous", p, {"repeats": args.repeats, "warmup": args.warmup},
-                               str(rows)), nprocs=n, join=True)
-        results = json.loads(rows.read_text())
+        try:
+            run_ranks(worker, n, (n, f"file://{scratch}/rendezvous", p, opts, str(rows)), deadline,
+                      grace_s=args.timeout_s)
+        except RankFailure as exc:
+            why = str(exc)
+            print(f"live_parallel_check: {why}", file=sys.stderr)
+        results = json.loads(rows.read_text()) if rows.exists() else {}
+    missing = [lay["layout"] for lay in p["layouts"] if lay["layout"] not in results]
     out = {"plan": str(args.plan), "device": torch.cuda.get_device_name(0), "gpus": n,
            "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "env": dict(NO_MULTICAST_ENV), "results": results}
+           "env": dict(NO_MULTICAST_ENV), "complete": not why and not missing, "not_timed": missing,
+           "ended_early": why.splitlines()[0] if why else "", "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(results, indent=1))
-    return 0
+    return 0 if out["complete"] else 1
 
 
 # ---- report (CPU) -------------------------------------------------------------------------------------------------
 
+TARGET_ERROR = 0.10
+
+
 def report(args: argparse.Namespace) -> int:
-    from kernel_gym.parallel.collectives import load_table
+    from kernel_gym.parallel.collectives import CollectivesError, CollectivesMissing, load_table
 
     p = json.loads(Path(args.plan).read_text())
     live = json.loads(Path(args.live).read_text())
-    table = load_table(args.table or None)
+    try:
+        table = load_table(args.table or None)
+    except (CollectivesMissing, CollectivesError) as exc:
+        print(f"live_parallel_check: {exc}", file=sys.stderr)
+        return 2
     L, n = p["layers"], p["gpus"]
-    rows = []
+    rows, skipped = [], []
     for lay in p["layouts"]:
         busiest = lay["ranks"][lay["busiest_rank"]]
         if busiest["predicted_s"] is None:
             print(f"{lay['layout']}: no kernel time for {busiest['priced_workload']} at {busiest['config']}: measure "
                   "it first (parallel_replay.py plan, collect --plan)", file=sys.stderr)
             return 2
+        m = live["results"].get(lay["layout"])
+        if m is None:  # the live run ended before this layout (budget or failure): nothing to compare
+            skipped.append(lay["layout"])
+            continue
         kernel_s = busiest["predicted_s"]
-        if lay["ep"] == 1:
+        if lay["ep"] == 1:  # the live stack: one all-reduce per layer (after the MoE)
             coll = table.time_s("all_reduce", n, lay["all_reduce_bytes"])
-        else:
+        else:  # dispatch and combine
             coll = 2 * table.time_s("all_to_all", n, lay["all_to_all_bytes"])
         predicted = L * (kernel_s + coll)
-        m = live["results"][lay["layout"]]
+        error = predicted / m["stack_s"] - 1
+        host_bound = sum(m.get(f"{k}_timing", {}).get("host_bound_samples", 0) for k in ("stack", "kernels",
+                                                                                         "collectives"))
         rows.append({"layout": lay["layout"], "measured_s": m["stack_s"], "predicted_s": predicted,
-                     "error": predicted / m["stack_s"] - 1, "parts_sum_error": (m["kernels_s"] + m["collectives_s"])
-                     / m["stack_s"] - 1, "kernel_estimated": busiest["estimated"], "imbalance": lay["imbalance"]})
+                     "predicted_kernel_s": L * kernel_s, "predicted_collectives_s": L * coll,
+                     "live_kernels_s": m["kernels_s"], "live_collectives_s": m["collectives_s"],
+                     "error": error, "within_target": abs(error) <= TARGET_ERROR,
+                     "parts_sum_error": (m["kernels_s"] + m["collectives_s"]) / m["stack_s"] - 1,
+                     "kernel_estimated": busiest["estimated"], "imbalance": lay["imbalance"],
+                     "live_host_bound_samples": host_bound})
     for r in rows:
         print(f"{r['layout']:<6} live {r['measured_s'] * 1e3:8.3f} ms  simulator {r['predicted_s'] * 1e3:8.3f} ms  "
-              f"error {r['error']:+.1%} (target <= 10%)  parts' sum {r['parts_sum_error']:+.1%}  "
-              f"kernel time {'estimated' if r['kernel_estimated'] else 'measured'}  EP imbalance {r['imbalance']:.2f}")
+              f"error {r['error']:+.1%} ({'within' if r['within_target'] else 'OUTSIDE'} the 10% target)  "
+              f"parts' sum {r['parts_sum_error']:+.1%}  kernel time "
+              f"{'estimated' if r['kernel_estimated'] else 'measured'}  EP imbalance {r['imbalance']:.2f}"
+              + (f"  ({r['live_host_bound_samples']} live samples host-bound)" if r["live_host_bound_samples"]
+                 else ""))
+    for name in skipped:
+        print(f"{name:<6} not timed live ({live.get('ended_early') or 'run ended early'})")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "table": table.source}, indent=1) + "\n")
-    return 0
+        Path(args.json).write_text(json.dumps({"rows": rows, "not_timed": skipped, "table": table.source,
+                                               "target_error": TARGET_ERROR}, indent=1) + "\n")
+    return 0 if rows and not skipped else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", required=True)
     b.add_argument("--repeats", type=int, default=20)
     b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--budget-s", type=float, default=360.0, help="stop between layouts after this many seconds")
+    b.add_argument("--timeout-s", type=float, default=120.0,
+                   help="a collective (or NCCL init) waiting this long ends the job; also the grace after the budget")
     c = sub.add_parser("report", help="CPU: prediction vs live")
     c.add_argument("--plan", required=True)
     c.add_argument("--live", required=True)

@@ -73,10 +73,13 @@ def run(args: argparse.Namespace) -> int:
     from kernel_gym.traffic.windows import slice_window
 
     table = load_table(args.table or None)
+    if table.meta.get("complete") is False:
+        print(f"parallel_replay: note: {table.source} is incomplete ({table.meta.get('stopped')}); sizes and GPU "
+              "counts it lacks are refused", file=sys.stderr)
     spec = load_model(args.model)
     routing = routing_profile(args.routing, spec, args.seed)
     report = {"model": spec.name, "gpus": args.gpus, "table": table.source, "table_meta": {
-        k: table.meta.get(k) for k in ("device", "created", "nccl", "torch", "gpu_counts")},
+        k: table.meta.get(k) for k in ("device", "created", "nccl", "torch", "gpu_counts", "complete", "stopped")},
         "routing": args.routing, "ttft_slo_s": args.ttft_slo_s, "tpot_slo_s": args.tpot_slo_s, "traces": {}}
     for name in [t for t in args.traces.split(",") if t]:
         trace = load_trace(name)

@@ -12,9 +12,16 @@ Table schema (JSON, `FORMAT`, version 1):
      "created": ISO-8601 time, "device": CUDA device name, "gpu_counts": [2, 4, 8],
      "torch": torch version, "nccl": "major.minor.patch", "backend": "nccl" ("gloo" for the CPU dry run),
      "topology": {"text": `nvidia-smi topo -m` output, "gpu0_links": {"GPU1": "NV18", ...}, "link_types": [...]},
-     "env": {"NCCL_NVLS_ENABLE": "0", ...}, "timing": {"warmup": n, "repeats": n, "method": "cuda events"},
+     "env": {"NCCL_NVLS_ENABLE": "0", ...}, "timing": {"warmup": n, "repeats": n, "max_inner": n, "method": ...},
+     "complete": bool (false: the budget or a failing rank ended the run; "stopped" says why, per GPU count),
+     "stopped": {"8": "why", ...},
      "results": [{"op": "all_reduce" | "all_to_all", "gpus": n, "bytes": per-rank buffer bytes,
-                  "median_s": float, "p10_s": float, "p90_s": float, "repeats": n, "correct": true}, ...]}
+                  "median_s": float, "p10_s": float, "p90_s": float, "repeats": n, "inner": calls per sample,
+                  "host_bound_samples": n, "correct": true}, ...]}
+
+Times are seconds per call with calls back to back (kernel_gym.parallel.launch.time_closure), the slowest rank per
+sample; `host_bound_samples` counts samples where Python enqueued slower than the GPU spin lasted (the time may
+hold host overhead). An incomplete table is read as is: sizes and GPU counts it lacks are refused as usual.
 
 `bytes` is the buffer each rank passes: all_reduce of a [tokens, hidden] bf16 tensor (tokens x hidden x 2), or
 all_to_all_single of a [tokens x top_k, hidden] bf16 tensor split evenly over the ranks.

@@ -28,10 +28,22 @@ def test_gloo_dry_run_measures_and_checks_two_processes(tmp_path):
     assert data["env"] == NO_MULTICAST_ENV == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                                                "NVSHMEM_DISABLE_NVLS": "1"}
     assert {r["op"] for r in data["results"]} == {"all_reduce", "all_to_all"}
-    assert all(r["correct"] and r["median_s"] > 0 for r in data["results"])
+    assert all(r["correct"] and r["median_s"] > 0 and r["inner"] >= 1 for r in data["results"])
+    assert data["complete"] and data["stopped"] == {}
+    assert [r["bytes"] for r in data["results"] if r["op"] == "all_reduce"] == [1024, 4096, 16384]  # as asked
     CollectiveTable(data)  # the schema the simulator reads
     with pytest.raises(CollectivesError, match="not NCCL"):
         load_table(tmp_path / "collectives.json")  # but a dry run never prices a step
+
+
+def test_gloo_dry_run_stops_together_when_the_budget_is_spent(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_collectives.py"), "--dry-run", "--out",
+                          str(tmp_path), "--budget-s", "0.001"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert not (tmp_path / "collectives.json").exists()  # nothing measured: no table the simulator could read
+    data = json.loads((tmp_path / "collectives_failed.json").read_text())
+    assert not data["complete"] and data["results"] == [] and "budget" in data["stopped"]["2"]
+    assert "INCOMPLETE" in out.stderr
 
 
 def test_topology_parsing():
@@ -62,7 +74,64 @@ def test_shard_plan_is_a_collect_plan(tmp_path):
     assert len(plan) == len(entries)
 
 
-def test_scaling_idle_share():
+def test_scaling_budget_compile_pools_and_fresh_caches(tmp_path):
+    fs = load_script("farm_scaling")
+    runs, agree = fs.split_budget(400, [1, 2, 4, 8])
+    assert sum(runs.values()) + agree == pytest.approx(400) and agree == pytest.approx(100)
+    assert runs[1] - 30 == pytest.approx(2 * (runs[2] - 30)) == pytest.approx(8 * (runs[8] - 30))  # start-up + 1 / n
+    assert runs[8] > 30 and runs[1] > 100
+    runs, _ = fs.split_budget(100, [1, 2, 4, 8])  # too little for 30 s each: in proportion only
+    assert runs[1] == pytest.approx(8 * runs[8])
+    assert fs.split_budget(0, [1, 2]) == ({1: 0.0, 2: 0.0}, 0.0)
+    assert fs.compile_workers(8, cpus=128) == 15 and fs.compile_workers(8, cpus=4) == 1
+    (tmp_path / "triton_cache" / "run").mkdir(parents=True)
+    (tmp_path / "triton_cache" / "run" / "stale.so").write_text("x")
+    env = fs._env("0,1", True, tmp_path, "run")  # a timed run: its own empty Triton cache
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and list((tmp_path / "triton_cache" / "run").iterdir()) == []
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "triton_cache" / "run")
+
+
+def test_scaling_idle_share_and_steady_rate():
     fs = load_script("farm_scaling")
     rows = [{"gpu": "0", "created": 110.0}, {"gpu": "0", "created": 200.0}, {"gpu": "1", "created": 150.0}]
     assert fs.idle_share(rows, 100.0, 100.0, 2) == pytest.approx(1 - (100 + 50) / 200)
+    assert fs.steady_rate(rows) == pytest.approx(2 / 90) and fs.steady_rate(rows[:1]) is None
+
+
+def test_live_check_plan_and_report(tmp_path, capsys):
+    """plan on the CPU, then report against a hand-made live result: prediction = L x (kernel + collectives)."""
+    from tests.parallel.fixture_table import fixture_table, fixture_time_s
+
+    lc = load_script("live_parallel_check")
+    plan_path = tmp_path / "plan.json"
+    assert lc.main(["plan", "--gpus", "2", "--tokens", "64", "--layers", "3", "--out", str(plan_path)]) == 0
+    p = json.loads(plan_path.read_text())
+    tp, ep = p["layouts"]
+    assert (tp["layout"], ep["layout"]) == ("TP2", "EP2") and len(p["routing"]) == 64
+    assert tp["all_reduce_bytes"] == 64 * p["hidden"] * 2 and tp["all_to_all_bytes"] == 0
+    rows = [r["rows"] for r in ep["ranks"]]
+    assert sum(rows) == 64 * p["top_k"] and ep["busiest_rank"] == rows.index(max(rows))
+    assert ep["imbalance"] == pytest.approx(max(rows) / (sum(rows) / 2))
+    table = fixture_table(gpu_counts=(2,))
+    table["backend"] = "nccl"  # FIXTURE times; report reads only NCCL tables
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    live = {"results": {"TP2": {"stack_s": 1e-3, "kernels_s": 0.7e-3, "collectives_s": 0.2e-3}}}
+    (tmp_path / "live.json").write_text(json.dumps(live))
+    args = ["report", "--plan", str(plan_path), "--live", str(tmp_path / "live.json"), "--table",
+            str(tmp_path / "t.json"), "--json", str(tmp_path / "rep.json")]
+    assert lc.main(args) == 1  # EP2 was not timed live
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    assert rep["not_timed"] == ["EP2"] and len(rep["rows"]) == 1
+    want = 3 * (tp["ranks"][0]["predicted_s"] + fixture_time_s("all_reduce", 2, tp["all_reduce_bytes"]))
+    row = rep["rows"][0]
+    assert row["predicted_s"] == pytest.approx(want) and row["error"] == pytest.approx(want / 1e-3 - 1)
+    assert row["within_target"] == (abs(want / 1e-3 - 1) <= 0.10)
+    assert row["parts_sum_error"] == pytest.approx(-0.1)
+    live["results"]["EP2"] = {"stack_s": 2e-3, "kernels_s": 1e-3, "collectives_s": 1e-3}
+    (tmp_path / "live.json").write_text(json.dumps(live))
+    assert lc.main(args) == 0
+    (tmp_path / "t.json").unlink()
+    capsys.readouterr()
+    assert lc.main(args) == 2  # no table: one line naming the command
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "measure_collectives.py" in err[0]
