@@ -80,11 +80,11 @@ def _buffers(torch, op: str, n: int, nbytes: int, rank: int, device, dtype) -> t
         x.zero_()  # repeated sums would overflow bf16; NCCL's time does not depend on the values
         return (lambda: dist.all_reduce(x)), correct, numel * elem
     chunk = numel // n  # chunk j of rank r holds r * n + j (< 256: exact in bf16); rank r receives i * n + r
-    vals = torch.arange(n, dtype=dtype, device=device) + rank * n
+    vals = (torch.arange(n, device=device) + rank * n).to(dtype)
     src = vals[:, None].expand(n, chunk).reshape(-1)
     dst = torch.empty_like(src)
     dist.all_to_all_single(dst, src)
-    want = (torch.arange(n, dtype=dtype, device=device) * n + rank)[:, None].expand(n, chunk).reshape(-1)
+    want = (torch.arange(n, device=device) * n + rank).to(dtype)[:, None].expand(n, chunk).reshape(-1)
     correct = bool(torch.equal(dst, want))
     del vals, want
     return (lambda: dist.all_to_all_single(dst, src)), correct, numel * elem
