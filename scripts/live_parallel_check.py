@@ -371,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--table", default="")
     c.add_argument("--json", default="")
     args = ap.parse_args(argv)
+    if args.cmd == "plan" and args.gpus < 2:
+        ap.error("--gpus must be >= 2 (on one GPU, TP and EP are the same layout)")
     if args.cmd == "plan" and args.tokens % args.gpus:
         ap.error("--tokens must divide by --gpus (each EP rank owns tokens / gpus)")
     return {"plan": plan, "run": run, "report": report}[args.cmd](args)
