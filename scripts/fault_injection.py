@@ -39,10 +39,10 @@ PLAN = {
 
 
 def run(device: str, db: Path, hang_timeout_s: float, modes: tuple[str, ...] = tuple(EXPECTED)) -> dict[str, Any]:
-    from tests.measure.fault_family import FAULTS, FaultWorkload
     from kernel_gym.measure.live import LiveBackend
     from kernel_gym.measure.store import Context, MeasurementStore
     from kernel_gym.measure.worker import family_source_hash
+    from tests.measure.fault_family import FAULTS, FaultWorkload
 
     ctx = Context.current(FAULTS.name, family_source_hash(FAULTS), device=None if device == "cuda" else "cpu")
     t0 = time.time()

@@ -8,10 +8,10 @@ import pytest
 
 from kernel_gym.kernels import FAMILY_MODULES, get_family
 from kernel_gym.kernels.workloads import model_workloads
-from tests.measure.fault_family import NoopFamily
 from kernel_gym.measure.types import OK, WRONG_RESULT
 from kernel_gym.measure.worker import WorkloadRunner
 from kernel_gym.models import BUILTIN_MODELS
+from tests.measure.fault_family import NoopFamily
 
 pytestmark = pytest.mark.gpu
 
