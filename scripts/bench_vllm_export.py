@@ -91,6 +91,7 @@ class Timer:
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
+        self.capture_failures = 0
         if cuda:
             from kernel_gym.measure.timing import TimingOptions
 
@@ -98,18 +99,20 @@ class Timer:
             self.pair_opts = TimingOptions(min_reps=10, max_reps=10, round_reps=10, target_spread=1.0,
                                            max_time_s=5.0)
 
-    def ready(self, fn: Callable[[], Any]) -> tuple[Callable[[], Any], bool]:
-        """(the closure to time, whether it is a graph replay): captured once per config, after its check."""
+    def ready(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """The closure to time: on the GPU a CUDA-graph replay, captured once per config after its check; a launch
+        that cannot be captured is timed eagerly, logged and counted (meta.graph_capture_failures)."""
         if not self.cuda:
-            return fn, False
+            return fn
         from kernel_gym.measure.timing import capture_graph
 
         try:
-            return capture_graph(fn), True
-        except Exception as exc:  # noqa: BLE001 - a launch that cannot be captured is timed eagerly, and says so
+            return capture_graph(fn)
+        except Exception as exc:  # noqa: BLE001 - timed eagerly instead, and counted
             log(f"  CUDA graph capture failed ({type(exc).__name__}: {str(exc)[:120]}); timing eagerly")
+            self.capture_failures += 1
             torch.cuda.synchronize()
-            return fn, False
+            return fn
 
     def sweep(self, fn: Callable[[], Any]) -> tuple[float, float, int]:
         if not self.cuda:
@@ -214,7 +217,7 @@ def measure_config(inputs: fm.MoEInputs, ref: torch.Tensor, config: Config, time
     wrong = compare(vm.FAMILY, out, ref, wl.dtype)
     if wrong:
         return Measurement(status=WRONG_RESULT, reason=wrong[:300], compile_s=compile_s, **base), None
-    fn, _ = timer.ready(fn)
+    fn = timer.ready(fn)
     ms, spread, reps = timer.sweep(fn)
     return Measurement(status=OK, median_ms=ms, spread=spread, repeats=reps, compile_s=compile_s, **base), fn
 
@@ -531,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
             result["kernel_gym_fused_moe"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     if compiler is not None:
         compiler.close()
-    result["meta"] = {"commit": git_commit(), "cuda_graph": cuda, "anchor_s": args.anchor_s,
+    result["meta"] = {"commit": git_commit(), "cuda_graph": cuda, "graph_capture_failures": timer.capture_failures,
+                      "anchor_s": args.anchor_s,
                       "torch": torch.__version__, "triton": triton.__version__,
                       "device": gpu, "engine_device_name": args.device_name, "seed": args.seed,
                       "per_m": args.per_m, "pool": args.pool, "min_gain": args.min_gain,

@@ -9,8 +9,8 @@ stays busy while Python enqueues the launch and host launch overhead does not en
 contended CPU: the flush alone (~60 us) did not cover it for small kernels while 30 compile processes shared the
 cores, and their samples spread by 50% or more (benchmarks/h200_run3, docs/measurement.md).
 
-Two variants for comparisons: `TimingOptions(cuda_graph=True)` / `capture_graph` time replays of a CUDA graph (the
-launch's GPU time with no host launch cost, as engines run decode batches), and `time_interleaved` takes the samples
+Two helpers for comparisons: `time_launch(capture_graph(fn))` times replays of a CUDA graph (the launch's GPU time
+with no host launch cost, as engines run decode batches), and `time_interleaved` takes the samples
 of several closures in turn, one by one, for paired ratios that a drift of the clocks cannot bias. Imports torch, numpy
 and the standard library only.
 """
@@ -38,14 +38,6 @@ class TimingOptions:
     target_spread: float = 0.04  # stop once (p90 - p10) / median is this small
     max_time_s: float = 0.4  # stop adding rounds once the samples so far took this long
     flush: bool = True
-    # Replay the launch from a CUDA graph (captured once, outside the samples): the GPU time of the launch's kernels
-    # with no host launch overhead at all, as an engine that captures its decode batches in graphs runs them (vLLM
-    # and SGLang do, up to a few hundred tokens). Host-heavy launch code (torch ops around the kernels) otherwise
-    # makes small-M samples depend on the CPU, not on the config. The launch must not synchronise with the host.
-    # Replaying kernel_gym's own fused_moe hit an illegal address on the H200 (benchmarks/vllm_export/run5; its
-    # TMA configs allocate descriptors through Triton's allocator at launch, the likely cause): use it for launches
-    # known to replay, such as vllm_fused_moe's.
-    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_reps <= self.max_reps:
@@ -94,8 +86,6 @@ def time_launch(fn: Callable[[], Any], options: TimingOptions | None = None, dev
     import torch
 
     options = options or DEFAULT_TIMING
-    if options.cuda_graph:
-        fn = capture_graph(fn)
     buf = _flush_buffer(device) if options.flush else None
     samples: list[float] = []
     spent_s = 0.0
@@ -122,7 +112,14 @@ def time_launch(fn: Callable[[], Any], options: TimingOptions | None = None, dev
 
 def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     """A replay closure of `fn` captured in a CUDA graph (warmed on a side stream first, as PyTorch requires); the
-    closure keeps the graph, and with it the graph's memory pool, alive."""
+    closure keeps the graph, and with it the graph's memory pool, alive.
+
+    Why: the GPU time of the launch's kernels with no host launch overhead at all, as an engine that captures its
+    decode batches in graphs runs them (vLLM and SGLang do, up to a few hundred tokens); host-heavy launch code (torch
+    ops around the kernels) otherwise makes small-M samples depend on the CPU, not on the config. The launch must not
+    synchronise with the host. Replaying kernel_gym's own fused_moe hit an illegal address on the H200
+    (benchmarks/vllm_export/run5; its TMA configs allocate descriptors through Triton's allocator at launch, the
+    likely cause): use it for launches known to replay, such as vllm_fused_moe's."""
     import torch
 
     side = torch.cuda.Stream()

@@ -64,7 +64,7 @@ def test_graph_and_interleaved_timing_measure_the_same_kernel_alike():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: run `pytest -m gpu` on the GPU machine (README: GPU parts)")
-    from kernel_gym.measure.timing import TimingOptions, capture_graph, time_interleaved, time_launch
+    from kernel_gym.measure.timing import capture_graph, time_interleaved, time_launch
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(a)
@@ -81,7 +81,7 @@ def test_graph_and_interleaved_timing_measure_the_same_kernel_alike():
     replay()
     torch.cuda.synchronize()
     assert torch.allclose(out.float(), (a @ a).float(), rtol=1e-2, atol=1e-1)
-    graph_ms = time_launch(once, TimingOptions(cuda_graph=True)).median_ms
+    graph_ms = time_launch(capture_graph(once)).median_ms
     t_once, t_twice = time_interleaved([once, twice], 8)
     assert len(t_once) == len(t_twice) == 8
     assert sorted(t_twice)[4] > 1.5 * sorted(t_once)[4]
