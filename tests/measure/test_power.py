@@ -1,0 +1,148 @@
+"""power.py against a fake nvidia-smi (a script that answers the query like the real one): parsing, the monitor's
+summary, the fallbacks when nothing can be read, and the stored dict form."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernel_gym.measure import power
+from kernel_gym.measure.power import PowerMonitor, PowerSummary
+
+FAKE = """#!{python}
+import sys, pathlib
+args = sys.argv[1:]
+log = pathlib.Path({log!r})
+with log.open("a") as f:
+    f.write(" ".join(args) + "\\n")
+query = [a for a in args if a.startswith("--query-gpu=")][0]
+if {reject_old} and "clocks_throttle_reasons" in query:
+    print('Field "clocks_throttle_reasons.active" is not a valid field to query.', file=sys.stderr)
+    sys.exit(2)
+lines = pathlib.Path({lines!r}).read_text().splitlines()
+n = sum(1 for _ in log.open())
+print(lines[min(n - 1, len(lines) - 1)])
+"""
+
+
+def make_fake(tmp_path: Path, lines: list[str], reject_old: bool = False) -> tuple[str, Path]:
+    log = tmp_path / "calls.log"
+    data = tmp_path / "lines.txt"
+    data.write_text("\n".join(lines) + "\n")
+    script = tmp_path / "nvidia-smi"
+    script.write_text(FAKE.format(python=sys.executable, log=str(log), lines=str(data), reject_old=reject_old))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script), log
+
+
+@pytest.fixture(autouse=True)
+def _only_fake(monkeypatch):
+    monkeypatch.delenv("KERNEL_GYM_POWER", raising=False)
+    monkeypatch.delenv("KERNEL_GYM_NVIDIA_SMI", raising=False)
+
+
+def test_parse_line_with_missing_fields_and_hex_mask():
+    s = power.parse_smi_line("1500, 3201, 688.12, 700.00, 57, 0x0000000000000004", t=1.0)
+    assert (s.sm_mhz, s.mem_mhz, s.power_w, s.power_limit_w, s.temp_c, s.throttle) == (1500, 3201, 688.12, 700, 57, 4)
+    s = power.parse_smi_line("1980, [N/A], [Not Supported], 700, 35, 0x1")
+    assert s.mem_mhz is None and s.power_w is None and s.throttle == 1
+    with pytest.raises(ValueError, match="expected 6"):
+        power.parse_smi_line("1980, 3201")
+
+
+def test_throttle_names():
+    assert power.throttle_names(0x4 | 0x1) == ["gpu_idle", "sw_power_cap"]
+    assert power.throttle_names(0) == []
+    assert power.throttle_names(0x1000) == ["0x1000"]
+
+
+def test_monitor_summarises_fake_nvidia_smi(tmp_path):
+    lines = ["1, 1, 1, 1, 1, 0x80",  # the reader's opening check (call 1): never a sample
+             "1980, 3201, 120.5, 700.00, 35, 0x0000000000000000",
+             "1755, 3201, 650.0, 700.00, 48, 0x0000000000000004",
+             "1500, 3201, 699.0, 700.00, 58, 0x0000000000000004"]
+    smi, log = make_fake(tmp_path, lines)
+    with PowerMonitor(cuda_index=0, interval_s=0.05, source="nvidia-smi", nvidia_smi=smi) as mon:
+        deadline = time.monotonic() + 4
+        while len(mon.samples) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    s = mon.summary()
+    assert s.available and s.source == "nvidia-smi" and s.samples >= 4
+    assert s.sm_mhz[0] == 1500 and s.sm_mhz[2] == 1980
+    assert s.power_w[2] == 699.0 and s.power_limit_w == [700.0, 700.0, 700.0]
+    assert s.temp_c[0] == 35 and s.temp_c[2] == 58
+    assert s.throttle_reasons == ["sw_power_cap"] and s.throttle_mask == 4
+    assert 0.5 <= s.slowdown_fraction < 1  # every sample after the first two is the last, throttled, line
+    line = s.line()
+    assert "SM 1500/" in line and "/1980 MHz" in line and "throttle sw_power_cap" in line and "limit 700 W" in line
+    calls = log.read_text().splitlines()
+    assert all("--id=0" in c and "--format=csv,noheader,nounits" in c for c in calls)
+    assert all("clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu" in c for c in calls)
+
+
+def test_newer_nvidia_smi_field_name(tmp_path):
+    smi, log = make_fake(tmp_path, ["1980, 3201, 100, 700, 30, 0x1"], reject_old=True)
+    reader = power.open_reader(0, source="nvidia-smi", nvidia_smi=smi)
+    assert reader.read().throttle == 1
+    assert "clocks_event_reasons.active" in log.read_text().splitlines()[-1]
+
+
+def test_cuda_visible_devices_maps_to_nvml_index(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert power.nvml_index(0) == 3 and power.nvml_index(1) == 5
+    smi, log = make_fake(tmp_path, ["1980, 3201, 100, 700, 30, 0x0"])
+    assert power.read_once(1, source="nvidia-smi", nvidia_smi=smi).sm_mhz == 1980
+    assert "--id=5" in log.read_text()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc")
+    assert power.nvml_index(0) == 0
+
+
+def test_unavailable_is_graceful(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    with PowerMonitor(source="nvidia-smi") as mon:
+        pass
+    s = mon.summary()
+    assert not s.available and "nvidia-smi" in s.reason
+    assert s.line().startswith("power: unavailable (")
+    monkeypatch.setenv("KERNEL_GYM_POWER", "off")
+    with PowerMonitor() as mon:
+        pass
+    assert "KERNEL_GYM_POWER=off" in mon.summary().reason
+    assert power.read_once() is None
+
+
+def test_failing_nvidia_smi_names_its_error(tmp_path):
+    bad = tmp_path / "nvidia-smi"
+    bad.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\n"
+                   "exit 9\n")
+    bad.chmod(0o755)
+    with pytest.raises(power.PowerUnavailable, match="exited 9: NVIDIA-SMI has failed"):
+        power.open_reader(source="nvidia-smi", nvidia_smi=str(bad))
+
+
+def test_bad_source_name():
+    with pytest.raises(ValueError, match="unknown power source 'nvsmi'"):
+        power.open_reader(source="nvsmi")
+
+
+def test_summary_dict_round_trip_and_old_rows():
+    samples = [power.PowerSample(0.0, 1980, 3201, 300, 700, 40, 0), power.PowerSample(1.0, 1500, 3201, 699, 700, 60, 4)]
+    s = PowerSummary.of(samples, "nvml")
+    assert s.slowdown_fraction == 0.5 and s.duration_s == 1.0 and s.sm_mhz == [1500, 1740, 1980]
+    d = s.to_dict()
+    assert PowerSummary.from_dict({**d, "future_field": 1}) == s
+    assert power.monitor_summary_line(d) == s.line()
+    assert power.monitor_summary_line(None) == "power: not recorded"
+    with pytest.raises(ValueError, match="no 'available' field"):
+        PowerSummary.from_dict({"sm_mhz": [1, 2, 3]})
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/nvidiactl"), reason="needs an NVIDIA driver")
+def test_real_device_reads_something():
+    s = power.read_once()
+    assert s is not None and s.sm_mhz and s.sm_mhz > 0
