@@ -511,6 +511,31 @@ def _rule_dot(config: Config, workload: MoEWorkload) -> str | None:
     return None
 
 
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _rule_tile_fits(config: Config, workload: MoEWorkload) -> str | None:
+    """Tiles relative to the shape: a tile that is wider than the whole dimension it tiles (rounded up to a power of
+    two) only computes padding, so such configs are never worth measuring or choosing. This is what keeps a policy from
+    proposing a 256-wide BLOCK_N for a TP-8 shard whose intermediate size is 64. The floors (16 rows, 32 columns,
+    32 reduction) keep every shape with at least one valid tile."""
+    n_gate_up = workload.intermediate * (1 if config["FUSE_SILU"] else 2)
+    if config["BLOCK_N"] > max(32, _pow2_at_least(n_gate_up)):
+        return (f"BLOCK_N={config['BLOCK_N']} is wider than the gate/up output ({n_gate_up} columns): "
+                "choose BLOCK_N <= the next power of two of it")
+    # BLOCK_K steps both reductions (hidden in gate/up, intermediate in down): a step of more than twice the down
+    # GEMM's whole reduction is mostly padding there, whatever it gains in gate/up.
+    if config["BLOCK_K"] > max(32, 2 * _pow2_at_least(workload.intermediate)):
+        return (f"BLOCK_K={config['BLOCK_K']} is over twice the down GEMM's reduction ({workload.intermediate}): "
+                "choose a smaller BLOCK_K")
+    slots = workload.num_tokens * workload.top_k
+    if config["BLOCK_M"] > 2 * max(16, _pow2_at_least(slots)):
+        return (f"BLOCK_M={config['BLOCK_M']} is over twice the batch's token slots ({slots}), so every row block is "
+                "mostly padding: choose a smaller BLOCK_M")
+    return None
+
+
 SPACE = KnobSpace(KNOBS, rules=(_rule_dot, _rule_fusion, _rule_split_k, _rule_smem, _rule_registers))
 
 TMA_LOADS = Knob(
@@ -532,9 +557,13 @@ def _rule_tma(config: Config, workload: MoEWorkload) -> str | None:
     return None
 
 
-# The family's space: SPACE plus TMA_LOADS. SPACE alone is what `prepare` (the pointer-load path) accepts, so a
+# What the kernels can run: SPACE plus TMA_LOADS. SPACE alone is what `prepare` (the pointer-load path) accepts, so a
 # TMA_LOADS config can never run there by mistake.
-LAYER_SPACE = KnobSpace((*KNOBS, TMA_LOADS), rules=(*SPACE.rules, _rule_tma))
+LAUNCH_SPACE = KnobSpace((*KNOBS, TMA_LOADS), rules=(*SPACE.rules, _rule_tma))
+# The family's space, what is worth choosing and measuring: LAUNCH_SPACE minus the tiles that do not fit the shape
+# (`_rule_tile_fits`). The launch wrappers accept those tiles (the kernels mask the padding; the interpreter tests
+# use them to reach ragged and wrapped tiles at tiny sizes), but no policy, sweep or tune candidate may pick them.
+LAYER_SPACE = KnobSpace((*KNOBS, TMA_LOADS), rules=(*LAUNCH_SPACE.rules, _rule_tile_fits))
 
 
 def vllm_config_entry(config: Config) -> dict[str, int]:
@@ -553,18 +582,19 @@ def vllm_config_entry(config: Config) -> dict[str, int]:
 def default_config(workload: MoEWorkload) -> Config:
     """vLLM's get_default_config for unquantised experts (M <= E: 16/32/64, GROUP 1; else 64/64/32, GROUP 8;
     4 warps, 3 stages) with vLLM's fusions: separate SiLU-and-mul, weight in the down epilogue, separate sum, no
-    split-K. Clamped to validity by lowering num_stages if a rule objects."""
+    split-K. Clamped to validity by lowering num_stages, then BLOCK_M, if a rule objects."""
     small = workload.num_tokens <= workload.num_experts
     config = Config(
         BLOCK_M=16 if small else 64, BLOCK_N=32 if small else 64, BLOCK_K=64 if small else 32,
         GROUP_M=1 if small else 8, num_warps=4, num_stages=3, SPLIT_K=1,
         FUSE_SILU=0, FUSE_WEIGHT=1, FUSE_SUM=0,
     )
-    for stages in (3, 2):
-        candidate = config.replace(num_stages=stages)
-        if SPACE.is_valid(candidate, workload):
-            return candidate
-    SPACE.check(config, workload)  # raises with the reason
+    for block_m in (config["BLOCK_M"], 32, 16):
+        for stages in (3, 2):
+            candidate = config.replace(num_stages=stages, BLOCK_M=min(block_m, config["BLOCK_M"]))
+            if LAYER_SPACE.is_valid(candidate, workload):
+                return candidate
+    LAYER_SPACE.check(config, workload)  # raises with the reason
     return config
 
 

@@ -29,7 +29,7 @@ def cfg(bm=64, bn=128, bk=64, group=8, warps=4, stages=3, split=1, silu=1, weigh
 
 def check(inputs: moe.MoEInputs, config: Config, ref: torch.Tensor | None = None) -> None:
     wl = inputs.workload
-    reason = FAMILY.space.why_invalid(config, wl)
+    reason = moe.LAUNCH_SPACE.why_invalid(config, wl)  # what the kernels run (the family space also asks tiles to fit)
     assert reason is None, f"{config} should be valid for {wl}: {reason}"
     ref = FAMILY.reference(inputs) if ref is None else ref
     try:
@@ -107,7 +107,7 @@ def test_coverage_configs_span_every_fusion_value():
     assert any(c["SPLIT_K"] > 1 for c in COVERAGE)
     for dtype in ("float32", "float16"):
         wl = MoEWorkload(33, 4, 2, 64, 96, 0.0, dtype)
-        assert all(FAMILY.space.is_valid(c, wl) for c in COVERAGE), dtype
+        assert all(moe.LAUNCH_SPACE.is_valid(c, wl) for c in COVERAGE), dtype
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -118,7 +118,7 @@ def test_small_grid_sampled_configs_match_reference(dtype):
         inputs = moe.make_inputs(wl, DEVICE, seed=i)
         ref = FAMILY.reference(inputs)
         # big-tile samples keep the interpreter cheap; the sample still varies fusions, split, warps, stages
-        big = [c for c in FAMILY.space.valid_configs(wl) if c["BLOCK_M"] >= 64 and c["BLOCK_N"] >= 64]
+        big = [c for c in moe.LAUNCH_SPACE.valid_configs(wl) if c["BLOCK_M"] >= 64 and c["BLOCK_N"] >= 64]
         sampled = random.Random(100 * i + len(dtype)).choice(big)
         for config in (COVERAGE[i % len(COVERAGE)], sampled):
             check(inputs, config, ref)
@@ -220,7 +220,9 @@ def test_valid_space_size_is_measurable():
         wl = model_workloads("fused_moe", model, grid="eval")[0]
         pointer = len(moe.SPACE.valid_configs(wl))
         assert 1000 <= pointer <= 2000, (model.name, pointer)
-        assert pointer < len(FAMILY.space.valid_configs(wl)) <= 3000, model.name  # + TMA_LOADS 1 and 2
+        assert pointer < len(moe.LAUNCH_SPACE.valid_configs(wl)) <= 3000, model.name  # + TMA_LOADS 1 and 2
+        # M = 1: BLOCK_M 64/128 are over twice the token slots (the tile-fits rule): the family space is smaller
+        assert 500 <= len(FAMILY.space.valid_configs(wl)) < len(moe.LAUNCH_SPACE.valid_configs(wl)) // 2 + 300
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -395,3 +397,23 @@ def test_gpu_fast_configs_and_torch_loop():
         check(inputs, c, ref)
     atol, rtol = FAMILY.tolerance("bfloat16")
     torch.testing.assert_close(moe.torch_loop_moe(inputs).float(), ref, atol=atol, rtol=rtol)
+
+
+def test_tiles_must_fit_the_shape():
+    """A TP-8 shard with intermediate 64: tiles wider than the gate/up output, and row blocks far beyond the batch's
+    token slots, are rejected by the rules (so neither a policy nor tune can pick them); the default stays valid."""
+    from kernel_gym.kernels.fused_moe import LAYER_SPACE, default_config
+    from kernel_gym.kernels.space import Config
+
+    base = Config(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3, SPLIT_K=1, FUSE_SILU=1,
+                  FUSE_WEIGHT=1, FUSE_SUM=0)
+    small_n = MoEWorkload(4096, 256, 8, 2048, 64, 0.0)
+    assert LAYER_SPACE.is_valid(base, small_n)
+    assert "BLOCK_N=128" in LAYER_SPACE.why_invalid(base.replace(BLOCK_N=128), small_n)
+    assert LAYER_SPACE.is_valid(base.replace(BLOCK_N=128, FUSE_SILU=0), small_n)  # unfused: 128 output columns
+    assert LAYER_SPACE.why_invalid(base.replace(BLOCK_N=256, FUSE_SILU=0), small_n)
+    one_token = MoEWorkload(1, 64, 2, 2048, 1024, 0.0)
+    assert LAYER_SPACE.is_valid(base.replace(BLOCK_M=16), one_token)
+    assert "BLOCK_M=64" in LAYER_SPACE.why_invalid(base.replace(BLOCK_M=64), one_token)
+    for w in (small_n, one_token, MoEWorkload(9, 8, 1, 1024, 32, 0.0), MoEWorkload(16, 8, 2, 4096, 14336, 0.0)):
+        assert LAYER_SPACE.is_valid(default_config(w), w)
