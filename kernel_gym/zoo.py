@@ -158,3 +158,56 @@ def test_workload_keys(kernel: str, tps: tuple[int, ...] = TP_DEGREES) -> set[st
 def training_models(kernel: str) -> list[str]:
     return [n for n in ZOO if n not in TEST_MODELS[kernel] and n not in FRESH_MODELS
             and not (kernel == "decode_attention" and n in NO_DECODE)]
+
+
+# ---- the space-filling design ------------------------------------------------------------------------------------
+# Published models cluster (E 8-256, top-k 1-8, per-shard N >= 128 in the zoo); a user's TP-8 shard of a model with
+# many small experts, or top-10 routing, falls outside every one of them. The design covers the whole MoE shape space
+# instead: a scrambled Halton sequence (deterministic, standard library) over log2 experts, top-k, log2 hidden and
+# log2 per-shard N, each point rounded to a shape a kernel would see (E and hidden to multiples of 8 / 256, N to a
+# multiple of 16), keeping points whose expert weights fit one collection process on the GPU. Every design shape is
+# measured at the zoo's thinned grid (ZOO_MOE_TOKENS, ZOO_MOE_SKEWED) and trains the model-conditioned MoE policy;
+# none is ever a test shape.
+DESIGN_RANGES = {"num_experts": (8, 512), "top_k": (1, 10), "hidden": (1024, 8192), "intermediate": (32, 16384)}
+DESIGN_POINTS = 40
+DESIGN_MAX_WEIGHT_BYTES = 6 * 2**30  # E x 3 x hidden x N x 2 bytes: one layer's experts, held by each compile process
+
+
+def _halton(index: int, base: int) -> float:
+    f, r = 1.0, 0.0
+    while index > 0:
+        f /= base
+        r += f * (index % base)
+        index //= base
+    return r
+
+
+def _round_to(x: float, step: int) -> int:
+    return max(step, int(round(x / step)) * step)
+
+
+def design_shapes(points: int = DESIGN_POINTS) -> list[ModelSpec]:
+    """The design's MoE shapes as one-layer ModelSpecs named design-NN (N already per shard: never sharded again)."""
+    import math
+
+    lo_e, hi_e = (math.log2(v) for v in DESIGN_RANGES["num_experts"])
+    lo_h, hi_h = (math.log2(v) for v in DESIGN_RANGES["hidden"])
+    lo_n, hi_n = (math.log2(v) for v in DESIGN_RANGES["intermediate"])
+    k_lo, k_hi = DESIGN_RANGES["top_k"]
+    out: list[ModelSpec] = []
+    i = 0
+    while len(out) < points:
+        i += 1
+        u = [(_halton(i, b) + s) % 1.0 for b, s in zip((2, 3, 5, 7), (0.137, 0.519, 0.291, 0.733))]  # shifted Halton
+        experts = _round_to(2 ** (lo_e + u[0] * (hi_e - lo_e)), 8)
+        top_k = min(experts, k_lo + int(u[1] * (k_hi - k_lo + 1)))
+        hidden = _round_to(2 ** (lo_h + u[2] * (hi_h - lo_h)), 256)
+        inter = _round_to(2 ** (lo_n + u[3] * (hi_n - lo_n)), 16)
+        if experts * 3 * hidden * inter * 2 > DESIGN_MAX_WEIGHT_BYTES:
+            continue
+        out.append(ModelSpec(name=f"design-{len(out):02d}", num_layers=1, hidden=hidden, num_heads=32,
+                             num_kv_heads=8, head_dim=128, num_experts=experts, top_k=top_k, intermediate=inter))
+    return out
+
+
+DESIGN: dict[str, ModelSpec] = {s.name: s for s in design_shapes()}

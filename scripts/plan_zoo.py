@@ -44,7 +44,11 @@ def candidate_configs(kernel: str, backend, sample: int, seed: int = 0) -> tuple
     return list(learned), order
 
 
-def plan_kernel(kernel: str, backend, sample: int, max_candidates: int) -> tuple:
+# The design's M order: a budget cut keeps every shape's most informative cells (the two ends of M, then the middle).
+DESIGN_M_ORDER = ((4096, 0.0), (1, 0.0), (256, 0.0), (64, 1.2), (1024, 0.0), (16, 0.0), (64, 0.0), (256, 1.2))
+
+
+def plan_kernel(kernel: str, backend, sample: int, max_candidates: int, design: bool = False) -> tuple:
     from kernel_gym import zoo
     from kernel_gym.kernels import get_family
 
@@ -55,18 +59,27 @@ def plan_kernel(kernel: str, backend, sample: int, max_candidates: int) -> tuple
     per_shard: list[list[dict]] = []
     seen: set[str] = set()
     test_keys = zoo.test_workload_keys(kernel)
-    for spec in zoo.zoo_shards(zoo.training_models(kernel)):
+    shards = list(zoo.DESIGN.values()) if design else zoo.zoo_shards(zoo.training_models(kernel))
+    for spec in shards:
         if spec.name in zoo.TOO_LARGE:
             continue
         entries = []
-        for wl in zoo.shard_workloads(kernel, spec, "zoo"):
+        workloads = zoo.shard_workloads(kernel, spec, "zoo")
+        if design:  # a learned config the shape's rules reject is replaced by one more sampled config
+            rank = {mk: i for i, mk in enumerate(DESIGN_M_ORDER)}
+            workloads = sorted(workloads, key=lambda w: rank.get((w.num_tokens, w.skew), len(rank)))
+            valid_learned = sum(fam.space.is_valid(c, workloads[0]) for c in learned) if workloads else 0
+            sample_here = sample + max(0, len(learned) - valid_learned)
+        else:
+            sample_here = sample
+        for wl in workloads:
             key = wl.key()
             if key in seen or key in test_keys:
                 continue
             seen.add(key)
             sampled = []
             for c in order:
-                if len(sampled) >= sample:
+                if len(sampled) >= sample_here:
                     break
                 if fam.space.is_valid(c, wl):
                     sampled.append(c)
@@ -127,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-candidates", default="fused_moe=24,decode_attention=20",
                    help="cap on the learned catalogue configs, per kernel (kernel=N comma list)")
     p.add_argument("--out", type=Path, required=True, help="plan file (.json or .json.gz) for `collect --plan`")
+    p.add_argument("--design", action="store_true",
+                   help="plan the space-filling design (kernel_gym.zoo.DESIGN, fused_moe) instead of the zoo shards")
     p.add_argument("--remaining-of", type=Path, default=None, metavar="PLAN",
                    help="instead of planning anew: the part of this earlier plan the packaged dataset lacks")
     args = p.parse_args(argv)
@@ -160,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     for kernel in [k.strip() for k in args.kernels.split(",") if k.strip()]:
         if kernel not in ("fused_moe", "decode_attention"):
             p.error(f"the zoo covers fused_moe and decode_attention, not {kernel!r}")
-        part, summary = plan_kernel(kernel, backend, sample.get(kernel, 6), cap.get(kernel, 24))
+        if args.design and kernel != "fused_moe":
+            p.error("--design covers fused_moe only (pass --kernels fused_moe)")
+        part, summary = plan_kernel(kernel, backend, sample.get(kernel, 6), cap.get(kernel, 24), args.design)
         plan += part
         summaries.append(summary)
     # Interleave kernels too, so a budget cut leaves both covered.

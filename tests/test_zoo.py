@@ -40,3 +40,18 @@ def test_test_models_are_disjoint_from_training(kernel):
     profile = zoo_profile(kernel)
     assert not {w.key() for w in profile.workloads} & test_keys
     assert set(profile.anchors) <= {w.key() for w in profile.workloads}
+
+
+def test_design_fills_the_shape_space_and_stays_apart_from_tests():
+    """The design reaches below the zoo (N < 128, top-k > 8, E > 256), is deterministic, fits one GPU process per
+    layer, and never produces a test model's workload."""
+    from kernel_gym import zoo
+
+    shapes = zoo.design_shapes()
+    assert [s.name for s in shapes] == list(zoo.DESIGN) and len(shapes) == zoo.DESIGN_POINTS
+    assert min(s.intermediate for s in shapes) < 128 and max(s.top_k for s in shapes) > 8
+    assert max(s.num_experts for s in shapes) > 256 and min(s.num_experts for s in shapes) <= 16
+    assert all(s.top_k <= s.num_experts for s in shapes)
+    assert all(s.num_experts * 3 * s.hidden * s.intermediate * 2 <= zoo.DESIGN_MAX_WEIGHT_BYTES for s in shapes)
+    test_keys = zoo.test_workload_keys("fused_moe")
+    assert not any(w.key() in test_keys for s in shapes for w in zoo.shard_workloads("fused_moe", s, "zoo"))
