@@ -26,6 +26,12 @@ hold host overhead). An incomplete table is read as is: sizes and GPU counts it 
 `bytes` is the buffer each rank passes: all_reduce of a [tokens, hidden] bf16 tensor (tokens x hidden x 2), or
 all_to_all_single of a [tokens x top_k, hidden] bf16 tensor split evenly over the ranks.
 
+A PRIOR table (`"prior": {...}` in the file: source, package version, files, what is not known) has the same
+schema; its rows carry no correctness check ("correct": null) and may hold more ops (PRIOR_OPS). The packaged prior
+`kernel_gym/data/collectives/h200_aic_prior.json` (scripts/aic_prior.py converts aiconfigurator's H200 tables) is
+what `resolve_table(None)` answers with when no measured table exists; a measured table always replaces it.
+Every figure priced from a prior reports the share of its step time that rests on it (`prior_share`).
+
 Imports only the standard library (and kernel_gym.zoo for the message sizes): the GPU script uses this module.
 """
 
@@ -40,7 +46,10 @@ from typing import Any
 
 FORMAT = "kernel_gym-collectives"
 VERSION = 1
-OPS = ("all_reduce", "all_to_all")
+OPS = ("all_reduce", "all_to_all")  # what scripts/measure_collectives.py measures
+# a prior may carry more: NCCL's own all-reduce beside the engines' custom one, all-reduce outside CUDA graphs, and
+# the all-gather / reduce-scatter pair of data-parallel attention in front of tensor-parallel experts
+PRIOR_OPS = (*OPS, "all_reduce_nccl", "all_reduce_eager", "all_gather", "reduce_scatter")
 GPU_COUNTS = (2, 4, 8)
 TOKEN_GRID = tuple(2 ** i for i in range(14))  # 1 .. 8192 tokens per rank
 DTYPE_BYTES = 2  # bf16 activations
@@ -48,6 +57,8 @@ EXTRAPOLATION = 2.0  # answer up to this factor beyond the measured sizes, refus
 TABLE_ENV = "KERNEL_GYM_COLLECTIVES"
 DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "multigpu" / "collectives.json"
 MEASURE_COMMAND = "python3 scripts/measure_collectives.py --gpus 8 --out benchmarks/multigpu"
+PRIOR_TABLE = Path(__file__).resolve().parents[1] / "data" / "collectives" / "h200_aic_prior.json"
+PRIOR_COMMAND = "python3 scripts/aic_prior.py (in a venv with kernel_gym[aic])"
 # NVLink multicast (NVLS) stays off: the deployments this models run without it, and it changes all-reduce times.
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -95,6 +106,7 @@ class CollectiveTable:
         self.data = data
         self.meta = {k: v for k, v in data.items() if k != "results"}
         self.curves: dict[tuple[str, int], _Curve] = {}
+        self.prior: dict[str, Any] | None = data.get("prior") if isinstance(data, dict) else None
         self._validate()
 
     def _fail(self, why: str) -> None:
@@ -115,9 +127,10 @@ class CollectiveTable:
                 op, gpus, nbytes, t = r["op"], int(r["gpus"]), int(r["bytes"]), float(r["median_s"])
             except (KeyError, TypeError, ValueError):
                 self._fail(f"result {i} lacks op, gpus, bytes or median_s")
-            if op not in OPS or gpus < 2 or nbytes < 1 or not (t > 0 and math.isfinite(t)):
+            known = PRIOR_OPS if self.prior else OPS
+            if op not in known or gpus < 2 or nbytes < 1 or not (t > 0 and math.isfinite(t)):
                 self._fail(f"result {i} ({r}) has an unknown op, fewer than 2 GPUs, no bytes or a bad time")
-            if r.get("correct") is not True:
+            if r.get("correct") is not True and not self.prior:
                 self._fail(f"result {i} ({op}, {gpus} GPUs, {nbytes} B) did not pass its correctness check")
             points.setdefault((op, gpus), {})[nbytes] = t
         for (op, gpus), pts in points.items():
@@ -129,6 +142,14 @@ class CollectiveTable:
         counts = sorted({g for _, g in self.curves})
         if declared is not None and counts != sorted(declared):
             self._fail(f"gpu_counts {declared} differ from the GPU counts in results {counts}")
+
+    @property
+    def is_prior(self) -> bool:
+        """True for a labelled prior (not this project's measurement): its seconds count in prior_share."""
+        return bool(self.prior)
+
+    def has(self, op: str, gpus: int) -> bool:
+        return gpus == 1 or (op, gpus) in self.curves
 
     @property
     def gpu_counts(self) -> list[int]:
@@ -201,10 +222,37 @@ def load_table(path: str | Path | None = None) -> CollectiveTable:
     return CollectiveTable(data, str(p))
 
 
+def load_prior(path: str | Path | None = None) -> CollectiveTable:
+    """The packaged labelled prior (aiconfigurator's H200 tables), or CollectivesMissing naming how to make it."""
+    p = Path(path) if path else PRIOR_TABLE
+    if not p.is_file():
+        raise CollectivesMissing(f"no collectives prior at {p}: run {PRIOR_COMMAND}, or measure a table: "
+                                 f"`{MEASURE_COMMAND}`")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CollectivesError(f"collectives prior {p}: cannot read JSON ({exc})") from exc
+    if not isinstance(data, dict) or not data.get("prior"):
+        raise CollectivesError(f"{p} carries no 'prior' label (source, version, what is not known); convert it "
+                               f"with {PRIOR_COMMAND}")
+    return CollectiveTable(data, str(p))
+
+
+def default_table() -> CollectiveTable:
+    """The measured table when one exists (table_path's default), else the packaged prior (labelled)."""
+    p = table_path()
+    return load_table(p) if p.is_file() else load_prior()
+
+
 def resolve_table(table: Any = None) -> CollectiveTable:
-    """A CollectiveTable as is, a dict, or a path (None: table_path's default)."""
+    """A CollectiveTable as is, a dict, a path, "prior" (the packaged prior), or None: the measured table, else the
+    packaged prior (default_table)."""
     if isinstance(table, CollectiveTable):
         return table
     if isinstance(table, dict):
         return CollectiveTable(table)
+    if table is None:
+        return default_table()
+    if str(table) == "prior":
+        return load_prior()
     return load_table(table)

@@ -53,6 +53,12 @@ from kernel_gym.traffic.simulator import (
 )
 
 PLAN_COMMAND = "python3 scripts/parallel_replay.py plan --model MODEL --gpus G --out plan.json"
+GRAPH_MODES = ("tokens", "decode")
+# Eager (no CUDA graph) steps: kernel launches per layer (norms, QKV / output GEMMs, rope, attention, router, top-k,
+# MoE align, two expert GEMMs, activation, sum, collectives) and the host's cost per launch. Assumptions, not
+# measurements of this project (docs/parallelism.md): they price the CUDA-graph knob, never a kernel.
+LAUNCHES_PER_LAYER = 16
+EAGER_LAUNCH_S = 5e-6
 PARTS = (*KERNELS, "all_reduce", "all_to_all")
 
 
@@ -79,12 +85,14 @@ class StepPricer:
         self._priced: dict[tuple[str, Any, Any], tuple[Config, float, bool]] = {}
         self.seconds = dict.fromkeys(PARTS, 0.0)  # per layer, summed over steps
         self.estimated = dict.fromkeys(PARTS, 0.0)
+        self.prior_s = 0.0  # seconds priced from a labelled prior table (collectives), inside self.seconds
         self.imbalance: list[float] = []
 
     def reset_counts(self) -> None:
         """Zero the bookkeeping, keep the memoised prices (a new replay under the same layout)."""
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.estimated = dict.fromkeys(PARTS, 0.0)
+        self.prior_s = 0.0
         self.imbalance = []
 
     # ---- kernels ----
@@ -157,8 +165,11 @@ class StepPricer:
         c, t, est = self.price("decode_attention", wl, kv)
         return c, self._book("decode_attention", t, est)
 
-    def moe_s(self, num_tokens: int, skew: float, slot_counts: np.ndarray | None) -> tuple[Config | None, float]:
-        """The busiest GPU's fused MoE plus every collective of the layer (they sit on the MoE's path)."""
+    def moe_s(self, num_tokens: int, skew: float, slot_counts: np.ndarray | None,
+              graphed: bool = True) -> tuple[Config | None, float]:
+        """The busiest GPU's fused MoE plus every collective of the layer (they sit on the MoE's path). graphed=False:
+        a step outside the engine's CUDA graphs, whose all-reduce runs in eager mode (`all_reduce_eager` when the
+        table has it: the engines' custom all-reduce is slower outside a graph)."""
         sh = moe_shard(self.spec, self.layout, num_tokens, skew, slot_counts, self.dtype, self.spec.dtype_bytes)
         total, cfg = 0.0, None
         if sh.workload is not None:
@@ -169,8 +180,12 @@ class StepPricer:
         for op, deg, nbytes in (("all_reduce", self.layout.tp, sh.all_reduce_bytes),
                                 ("all_to_all", self.layout.ep, sh.all_to_all_bytes)):
             if nbytes:  # two per layer: after attention and after the MoE / dispatch and combine
-                t = 2 * self.table.time_s(op, deg, nbytes)
-                total += self._book(op, t, not self.table.measured_at(op, deg, nbytes))
+                top = "all_reduce_eager" if op == "all_reduce" and not graphed and \
+                    self.table.has("all_reduce_eager", deg) else op
+                t = 2 * self.table.time_s(top, deg, nbytes)
+                total += self._book(op, t, not self.table.measured_at(top, deg, nbytes))
+                if self.table.is_prior:
+                    self.prior_s += t
         return cfg, total
 
     def report(self) -> dict[str, float]:
@@ -182,6 +197,8 @@ class StepPricer:
         out["step_parts_s"] = total
         out["estimated_share"] = sum(self.estimated.values()) / total if total else 0.0
         out["collective_share"] = (self.seconds["all_reduce"] + self.seconds["all_to_all"]) / total if total else 0.0
+        out["prior_s"] = self.prior_s
+        out["prior_share"] = self.prior_s / total if total else 0.0  # of the kernel + collective seconds
         imb = np.asarray(self.imbalance) if self.imbalance else np.ones(1)
         out["ep_imbalance_mean"] = float(imb.mean())
         out["ep_imbalance_p99"] = float(np.percentile(imb, 99))
@@ -224,7 +241,17 @@ class ParallelSimulator(Simulator):
                  routing_profile: Any = None, *, backend: Any = "recorded", table: Any = None,
                  gpu_memory_bytes: float = H200_MEMORY_BYTES,
                  gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, vocab_size: int = DEFAULT_VOCAB,
-                 **kw: Any) -> None:
+                 graph: tuple[str, int] | None = None, **kw: Any) -> None:
+        """graph: (mode, max size) of the engine's CUDA graphs; None = every step graphed (the pricing before the
+        knob existed). mode "tokens": steps of up to max tokens replay a graph (vLLM's piecewise graphs cover mixed
+        prefill + decode steps); "decode": decode-only steps of up to max requests (SGLang's graphs); max 0 = eager.
+        A step outside a graph pays EAGER_LAUNCH_S per kernel launch not hidden behind GPU work, and its
+        all-reduces run eager."""
+        if graph is not None and (graph[0] not in GRAPH_MODES or int(graph[1]) < 0):
+            raise ValueError(f"graph must be (mode in {GRAPH_MODES}, max size >= 0), got {graph!r}")
+        self.graph = graph
+        self._step_prefill = False
+        self._step_layer_s = 0.0
         why = why_invalid(spec, layout, layout.gpus, gpu_memory_bytes, gpu_memory_utilization)
         if why:
             raise ValueError(why)
@@ -241,15 +268,30 @@ class ParallelSimulator(Simulator):
         p = self.pricer
         if kernel == "prefill_attention":
             cfg, t = p.prefill_s(key[1], self.kv_layout)
+            self._step_prefill = True
+            self._step_layer_s += t
         elif kernel == "decode_attention":
             cfg, t = p.decode_s(key[1], key[2], self.kv_layout)
-        else:
+            self._step_layer_s += t
+        else:  # the step's last call: it decides whether the step ran inside a CUDA graph
             tokens = key[1]
+            graphed = self._graphed(tokens)
             counts = self.routing.loads(self.clock, tokens) if self.layout.ep > 1 else None
-            cfg, t = p.moe_s(tokens, key[2], counts)
+            cfg, t = p.moe_s(tokens, key[2], counts, graphed)
+            if not graphed:  # launch-bound layers: the host's launches not hidden behind the layer's GPU time
+                t += max(0.0, LAUNCHES_PER_LAYER * EAGER_LAUNCH_S - (self._step_layer_s + t))
+            self._step_prefill, self._step_layer_s = False, 0.0
         if cfg is not None:
             self.configs_used[kernel][cfg] += 1
         return t
+
+    def _graphed(self, tokens: int) -> bool:
+        if self.graph is None:
+            return True
+        mode, size = self.graph
+        if mode == "tokens":
+            return tokens <= size
+        return not self._step_prefill and tokens <= size
 
 
 def goodput(result: SimResult, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, float]:
@@ -282,6 +324,9 @@ def serve(spec: Any, requests: Any, layout: Layout, *, backend: Any = "recorded"
     res = sim.run()
     layers = spec.num_layers
     rep = {k: v * layers if k.endswith("_s") and not k.startswith("ep_") else v for k, v in pricer.report().items()}
+    busy = res.summary["busy_s"]
+    # of all the step time (kernels, collectives, untuned ops, overhead): what rests on the labelled prior
+    rep["prior_step_share"] = rep["prior_s"] / busy if busy > 0 else 0.0
     keep = ("tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "finished", "requests",
             "preemptions", "kv_pages", "busy_s")
     return {"layout": layout.name, "tp": layout.tp, "ep": layout.ep, "gpus": layout.gpus,

@@ -34,8 +34,14 @@ def small_trace(n: int = 24) -> Trace:
     return Trace("small", np.sort(rng.uniform(0, 4, n)), rng.integers(50, 900, n), rng.integers(2, 40, n))
 
 
-def test_refuses_without_a_measured_table(backend, tmp_path, monkeypatch):
+def test_without_a_measured_table_the_labelled_prior_prices(backend, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_GYM_COLLECTIVES", str(tmp_path / "absent.json"))
+    p = StepPricer(MIXTRAL, Layout(2, 1), backend)
+    assert p.table.is_prior and "aiconfigurator" in p.table.prior["source"]
+    _, total = p.moe_s(64, 0.0, None)
+    rep = p.report()
+    assert rep["prior_share"] == pytest.approx(rep["all_reduce_s"] / rep["step_parts_s"]) and rep["prior_share"] > 0
+    monkeypatch.setattr("kernel_gym.parallel.collectives.PRIOR_TABLE", tmp_path / "no_prior.json")
     with pytest.raises(CollectivesMissing, match="measure_collectives.py"):
         StepPricer(MIXTRAL, Layout(2, 1), backend)
     StepPricer(MIXTRAL, Layout(1, 1), backend)  # one GPU needs no collectives
@@ -104,5 +110,6 @@ def test_env_masks_steps_and_refusal(backend, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="fits no layout"):
         ParallelServingEnv(model="deepseek-v3", gpus=2, table=fixture_table(), **kw)
     monkeypatch.setenv("KERNEL_GYM_COLLECTIVES", str(tmp_path / "absent.json"))
+    monkeypatch.setattr("kernel_gym.parallel.collectives.PRIOR_TABLE", tmp_path / "no_prior.json")
     with pytest.raises(CollectivesMissing):
         ParallelServingEnv(gpus=2, **kw)
