@@ -5,6 +5,11 @@ are tuned for another kernel and cannot be exported to vLLM as they are (issue 1
 vLLM's shipped H200 table inside vLLM). This family is the kernel those files configure, so configs measured here
 are what an exported vLLM / SGLang table should contain.
 
+Modelled release: vLLM 0.33.0 on Hopper with bf16 experts (its unquantised MoE tries this Triton kernel first,
+`fused_moe/oracle/unquantized.py`; SPLIT_K is forced to 1, SWAP_AB is fp8-only, the tensor-descriptor path is
+Blackwell/XPU-only, so none of them is a knob here). SGLang 0.5.23 runs the same kernel design with the alignment
+always on. Which entry each engine version runs is in kernel_gym/kernels/vllm_tables.py.
+
 Design (vLLM's fused_moe, re-implemented; vllm/model_executor/layers/fused_moe/fused_moe.py and
 moe_align_block_size):
 1. alignment: the M * top_k (token, expert) slots are sorted by expert and each expert's segment is padded to a
@@ -17,15 +22,19 @@ moe_align_block_size):
    x @ w13[e].T -> [M*top_k, 2N] (gate then up), and act @ w2[e].T -> [M*top_k, H] with MUL_ROUTED_WEIGHT;
 3. silu(gate) * up between them (one elementwise Triton kernel, as vLLM's silu_and_mul);
 4. the top-k sum over each token's slots (torch.sum, as vLLM's moe_sum).
+Small batches (vLLM 0.33, `_prepare_expert_assignment`): when M * top_k * 4 <= E and there is no expert map, vLLM
+skips step 1 and runs one (token, expert) slot per row block (`prepare_small_batch`; `prepare_engine` picks the path
+the engine runs). `prepare` itself stays the aligned path at every M: its source hash keys the stored rows, and rows
+timed on the small-batch path carry `small_batch_source_hash()` instead.
 Routing (softmax + top-k) runs before the timed closure, as in `fused_moe` (vLLM's topk is a separate op too).
 
 M is a runtime argument of every kernel (EM and num_valid_tokens are not specialised), so one compile per config and
 shape serves every batch size.
 
 Knobs: BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages with the values of vLLM's tuner,
-plus BLOCK_SIZE_K 32 and GROUP_SIZE_M 8 (the values of vLLM's default config). Rules: shared memory
-(num_stages x one K step's A and B tiles vs SHARED_MEMORY_LIMIT) and registers (fp32 accumulators per thread). Every
-entry of vLLM's shipped H200 tables is valid (tests/kernels/test_vllm_moe.py).
+plus BLOCK_SIZE_K 32 and GROUP_SIZE_M 8 (the values of older vLLM's and SGLang's default config). Rules: shared memory
+(num_stages - 1 K steps of A and B tiles in flight vs SHARED_MEMORY_LIMIT) and registers (fp32 accumulators per
+thread). Every entry of vLLM 0.33's and SGLang 0.5.23's shipped H200 tables is valid (tests/kernels/test_vllm_moe.py).
 
 Imports only torch, triton and the standard library: this module runs on the GPU machine.
 """
@@ -186,7 +195,22 @@ def _rule_registers(config: Config, workload: MoEWorkload) -> str | None:
     return None
 
 
-SPACE = KnobSpace(KNOBS, rules=(_rule_smem, _rule_registers))
+def _rule_smem_in_flight(config: Config, workload: MoEWorkload) -> str | None:
+    """Shared memory of the K steps Triton's pipeliner keeps in flight: num_stages - 1 of them, at least 2 (the
+    num_stages estimate of _rule_smem rejects an entry vLLM 0.33 ships and runs: E=16, N=2048, M=128, 16/256/128 with
+    4 stages). A config this admits and the compiler refuses is recorded as a compile failure, never timed."""
+    stages = int(config["num_stages"])
+    steps = min(stages, max(2, stages - 1))
+    need = smem_bytes(config, workload) // stages * steps
+    if need > SHARED_MEMORY_LIMIT:
+        return (f"shared memory estimate {need} B for {steps} K steps in flight exceeds "
+                f"{SHARED_MEMORY_LIMIT} B per block (fewer stages or tiles)")
+    return None
+
+
+# The space's rules: _rule_smem stays defined and hashed (source_hash keys the stored rows, all measured with configs
+# it admits, which the in-flight rule admits too), the space applies the in-flight rule.
+SPACE = KnobSpace(KNOBS, rules=(_rule_smem_in_flight, _rule_registers))
 
 
 def to_config(entry: dict[str, int]) -> Config:
@@ -200,16 +224,18 @@ def to_entry(config: Config) -> dict[str, int]:
 
 
 def vllm_engine_config(num_experts: int, n: int, m: int, dtype: str = "bfloat16",
-                       device_name: str = DEFAULT_DEVICE) -> Config:
-    """The config vLLM runs for M tokens on this shape and device without a tuned folder: its shipped table's nearest
-    M entry, else get_default_config (kernel_gym.kernels.vllm_tables)."""
-    return to_config(vllm_tables.engine_entry(num_experts, n, m, dtype, device_name)[0])
+                       device_name: str = DEFAULT_DEVICE, engine: str = vllm_tables.DEFAULT_ENGINE) -> Config:
+    """The config the engine (default vLLM 0.33.0) runs for M tokens on this shape and device without a user folder:
+    its shipped table's nearest M entry, else its default rule (kernel_gym.kernels.vllm_tables)."""
+    return to_config(vllm_tables.engine_entry(num_experts, n, m, dtype, device_name, engine)[0])
 
 
-def default_config(workload: MoEWorkload, device_name: str = DEFAULT_DEVICE) -> Config:
-    """What a vLLM user gets on the H200 (kernel_gym's target device): the shipped table, else the default rule."""
+def default_config(workload: MoEWorkload, device_name: str = DEFAULT_DEVICE,
+                   engine: str = vllm_tables.DEFAULT_ENGINE) -> Config:
+    """What a vLLM 0.33 user gets on the H200 (kernel_gym's target device): the shipped table, else the default
+    rule."""
     wl = _check_workload(workload)
-    return vllm_engine_config(wl.num_experts, wl.intermediate, wl.num_tokens, wl.dtype, device_name)
+    return vllm_engine_config(wl.num_experts, wl.intermediate, wl.num_tokens, wl.dtype, device_name, engine)
 
 
 def neighbours(config: Config, workload: MoEWorkload) -> list[Config]:
@@ -327,6 +353,131 @@ def prepare_kernels_only(inputs: _fm.MoEInputs, config: Config) -> Callable[[], 
     return launch
 
 
+# ---- vLLM 0.33's small-batch path (no alignment) ---------------------------------------------------------------------
+# Rows timed on this path are stored under small_batch_source_hash(), never under source_hash(): the aligned path's
+# code (and so its 5,419 stored H200 rows) is untouched by it (tests/kernels/test_vllm_moe.py pins both).
+
+
+@triton.jit(do_not_specialize=["EM", "num_valid_tokens"])
+def _moe_gemm_slot_kernel(
+    a_ptr, b_ptr, c_ptr, topk_weights_ptr, expert_ids_ptr, num_post_padded_ptr,
+    N, K, EM, num_valid_tokens,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    TOP_K: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+):
+    """vLLM 0.33's `naive_block_assignment` path: row block pid_m is slot pid_m alone (row 0 of the tile; the other
+    BLOCK_SIZE_M - 1 rows are masked but still go through the dot, as in vLLM), expert = topk_ids.flatten()[pid_m].
+    EM = num_valid_tokens * BLOCK_SIZE_M, so there is one row block per slot."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    in_group = GROUP_SIZE_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_SIZE_M
+    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_SIZE_M)
+    pid_m = first_m + (pid % in_group) % rows_in_group
+    pid_n = (pid % in_group) // rows_in_group
+
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_post_padded_ptr):
+        return
+    offs = tl.arange(0, BLOCK_SIZE_M)
+    tokens = tl.where(offs == 0, pid_m, num_valid_tokens).to(tl.int64)
+    token_mask = tokens < num_valid_tokens
+    a_rows = tl.where(token_mask, tokens // TOP_K, 0)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_bn = ((pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        k_left = K - k * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=token_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    if MUL_ROUTED_WEIGHT:
+        w = tl.load(topk_weights_ptr + tokens, mask=token_mask, other=0.0)
+        acc = acc * w[:, None]
+    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    c_rows = tl.where(token_mask, tokens, 0)
+    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & (offs_cn[None, :] < N))
+
+
+def prepare_small_batch(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
+    """vLLM 0.33's launch when M * top_k * 4 <= E (`_prepare_expert_assignment`): no moe_align_block_size; the
+    expert ids are topk_ids.flatten() and num_tokens_post_padded = M * top_k * BLOCK_SIZE_M (a device constant).
+    Everything else as prepare(): NaN-filled workspaces, w13 GEMM, silu-and-mul, w2 GEMM, top-k sum."""
+    wl = _check_workload(inputs.workload)
+    SPACE.check(config, wl)
+    bm, bn, bk = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]), int(config["BLOCK_SIZE_K"])
+    meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=int(config["GROUP_SIZE_M"]),
+                num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    x, w1, w2 = inputs.x, inputs.w1, inputs.w2
+    m, hidden, inter, top_k = wl.num_tokens, wl.hidden, wl.intermediate, wl.top_k
+    dev, n_slots = x.device, m * top_k
+    weights, ids = _fm.route(inputs.router_logits.to(dev), top_k)
+    flat_weights = weights.flatten().contiguous()
+    expert_ids = ids.flatten().to(torch.int32).contiguous()
+    post_padded = torch.full((1,), n_slots * bm, dtype=torch.int32, device=dev)
+    nan = float("nan")
+    cache1 = torch.full((n_slots, 2 * inter), nan, dtype=x.dtype, device=dev)
+    cache2 = torch.full((n_slots, inter), nan, dtype=x.dtype, device=dev)
+    cache3 = torch.full((n_slots, hidden), nan, dtype=x.dtype, device=dev)
+    out = torch.full((m, hidden), nan, dtype=x.dtype, device=dev)
+    em = n_slots * bm
+    grid1 = (n_slots * triton.cdiv(2 * inter, bn),)
+    grid2 = (n_slots * triton.cdiv(hidden, bn),)
+    grid_act = (triton.cdiv(n_slots * inter, SILU_BLOCK),)
+
+    def launch() -> torch.Tensor:
+        _moe_gemm_slot_kernel[grid1](
+            x, w1, cache1, flat_weights, expert_ids, post_padded, 2 * inter, hidden, em, n_slots,
+            x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), cache1.stride(0), cache1.stride(1),
+            TOP_K=top_k, MUL_ROUTED_WEIGHT=False, **meta,
+        )
+        _silu_and_mul_kernel[grid_act](cache1, cache2, n_slots * inter, inter, BLOCK=SILU_BLOCK)
+        _moe_gemm_slot_kernel[grid2](
+            cache2, w2, cache3, flat_weights, expert_ids, post_padded, hidden, inter, em, n_slots,
+            cache2.stride(0), cache2.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), cache3.stride(0),
+            cache3.stride(1),
+            TOP_K=1, MUL_ROUTED_WEIGHT=True, **meta,
+        )
+        torch.sum(cache3.view(m, top_k, hidden), dim=1, out=out)
+        return out
+
+    return launch
+
+
+def uses_small_batch_path(workload: MoEWorkload, engine: str = vllm_tables.DEFAULT_ENGINE, ep: int = 1) -> bool:
+    """Does the engine run this workload on its small-batch path (vLLM 0.33: M * top_k * 4 <= E, no EP)?"""
+    wl = _check_workload(workload)
+    return vllm_tables.naive_block_assignment(wl.num_tokens, wl.top_k, wl.num_experts, engine, ep)
+
+
+def prepare_engine(inputs: _fm.MoEInputs, config: Config,
+                   engine: str = vllm_tables.DEFAULT_ENGINE) -> Callable[[], torch.Tensor]:
+    """The launch the engine itself runs for this workload: the small-batch path where it applies, else prepare()."""
+    if uses_small_batch_path(inputs.workload, engine):
+        return prepare_small_batch(inputs, config)
+    return prepare(inputs, config)
+
+
+def path_source_hash(workload: MoEWorkload, engine: str = vllm_tables.DEFAULT_ENGINE) -> str:
+    """The store key of a row timed with prepare_engine: source_hash() or small_batch_source_hash()."""
+    return small_batch_source_hash() if uses_small_batch_path(workload, engine) else source_hash()
+
+
+def small_batch_source_hash() -> str:
+    """Hash of the small-batch path's kernels and launch code (its rows' store key; separate from source_hash())."""
+    return _space.source_hash(_moe_gemm_slot_kernel.fn, _silu_and_mul_kernel.fn, prepare_small_batch, smem_bytes,
+                              _rule_smem_in_flight, _rule_registers)
+
+
+
 def source_hash() -> str:
     """Hash of the kernels and the launch code (the measurement store key changes when either does)."""
     return _space.source_hash(_moe_gemm_kernel.fn, _silu_and_mul_kernel.fn, moe_align_block_size, max_padded_slots,
@@ -341,8 +492,8 @@ class VllmFusedMoEFamily:
     space: KnobSpace = SPACE
     workload_type: type = MoEWorkload
 
-    def default_config(self, workload: MoEWorkload) -> Config:
-        return default_config(workload)
+    def default_config(self, workload: MoEWorkload, engine: str = vllm_tables.DEFAULT_ENGINE) -> Config:
+        return default_config(workload, engine=engine)
 
     def make_inputs(self, workload: MoEWorkload, device: str, seed: int = 0) -> _fm.MoEInputs:
         return _fm.make_inputs(_check_workload(workload), device, seed)
@@ -365,6 +516,10 @@ class VllmFusedMoEFamily:
     # extras: the engine's own choice and the export entry format
     def engine_config(self, workload: MoEWorkload, device_name: str = DEFAULT_DEVICE) -> Config:
         return default_config(workload, device_name)
+
+    def engine_prepare(self, inputs: _fm.MoEInputs, config: Config,
+                       engine: str = vllm_tables.DEFAULT_ENGINE) -> Callable[[], torch.Tensor]:
+        return prepare_engine(inputs, config, engine)
 
     def vllm_config_entry(self, config: Config) -> dict[str, Any]:
         return to_entry(config)

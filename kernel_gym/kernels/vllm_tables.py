@@ -1,132 +1,105 @@
-"""vLLM's shipped fused-MoE config tables for the H200, vLLM's file naming and its config lookup rules, as data.
+"""The engines' fused-MoE config rules and shipped H200 tables, per engine version, as data.
 
-What vLLM does for an unquantised fused-MoE layer (vllm/model_executor/layers/fused_moe/fused_moe.py,
-`try_get_optimal_moe_config`; read, then re-implemented here):
-- N is the expert intermediate size per tensor-parallel shard (`w2.shape[2]`), E the number of experts;
-- the file name is `E={E},N={N},device_name={device}[,dtype={dtype}][,block_shape=[bn,bk]].json`, where device is
-  `torch.cuda.get_device_name()` with spaces replaced by underscores, and any name whose underscore-separated words
-  include "H200" is read as `NVIDIA_H200`; dtype is absent for bf16/fp16 and "float32" for fp32 experts;
-- the folder `VLLM_TUNED_CONFIG_FOLDER` is searched first, then vLLM's own `configs/`; the JSON is read as
-  `{int(key): value}` (a top-level key other than an integer, except "triton_version" which newer vLLM pops, breaks it);
-- a table's entry for batch size M is the one whose key is nearest: min over keys of |key - M| (ties: the smaller key,
-  the first in the file's order);
-- without a table, `get_default_config`: M <= E -> BLOCK 16/32/64, GROUP 1; else 64/64/32, GROUP 8; it sets no
-  num_warps / num_stages, so Triton's launch defaults apply (4 warps, 3 stages).
+Each engine version kernel_gym targets is an `Engine` ("vllm-0.33.0", "sglang-0.5.23"); its shipped tables for
+unquantised experts on the H200 are the JSON file kernel_gym/data/engine_tables/<engine>-<version>.json, copied out of
+that version's wheel by scripts/extract_engine_tables.py (numbers only; vLLM and SGLang are Apache-2.0, copyright
+their contributors). The rules below were read in those versions and re-implemented:
 
-The tables below are the numbers of vLLM's shipped files `E=..,N=..,device_name=NVIDIA_H200.json` for the shapes of
-the models kernel_gym benchmarks (Mixtral-8x7B and its TP shards N = 14336/7168/3584/1792, Mixtral-8x22B TP4/TP8
-N = 4096/2048, Qwen2-57B-A14B and its shards E=64, N = 2560/1280/640/320). No H200 file exists upstream for OLMoE
-(E=64, N=1024), DBRX (E=16) or Qwen1.5-MoE (E=60): those get `get_default_config` in vLLM. Each entry is
-(BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages).
+vLLM 0.33.0 (vllm/model_executor/layers/fused_moe/fused_moe.py):
+- file name `E={E},N={N},device_name={device}[,dtype={dtype}][,block_shape=[bn,bk]].json`; E and N are
+  w2.shape[0] and w2.shape[2]: the LOCAL expert count (E / EP size under expert parallelism) and the per-shard
+  intermediate size; device = torch.cuda.get_device_name() with spaces as underscores, any name whose
+  underscore-separated words include "H200" folded to NVIDIA_H200; no dtype part for bf16/fp16, "float32" for fp32;
+- folders: VLLM_TUNED_CONFIG_FOLDER first, then vLLM's own configs/ (so a shape without a user file keeps vLLM's
+  shipped table); the JSON is read as {int(key): value} after popping "triton_version";
+- entry for M: the key nearest to M (min over keys of |key - M|, ties to the first key);
+- without a table, `get_default_config` (bf16/fp16, CUDA): BLOCK_M 16 (M <= 32) / 32 (<= 96) / 64 (<= 512) / 128,
+  BLOCK_N 64 (M <= 64) else 128, BLOCK_K 128 (M <= 64) else 64, GROUP_M 16 if M // E > 128 else 1, 4 warps
+  (M <= 128) else 8, 4 stages (M <= 32) else 3 (`default_entry`);
+- small batches: when M * top_k * 4 <= E (and no expert map, i.e. no expert parallelism) `_prepare_expert_assignment`
+  skips moe_align_block_size and the kernel runs one (token, expert) slot per row block (`naive_block_assignment`).
 
-Source and licence: vLLM (https://github.com/vllm-project/vllm), Copyright contributors to the vLLM project,
-Apache License 2.0; files at the commits in SHIPPED_SOURCES. Only the numbers are reproduced.
+SGLang 0.5.23 (sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py):
+- the same file name without the H200 folding; block_shape printed as a Python list ("[128, 128]");
+- folder: `SGLANG_MOE_CONFIG_DIR` (REPLACES SGLang's own folder; default the module's folder), then
+  configs/triton_{X_Y_Z}/ of the Triton it runs; if that file is missing, every other configs/triton_*/ folder,
+  newest version first, with a WARNING ("Fallback to triton version ..."); configs/ must exist under the folder
+  (os.listdir raises otherwise). SGLang 0.5.23 pins torch 2.14.1, which runs Triton 3.8.0 (`SGLANG_PINNED_TRITON`);
+- nearest key as vLLM; without a table its default rule: M <= E -> 16/32/64, GROUP 1; else 64/64/32, GROUP 8; no
+  num_warps / num_stages, so Triton's launch defaults (4 warps, 3 stages). This is also the rule vLLM had before its
+  0.33 rewrite, the anchor of kernel_gym's H200 runs up to run 6;
+- a "..._down.json" file beside a table configures the second GEMM; kernel_gym writes none, and SGLang then reuses the
+  first GEMM's config for both (as kernel_gym's vllm_fused_moe does). SGLang always aligns (no small-batch path).
 
 Imports only the standard library.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 # vLLM's batch-size keys: the M values its tuner (benchmarks/kernels/benchmark_moe.py) writes into every table.
 VLLM_M_KEYS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "engine_tables"
+FORMATS = ("vllm", "sglang")
+DEFAULT_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+DEFAULT_ENGINE = "vllm-0.33.0"  # what "vLLM's own entry" means when no engine is named
+SGLANG_PINNED_TRITON = {"0.5.23": "3.8.0"}  # sglang 0.5.23 pins torch==2.14.1, whose wheel requires triton==3.8.0
+TRITON_DEFAULT_WARPS, TRITON_DEFAULT_STAGES = 4, 3
 
-# (device file name, E, N, dtype selector) -> {M: entry tuple}
-SHIPPED: dict[tuple[str, int, int, str | None], dict[int, tuple[int, int, int, int, int, int]]] = {
-    ("NVIDIA_H200", 8, 14336, None): {
-        1: (16, 128, 128, 16, 4, 5), 2: (32, 64, 128, 1, 4, 5), 4: (16, 64, 64, 1, 4, 5),
-        8: (16, 128, 128, 1, 4, 5), 16: (16, 64, 256, 16, 4, 3), 24: (16, 128, 256, 16, 4, 2),
-        32: (16, 128, 128, 16, 8, 3), 48: (32, 128, 128, 16, 4, 3), 64: (32, 128, 128, 64, 4, 3),
-        96: (32, 128, 128, 64, 4, 3), 128: (64, 128, 128, 1, 8, 4), 256: (128, 256, 64, 1, 8, 4),
-        512: (128, 256, 64, 16, 8, 4), 1024: (128, 256, 64, 16, 8, 4), 1536: (128, 256, 64, 16, 8, 4),
-        2048: (128, 256, 64, 32, 8, 4), 3072: (128, 256, 64, 16, 8, 4), 4096: (128, 256, 64, 16, 8, 4),
-    },
-    ("NVIDIA_H200", 8, 7168, None): {
-        1: (16, 128, 128, 64, 4, 5), 2: (16, 128, 256, 16, 4, 3), 4: (16, 128, 128, 32, 8, 4),
-        8: (32, 128, 128, 1, 4, 3), 16: (16, 128, 128, 16, 4, 5), 24: (16, 64, 256, 16, 4, 3),
-        32: (16, 128, 128, 1, 4, 5), 48: (32, 128, 128, 1, 4, 5), 64: (32, 128, 128, 1, 4, 4),
-        96: (64, 128, 128, 1, 8, 4), 128: (64, 128, 128, 1, 8, 4), 256: (128, 256, 64, 1, 8, 4),
-        512: (128, 256, 64, 32, 8, 4), 1024: (128, 256, 64, 64, 8, 4), 1536: (128, 256, 64, 16, 8, 4),
-        2048: (128, 256, 64, 16, 8, 4), 3072: (128, 256, 64, 64, 8, 4), 4096: (128, 256, 64, 16, 8, 3),
-    },
-    ("NVIDIA_H200", 8, 3584, None): {
-        1: (16, 128, 128, 16, 4, 5), 2: (16, 128, 128, 1, 4, 3), 4: (16, 64, 128, 16, 4, 5),
-        8: (16, 64, 128, 16, 4, 5), 16: (16, 128, 128, 32, 8, 3), 24: (16, 128, 128, 1, 8, 3),
-        32: (16, 128, 128, 1, 8, 3), 48: (32, 128, 128, 1, 4, 3), 64: (64, 128, 64, 64, 4, 4),
-        96: (64, 128, 64, 1, 4, 4), 128: (64, 64, 64, 1, 4, 3), 256: (128, 256, 64, 32, 8, 4),
-        512: (128, 256, 64, 16, 8, 4), 1024: (128, 256, 64, 32, 8, 4), 1536: (128, 256, 64, 16, 8, 4),
-        2048: (128, 256, 64, 16, 8, 4), 3072: (128, 256, 64, 32, 8, 4), 4096: (128, 256, 64, 32, 8, 4),
-    },
-    ("NVIDIA_H200", 8, 1792, None): {
-        1: (16, 64, 256, 1, 4, 4), 2: (16, 128, 64, 1, 4, 5), 4: (16, 128, 64, 16, 4, 5),
-        8: (16, 64, 64, 64, 4, 4), 16: (16, 64, 64, 1, 4, 3), 24: (16, 128, 64, 1, 4, 5),
-        32: (16, 64, 64, 1, 4, 3), 48: (32, 128, 128, 1, 4, 3), 64: (64, 64, 64, 64, 4, 3),
-        96: (64, 128, 64, 1, 4, 4), 128: (64, 128, 64, 1, 4, 4), 256: (64, 128, 64, 16, 4, 3),
-        512: (128, 256, 64, 16, 8, 4), 1024: (128, 256, 64, 16, 8, 4), 1536: (128, 256, 64, 16, 8, 4),
-        2048: (128, 256, 64, 16, 8, 4), 3072: (128, 256, 64, 64, 8, 4), 4096: (128, 256, 64, 1, 8, 4),
-    },
-    ("NVIDIA_H200", 8, 4096, None): {
-        1: (16, 64, 128, 16, 4, 5), 2: (32, 256, 64, 32, 4, 5), 4: (16, 128, 256, 16, 8, 3),
-        8: (32, 128, 128, 64, 4, 5), 16: (16, 256, 128, 16, 8, 2), 24: (16, 128, 128, 64, 4, 2),
-        32: (16, 128, 128, 1, 4, 2), 48: (32, 256, 128, 64, 4, 2), 64: (32, 128, 128, 1, 4, 4),
-        96: (64, 128, 128, 1, 8, 4), 128: (64, 128, 128, 1, 8, 4), 256: (128, 256, 64, 1, 8, 4),
-        512: (128, 256, 64, 64, 8, 4), 1024: (128, 256, 64, 32, 8, 4), 1536: (128, 256, 64, 64, 8, 4),
-        2048: (128, 256, 64, 64, 8, 3), 3072: (128, 256, 64, 64, 8, 4), 4096: (128, 256, 64, 32, 8, 4),
-    },
-    ("NVIDIA_H200", 8, 2048, None): {
-        1: (16, 128, 128, 64, 4, 5), 2: (16, 128, 64, 1, 4, 5), 4: (16, 64, 128, 16, 4, 5),
-        8: (16, 128, 64, 32, 4, 3), 16: (16, 128, 256, 32, 8, 2), 24: (16, 64, 128, 32, 4, 5),
-        32: (16, 128, 128, 1, 4, 3), 48: (64, 128, 64, 32, 4, 3), 64: (64, 128, 64, 32, 4, 3),
-        96: (64, 128, 64, 32, 4, 3), 128: (64, 128, 64, 64, 4, 3), 256: (128, 256, 64, 32, 8, 4),
-        512: (128, 256, 64, 32, 8, 4), 1024: (128, 256, 64, 32, 8, 4), 1536: (128, 256, 64, 32, 8, 4),
-        2048: (128, 256, 64, 64, 8, 4), 3072: (128, 256, 64, 64, 8, 4), 4096: (128, 256, 64, 32, 8, 4),
-    },
-    ("NVIDIA_H200", 64, 2560, None): {
-        1: (16, 64, 128, 32, 4, 2), 2: (16, 128, 128, 32, 4, 5), 4: (16, 64, 64, 16, 4, 5),
-        8: (16, 64, 256, 1, 4, 3), 16: (16, 128, 128, 16, 4, 5), 24: (16, 64, 256, 16, 4, 3),
-        32: (16, 64, 128, 1, 4, 5), 48: (16, 128, 256, 1, 4, 2), 64: (16, 128, 128, 1, 8, 3),
-        96: (32, 128, 128, 1, 4, 3), 128: (32, 128, 128, 1, 4, 3), 256: (64, 64, 64, 1, 4, 3),
-        512: (128, 256, 64, 1, 8, 4), 1024: (128, 256, 64, 16, 8, 4), 1536: (128, 256, 64, 16, 8, 4),
-        2048: (128, 256, 64, 1, 8, 4), 3072: (128, 256, 64, 1, 8, 4), 4096: (128, 256, 64, 16, 8, 4),
-    },
-    ("NVIDIA_H200", 64, 1280, None): {
-        1: (16, 64, 64, 1, 4, 4), 2: (16, 128, 128, 16, 4, 2), 4: (16, 64, 128, 32, 4, 5),
-        8: (16, 128, 128, 32, 4, 3), 16: (16, 64, 128, 16, 4, 2), 24: (16, 128, 256, 32, 4, 2),
-        32: (16, 128, 128, 1, 4, 4), 48: (16, 128, 128, 32, 8, 3), 64: (16, 128, 128, 1, 8, 3),
-        96: (32, 128, 128, 1, 4, 3), 128: (32, 128, 128, 1, 4, 3), 256: (64, 64, 64, 1, 4, 3),
-        512: (128, 256, 64, 1, 8, 4), 1024: (128, 256, 64, 1, 8, 4), 1536: (128, 256, 64, 1, 8, 4),
-        2048: (128, 256, 64, 1, 8, 4), 3072: (128, 256, 64, 16, 8, 4), 4096: (128, 256, 64, 16, 8, 4),
-    },
-    ("NVIDIA_H200", 64, 640, None): {
-        1: (16, 128, 128, 32, 4, 5), 2: (16, 64, 64, 1, 4, 4), 4: (64, 128, 64, 32, 4, 3),
-        8: (16, 128, 128, 32, 4, 4), 16: (16, 128, 128, 32, 4, 3), 24: (16, 64, 128, 16, 4, 3),
-        32: (16, 64, 128, 16, 4, 3), 48: (16, 64, 128, 16, 4, 3), 64: (16, 64, 128, 1, 4, 3),
-        96: (16, 64, 128, 32, 4, 2), 128: (64, 128, 64, 1, 4, 3), 256: (64, 128, 64, 1, 4, 3),
-        512: (128, 256, 64, 16, 8, 4), 1024: (128, 256, 64, 1, 8, 4), 1536: (128, 256, 64, 16, 8, 4),
-        2048: (128, 256, 64, 1, 8, 4), 3072: (128, 256, 64, 16, 8, 4), 4096: (128, 256, 64, 1, 8, 4),
-    },
-    ("NVIDIA_H200", 64, 320, None): {
-        1: (16, 64, 128, 1, 4, 4), 2: (16, 64, 128, 1, 4, 4), 4: (16, 64, 64, 32, 4, 4),
-        8: (16, 64, 64, 16, 4, 3), 16: (16, 64, 64, 1, 4, 3), 24: (16, 64, 64, 16, 4, 3),
-        32: (16, 64, 64, 16, 4, 3), 48: (16, 64, 64, 32, 4, 3), 64: (16, 64, 64, 16, 4, 3),
-        96: (64, 128, 64, 32, 4, 3), 128: (64, 128, 64, 64, 4, 3), 256: (64, 128, 64, 64, 4, 3),
-        512: (64, 128, 64, 16, 4, 2), 1024: (128, 128, 64, 1, 8, 3), 1536: (128, 256, 64, 16, 8, 4),
-        2048: (128, 128, 64, 1, 8, 3), 3072: (128, 128, 64, 1, 8, 3), 4096: (128, 128, 64, 16, 8, 3),
-    },
-}
 
-SHIPPED_SOURCES = {  # the vllm-project/vllm commit each table was read at
-    ("NVIDIA_H200", 8, 14336, None): "432a38c440655622ff7875c4877f0756c44e1fbf",
-    ("NVIDIA_H200", 8, 7168, None): "c6991a3bffc217a79a1c2413da13be7ce923dbf0",
-    ("NVIDIA_H200", 8, 3584, None): "b56f185f55e03959caa8451e0137afcd69d7ae05",
-    ("NVIDIA_H200", 8, 1792, None): "5a6541db9bfa77756459722f69e8c89a0b47a14d",
-    ("NVIDIA_H200", 8, 4096, None): "0f17ee061e413bf8ab7927f926f69cdff24dc63e",
-    ("NVIDIA_H200", 8, 2048, None): "8a8be3dcc35e02e60c940f7aff3aef8cc7524259",
-    ("NVIDIA_H200", 64, 2560, None): "c6991a3bffc217a79a1c2413da13be7ce923dbf0",
-    ("NVIDIA_H200", 64, 1280, None): "5acdf01b7141777a23a5fdf3845d6ee34f757911",
-    ("NVIDIA_H200", 64, 640, None): "c215d1e62d7394f965f92676143fc9c5b4913ad2",
-    ("NVIDIA_H200", 64, 320, None): "c6991a3bffc217a79a1c2413da13be7ce923dbf0",
-}
+@dataclass(frozen=True)
+class Engine:
+    """One engine release whose rules and shipped tables kernel_gym models."""
+
+    name: str  # "vllm" | "sglang"
+    version: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def known_engines() -> list[str]:
+    return sorted(p.stem for p in DATA_DIR.glob("*.json"))
+
+
+def parse_engine(text: str | Engine) -> Engine:
+    """'vllm' / 'vllm-0.33.0' / 'vllm==0.33.0' / 'sglang' ... -> Engine; a version without data is refused."""
+    if isinstance(text, Engine):
+        return text
+    raw = str(text).strip().lower().replace("==", "-")
+    name, _, version = raw.partition("-")
+    if name not in FORMATS:
+        raise ValueError(f"engine {text!r}: use vllm or sglang, optionally with a version (e.g. vllm-0.33.0)")
+    version = version or DEFAULT_VERSIONS[name]
+    eng = Engine(name, version)
+    if not (DATA_DIR / f"{eng.id}.json").is_file():
+        raise ValueError(f"engine {text!r}: kernel_gym has no tables of {eng.id} (known: {', '.join(known_engines())});"
+                         f" add them with scripts/extract_engine_tables.py --wheel {name}-{version}-*.whl")
+    return eng
+
+
+@functools.lru_cache(maxsize=None)
+def engine_data(engine_id: str) -> dict[str, Any]:
+    """The engine version's data file (tables with their folder, file name, sha256 and entries)."""
+    return json.loads((DATA_DIR / f"{engine_id}.json").read_text())
+
+
+def _entry(e: dict[str, Any]) -> dict[str, int]:
+    """An engine file entry with Triton's launch defaults made explicit, in kernel_gym's key order."""
+    return {"BLOCK_SIZE_M": int(e["BLOCK_SIZE_M"]), "BLOCK_SIZE_N": int(e["BLOCK_SIZE_N"]),
+            "BLOCK_SIZE_K": int(e["BLOCK_SIZE_K"]), "GROUP_SIZE_M": int(e["GROUP_SIZE_M"]),
+            "num_warps": int(e.get("num_warps", TRITON_DEFAULT_WARPS)),
+            "num_stages": int(e.get("num_stages", TRITON_DEFAULT_STAGES))}
 
 
 def vllm_device_name(device: str) -> str:
@@ -150,25 +123,83 @@ def dtype_selector(dtype: str) -> str | None:
 
 
 def config_file_name(num_experts: int, n: int, device: str, dtype: str = "bfloat16",
-                     block_shape: tuple[int, int] | None = None, engine: str = "vllm") -> str:
-    """The file name the engine looks for. vLLM writes block_shape as [bn,bk], SGLang as Python prints a list."""
-    if engine not in ("vllm", "sglang"):
+                     block_shape: tuple[int, int] | None = None, engine: str | Engine = "vllm") -> str:
+    """The file name the engine looks for. vLLM writes block_shape as [bn,bk], SGLang as Python prints a list.
+    num_experts is the LOCAL expert count (E / EP size), n the per-shard intermediate size."""
+    name_ = engine.name if isinstance(engine, Engine) else str(engine).replace("==", "-").partition("-")[0]
+    if name_ not in FORMATS:
         raise ValueError(f"engine {engine!r}: use vllm or sglang")
-    dev = vllm_device_name(device) if engine == "vllm" else sglang_device_name(device)
+    dev = vllm_device_name(device) if name_ == "vllm" else sglang_device_name(device)
     sel = dtype_selector(dtype)
     name = f"E={num_experts},N={n},device_name={dev}" + (f",dtype={sel}" if sel else "")
     if block_shape and all(block_shape):
         shape = str(list(block_shape))
-        name += ",block_shape=" + (shape.replace(" ", "") if engine == "vllm" else shape)
+        name += ",block_shape=" + (shape.replace(" ", "") if name_ == "vllm" else shape)
     return name + ".json"
 
 
-def shipped_table(num_experts: int, n: int, device: str, dtype: str = "bfloat16") -> dict[int, dict[str, int]] | None:
-    """vLLM's shipped table for this shape and device as {M: entry dict}, or None where vLLM ships none."""
-    table = SHIPPED.get((vllm_device_name(device), num_experts, n, dtype_selector(dtype)))
-    if table is None:
-        return None
-    return {m: dict(zip(CONFIG_KEYS, v)) for m, v in table.items()}
+def triton_folder(triton_version: str) -> str:
+    """SGLang's version folder: '3.8.0' -> 'triton_3_8_0'."""
+    parts = triton_version.strip().split("+")[0].split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"--triton-version {triton_version!r}: give X.Y.Z as triton.__version__ prints it, e.g. 3.8.0")
+    return "triton_" + "_".join(parts)
+
+
+def sglang_triton_version(engine: str | Engine, triton_version: str = "") -> str:
+    """The Triton whose folder SGLang reads: the given one, else the one the SGLang version pins."""
+    eng = parse_engine(engine)
+    if triton_version:
+        triton_folder(triton_version)
+        return triton_version
+    if eng.name != "sglang":
+        raise ValueError(f"{eng.id} is not SGLang: no Triton version folder")
+    if eng.version not in SGLANG_PINNED_TRITON:
+        raise ValueError(f"{eng.id}: kernel_gym does not know which Triton it pins; pass --triton-version X.Y.Z")
+    return SGLANG_PINNED_TRITON[eng.version]
+
+
+def sglang_search_order(folders: list[str], triton_version: str) -> list[str]:
+    """SGLang's folder order: the running Triton's folder, then every other triton_* folder newest first."""
+    own = triton_folder(triton_version)
+
+    def ver(f: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in f.removeprefix("triton_").split("_"))
+
+    rest = sorted((f for f in set(folders) if f.startswith("triton_") and f != own), key=ver, reverse=True)
+    return [own, *rest]
+
+
+def _tables(eng: Engine, down: bool = False) -> list[dict[str, Any]]:
+    return [t for t in engine_data(eng.id)["tables"] if bool(t.get("down")) == down]
+
+
+def shipped_lookup(num_experts: int, n: int, device: str, dtype: str = "bfloat16", engine: str | Engine = "vllm",
+                   triton_version: str = "") -> tuple[dict[int, dict[str, int]], dict[str, Any]] | None:
+    """(table {M: entry}, where from: engine, folder, file, sha256, fallback) of the engine's own shipped files
+    that the engine reads for this shape with no user folder, or None (it then runs its default rule)."""
+    eng = parse_engine(engine)
+    name = config_file_name(num_experts, n, device, dtype, engine=eng.name)
+    tables = {(t["folder"], t["file"]): t for t in _tables(eng)}
+    if eng.name == "vllm":
+        order = [""]
+    else:
+        tv = sglang_triton_version(eng, triton_version)
+        order = sglang_search_order([f for f, _ in tables], tv)
+    for i, folder in enumerate(order):
+        t = tables.get((folder, name))
+        if t is not None:
+            table = {int(m): _entry(e) for m, e in t["entries"].items()}
+            return table, {"engine": eng.id, "folder": folder, "file": name, "sha256": t["sha256"],
+                           "fallback": i > 0}
+    return None
+
+
+def shipped_table(num_experts: int, n: int, device: str, dtype: str = "bfloat16", engine: str | Engine = "vllm",
+                  triton_version: str = "") -> dict[int, dict[str, int]] | None:
+    """The engine's shipped table for this shape and device as {M: entry dict}, or None where it ships none."""
+    found = shipped_lookup(num_experts, n, device, dtype, engine, triton_version)
+    return None if found is None else found[0]
 
 
 def nearest_key(keys: object, m: int) -> int:
@@ -176,20 +207,44 @@ def nearest_key(keys: object, m: int) -> int:
     return min(keys, key=lambda k: abs(k - m))  # type: ignore[call-overload]
 
 
-def default_entry(m: int, num_experts: int) -> dict[str, int]:
-    """vLLM's get_default_config for unquantised experts, with Triton's launch defaults made explicit."""
-    if m <= num_experts:
-        return {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
-                "num_stages": 3}
-    return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8, "num_warps": 4,
-            "num_stages": 3}
+def default_entry(m: int, num_experts: int, engine: str | Engine = "vllm") -> dict[str, int]:
+    """The engine's default config for unquantised experts (no table), Triton's launch defaults made explicit.
+    num_experts is the local expert count (w2.shape[0])."""
+    eng = parse_engine(engine)
+    if eng.name == "sglang":
+        if m <= num_experts:
+            return _entry({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1})
+        return _entry({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8})
+    block_m = 16 if m <= 32 else 32 if m <= 96 else 64 if m <= 512 else 128
+    return {"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": 64 if m <= 64 else 128, "BLOCK_SIZE_K": 128 if m <= 64 else 64,
+            "GROUP_SIZE_M": 16 if m // max(num_experts, 1) > 128 else 1, "num_warps": 4 if m <= 128 else 8,
+            "num_stages": 4 if m <= 32 else 3}
 
 
-def engine_entry(num_experts: int, n: int, m: int, dtype: str = "bfloat16",
-                 device: str = "NVIDIA H200") -> tuple[dict[str, int], str]:
-    """(entry, where from) vLLM uses for M tokens with no tuned folder: its shipped table's nearest key, else the
-    default rule. `where from` is "shipped" or "default"."""
-    table = shipped_table(num_experts, n, device, dtype)
+def engine_entry(num_experts: int, n: int, m: int, dtype: str = "bfloat16", device: str = "NVIDIA H200",
+                 engine: str | Engine = "vllm", triton_version: str = "") -> tuple[dict[str, int], str]:
+    """(entry, where from) the engine uses for M tokens with no user folder: its shipped table's nearest key
+    ("shipped"), else its default rule ("default")."""
+    table = shipped_table(num_experts, n, device, dtype, engine, triton_version)
     if table is None:
-        return default_entry(m, num_experts), "default"
+        return default_entry(m, num_experts, engine), "default"
     return dict(table[nearest_key(table, m)]), "shipped"
+
+
+def naive_block_assignment(m: int, top_k: int, num_experts: int, engine: str | Engine = "vllm",
+                           ep: int = 1) -> bool:
+    """Does the engine skip the alignment at this batch (vLLM 0.33: M * top_k * 4 <= E and no expert map, i.e.
+    no expert parallelism)? SGLang 0.5.23 always aligns. num_experts: the global expert count."""
+    eng = parse_engine(engine)
+    if eng.name != "vllm" or ep != 1:
+        return False
+    major, minor = (int(x) for x in eng.version.split(".")[:2])
+    return (major, minor) >= (0, 33) and m * top_k * 4 <= num_experts
+
+
+# vLLM 0.33.0's shipped tables as {(device, E, N, dtype selector): {M: entry tuple}} (the form older code used)
+SHIPPED: dict[tuple[str, int, int, str | None], dict[int, tuple[int, ...]]] = {
+    (t["device_name"], t["E"], t["N"], None): {int(m): tuple(_entry(e)[k] for k in CONFIG_KEYS)
+                                               for m, e in t["entries"].items()}
+    for t in engine_data("vllm-0.33.0")["tables"]
+}

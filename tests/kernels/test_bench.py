@@ -63,4 +63,6 @@ def test_vllm_anchor_checks_then_times_vllms_own_config(monkeypatch):
     monkeypatch.setattr(bench, "_time", lambda fn: bench.Timed(1.5, 0.0, 1))
     inputs = fused_moe.make_inputs(MoEWorkload(5, 4, 2, 64, 96, 0.0, "float32"), "cpu", 0)
     res = bench.vllm_anchor(inputs)
-    assert res["vllm_fused_moe_ms"] == 1.5 and res["vllm_fused_moe_config"]["GROUP_SIZE_M"] == 8  # M > E
+    # vLLM 0.33's default rule (kernels/vllm_tables.py): GROUP_SIZE_M 1 unless M // E > 128, BLOCK_SIZE_K 128 at M <= 64
+    assert res["vllm_fused_moe_ms"] == 1.5 and res["vllm_fused_moe_config"]["GROUP_SIZE_M"] == 1
+    assert res["vllm_fused_moe_config"]["BLOCK_SIZE_K"] == 128

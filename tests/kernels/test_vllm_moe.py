@@ -74,12 +74,12 @@ def test_same_result_for_every_block_m_and_workspaces_start_nan():
 
 
 def test_every_shipped_h200_entry_is_valid_and_the_lookup_is_vllms():
-    shapes = {8: (2, 4096), 64: (8, 3584)}  # hidden and top_k do not enter the rules; any shape of that E will do
+    # hidden and top_k do not enter the rules; any shape of that E will do
+    assert len(vllm_tables.SHIPPED) == 22  # every bf16 E=*,N=*,device_name=NVIDIA_H200.json of vLLM 0.33.0
     for (dev, e, n, sel), table in vllm_tables.SHIPPED.items():
         assert dev == "NVIDIA_H200" and sel is None and tuple(sorted(table)) == vllm_tables.VLLM_M_KEYS
-        top_k, hidden = shapes[e]
         for m, entry in vllm_tables.shipped_table(e, n, "NVIDIA H200").items():
-            wl = MoEWorkload(m, e, top_k, hidden, n)
+            wl = MoEWorkload(m, e, 2, 2048, n)
             c = vm.to_config(entry)
             assert FAMILY.space.why_invalid(c, wl) is None, (e, n, m, entry)
             assert vm.to_entry(c) == entry and list(vm.to_entry(c)) == list(vllm_tables.CONFIG_KEYS)
@@ -90,16 +90,80 @@ def test_every_shipped_h200_entry_is_valid_and_the_lookup_is_vllms():
     assert vm.vllm_engine_config(8, 14336, 100) == vm.to_config(table[96])
     # H200 variants fold to NVIDIA_H200 in vLLM's naming
     assert vm.vllm_engine_config(8, 14336, 1, device_name="NVIDIA H200 NVL") == vm.to_config(table[1])
+    # tables vLLM 0.33 ships that older releases lacked (issue 24)
+    for e, n in ((512, 64), (512, 512), (128, 96), (128, 1024), (16, 1024), (16, 2048)):
+        assert vllm_tables.shipped_table(e, n, "NVIDIA H200") is not None, (e, n)
 
 
-def test_default_rule_without_a_table():
+def test_every_sglang_shipped_entry_is_valid_and_its_folder_search():
+    for t in vllm_tables.engine_data("sglang-0.5.23")["tables"]:
+        for m, entry in t["entries"].items():
+            c = vm.to_config(vllm_tables._entry(entry))
+            assert FAMILY.space.why_invalid(c, MoEWorkload(int(m), t["E"], 2, 2048, t["N"])) is None, (t["file"], m)
+    # Mixtral: no file for Triton 3.8.0; SGLang falls back to the newest folder that has one (triton_3_1_0 here)
+    table, where = vllm_tables.shipped_lookup(8, 14336, "NVIDIA H200", engine="sglang-0.5.23")
+    assert where["folder"] == "triton_3_1_0" and where["fallback"] and table[1]["BLOCK_SIZE_M"] == 16
+    # E=512, N=128 exists in triton_3_5_1 and triton_3_4_0: newest first
+    assert vllm_tables.shipped_lookup(512, 128, "NVIDIA H200", engine="sglang")[1]["folder"] == "triton_3_5_1"
+    # its own Triton's folder first when it has the file
+    assert vllm_tables.shipped_lookup(512, 128, "NVIDIA H200", engine="sglang",
+                                      triton_version="3.4.0")[1]["folder"] == "triton_3_4_0"
+    # SGLang does not fold H200 variants
+    assert vllm_tables.shipped_table(8, 14336, "NVIDIA H200 NVL", engine="sglang") is None
+    assert vllm_tables.sglang_triton_version("sglang-0.5.23") == "3.8.0"
+    assert vllm_tables.triton_folder("3.8.0") == "triton_3_8_0"
+    with pytest.raises(ValueError, match="X.Y.Z"):
+        vllm_tables.triton_folder("3.8")
+    with pytest.raises(ValueError, match="no tables of vllm-0.1.0"):
+        vllm_tables.parse_engine("vllm==0.1.0")
+
+
+def test_default_rules_without_a_table():
     olmoe = MoEWorkload(64, 64, 8, 2048, 1024)  # vLLM ships no H200 table for OLMoE
     assert vllm_tables.shipped_table(64, 1024, "NVIDIA H200") is None
-    assert FAMILY.default_config(olmoe) == cfg(bm=16, bn=32, bk=64, group=1, warps=4, stages=3)
-    assert FAMILY.default_config(MoEWorkload(65, 64, 8, 2048, 1024)) == cfg(bm=64, bn=64, bk=32, group=8, stages=3)
-    assert FAMILY.space.is_valid(FAMILY.default_config(olmoe), olmoe)
+    # vLLM 0.33.0's get_default_config (bf16, CUDA)
+    assert FAMILY.default_config(olmoe) == cfg(bm=32, bn=64, bk=128, group=1, warps=4, stages=3)
+    assert FAMILY.default_config(MoEWorkload(8, 64, 8, 2048, 1024)) == cfg(bm=16, bn=64, bk=128, stages=4)
+    assert FAMILY.default_config(MoEWorkload(4096, 64, 8, 2048, 1024)) == cfg(bm=128, bn=128, bk=64, group=1,
+                                                                              warps=8, stages=3)
+    assert vllm_tables.default_entry(4096, 16)["GROUP_SIZE_M"] == 16  # 4096 // 16 tokens per expert > 128
+    assert vllm_tables.default_entry(200, 64) == {**vm.to_entry(cfg(bm=64, bn=128, bk=64, warps=8, stages=3))}
+    # SGLang 0.5.23 (and vLLM before 0.33): M <= E -> 16/32/64 GROUP 1, else 64/64/32 GROUP 8; 4 warps, 3 stages
+    sg = "sglang-0.5.23"
+    assert FAMILY.default_config(olmoe, engine=sg) == cfg(bm=16, bn=32, bk=64, group=1, warps=4, stages=3)
+    assert FAMILY.default_config(MoEWorkload(65, 64, 8, 2048, 1024), engine=sg) == cfg(bm=64, bn=64, bk=32, group=8,
+                                                                                        stages=3)
+    for m in vllm_tables.VLLM_M_KEYS:
+        for eng in ("vllm", sg):
+            assert FAMILY.space.is_valid(FAMILY.default_config(MoEWorkload(m, 64, 8, 2048, 1024), engine=eng), olmoe)
     # another GPU: vLLM has no H200 table there
-    assert vm.vllm_engine_config(8, 14336, 1, device_name="NVIDIA A100-SXM4-80GB")["BLOCK_SIZE_N"] == 32
+    assert vm.vllm_engine_config(8, 14336, 1, device_name="NVIDIA A100-SXM4-80GB")["BLOCK_SIZE_N"] == 64
+
+
+def test_aligned_path_hash_is_unchanged_and_the_small_batch_path_has_its_own():
+    """The 5,419 stored H200 vllm_fused_moe rows are keyed by this hash: the aligned path's code must not change."""
+    assert vm.source_hash() == "e834f0fc0043fd75"
+    assert vm.small_batch_source_hash() != vm.source_hash()
+    small, big = MoEWorkload(2, 64, 8, 2048, 1024), MoEWorkload(3, 64, 8, 2048, 1024)  # 2*8*4 = 64 <= 64 < 96
+    assert vm.uses_small_batch_path(small) and not vm.uses_small_batch_path(big)
+    assert not vm.uses_small_batch_path(small, engine="sglang-0.5.23")  # SGLang always aligns
+    assert not vm.uses_small_batch_path(small, ep=2)  # an expert map turns it off
+    assert vm.path_source_hash(small) == vm.small_batch_source_hash() and vm.path_source_hash(big) == vm.source_hash()
+    assert vm.uses_small_batch_path(MoEWorkload(1, 8, 2, 4096, 14336))  # Mixtral at M = 1: 8 <= 8
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("wl_args", [(1, 16, 2, 64, 96, 0.0), (2, 16, 2, 64, 96, 1.2), (1, 8, 2, 48, 40, 0.0)])
+def test_small_batch_path_matches_reference_under_interpreter(dtype, wl_args):
+    wl = MoEWorkload(*wl_args, dtype=dtype)
+    assert vm.uses_small_batch_path(wl)
+    inputs = FAMILY.make_inputs(wl, DEVICE, 0)
+    ref = FAMILY.reference(inputs)
+    atol, rtol = FAMILY.tolerance(dtype)
+    for c in (FAMILY.default_config(wl), cfg(bm=32, bn=128, bk=64, group=16, stages=3), cfg(bn=32, bk=256)):
+        out = FAMILY.engine_prepare(inputs, c)()
+        assert not torch.isnan(out).any() and torch.allclose(out.float(), ref, atol=atol, rtol=rtol), c
+        assert torch.allclose(out, vm.prepare(inputs, c)(), atol=atol, rtol=rtol)  # the same numbers as aligned
 
 
 def test_rules_reject_shared_memory_and_registers():
@@ -114,7 +178,12 @@ def test_rules_reject_shared_memory_and_registers():
 @pytest.mark.gpu
 def test_bf16_shipped_and_sampled_configs_on_gpu():
     for wl in (MoEWorkload(1, 8, 2, 4096, 14336), MoEWorkload(200, 8, 2, 4096, 14336, 1.2),
-               MoEWorkload(64, 64, 8, 2048, 1024)):
+               MoEWorkload(64, 64, 8, 2048, 1024), MoEWorkload(2, 64, 8, 2048, 1024)):
         configs = [FAMILY.default_config(wl), *FAMILY.space.sample(wl, 6, seed=wl.num_tokens)]
         for c in configs:
             check(wl, c)
+            if vm.uses_small_batch_path(wl):  # vLLM 0.33's small-batch path, bf16
+                inputs = FAMILY.make_inputs(wl, DEVICE, 0)
+                out = FAMILY.engine_prepare(inputs, c)()
+                atol, rtol = FAMILY.tolerance(wl.dtype)
+                assert torch.allclose(out.float(), FAMILY.reference(inputs), atol=atol, rtol=rtol), c
