@@ -12,6 +12,7 @@ FAMILY_MODULES = {
     "decode_attention": "kernel_gym.kernels.decode_attention",
     "fused_moe": "kernel_gym.kernels.fused_moe",
     "vllm_fused_moe": "kernel_gym.kernels.vllm_moe",  # vLLM's kernel design and tunables (issue 15)
+    "prefix_prefill": "kernel_gym.kernels.prefix_prefill",  # chunked prefill over a paged KV prefix (issue 29)
 }
 FAMILY_NAMES = tuple(FAMILY_MODULES)
 

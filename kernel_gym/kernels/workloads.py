@@ -154,17 +154,70 @@ class MoEWorkload:
         }
 
 
-Workload = PrefillWorkload | DecodeWorkload | MoEWorkload
+@dataclass(frozen=True)
+class PrefixPrefillWorkload:
+    """Chunked prefill over a paged KV prefix: request i prefills `chunk_lens[i]` new tokens after `prefix_lens[i]`
+    tokens already in the KV cache (earlier chunks or a cached shared prefix; 0 = a fresh request). A chunk's queries
+    attend causally within the chunk and fully to its prefix."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    chunk_lens: tuple[int, ...]
+    prefix_lens: tuple[int, ...]
+    dtype: str = "bfloat16"
+    kernel: str = field(default="prefix_prefill", init=False)
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+        object.__setattr__(self, "chunk_lens", tuple(int(n) for n in self.chunk_lens))
+        object.__setattr__(self, "prefix_lens", tuple(int(n) for n in self.prefix_lens))
+        if not self.chunk_lens or min(self.chunk_lens) < 1:
+            raise ValueError(f"chunk_lens must be non-empty positive lengths, got {self.chunk_lens}")
+        if len(self.prefix_lens) != len(self.chunk_lens) or min(self.prefix_lens) < 0:
+            raise ValueError(f"prefix_lens {self.prefix_lens} must give one length >= 0 per chunk "
+                             f"({len(self.chunk_lens)} chunks); use 0 for a request without a prefix")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+
+    def key(self) -> str:
+        return _key(self)
+
+    @property
+    def total_tokens(self) -> int:
+        """Query tokens of the call (the chunks)."""
+        return sum(self.chunk_lens)
+
+    def context_lens(self) -> tuple[int, ...]:
+        """KV length of each request after its chunk is written: prefix + chunk."""
+        return tuple(p + c for p, c in zip(self.prefix_lens, self.chunk_lens))
+
+    def causal_pairs(self) -> int:
+        """(query, key) pairs attended: every chunk token sees the whole prefix and the chunk causally."""
+        return sum(c * p + c * (c + 1) // 2 for c, p in zip(self.chunk_lens, self.prefix_lens))
+
+    def features(self) -> dict[str, float]:
+        return {
+            "log2_total_tokens": math.log2(self.total_tokens),
+            "log2_max_chunk": math.log2(max(self.chunk_lens)),
+            "num_seqs": float(len(self.chunk_lens)),
+            "log2_causal_pairs": math.log2(self.causal_pairs()),
+            "log2_mean_prefix": math.log2(1.0 + sum(self.prefix_lens) / len(self.prefix_lens)),
+        }
+
+
+Workload = PrefillWorkload | DecodeWorkload | MoEWorkload | PrefixPrefillWorkload
 WORKLOAD_TYPES = {"prefill_attention": PrefillWorkload, "decode_attention": DecodeWorkload, "fused_moe": MoEWorkload,
-                  "vllm_fused_moe": MoEWorkload}
+                  "vllm_fused_moe": MoEWorkload, "prefix_prefill": PrefixPrefillWorkload}
 
 
 def workload_from_key(kernel: str, key: str) -> Workload:
     """Inverse of `workload.key()`."""
     data = json.loads(key)
     data.pop("kernel", None)
-    if "seq_lens" in data:
-        data["seq_lens"] = tuple(data["seq_lens"])
+    for name in ("seq_lens", "chunk_lens", "prefix_lens"):
+        if name in data:
+            data[name] = tuple(data[name])
     return WORKLOAD_TYPES[kernel](**data)
 
 
@@ -179,6 +232,20 @@ DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 DECODE_MAX_TOKENS = 64 * 32768  # batch x context cap: KV of one layer must fit comfortably and fill quickly
 PREFILL_TOTALS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PREFILL_MIXES = ("single", "equal4", "ragged")  # one long sequence; 4 equal; a geometric mix of lengths
+PREFIX_CHUNKS = (128, 512, 1024, 2048, 4096)  # chunk tokens per call (a step's prefill budget)
+PREFIX_LENS = (0, 512, 2048, 8192, 32768)  # KV already cached before the chunk
+PREFIX_MIXES = ("single", "mixed4")  # one request; 4 requests of chunk/4 with prefixes (p, p/2, p/4, 0)
+
+
+def prefix_batch(chunk: int, prefix: int, mix: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(chunk_lens, prefix_lens) of a named mix: "single" is one request; "mixed4" mixes requests with and without a
+    prefix (a continuing long prompt, two shorter ones and a fresh request)."""
+    if mix == "single":
+        return (chunk,), (prefix,)
+    if mix == "mixed4":
+        base = max(1, chunk // 4)
+        return (base,) * 3 + (max(1, chunk - 3 * base),), (prefix, prefix // 2, prefix // 4, 0)
+    raise ValueError(f"unknown prefix mix {mix!r}; use one of {PREFIX_MIXES}")
 
 
 def prefill_seq_lens(total: int, mix: str) -> tuple[int, ...]:
@@ -232,5 +299,15 @@ def model_workloads(kernel: str, model: Any, grid: str = "default", dtype: str =
         return [
             PrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, prefill_seq_lens(t, mix), dtype)
             for t in totals for mix in PREFILL_MIXES
+        ]
+    if kernel == "prefix_prefill":
+        if grid == "small":
+            return [PrefixPrefillWorkload(4, 2, 64, c, p, dtype)
+                    for c, p in (((33,), (0,)), ((20, 5), (70, 0)), ((64, 17, 3), (16, 100, 1)))]
+        chunks = PREFIX_CHUNKS if grid == "default" else (512, 2048)
+        prefixes = PREFIX_LENS if grid == "default" else (0, 2048, 32768)
+        return [
+            PrefixPrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, *prefix_batch(c, p, mix), dtype)
+            for c in chunks for p in prefixes for mix in PREFIX_MIXES
         ]
     raise ValueError(f"unknown kernel {kernel!r}; use one of {list(WORKLOAD_TYPES)}")
