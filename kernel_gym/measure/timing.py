@@ -11,14 +11,21 @@ cores, and their samples spread by 50% or more (benchmarks/h200_run3, docs/measu
 
 Two helpers for comparisons: `time_launch(capture_graph(fn))` times replays of a CUDA graph (the launch's GPU time
 with no host launch cost, as engines run decode batches), and `time_interleaved` takes the samples
-of several closures in turn, one by one, for paired ratios that a drift of the clocks cannot bias. Imports torch, numpy
-and the standard library only.
+of several closures in turn, one by one, for paired ratios that a drift of the clocks cannot bias.
+
+Clock state (docs/measurement.md, "Clocks and power"): recorded times stand for a hot GPU, as a serving GPU runs.
+`keep_hot` is the rule that makes them so: before a batch of timings it runs a sustained bf16 matmul load until the GPU
+temperature stops rising (`heat_to_steady`), and skips that when the GPU is still within HOT_MARGIN_C of the plateau
+this process last reached; `measure/power.py` samples the state that each batch was timed under. Imports torch,
+numpy and the standard library only.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,12 +45,15 @@ class TimingOptions:
     target_spread: float = 0.04  # stop once (p90 - p10) / median is this small
     max_time_s: float = 0.4  # stop adding rounds once the samples so far took this long
     flush: bool = True
+    heat_max_s: float = 30.0  # keep_hot before each batch: at most this long (0: time the GPU in whatever state)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_reps <= self.max_reps:
             raise ValueError(f"need 1 <= min_reps ({self.min_reps}) <= max_reps ({self.max_reps})")
         if self.target_spread <= 0:
             raise ValueError(f"target_spread must be > 0, got {self.target_spread}")
+        if self.heat_max_s < 0:
+            raise ValueError(f"heat_max_s must be >= 0 (0: no warm-up), got {self.heat_max_s}")
 
 
 DEFAULT_TIMING = TimingOptions()
@@ -160,3 +170,122 @@ def time_interleaved(fns: list[Callable[[], Any]], reps: int, device: str = "cud
             end.record()
     torch.cuda.synchronize()
     return [[s.elapsed_time(e) for s, e in per_fn] for per_fn in events]
+
+
+# ---- clock state: the warm-up-to-steady-state rule ----------------------------------------------------------------
+
+HEATER_N = 8192  # bf16 matmul size of the heater: ~1.4 ms a launch on the H200, at the power cap when run back to back
+HOT_MARGIN_C = 3.0  # keep_hot re-heats when the GPU is this much cooler than the plateau it last reached
+SETTLE_C = 1.0  # heat_to_steady stops when the temperature rose by at most this over SETTLE_WINDOW_S
+SETTLE_WINDOW_S = 4.0
+NO_READER_HEAT_S = 10.0  # without NVML / nvidia-smi: heat this long, once per process
+
+
+@dataclass
+class HeatRecord:
+    """What one heat_to_steady call did; `plateau` False means it stopped at its time cap (or had no thermometer)."""
+
+    heated_s: float = 0.0
+    temp_start_c: float | None = None
+    temp_end_c: float | None = None
+    sm_end_mhz: float | None = None
+    plateau: bool = False
+    trace: list[tuple[float, float | None, float | None]] = field(default_factory=list)  # (s, temp C, SM MHz)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"heated_s": round(self.heated_s, 2), "temp_start_c": self.temp_start_c, "temp_end_c": self.temp_end_c,
+                "sm_end_mhz": self.sm_end_mhz, "plateau": self.plateau,
+                "trace": [(round(t, 2), c, m) for t, c, m in self.trace]}
+
+
+def heat_to_steady(max_s: float, device: str = "cuda", reader: Any = None, min_s: float = 2.0,
+                   settle_c: float = SETTLE_C, window_s: float = SETTLE_WINDOW_S) -> HeatRecord:
+    """Run back-to-back bf16 matmuls on random data (power depends on the data: zeros draw less) until the GPU
+    temperature rose by at most `settle_c` over the last `window_s` seconds (after at least `min_s`), or `max_s`.
+    Why: the H200 here is power-capped; its SM clock under load falls as the chip heats (1,980 to about 1,500 MHz
+    within seconds of large-M MoE), so a time taken cool is not the time a serving GPU gives. `reader`: a
+    measure.power reader (None: heat for max_s)."""
+    import torch
+
+    rec = HeatRecord()
+    if max_s <= 0:
+        return rec
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(HEATER_N, HEATER_N, generator=gen, device=device, dtype=torch.bfloat16)
+    b = torch.randn(HEATER_N, HEATER_N, generator=gen, device=device, dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    t0 = time.monotonic()
+
+    def read() -> tuple[float | None, float | None]:
+        if reader is None:
+            return None, None
+        try:
+            s = reader.read()
+        except Exception:  # noqa: BLE001 - a failed reading only ends the plateau test
+            return None, None
+        return s.temp_c, s.sm_mhz
+
+    temp, sm = read()
+    rec.temp_start_c = temp
+    rec.trace.append((0.0, temp, sm))
+    while True:
+        for _ in range(40):  # ~60 ms of work between readings
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        now = time.monotonic() - t0
+        if now - rec.trace[-1][0] >= 0.5:
+            temp, sm = read()
+            rec.trace.append((now, temp, sm))
+            past = [tc for t, tc, _ in rec.trace if t <= now - window_s and tc is not None]
+            if now >= min_s and temp is not None and past and temp - past[-1] <= settle_c:
+                rec.plateau = True
+                break
+        if now >= max_s:
+            break
+    rec.heated_s = time.monotonic() - t0
+    rec.temp_end_c, rec.sm_end_mhz = rec.trace[-1][1], rec.trace[-1][2]
+    del a, b, c
+    return rec
+
+
+_hot: dict[str, Any] = {}
+
+
+def keep_hot(options: TimingOptions | None = None, device: str = "cuda") -> HeatRecord | None:
+    """The warm-up rule applied before every batch of timings (worker.WorkloadRunner, the benchmarks): heat to the
+    steady state unless the GPU is still within HOT_MARGIN_C of the plateau this process last reached; without a
+    thermometer heat NO_READER_HEAT_S once per process. Returns the heat record, or None when nothing was needed.
+    KERNEL_GYM_HEAT=0 or options.heat_max_s == 0 switch it off (times then stand for whatever state the GPU is in;
+    the power record says which)."""
+    options = options or DEFAULT_TIMING
+    if options.heat_max_s <= 0 or os.environ.get("KERNEL_GYM_HEAT", "1") == "0":
+        return None
+    import torch
+
+    from kernel_gym.measure import power
+
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if "reader" not in _hot:
+        try:
+            _hot["reader"] = power.open_reader(index)
+        except power.PowerUnavailable:
+            _hot["reader"] = None
+    reader = _hot["reader"]
+    if reader is None:
+        if _hot.get("heated"):
+            return None
+        rec = heat_to_steady(min(NO_READER_HEAT_S, options.heat_max_s), device)
+        _hot["heated"] = True
+        return rec
+    try:
+        temp = reader.read().temp_c
+    except power.PowerUnavailable:
+        temp = None
+    plateau = _hot.get("plateau_c")
+    if temp is not None and plateau is not None and temp >= plateau - HOT_MARGIN_C:
+        return None
+    rec = heat_to_steady(options.heat_max_s, device, reader)
+    if rec.temp_end_c is not None:
+        _hot["plateau_c"] = rec.temp_end_c
+    return rec

@@ -1,0 +1,55 @@
+"""scripts/clock_study.py's statistics (rank correlation, state comparison, power windows) and timing's warm-up
+switches, on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_gym.measure import power
+from kernel_gym.measure.timing import TimingOptions, keep_hot
+from tests.script_module import load_script
+
+cs = load_script("clock_study")
+
+
+def test_kendall_tau():
+    assert cs.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert cs.kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert cs.kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert cs.kendall_tau([1.0], [2.0]) is None
+    with pytest.raises(ValueError, match="paired"):
+        cs.kendall_tau([1, 2], [1])
+
+
+def test_compare_states_ratio_and_winner():
+    cfgs = ["ref", "a", "b"]
+    cool = {"ref": 1.0, "a": 0.9, "b": 1.2}
+    hot = {"ref": 1.1, "a": 1.1, "b": 1.3}  # everything slower; a loses its lead over ref
+    out = cs.compare_states(cfgs, "ref", cool, hot)
+    assert out["configs"] == 3
+    assert out["abs_shift"]["min"] == pytest.approx(1.3 / 1.2 - 1)
+    assert out["ratio_shift"]["per_config"]["a"] == pytest.approx((1.1 / 1.1) / (0.9 / 1.0) - 1)
+    assert out["winner_a"] == "a" and out["winner_b"] in ("ref", "a")
+    assert out["a_winner_regret_in_b"] == pytest.approx(1.0)
+    assert cs.compare_states(cfgs, "ref", {}, hot) == {"configs": 0}
+
+
+def test_window_summary_takes_the_window_or_the_nearest_sample():
+    samples = [power.PowerSample(t, 1980 - 100 * t, 3201, 500 + 50 * t, 700, 40 + t, 4 if t > 1 else 0)
+               for t in range(5)]
+    w = cs.window_summary(samples, 1.5, 3.5, "nvml")
+    assert w["samples"] == 2 and w["sm_mhz"] == [1680, 1730, 1780] and w["throttle_reasons"] == ["sw_power_cap"]
+    w = cs.window_summary(samples, 0.1, 0.2, "nvml")  # shorter than the sampling interval
+    assert w["samples"] == 1 and w["sm_mhz"] == [1980, 1980, 1980]
+    assert not cs.window_summary([], 0, 1, "no reader")["available"]
+
+
+def test_heat_options():
+    with pytest.raises(ValueError, match="heat_max_s"):
+        TimingOptions(heat_max_s=-1)
+    assert keep_hot(TimingOptions(heat_max_s=0)) is None  # off: nothing touches a GPU
+
+
+def test_keep_hot_env_switch(monkeypatch):
+    monkeypatch.setenv("KERNEL_GYM_HEAT", "0")
+    assert keep_hot() is None
