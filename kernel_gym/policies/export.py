@@ -8,11 +8,18 @@ kernel (the model's collection grid, plus routing skews for MoE) and writes:
 - vllm / sglang: the engine's fused-MoE config file, chosen among configs measured in the vllm_fused_moe family
   (vLLM's own kernel) with the engine's shipped entry always a candidate: kernel_gym.policies.engine_export.
 Both are plain JSON: loading them needs no pickle and no kernel_gym.
+
+The dispatch table's `meta.rests_on` says per kernel what its choices rest on (measured / zero-shot with the policy's
+identity / tuned / estimate / absent: kernel_basis), and the command prints one line per kernel it leaves out, since
+a deployment then runs that family's default config there. `--policy-dir DIR` reads policy bundles (KERNEL.json +
+KERNEL.npz, policies/bundle.py) instead of MLflow: the zoo policies the repository ships are in
+benchmarks/generalisation/policies.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -165,21 +172,30 @@ def build_kernel_table(kernel: str, model: Any, predict: Predictor, policy: dict
                        policy, layout)
 
 
-def default_scorer(device: str) -> Any:
-    """The packaged recorded data when it was measured on `device` (it ranks the decode layouts), else None."""
+@functools.lru_cache(maxsize=1)
+def recorded_backend() -> Any:
+    """The packaged recorded data, loaded once per process (about 2 s)."""
     from kernel_gym.measure import make_backend
 
-    backend = make_backend("recorded")
+    return make_backend("recorded")
+
+
+def default_scorer(device: str) -> Any:
+    """The packaged recorded data when it was measured on `device` (it ranks the decode layouts), else None."""
+    backend = recorded_backend()
     return backend if backend.device == device else None
 
 
 def table_from_registry(model: Any, model_uris: Sequence[str] = (), device: str = DEFAULT_DEVICE,
-                        kv_layout: tuple[int, str] | None = None) -> DispatchTable:
-    """The dispatch table of the given (or latest registered) policies, exactly as `kernel-gym export` writes it: the
-    decode KV layout, unless given, chosen on the packaged measurements when they are of `device`."""
-    policies = load_policies(model_uris, model)
+                        kv_layout: tuple[int, str] | None = None, policy_dir: Path | None = None) -> DispatchTable:
+    """The dispatch table of the given (or latest registered, or --policy-dir) policies, exactly as `kernel-gym
+    export` writes it: the decode KV layout, unless given, chosen on the packaged measurements when they are of
+    `device`; meta.rests_on filled (kernel_basis)."""
+    if policy_dir is not None and model_uris:
+        raise ValueError("--policy-dir and --model-uri both name the policies: pass one of them")
+    policies = load_policy_dir(policy_dir, model) if policy_dir is not None else load_policies(model_uris, model)
     scorer = default_scorer(device) if kv_layout is None and "decode_attention" in policies else None
-    return build_table(model, policies, device, kv_layout=kv_layout, scorer=scorer)
+    return build_table(model, policies, device, kv_layout=kv_layout, scorer=scorer, rests_on=True)
 
 
 def versions() -> dict[str, str]:
@@ -199,13 +215,100 @@ def versions() -> dict[str, str]:
 
 
 def build_table(model: Any, predictors: dict[str, tuple[Predictor, dict[str, Any]]], device: str = DEFAULT_DEVICE,
-                dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None, scorer: Any = None) -> DispatchTable:
-    """A DispatchTable from one (predictor, policy provenance) per kernel (`scorer`: see build_kernel_table)."""
+                dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None, scorer: Any = None,
+                rests_on: bool = True) -> DispatchTable:
+    """A DispatchTable from one (predictor, policy provenance) per kernel (`scorer`: see build_kernel_table). With
+    `rests_on` (reads the packaged data once), meta.rests_on says per kernel of TABLE_KERNELS what the choices rest on,
+    including the kernels left out (kernel_basis)."""
     if not predictors:
         raise ValueError("no policy to export: pass at least one --model-uri")
     kernels = {k: build_kernel_table(k, model, p, meta, dtype, kv_layout, scorer)
                for k, (p, meta) in predictors.items()}
-    return DispatchTable(kernels, device, asdict(model), versions())
+    meta: dict[str, Any] = {}
+    if rests_on:
+        meta["rests_on"] = {k: kernel_basis(k, predictors.get(k, (None, None))[1], model, device,
+                                            getattr(predictors.get(k, (None,))[0], "measured_cells", None),
+                                            len(kernels[k].cells) if k in kernels else None)
+                            for k in (*TABLE_KERNELS, *[k for k in kernels if k not in TABLE_KERNELS])}
+    return DispatchTable(kernels, device, asdict(model), versions(), meta)
+
+
+TABLE_KERNELS = ("fused_moe", "decode_attention", "prefill_attention")
+KERNEL_ENV = {"fused_moe": "KernelGym/MoE-v0", "decode_attention": "KernelGym/DecodeAttention-v0",
+              "prefill_attention": "KernelGym/PrefillAttention-v0"}
+
+
+def absent_fix(kernel: str, model: Any) -> str:
+    """How to give a left-out kernel a policy: one trained on the model's measured rows, else the model-conditioned
+    policy (MoE and decode only: no zoo prefill policy exists), else measure first."""
+    env = KERNEL_ENV.get(kernel, "...")
+    name = getattr(model, "name", str(model))
+    try:
+        from kernel_gym.models import load_model
+
+        load_model(name)
+        as_arg = name
+    except (ValueError, FileNotFoundError, OSError):
+        as_arg = "SPEC.json"  # a JSON spec is passed by its path, which the table does not keep
+    if measured_model(kernel, model):
+        return f"train one (kernel-gym train --env-id {env} --model {as_arg}) and export again"
+    if kernel in ("fused_moe", "decode_attention"):
+        return (f"train the model-conditioned policy (kernel-gym train --model zoo --env-id {env}) or pass "
+                "--policy-dir benchmarks/generalisation/policies, and export again")
+    return (f"no model-conditioned {kernel} policy exists and the packaged data has no {kernel} rows of this shape: "
+            f"measure them on a GPU (kernel-gym collect --model {as_arg} --kernels {kernel}), then kernel-gym train "
+            f"--env-id {env} --model {as_arg}")
+
+
+def policy_identity(provenance: dict[str, Any]) -> dict[str, Any]:
+    """Where a kernel's choices came from, short enough for a table's meta: URI, run, bundle folder, training specs."""
+    specs = provenance.get("model_specs") or []
+    out = {k: provenance[k] for k in ("model_uri", "run_id", "env_id", "policy_dir") if provenance.get(k)}
+    out["model_conditioned"] = bool(provenance.get("model_conditioned"))
+    if specs:
+        out["trained_on"] = len(specs) if len(specs) > 3 else [s.get("name", "?") for s in specs]
+    return out
+
+
+def kernel_basis(kernel: str, provenance: dict[str, Any] | None, model: Any, device: str = DEFAULT_DEVICE,
+                 measured_cells: int | None = None, cells: int | None = None) -> dict[str, Any]:
+    """What one kernel's choices rest on, for the table's meta and the printed summary.
+
+    basis: "measured" (a policy trained on measured rows of this model's shape), "zero-shot" (a model-conditioned
+    policy that never trained on this shape: its choices follow from the shape's features), "tuned" (tune measured
+    the policy's candidates at `measured_cells` of the grid's cells, the rest zero-shot), "estimate" (learned from
+    another device's data, or a policy trained for the model without rows of its shape), "absent" (no policy: the
+    Dispatcher answers with the family's default config)."""
+    name = getattr(model, "name", str(model))
+    if provenance is None:
+        return {"basis": "absent", "deployment_runs": "the family's default config (the Dispatcher's fallback)",
+                "why": f"no {kernel} policy was exported", "fix": absent_fix(kernel, model)}
+    ident = policy_identity(provenance)
+    if provenance.get("tuned"):
+        return {"basis": "tuned", "policy": ident, "measured_cells": measured_cells, "cells": cells,
+                "why": f"tune measured the policy's candidates at {measured_cells} of {cells} cells; the other cells "
+                       "hold its zero-shot choices"}
+    data_device = recorded_backend().device
+    measured = measured_model(kernel, model)
+    specs = _trained_for(provenance)
+    want = asdict(model) if hasattr(model, "__dataclass_fields__") else {"name": name}
+    trained_here = None if specs is None else any(
+        s == want or (set(s) == {"name"} and s.get("name") == name) for s in specs)
+    if device != data_device:
+        return {"basis": "estimate", "policy": ident,
+                "why": f"the policy learned from {data_device} measurements; nothing was measured on {device}"}
+    if measured and trained_here is not False:
+        return {"basis": "measured", "policy": ident,
+                "why": f"the policy trained on measured {data_device} rows of {name}'s {kernel} shape"}
+    if provenance.get("model_conditioned"):
+        seen = " (the packaged data has rows of this shape, but the policy never trained on them)" if measured else ""
+        return {"basis": "zero-shot", "policy": ident,
+                "why": f"the model-conditioned policy never trained on {name}{seen}: its choices follow from the "
+                       "shape's features (measured quality on unseen models: docs/generalisation.md); "
+                       "`kernel-gym tune` measures its candidates"}
+    return {"basis": "estimate", "policy": ident,
+            "why": f"the packaged data has no {kernel} rows of {name}'s shape: the policy's choices there are "
+                   "extrapolated, not measured"}
 
 
 # ---- MLflow pyfunc policies ------------------------------------------------------------------------------------------
@@ -343,9 +446,7 @@ def load_policies(items: Sequence[str], model: Any = None) -> dict[str, tuple[Pr
     model_name = getattr(model, "name", model)
     uris = parse_model_uris(items) if items else latest_model_uris(model_name)
     if not uris:
-        raise ValueError("no registered kernel-gym-* policy in the MLflow store "
-                         "(MLFLOW_TRACKING_URI or mlruns/); run `kernel-gym train` (or `kernel-gym demo`) first, "
-                         "or pass --model-uri")
+        raise ValueError(no_policy_message(model_name))
     out: dict[str, tuple[Predictor, dict[str, Any]]] = {}
     for key, uri in uris.items():
         kernel = key if key and not key.startswith("?") else None
@@ -355,6 +456,60 @@ def load_policies(items: Sequence[str], model: Any = None) -> dict[str, tuple[Pr
         if model is not None and not isinstance(model, str):
             print(check_policy_model(k, meta, model), file=sys.stderr, flush=True)
         out[k] = (predict, meta)
+    return out
+
+
+def no_policy_message(model_name: str | None) -> str:
+    """The one-line error when the store has no policy usable for the model, naming the fixes that work: after the
+    demo the store holds policies for the demo's model only, and a model without its own policy needs the
+    model-conditioned one (trained by `train --model zoo`, or shipped as bundles in the repository)."""
+    others = registered_policy_names()
+    held = f"the store holds {', '.join(others[:4])}{', ...' if len(others) > 4 else ''} (trained for other models)" \
+        if others else "the store holds no kernel-gym-* policy"
+    return (f"no registered kernel-gym-* policy for {model_name or 'this model'} in the MLflow store "
+            f"(MLFLOW_TRACKING_URI or mlruns/): {held}; for a model without its own policy train the model-conditioned "
+            "policy (`kernel-gym train --model zoo --env-id KernelGym/MoE-v0`, and the same with "
+            "--env-id KernelGym/DecodeAttention-v0), or pass `--policy-dir benchmarks/generalisation/policies` "
+            "(the zoo policies the repository ships); or pass --model-uri")
+
+
+def registered_policy_names() -> list[str]:
+    """Names of the registered kernel-gym-* models in the store (empty when it cannot be read)."""
+    try:
+        import mlflow
+
+        return sorted(m.name for m in mlflow.tracking.MlflowClient().search_registered_models()
+                      if m.name.startswith("kernel-gym-"))
+    except Exception:  # noqa: BLE001 - an empty or unreadable store lists nothing
+        return []
+
+
+def load_policy_dir(folder: Path, model: Any = None) -> dict[str, tuple[Predictor, dict[str, Any]]]:
+    """Predictors per kernel from the policy bundles in `folder` (KERNEL.json + KERNEL.npz: policies/bundle.py),
+    without MLflow: the masked argmax of the logged model under the knob-space rules (tune.ranker's first choice,
+    the family default where no catalogue config is valid). Prints one line per policy like load_policies."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.policies.bundle import load_bundle
+    from kernel_gym.policies.tune import ranker
+
+    folder = Path(folder)
+    found = [k for k in TABLE_KERNELS if (folder / f"{k}.json").exists()]
+    if not folder.is_dir() or not found:
+        raise ValueError(f"--policy-dir {folder}: {'no such folder' if not folder.is_dir() else 'no KERNEL.json'} "
+                         "with a policy bundle; pass benchmarks/generalisation/policies (the zoo policies the "
+                         "repository ships) or a folder written by `kernel-gym tune --save-policies DIR`")
+    out: dict[str, tuple[Predictor, dict[str, Any]]] = {}
+    for kernel in found:
+        meta, params, provenance = load_bundle(folder, kernel)
+        rank, family = ranker(kernel, meta, params), get_family(kernel)
+
+        def predict(workloads: list[Any], rank: Any = rank, family: Any = family) -> list[Config]:
+            return [next(iter(rank(w)), None) or family.default_config(w) for w in workloads]
+
+        provenance = {**provenance, "policy_dir": str(folder)}
+        if model is not None and not isinstance(model, str):
+            print(f"{check_policy_model(kernel, provenance, model)} from {folder}", file=sys.stderr, flush=True)
+        out[kernel] = (predict, provenance)
     return out
 
 
@@ -403,7 +558,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=DEFAULT_DEVICE, help="GPU name as torch reports it (vLLM file name)")
     p.add_argument("--skew", type=float, default=0.0,
                    help="vllm: the routing skew (Zipf exponent) the deployment sees; vLLM keys on M only")
-    p.add_argument("--tp", type=int, default=1, help="vllm/sglang: tensor-parallel degree (N = intermediate // tp)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel degree: vllm/sglang N = intermediate // tp; dispatch: the table is for one "
+                        "GPU's shard, the same as --model NAME@tpN")
+    p.add_argument("--policy-dir", type=Path, default=None, metavar="DIR",
+                   help="dispatch: read the policies from bundles KERNEL.json/.npz in DIR instead of MLflow, e.g. "
+                        "benchmarks/generalisation/policies (the model-conditioned zoo policies the repository ships)")
     p.add_argument("--routing", default="", help="vllm/sglang: uniform or zipf:S (default: from --skew)")
     p.add_argument("--store", action="append", default=[], metavar="PATH",
                    help="vllm/sglang: measurement store / snapshot with vllm_fused_moe rows (repeatable; default: "
@@ -432,42 +592,62 @@ def parse_kv_layout(text: str) -> tuple[int, str] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from kernel_gym.models import load_model
     from kernel_gym.policies.tracking import setup_tracking
 
     if args.skew < 0:
         raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {args.skew}")
+    if args.format in ("vllm", "sglang") and args.policy_dir is not None:
+        raise ValueError(f"--policy-dir is for --format dispatch: {args.format} files are chosen among measured "
+                         "vllm_fused_moe configs, not by a policy; drop --policy-dir")
     if args.format in ("vllm", "sglang"):  # measured vllm_fused_moe configs, not a policy (issue 15)
         from kernel_gym.measure.store import PACKAGED_SNAPSHOT
         from kernel_gym.policies import engine_export
 
         args.store = args.store or [str(PACKAGED_SNAPSHOT)]
         return engine_export.main_from_args(args)
-    setup_tracking(args.tracking_uri or None)
-    model = load_model(args.model)
-    table = table_from_registry(model, args.model_uri, args.device, parse_kv_layout(args.kv_layout))
+    if args.policy_dir is None:
+        setup_tracking(args.tracking_uri or None)
+    model = sharded_model(args.model, args.tp)
+    table = table_from_registry(model, args.model_uri, args.device, parse_kv_layout(args.kv_layout), args.policy_dir)
     if args.format == "dispatch":
         path = table.save(args.out / TABLE_FILE)
     else:
         path = write_vllm(table, args.out, args.skew)
-    measured = {k: measured_model(k, model) for k in table.kernels}
-    for k, known in measured.items():
-        if not known:
-            print(f"note: {model.name} has no {k} measurements: its table holds the model-conditioned policy's "
-                  "zero-shot choices (docs/generalisation.md gives their measured quality); `kernel-gym tune` "
-                  "measures the policy's candidates for it", file=sys.stderr)
-    print(json.dumps({"format": args.format, "path": str(path), "kernels": {
-        k: {"policy": t.policy.get("model_uri", ""), "buckets": len(t.cells), "configs": len(t.configs),
-            "model_measured": measured[k]}
-        for k, t in table.kernels.items()}}, indent=1))
+    rests = table.meta.get("rests_on", {})
+    for k, r in rests.items():
+        if r["basis"] == "absent":
+            print(f"export: {k} left out ({r['why']}): the deployment runs {r['deployment_runs']} there; "
+                  f"{r['fix']}", file=sys.stderr)
+        elif r["basis"] != "measured":
+            print(f"note: {k} is {r['basis']}: {r['why']}", file=sys.stderr)
+    print(json.dumps({"format": args.format, "path": str(path), "model": model.name, "kernels": {
+        k: {"basis": rests.get(k, {}).get("basis", "?"),
+            "policy": t.policy.get("model_uri", "") or t.policy.get("policy_dir", ""), "buckets": len(t.cells),
+            "configs": len(t.configs)}
+        for k, t in table.kernels.items()},
+        "left_out": [k for k, r in rests.items() if r["basis"] == "absent"]}, indent=1))
     return 0
+
+
+def sharded_model(name: str, tp: int) -> Any:
+    """The model spec one GPU runs: --model NAME (or a JSON spec) at --tp N, the same as NAME@tpN; refused in one
+    line when both say a degree or the shape does not split."""
+    from kernel_gym.models import load_model
+    from kernel_gym.zoo import shard
+
+    if tp < 1:
+        raise ValueError(f"--tp must be >= 1 (a tensor-parallel degree), got {tp}")
+    model = load_model(name)
+    if tp == 1:
+        return model
+    if "@tp" in model.name:
+        raise ValueError(f"--model {name} already names a shard ({model.name}) and --tp {tp} another: pass one of them")
+    return shard(model, tp)
 
 
 def measured_model(kernel: str, model: Any) -> bool:
     """Whether the packaged data holds any workload of this model's shape for the kernel (its fixed dimensions)."""
-    from kernel_gym.measure import make_backend
-
-    backend = make_backend("recorded")
+    backend = recorded_backend()
     if kernel not in backend.kernels():
         return False
     fixed = fixed_dims(kernel, model)

@@ -200,3 +200,88 @@ def test_policy_for_another_model_is_refused_in_one_line(store, tmp_path, capsys
                       extra={"model_specs": both, "model_conditioned": True})
     assert export.main(["--model-uri", cond, "--out", str(tmp_path / "cond")]) == 0
     assert "(model olmoe-1b-7b,mixtral-8x7b, model-conditioned)" in capsys.readouterr().err
+
+
+def write_bundle(folder: Path, specs: list[dict], conditioned: bool = True) -> Path:
+    """A fused_moe policy bundle (policies/bundle.py) with the linear actor of log_policy: no MLflow, no training."""
+    from kernel_gym.policies.bundle import save_bundle
+
+    names = feature_names("fused_moe")
+    w = np.zeros((2, len(names)), np.float32)
+    w[1, names.index("log2_tokens")] = 1.0
+    provenance = {"model_uri": "models:/kernel-gym-moe-v0-conditioned/7", "run_id": "r7",
+                  "env_id": "KernelGym/MoE-v0", "model_specs": specs, "model_conditioned": conditioned}
+    save_bundle(folder, "fused_moe", {"kernel": "fused_moe", "configs": [A, B], "activation": "tanh"},
+                {"W_out": w, "b_out": np.zeros(2, np.float32)}, provenance)
+    return folder
+
+
+def test_policy_dir_table_records_what_each_kernel_rests_on(tmp_path, capsys):
+    """export --policy-dir: a model the bundle never trained on gets zero-shot choices with the policy's identity in
+    meta.rests_on; every kernel without a policy is listed as absent there and named on one line of stderr with what
+    the deployment then runs; a training model's table rests on measurements."""
+    import dataclasses
+
+    from kernel_gym.models import load_model
+
+    specs = [dataclasses.asdict(load_model(n)) for n in ("mixtral-8x7b", "mixtral-8x7b@tp2")]
+    bundle = write_bundle(tmp_path / "bundle", specs)
+    assert export.main(["--model", "olmoe-1b-7b", "--policy-dir", str(bundle), "--out", str(tmp_path / "o")]) == 0
+    captured = capsys.readouterr()
+    table = DispatchTable.load(tmp_path / "o" / export.TABLE_FILE)
+    rests = table.meta["rests_on"]
+    assert set(rests) == {"fused_moe", "decode_attention", "prefill_attention"}
+    moe = rests["fused_moe"]
+    assert moe["basis"] == "zero-shot" and moe["policy"]["policy_dir"] == str(bundle)
+    assert moe["policy"]["model_uri"] == "models:/kernel-gym-moe-v0-conditioned/7" and moe["policy"]["run_id"] == "r7"
+    assert rests["decode_attention"]["basis"] == rests["prefill_attention"]["basis"] == "absent"
+    left = [ln for ln in captured.err.splitlines() if " left out " in ln]
+    assert len(left) == 2 and all("family's default config" in ln for ln in left)
+    assert any(ln.startswith("export: prefill_attention left out") for ln in left)
+    summary = json.loads(captured.out)
+    assert summary["left_out"] == ["decode_attention", "prefill_attention"]
+    assert summary["kernels"]["fused_moe"]["basis"] == "zero-shot"
+    d = Dispatcher(table)
+    assert dict(d.moe_config(1)) == A and dict(d.moe_config(4096)) == B  # the bundle's argmax under the rules
+    assert export.main(["--policy-dir", str(bundle), "--out", str(tmp_path / "m")]) == 0  # mixtral: trained on it
+    trained = DispatchTable.load(tmp_path / "m" / export.TABLE_FILE).meta["rests_on"]["fused_moe"]
+    assert trained["basis"] == "measured"
+    assert export.main(["--policy-dir", str(bundle), "--device", "NVIDIA A100", "--out", str(tmp_path / "a")]) == 0
+    other = DispatchTable.load(tmp_path / "a" / export.TABLE_FILE).meta["rests_on"]["fused_moe"]
+    assert other["basis"] == "estimate" and "NVIDIA A100" in other["why"]
+
+
+def test_tp_is_honoured_for_the_dispatch_format_or_refused(tmp_path):
+    """--tp N makes the table for one GPU's shard (as NAME@tpN); a model that already names a shard, a degree that
+    does not split the shape and --policy-dir with an engine format are refused in one line."""
+    import dataclasses
+
+    from kernel_gym.models import load_model
+
+    bundle = write_bundle(tmp_path / "bundle", [dataclasses.asdict(load_model(n)) for n in ("mixtral-8x7b",
+                                                                                           "olmoe-1b-7b")])
+    assert export.main(["--tp", "2", "--policy-dir", str(bundle), "--out", str(tmp_path / "t")]) == 0
+    table = DispatchTable.load(tmp_path / "t" / export.TABLE_FILE)
+    assert table.model["name"] == "mixtral-8x7b@tp2" and table.kernels["fused_moe"].fixed["intermediate"] == 7168
+    for argv, match in [(["--model", "mixtral-8x7b@tp2", "--tp", "2"], "already names a shard"),
+                        (["--tp", "3"], "must divide by tp=3"), (["--tp", "0"], "--tp must be >= 1"),
+                        (["--format", "vllm"], "--policy-dir is for --format dispatch")]:
+        with pytest.raises(ValueError, match=match) as exc:
+            export.main([*argv, "--policy-dir", str(bundle), "--out", str(tmp_path / "bad")])
+        assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="benchmarks/generalisation/policies"):
+        export.main(["--policy-dir", str(tmp_path / "nothing"), "--out", str(tmp_path / "bad")])
+
+
+def test_no_policy_for_an_unseen_model_names_the_real_fixes(tmp_path, monkeypatch):
+    """Right after the demo the store holds the demo model's policies only: export for another spec must name the
+    model-conditioned policy's two sources (train --model zoo, the shipped bundles) and what the store holds."""
+    from kernel_gym.models import load_model
+
+    monkeypatch.setattr(export, "latest_model_uris", lambda name=None: {})  # no policy for this model's names
+    monkeypatch.setattr(export, "registered_policy_names", lambda: ["kernel-gym-moe-v0-mixtral-8x7b"])
+    with pytest.raises(ValueError) as exc:
+        export.load_policies([], load_model("phi-3.5-moe"))
+    msg = str(exc.value)
+    assert "kernel-gym train --model zoo" in msg and "--policy-dir benchmarks/generalisation/policies" in msg
+    assert "kernel-gym-moe-v0-mixtral-8x7b" in msg and "phi-3.5-moe" in msg and "\n" not in msg
