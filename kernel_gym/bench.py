@@ -4,6 +4,8 @@ For every benchmark case of every family: time the default config, the recorded 
 case's workload and a seeded sample of valid configs (each checked against the torch reference first: a wrong result
 is recorded as a failure, never timed), take the best, and compare it with the anchors the case names:
   sdpa            torch scaled_dot_product_attention on [B, H, N, D] (causal), TFLOP/s
+  sdpa_prefix     (prefix_prefill) torch SDPA over a contiguous prefix + chunk, bottom-right causal mask, the fastest
+                  correct backend variant (sdpa_prefix_anchor), TFLOP/s
   copy_bandwidth  device-to-device copy of 2 GiB, bytes read + written per second, TB/s
   torch_matmul    a dense bf16 matmul with the same FLOP count, TFLOP/s
   torch_loop      a plain torch MoE (loop over experts), TFLOP/s
@@ -120,6 +122,82 @@ def sdpa_tflops(workload: Any, flops: float) -> tuple[float, Timed]:
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     t = _time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
     return flops / (t.ms * 1e-3) / 1e12, t
+
+
+def bottom_right_mask(chunk: int, prefix: int, device: str) -> Any:
+    """[chunk, prefix + chunk] bool, True = attend: chunk query i sees keys [0, prefix + i] (causal, bottom-right)."""
+    import torch
+
+    return torch.ones(chunk, prefix + chunk, dtype=torch.bool, device=device).tril(diagonal=prefix)
+
+
+def sdpa_prefix_anchor(workload: Any, flops: float, seed: int = 0) -> dict:
+    """The sdpa_prefix anchor for prefix_prefill: torch SDPA over a contiguous prefix + chunk of the same sizes,
+    [B, H, N, D] inputs, the chunk's queries under a bottom-right causal mask (query i sees keys [0, prefix + i]).
+    Every variant torch offers for that mask is tried (cuDNN with a boolean mask, FlashAttention and
+    memory-efficient attention through causal_lower_right, the default dispatch; with prefix 0 plain is_causal; MHA
+    inputs with the kv heads repeated, and enable_gqa) on the family's own inputs, each checked against the family's
+    fp32 reference; the anchor is the fastest correct one. Returns {"ms", "tflops", "variant", "variants": {name: ms
+    or the error}}; raises ValueError for unequal requests (SDPA's [B, H, N, D] needs one chunk and prefix length)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    from kernel_gym.measure.worker import compare
+
+    c, p = workload.chunk_lens[0], workload.prefix_lens[0]
+    if any(x != c for x in workload.chunk_lens) or any(x != p for x in workload.prefix_lens):
+        raise ValueError("the sdpa_prefix anchor needs equal chunk and prefix lengths across the batch")
+    family = get_family("prefix_prefill")
+    inputs = family.make_inputs(workload, "cuda", seed)
+    ref = family.reference(inputs)
+    b, h, hkv, d, n = len(workload.chunk_lens), workload.num_heads, workload.num_kv_heads, workload.head_dim, p + c
+    q = inputs.q.view(b, c, h, d).transpose(1, 2).contiguous()
+    k_gqa = inputs.k.view(b, n, hkv, d).transpose(1, 2).contiguous()
+    v_gqa = inputs.v.view(b, n, hkv, d).transpose(1, 2).contiguous()
+    k_mha = k_gqa.repeat_interleave(h // hkv, dim=1)
+    v_mha = v_gqa.repeat_interleave(h // hkv, dim=1)
+    mask = bottom_right_mask(c, p, "cuda")
+    variants: dict[str, Callable[[], Any]] = {}
+    for heads, (kk, vv, gqa) in {"mha": (k_mha, v_mha, False), "gqa": (k_gqa, v_gqa, True)}.items():
+        if gqa and hkv == h:
+            continue
+        kw = dict(enable_gqa=True) if gqa else {}
+
+        def call(backend: Any, kk=kk, vv=vv, kw=kw, **extra: Any) -> Callable[[], Any]:
+            def run() -> Any:
+                if backend is None:
+                    return F.scaled_dot_product_attention(q, kk, vv, **extra, **kw)
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(q, kk, vv, **extra, **kw)
+            return run
+
+        if p == 0:
+            variants[f"cudnn_causal_{heads}"] = call(SDPBackend.CUDNN_ATTENTION, is_causal=True)
+            variants[f"flash_causal_{heads}"] = call(SDPBackend.FLASH_ATTENTION, is_causal=True)
+            variants[f"default_causal_{heads}"] = call(None, is_causal=True)
+        else:
+            variants[f"cudnn_mask_{heads}"] = call(SDPBackend.CUDNN_ATTENTION, attn_mask=mask)
+            variants[f"flash_lower_right_{heads}"] = call(SDPBackend.FLASH_ATTENTION,
+                                                          attn_mask=causal_lower_right(c, n))
+            variants[f"efficient_lower_right_{heads}"] = call(SDPBackend.EFFICIENT_ATTENTION,
+                                                              attn_mask=causal_lower_right(c, n))
+            variants[f"default_mask_{heads}"] = call(None, attn_mask=mask)
+    results: dict[str, Any] = {}
+    for name, fn in variants.items():
+        try:
+            out = fn().transpose(1, 2).reshape(inputs.q.shape)
+            wrong = compare(family, out, ref, workload.dtype)
+            results[name] = f"wrong result: {wrong}" if wrong else _time(fn).ms
+        except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape or mask is recorded, not fatal
+            results[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        torch.cuda.synchronize()
+    timed = {k: v for k, v in results.items() if isinstance(v, float)}
+    if not timed:
+        raise RuntimeError(f"no SDPA variant ran correctly for {workload.key()}: {results}")
+    best = min(timed, key=timed.get)
+    return {"ms": timed[best], "tflops": flops / (timed[best] * 1e-3) / 1e12, "variant": best, "variants": results}
 
 
 def matmul_tflops(flops: float, m: int, k: int) -> tuple[float, Timed]:
@@ -244,6 +322,14 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
                     anchors.append(("sdpa", sdpa_tflops(workload, flops)[0]))
                 except ValueError:
                     pass
+            elif family_name == "prefix_prefill":
+                try:
+                    info = sdpa_prefix_anchor(workload, flops, seed)
+                    res["sdpa_prefix"] = info
+                    anchors.append(("sdpa_prefix", info["tflops"]))
+                    log(f"  sdpa_prefix: {info['ms']:.4f} ms ({info['variant']}); variants {info['variants']}")
+                except ValueError:
+                    pass
             elif family_name == "decode_attention":
                 anchors.append(("copy_bandwidth", copy_tbs))
             elif family_name == "fused_moe":
@@ -281,6 +367,9 @@ TARGETS = {  # (case, anchor) -> minimum ratio_to_anchor, from the kernels issue
     ("moe_mixtral_m64", "copy_bandwidth"): 0.90,
     ("moe_mixtral_m4096", "torch_matmul"): 0.65,
     **{(f"moe_mixtral_m{m}", "torch_loop"): 1.0 for m in (1, 16, 64, 256, 1024, 4096)},
+    **{(case, "sdpa_prefix"): 0.90 for case in (  # issue 29: chunks of 512-2048 tokens, prefixes of 0-32k
+        "prefix_c2048_p0", "prefix_c512_p0_b4", "prefix_c512_p2048_b4", "prefix_c1024_p4096", "prefix_c2048_p8192",
+        "prefix_c512_p32768", "prefix_c2048_p32768")},
 }
 
 
