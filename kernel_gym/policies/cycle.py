@@ -1,0 +1,670 @@
+"""`kernel-gym cycle`: the re-optimisation cycle a deployment runs (daily, or as a CI/CD step): read the period's own
+traffic, decide whether the engine's fused-MoE config files are still right for it, re-plan what moved, confirm,
+and hand the pipeline a safe change with an exit code.
+
+    kernel-gym cycle --model mixtral-8x7b --engine vllm --current deploy/moe --traffic scrapes/ --traffic experts.pt
+
+1. Profile (traffic/metrics.py): the period's M distribution (tokens per engine step, the fused-MoE batch), prompt
+   and output lengths, decode context, routing skew (from per-expert counts when given), from Prometheus scrapes,
+   a request log or both; compared with `traffic_profile.json` stored beside the current files (none: everything
+   counts as moved). A key of the engine file "moved" when its share of the steps, the M mix inside its cell or the
+   skew changed beyond the thresholds (`--share-move`, `--skew-move`).
+2. Price: the engine's lookup (nearest key) over the profile's M distribution at its skew, with the fused-MoE times
+   of vLLM's kernel design recorded on the H200 (the `vllm_fused_moe` rows; between measured M and skews the
+   times are interpolated, and that part is reported as the share resting on estimates). Current vs re-planned:
+   the expected gain on this traffic.
+3. Re-plan only the moved keys: per key the measured config with the lowest time over the M values that key serves
+   (its cell of the profile), kept only if it beats the current entry by `--min-gain` there. Without `--gpu` this is
+   the zero-shot change, unconfirmed (exit 11). With `--gpu` (policies/cycle_gpu.py) each changed key's candidates are
+   timed on the GPU in vLLM's kernel design and the change is kept only if it beats the current entry again in a
+   paired round (samples interleaved one by one); the others keep the current entry (exit 10 when any change is
+   confirmed).
+4. Output: the new folder (a copy of the current one with the changed engine file, its sidecar
+   `kernel_gym_export.json` and the new `traffic_profile.json`) written atomically: a temporary folder, every file
+   fsynced, then renamed to `--out` (default `<current>.next`); `--install` then moves it into the current folder's
+   place (the old one becomes `<current>.prev`), and `--rollback` puts `<current>.prev` back. A diff report
+   (`cycle_report.md` + `.json`) goes to `--report-dir` and into the new folder; one MLflow run per cycle in the
+   experiment `kernel-gym-cycle` (`--no-mlflow` to skip).
+
+Exit codes: 0 no change needed, 10 change proposed and confirmed, 11 proposed but unconfirmed (no GPU), 2 error (one
+line naming the problem and the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from kernel_gym.kernels.space import Config
+from kernel_gym.traffic.metrics import PROFILE_FILE, TrafficProfile, load_profile, read_traffic
+
+NO_CHANGE, CONFIRMED, UNCONFIRMED = 0, 10, 11
+DECISIONS = {NO_CHANGE: "no change needed", CONFIRMED: "change proposed and confirmed",
+             UNCONFIRMED: "change proposed, unconfirmed"}
+REPORT_MD, REPORT_JSON = "cycle_report.md", "cycle_report.json"
+EXPERIMENT = "kernel-gym-cycle"
+DEFAULT_DEVICE = "NVIDIA H200"
+SHARE_MOVE = 0.02  # a key moved when its share of steps changed by more than this (absolute) and by half (relative)
+SKEW_MOVE = 0.15  # ... or the routing skew by more than this
+CELL_MOVE = 0.5  # ... or the mean log2 M inside its cell by more than this
+MIN_SHARE = 0.002  # keys serving less than this share of the steps are left alone
+
+
+# ---- pricing on recorded vllm_fused_moe times ---------------------------------------------------------------------
+
+class Pricer:
+    """Time per call (ms) of a config at (M, skew) for one MoE shard shape, from recorded rows (module docstring).
+
+    Exact at a measured (M, skew); between measured M log-log interpolation of the config's own times; where the
+    config lacks a bracketing measurement its nearest measured time scaled by the best config's ratio; above the
+    largest measured M linear in M; between measured skews log-linear; outside them the nearest. Everything but an
+    exact hit is flagged estimated."""
+
+    def __init__(self, shape: Any, device: str = DEFAULT_DEVICE, rows: Any = None) -> None:
+        from kernel_gym.policies import engine_export as ee
+
+        if rows is None:
+            from kernel_gym.measure.store import PACKAGED_SNAPSHOT
+
+            rows = ee.measured_rows([PACKAGED_SNAPSHOT])
+        self.shape = shape
+        self.times, self.spreads = ee.times_by_workload(rows, shape, device)
+        if not self.times:
+            raise ValueError(f"no recorded vllm_fused_moe times for E={shape.num_experts}, N={shape.n}, "
+                             f"H={shape.hidden}, top_k={shape.top_k} on {device}: measure the shape (python3 "
+                             "scripts/bench_vllm_export.py, or kernel-gym collect --kernels vllm_fused_moe) and "
+                             "pass --store, or run the cycle with --gpu")
+        self.skews = sorted({s for _, s in self.times})
+        self.ms = {s: sorted(m for m, s2 in self.times if s2 == s) for s in self.skews}
+        self._memo: dict[tuple, tuple[float | None, bool]] = {}
+
+    def _best_key(self, m: int, s: float) -> float:
+        return min(self.times[(m, s)].values())
+
+    def _best_at(self, m: float, s: float) -> float:
+        ms = self.ms[s]
+        if m >= ms[-1]:
+            return self._best_key(ms[-1], s) * m / ms[-1]
+        if m <= ms[0]:
+            return self._best_key(ms[0], s)
+        k0 = max(k for k in ms if k <= m)
+        k1 = min(k for k in ms if k >= m)
+        if k0 == k1:
+            return self._best_key(k0, s)
+        f = (math.log(m) - math.log(k0)) / (math.log(k1) - math.log(k0))
+        return math.exp((1 - f) * math.log(self._best_key(k0, s)) + f * math.log(self._best_key(k1, s)))
+
+    def _at_skew(self, cfg: Config, m: int, s: float) -> tuple[float | None, bool]:
+        ms = self.ms[s]
+        exact = self.times.get((m, s), {}).get(cfg)
+        if exact is not None:
+            return exact, False
+        if m > ms[-1]:
+            t, _ = self._at_skew(cfg, ms[-1], s)
+            return (t * m / ms[-1] if t else None), True
+        k0 = max((k for k in ms if k <= m), default=ms[0])
+        k1 = min((k for k in ms if k >= m), default=ms[-1])
+        t0, t1 = self.times[(k0, s)].get(cfg), self.times[(k1, s)].get(cfg)
+        if t0 and t1 and k1 > k0:
+            f = (math.log(m) - math.log(k0)) / (math.log(k1) - math.log(k0))
+            return math.exp((1 - f) * math.log(t0) + f * math.log(t1)), True
+        have = [k for k in ms if cfg in self.times[(k, s)]]
+        if not have:
+            return None, True
+        k = min(have, key=lambda k: (abs(math.log(k) - math.log(max(m, 1))), k))
+        return self.times[(k, s)][cfg] * self._best_at(m, s) / self._best_key(k, s), True
+
+    def time(self, cfg: Config, m: int, skew: float) -> tuple[float | None, bool]:
+        """(ms or None when never measured at this shape and skew range, estimated?)."""
+        key = (cfg, m, round(skew, 3))
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        sk = self.skews
+        if skew <= sk[0] + 1e-6 or skew >= sk[-1] - 1e-6 or len(sk) == 1:
+            s = sk[0] if skew <= sk[0] + 1e-6 or len(sk) == 1 else sk[-1]
+            t, est = self._at_skew(cfg, m, s)
+            out = (t, est or abs(skew - s) > 0.05)
+        else:
+            s0 = max(s for s in sk if s <= skew)
+            s1 = min(s for s in sk if s >= skew)
+            a, _ = self._at_skew(cfg, m, s0)
+            b, _ = self._at_skew(cfg, m, s1)
+            if a and b:
+                f = (skew - s0) / (s1 - s0)
+                out = (math.exp((1 - f) * math.log(a) + f * math.log(b)), True)
+            else:
+                out = ((a or b), True)
+        self._memo[key] = out
+        return out
+
+    def configs(self) -> list[Config]:
+        return sorted({c for cell in self.times.values() for c in cell}, key=str)
+
+    def candidates(self, key: int, skew: float) -> list[Config]:
+        """The configs measured at this M key on the measured skews nearest to `skew`."""
+        near = sorted(self.skews, key=lambda s: abs(s - skew))[:2]
+        out = set()
+        for s in near:
+            out |= set(self.times.get((key, s), {}))
+        if not out:  # a key off the measured grid: the nearest measured M's configs
+            for s in near:
+                m = min(self.ms[s], key=lambda k: abs(math.log(k) - math.log(max(key, 1))))
+                out |= set(self.times[(m, s)])
+        return sorted(out, key=str)
+
+    def spread(self, key: int, skew: float, cfg: Config) -> float:
+        s = min(self.skews, key=lambda s: abs(s - skew))
+        return self.spreads.get((key, s), {}).get(cfg, 0.0)
+
+    def oracle(self, m: int, skew: float) -> tuple[float, bool]:
+        """The fastest priced config at (M, skew): the per-M best, an upper bound no file with fixed keys beats."""
+        best, est = math.inf, True
+        for c in self.configs():
+            t, e = self.time(c, m, skew)
+            if t is not None and t < best:
+                best, est = t, e
+        return best, est
+
+
+def nearest_key(keys: Sequence[int], m: int) -> int:
+    """vLLM's and SGLang's rule: the key nearest to M (ties: the smaller key)."""
+    return min(keys, key=lambda k: (abs(k - m), k))
+
+
+def price(table: dict[int, Config], weights: dict[int, float], skew: float, pricer: Pricer) -> dict[str, Any]:
+    """Mean fused-MoE time per call over the profile's steps when the engine serves `table` by nearest key, the
+    share of it resting on estimated times, and the M values whose entry has no time."""
+    keys = sorted(table)
+    total = est = 0.0
+    unpriced = []
+    for m, w in weights.items():
+        t, e = pricer.time(table[nearest_key(keys, m)], m, skew)
+        if t is None:
+            unpriced.append(m)
+            continue
+        total += w * t
+        est += w * t if e else 0.0
+    return {"ms": total, "estimated_share": est / total if total > 0 else 0.0, "unpriced_m": unpriced}
+
+
+def price_oracle(weights: dict[int, float], skew: float, pricer: Pricer) -> dict[str, Any]:
+    total = est = 0.0
+    for m, w in weights.items():
+        t, e = pricer.oracle(m, skew)
+        if math.isfinite(t):
+            total += w * t
+            est += w * t if e else 0.0
+    return {"ms": total, "estimated_share": est / total if total > 0 else 0.0}
+
+
+# ---- comparing profiles and re-planning ---------------------------------------------------------------------------
+
+@dataclass
+class KeyPlan:
+    key: int
+    share: float
+    share_before: float | None
+    moved: bool
+    why: str
+    current: str
+    proposed: str
+    current_ms: float | None = None
+    proposed_ms: float | None = None
+    estimated: bool = True
+    confirmed: bool | None = None
+    confirm: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.proposed != self.current
+
+    @property
+    def gain(self) -> float | None:
+        if self.current_ms and self.proposed_ms:
+            return self.current_ms / self.proposed_ms
+        return None
+
+
+def cells(keys: Sequence[int], weights: dict[int, float]) -> dict[int, dict[int, float]]:
+    """key -> {M: step share} of the M values the key serves."""
+    out: dict[int, dict[int, float]] = {k: {} for k in keys}
+    for m, w in weights.items():
+        out[nearest_key(keys, m)][m] = w
+    return out
+
+
+def _mean_log(cell: dict[int, float]) -> float | None:
+    tot = sum(cell.values())
+    return sum(w * math.log2(m) for m, w in cell.items()) / tot if tot > 0 else None
+
+
+def moved_keys(keys: Sequence[int], now: TrafficProfile, before: TrafficProfile | None, skew_now: float,
+               skew_before: float | None, share_move: float = SHARE_MOVE,
+               skew_move: float = SKEW_MOVE) -> dict[int, tuple[bool, str, float, float | None]]:
+    """key -> (moved, why, share now, share before)."""
+    c_now = cells(keys, now.m_weights)
+    c_before = cells(keys, before.m_weights) if before else None
+    out = {}
+    skew_moved = skew_before is None or abs(skew_now - skew_before) > skew_move
+    for k in keys:
+        s_now = sum(c_now[k].values())
+        s_before = sum(c_before[k].values()) if c_before is not None else None
+        if s_now < MIN_SHARE:
+            out[k] = (False, "no traffic", s_now, s_before)
+        elif before is None:
+            out[k] = (True, "no stored profile", s_now, s_before)
+        elif skew_moved:
+            out[k] = (True, f"skew {skew_before:.2f} -> {skew_now:.2f}" if skew_before is not None
+                      else "skew unknown before", s_now, s_before)
+        elif abs(s_now - s_before) > share_move and abs(s_now - s_before) > 0.5 * s_before:
+            out[k] = (True, f"share {100 * s_before:.1f}% -> {100 * s_now:.1f}%", s_now, s_before)
+        else:
+            a, b = _mean_log(c_now[k]), _mean_log(c_before[k])
+            if a is not None and b is not None and abs(a - b) > CELL_MOVE:
+                out[k] = (True, f"mean M in cell {2 ** b:.0f} -> {2 ** a:.0f}", s_now, s_before)
+            else:
+                out[k] = (False, "unchanged", s_now, s_before)
+    return out
+
+
+def replan(table: dict[int, Config], now: TrafficProfile, before: TrafficProfile | None, skew: float,
+           skew_before: float | None, pricer: Pricer, min_gain: float = 0.01, share_move: float = SHARE_MOVE,
+           skew_move: float = SKEW_MOVE) -> list[KeyPlan]:
+    """The zero-shot re-plan of the moved keys (module docstring, step 3)."""
+    keys = sorted(table)
+    cell = cells(keys, now.m_weights)
+    moved = moved_keys(keys, now, before, skew, skew_before, share_move, skew_move)
+    plans = []
+    for k in keys:
+        is_moved, why, s_now, s_before = moved[k]
+        cur = table[k]
+        kp = KeyPlan(k, s_now, s_before, is_moved, why, str(cur), str(cur))
+        if is_moved:
+            def cost(c: Config, served: dict[int, float] = cell[k], s_now: float = s_now
+                     ) -> tuple[float | None, bool]:
+                tot, est = 0.0, False
+                for m, w in served.items():
+                    t, e = pricer.time(c, m, skew)
+                    if t is None:
+                        return None, True
+                    tot += w * t
+                    est |= e
+                return tot / max(s_now, 1e-12), est
+            cur_t, cur_e = cost(cur)
+            kp.current_ms, kp.estimated = cur_t, cur_e
+            if cur_t is not None:
+                priced = [(t, str(c), c, e) for c in pricer.candidates(k, skew) for t, e in [cost(c)] if t is not None]
+                if priced:
+                    t, _, best, e = min(priced)
+                    margin = max(min_gain, 0.5 * (pricer.spread(k, skew, cur) + pricer.spread(k, skew, best)))
+                    if cur_t / t >= 1.0 + margin:
+                        kp.proposed, kp.proposed_ms, kp.estimated = str(best), t, e or cur_e
+                    else:
+                        kp.proposed_ms = cur_t
+            else:
+                kp.why += "; the current entry has no recorded time at this shape (only --gpu can compare)"
+        plans.append(kp)
+    return plans
+
+
+# ---- the engine folder --------------------------------------------------------------------------------------------
+
+def engine_file(folder: Path, engine: str, shape: Any, device: str) -> tuple[Path, str]:
+    """(path of the current engine file, Triton version folder for SGLang or "")."""
+    from kernel_gym.kernels import vllm_tables
+
+    name = vllm_tables.config_file_name(shape.num_experts, shape.n, device, shape.dtype, engine=engine)
+    if engine == "vllm":
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"--current {folder}: no vLLM config file {name} (E={shape.num_experts}, "
+                                    f"N={shape.n}); write one first (kernel-gym export --format vllm --model ... "
+                                    f"--tp ... --out {folder}) or check --model / --tp")
+        return path, ""
+    hits = sorted(folder.glob(f"configs/triton_*/{name}"))
+    if not hits:
+        raise FileNotFoundError(f"--current {folder}: no SGLang config file configs/triton_*/{name}; write one "
+                                f"first (kernel-gym export --format sglang ... --out {folder}) or check --model / --tp")
+    path = hits[-1]
+    return path, path.parent.name.removeprefix("triton_").replace("_", ".")
+
+
+def read_table(path: Path) -> dict[int, Config]:
+    from kernel_gym.kernels.vllm_moe import to_config
+
+    try:
+        data = json.loads(path.read_text())
+        table = {int(k): to_config(v) for k, v in data.items() if k != "triton_version"}
+    except (json.JSONDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{path}: not an engine fused-MoE config file ({type(exc).__name__}: {exc}); restore it "
+                         "from the previous folder (kernel-gym cycle --rollback) or export it again") from None
+    if not table:
+        raise ValueError(f"{path}: no M keys; export the file again (kernel-gym export --format vllm|sglang)")
+    return table
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_folder(current: Path, out: Path, write: Any) -> Path:
+    """Copy `current` to a temporary sibling of `out`, let `write(tmp)` change it, fsync everything, rename it to
+    `out` (an existing `out` is replaced). A crash leaves either the old `out` or the new one, never a half."""
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(current, tmp, ignore=shutil.ignore_patterns(REPORT_MD, REPORT_JSON))
+    write(tmp)
+    _fsync_tree(tmp)
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def prev_of(current: Path) -> Path:
+    return current.with_name(current.name + ".prev")
+
+
+def install(current: Path, new: Path) -> Path:
+    """Move `new` into `current`'s place; the old folder becomes `<current>.prev` (an older .prev is dropped)."""
+    prev = prev_of(current)
+    if prev.exists():
+        shutil.rmtree(prev)
+    os.replace(current, prev)
+    os.replace(new, current)
+    return prev
+
+
+def rollback(current: Path) -> Path:
+    """Put `<current>.prev` back; the folder it replaces is kept as `<current>.undone`."""
+    prev = prev_of(current)
+    if not prev.is_dir():
+        raise FileNotFoundError(f"--rollback: no previous folder {prev} (a cycle with --install keeps one); nothing "
+                                "to restore")
+    undone = current.with_name(current.name + ".undone")
+    if undone.exists():
+        shutil.rmtree(undone)
+    if current.exists():
+        os.replace(current, undone)
+    os.replace(prev, current)
+    return undone
+
+
+# ---- the report ---------------------------------------------------------------------------------------------------
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def report_md(rep: dict[str, Any]) -> str:
+    p, b = rep["profile"], rep.get("profile_before")
+    lines = [f"# kernel-gym cycle: {rep['decision']} (exit {rep['exit_code']})", "",
+             f"- model {rep['model']} TP {rep['tp']}, engine {rep['engine']}, file `{rep['engine_file']}`",
+             f"- traffic: {', '.join(p['sources'])} ({p['m_source']}); {p['requests']:.0f} requests, "
+             f"{p['steps']:.0f} steps" + (f" over {p['span_s']:.0f} s" if p.get("span_s") else ""),
+             f"- stored profile: {'none (everything counts as moved)' if b is None else 'yes'}",
+             f"- routing skew: now {rep['skew']:.2f} ({rep['skew_source']})"
+             + (f", before {rep['skew_before']:.2f}" if rep.get("skew_before") is not None else ""),
+             f"- prompt p50/p90: {p['prompt'].get('p50', float('nan')):.0f}/{p['prompt'].get('p90', float('nan')):.0f}"
+             + (f" (before {b['prompt'].get('p50', float('nan')):.0f}/{b['prompt'].get('p90', float('nan')):.0f})"
+                if b else "") + f"; decode context mean {p['decode'].get('context_mean', float('nan')):.0f}"
+             + (f" (before {b['decode'].get('context_mean', float('nan')):.0f})" if b else ""),
+             f"- priced fused-MoE time per call on this traffic: current {rep['price_current']['ms']:.4f} ms, "
+             f"re-planned {rep['price_new']['ms']:.4f} ms, per-M best {rep['price_oracle']['ms']:.4f} ms",
+             f"- **expected gain x{rep['expected_gain']:.4f}**; share resting on estimates "
+             f"{_pct(rep['price_new']['estimated_share'])} (current {_pct(rep['price_current']['estimated_share'])})",
+             f"- moved keys {rep['moved_keys']}, changed {rep['changed_keys']}"
+             + (f", confirmed on the GPU {rep['confirmed_keys']}" if rep["gpu"] else " (zero-shot, no GPU: "
+                "unconfirmed)"), f"- GPU-seconds this cycle: {rep['gpu_s']:.1f}", "",
+             "| M key | steps now | before | moved | why | current ms | proposed ms | gain | changed | confirmed |",
+             "|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
+    for k in rep["keys"]:
+        if not k["moved"] and not k["share"]:
+            continue
+        g = (k["current_ms"] / k["proposed_ms"]) if k["current_ms"] and k["proposed_ms"] else None
+        lines.append(f"| {k['key']} | {_pct(k['share'])} | {_pct(k['share_before'])} | {'yes' if k['moved'] else ''} "
+                     f"| {k['why']} | {k['current_ms'] or float('nan'):.4f} | {k['proposed_ms'] or float('nan'):.4f} "
+                     f"| {'' if g is None else f'x{g:.3f}'} | {'yes' if k['proposed'] != k['current'] else ''} | "
+                     f"{'' if k['confirmed'] is None else ('yes' if k['confirmed'] else 'no')} |")
+    lines += ["", "Changed entries:", ""]
+    lines += [f"- M {k['key']}: {k['current']} -> {k['proposed']}" for k in rep["keys"]
+              if k["proposed"] != k["current"]]
+    return "\n".join(lines) + "\n"
+
+
+def log_mlflow(rep: dict[str, Any], files: list[Path], tracking_uri: str | None) -> str:
+    """One run per cycle: params, the decision and prices as metrics, the report and profile as artifacts."""
+    import mlflow
+
+    from kernel_gym.policies import tracking
+
+    uri = tracking.setup_tracking(tracking_uri)
+    exp = tracking.get_or_create_experiment(EXPERIMENT, uri)
+    with mlflow.start_run(experiment_id=exp, run_name=f"cycle {rep['model']} {rep['engine']}") as run:
+        mlflow.log_params({"model": rep["model"], "engine": rep["engine"], "tp": rep["tp"], "gpu": rep["gpu"],
+                           "current": rep["current"], "traffic": ",".join(rep["profile"]["sources"])[:500],
+                           "engine_file": rep["engine_file"]})
+        mlflow.set_tags({"decision": rep["decision"], "git_commit": tracking.git_commit()})
+        mlflow.log_metrics({"exit_code": rep["exit_code"], "expected_gain": rep["expected_gain"],
+                            "estimated_share": rep["price_new"]["estimated_share"],
+                            "moved_keys": rep["moved_keys"], "changed_keys": rep["changed_keys"],
+                            "confirmed_keys": rep["confirmed_keys"], "skew": rep["skew"], "gpu_s": rep["gpu_s"],
+                            "price_current_ms": rep["price_current"]["ms"], "price_new_ms": rep["price_new"]["ms"],
+                            "price_oracle_ms": rep["price_oracle"]["ms"], "requests": rep["profile"]["requests"]})
+        for f in files:
+            if f.exists():
+                mlflow.log_artifact(str(f))
+        return run.info.run_id
+
+
+# ---- the command --------------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernel-gym cycle", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="exit codes: 0 no change needed, 10 change proposed and confirmed, 11 proposed "
+                                       "but unconfirmed, 2 error")
+    p.add_argument("--model", help="model spec: a built-in or zoo name, NAME@tpN, or a JSON file")
+    p.add_argument("--engine", choices=("vllm", "sglang"), help="whose fused-MoE config files --current holds")
+    p.add_argument("--current", type=Path, required=True, help="the folder the engine reads its configs from")
+    p.add_argument("--traffic", action="append", default=[], metavar="SOURCE",
+                   help="repeatable: a Prometheus scrape or folder of scrapes, a request log (Azure / Mooncake / "
+                        "BurstGPT), per-expert counts (SGLang recorder dump, vLLM EPLB state, JSON)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (the engine file's N = intermediate/tp)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help="GPU name as torch.cuda.get_device_name() says")
+    p.add_argument("--gpu", action="store_true", help="time the changed keys on this machine's GPU and keep only the "
+                   "ones a paired round confirms")
+    p.add_argument("--gpu-budget-s", type=float, default=300.0, help="GPU time budget of --gpu")
+    p.add_argument("--top-k", type=int, default=4, help="--gpu: candidates timed per moved key besides the current")
+    p.add_argument("--out", type=Path, default=None, help="the new folder (default <current>.next)")
+    p.add_argument("--install", action="store_true", help="move the new folder into --current's place (the old one "
+                   "becomes <current>.prev)")
+    p.add_argument("--rollback", action="store_true", help="put <current>.prev back and exit")
+    p.add_argument("--report-dir", type=Path, default=Path("."), help="where cycle_report.md/.json go")
+    p.add_argument("--store", action="append", default=[], metavar="PATH",
+                   help="measurement stores with vllm_fused_moe rows (default: the packaged H200 dataset)")
+    p.add_argument("--min-gain", type=float, default=0.01, help="a key changes only if faster by this much")
+    p.add_argument("--share-move", type=float, default=SHARE_MOVE, help="share of steps a key must gain or lose")
+    p.add_argument("--skew-move", type=float, default=SKEW_MOVE, help="skew change that moves every key")
+    p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow run")
+    p.add_argument("--tracking-uri", default="", help="MLflow store (default mlruns/ or MLFLOW_TRACKING_URI)")
+    return p
+
+
+def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None) -> tuple[int, dict[str, Any]]:
+    """The cycle without the argument parsing (module docstring); returns (exit code, report)."""
+    from kernel_gym.models import load_model
+    from kernel_gym.policies import engine_export as ee
+
+    if not args.model or not args.engine:
+        raise ValueError("--model and --engine are required (except with --rollback)")
+    if not args.current.is_dir():
+        raise FileNotFoundError(f"--current {args.current}: no such folder; pass the folder the engine reads its "
+                                "configs from (VLLM_TUNED_CONFIG_FOLDER / SGLANG_MOE_CONFIG_DIR)")
+    if args.min_gain < 0:
+        raise ValueError(f"--min-gain must be >= 0, got {args.min_gain}")
+    model = load_model(args.model)
+    shape = ee.shard_shape(model, args.tp)
+    path, triton_version = engine_file(args.current, args.engine, shape, args.device)
+    table = read_table(path)
+    profile = read_traffic(args.traffic, model, args.engine)
+    before_path = args.current / PROFILE_FILE
+    before = load_profile(before_path) if before_path.exists() else None
+    side = args.current / ee.SIDECAR
+    side_note = {}
+    if side.exists():
+        try:
+            side_note = json.loads(side.read_text()).get("files", {}).get(str(path.relative_to(args.current)), {})
+        except (json.JSONDecodeError, AttributeError):
+            side_note = {}
+    skew_before = before.skew if before and before.skew is not None else side_note.get("skew")
+    if profile.skew is not None:
+        skew, skew_source = profile.skew, "per-expert counts"
+    elif skew_before is not None:
+        skew = float(skew_before)
+        skew_source = "none given: the stored " + ("profile's" if before and before.skew is not None else "sidecar's")
+        profile.routing = dict(before.routing) if before and before.routing else {"skew": skew}
+        profile.estimated.append("routing skew not observed this period (kept the stored one)")
+    else:
+        skew, skew_source = 0.0, "none given: uniform assumed"
+        profile.estimated.append("routing skew not observed: uniform assumed")
+    if rows is None and args.store:
+        rows = ee.measured_rows(args.store)
+    pricer = Pricer(shape, args.device, rows)
+    plans = replan(table, profile, before, skew, skew_before, pricer, args.min_gain, args.share_move, args.skew_move)
+    gpu_s = 0.0
+    if args.gpu:
+        if confirmer is None:
+            from kernel_gym.policies.cycle_gpu import GpuConfirmer
+
+            confirmer = GpuConfirmer(shape, budget_s=args.gpu_budget_s)
+        for kp in plans:
+            if not kp.moved:
+                continue
+            cands = [c for c in pricer.candidates(kp.key, skew) if str(c) != kp.current]
+            ranked = sorted(cands, key=lambda c: pricer.time(c, kp.key, skew)[0] or math.inf)[: args.top_k]
+            res = confirmer.tune_key(kp.key, skew, Config.parse(kp.current), ranked, args.min_gain)
+            kp.confirm = res
+            if res.get("confirmed"):
+                kp.proposed, kp.confirmed = res["config"], True
+            else:
+                kp.proposed, kp.confirmed = kp.current, False if kp.changed or res.get("timed") else None
+        gpu_s = float(getattr(confirmer, "gpu_s", 0.0))
+    new_table = {kp.key: Config.parse(kp.proposed) for kp in plans}
+    p_cur = price(table, profile.m_weights, skew, pricer)
+    p_new = price(new_table, profile.m_weights, skew, pricer)
+    p_orc = price_oracle(profile.m_weights, skew, pricer)
+    changed = [kp for kp in plans if kp.changed]
+    code = NO_CHANGE if not changed else (CONFIRMED if args.gpu and all(kp.confirmed for kp in changed)
+                                          else UNCONFIRMED)
+    rep = {
+        "decision": DECISIONS[code], "exit_code": code, "model": model.name, "tp": args.tp, "engine": args.engine,
+        "device": args.device, "current": str(args.current), "engine_file": str(path.relative_to(args.current)),
+        "gpu": bool(args.gpu), "gpu_s": gpu_s, "skew": skew, "skew_source": skew_source,
+        "skew_before": skew_before, "profile": profile.to_json(),
+        "profile_before": before.to_json() if before else None,
+        "price_current": p_cur, "price_new": p_new, "price_oracle": p_orc,
+        "expected_gain": p_cur["ms"] / p_new["ms"] if p_new["ms"] > 0 else 1.0,
+        "moved_keys": sum(kp.moved for kp in plans), "changed_keys": len(changed),
+        "confirmed_keys": sum(bool(kp.confirmed) for kp in changed),
+        "keys": [asdict(kp) for kp in plans], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    args.report_dir.mkdir(parents=True, exist_ok=True)
+    md, js = report_md(rep), json.dumps(rep, indent=1, default=str) + "\n"
+    new_folder = None
+    if changed:
+        out = args.out or args.current.with_name(args.current.name + ".next")
+        rel = path.relative_to(args.current)
+
+        def write(tmp: Path) -> None:
+            from kernel_gym.kernels.vllm_moe import to_entry
+
+            content = {str(k): to_entry(c) for k, c in sorted(new_table.items())}
+            note = {**{k: v for k, v in side_note.items() if k != "keys"}, "model": model.name, "tp": args.tp,
+                    "shape": shape.__dict__, "device": args.device, "routing": f"skew {skew:.2f}", "skew": skew,
+                    "estimate": code != CONFIRMED, "cycle": {
+                        "decision": rep["decision"], "created": rep["created"], "expected_gain": rep["expected_gain"],
+                        "estimated_share": p_new["estimated_share"], "from": str(args.current)},
+                    "keys": [{"M": kp.key, "changed": kp.changed, "moved": kp.moved, "confirmed": kp.confirmed,
+                              "gain": kp.gain} for kp in plans]}
+            target = ee.write_engine_file(tmp, args.engine, shape, args.device, content, triton_version or "unknown",
+                                          note)
+            if target.relative_to(tmp) != rel:  # SGLang: keep the folder of the Triton version it runs
+                target.rename(tmp / rel)
+            profile.save(tmp / PROFILE_FILE)
+            (tmp / REPORT_MD).write_text(md)
+            (tmp / REPORT_JSON).write_text(js)
+
+        new_folder = write_folder(args.current, out, write)
+        rep["new_folder"] = str(new_folder)
+        if args.install:
+            rep["previous_folder"] = str(install(args.current.resolve(), new_folder))
+            rep["installed"] = str(args.current)
+        js = json.dumps(rep, indent=1, default=str) + "\n"
+    (args.report_dir / REPORT_MD).write_text(md)
+    (args.report_dir / REPORT_JSON).write_text(js)
+    if not args.no_mlflow:
+        prof_path = args.report_dir / PROFILE_FILE
+        profile.save(prof_path)
+        rep["mlflow_run_id"] = log_mlflow(rep, [args.report_dir / REPORT_MD, args.report_dir / REPORT_JSON, prof_path],
+                                          args.tracking_uri or None)
+    return code, rep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.rollback:
+        undone = rollback(args.current)
+        print(f"[cycle] restored {args.current} from {prev_of(args.current)}; the replaced folder is {undone}")
+        return 0
+    code, rep = run_cycle(args)
+    print(f"[cycle] {rep['model']} {rep['engine']} {rep['engine_file']}: {rep['moved_keys']} keys moved, "
+          f"{rep['changed_keys']} changed; priced fused-MoE time current {rep['price_current']['ms']:.4f} ms -> "
+          f"{rep['price_new']['ms']:.4f} ms: expected gain x{rep['expected_gain']:.4f}, "
+          f"{_pct(rep['price_new']['estimated_share'])} of it on estimated times")
+    if rep.get("new_folder"):
+        where = f" installed at {rep['installed']} (previous: {rep['previous_folder']})" if rep.get("installed") else ""
+        print(f"[cycle] new folder {rep['new_folder']}{where}")
+    print(f"[cycle] {rep['decision']} (exit {code}); report {args.report_dir / REPORT_MD}")
+    return code
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"kernel-gym cycle: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+              file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,234 @@
+"""`kernel-gym cycle` (policies/cycle.py) on hand-made recorded times: decisions and exit codes, atomic folders,
+install and rollback, the GPU confirmation path (a fake confirmer), the diff report and the MLflow run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.vllm_moe import to_entry
+from kernel_gym.models import load_model
+from kernel_gym.policies import cycle
+from kernel_gym.policies import engine_export as ee
+from kernel_gym.traffic import metrics
+from kernel_gym.traffic.routing import topk_load_shares, zipf_popularity
+
+MODEL = load_model("mixtral-8x7b")
+SHAPE = ee.shard_shape(MODEL, 1)
+DEV = "NVIDIA H200"
+KEYS = (1, 16, 64, 256)
+
+
+def cfg(bm: int, bn: int, warps: int = 4) -> Config:
+    return Config({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                   "num_warps": warps, "num_stages": 3})
+
+
+A, B, C = cfg(16, 64), cfg(32, 128), cfg(64, 128, 8)
+
+
+def rows() -> list[ee.Row]:
+    """A is best under uniform routing; B is 20% faster than A under Zipf 1.2; C is slower everywhere."""
+    out = []
+    for m in KEYS:
+        base = 0.1 * (1 + m / 64)
+        for skew, times in ((0.0, {A: base, B: base * 1.1, C: base * 1.5}),
+                            (1.2, {A: base * 1.2, B: base, C: base * 1.5})):
+            for c, t in times.items():
+                out.append(ee.Row(DEV, "3.6.0", SHAPE.workload(m, skew), c, t, 0.01))
+    return out
+
+
+ROWS = rows()
+
+
+def current_folder(tmp_path: Path, engine: str = "vllm", skew: float = 0.0) -> Path:
+    d = tmp_path / "moe"
+    ee.write_engine_file(d, engine, SHAPE, DEV, {str(k): to_entry(A) for k in KEYS}, "3.6.0", {"skew": skew})
+    return d
+
+
+def scrape(tmp_path: Path, step_counts: list[int], name: str = "scrapes") -> Path:
+    from tests.traffic.test_metrics import ZERO14, vllm_scrape, write
+
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    write(d / "t0.txt", vllm_scrape([0] * 14, ZERO14, ZERO14), 100.0)
+    write(d / "t1.txt", vllm_scrape(step_counts, [0] * 9 + [10, 0, 0, 0, 0], [0] * 6 + [10, 0, 0, 0, 0, 0, 0, 0]),
+          700.0)
+    return d
+
+
+def experts(tmp_path: Path, skew: float) -> Path:
+    shares = topk_load_shares(zipf_popularity(8, skew), 2)
+    f = tmp_path / f"experts_{skew}.json"
+    f.write_text(json.dumps({"counts": [list(np.round(shares * 1e5)) for _ in range(4)]}))
+    return f
+
+
+STEPS = [10, 20, 30, 10, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0]  # M from 1 to 64
+
+
+def args(current: Path, traffic: list[Path], tmp_path: Path, **kw) -> argparse.Namespace:
+    a = cycle.build_parser().parse_args(["--model", "mixtral-8x7b", "--engine", kw.pop("engine", "vllm"),
+                                         "--current", str(current), "--no-mlflow",
+                                         "--report-dir", str(tmp_path / "report"),
+                                         *sum((["--traffic", str(t)] for t in traffic), [])])
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+def test_pricer_exact_at_measured_points_estimated_between():
+    p = cycle.Pricer(SHAPE, DEV, ROWS)
+    t, est = p.time(A, 16, 0.0)
+    assert t == pytest.approx(0.1 * (1 + 16 / 64)) and not est
+    t2, est2 = p.time(A, 32, 0.0)
+    assert est2 and p.time(A, 16, 0.0)[0] < t2 < p.time(A, 64, 0.0)[0]
+    t3, est3 = p.time(B, 64, 0.6)  # between the measured skews
+    assert est3 and p.time(B, 64, 1.2)[0] < t3 < p.time(B, 64, 0.0)[0]
+    assert p.time(A, 1024, 0.0)[0] == pytest.approx(p.time(A, 256, 0.0)[0] * 4)  # linear above the grid
+    with pytest.raises(ValueError, match="no recorded vllm_fused_moe times"):
+        cycle.Pricer(ee.shard_shape(load_model("olmoe-1b-7b"), 1), DEV, ROWS)
+
+
+def test_skew_shift_proposes_an_unconfirmed_change_written_atomically(tmp_path):
+    cur = current_folder(tmp_path)
+    before = {p.name: p.read_text() for p in cur.iterdir()}
+    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path), ROWS)
+    assert code == cycle.UNCONFIRMED and rep["decision"] == "change proposed, unconfirmed"
+    assert rep["skew"] == pytest.approx(1.2, abs=0.1) and rep["skew_source"] == "per-expert counts"
+    assert rep["expected_gain"] == pytest.approx(1.2, rel=0.03)
+    assert 0.0 <= rep["price_new"]["estimated_share"] <= 1.0
+    new = Path(rep["new_folder"])
+    assert new == (tmp_path / "moe.next").resolve()
+    table = json.loads((new / "E=8,N=14336,device_name=NVIDIA_H200.json").read_text())
+    assert set(table) == {str(k) for k in KEYS}
+    assert table["16"] == to_entry(B) and table["256"] == to_entry(A)  # no steps near 256: left alone
+    assert metrics.load_profile(new / metrics.PROFILE_FILE).skew == pytest.approx(rep["skew"])
+    side = json.loads((new / ee.SIDECAR).read_text())["files"]["E=8,N=14336,device_name=NVIDIA_H200.json"]
+    assert side["estimate"] is True and side["cycle"]["decision"] == rep["decision"]
+    assert {p.name: p.read_text() for p in cur.iterdir()} == before  # the current folder is untouched
+    assert not list(tmp_path.glob(".moe.next.tmp-*"))
+    md = (tmp_path / "report" / cycle.REPORT_MD).read_text()
+    assert "expected gain x1.2" in md and "M 16:" in md
+    assert json.loads((tmp_path / "report" / cycle.REPORT_JSON).read_text())["exit_code"] == 11
+
+
+def test_no_change_when_the_traffic_did_not_move(tmp_path):
+    cur = current_folder(tmp_path)
+    traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)]
+    code, rep = cycle.run_cycle(args(cur, traffic, tmp_path), ROWS)
+    assert code == cycle.UNCONFIRMED
+    code2, rep2 = cycle.run_cycle(args(Path(rep["new_folder"]), traffic, tmp_path, out=tmp_path / "again"), ROWS)
+    assert code2 == cycle.NO_CHANGE and rep2["moved_keys"] == 0 and "new_folder" not in rep2
+    assert not (tmp_path / "again").exists()
+
+
+def test_uniform_traffic_on_uniform_files_needs_no_change(tmp_path):
+    cur = current_folder(tmp_path)
+    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 0.0)], tmp_path), ROWS)
+    assert code == cycle.NO_CHANGE
+    assert rep["moved_keys"] >= 3 and all(k["why"] in ("no stored profile", "no traffic") for k in rep["keys"])
+    assert rep["expected_gain"] == pytest.approx(1.0)
+
+
+def test_m_shift_moves_only_the_keys_whose_share_changed(tmp_path):
+    cur = current_folder(tmp_path)
+    metrics.TrafficProfile("vllm", ["old"], 600, 10, 100, {1: 0.5, 16: 0.5}, {}, {},
+                           routing={"skew": 0.0}).save(cur / metrics.PROFILE_FILE)
+    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, [0, 0, 0, 0, 0, 0, 0, 50, 0, 0, 0, 0, 0, 0]),
+                                           experts(tmp_path, 0.0)], tmp_path), ROWS)
+    moved = {k["key"]: k["why"] for k in rep["keys"] if k["moved"]}
+    assert set(moved) == {256} and moved[256].startswith("share 0.0% -> 100.0%")
+    assert code == cycle.NO_CHANGE  # A is already the best at 256 under uniform routing
+
+
+def test_gpu_path_keeps_only_confirmed_changes(tmp_path):
+    class Fake:
+        def __init__(self, confirm: bool) -> None:
+            self.confirm, self.gpu_s, self.calls = confirm, 0.0, []
+
+        def tune_key(self, m, skew, current, candidates, min_gain):
+            self.calls.append((m, current, candidates))
+            self.gpu_s += 1.5
+            return {"confirmed": self.confirm, "config": str(B), "timed": {str(current): 1.0}}
+
+    cur = current_folder(tmp_path)
+    traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)]
+    yes = Fake(True)
+    code, rep = cycle.run_cycle(args(cur, traffic, tmp_path, gpu=True), ROWS, confirmer=yes)
+    assert code == cycle.CONFIRMED and rep["confirmed_keys"] == rep["changed_keys"] == 3
+    assert rep["gpu_s"] == pytest.approx(1.5 * len(yes.calls)) and all(A not in c for _, _, c in yes.calls)
+    no = Fake(False)
+    code, rep = cycle.run_cycle(args(cur, traffic, tmp_path, gpu=True, out=tmp_path / "x"), ROWS, confirmer=no)
+    assert code == cycle.NO_CHANGE and rep["changed_keys"] == 0 and not (tmp_path / "x").exists()
+
+
+def test_install_then_rollback(tmp_path, capsys):
+    cur = current_folder(tmp_path)
+    old = (cur / "E=8,N=14336,device_name=NVIDIA_H200.json").read_text()
+    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path,
+                                     install=True), ROWS)
+    assert code == cycle.UNCONFIRMED
+    assert (cur / metrics.PROFILE_FILE).exists() and (tmp_path / "moe.prev" / ee.SIDECAR).exists()
+    assert (cur / "E=8,N=14336,device_name=NVIDIA_H200.json").read_text() != old
+    assert cycle.main(["--current", str(cur), "--rollback"]) == 0
+    assert (cur / "E=8,N=14336,device_name=NVIDIA_H200.json").read_text() == old
+    assert not (cur / metrics.PROFILE_FILE).exists() and (tmp_path / "moe.undone" / metrics.PROFILE_FILE).exists()
+    with pytest.raises(FileNotFoundError, match="no previous folder"):
+        cycle.rollback(cur)
+
+
+def test_sglang_folder_keeps_its_triton_version(tmp_path):
+    cur = tmp_path / "sg"
+    from tests.traffic.test_metrics import sglang_scrape, write
+
+    ee.write_engine_file(cur, "sglang", SHAPE, DEV, {str(k): to_entry(A) for k in KEYS}, "3.8.0", {})
+    d = tmp_path / "sg_scrapes"
+    d.mkdir()
+    write(d / "0.txt", sglang_scrape([0] * 6, [0] * 5, 0), 100.0)
+    write(d / "1.txt", sglang_scrape([10, 10, 0, 0, 0, 0], [20, 0, 0, 0, 0], 8), 400.0)
+    code, rep = cycle.run_cycle(args(cur, [d, experts(tmp_path, 1.2)], tmp_path, engine="sglang"), ROWS)
+    assert code == cycle.UNCONFIRMED
+    assert rep["engine_file"].startswith("configs/triton_3_8_0/")
+    new = Path(rep["new_folder"])
+    assert sorted(p.name for p in (new / "configs").iterdir()) == ["triton_3_8_0"]
+
+
+def test_bad_inputs_get_one_line_errors(tmp_path, capsys):
+    from kernel_gym import cli
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc = cli.main(["cycle", "--model", "mixtral-8x7b", "--engine", "vllm", "--current", str(empty),
+                   "--traffic", str(tmp_path), "--no-mlflow"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "no vLLM config file E=8,N=14336" in err and "kernel-gym export" in err and "\n" not in err
+    cur = current_folder(tmp_path)
+    (cur / "E=8,N=14336,device_name=NVIDIA_H200.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not an engine fused-MoE config file"):
+        cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS)], tmp_path), ROWS)
+    with pytest.raises(ValueError, match="--model and --engine are required"):
+        cycle.run_cycle(cycle.build_parser().parse_args(["--current", str(cur)]), ROWS)
+
+
+def test_mlflow_run_per_cycle(tmp_path):
+    pytest.importorskip("mlflow")
+    from tests.fakes.mlflow_store import fresh_store
+
+    uri = fresh_store(tmp_path)
+    cur = current_folder(tmp_path)
+    a = args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path, no_mlflow=False, tracking_uri=uri)
+    code, rep = cycle.run_cycle(a, ROWS)
+    import mlflow
+
+    run = mlflow.get_run(rep["mlflow_run_id"])
+    assert run.data.tags["decision"] == "change proposed, unconfirmed"
+    assert run.data.metrics["exit_code"] == 11 and run.data.metrics["changed_keys"] == 3
+    assert run.data.params["engine"] == "vllm"
