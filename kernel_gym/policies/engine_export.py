@@ -1,32 +1,47 @@
 """Engine exports that never slow a deployment down: vLLM / SGLang fused-MoE config files from configs MEASURED in the
-`vllm_fused_moe` family (vLLM's own kernel design and tunables), with the engine's own choice always a candidate.
+`vllm_fused_moe` family (vLLM's own kernel design and tunables), with the engine's own entry always the default.
 
-`kernel-gym export --format vllm|sglang --model mixtral-8x7b [--tp 2] [--routing uniform|zipf:1.2] --store S.sqlite
---out DIR` writes, for the model's MoE shape at tensor-parallel degree tp (N = intermediate // tp):
+`kernel-gym export --format vllm|sglang --model mixtral-8x7b [--tp 2] [--ep N] [--routing uniform|zipf:1.2]
+[--engine-version V] --store S.sqlite --out DIR` writes, for the shape one GPU runs (N = intermediate // tp; under
+expert parallelism E = the LOCAL expert count, experts // ep, as the engines name their files):
 - vllm: DIR/E={E},N={N},device_name={dev}[,dtype=float32].json: vLLM's naming (spaces -> underscores, any H200
-  variant -> NVIDIA_H200), read by vLLM from VLLM_TUNED_CONFIG_FOLDER=DIR;
-- sglang: DIR/configs/triton_{X_Y_Z}/E={E},N={N},device_name={dev}.json: SGLang's layout under
-  SGLANG_MOE_CONFIG_DIR=DIR, in the folder of the Triton version it runs (--triton-version, default the measured one).
+  variant -> NVIDIA_H200), read by vLLM from VLLM_TUNED_CONFIG_FOLDER=DIR before its own configs/;
+- sglang: DIR/configs/triton_{X_Y_Z}/E={E},N={N},device_name={dev}.json under SGLANG_MOE_CONFIG_DIR=DIR, in the folder
+  of the Triton the user's SGLang runs (--triton-version; default the one the named SGLang version pins: 0.5.23 ->
+  3.8.0). SGLANG_MOE_CONFIG_DIR replaces SGLang's own folder (docs/deployment.md: how to keep its shipped files).
 Keys are vLLM's batch sizes (VLLM_M_KEYS, 1 ... 4096); both engines take the nearest key for any M.
 
-Per key, the entry is chosen among the configs measured at that (M, routing) on --device: the engine's own entry
-(its shipped table's nearest-M entry, else its default rule) is the baseline and stays unless a measured config beat
-it by at least --min-gain in the same data. An unmeasured key keeps the baseline. So the file is never slower than
-what the engine runs without it, within the measurement's noise (scripts/bench_vllm_export.py re-times the choices
-against the shipped table, paired, on the GPU).
+The engine's own entry per key (kernel_gym.kernels.vllm_tables, for the named engine version: its shipped table's
+nearest-M entry, else its default rule) stays unless a measured config has a CONFIRMED lead over it at that (M,
+routing) on --device (issue 30):
+- measured-confirmed: a paired confirmation (scripts/bench_vllm_export.py or `kernel-gym tune --engine`, passed as
+  --confirmations FILE; the packaged/--store rows are not paired) against this very engine entry, or repeated rows
+  agreeing: at least two stored rows of the candidate, every one faster than every row of the engine entry by
+  --min-gain (and by the rows' noise: `pick`);
+- measured-single: a lead in one row only (or repeats that disagree): the engine entry is kept and the candidate is
+  listed as unconfirmed in the summary and the sidecar;
+- engine entry: nothing measured beats it (or nothing was measured).
+Where the engine runs its small-batch path (vLLM 0.33: M * top_k * 4 <= E, no EP; kernels/vllm_moe.py) only rows timed
+on that path (small_batch_source_hash) count; rows of the aligned path do not describe what runs there.
 
 Refused (one-line ValueError) unless --force: a device without measurements of this shape (measured on another GPU,
-or never). With --force the file is written anyway (other-device measurements, else the engine's own entries) and
-its sidecar `DIR/kernel_gym_export.json` says it is an estimate. The engines never read the sidecar: vLLM opens only
-the exact file name and turns every top-level key into int(key), so no note can go inside the config file itself.
+or never). With --force the file is written anyway: the engine's own entries (its shipped table where it has one),
+changed only on a confirmed lead measured on another GPU; the sidecar `DIR/kernel_gym_export.json` says it is an
+estimate and marks each key estimated or not. The engines never read the sidecar: vLLM opens only the exact file name
+and turns every top-level key into int(key), so no note can go inside the config file itself.
+
+Files are written atomically (a temporary file in the same folder, fsync, rename): a full disk or a kill leaves the
+previous file or the new one, never a truncated one.
 
 Imports only the standard library and kernel_gym's standard-library modules (no torch): runs anywhere.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -42,17 +57,20 @@ KERNEL = "vllm_fused_moe"
 SIDECAR = "kernel_gym_export.json"
 FORMATS = ("vllm", "sglang")
 DEFAULT_MIN_GAIN = 0.01
+CONFIRMED, SINGLE, ENGINE = "measured-confirmed", "measured-single", "engine entry"
+ALIGNED, SMALL_BATCH = "aligned", "small-batch"
 
 
 @dataclass(frozen=True)
 class MoEShape:
-    """One tensor-parallel shard's fused-MoE shape: N is the per-shard intermediate size (vLLM's N)."""
+    """One GPU's fused-MoE shape: N is the per-shard intermediate size (vLLM's N), num_experts the local experts."""
 
     num_experts: int
     hidden: int
     n: int
     top_k: int
     dtype: str = "bfloat16"
+    ep: int = 1  # expert-parallel degree: the model has num_experts * ep experts
 
     def workload(self, m: int, skew: float) -> MoEWorkload:
         return MoEWorkload(m, self.num_experts, self.top_k, self.hidden, self.n, skew, self.dtype)
@@ -60,13 +78,20 @@ class MoEShape:
     def fixed_key(self) -> tuple:
         return (self.num_experts, self.top_k, self.hidden, self.n, self.dtype)
 
+    def describe(self) -> dict[str, Any]:
+        return {"num_experts": self.num_experts, "hidden": self.hidden, "n": self.n, "top_k": self.top_k,
+                "dtype": self.dtype, "ep": self.ep, "global_experts": self.num_experts * self.ep}
 
-def shard_shape(model: Any, tp: int = 1, dtype: str = "bfloat16") -> MoEShape:
-    """The shape one GPU runs at tensor-parallel degree tp: N = intermediate // tp (vLLM's and SGLang's N)."""
+
+def shard_shape(model: Any, tp: int = 1, dtype: str = "bfloat16", ep: int = 1) -> MoEShape:
+    """The shape one GPU runs: N = intermediate // tp (vLLM's and SGLang's N), E = experts // ep (their E)."""
     if tp < 1 or model.intermediate % tp:
         raise ValueError(f"--tp {tp}: the intermediate size {model.intermediate} of {model.name} must split into "
                          f"{tp} equal shards")
-    return MoEShape(model.num_experts, model.hidden, model.intermediate // tp, model.top_k, dtype)
+    if ep < 1 or model.num_experts % ep:
+        raise ValueError(f"--ep {ep}: the {model.num_experts} experts of {model.name} must split evenly over {ep} "
+                         "GPUs (the engines name the file by the local expert count)")
+    return MoEShape(model.num_experts // ep, model.hidden, model.intermediate // tp, model.top_k, dtype, ep)
 
 
 def parse_routing(text: str) -> tuple[str, float]:
@@ -83,12 +108,20 @@ def parse_routing(text: str) -> tuple[str, float]:
     return ("uniform", 0.0) if skew == 0 else (f"zipf-{skew:g}", round(skew, 3))
 
 
-def baseline(shape: MoEShape, m: int, device: str) -> tuple[Config, str]:
-    """(config, 'shipped' | 'default'): what the engine runs for M tokens without a tuned file."""
+def baseline(shape: MoEShape, m: int, device: str, engine: str = vllm_tables.DEFAULT_ENGINE,
+             triton_version: str = "") -> tuple[Config, str]:
+    """(config, 'shipped' | 'default'): what the engine runs for M tokens without the user's file."""
     from kernel_gym.kernels.vllm_moe import to_config
 
-    entry, source = vllm_tables.engine_entry(shape.num_experts, shape.n, m, shape.dtype, device)
+    entry, source = vllm_tables.engine_entry(shape.num_experts, shape.n, m, shape.dtype, device, engine,
+                                             triton_version)
     return to_config(entry), source
+
+
+def engine_path_kind(shape: MoEShape, m: int, engine: str = vllm_tables.DEFAULT_ENGINE) -> str:
+    """'small-batch' where the engine skips the alignment at this M (vLLM 0.33), else 'aligned'."""
+    small = vllm_tables.naive_block_assignment(m, shape.top_k, shape.num_experts * shape.ep, engine, shape.ep)
+    return SMALL_BATCH if small else ALIGNED
 
 
 def pick(times: dict[Config, float], base: Config, min_gain: float = DEFAULT_MIN_GAIN,
@@ -107,6 +140,13 @@ def pick(times: dict[Config, float], base: Config, min_gain: float = DEFAULT_MIN
     return (best, gain) if gain >= 1.0 + margin else (base, 1.0)
 
 
+def repeats_agree(samples: dict[Config, list[float]], cand: Config, base: Config, min_gain: float) -> bool:
+    """Repeated rows agreeing: >= 2 rows of the candidate, each faster than every row of the engine entry by
+    min_gain."""
+    c, b = samples.get(cand, []), samples.get(base, [])
+    return len(c) >= 2 and bool(b) and max(c) * (1.0 + min_gain) <= min(b)
+
+
 # ---- measurements ------------------------------------------------------------------------------------------------
 
 
@@ -118,65 +158,154 @@ class Row:
     config: Config
     median_ms: float
     spread: float = 0.0
+    path: str = ALIGNED  # which launch path timed it: aligned (source_hash) or small-batch
 
 
 def measured_rows(sources: Iterable[str | Path], source_hash: str | None = None) -> list[Row]:
-    """The ok vllm_fused_moe rows of these stores / snapshots (rows of another kernel source are stale: left out)."""
+    """The ok vllm_fused_moe rows of these stores / snapshots: the aligned path's (source_hash()) and the small-batch
+    path's (small_batch_source_hash()); rows of another kernel source are stale: left out."""
+    from kernel_gym.kernels import vllm_moe
     from kernel_gym.measure.store import load_rows
 
-    if source_hash is None:
-        from kernel_gym.kernels.vllm_moe import source_hash as current
-
-        source_hash = current()
+    paths = {source_hash or vllm_moe.source_hash(): ALIGNED, vllm_moe.small_batch_source_hash(): SMALL_BATCH}
     out = []
     for src in sources:
         for ctx, ms in load_rows(src):
-            if ctx.kernel != KERNEL or ctx.source_hash != source_hash:
+            if ctx.kernel != KERNEL or ctx.source_hash not in paths:
                 continue
             for m in ms:
                 if m.ok and m.median_ms:
                     data = json.loads(m.workload)
                     data.pop("kernel", None)
                     out.append(Row(ctx.device, ctx.triton_version, MoEWorkload(**data), Config.parse(m.config),
-                                   float(m.median_ms), float(m.spread or 0.0)))
+                                   float(m.median_ms), float(m.spread or 0.0), paths[ctx.source_hash]))
     return out
 
 
 Times = dict[tuple[int, float], dict[Config, float]]
+Samples = dict[tuple[int, float], dict[Config, list[float]]]
 
 
-def times_by_workload(rows: Sequence[Row], shape: MoEShape, device: str) -> tuple[Times, Times]:
-    """((M, skew) -> {config: median of its stored times}, the same -> {config: largest stored spread}) of this
-    shape's rows measured on `device`. The median, not the fastest: the fastest of repeats is biased low (the
-    winner's curse) and would flatter a config measured more often."""
+def samples_by_workload(rows: Sequence[Row], shape: MoEShape, device: str,
+                        engine: str = vllm_tables.DEFAULT_ENGINE) -> tuple[Samples, Times]:
+    """((M, skew) -> {config: every stored time}, the same -> {config: largest stored spread}) of this shape's rows
+    measured on `device` on the launch path the engine runs at that M."""
     samples: dict[tuple[int, float], dict[Config, list[Row]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         w = r.workload
         if r.device != device or (w.num_experts, w.top_k, w.hidden, w.intermediate, w.dtype) != shape.fixed_key():
             continue
+        if r.path != engine_path_kind(shape, w.num_tokens, engine):
+            continue
         samples[(w.num_tokens, w.skew)][r.config].append(r)
-    times: Times = {k: {c: statistics.median(x.median_ms for x in rs) for c, rs in cell.items()}
-                    for k, cell in samples.items()}
+    times = {k: {c: [x.median_ms for x in rs] for c, rs in cell.items()} for k, cell in samples.items()}
     spreads: Times = {k: {c: max(x.spread for x in rs) for c, rs in cell.items()} for k, cell in samples.items()}
     return times, spreads
+
+
+def times_by_workload(rows: Sequence[Row], shape: MoEShape, device: str,
+                      engine: str = vllm_tables.DEFAULT_ENGINE) -> tuple[Times, Times]:
+    """((M, skew) -> {config: median of its stored times}, the same -> {config: largest stored spread}). The median,
+    not the fastest: the fastest of repeats is biased low (the winner's curse) and would flatter a config measured
+    more often."""
+    samples, spreads = samples_by_workload(rows, shape, device, engine)
+    return {k: {c: statistics.median(v) for c, v in cell.items()} for k, cell in samples.items()}, spreads
+
+
+# ---- paired confirmations ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A config that beat the engine entry in a paired, interleaved timing (bench_vllm_export / tune --engine)."""
+
+    fixed_key: tuple
+    m: int
+    skew: float
+    device: str
+    engine_entry: Config
+    config: Config
+    gain: float
+    source: str
+
+
+def load_confirmations(paths: Iterable[str | Path]) -> list[Confirmation]:
+    """Paired confirmations from scripts/bench_vllm_export.py's bench_vllm_export.json (its per-key `exported`
+    differs from `engine_entry` only where the pick kept its lead paired) or from `kernel-gym tune --engine`'s
+    engine_tune.json (`confirmations`)."""
+    out: list[Confirmation] = []
+    for p in paths:
+        path = Path(p)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--confirmations {path}: not a readable JSON file ({exc}); pass bench_vllm_export.json "
+                             "or engine_tune.json") from None
+        device = (data.get("meta") or {}).get("engine_device_name") or (data.get("meta") or {}).get("device", "")
+        for c in data.get("confirmations", []):
+            s = c["shape"]
+            out.append(Confirmation((s["num_experts"], s["top_k"], s["hidden"], s["n"], s["dtype"]), int(c["M"]),
+                                    round(float(c["skew"]), 3), c.get("device", device),
+                                    Config(c["engine_entry"]), Config(c["config"]), float(c["gain"]), str(path)))
+        skews = {str(k): v for k, v in ((data.get("meta") or {}).get("routings") or {}).items()}
+        for name, det in (data.get("details") or {}).items():
+            s = det.get("shape") if isinstance(det, dict) else None
+            if not s:
+                continue
+            speed = {(r["M"], r["routing"]): r.get("speedup", 1.0) for r in data.get("models", {}).get(name, {})
+                     .get("rows", [])}
+            for k in det.get("per_key", []):
+                if "exported" not in k or k["exported"] == k.get("engine_entry"):
+                    continue
+                skew = skews.get(k["routing"], 1.2 if k["routing"] != "uniform" else 0.0)
+                out.append(Confirmation((s["num_experts"], s["top_k"], s["hidden"], s["n"], s["dtype"]), int(k["M"]),
+                                        round(float(skew), 3), device, Config(k["engine_entry"]),
+                                        Config(k["exported"]), float(speed.get((k["M"], k["routing"]), 1.0)),
+                                        str(path)))
+    return out
 
 
 # ---- the table -----------------------------------------------------------------------------------------------------
 
 
-def build_entries(shape: MoEShape, device: str, skew: float, times: Times, min_gain: float = DEFAULT_MIN_GAIN,
-                  spreads: Times | None = None) -> tuple[dict[str, dict[str, int]], list[dict[str, Any]]]:
-    """({str(M): entry} over vLLM's keys, per-key report: chosen config, baseline source, measured gain)."""
+def build_entries(shape: MoEShape, device: str, skew: float, samples: Samples, min_gain: float = DEFAULT_MIN_GAIN,
+                  spreads: Times | None = None, engine: str = vllm_tables.DEFAULT_ENGINE, triton_version: str = "",
+                  confirmations: Sequence[Confirmation] = (), measured_device: str | None = None,
+                  ) -> tuple[dict[str, dict[str, int]], list[dict[str, Any]]]:
+    """({str(M): entry} over vLLM's keys, per-key report: basis, chosen config, engine entry's source, gains, the
+    unconfirmed candidate if any). `samples` maps (M, skew) to every stored time per config."""
     from kernel_gym.kernels.vllm_moe import to_entry
 
+    dev = measured_device or device
     content, report = {}, []
     for m in vllm_tables.VLLM_M_KEYS:
-        base, source = baseline(shape, m, device)
-        cell = times.get((m, round(skew, 3)), {})
-        chosen, gain = pick(cell, base, min_gain, (spreads or {}).get((m, round(skew, 3))))
+        base, source = baseline(shape, m, device, engine, triton_version)
+        cell = samples.get((m, round(skew, 3)), {})
+        medians = {c: statistics.median(v) for c, v in cell.items()}
+        cand, gain = pick(medians, base, min_gain, (spreads or {}).get((m, round(skew, 3))))
+        paired = [c for c in confirmations if c.fixed_key == shape.fixed_key() and c.m == m
+                  and c.skew == round(skew, 3) and c.device == dev and c.engine_entry == base
+                  and c.gain >= 1.0 + min_gain]
+        row: dict[str, Any] = {"M": m, "baseline": source, "engine_path": engine_path_kind(shape, m, engine),
+                               "measured_configs": len(cell), "baseline_measured": base in cell,
+                               "engine_entry": to_entry(base), "confirmed_by": None, "unconfirmed_candidate": None}
+        chosen = base
+        if paired:
+            best = max(paired, key=lambda c: c.gain)
+            chosen, gain, row["confirmed_by"] = best.config, best.gain, f"paired ({Path(best.source).name})"
+        elif cand != base and repeats_agree(cell, cand, base, min_gain):
+            chosen, row["confirmed_by"] = cand, f"repeated rows ({len(cell[cand])} of the candidate)"
+        elif cand != base:
+            row["unconfirmed_candidate"] = {"config": to_entry(cand), "measured_gain": round(gain, 4),
+                                            "rows": len(cell[cand]), "engine_entry_rows": len(cell.get(base, []))}
+        row["basis"] = CONFIRMED if chosen != base else SINGLE if row["unconfirmed_candidate"] else ENGINE
+        row["changed"] = chosen != base
+        row["measured_gain"] = round(gain, 4) if chosen != base else 1.0
+        if row["engine_path"] == SMALL_BATCH and not cell:
+            row["note"] = ("the engine skips the alignment at this M (small-batch path); no row timed that path, so "
+                           "its own entry stays")
         content[str(m)] = to_entry(chosen)
-        report.append({"M": m, "baseline": source, "measured_configs": len(cell), "baseline_measured": base in cell,
-                       "changed": chosen != base, "measured_gain": round(gain, 4)})
+        report.append(row)
     return content, report
 
 
@@ -184,74 +313,190 @@ def engine_path(out: Path, fmt: str, shape: MoEShape, device: str, triton_versio
     name = vllm_tables.config_file_name(shape.num_experts, shape.n, device, shape.dtype, engine=fmt)
     if fmt == "vllm":
         return out / name
-    return out / "configs" / f"triton_{triton_version.replace('.', '_')}" / name
+    return out / "configs" / vllm_tables.triton_folder(triton_version) / name
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a reader (or a crash, or a full disk) sees the old file or the new one, never a
+    part: a temporary file in the same folder, flushed and fsynced, then renamed over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # the rename itself survives a power loss once the folder is synced
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def write_engine_file(out: Path, fmt: str, shape: MoEShape, device: str, content: dict[str, dict[str, int]],
                       triton_version: str, note: dict[str, Any]) -> Path:
-    """Write the config file (plain {M: entry} JSON, nothing else in it) and record it in the sidecar."""
+    """Write the config file (plain {M: entry} JSON, nothing else in it) and record it in the sidecar, both
+    atomically."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: use one of {FORMATS}")
     path = engine_path(out, fmt, shape, device, triton_version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(content, indent=4) + "\n")
+    text = json.dumps(content, indent=4) + "\n"
+    json.loads(text)
+    write_atomic(path, text)
     side = out / SIDECAR
-    data = json.loads(side.read_text()) if side.exists() else {"files": {}}
-    data["files"][str(path.relative_to(out))] = note
-    side.write_text(json.dumps(data, indent=1) + "\n")
+    try:
+        data = json.loads(side.read_text()) if side.exists() else {"files": {}}
+    except ValueError:
+        data = {"files": {}}  # an unreadable sidecar (not ours to trust) is rebuilt
+    data.setdefault("files", {})[str(path.relative_to(out))] = note
+    write_atomic(side, json.dumps(data, indent=1) + "\n")
     return path
 
 
 def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: str = "uniform",
            stores: Sequence[str | Path] = (), force: bool = False, min_gain: float = DEFAULT_MIN_GAIN,
-           triton_version: str = "", dtype: str = "bfloat16", rows: Sequence[Row] | None = None) -> tuple[Path, dict]:
+           triton_version: str = "", dtype: str = "bfloat16", rows: Sequence[Row] | None = None, ep: int = 1,
+           engine_version: str = "", confirmations: Sequence[str | Path] = ()) -> tuple[Path, dict]:
     """Choose and write one engine file (module docstring); returns (path, the sidecar note)."""
-    shape = shard_shape(model, tp, dtype)
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r}: use one of {FORMATS}")
+    engine = vllm_tables.parse_engine(f"{fmt}-{engine_version}" if engine_version else fmt)
+    shape = shard_shape(model, tp, dtype, ep)
     label, skew = parse_routing(routing)
+    tv = vllm_tables.sglang_triton_version(engine, triton_version) if fmt == "sglang" else triton_version
     if rows is None:
         rows = measured_rows(stores)
-    here, spread = times_by_workload(rows, shape, device)
-    shape_desc = f"E={shape.num_experts},N={shape.n},H={shape.hidden},top_k={shape.top_k},{dtype} ({model.name} tp{tp})"
+    conf = load_confirmations(confirmations)
+    samples, spread = samples_by_workload(rows, shape, device, engine.id)
+    shape_desc = (f"E={shape.num_experts},N={shape.n},H={shape.hidden},top_k={shape.top_k},{dtype} "
+                  f"({model.name} tp{tp}{f' ep{ep}' if ep > 1 else ''})")
     others = sorted({r.device for r in rows if r.device != device
                      and (r.workload.num_experts, r.workload.top_k, r.workload.hidden, r.workload.intermediate,
                           r.workload.dtype) == shape.fixed_key()})
     estimate, why, source_device = False, "", device
-    if not any(k[1] == skew for k in here):
+    measured_here = any(k[1] == skew for k in samples) or any(
+        c.fixed_key == shape.fixed_key() and c.skew == skew and c.device == device for c in conf)
+    if not measured_here:
         if others:
             why = f"vllm_fused_moe was measured for {shape_desc} on {', '.join(others)}, not on {device!r}"
         else:
             why = f"no vllm_fused_moe measurements of {shape_desc} at routing {label} on {device!r}"
         if not force:
             raise ValueError(f"refusing to export: {why}; measure it (python3 scripts/bench_vllm_export.py, or "
-                             "kernel-gym collect --kernels vllm_fused_moe), pass --store, or --force to write an "
-                             "estimate")
+                             "kernel-gym tune --engine, or kernel-gym collect --kernels vllm_fused_moe), pass --store, "
+                             "or --force to write the engine's own entries as an estimate")
         estimate = True
         if others:
             source_device = others[0]
-            here, spread = times_by_workload(rows, shape, source_device)
-    content, report = build_entries(shape, device, skew, here, min_gain, spread)
-    tv = triton_version or next((r.triton_version for r in rows if r.device == source_device), "")
-    if fmt == "sglang" and not tv:
-        raise ValueError("--format sglang needs --triton-version (SGLang reads configs/triton_X_Y_Z/ of the Triton "
-                         "it runs) when no measurement gives one")
-    note = {"estimate": estimate, "why": why, "model": model.name, "tp": tp, "shape": shape.__dict__,
-            "device": device, "measured_on": source_device if any(r["measured_configs"] for r in report) else None,
-            "routing": label, "skew": skew, "min_gain": min_gain, "triton_version": tv, "keys": report,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "engine_reads": "VLLM_TUNED_CONFIG_FOLDER=DIR" if fmt == "vllm" else "SGLANG_MOE_CONFIG_DIR=DIR"}
-    path = write_engine_file(out, fmt, shape, device, content, tv or "unknown", note)
+            samples, spread = samples_by_workload(rows, shape, source_device, engine.id)
+    content, report = build_entries(shape, device, skew, samples, min_gain, spread, engine.id, tv, conf,
+                                    source_device)
+    for k in report:  # what rests on nothing measured on this device
+        k["estimated"] = estimate and (k["changed"] or k["baseline"] == "default")
+    shipped = vllm_tables.shipped_lookup(shape.num_experts, shape.n, device, dtype, engine, tv)
+    measured_tv = next((r.triton_version for r in rows if r.device == source_device), "")
+    summary = {b: sum(k["basis"] == b for k in report) for b in (CONFIRMED, SINGLE, ENGINE)}
+    note = {"estimate": estimate, "why": why, "engine": engine.id, "engine_name": engine.name,
+            "engine_version": engine.version, "model": model.name, "tp": tp, "ep": ep, "shape": shape.describe(),
+            "device": device,
+            "measured_on": source_device if any(r["measured_configs"] for r in report) else None,
+            "measured_triton_version": measured_tv, "routing": label, "skew": skew, "min_gain": min_gain,
+            "engine_table": shipped[1] if shipped else None, "summary": summary,
+            "unconfirmed": [{"M": k["M"], **k["unconfirmed_candidate"]} for k in report if k["unconfirmed_candidate"]],
+            "keys": report, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if fmt == "vllm":
+        note["engine_reads"] = "VLLM_TUNED_CONFIG_FOLDER=DIR (then vLLM's own configs/)"
+    else:
+        note["triton_version"] = tv
+        note["engine_reads"] = (f"SGLANG_MOE_CONFIG_DIR=DIR: configs/{vllm_tables.triton_folder(tv)}/ first; it "
+                                "replaces SGLang's own folder, so copy SGLang's configs/ into DIR to keep its "
+                                "shipped files for other shapes")
+    path = write_engine_file(out, fmt, shape, device, content, tv or "0.0.0", note)
     return path, note
 
 
+def summary_lines(note: dict[str, Any]) -> list[str]:
+    """One line per key: its basis (measured-confirmed / measured-single / engine entry) and why."""
+    lines = []
+    for k in note["keys"]:
+        text = f"  M={k['M']:5d}: {k['basis']}"
+        if k["basis"] == CONFIRMED:
+            text += f" ({k['confirmed_by']}, x{k['measured_gain']:.3f})"
+        elif k["basis"] == SINGLE:
+            u = k["unconfirmed_candidate"]
+            text += (f" (engine entry kept; unconfirmed candidate x{u['measured_gain']:.3f} in {u['rows']} row(s): "
+                     f"{','.join(str(v) for v in u['config'].values())})")
+        else:
+            text += f" ({k['baseline']})"
+        if k.get("estimated"):
+            text += " [estimate]"
+        if k.get("note"):
+            text += f" [{k['note']}]"
+        lines.append(text)
+    return lines
+
+
 def main_from_args(args: Any) -> int:
-    """`kernel-gym export --format vllm|sglang` (export.py's parser)."""
+    """`kernel-gym export --format vllm|sglang` (export.py's parser; --ep, --engine-version and --confirmations are
+    read when that parser has them)."""
+    import sys
+
     from kernel_gym.models import load_model
 
     routing = args.routing or (f"zipf:{args.skew:g}" if args.skew else "uniform")
     path, note = export(load_model(args.model), args.format, args.out, args.device, args.tp, routing,
-                        args.store, args.force, args.min_gain, args.triton_version)
-    changed = sum(k["changed"] for k in note["keys"])
-    print(json.dumps({"format": args.format, "path": str(path), "estimate": note["estimate"],
-                      "keys_changed_from_engine_default": changed, "keys": len(note["keys"]),
+                        args.store, args.force, args.min_gain, args.triton_version, ep=getattr(args, "ep", 1),
+                        engine_version=getattr(args, "engine_version", ""),
+                        confirmations=getattr(args, "confirmations", None) or ())
+    print("\n".join([f"{note['engine']} file {path} ({note['routing']}, {'ESTIMATE: ' + note['why'] if note['estimate'] else 'measured on ' + str(note['measured_on'])}):",  # noqa: E501
+                     *summary_lines(note)]), file=sys.stderr)
+    print(json.dumps({"format": args.format, "engine": note["engine"], "path": str(path),
+                      "estimate": note["estimate"], "keys": len(note["keys"]), **note["summary"],
+                      "keys_changed_from_engine_entry": sum(k["changed"] for k in note["keys"]),
+                      "unconfirmed_candidates": len(note["unconfirmed"]),
                       "sidecar": str(args.out / SIDECAR)}, indent=1))
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The engine options alone (`python -m kernel_gym.policies.engine_export`); `kernel-gym export` has the same."""
+    p = argparse.ArgumentParser(prog="kernel-gym export --format vllm|sglang", description=__doc__.splitlines()[0])
+    p.add_argument("--format", choices=FORMATS, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", default="mixtral-8x7b")
+    p.add_argument("--device", default="NVIDIA H200")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: N = intermediate // tp")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree: E in the file name = experts // ep")
+    p.add_argument("--routing", default="")
+    p.add_argument("--skew", type=float, default=0.0)
+    p.add_argument("--store", action="append", default=[])
+    p.add_argument("--confirmations", action="append", default=[], metavar="JSON",
+                   help="paired confirmations: bench_vllm_export.json or engine_tune.json (repeatable)")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--min-gain", type=float, default=DEFAULT_MIN_GAIN)
+    p.add_argument("--engine-version", default="",
+                   help=f"the engine release targeted (default vllm {vllm_tables.DEFAULT_VERSIONS['vllm']}, sglang "
+                        f"{vllm_tables.DEFAULT_VERSIONS['sglang']})")
+    p.add_argument("--triton-version", default="",
+                   help="sglang: the Triton the server runs (default: the one the SGLang version pins)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.store:
+        from kernel_gym.measure.store import PACKAGED_SNAPSHOT
+
+        args.store = [str(PACKAGED_SNAPSHOT)]
+    return main_from_args(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
