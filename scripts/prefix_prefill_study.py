@@ -18,6 +18,7 @@ Prints progress, then a table of the bench records.
 
     python3 scripts/prefix_prefill_study.py --out $OUT/prefix --budget-s 330          # GPU
     python3 scripts/prefix_prefill_study.py --out /tmp/pp_smoke --smoke                 # CPU: interpreter, tiny
+    python3 scripts/prefix_prefill_study.py --out benchmarks/h200_prefix --merge-into benchmarks/h200_kernels.json
 
 Imports only torch, triton, numpy, the standard library and kernel_gym.
 """
@@ -61,6 +62,18 @@ def run_collect_step(out: Path, per_shape: int, budget_s: float, device: str, gr
     return collect(opts)
 
 
+def merge_records(source: Path, target: Path) -> int:
+    """Replace target's prefix_prefill records by source's; the other kernels' records stay as they are."""
+    if not source.exists():
+        raise SystemExit(f"{source} is absent: run the GPU study with --out {source.parent} first")
+    new = [r for r in json.loads(source.read_text()) if r.get("kernel") == "prefix_prefill"]
+    if not new:
+        raise SystemExit(f"{source} holds no prefix_prefill records (a failed or empty run): nothing merged")
+    old = json.loads(target.read_text()) if target.exists() else []
+    target.write_text(json.dumps([r for r in old if r.get("kernel") != "prefix_prefill"] + new, indent=1))
+    return len(new)
+
+
 def table(records: list[dict]) -> str:
     lines = [f"{'case':<28} {'best ms':>9} {'TF/s':>7} {'sdpa ms':>9} {'ratio':>6} {'default ms':>10}  config"]
     for r in records:
@@ -79,13 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-shape", type=int, default=6, help="sampled configs per dataset shape (plus the default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU: the collect step on the interpreter's small grid")
+    p.add_argument("--merge-into", type=Path, default=None, metavar="JSON",
+                   help="CPU, after a GPU run: put --out's h200_prefix.json records into this records file (e.g. "
+                        "benchmarks/h200_kernels.json), replacing its prefix_prefill records")
     args = p.parse_args(argv)
+    if args.merge_into is not None:
+        n = merge_records(args.out / "h200_prefix.json", args.merge_into)
+        log(f"{args.merge_into}: {n} prefix_prefill records from {args.out / 'h200_prefix.json'}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         summary = run_collect_step(args.out, 1, args.budget_s, "cpu", "small")
-        log(f"smoke collect: {summary}")
+        log(f"smoke collect: {summary} (the grid is bf16, which the interpreter computes wrongly: wrong_result rows "
+            "are expected here; the point is the path)")
         (args.out / "summary.json").write_text(json.dumps({"collect": summary}, indent=1))
         return 0 if summary["written"] > 0 else 1
     import torch
