@@ -29,14 +29,20 @@ COMMON_SHARE = 0.9  # a config joins the candidates when measured at this share 
 
 
 def zoo_specs(kernel: str, exclude: Sequence[str] = ()) -> list[Any]:
-    """The training shards (ModelSpecs) of the zoo for a kernel: every training model at TP 1, 2, 4."""
+    """The training shards (ModelSpecs) of the zoo for a kernel: every training model at TP 1, 2, 4, and for fused_moe
+    the space-filling design's shapes (zoo.DESIGN: per-shard shapes, not sharded again). `exclude` takes zoo model
+    names and design shape names (design-NN: leave-one-out over the design)."""
     from kernel_gym import zoo
 
-    unknown = [m for m in exclude if m not in zoo.ZOO]
+    unknown = [m for m in exclude if m not in zoo.ZOO and m not in zoo.DESIGN]
     if unknown:
-        raise ValueError(f"exclude_models: unknown zoo model(s) {unknown}; the zoo has {sorted(zoo.ZOO)}")
-    return [s for s in zoo.zoo_shards([m for m in zoo.training_models(kernel) if m not in exclude])
-            if s.name not in zoo.TOO_LARGE]
+        raise ValueError(f"exclude_models: unknown zoo model(s) {unknown}; the zoo has {sorted(zoo.ZOO)} and the "
+                         f"design design-00..design-{len(zoo.DESIGN) - 1:02d}")
+    shards = [s for s in zoo.zoo_shards([m for m in zoo.training_models(kernel) if m not in exclude])
+              if s.name not in zoo.TOO_LARGE]
+    if kernel == "fused_moe":
+        shards += [s for name, s in zoo.DESIGN.items() if name not in exclude]
+    return shards
 
 
 def excluded_keys(kernel: str, models: Sequence[str]) -> set[str]:
@@ -47,7 +53,10 @@ def excluded_keys(kernel: str, models: Sequence[str]) -> set[str]:
     from kernel_gym.models import BUILTIN_MODELS
 
     keys: set[str] = set()
-    for spec in zoo.zoo_shards(models):
+    for name in models:
+        if name in zoo.DESIGN and kernel == "fused_moe":
+            keys.update(w.key() for w in zoo.shard_workloads(kernel, zoo.DESIGN[name], "zoo"))
+    for spec in zoo.zoo_shards([m for m in models if m not in zoo.DESIGN]):
         for grid in ("zoo", "eval"):
             keys.update(w.key() for w in zoo.shard_workloads(kernel, spec, grid))
     for name in models:

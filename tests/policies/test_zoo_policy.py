@@ -31,7 +31,7 @@ def test_common_configs_need_a_measurement_at_most_zoo_shapes():
 
 
 def test_ranker_masks_with_the_rules_only(tmp_path):
-    configs = [FAM.default_config(W1), FAM.default_config(W1).replace(BLOCK_M=128, TMA_LOADS=2)]
+    configs = [FAM.default_config(W1), FAM.default_config(W1).replace(TMA_LOADS=2)]
     meta = {"kernel": "fused_moe", "configs": [dict(c) for c in configs], "activation": "tanh"}
     obs_dim = 8
     params = {"W0": np.zeros((4, obs_dim), np.float32), "b0": np.zeros(4, np.float32),
