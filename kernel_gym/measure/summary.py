@@ -7,19 +7,27 @@ workload: configs stored / configs valid for that workload, averaged), and failu
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kernel_gym.measure.recorded import MAX_SPREAD
 from kernel_gym.measure.store import PACKAGED_SNAPSHOT, load_rows
 from kernel_gym.measure.types import OK
 
 
-def dataset_summary(path: str | Path | None = None) -> dict[str, Any]:
-    """Summary of a snapshot (.jsonl.gz) or store (.sqlite); None = the packaged H200 dataset."""
+def dataset_summary(path: str | Path | None = None, coverage: bool = True,
+                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Summary of a snapshot (.jsonl.gz) or store (.sqlite); None = the packaged H200 dataset. `coverage=False` skips
+    the share of each config space measured (the slow part: every valid config of every stored workload is
+    enumerated); `progress` gets one line per stage, since the whole summary takes minutes on 2 cores."""
+    say = progress or (lambda msg: None)
+    t0 = time.time()
     path = Path(path) if path else PACKAGED_SNAPSHOT
+    say(f"reading {path.name} ...")
     groups = load_rows(path)
+    say(f"read {sum(len(ms) for _, ms in groups)} rows in {time.time() - t0:.0f} s")
     devices = sorted({c.device for c, _ in groups})
     kernels: dict[str, Any] = {}
     for ctx, ms in groups:
@@ -37,8 +45,12 @@ def dataset_summary(path: str | Path | None = None) -> dict[str, Any]:
             else:
                 k["reasons"][f"{m.status}: {_NUMBERS.sub('N', m.reason)[:80]}"] += 1
     out_kernels = {}
-    for name, k in sorted(kernels.items()):
-        fractions = _space_fractions(name, k["workloads"])
+    for i, (name, k) in enumerate(sorted(kernels.items())):
+        if coverage:
+            say(f"[{i + 1}/{len(kernels)}] {name}: config-space coverage of {len(k['workloads'])} shapes "
+                f"({time.time() - t0:.0f} s so far)")
+        fractions = _space_fractions(name, k["workloads"]) if coverage else \
+            {"space": None, "mean": None, "exhaustive": None}
         out_kernels[name] = {
             "rows": k["rows"],
             "ok": k["ok"],
@@ -54,6 +66,7 @@ def dataset_summary(path: str | Path | None = None) -> dict[str, Any]:
         }
     return {
         "path": str(path),
+        "zoo_models_with_rows": zoo_models_with_rows({k: v["workloads"] for k, v in kernels.items()}),
         "devices": devices,
         "torch_versions": sorted({c.torch_version for c, _ in groups}),
         "triton_versions": sorted({c.triton_version for c, _ in groups}),
@@ -61,6 +74,36 @@ def dataset_summary(path: str | Path | None = None) -> dict[str, Any]:
         "ok_rows": sum(k["ok"] for k in kernels.values()),
         "kernels": out_kernels,
     }
+
+
+SHAPE_FIELDS = {"fused_moe": ("num_experts", "top_k", "hidden", "intermediate"),
+                "decode_attention": ("num_heads", "num_kv_heads", "head_dim")}
+
+
+def zoo_models_with_rows(workloads: dict[str, Any]) -> list[str]:
+    """The zoo models (kernel_gym/zoo.py, built-ins included) with stored MoE or decode rows at any of their
+    tensor-parallel shards' shapes."""
+    from kernel_gym import zoo
+    from kernel_gym.measure.worker import resolve_family, workload_from_key
+
+    shapes: set[tuple[str, tuple]] = set()
+    for kernel, fields in SHAPE_FIELDS.items():
+        if kernel in workloads:
+            fam = resolve_family(kernel)
+            for key in workloads[kernel]:
+                w = workload_from_key(fam, key)
+                shapes.add((kernel, tuple(getattr(w, f) for f in fields)))
+    out = []
+    for name, spec in zoo.ZOO.items():
+        for tp in zoo.TP_DEGREES:
+            try:
+                shard = zoo.shard(spec, tp)
+            except ValueError:
+                continue
+            if any((k, tuple(getattr(shard, f) for f in fields)) in shapes for k, fields in SHAPE_FIELDS.items()):
+                out.append(name)
+                break
+    return sorted(out)
 
 
 def _space_fractions(kernel: str, workloads: dict[str, set[str]]) -> dict[str, Any]:
@@ -86,14 +129,17 @@ _NUMBERS = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")  # reasons differ only in numb
 
 
 def format_summary(info: dict[str, Any]) -> str:
+    zoo_rows = info.get("zoo_models_with_rows", [])
     lines = [f"dataset {info['path']}: {info['rows']} rows ({info['ok_rows']} ok) on {', '.join(info['devices'])}; "
-             f"torch {', '.join(info['torch_versions'])}, triton {', '.join(info['triton_versions'])}"]
+             f"torch {', '.join(info['torch_versions'])}, triton {', '.join(info['triton_versions'])}; "
+             f"{len(zoo_rows)} zoo models with MoE or decode rows"]
     for name, k in info["kernels"].items():
         frac = k["fraction_of_valid_configs_measured"]
+        exhaustive = k["shapes_measured_exhaustively"]
         lines.append(f"  {name}: {k['rows']} rows, {k['ok']} ok ({k['ok_noisy']} too noisy to rank), "
-                     f"{k['shapes']} shapes "
-                     f"({k['shapes_measured_exhaustively']} exhaustive), "
-                     f"valid configs measured {'?' if frac is None else f'{100 * frac:.0f}%'}")
+                     f"{k['shapes']} shapes"
+                     + ("" if exhaustive is None else f" ({exhaustive} exhaustive)")
+                     + ("" if frac is None else f", valid configs measured {100 * frac:.0f}%"))
         lines.append("      status: " + ", ".join(f"{st} {n}" for st, n in sorted(k["status"].items())))
         for reason, n in list(k["failures_by_reason"].items())[:5]:
             lines.append(f"      {n:6d}  {reason}")

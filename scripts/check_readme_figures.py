@@ -1,0 +1,236 @@
+"""Check that the figures in README.md and docs/ reproduce with the command next to them.
+
+Each checked figure names the file, a pattern of the text that holds it (one number, the group `v`), the command that
+produces it, and a tolerance. CPU figures are recomputed by running that command; GPU figures are checked only
+against their committed results JSON (the figure must equal what the JSON says, to its printed precision).
+
+    python scripts/check_readme_figures.py            # the cheap figures (CI: scripts/test.sh; about a minute)
+    python scripts/check_readme_figures.py --all      # also the expensive CPU ones (training runs: ~15 min, 2 cores)
+    python scripts/check_readme_figures.py --list     # the checked figures, without running anything
+
+Exits 1 when a figure does not match, 2 when a file no longer holds a figure's text (the text moved: update FIGURES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure: `pattern` (a regex with one group `v`, the number) must match `file` once; `source` names the
+    command or committed JSON that produces it; `value` computes it; |printed - value| <= tolerance passes."""
+
+    name: str
+    file: str
+    pattern: str
+    source: str
+    value: Callable[[], float]
+    tolerance: float = 0.0
+    tier: str = "ci"  # ci: cheap, run by scripts/test.sh; all: expensive CPU, only with --all; gpu: JSON lookup
+
+
+def run(cmd: list[str], what: str) -> str:
+    """Run a command from the repository root, with progress on stderr; its stdout."""
+    t0 = time.time()
+    print(f"[figures] running {what} ...", file=sys.stderr, flush=True)
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"{what} failed (rc {res.returncode}): {res.stderr.strip()[-400:]}")
+    print(f"[figures] {what}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return res.stdout
+
+
+@lru_cache(maxsize=None)
+def data_summary() -> dict[str, Any]:
+    return json.loads(run([PY, "-m", "kernel_gym.cli", "data", "--json", "--counts"], "kernel-gym data --json"))
+
+
+@lru_cache(maxsize=None)
+def zoo_count() -> int:
+    out = run([PY, "-c", "from kernel_gym import zoo; print(len(zoo.ZOO))"], "len(kernel_gym.zoo.ZOO)")
+    return int(out.strip())
+
+
+@lru_cache(maxsize=None)
+def serving_v0() -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp(prefix="figures-serving-"))
+    run([PY, "scripts/bench_serving.py", "--timesteps", "400", "--rate-scale", "1.0", "--interval-s", "20.0",
+         "--num-intervals", "10", "--windows", "3", "--n-steps", "50", "--threads", "2", "--seed", "0",
+         "--out-dir", str(out), "--no-mlflow"], "scripts/bench_serving.py (Serving-v0)")
+    return json.loads((out / "serving_v0.json").read_text())
+
+
+@lru_cache(maxsize=None)
+def policy_quality() -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp(prefix="figures-policies-"))
+    run([PY, "scripts/bench_policies.py", "--envs", "KernelGym/MoE-v0", "--out", str(out),
+         "--tracking-uri", f"sqlite:///{out / 'mlflow.db'}"], "scripts/bench_policies.py --envs KernelGym/MoE-v0")
+    return json.loads((out / "policy_quality.json").read_text())
+
+
+def policy_geomean(env: str, model: str) -> float:
+    rows = policy_quality()["results"]
+    return next(r["geomean_policy"] for r in rows if r["env_id"] == env and r["model"] == model)
+
+
+@lru_cache(maxsize=None)
+def committed(path: str) -> dict[str, Any]:
+    return json.loads((ROOT / path).read_text())
+
+
+def at(path: str, *keys: str) -> Callable[[], float]:
+    def get() -> float:
+        v: Any = committed(path)
+        for k in keys:
+            v = v[k]
+        return float(v)
+
+    return get
+
+
+def noisy_rows(families: tuple[str, ...]) -> float:
+    return float(sum(data_summary()["kernels"][k]["ok_noisy"] for k in families))
+
+
+THREE = ("decode_attention", "fused_moe", "prefill_attention")
+GEN = "benchmarks/generalisation.json"
+ZS = ("zero_shot", "kernel")
+N = r"(?P<v>[0-9][0-9,]*(?:\.[0-9]+)?)"  # a number as printed: 142,156 or 0.976
+
+FIGURES = [
+    # ---- CPU, cheap: the dataset and the zoo (CI) ----
+    Figure("dataset rows", "README.md", rf"recorded dataset \| {N} measurements", "kernel-gym data --json: rows",
+           lambda: float(data_summary()["rows"])),
+    Figure("dataset ok rows", "README.md", rf"measurements \({N} ok\)", "kernel-gym data --json: ok_rows",
+           lambda: float(data_summary()["ok_rows"])),
+    Figure("noisy ok rows, three families", "README.md", rf"{N} ok rows of the three kernel families too noisy",
+           "kernel-gym data --json: ok_noisy of the three families", lambda: noisy_rows(THREE)),
+    Figure("noisy ok rows, vllm_fused_moe", "README.md", rf"{N} of `vllm_fused_moe`\), `kernel-gym data --counts`",
+           "kernel-gym data --json: ok_noisy of vllm_fused_moe", lambda: noisy_rows(("vllm_fused_moe",))),
+    Figure("vllm_fused_moe rows", "README.md", rf"{N} `vllm_fused_moe` rows and", "kernel-gym data --json",
+           lambda: float(data_summary()["kernels"]["vllm_fused_moe"]["rows"])),
+    Figure("zoo models with rows", "README.md", rf"vLLM's design\) for {N} of the [0-9]+ zoo architectures",
+           "kernel-gym data --json: zoo_models_with_rows", lambda: float(len(data_summary()["zoo_models_with_rows"]))),
+    Figure("zoo size (dataset row)", "README.md", rf"for [0-9]+ of the {N} zoo architectures",
+           "len(kernel_gym.zoo.ZOO)", lambda: float(zoo_count())),
+    Figure("dataset rows (architecture)", "docs/architecture.md", rf"h200_measurements\.jsonl\.gz`, {N} rows",
+           "kernel-gym data --json: rows", lambda: float(data_summary()["rows"])),
+    Figure("other zoo models with rows", "docs/architecture.md", rf"built-in models in full, {N}\s+other zoo",
+           "kernel-gym data --json: zoo_models_with_rows, less the 2 built-ins",
+           lambda: float(len(data_summary()["zoo_models_with_rows"]) - 2)),
+    Figure("zoo size (README)", "README.md", rf"any of the {N} architectures in `kernel_gym/zoo.py`",
+           "len(kernel_gym.zoo.ZOO)", lambda: float(zoo_count())),
+    Figure("zoo size (generalisation)", "docs/generalisation.md", rf"`kernel_gym/zoo.py` lists {N} published",
+           "len(kernel_gym.zoo.ZOO)", lambda: float(zoo_count())),
+    # ---- CPU, expensive (--all): training runs ----
+    Figure("learned MoE, mixtral, held-out", "README.md", rf"geomean vs the best measured config: MoE {N} /",
+           "python scripts/bench_policies.py --envs KernelGym/MoE-v0",
+           lambda: policy_geomean("KernelGym/MoE-v0", "mixtral-8x7b"), 0.0005, "all"),
+    Figure("learned MoE, olmoe, held-out", "README.md", rf"best measured config: MoE [0-9.]+ / {N},",
+           "python scripts/bench_policies.py --envs KernelGym/MoE-v0",
+           lambda: policy_geomean("KernelGym/MoE-v0", "olmoe-1b-7b"), 0.0005, "all"),
+    Figure("Serving-v0 agent estimated share", "README.md", rf"Estimated share of tuned-kernel time: agent {N}%",
+           "python scripts/bench_serving.py (benchmarks/serving/serving_v0.md's command)",
+           lambda: 100 * serving_v0()["agent_estimated_share"], 0.05, "all"),
+    Figure("Serving-v0 oracle estimated share", "README.md", rf"tuned-kernel time: agent [0-9.]+%, oracle {N}%",
+           "python scripts/bench_serving.py (benchmarks/serving/serving_v0.md's command)",
+           lambda: 100 * serving_v0()["oracle_estimated_share"], 0.05, "all"),
+    # ---- GPU: equal to the committed JSON, to the printed precision ----
+    Figure("zero-shot MoE geomean", "README.md", rf"zipf-1\.2\): geomean \*\*{N}\*\*", GEN,
+           at(GEN, *ZS, "fused_moe", "geomean"), 0.0005, "gpu"),
+    Figure("zero-shot MoE p5", "README.md", rf"zipf-1\.2\): geomean \*\*[0-9.]+\*\*, 5th percentile {N}", GEN,
+           at(GEN, *ZS, "fused_moe", "p5"), 0.0005, "gpu"),
+    Figure("zero-shot decode geomean", "README.md", rf"GLM-4\.5-Air\): geomean \*\*{N}\*\*", GEN,
+           at(GEN, *ZS, "decode_attention", "geomean"), 0.0005, "gpu"),
+    Figure("zero-shot decode p5", "README.md", rf"GLM-4\.5-Air\): geomean \*\*[0-9.]+\*\*, 5th percentile {N}",
+           GEN, at(GEN, *ZS, "decode_attention", "p5"), 0.0005, "gpu"),
+    Figure("zero-shot default MoE", "README.md", rf"Default configs: {N} /", GEN,
+           at(GEN, *ZS, "fused_moe", "default_geomean"), 0.005, "gpu"),
+    Figure("zero-shot default decode", "README.md", rf"Default configs: [0-9.]+ / {N}\.", GEN,
+           at(GEN, *ZS, "decode_attention", "default_geomean"), 0.005, "gpu"),
+    Figure("tune's selection MoE", "README.md", rf"scored on the same live sweeps \| {N} \(MoE", GEN,
+           at(GEN, "tuned", "fused_moe", "geomean"), 0.0005, "gpu"),
+    Figure("tune's selection MoE p5", "README.md", rf"\(MoE, p5 {N};", GEN,
+           at(GEN, "tuned", "fused_moe", "p5"), 0.0005, "gpu"),
+    Figure("tune's selection decode", "README.md", rf"and {N} \(decode, p5", GEN,
+           at(GEN, "tuned", "decode_attention", "geomean"), 0.0005, "gpu"),
+    Figure("tune's selection decode p5", "README.md", rf"\(decode, p5 {N}\)", GEN,
+           at(GEN, "tuned", "decode_attention", "p5"), 0.0005, "gpu"),
+    Figure("leave-one-model-out MoE", "README.md", rf"1 seed\): {N}, worst", GEN,
+           at(GEN, "leave_one_model_out_live", "fused_moe", "geomean"), 0.0005, "gpu"),
+    Figure("leave-one-model-out MoE worst", "README.md", rf"1 seed\): [0-9.]+, worst {N}", GEN,
+           at(GEN, "leave_one_model_out_live", "fused_moe", "p5"), 0.0005, "gpu"),
+]
+
+
+def printed(fig: Figure) -> float:
+    """The number the file prints for the figure; LookupError when its text is not there exactly once."""
+    text = (ROOT / fig.file).read_text()
+    hits = list(re.finditer(fig.pattern, text))
+    if len(hits) != 1:
+        raise LookupError(f"{fig.file}: the text of {fig.name!r} (/{fig.pattern}/) occurs {len(hits)} times, not "
+                          "once: the file changed; update FIGURES in scripts/check_readme_figures.py")
+    return float(hits[0].group("v").replace(",", ""))
+
+
+def check(figures: list[Figure]) -> tuple[list[dict[str, Any]], int]:
+    rows, rc = [], 0
+    for fig in figures:
+        try:
+            shown = printed(fig)
+        except LookupError as exc:
+            rows.append({"figure": fig.name, "file": fig.file, "ok": False, "error": str(exc)})
+            rc = max(rc, 2)
+            continue
+        actual = fig.value()
+        ok = abs(shown - actual) <= fig.tolerance + 1e-12
+        rc = rc if ok else max(rc, 1)
+        rows.append({"figure": fig.name, "file": fig.file, "printed": shown, "actual": actual,
+                     "tolerance": fig.tolerance, "source": fig.source, "tier": fig.tier, "ok": ok})
+    return rows, rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--all", action="store_true", help="also the expensive CPU figures (training runs)")
+    ap.add_argument("--list", action="store_true", help="list the checked figures and exit")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    tiers = ("ci", "gpu", "all") if args.all else ("ci", "gpu")
+    figures = [f for f in FIGURES if f.tier in tiers]
+    if args.list:
+        for f in FIGURES:
+            print(f"{f.tier:4s} {f.file}: {f.name} <- {f.source} (tolerance {f.tolerance:g})")
+        return 0
+    rows, rc = check(figures)
+    print(f"{'figure':40s} {'file':24s} {'printed':>10s} {'actual':>12s}  ok")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['figure']:40s} {r['file']:24s} {'-':>10s} {'-':>12s}  TEXT MISSING: {r['error']}")
+        else:
+            print(f"{r['figure']:40s} {r['file']:24s} {r['printed']:10g} {r['actual']:12.6g}  "
+                  f"{'yes' if r['ok'] else 'NO (' + r['source'] + ')'}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    bad = sum(not r["ok"] for r in rows)
+    print(f"{len(rows) - bad} of {len(rows)} figures reproduce" + ("" if args.all else
+          " (cheap and GPU-file figures; --all adds the training runs)"))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
