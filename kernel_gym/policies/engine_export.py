@@ -227,6 +227,7 @@ class Confirmation:
     config: Config
     gain: float
     source: str
+    path: str = ALIGNED  # the launch path both were timed on (runs before vLLM 0.33 support: aligned everywhere)
 
 
 def load_confirmations(paths: Iterable[str | Path]) -> list[Confirmation]:
@@ -246,7 +247,8 @@ def load_confirmations(paths: Iterable[str | Path]) -> list[Confirmation]:
             s = c["shape"]
             out.append(Confirmation((s["num_experts"], s["top_k"], s["hidden"], s["n"], s["dtype"]), int(c["M"]),
                                     round(float(c["skew"]), 3), c.get("device", device),
-                                    Config(c["engine_entry"]), Config(c["config"]), float(c["gain"]), str(path)))
+                                    Config(c["engine_entry"]), Config(c["config"]), float(c["gain"]), str(path),
+                                    c.get("engine_path", ALIGNED)))
         skews = {str(k): v for k, v in ((data.get("meta") or {}).get("routings") or {}).items()}
         for name, det in (data.get("details") or {}).items():
             s = det.get("shape") if isinstance(det, dict) else None
@@ -261,7 +263,7 @@ def load_confirmations(paths: Iterable[str | Path]) -> list[Confirmation]:
                 out.append(Confirmation((s["num_experts"], s["top_k"], s["hidden"], s["n"], s["dtype"]), int(k["M"]),
                                         round(float(skew), 3), device, Config(k["engine_entry"]),
                                         Config(k["exported"]), float(speed.get((k["M"], k["routing"]), 1.0)),
-                                        str(path)))
+                                        str(path), k.get("engine_path", ALIGNED)))
     return out
 
 
@@ -285,7 +287,7 @@ def build_entries(shape: MoEShape, device: str, skew: float, samples: Samples, m
         cand, gain = pick(medians, base, min_gain, (spreads or {}).get((m, round(skew, 3))))
         paired = [c for c in confirmations if c.fixed_key == shape.fixed_key() and c.m == m
                   and c.skew == round(skew, 3) and c.device == dev and c.engine_entry == base
-                  and c.gain >= 1.0 + min_gain]
+                  and c.gain >= 1.0 + min_gain and c.path == engine_path_kind(shape, m, engine)]
         row: dict[str, Any] = {"M": m, "baseline": source, "engine_path": engine_path_kind(shape, m, engine),
                                "measured_configs": len(cell), "baseline_measured": base in cell,
                                "engine_entry": to_entry(base), "confirmed_by": None, "unconfirmed_candidate": None}
