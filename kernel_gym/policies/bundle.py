@@ -1,9 +1,14 @@
 """Policy bundles for `kernel-gym tune --policy-dir`: a policy as plain files (KERNEL.json + KERNEL.npz), so a GPU
-machine without MLflow can rank candidates with the same numpy forward pass as the logged model."""
+machine without MLflow can rank candidates with the same numpy forward pass as the logged model.
+
+A bundle is data only: the arrays load with allow_pickle=False after their headers and shapes are checked, the JSON's
+configs, activation and provenance are checked (policies/safe_policy.py); a crafted bundle fails in one line naming
+the file, and nothing in it is executed."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +16,26 @@ import numpy as np
 
 
 def policy_bundle(uri: str, kernel: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
-    """(meta, actor arrays, provenance) of a logged pyfunc policy (needs MLflow)."""
-    import mlflow
+    """(meta, actor arrays, provenance) of a logged policy, read as data (safe_policy: no model code runs)."""
+    from kernel_gym.policies.safe_policy import load_safe_policy
 
-    from kernel_gym.policies.export import load_policy
+    policy = load_safe_policy(uri)
+    if policy.kernel != kernel:
+        raise ValueError(f"--model-uri {kernel}={uri}: that policy is for {policy.kernel!r}, not {kernel!r}")
+    return dict(policy.meta), dict(policy.params), policy.provenance
 
-    _, _, provenance = load_policy(uri, kernel)
-    inner = mlflow.pyfunc.load_model(uri).unwrap_python_model()
-    return dict(inner.meta), dict(inner.params), provenance
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write through a temp file in the same folder, fsync, rename: a kill never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def save_bundle(folder: Path, kernel: str, meta: dict[str, Any], params: dict[str, np.ndarray],
@@ -26,19 +43,18 @@ def save_bundle(folder: Path, kernel: str, meta: dict[str, Any], params: dict[st
     """KERNEL.json (catalogue, activation, provenance) and KERNEL.npz (actor): all `tune` needs, without MLflow."""
     folder.mkdir(parents=True, exist_ok=True)
     keep = {k: meta[k] for k in ("kernel", "configs", "activation") if k in meta}
-    (folder / f"{kernel}.json").write_text(json.dumps({**keep, "provenance": provenance}, indent=1))
-    np.savez(folder / f"{kernel}.npz", **params)
+    text = json.dumps({**keep, "provenance": provenance}, indent=1).encode()
+    _atomic_write(folder / f"{kernel}.npz", lambda f: np.savez(f, **{k: np.asarray(v) for k, v in params.items()}))
+    _atomic_write(folder / f"{kernel}.json", lambda f: f.write(text))
 
 
 def load_bundle(folder: Path, kernel: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
-    paths = [folder / f"{kernel}.json", folder / f"{kernel}.npz"]
-    missing = [str(p) for p in paths if not p.exists()]
+    """(meta, arrays, provenance) of KERNEL.json/.npz in `folder`, checked as data (safe_policy.load_bundle_files)."""
+    from kernel_gym.policies.safe_policy import load_bundle_files
+
+    paths = [Path(folder) / f"{kernel}.json", Path(folder) / f"{kernel}.npz"]
+    missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise ValueError(f"--policy-dir {folder}: missing {missing}; write them with `kernel-gym tune --model M "
                          f"--save-policies {folder}` where the MLflow store is")
-    meta = json.loads(paths[0].read_text())
-    if meta.get("kernel") != kernel:
-        raise ValueError(f"{paths[0]} holds a {meta.get('kernel')!r} policy, not {kernel!r}")
-    with np.load(paths[1]) as data:
-        params = {k: data[k] for k in data.files}
-    return meta, params, meta.get("provenance", {})
+    return load_bundle_files(paths[0], paths[1], kernel)

@@ -322,30 +322,15 @@ def registered_kernel_names() -> dict[str, str]:
 
 
 def load_policy(uri: str, kernel: str | None = None) -> tuple[str, Predictor, dict[str, Any]]:
-    """(kernel, predictor, provenance) of a logged pyfunc policy; the kernel comes from the model itself."""
-    import mlflow
-    import pandas as pd
+    """(kernel, predictor, provenance) of a logged policy; the kernel comes from the model itself. Read as data
+    (policies/safe_policy.py: policy.json + policy.npz, checked, allow_pickle off): no code in the model runs, so a
+    model folder, file:// URI or shared store received from someone else is safe to export, replay or tune."""
+    from kernel_gym.policies.safe_policy import load_safe_policy
 
-    try:
-        model = mlflow.pyfunc.load_model(uri)
-    except Exception as exc:  # noqa: BLE001 - MLflow raises many types; the user needs the URI and the fix
-        raise ValueError(f"cannot load policy {uri!r} ({type(exc).__name__}: {exc}); list the registered "
-                         "models with `kernel-gym ui`, or train one with `kernel-gym train`") from exc
-    inner = model.unwrap_python_model()
-    model_kernel = getattr(inner, "kernel", None)
-    if model_kernel is None:
-        raise ValueError(f"{uri!r} is not a kernel_gym policy (no kernel in its metadata)")
-    if kernel is not None and kernel != model_kernel:
-        raise ValueError(f"--model-uri {kernel}={uri}: that policy is for {model_kernel!r}, not {kernel!r}")
-    meta = getattr(inner, "meta", {}) or {}
-
-    def predict(workloads: list[Any]) -> list[Config]:
-        out = model.predict(pd.DataFrame({"workload_key": [w.key() for w in workloads]}))
-        return [Config.parse(c) for c in out["config"]]
-
-    provenance = {"model_uri": uri, "run_id": meta.get("run_id", ""), "env_id": meta.get("env_id", ""),
-                  "model_specs": meta.get("model_specs"), "model_conditioned": bool(meta.get("model_conditioned"))}
-    return model_kernel, predict, provenance
+    policy = load_safe_policy(uri)
+    if kernel is not None and kernel != policy.kernel:
+        raise ValueError(f"--model-uri {kernel}={uri}: that policy is for {policy.kernel!r}, not {kernel!r}")
+    return policy.kernel, policy.predict, policy.provenance
 
 
 def _trained_for(provenance: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -21,6 +21,8 @@ import inspect
 import json
 import math
 import os
+import re
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -98,13 +100,17 @@ class TrainArgs:
     checkpoint_freq: int = 5_000
     """Save a resumable checkpoint every this many steps (0: only at the end or on interruption)."""
     checkpoint_dir: str = ""
-    """Checkpoint directory (default out/checkpoints/<env>-seed<seed>)."""
+    """Checkpoint directory (default: a folder per run, out/checkpoints/<env>-<model>-seed<seed>/<run id>)."""
     resume: bool = False
-    """Continue from the checkpoint in checkpoint_dir (same MLflow run) instead of starting over."""
+    """Continue from the checkpoint in checkpoint_dir (same MLflow run) instead of starting over; with no directory,
+    the latest checkpoint of this env, model and seed under out/checkpoints."""
+    trust_artifacts: bool = False
+    """--resume: load the checkpoint with stable-baselines3's full loader, which unpickles code from the zip (only for a
+    checkpoint you made yourself). Default: weights only (torch weights_only), nothing in the zip is executed."""
     experiment: str = "kernel-gym"
     """MLflow experiment name."""
     run_name: str = ""
-    """MLflow run name (default <env>-seed<seed>)."""
+    """MLflow run name (default <env>-<model>-seed<seed>)."""
     tracking_uri: str = ""
     """MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite mlruns/mlflow.db in the working directory)."""
     log_model: bool = True
@@ -155,6 +161,22 @@ class TrainArgs:
         from kernel_gym.envs import ENV_KERNELS
 
         return ENV_KERNELS[self.env_id]
+
+    @property
+    def model_label(self) -> str:
+        """The model part of run and folder names: a spec's name ("zoo" with -minus-<models> for leave-out runs)."""
+        if self.model == zoo_policy.ZOO_MODEL:
+            excl = [m.strip() for m in self.exclude_models.split(",") if m.strip()]
+            label = "zoo" + ("-minus-" + "-".join(sorted(excl)) if excl else "")
+        else:
+            from kernel_gym.models import load_model
+
+            label = load_model(self.model).name
+        return re.sub(r"[^A-Za-z0-9._@-]", "_", label)[:120]
+
+    @property
+    def run_label(self) -> str:
+        return f"{self.short}-{self.model_label}-seed{self.seed}"
 
 
 def field_help() -> dict[str, str]:
@@ -359,13 +381,60 @@ def _state_path(ckpt: Path) -> Path:
     return ckpt / "state.json"
 
 
+CHECKPOINT_ROOT = Path("out/checkpoints")
+
+
+def default_checkpoint_dir(args: TrainArgs, run_id: str) -> Path:
+    """A folder per run: two runs (even of one env, model and seed) never share checkpoints."""
+    return CHECKPOINT_ROOT / args.run_label / run_id
+
+
+def find_resume_dir(args: TrainArgs) -> Path:
+    """--resume without a directory: the most recently written checkpoint of this env, model and seed."""
+    base = CHECKPOINT_ROOT / args.run_label
+    states = sorted(base.glob("*/state.json"), key=lambda p: p.stat().st_mtime) if base.is_dir() else []
+    if not states:
+        raise ValueError(f"--resume: no checkpoint of {args.run_label} under {base}: pass --resume DIR (the folder "
+                         "holding state.json and latest.zip), or drop --resume to start a new run")
+    print(f"[train] resuming {states[-1].parent}", file=sys.stderr, flush=True)
+    return states[-1].parent
+
+
+class FolderLock:
+    """An exclusive lock on a folder (flock on FOLDER/.lock, released when the process ends, even by kill -9): a second
+    writer is refused in one line instead of interleaving checkpoints with the first."""
+
+    def __init__(self, folder: Path, what: str) -> None:
+        import fcntl
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / ".lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            raise ValueError(f"{what} {folder} is in use by another process (pid {holder}): wait for it, or pass "
+                             "another --checkpoint-dir") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = -1
+
+
 def _save_checkpoint(model: Any, ckpt: Path, run_id: str, args: TrainArgs, eval_history: list) -> None:
     ckpt.mkdir(parents=True, exist_ok=True)
     tmp_zip = ckpt / "latest.tmp.zip"  # same folder, then os.replace: an interruption never leaves half a zip
     model.save(tmp_zip)
     os.replace(tmp_zip, ckpt / "latest.zip")
     state = {"run_id": run_id, "num_timesteps": int(model.num_timesteps), "env_id": args.env_id, "seed": args.seed,
-             "obs_jitter": args.resolved_obs_jitter, "eval_history": eval_history}
+             "model": args.model_label, "exclude_models": args.exclude_models,
+             "actions": int(model.action_space.n), "obs_jitter": args.resolved_obs_jitter,
+             "eval_history": eval_history}
     tmp = _state_path(ckpt).with_suffix(".tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, _state_path(ckpt))  # atomic: an interruption never leaves a half-written state
@@ -390,15 +459,24 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
                         args.max_catalogue, args.catalogue_depth,
                         [m.strip() for m in args.exclude_models.split(",") if m.strip()])
     eval_on = "heldout" if data.heldout else "train"
-    ckpt = Path(args.checkpoint_dir or f"out/checkpoints/{args.short}-seed{args.seed}")
+    ckpt: Path | None = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    if args.resume and ckpt is None:
+        ckpt = find_resume_dir(args)
     if args.resume and not (_state_path(ckpt).exists() and (ckpt / "latest.zip").exists()):
         raise ValueError(f"--resume: no checkpoint in {ckpt} (state.json and latest.zip): pass the --checkpoint-dir "
                          "of an earlier run, or drop --resume to start a new one")
-    state = json.loads(_state_path(ckpt).read_text()) if args.resume else None
+    state = read_state(ckpt) if args.resume else None
     if state is not None and state["env_id"] != args.env_id:
         raise ValueError(
             f"checkpoint in {ckpt} is for {state['env_id']}, not {args.env_id}: pass another --checkpoint-dir"
         )
+    if state is not None and state.get("model", args.model_label) != args.model_label:
+        raise ValueError(f"checkpoint in {ckpt} was trained for model {state['model']}, not {args.model_label}: "
+                         f"pass --model {state['model']} to resume it, or another --checkpoint-dir")
+    if state is not None and state.get("actions", len(data.catalogue)) != len(data.catalogue):
+        raise ValueError(f"checkpoint in {ckpt} has {state['actions']} actions, this run's catalogue "
+                         f"{len(data.catalogue)}: it was trained on other data or catalogue options; resume with "
+                         "the same --model/--profile/--max-catalogue, or pass another --checkpoint-dir")
     if state is not None and state.get("obs_jitter", args.resolved_obs_jitter) != args.resolved_obs_jitter:
         raise ValueError(f"checkpoint in {ckpt} trained with obs_jitter={state['obs_jitter']}, this run has "
                          f"{args.resolved_obs_jitter}: resume with --obs-jitter {state['obs_jitter']}")
@@ -419,11 +497,41 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
     env = DummyVecEnv([make_env] * args.n_envs)
     eval_history: list[dict[str, float]] = list(state["eval_history"]) if state else []
 
-    if state is not None:
-        run = mlflow.start_run(run_id=state["run_id"])
+    if state is not None and args.trust_artifacts:
+        print(f"warning: --trust-artifacts: loading {ckpt / 'latest.zip'} with stable-baselines3's full loader, "
+              "which unpickles (runs) code stored in it; do this only for checkpoints you made",
+              file=sys.stderr, flush=True)
+        model = MaskablePPO.load(ckpt / "latest.zip", env=env, device="cpu")
     else:
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=args.run_name or f"{args.short}-seed{args.seed}")
+        model = MaskablePPO(
+            "MlpPolicy", env, learning_rate=args.learning_rate, n_steps=args.n_steps, batch_size=args.batch_size,
+            n_epochs=args.n_epochs, ent_coef=args.ent_coef, seed=args.seed, device="cpu", verbose=0,
+            policy_kwargs={"net_arch": list(args.net_arch)},
+        )
+        if state is not None:  # weights only, checked before the MLflow run is touched
+            load_weights(model, ckpt / "latest.zip")
+    done = int(state["num_timesteps"]) if state is not None else 0
+    model.num_timesteps = done
+    if state is not None:
+        try:
+            mlflow.tracking.MlflowClient().get_run(state["run_id"])
+        except Exception as exc:  # noqa: BLE001 - MlflowException: the run is not in this store
+            raise ValueError(f"checkpoint in {ckpt} belongs to MLflow run {state['run_id']}, which is not in the "
+                             f"tracking store {uri}: pass the --tracking-uri it was trained with") from exc
+    lock = FolderLock(ckpt, "checkpoint folder") if ckpt is not None else None
+    try:
+        if state is not None:
+            run = mlflow.start_run(run_id=state["run_id"])
+        else:
+            run = mlflow.start_run(experiment_id=experiment_id, run_name=args.run_name or args.run_label)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     run_id = run.info.run_id
+    if ckpt is None:
+        ckpt = default_checkpoint_dir(args, run_id)
+        lock = FolderLock(ckpt, "checkpoint folder")
     try:
         if state is None:
             params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(args).items()}
@@ -445,16 +553,6 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
                 data.catalogue.save(Path(tmp) / "catalogue.json")
                 mlflow.log_artifact(str(Path(tmp) / "catalogue.json"))
 
-        if state is not None:
-            model = MaskablePPO.load(ckpt / "latest.zip", env=env, device="cpu")
-            done = int(state["num_timesteps"])
-        else:
-            model = MaskablePPO(
-                "MlpPolicy", env, learning_rate=args.learning_rate, n_steps=args.n_steps, batch_size=args.batch_size,
-                n_epochs=args.n_epochs, ent_coef=args.ent_coef, seed=args.seed, device="cpu", verbose=0,
-                policy_kwargs={"net_arch": list(args.net_arch)},
-            )
-            done = 0
         writer = tracking.MLflowOutputFormat(run_id)
         model.set_logger(Logger(folder=None, output_formats=[writer]))
 
@@ -507,8 +605,47 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
         if mlflow.active_run() is not None:
             mlflow.end_run(status="FAILED")
         raise
+    finally:
+        if lock is not None:
+            lock.release()
     mlflow.end_run()
     return TrainResult(run_id, model_uri, evaluation, data.catalogue, str(ckpt), int(model.num_timesteps), final)
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    """state.json of a checkpoint, checked as data (one line naming the file when it is not one)."""
+    path = _state_path(ckpt)
+    try:
+        state = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}): not a kernel_gym checkpoint") from exc
+    ok = (isinstance(state, dict) and isinstance(state.get("run_id"), str) and isinstance(state.get("env_id"), str)
+          and isinstance(state.get("num_timesteps"), int) and not isinstance(state.get("num_timesteps"), bool)
+          and state["num_timesteps"] >= 0 and isinstance(state.get("eval_history", []), list))
+    if not ok:
+        raise ValueError(f"{path}: missing or malformed run_id / env_id / num_timesteps: not a kernel_gym checkpoint")
+    return state
+
+
+def load_weights(model: Any, path: Path) -> None:
+    """Put a checkpoint's policy and optimizer weights into `model` without unpickling anything: stable-baselines3's
+    set_parameters reads only the .pth members, with torch.load(weights_only=True); the pickled "data" member (where
+    a crafted zip would carry code) is never read."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = set(z.namelist())
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ValueError(f"{path}: not a stable-baselines3 checkpoint zip ({exc})") from exc
+    if "policy.pth" not in names:
+        raise ValueError(f"{path}: no policy.pth inside: not a stable-baselines3 checkpoint")
+    try:
+        model.set_parameters(str(path), exact_match=True, device="cpu")
+    except Exception as exc:  # noqa: BLE001 - torch/SB3 raise many types for a wrong or crafted file
+        raise ValueError(f"{path}: its weights do not fit this run's policy ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}): resume with the run's own --model and options, or "
+                         "pass another --checkpoint-dir") from exc
 
 
 def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, run_id: str, specs: list) -> str:
@@ -535,18 +672,14 @@ def evaluate_logged_policy(
     """Score a logged pyfunc policy on the held-out workloads of the same split (benchmarks write .to_dict() as JSON).
 
     The static baseline and the oracle are recomputed from the backend; the policy only sees workload keys."""
-    import mlflow
-    import pandas as pd
-
     from kernel_gym.envs.base import resolve_backend
-    from kernel_gym.kernels.space import Config
+    from kernel_gym.policies.safe_policy import load_safe_policy
 
     data = prepare_data(kernel, resolve_backend(backend), model, profile, holdout, split_seed, near, max_catalogue,
                         depth)
     refs = data.heldout or data.train
-    pyfunc = mlflow.pyfunc.load_model(model_uri)
-    out = pyfunc.predict(pd.DataFrame({"workload_key": [r.key for r in refs]}))
-    chosen = {r.key: Config.parse(c) for r, c in zip(refs, out["config"])}
+    policy = load_safe_policy(model_uri)  # read as data: no code in the logged model runs
+    chosen = {r.key: c for r, c in zip(refs, policy.predict([r.workload for r in refs]))}
     return evaluate_choices(refs, lambda r: chosen[r.key], data.static)
 
 
