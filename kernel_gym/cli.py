@@ -90,6 +90,7 @@ DELEGATED = {
     "export": ("kernel_gym.policies.export", "export a registered policy as a dispatch table or vLLM config files"),
     "tune": ("kernel_gym.policies.tune", "GPU: measure the policy's top candidates for a new model, export the table"),
     "demo": ("kernel_gym.demo", "the main job on embedded defaults, CPU only: train, export, replay, compare"),
+    "plan": ("kernel_gym.policies.plan", "recommend a deployment (replicas, TP/EP, engine knobs) for a trace and SLO"),
     "cycle": ("kernel_gym.policies.cycle", "re-optimisation cycle: read the period's traffic, re-plan the engine's "
               "MoE configs, confirm (--gpu), exit 0/10/11 for CI"),
 }

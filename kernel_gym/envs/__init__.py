@@ -18,6 +18,7 @@ ENV_IDS: dict[str, tuple[str, dict, bool]] = {
     ),
     "KernelGym/Serving-v0": ("kernel_gym.envs.serving:ServingEnv", {"backend": "recorded"}, False),
     "KernelGym/ServingTPEP-v0": ("kernel_gym.envs.parallel_serving:ParallelServingEnv", {"backend": "recorded"}, False),
+    "KernelGym/ServingPlan-v0": ("kernel_gym.envs.parallel_serving:ServingPlanEnv", {"backend": "recorded"}, False),
     "KernelGym/MoE-live-v0": ("kernel_gym.envs.moe:MoEEnv", {"backend": "live"}, True),
     "KernelGym/Serving-live-v0": ("kernel_gym.envs.serving:ServingEnv", {"backend": "live"}, True),
     "KernelGym/DecodeAttention-live-v0": (

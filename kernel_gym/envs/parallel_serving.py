@@ -191,3 +191,130 @@ class ParallelServingEnv(gym.Env):
             keys = ("layout", "goodput_req_per_s", "slo_attainment", "estimated_share", "collective_share")
             return ", ".join(f"{k}={self._last[k]}" for k in keys if k in self._last) or "(no step yet)"
         return None
+
+
+class ServingPlanEnv(ParallelServingEnv):
+    """
+    ## Description
+
+    KernelGym/ServingPlan-v0: the whole serving decision on `gpus` GPUs for one engine (vLLM 0.33 or SGLang 0.5.23):
+    how many replicas, the TP / EP layout of each, and the engine knobs (KV block size, the chunked-prefill token
+    budget, the running-sequence limit, the CUDA-graph size), scored on a window of a trace by goodput at a
+    TTFT/TPOT SLO (kernel_gym.parallel.deploy). One step per episode, like ServingTPEP-v0 (engines fix all of this
+    at launch).
+
+    ## Action Space
+
+    `MultiDiscrete([len(layout_choices(gpus)), len(BLOCK_SIZES), len(BATCHED_TOKENS), len(MAX_SEQS),
+    len(GRAPH_MAX)])`. `action_masks()` (MaskablePPO's per-dimension convention, concatenated) is False for layouts
+    that never fit (weights, divisibility, a layout the engine cannot express, no KV for one max-length request at
+    the smallest step); a knob combination that pushes a layout's memory over is refused at step time with reward 0
+    and `info["invalid"]` naming why.
+
+    ## Observation Space
+
+    ServingTPEP-v0's 7 traffic features plus the offered request rate per GPU / 4 (clipped to [-4, 4]).
+
+    ## Rewards
+
+    Goodput (requests per second meeting both SLOs) / offered requests per second of the window.
+
+    ## Arguments
+
+    ServingTPEP-v0's, plus `engine` ("vllm"), `max_model_len` (32768; longer requests are refused by the engine).
+
+    ## Version History
+
+    - v0: initial version.
+    """
+
+    def __init__(self, *args: Any, engine: str = "vllm", max_model_len: int = 32768, **kw: Any) -> None:
+        from kernel_gym.parallel.deploy import (
+            BATCHED_TOKENS,
+            BLOCK_SIZES,
+            ENGINES,
+            GRAPH_MAX,
+            MAX_SEQS,
+            Deployment,
+            DeploymentPricer,
+            layout_choices,
+            why_invalid_deployment,
+        )
+
+        if engine not in ENGINES:
+            raise ValueError(f"engine {engine!r} is not one of {list(ENGINES)}")
+        super().__init__(*args, **kw)
+        self.engine = engine
+        self.grids = (BLOCK_SIZES, BATCHED_TOKENS, MAX_SEQS, GRAPH_MAX)
+        self.choices = layout_choices(self.gpus)
+        self._Deployment, self._why = Deployment, why_invalid_deployment
+        self.pricer = DeploymentPricer(self.model, self.backend, self.table if self.gpus > 1 else None,
+                                       self.routing, max_model_len)
+        lenient = [Deployment(engine, r, lay.tp, lay.ep, BLOCK_SIZES[0], BATCHED_TOKENS[0], MAX_SEQS[0], 0)
+                   for r, lay in self.choices]
+        self.choice_reasons = [why_invalid_deployment(self.model, d, max_model_len) for d in lenient]
+        self._choice_mask = np.array([not r for r in self.choice_reasons], dtype=bool)
+        if not self._choice_mask.any():
+            raise ValueError(f"{self.model.name} fits no deployment on {self.gpus} GPUs with {engine}: "
+                             + "; ".join(self.choice_reasons))
+        self.action_space = gym.spaces.MultiDiscrete([len(self.choices), *(len(g) for g in self.grids)])
+        self.observation_space = gym.spaces.Box(-CLIP, CLIP, (len(FEATURES) + 1,), np.float32)
+        self._memo: dict[tuple[float, Any], dict[str, Any]] = {}
+
+    def action_masks(self) -> np.ndarray:
+        return np.concatenate([self._choice_mask, *(np.ones(len(g), bool) for g in self.grids)])
+
+    def deployment_of(self, action: Any) -> Any:
+        a = [int(x) for x in np.asarray(action).reshape(-1)]
+        if len(a) != 5 or any(not 0 <= x < n for x, n in zip(a, self.action_space.nvec)):
+            raise ValueError(f"action {action!r} is outside MultiDiscrete({list(self.action_space.nvec)})")
+        r, lay = self.choices[a[0]]
+        bs, mbt, seqs, gm = (g[i] for g, i in zip(self.grids, a[1:]))
+        return self._Deployment(self.engine, r, lay.tp, lay.ep, bs, mbt, seqs, gm)
+
+    def action_of_deployment(self, dep: Any) -> np.ndarray:
+        """The action of a deployment on the grids (KeyError-free: ValueError naming the knob off the grid)."""
+        try:
+            i = self.choices.index((dep.replicas, dep.layout))
+            rest = [g.index(v) for g, v in zip(self.grids, (dep.block_size, dep.max_batched_tokens, dep.max_seqs,
+                                                            dep.graph_max))]
+        except ValueError as exc:
+            raise ValueError(f"{dep.name} is not on the env's knob grids {self.grids}") from exc
+        return np.array([i, *rest])
+
+    def _features(self, start_s: float) -> np.ndarray:
+        base = super()._features(start_s)
+        tr = self.trace
+        lo, hi = np.searchsorted(tr.arrival_s, [start_s - self.context_s * self.rate_scale, start_s])
+        per_gpu = (hi - lo) / self.context_s / self.gpus / 4.0
+        return np.clip(np.append(base, np.float32(per_gpu)), -CLIP, CLIP).astype(np.float32)
+
+    def window(self) -> Any:
+        t0 = self.start_s - self.warmup_s * self.rate_scale
+        return slice_window(self.trace, t0, self.start_s + self.window_s * self.rate_scale, self.rate_scale)
+
+    def serve_deployment(self, dep: Any) -> dict[str, Any]:
+        key = (self.start_s, dep)
+        hit = self._memo.get(key)
+        if hit is None:
+            requests = self.window()
+            hit = self.pricer.serve(requests, dep, *self.slo)
+            hit["offered_req_per_s"] = len(requests.arrival_s) / (self.warmup_s + self.window_s)
+            self._memo[key] = hit
+        return dict(hit)
+
+    def step(self, action: Any):
+        dep = self.deployment_of(action)
+        a0 = int(np.asarray(action).reshape(-1)[0])
+        if not self._choice_mask[a0]:
+            raise ValueError(f"action {action!r} ({dep.layout_name}) is masked: {self.choice_reasons[a0]}")
+        why = self._why(self.model, dep, self.pricer.max_model_len)
+        if why:
+            info = {"invalid": why, "deployment": dep.to_dict(), "start_s": self.start_s}
+            self._last = info
+            return self._obs.copy(), 0.0, True, False, info
+        info = self.serve_deployment(dep)
+        reward = info["goodput_req_per_s"] / max(info["offered_req_per_s"], 1e-9)
+        info.update(start_s=self.start_s, action_mask=self.action_masks())
+        self._last = info
+        return self._obs.copy(), float(reward), True, False, info

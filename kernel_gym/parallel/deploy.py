@@ -1,0 +1,363 @@
+"""A serving deployment on N GPUs: replicas x layout (TP / EP / DP) plus the engine knobs that decide goodput, its
+memory check, its launch arguments for vLLM 0.33 / SGLang 0.5.23, and its goodput at a TTFT/TPOT SLO from the
+layout-aware simulator (step_time.py).
+
+Why these knobs: at a fixed GPU count, the split of the model (how many replicas, tensor vs expert parallelism
+inside one), the KV block size, the chunked-prefill token budget per step, the number of running sequences and the
+CUDA-graph sizes decide how many requests meet their SLO; a tile size moves it by a few percent.
+
+Pricing (`DeploymentPricer.serve`): one replica's share of the requests (round-robin, every R-th request) through
+`ParallelSimulator` under the deployment's layout and knobs, its goodput times R (identical replicas behind a
+round-robin balancer). Memory per GPU: weights of the layout + activations of one max-size step + CUDA-graph
+buffers (ACTIVATION / GRAPH estimates below, labelled) must leave a KV pool that holds the longest request served.
+
+Engine facts used (read from the vLLM 0.33.0 and SGLang 0.5.23 wheels, 2026-12):
+- vLLM on a >= 70 GiB GPU below 160 GiB (H200): --max-num-batched-tokens 8192 (OpenAI server), --max-num-seqs 1024,
+  --block-size 16 (CacheConfig.DEFAULT_BLOCK_SIZE), CUDA-graph capture sizes up to 512 tokens (piecewise graphs:
+  mixed prefill + decode steps of up to that many tokens replay a graph). MoE layouts: --tensor-parallel-size T
+  (experts sliced T ways) or --data-parallel-size D --enable-expert-parallel (attention data-parallel, whole experts
+  per GPU); experts sliced inside expert-parallel groups is not a vLLM layout, so mixed TPxEP is masked for vLLM.
+- SGLang on an H20 / H200 class GPU (90-160 GB): --chunked-prefill-size 8192, --cuda-graph-max-bs 256 below tp 4,
+  else 512 (decode-only batches), --page-size 1, --max-running-requests derived from the KV pool.
+  Layouts: --tp G [--ep E --dp E --enable-dp-attention] expresses every TP x EP split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kernel_gym.measure import resolve_backend
+from kernel_gym.measure.coverage import cover
+from kernel_gym.parallel.collectives import resolve_table
+from kernel_gym.parallel.layout import Layout, attention_spec, gpu_weight_bytes, layouts_for, why_invalid
+from kernel_gym.parallel.step_time import ParallelSimulator, StepPricer, goodput
+from kernel_gym.traffic.routing import uniform_for
+from kernel_gym.traffic.simulator import GPU_MEMORY_UTILIZATION, H200_MEMORY_BYTES, KVLayout
+
+ENGINES = ("vllm", "sglang")
+ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+# the knob grids the agent and the search choose from (engine defaults need not lie on them)
+BLOCK_SIZES = (16, 32, 64, 128)  # decode kernels are measured at these page sizes
+BATCHED_TOKENS = (2048, 4096, 8192, 16384)
+MAX_SEQS = (64, 128, 256, 512, 1024)
+GRAPH_MAX = (0, 256, 512)  # 0 = eager (vLLM --enforce-eager, SGLang --disable-cuda-graph)
+KNOBS = {"block_size": BLOCK_SIZES, "max_batched_tokens": BATCHED_TOKENS, "max_seqs": MAX_SEQS,
+         "graph_max": GRAPH_MAX}
+MAX_MODEL_LEN = 32768  # requests longer than this (prompt + output) are refused by the engine, not served
+# Memory the engines keep outside weights and KV (estimates, not measurements): activations of one step of
+# max_batched_tokens tokens (hidden states, the top-k MoE intermediates of the GPU's shard, logits of the step's
+# sequences are small) and CUDA-graph buffers (SGLang's own rule of thumb: about 2 MB per captured batch size).
+GRAPH_BYTES_PER_BS = 2e6
+SGLANG_PAGE_PRICED = 16  # SGLang's default --page-size 1 is priced at the smallest measured decode page (16)
+SGLANG_AUTO_RUNNING = 4096  # --max-running-requests left to SGLang: priced as this cap (the KV pool limits it too)
+
+
+@dataclass(frozen=True, order=True)
+class Deployment:
+    """What an engine launch fixes: `replicas` identical servers, each a Layout(tp, ep) on tp x ep GPUs, and the
+    engine knobs (block_size: vLLM --block-size / SGLang --page-size; max_batched_tokens: --max-num-batched-tokens /
+    --chunked-prefill-size; max_seqs: --max-num-seqs / --max-running-requests; graph_max: the largest CUDA-graph
+    size, tokens for vLLM, decode batch for SGLang, 0 = eager)."""
+
+    engine: str
+    replicas: int
+    tp: int
+    ep: int
+    block_size: int
+    max_batched_tokens: int
+    max_seqs: int
+    graph_max: int
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine {self.engine!r} is not one of {list(ENGINES)}")
+        for f in ("replicas", "tp", "ep", "block_size", "max_batched_tokens", "max_seqs"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+                raise ValueError(f"Deployment.{f} must be a positive integer, got {getattr(self, f)!r}")
+        if not isinstance(self.graph_max, int) or self.graph_max < 0:
+            raise ValueError(f"Deployment.graph_max must be an integer >= 0, got {self.graph_max!r}")
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.tp, self.ep)
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.tp * self.ep
+
+    @property
+    def layout_name(self) -> str:
+        return f"{self.replicas}x{self.layout.name}" if self.replicas > 1 else self.layout.name
+
+    @property
+    def name(self) -> str:
+        return (f"{self.engine}:{self.layout_name}:bs{self.block_size}:mbt{self.max_batched_tokens}:"
+                f"seqs{self.max_seqs}:graph{self.graph_max}")
+
+    def knobs(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in KNOBS}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "gpus": self.gpus, "layout": self.layout_name}
+
+
+def engine_knobs(engine: str, tp: int = 1) -> dict[str, int]:
+    """The engine's own defaults on an H200 (module docstring), as Deployment knobs."""
+    if engine == "vllm":
+        return {"block_size": 16, "max_batched_tokens": 8192, "max_seqs": 1024, "graph_max": 512}
+    if engine == "sglang":
+        return {"block_size": 1, "max_batched_tokens": 8192, "max_seqs": SGLANG_AUTO_RUNNING,
+                "graph_max": 256 if tp < 4 else 512}
+    raise ValueError(f"engine {engine!r} is not one of {list(ENGINES)}")
+
+
+def layout_choices(gpus: int) -> list[tuple[int, Layout]]:
+    """Every (replicas, layout) that uses all `gpus` GPUs: replicas R dividing gpus, layouts_for(gpus / R)."""
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    return [(r, lay) for r in range(1, gpus + 1) if gpus % r == 0 for lay in layouts_for(gpus // r)]
+
+
+def engine_default(spec: Any, engine: str, gpus: int) -> Deployment:
+    """What a user gets launching the engine on all G GPUs without tuning: one server, --tensor-parallel-size G
+    (--tp G), every knob at the engine's default; the smallest TP that divides the model when G does not."""
+    for r, lay in layout_choices(gpus):
+        if lay.ep == 1 and not why_invalid(spec, lay, lay.gpus):
+            return Deployment(engine, r, lay.tp, 1, **engine_knobs(engine, lay.tp))
+    raise ValueError(f"{spec.name} fits no tensor-parallel layout on {gpus} GPUs")
+
+
+def hand_picked(spec: Any, engine: str, gpus: int) -> dict[str, Deployment]:
+    """The layouts users pick by hand, engine-default knobs: TP = G, DP + EP = G, and as many replicas of the
+    smallest tensor-parallel server that fits (e.g. 8 x TP1 for a model that fits one GPU)."""
+    out: dict[str, Deployment] = {}
+    cands = {"tp_all": (1, Layout(gpus, 1)), "ep_all": (1, Layout(1, gpus))}
+    for r, lay in sorted(layout_choices(gpus), key=lambda x: -x[0]):
+        if lay.ep == 1 and not why_invalid(spec, lay, lay.gpus):
+            cands["replicas"] = (r, lay)
+            break
+    for name, (r, lay) in cands.items():
+        d = Deployment(engine, r, lay.tp, lay.ep, **engine_knobs(engine, lay.tp))
+        if not why_invalid_deployment(spec, d):
+            out[name] = d
+    return out
+
+
+def reserve_bytes(spec: Any, dep: Deployment) -> float:
+    """Per-GPU bytes outside weights and KV: one step's activations + CUDA-graph buffers (estimates)."""
+    tokens = dep.max_batched_tokens
+    act = tokens * (6 * spec.hidden + 3 * spec.top_k * spec.intermediate // dep.tp) * spec.dtype_bytes
+    return act + GRAPH_BYTES_PER_BS * dep.graph_max
+
+
+def gpu_memory_for(spec: Any, dep: Deployment) -> float:
+    """The `gpu_memory_bytes` the simulator gets: the H200's memory less the reserve (weights and KV share the rest
+    at GPU_MEMORY_UTILIZATION, as elsewhere)."""
+    return H200_MEMORY_BYTES - reserve_bytes(spec, dep) / GPU_MEMORY_UTILIZATION
+
+
+def kv_tokens_per_rank(spec: Any, dep: Deployment) -> int:
+    """Tokens of KV cache one data-parallel rank holds (a request lives on one rank)."""
+    free = gpu_memory_for(spec, dep) * GPU_MEMORY_UTILIZATION - gpu_weight_bytes(spec, dep.layout)
+    return int(max(0.0, free) // attention_spec(spec, dep.layout).kv_bytes_per_token)
+
+
+def why_invalid_deployment(spec: Any, dep: Deployment, max_model_len: int = MAX_MODEL_LEN) -> str:
+    """'' when the deployment launches and holds a `max_model_len` request, else the reason (the action mask)."""
+    lay = dep.layout
+    why = why_invalid(spec, lay, lay.gpus)
+    if why:
+        return why
+    if dep.engine == "vllm" and lay.tp > 1 and lay.ep > 1:
+        return (f"{lay}: vLLM 0.33 places experts expert-parallel over TP x DP (--enable-expert-parallel) or sliced "
+                "over TP; experts sliced inside expert-parallel groups is SGLang's --tp/--ep layout")
+    kv = kv_tokens_per_rank(spec, dep)
+    if kv < max_model_len:
+        return (f"{dep.layout_name}: {kv} KV tokens per rank after weights "
+                f"({gpu_weight_bytes(spec, lay) / 1e9:.0f} GB) and a {dep.max_batched_tokens}-token step's "
+                f"activations do not hold one {max_model_len}-token request")
+    return ""
+
+
+def launch_commands(dep: Deployment, model_id: str) -> list[str]:
+    """The engine launch per replica (flag names of vLLM 0.33 / SGLang 0.5.23); replicas on disjoint GPUs behind
+    any round-robin balancer."""
+    g = dep.tp * dep.ep
+    out = []
+    for r in range(dep.replicas):
+        devs = ",".join(str(i) for i in range(r * g, (r + 1) * g))
+        env = f"CUDA_VISIBLE_DEVICES={devs} " if dep.replicas > 1 or g > 1 else "CUDA_VISIBLE_DEVICES=0 "
+        if dep.engine == "vllm":
+            par = (f"--tensor-parallel-size {dep.tp}" if dep.ep == 1 else
+                   f"--tensor-parallel-size 1 --data-parallel-size {dep.ep} --enable-expert-parallel")
+            graph = "--enforce-eager" if dep.graph_max == 0 else f"--max-cudagraph-capture-size {dep.graph_max}"
+            cmd = (f"vllm serve {model_id} {par} --block-size {dep.block_size} --max-num-batched-tokens "
+                   f"{dep.max_batched_tokens} --max-num-seqs {dep.max_seqs} {graph} --port {8000 + r}")
+        else:
+            par = f"--tp {g}" if dep.ep == 1 else f"--tp {g} --ep {dep.ep} --dp {dep.ep} --enable-dp-attention"
+            graph = "--disable-cuda-graph" if dep.graph_max == 0 else f"--cuda-graph-max-bs {dep.graph_max}"
+            cmd = (f"python -m sglang.launch_server --model-path {model_id} {par} --page-size {dep.block_size} "
+                   f"--chunked-prefill-size {dep.max_batched_tokens} --max-running-requests {dep.max_seqs} "
+                   f"{graph} --port {30000 + r}")
+        out.append(env + cmd)
+    return out
+
+
+def moe_config_files(spec: Any, dep: Deployment, device: str = "NVIDIA H200") -> list[dict[str, Any]]:
+    """The fused-MoE config files the engine reads for this layout: local experts E / ep, N = intermediate / tp
+    (vLLM: E=..,N=..,device_name=...json in VLLM_TUNED_CONFIG_FOLDER; SGLang: the same name under
+    SGLANG_MOE_CONFIG_DIR/configs/triton_X_Y_Z/)."""
+    e_local, n = spec.num_experts // dep.ep, spec.intermediate // dep.tp
+    name = f"E={e_local},N={n},device_name={device.replace(' ', '_')}.json"
+    return [{"file": name, "local_experts": e_local, "N": n, "engine_env":
+             "VLLM_TUNED_CONFIG_FOLDER" if dep.engine == "vllm" else "SGLANG_MOE_CONFIG_DIR"}]
+
+
+class _Merged:
+    """Per-request arrays of several replicas' results, enough for step_time.goodput."""
+
+    def __init__(self, results: list[Any]) -> None:
+        cat = lambda f: np.concatenate([getattr(r, f) for r in results])  # noqa: E731
+        self.arrival_s, self.finish_s, self.generated_tokens = cat("arrival_s"), cat("finish_s"), \
+            cat("generated_tokens")
+        self.ttft_s, self.tpot_s = cat("ttft_s"), cat("tpot_s")
+        order = np.argsort(self.arrival_s, kind="stable")
+        for f in ("arrival_s", "finish_s", "generated_tokens", "ttft_s", "tpot_s"):
+            setattr(self, f, getattr(self, f)[order])
+
+
+class DeploymentPricer:
+    """Goodput of deployments on one model's traffic, with the layouts' StepPricers memoised across knobs."""
+
+    def __init__(self, spec: Any, backend: Any = "recorded", table: Any = None, routing: Any = None,
+                 max_model_len: int = MAX_MODEL_LEN) -> None:
+        self.spec = spec
+        self.backend = cover(resolve_backend(backend))
+        self._table_arg = table
+        self._table = None
+        self.routing = routing if routing is not None else uniform_for(spec)
+        self.max_model_len = int(max_model_len)
+        self._pricers: dict[Layout, StepPricer] = {}
+        self.evaluations = 0
+
+    @property
+    def table(self) -> Any:
+        if self._table is None:
+            self._table = resolve_table(self._table_arg)
+        return self._table
+
+    def pricer(self, layout: Layout) -> StepPricer:
+        p = self._pricers.get(layout)
+        if p is None:
+            table = None if layout.gpus == 1 else self.table
+            p = self._pricers[layout] = StepPricer(self.spec, layout, self.backend, table)
+        return p
+
+    def serve(self, requests: Any, dep: Deployment, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, Any]:
+        """Goodput at the SLO of `requests` under `dep` (module docstring), with the share of the step time resting
+        on estimates (kernels and collectives interpolated or scaled) and on the collectives prior."""
+        why = why_invalid_deployment(self.spec, dep, self.max_model_len)
+        if why:
+            raise ValueError(f"{dep.name}: {why}")
+        arr = np.asarray(requests.arrival_s)
+        prompt, out = np.asarray(requests.prompt_tokens), np.asarray(requests.output_tokens)
+        keep = prompt + out <= self.max_model_len
+        idx = np.flatnonzero(keep)[:: dep.replicas]  # replica 0's share, round-robin over the served requests
+        refused = int((~keep).sum())
+        span_req = len(arr)
+        if len(idx) == 0:
+            raise ValueError(f"{dep.name}: no request of the window fits max_model_len {self.max_model_len}")
+        from kernel_gym.traffic.traces import Trace
+
+        sub = Trace("replica0", arr[idx], prompt[idx], out[idx])
+        lay = dep.layout
+        pricer = self.pricer(lay)
+        pricer.reset_counts()
+        page = max(dep.block_size, SGLANG_PAGE_PRICED) if dep.engine == "sglang" else dep.block_size
+        graph = ("tokens" if dep.engine == "vllm" else "decode", dep.graph_max)
+        sim = ParallelSimulator(self.spec, sub, lay, pricer, self.routing, gpu_memory_bytes=gpu_memory_for(
+            self.spec, dep), graph=graph, kv_layout=KVLayout(page, "NHD"),
+            max_num_batched_tokens=dep.max_batched_tokens, max_num_seqs=dep.max_seqs)
+        res = sim.run()
+        self.evaluations += 1
+        g = goodput(_Merged([res]), ttft_slo_s, tpot_slo_s)
+        rep = pricer.report()
+        layers = self.spec.num_layers
+        busy = res.summary["busy_s"]
+        parts = rep["step_parts_s"] * layers
+        est_s = rep["estimated_share"] * parts
+        r = dep.replicas
+        return {
+            "deployment": dep.to_dict(), "requests": span_req, "refused_too_long": refused,
+            "goodput_req_per_s": g["goodput_req_per_s"] * r, "goodput_tokens_per_s": g["goodput_tokens_per_s"] * r,
+            "goodput_tokens_per_s_per_gpu": g["goodput_tokens_per_s"] * r / dep.gpus,
+            "slo_attainment": g["slo_attainment"] * int(keep.sum()) / max(span_req, 1),
+            "tokens_per_s": res.summary["tokens_per_s"] * r, "ttft_p50_s": res.summary["ttft_p50_s"],
+            "ttft_p99_s": res.summary["ttft_p99_s"], "tpot_p50_s": res.summary["tpot_p50_s"],
+            "tpot_p99_s": res.summary["tpot_p99_s"], "preemptions": res.summary["preemptions"] * r,
+            "kv_tokens_per_rank": kv_tokens_per_rank(self.spec, dep),
+            # shares of all the step time (kernels, collectives, untuned ops, per-step overhead)
+            "estimated_share": est_s / busy if busy > 0 else 0.0,
+            "prior_share": rep["prior_s"] * layers / busy if busy > 0 else 0.0,
+            "collective_share": rep["collective_share"] * parts / busy if busy > 0 else 0.0,
+            "ep_imbalance_mean": rep["ep_imbalance_mean"],
+            "moe_configs": {str(k): v for k, v in sorted(sim.configs_used["fused_moe"].items(),
+                                                         key=lambda kv: -kv[1])[:8]},
+        }
+
+
+def deployments(spec: Any, engine: str, gpus: int, max_model_len: int = MAX_MODEL_LEN) -> list[Deployment]:
+    """Every valid deployment on the knob grids (the exhaustive search space)."""
+    out = []
+    for r, lay in layout_choices(gpus):
+        for bs in BLOCK_SIZES:
+            for mbt in BATCHED_TOKENS:
+                for seqs in MAX_SEQS:
+                    for gm in GRAPH_MAX:
+                        d = Deployment(engine, r, lay.tp, lay.ep, bs, mbt, seqs, gm)
+                        if not why_invalid_deployment(spec, d, max_model_len):
+                            out.append(d)
+    return out
+
+
+def coordinate_search(pricer: DeploymentPricer, windows: list[Any], engine: str, gpus: int, ttft_slo_s: float,
+                      tpot_slo_s: float, start: Deployment | None = None, rounds: int = 2) -> tuple[Deployment, float,
+                                                                                                    list]:
+    """Search over the same knobs as the agent: every valid layout at the start's knobs, then each knob in turn over
+    its grid (coordinate descent, `rounds` passes), scoring the mean goodput over `windows`. Returns (best, score,
+    history)."""
+    spec = pricer.spec
+    history: list[tuple[str, float]] = []
+    memo: dict[Deployment, float] = {}
+
+    def score(d: Deployment) -> float:
+        if d not in memo:
+            if why_invalid_deployment(spec, d, pricer.max_model_len):
+                memo[d] = -math.inf
+            else:
+                memo[d] = float(np.mean([pricer.serve(w, d, ttft_slo_s, tpot_slo_s)["goodput_req_per_s"]
+                                         for w in windows]))
+            history.append((d.name, memo[d]))
+        return memo[d]
+
+    best = start or Deployment(engine, 1, gpus, 1, 16, 8192, 256, 512)
+    if why_invalid_deployment(spec, best, pricer.max_model_len):
+        best = next(iter(deployments(spec, engine, gpus, pricer.max_model_len)[:1]), None)
+        if best is None:
+            raise ValueError(f"{spec.name} has no valid deployment on {gpus} GPUs with {engine}")
+    for _ in range(rounds):
+        for r, lay in layout_choices(gpus):
+            cand = dataclasses.replace(best, replicas=r, tp=lay.tp, ep=lay.ep)
+            if score(cand) > score(best):
+                best = cand
+        for knob, grid in KNOBS.items():
+            for v in grid:
+                cand = dataclasses.replace(best, **{knob: v})
+                if score(cand) > score(best):
+                    best = cand
+    return best, score(best), history

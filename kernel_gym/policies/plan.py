@@ -1,0 +1,317 @@
+"""`kernel-gym plan`: the recommended deployment of a MoE model on N H200s for the user's traffic: replicas x TP / EP
+layout and the engine knobs, as the engine's launch commands, with the fused-MoE config files for that layout, the
+predicted goodput at the SLO (with the share of the step time resting on estimates and on the collectives prior),
+and the next-best deployments.
+
+    kernel-gym plan --model mixtral-8x7b --gpus 8 --engine vllm --trace azure-conv --slo ttft=2,tpot=0.1
+
+How it decides (the agent): MaskablePPO trains on KernelGym/ServingPlan-v0 over windows of the first part of the
+trace (`--train-steps` one-step episodes; the layout x knob action with memory masks), then its proposals (the
+greedy action and `--samples` draws from the policy, plus the engine's defaults and the hand-picked layouts as a
+floor) are each replayed on the training windows; the best mean goodput wins. The prediction is a replay of a
+held-out window (the trace's last part) under the winner. Every figure is a simulator replay (docs/parallelism.md):
+kernel times from the packaged H200 measurements (scaled estimates where a shard was not measured), collectives
+from the measured table or, without one, aiconfigurator's labelled prior.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SLO_HELP = "ttft=SECONDS,tpot=SECONDS, e.g. ttft=2,tpot=0.1"
+HF_IDS = {"mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1",
+          "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+          "gpt-oss-20b": "openai/gpt-oss-20b", "gpt-oss-120b": "openai/gpt-oss-120b",
+          "olmoe-1b-7b": "allenai/OLMoE-1B-7B-0924", "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+          "phi-3.5-moe": "microsoft/Phi-3.5-MoE-instruct", "dbrx": "databricks/dbrx-instruct"}
+
+
+def parse_slo(text: str) -> tuple[float, float]:
+    """'ttft=2,tpot=0.1' -> (2.0, 0.1); a one-line error naming the fix otherwise."""
+    out: dict[str, float] = {}
+    for part in [p for p in text.split(",") if p.strip()]:
+        key, sep, val = part.partition("=")
+        try:
+            if not sep or key.strip() not in ("ttft", "tpot") or float(val) <= 0:
+                raise ValueError
+            out[key.strip()] = float(val)
+        except ValueError:
+            raise ValueError(f"--slo {text!r}: write {SLO_HELP} (seconds > 0)") from None
+    if set(out) != {"ttft", "tpot"}:
+        raise ValueError(f"--slo {text!r} needs both ttft and tpot: {SLO_HELP}")
+    return out["ttft"], out["tpot"]
+
+
+def make_env(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float,
+             window_s: float, split: str = "train", routing: Any = None, table: Any = None,
+             backend: Any = "recorded") -> Any:
+    from kernel_gym.envs.parallel_serving import ServingPlanEnv
+
+    ctx = min(60.0, window_s)
+    return ServingPlanEnv(backend=backend, model=spec, trace=trace, gpus=gpus, engine=engine, table=table,
+                          routing=routing, split=split, window_s=window_s, warmup_s=min(10.0, window_s / 4),
+                          context_s=ctx, rate_scale=rate_scale, ttft_slo_s=slo[0], tpot_slo_s=slo[1])
+
+
+def window_starts(env: Any, n: int) -> list[float]:
+    """n evenly spaced window starts inside the env's split."""
+    lo, hi = env._range
+    return [lo + (hi - lo) * (i + 0.5) / n for i in range(n)] if hi > lo else [lo]
+
+
+def score(env: Any, dep: Any, starts: list[float]) -> float:
+    """Mean goodput (requests / s meeting the SLO) of `dep` over the windows starting at `starts`."""
+    if env._why(env.model, dep, env.pricer.max_model_len):
+        return -np.inf
+    vals = []
+    for s in starts:
+        env.reset(options={"start_s": s})
+        vals.append(env.serve_deployment(dep)["goodput_req_per_s"])
+    return float(np.mean(vals))
+
+
+def train_agent(env: Any, steps: int, seed: int = 0) -> Any:
+    """MaskablePPO on the env (one-step episodes), `steps` environment steps; None when steps == 0."""
+    if steps <= 0:
+        return None
+    from sb3_contrib import MaskablePPO
+
+    n = max(8, min(32, steps))
+    model = MaskablePPO("MlpPolicy", env, n_steps=n, batch_size=n, n_epochs=4, learning_rate=3e-3, gamma=0.0,
+                        ent_coef=0.01, seed=seed, verbose=0, policy_kwargs={"net_arch": [32, 32]}, device="cpu")
+    model.learn(total_timesteps=steps)
+    return model
+
+
+def proposals(env: Any, agent: Any, starts: list[float], samples: int, seed: int = 0) -> list[Any]:
+    """The agent's deployments: greedy and sampled actions at the training windows' observations (deduplicated)."""
+    out: list[Any] = []
+    if agent is None:
+        return out
+    rng_seed = seed
+    for s in starts:
+        obs, _ = env.reset(options={"start_s": s})
+        mask = env.action_masks()
+        a, _ = agent.predict(obs, action_masks=mask, deterministic=True)
+        out.append(env.deployment_of(a))
+        for _ in range(samples):
+            agent.set_random_seed(rng_seed)
+            rng_seed += 1
+            a, _ = agent.predict(obs, action_masks=mask, deterministic=False)
+            out.append(env.deployment_of(a))
+    return list(dict.fromkeys(out))
+
+
+def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
+    from kernel_gym.parallel.deploy import engine_default, hand_picked
+
+    out = {"engine_default": engine_default(spec, engine, gpus)}
+    out.update({f"hand_{k}": v for k, v in hand_picked(spec, engine, gpus).items()})
+    return out
+
+
+def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float = 1.0,
+              window_s: float = 60.0, train_steps: int = 64, samples: int = 2, train_windows: int = 2,
+              seed: int = 0, routing: Any = None, table: Any = None, env: Any = None) -> dict[str, Any]:
+    """The agent's choice on the training windows (module docstring): the ranked candidates with their mean
+    training goodput, the winner first."""
+    t0 = time.time()
+    env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "train", routing, table)
+    starts = window_starts(env, train_windows)
+    agent = train_agent(env, train_steps, seed)
+    agent_deps = proposals(env, agent, starts, samples, seed)
+    floor = baselines(spec, engine, gpus)
+    cands = list(dict.fromkeys([*agent_deps, *floor.values()]))
+    scored = sorted(((score(env, d, starts), d) for d in cands), key=lambda x: -x[0])
+    ranked = [{"deployment": d, "train_goodput_req_per_s": s, "from_agent": d in agent_deps,
+               "baseline": next((k for k, v in floor.items() if v == d), None)} for s, d in scored if np.isfinite(s)]
+    if not ranked:
+        raise ValueError(f"{spec.name}: no candidate deployment fits {gpus} GPUs with {engine}")
+    return {"ranked": ranked, "train_windows": starts, "train_steps": train_steps,
+            "evaluations": env.pricer.evaluations, "wall_s": time.time() - t0, "env": env,
+            "agent_proposals": [d.name for d in agent_deps]}
+
+
+def heldout_replay(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float,
+                   window_s: float, deps: list[Any], routing: Any = None, table: Any = None,
+                   env: Any = None) -> tuple[list[dict[str, Any]], Any]:
+    """Each deployment replayed on the held-out window in the middle of the trace's last part."""
+    env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "heldout", routing, table)
+    start = window_starts(env, 1)[0]
+    env.reset(options={"start_s": start})
+    out = []
+    for d in deps:
+        r = env.serve_deployment(d)
+        r["start_s"] = start
+        out.append(r)
+    return out, env
+
+
+def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fused-MoE config files for the layout, with the configs the replay used most (kernel_gym's knobs)."""
+    from kernel_gym.parallel.deploy import moe_config_files
+
+    files = moe_config_files(spec, dep)
+    for f in files:
+        f["configs_used"] = replay.get("moe_configs", {})
+        f["write_with"] = (f"kernel-gym export --format {dep.engine} --model {spec.name} --tp {dep.tp} --out DIR "
+                           f"(the engine's own kernel design; for EP the local-expert file above)")
+    return files
+
+
+def load_curve(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], deps: list[Any],
+               factors: list[float], window_s: float, routing: Any = None, table: Any = None) -> dict[str, list]:
+    """Goodput vs load (rate factor) per deployment on the held-out window: the data of the MLflow plot."""
+    curve: dict[str, list] = {d.layout_name + " " + d.name.split(":", 2)[2]: [] for d in deps}
+    for f in factors:
+        env = make_env(spec, gpus, engine, trace, slo, f, window_s, "heldout", routing, table)
+        start = window_starts(env, 1)[0]
+        env.reset(options={"start_s": start})
+        for d, key in zip(deps, curve):
+            r = env.serve_deployment(d)
+            curve[key].append({"load": f, "offered_req_per_s": r["offered_req_per_s"],
+                               "goodput_req_per_s": r["goodput_req_per_s"]})
+    return curve
+
+
+def log_mlflow(args: argparse.Namespace, report: dict[str, Any], curve: dict[str, list]) -> str:
+    """One MLflow run: parameters, predicted goodput and shares, the report JSON and the goodput-vs-load plot."""
+    try:
+        import mlflow
+    except ImportError as exc:
+        raise RuntimeError("mlflow is not installed: pip install 'kernel_gym' (it depends on mlflow) or pass "
+                           "--no-mlflow") from exc
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kernel_gym.policies.tracking import get_or_create_experiment, setup_tracking
+
+    uri = setup_tracking(args.tracking_uri or None)
+    exp = get_or_create_experiment("kernel-gym-plan", uri)
+    with mlflow.start_run(experiment_id=exp, run_name=f"plan-{args.model}-g{args.gpus}-{args.engine}") as run:
+        mlflow.log_params({"model": args.model, "gpus": args.gpus, "engine": args.engine, "trace": args.trace,
+                           "slo": args.slo, "rate_scale": args.rate_scale, "train_steps": args.train_steps})
+        best = report["recommended"]
+        mlflow.log_metrics({"goodput_req_per_s": best["predicted"]["goodput_req_per_s"],
+                            "estimated_share": best["predicted"]["estimated_share"],
+                            "prior_share": best["predicted"]["prior_share"]})
+        mlflow.log_dict(report, "plan.json")
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, pts in curve.items():
+            ax.plot([p["offered_req_per_s"] for p in pts], [p["goodput_req_per_s"] for p in pts], marker="o",
+                    label=name)
+        ax.set_xlabel("offered load (requests / s)")
+        ax.set_ylabel("goodput at the SLO (requests / s)")
+        ax.set_title(f"{args.model} on {args.gpus} H200, {args.engine}, {args.trace}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        mlflow.log_figure(fig, "goodput_vs_load.png")
+        plt.close(fig)
+        return run.info.run_id
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernel-gym plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="model spec: a zoo name (kernel-gym data lists them) or a JSON file")
+    p.add_argument("--gpus", type=int, required=True, help="H200 GPUs of the deployment (1-8)")
+    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
+    p.add_argument("--trace", required=True, help="azure-conv, azure-code, mooncake, burstgpt (KERNEL_GYM_TRACES), "
+                                                  "bundled, or a trace file")
+    p.add_argument("--slo", default="ttft=2,tpot=0.1", help=SLO_HELP)
+    p.add_argument("--rate-scale", type=float, default=1.0, help="compress the trace's time by this factor")
+    p.add_argument("--window-s", type=float, default=60.0, help="simulated seconds per window")
+    p.add_argument("--routing", default="zipf:1.2", help="uniform, zipf:EXPONENT or drift:EXPONENT[:DWELL_S]")
+    p.add_argument("--train-steps", type=int, default=64, help="MaskablePPO environment steps (0: no agent)")
+    p.add_argument("--samples", type=int, default=2, help="policy draws per training window besides the greedy one")
+    p.add_argument("--next", type=int, default=3, help="next-best deployments to list")
+    p.add_argument("--model-id", default="", help="the model name in the launch commands (default: its HF id)")
+    p.add_argument("--json", default="", help="write the plan here")
+    p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow run and its plot")
+    p.add_argument("--tracking-uri", default="")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"kernel-gym plan: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from kernel_gym.models import load_model
+    from kernel_gym.parallel.deploy import ENGINE_VERSIONS, launch_commands
+    from kernel_gym.policies.replay import routing_profile
+    from kernel_gym.traffic.windows import resolve_trace
+
+    slo = parse_slo(args.slo)
+    if not 1 <= args.gpus <= 8:
+        raise ValueError(f"--gpus {args.gpus}: one H200 host has 1 to 8 GPUs")
+    spec = load_model(args.model)
+    trace = resolve_trace(args.trace)
+    routing = routing_profile(args.routing, spec, args.seed)
+    print(f"[plan] {spec.name} on {args.gpus} H200, {args.engine}, trace {trace.name} x{args.rate_scale:g}, SLO "
+          f"TTFT <= {slo[0]} s TPOT <= {slo[1]} s; training the agent ({args.train_steps} steps)", file=sys.stderr)
+    rec = recommend(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, args.train_steps,
+                    args.samples, seed=args.seed, routing=routing)
+    ranked = rec["ranked"][: 1 + args.next]
+    deps = [r["deployment"] for r in ranked]
+    held, _ = heldout_replay(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, deps, routing)
+    model_id = args.model_id or HF_IDS.get(spec.name, spec.name)
+    table = rec["env"].table
+    entries = []
+    for r, h in zip(ranked, held):
+        d = r["deployment"]
+        entries.append({"deployment": d.to_dict(), "launch": launch_commands(d, model_id),
+                        "train_goodput_req_per_s": r["train_goodput_req_per_s"], "from_agent": r["from_agent"],
+                        "baseline": r["baseline"], "predicted": {k: v for k, v in h.items() if k != "deployment"},
+                        "kernel_config_files": kernel_configs(spec, d, h)})
+    report = {"model": spec.name, "gpus": args.gpus, "engine": args.engine,
+              "engine_version": ENGINE_VERSIONS[args.engine], "trace": trace.name, "rate_scale": args.rate_scale,
+              "slo": {"ttft_s": slo[0], "tpot_s": slo[1]}, "routing": args.routing,
+              "collectives": {"source": None if table is None else table.source,
+                              "prior": None if table is None else (table.prior or {}).get("source")},
+              "recommended": entries[0], "next_best": entries[1:], "agent_proposals": rec["agent_proposals"],
+              "evaluations": rec["evaluations"], "wall_s": rec["wall_s"]}
+    best = entries[0]
+    p = best["predicted"]
+    print(f"\nrecommended: {best['deployment']['layout']} ({args.engine} {ENGINE_VERSIONS[args.engine]})")
+    for cmd in best["launch"]:
+        print(f"  {cmd}")
+    print(f"  kernel configs: {', '.join(f['file'] for f in best['kernel_config_files'])}")
+    print(f"  predicted goodput {p['goodput_req_per_s']:.2f} req/s ({p['slo_attainment']:.0%} within SLO, "
+          f"{p['goodput_tokens_per_s_per_gpu']:.0f} good tokens/s/GPU); estimated share {p['estimated_share']:.0%}, "
+          f"prior share {p['prior_share']:.0%} of the step time")
+    print(f"{'next best':<58} {'goodput req/s':>13} {'estimated':>9} {'prior':>6}")
+    for e in entries[1:]:
+        q = e["predicted"]
+        print(f"  {e['deployment']['engine']}:{e['deployment']['layout']} bs{e['deployment']['block_size']} "
+              f"mbt{e['deployment']['max_batched_tokens']} seqs{e['deployment']['max_seqs']} "
+              f"graph{e['deployment']['graph_max']}".ljust(58) +
+              f" {q['goodput_req_per_s']:>13.2f} {q['estimated_share']:>9.0%} {q['prior_share']:>6.0%}")
+    if not args.no_mlflow:
+        curve = load_curve(spec, args.gpus, args.engine, trace, slo, deps[:3],
+                           [args.rate_scale * f for f in (0.5, 1, 2, 4)], args.window_s, routing)
+        report["goodput_vs_load"] = curve
+        report["mlflow_run_id"] = log_mlflow(args, report, curve)
+        print(f"MLflow run {report['mlflow_run_id']} (experiment kernel-gym-plan): goodput_vs_load.png")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
