@@ -241,8 +241,11 @@ def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs:
     best = by_config[str(winner)]
     default = by_config[str(configs[0])]
     failures = sum(1 for m in by_config.values() if not m.ok)
-    log(f"  {case}: {len(by_config)} configs, {failures} failed")
-    result = {"best": {"config": dict(winner), "ms": best.median_ms, "spread": best.spread},
+    from kernel_gym.measure.power import monitor_summary_line
+
+    log(f"  {case}: {len(by_config)} configs, {failures} failed; the best timed under "
+        f"{monitor_summary_line(best.power)}")
+    result = {"best": {"config": dict(winner), "ms": best.median_ms, "spread": best.spread, "power": best.power},
               "default_ms": default.median_ms if default.ok else None, "tried": tried}
     if family_name == "fused_moe":
         inputs = family.make_inputs(workload, "cuda", seed=seed)
@@ -313,7 +316,7 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
             base = {
                 "kernel": family_name, "case": case, "config": best["config"], "ms": best["ms"],
                 "metric": metric, "value": value, "default_ms": res["default_ms"],
-                "workload": json.loads(workload.key()),
+                "workload": json.loads(workload.key()), "power": best.get("power", ""),
             }
             anchors: list[tuple[str, float]] = []
             flops = family.flops(workload)
@@ -373,6 +376,14 @@ TARGETS = {  # (case, anchor) -> minimum ratio_to_anchor, from the kernels issue
 }
 
 
+def _clocks(state: str) -> str:
+    """A short table cell of a row's power state: "1512 MHz 688 W 61 C sw_power_cap", or "-"."""
+    from kernel_gym.measure.power import PowerSummary
+
+    p = PowerSummary.from_compact(state) if state else None
+    return "-" if p is None else p.short()
+
+
 def to_markdown(result: dict) -> str:
     env = result["env"]
     lines = [
@@ -386,9 +397,12 @@ def to_markdown(result: dict) -> str:
         "checked against the torch reference before it is timed; the best is compared with anchors "
         "measured in the same run.",
         "",
+        "The last column is the state the best config was timed under (SM clock median, power median, throttle "
+        "reasons; measure/power.py; `-` where it was not recorded).",
+        "",
         "| kernel | case | anchor | best ms | metric | value | anchor value | ratio | target | default ms "
-        "| best / default |",
-        "|---|---|---|---:|---|---:|---:|---:|---|---:|---:|",
+        "| best / default | clocks |",
+        "|---|---|---|---:|---|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in result["records"]:
         target = TARGETS.get((r["case"], r["anchor"]))
@@ -398,7 +412,8 @@ def to_markdown(result: dict) -> str:
         default_ms = "failed" if r["default_ms"] is None else f"{r['default_ms']:.4f}"
         lines.append(
             f"| {r['kernel']} | {r['case']} | {r['anchor']} | {r['ms']:.4f} | {r['metric']} | {r['value']:.2f} | "
-            f"{r['anchor_value']:.2f} | {r['ratio_to_anchor']:.3f} | {verdict} | {default_ms} | {speedup} |"
+            f"{r['anchor_value']:.2f} | {r['ratio_to_anchor']:.3f} | {verdict} | {default_ms} | {speedup} | "
+            f"{_clocks(r.get('power', ''))} |"
         )
     return "\n".join(lines) + "\n"
 

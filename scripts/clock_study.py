@@ -128,7 +128,7 @@ def interleaved_medians(fns: list[Callable[[], Any]], reps: int, cuda: bool) -> 
     if cuda:
         from kernel_gym.measure.timing import time_interleaved
 
-        return [statistics.median(s) for s in time_interleaved(fns, reps)]
+        return [statistics.median(s) for s in time_interleaved(fns, reps, heat=False)]
     out = [[] for _ in fns]
     for r in range(reps):
         for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):

@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import random
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -308,10 +309,24 @@ def _progress(db: str, remaining: int, t0: float, deadline: float, stop: threadi
             pct = 100.0 * done / max(1, remaining)
             bar = "#" * int(pct / 4) + "." * (25 - int(pct / 4))
             left = f", budget left {_fmt(deadline - time.time())}" if deadline else ""
-            print(f"\r[collect] [{bar}] {done}/{remaining} {pct:5.1f}% {rate:6.1f}/s ETA {eta}{left}   ",
-                  end="", file=log, flush=True)
+            print(f"\r[collect] [{bar}] {done}/{remaining} {pct:5.1f}% {rate:6.1f}/s ETA {eta}{left}"
+                  f"{_last_clocks(store, t0)}   ", end="", file=log, flush=True)
     finally:
         store.close()
+
+
+def _last_clocks(store: MeasurementStore, since: float) -> str:
+    """", GPU 1512 MHz 688 W 61 C sw_power_cap": the state the latest row written since `since` was timed under
+    (measure/power.py), or "" where none is recorded."""
+    from kernel_gym.measure.power import PowerSummary
+
+    try:
+        row = store.conn.execute("SELECT power FROM measurements WHERE created >= ? AND power != '' "
+                                 "ORDER BY id DESC LIMIT 1", (since,)).fetchone()
+        p = PowerSummary.from_compact(row[0]) if row else None
+    except (sqlite3.OperationalError, ValueError):  # a store without the column, or a state not written by us
+        return ""
+    return "" if p is None else f", GPU {p.short()}"
 
 
 def _visible_gpus(device: str) -> list[int | None]:

@@ -15,6 +15,7 @@ max and the throttle reasons seen. Standard library only: this module runs on th
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import statistics
@@ -287,6 +288,53 @@ class PowerSummary:
             raise ValueError(f"power summary {d!r} has no 'available' field: not written by PowerSummary.to_dict")
         return cls(**known)
 
+    def compact(self) -> str:
+        """The short JSON stored with each measurement row (Measurement.power, the store's power column):
+        {"src", "n", "sm": [min, median, max] MHz, "mem": median MHz, "w": [min, median, max] W, "lim": W,
+        "c": [min, max] C, "thr": reason mask, "slow": slowed fraction}, or {"na": reason}."""
+        if not self.available:
+            return json.dumps({"na": self.reason[:160]}, separators=(",", ":"))
+
+        def r(v: list[float] | None, keep: tuple[int, ...] = (0, 1, 2)) -> Any:
+            return None if v is None else [round(v[i], 1) for i in keep]
+
+        d = {"src": self.source, "n": self.samples, "sm": r(self.sm_mhz), "mem": r(self.mem_mhz, (1,)),
+             "w": r(self.power_w), "lim": r(self.power_limit_w, (2,)), "c": r(self.temp_c, (0, 2)),
+             "thr": self.throttle_mask,
+             "slow": None if self.slowdown_fraction is None else round(self.slowdown_fraction, 2)}
+        d["mem"] = d["mem"][0] if d["mem"] else None
+        d["lim"] = d["lim"][0] if d["lim"] else None
+        return json.dumps({k: v for k, v in d.items() if v is not None}, separators=(",", ":"))
+
+    @classmethod
+    def from_compact(cls, text: str) -> PowerSummary | None:
+        """Inverse of compact() (medians stand in for the min and max compact() leaves out); None for ""."""
+        if not text:
+            return None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError:
+            raise ValueError(f"power state {text[:80]!r} is not JSON: written by something other than "
+                             "PowerSummary.compact") from None
+        if "na" in d:
+            return cls.unavailable(str(d["na"]))
+        c = d.get("c")
+        return cls(available=True, source=d.get("src", ""), samples=int(d.get("n", 0)), sm_mhz=d.get("sm"),
+                   mem_mhz=[d["mem"]] * 3 if "mem" in d else None, power_w=d.get("w"),
+                   power_limit_w=[d["lim"]] * 3 if "lim" in d else None,
+                   temp_c=None if c is None else [c[0], (c[0] + c[1]) / 2, c[1]],
+                   throttle_mask=int(d.get("thr", 0)), throttle_reasons=throttle_names(int(d.get("thr", 0))),
+                   slowdown_fraction=d.get("slow"))
+
+    def short(self) -> str:
+        """A few words for a table cell or a progress line: "1512 MHz 688 W 61 C sw_power_cap", or "-"."""
+        if not self.available:
+            return "-"
+        parts = [f"{self.sm_mhz[1]:.0f} MHz" if self.sm_mhz else "", f"{self.power_w[1]:.0f} W" if self.power_w else "",
+                 f"{self.temp_c[2]:.0f} C" if self.temp_c else "",
+                 ",".join(r for r in self.throttle_reasons if r != "gpu_idle")]
+        return " ".join(x for x in parts if x) or "-"
+
     def line(self) -> str:
         """One line for a log or a table, e.g.
         `power: SM 1500/1755/1980 MHz, mem 3201 MHz, 612/688/701 W (limit 700 W), 41-58 C, throttle sw_power_cap
@@ -373,6 +421,26 @@ class PowerMonitor:
     def source(self) -> str:
         return getattr(self._reader, "source", "")
 
+    def sample_now(self) -> None:
+        """Take one reading at once, where that is cheap (NVML: microseconds; nvidia-smi calls are left to the
+        thread), so a short timing window has a reading of its own end."""
+        if self._reader is not None and self.source == "nvml":
+            self._take()
+
+    def window(self, t0: float, t1: float) -> PowerSummary:
+        """The summary of the readings taken in [t0, t1] (monotonic s); for a window shorter than the sampling
+        interval, the latest reading before t1 (at most interval_s old)."""
+        if self._reader is None:
+            return PowerSummary.unavailable(self._error or "not started")
+        with self._lock:
+            inside = [s for s in self.samples if t0 <= s.t <= t1]
+            if not inside:
+                before = [s for s in self.samples if s.t <= t1]
+                inside = before[-1:]
+        if not inside:
+            return PowerSummary.unavailable(self._error or "no reading before the window ended")
+        return PowerSummary.of(inside, self.source)
+
     def summary(self) -> PowerSummary:
         if self._reader is None:
             return PowerSummary.unavailable(self._error or "not started")
@@ -383,8 +451,10 @@ class PowerMonitor:
         return PowerSummary.of(samples, self.source)
 
 
-def monitor_summary_line(summary: PowerSummary | dict[str, Any] | None) -> str:
-    """The one-line string of a summary, of its dict form (as stored with rows and in JSON results), or of None."""
+def monitor_summary_line(summary: PowerSummary | dict[str, Any] | str | None) -> str:
+    """The one-line string of a summary, of its dict form (JSON results), of its compact form (rows), or of None."""
+    if isinstance(summary, str):
+        summary = PowerSummary.from_compact(summary)
     if summary is None:
         return "power: not recorded"
     if isinstance(summary, dict):

@@ -56,6 +56,9 @@ COLUMNS = (
 # Where a row was measured (host name, GPU index): columns added after the first stores, so older files gain them
 # (empty) when opened, and the snapshot format leaves them out.
 ORIGIN_COLUMNS = ("host", "gpu")
+# The GPU's clock and power state while the row was timed (Measurement.power, JSON; measure/power.py): added after
+# the first stores like the origin columns; older rows and the packaged dataset's have "" (not recorded).
+POWER_COLUMN = "power"
 CONTEXT_FIELDS = ("device", "torch_version", "triton_version", "kernel", "source_hash")
 ROW_FIELDS = ("workload", "config", "status", "median_ms", "spread", "repeats", "compile_s", "reason", "source")
 MIN_MEDIAN_MS = 1e-4  # 0.1 us: below any real kernel launch; a smaller stored time is corrupt, not fast
@@ -121,7 +124,7 @@ class MeasurementStore:
     def _add_origin_columns(self) -> None:
         """Older stores lack the host and gpu columns: add them (empty for the rows already there)."""
         have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
-        for col in ORIGIN_COLUMNS:
+        for col in (*ORIGIN_COLUMNS, POWER_COLUMN):
             if col not in have:
                 try:
                     self.conn.execute(f"ALTER TABLE measurements ADD COLUMN {col} TEXT NOT NULL DEFAULT ''")
@@ -153,7 +156,7 @@ class MeasurementStore:
             rows.append((
                 context.device, context.torch_version, context.triton_version, context.kernel, context.source_hash,
                 m.workload, m.config, m.status, m.median_ms if m.status == OK else None, m.spread, m.repeats,
-                m.compile_s, m.reason, m.source, now, *(origin or ("", "")),
+                m.compile_s, m.reason, m.source, now, *(origin or ("", "")), m.power,
             ))
         if not rows:
             return 0
@@ -164,8 +167,8 @@ class MeasurementStore:
             if replace:
                 keys = ("device", "torch_version", "triton_version", "kernel", "source_hash", "workload", "config")
                 on_conflict = f"({','.join(keys)}) DO UPDATE SET " + ", ".join(
-                    f"{c} = excluded.{c}" for c in COLUMNS + ORIGIN_COLUMNS if c not in keys)
-            cols = COLUMNS + ORIGIN_COLUMNS
+                    f"{c} = excluded.{c}" for c in (*COLUMNS, *ORIGIN_COLUMNS, POWER_COLUMN) if c not in keys)
+            cols = (*COLUMNS, *ORIGIN_COLUMNS, POWER_COLUMN)
             self.conn.executemany(
                 f"INSERT INTO measurements ({','.join(cols)}) VALUES ({','.join('?' * len(cols))}) "
                 f"ON CONFLICT {on_conflict}",
@@ -218,11 +221,14 @@ class MeasurementStore:
         return self.conn.execute(sql, args).fetchone()[0]
 
     def rows(self, kernel: str | None = None, origin: bool = False) -> Iterator[dict[str, Any]]:
-        """Rows as dicts of COLUMNS (and, with origin=True, ORIGIN_COLUMNS), in insertion order."""
+        """Rows as dicts of COLUMNS (and, with origin=True, ORIGIN_COLUMNS and POWER_COLUMN where the file has
+        them), in insertion order."""
+        have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
         if origin and self.read_only:
-            have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
             origin = set(ORIGIN_COLUMNS) <= have
         cols = COLUMNS + ORIGIN_COLUMNS if origin else COLUMNS
+        if origin and POWER_COLUMN in have:
+            cols = (*cols, POWER_COLUMN)
         sql = f"SELECT {','.join(cols)} FROM measurements"
         cur = self.conn.execute(sql + (" WHERE kernel=? ORDER BY id" if kernel else " ORDER BY id"),
                                 (kernel,) if kernel else ())
@@ -258,15 +264,17 @@ class MeasurementStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         n = 0
         tmp = path.with_suffix(path.suffix + ".tmp")
+        have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
+        fields = (*ROW_FIELDS, POWER_COLUMN) if POWER_COLUMN in have else ROW_FIELDS  # readers map by the header
         with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
-            f.write(json.dumps({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "fields": ROW_FIELDS}) + "\n")
+            f.write(json.dumps({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "fields": fields}) + "\n")
             contexts = self.conn.execute(
                 f"SELECT DISTINCT {','.join(CONTEXT_FIELDS)} FROM measurements ORDER BY {','.join(CONTEXT_FIELDS)}"
             ).fetchall()
             for ctx in contexts:
                 f.write(json.dumps({"context": dict(zip(CONTEXT_FIELDS, ctx))}) + "\n")
                 cur = self.conn.execute(
-                    f"SELECT {','.join(ROW_FIELDS)} FROM measurements WHERE "
+                    f"SELECT {','.join(fields)} FROM measurements WHERE "
                     + " AND ".join(f"{c}=?" for c in CONTEXT_FIELDS) + " ORDER BY workload, config",
                     ctx,
                 )
@@ -341,9 +349,10 @@ def load_rows(path: str | Path) -> list[tuple[Context, list[Measurement]]]:
     store = MeasurementStore(path, read_only=True)
     try:
         groups: dict[Context, list[Measurement]] = {}
-        for n, row in enumerate(store.rows(), start=1):
+        for n, row in enumerate(store.rows(origin=True), start=1):
             ctx = Context(*(row[c] for c in CONTEXT_FIELDS))
-            m = Measurement(kernel=row["kernel"], **{f: row[f] for f in ROW_FIELDS})
+            m = Measurement(kernel=row["kernel"], power=row.get(POWER_COLUMN) or "",
+                            **{f: row[f] for f in ROW_FIELDS})
             check_time(path, f"row {n}", m)
             groups.setdefault(ctx, []).append(m)
         return list(groups.items())

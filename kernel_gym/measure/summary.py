@@ -32,7 +32,7 @@ def dataset_summary(path: str | Path | None = None, coverage: bool = True,
     kernels: dict[str, Any] = {}
     for ctx, ms in groups:
         k = kernels.setdefault(ctx.kernel, {"rows": 0, "ok": 0, "noisy": 0, "contexts": [], "workloads": {},
-                                            "status": Counter(), "reasons": Counter()})
+                                            "status": Counter(), "reasons": Counter(), "power": []})
         k["rows"] += len(ms)
         k["contexts"].append({"device": ctx.device, "torch": ctx.torch_version, "triton": ctx.triton_version,
                               "source_hash": ctx.source_hash, "rows": len(ms)})
@@ -42,6 +42,8 @@ def dataset_summary(path: str | Path | None = None, coverage: bool = True,
             if m.status == OK:
                 k["ok"] += 1
                 k["noisy"] += int(m.spread is not None and m.spread > MAX_SPREAD)
+                if m.power:
+                    k["power"].append(m.power)
             else:
                 k["reasons"][f"{m.status}: {_NUMBERS.sub('N', m.reason)[:80]}"] += 1
     out_kernels = {}
@@ -63,6 +65,7 @@ def dataset_summary(path: str | Path | None = None, coverage: bool = True,
             "shapes_measured_exhaustively": fractions["exhaustive"],
             "status": dict(k["status"]),
             "failures_by_reason": dict(k["reasons"].most_common(20)),
+            "power": power_states(k["power"]),
         }
     return {
         "path": str(path),
@@ -128,6 +131,28 @@ def _space_fractions(kernel: str, workloads: dict[str, set[str]]) -> dict[str, A
 _NUMBERS = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")  # reasons differ only in numbers (sizes, errors): group them
 
 
+def power_states(states: list[str]) -> dict[str, Any]:
+    """What the ok rows' recorded power states (Measurement.power, issue 24) say: rows with one, the p10 / p50 / p90 of
+    their median SM clock and temperature, and the share timed under a power or thermal slowdown. Rows stored before
+    the power state was recorded (the packaged dataset's) count as not recorded."""
+    from kernel_gym.measure.power import PowerSummary
+
+    got = [PowerSummary.from_compact(s) for s in states]
+    ok = [p for p in got if p is not None and p.available]
+
+    def q(vals: list[float]) -> list[float] | None:
+        if not vals:
+            return None
+        v = sorted(vals)
+        return [v[int(f * (len(v) - 1))] for f in (0.1, 0.5, 0.9)]
+
+    slowed = [p.slowdown_fraction for p in ok if p.slowdown_fraction is not None]
+    return {"rows_recorded": len(ok), "rows_unavailable": len(got) - len(ok),
+            "sm_mhz_p10_p50_p90": q([p.sm_mhz[1] for p in ok if p.sm_mhz]),
+            "temp_c_p10_p50_p90": q([p.temp_c[2] for p in ok if p.temp_c]),
+            "share_slowed": sum(1 for f in slowed if f > 0) / len(slowed) if slowed else None}
+
+
 def format_summary(info: dict[str, Any]) -> str:
     zoo_rows = info.get("zoo_models_with_rows", [])
     lines = [f"dataset {info['path']}: {info['rows']} rows ({info['ok_rows']} ok) on {', '.join(info['devices'])}; "
@@ -143,4 +168,12 @@ def format_summary(info: dict[str, Any]) -> str:
         lines.append("      status: " + ", ".join(f"{st} {n}" for st, n in sorted(k["status"].items())))
         for reason, n in list(k["failures_by_reason"].items())[:5]:
             lines.append(f"      {n:6d}  {reason}")
+        pw = k.get("power") or {}
+        if pw.get("rows_recorded") or pw.get("rows_unavailable"):
+            sm, temp, slow = pw["sm_mhz_p10_p50_p90"], pw["temp_c_p10_p50_p90"], pw["share_slowed"]
+            lines.append(f"      power state: {pw['rows_recorded']} of {k['ok']} ok rows"
+                         + (f", SM clock p10/p50/p90 {sm[0]:.0f}/{sm[1]:.0f}/{sm[2]:.0f} MHz" if sm else "")
+                         + (f", max temperature p50 {temp[1]:.0f} C" if temp else "")
+                         + (f", {slow:.0%} timed under a power or thermal slowdown" if slow is not None else "")
+                         + (f" ({pw['rows_unavailable']} rows: no reader)" if pw["rows_unavailable"] else ""))
     return "\n".join(lines)

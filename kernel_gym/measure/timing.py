@@ -14,9 +14,11 @@ with no host launch cost, as engines run decode batches), and `time_interleaved`
 of several closures in turn, one by one, for paired ratios that a drift of the clocks cannot bias.
 
 Clock state (docs/measurement.md, "Clocks and power"): recorded times stand for a hot GPU, as a serving GPU runs.
-`keep_hot` is the rule that makes them so: before a batch of timings it runs a sustained bf16 matmul load until the GPU
-temperature stops rising (`heat_to_steady`), and skips that when the GPU is still within HOT_MARGIN_C of the plateau
-this process last reached; `measure/power.py` samples the state that each batch was timed under. Imports torch,
+`keep_hot` is the rule that makes them so, and `time_launch` and `time_interleaved` apply it before they time: when the
+GPU is cooler than HOT_MARGIN_C below the plateau this process last reached (or has not been heated yet), it runs a
+sustained bf16 matmul load until the temperature stops rising (`heat_to_steady`, at most TimingOptions.heat_max_s);
+otherwise it costs one temperature reading, at most once a second. `measure/power.py` samples the state each row was
+timed under. Imports torch,
 numpy and the standard library only.
 """
 
@@ -96,6 +98,7 @@ def time_launch(fn: Callable[[], Any], options: TimingOptions | None = None, dev
     import torch
 
     options = options or DEFAULT_TIMING
+    keep_hot(options, device)
     buf = _flush_buffer(device) if options.flush else None
     samples: list[float] = []
     spent_s = 0.0
@@ -150,12 +153,16 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     return replay
 
 
-def time_interleaved(fns: list[Callable[[], Any]], reps: int, device: str = "cuda") -> list[list[float]]:
+def time_interleaved(fns: list[Callable[[], Any]], reps: int, device: str = "cuda",
+                     heat: bool = True) -> list[list[float]]:
     """Per closure, `reps` samples (ms) taken in turn: a b c, then c b a, ... each after an L2 flush and a spin. A
     slow drift of the GPU's clocks (power or temperature: a minute of large-M MoE on the H200 moved one config's time
-    by 25% between two rounds) then falls on every closure alike, so their ratio holds where separate rounds do not."""
+    by 25% between two rounds) then falls on every closure alike, so their ratio holds where separate rounds do not.
+    heat=False skips the warm-up rule (keep_hot), for studies that set the GPU's state themselves."""
     import torch
 
+    if heat:
+        keep_hot(DEFAULT_TIMING, device)
     buf = _flush_buffer(device)
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
               for _ in fns]
@@ -175,10 +182,11 @@ def time_interleaved(fns: list[Callable[[], Any]], reps: int, device: str = "cud
 # ---- clock state: the warm-up-to-steady-state rule ----------------------------------------------------------------
 
 HEATER_N = 8192  # bf16 matmul size of the heater: ~1.4 ms a launch on the H200, at the power cap when run back to back
-HOT_MARGIN_C = 3.0  # keep_hot re-heats when the GPU is this much cooler than the plateau it last reached
+HOT_MARGIN_C = 5.0  # keep_hot re-heats when the GPU is this much cooler than the plateau it last reached
 SETTLE_C = 1.0  # heat_to_steady stops when the temperature rose by at most this over SETTLE_WINDOW_S
 SETTLE_WINDOW_S = 4.0
 NO_READER_HEAT_S = 10.0  # without NVML / nvidia-smi: heat this long, once per process
+CHECK_EVERY_S = 1.0  # keep_hot reads the temperature at most this often (time_launch calls it for every config)
 
 
 @dataclass
@@ -260,6 +268,10 @@ def keep_hot(options: TimingOptions | None = None, device: str = "cuda") -> Heat
     options = options or DEFAULT_TIMING
     if options.heat_max_s <= 0 or os.environ.get("KERNEL_GYM_HEAT", "1") == "0":
         return None
+    now = time.monotonic()
+    if now - _hot.get("checked", -1e9) < CHECK_EVERY_S:
+        return None
+    _hot["checked"] = now
     import torch
 
     from kernel_gym.measure import power
@@ -288,4 +300,5 @@ def keep_hot(options: TimingOptions | None = None, device: str = "cuda") -> Heat
     rec = heat_to_steady(options.heat_max_s, device, reader)
     if rec.temp_end_c is not None:
         _hot["plateau_c"] = rec.temp_end_c
+    _hot["checked"] = time.monotonic()
     return rec

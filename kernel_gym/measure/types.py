@@ -39,6 +39,8 @@ class Measurement:
     spread: (p90 - p10) / median of the repeats, a dimensionless noise figure.
     source: "live" | "recorded" | "recorded-interpolated" | "recorded-proxy" | "recorded-borrowed" | "interpreter"
     (is_estimated: every source but "live" and "recorded").
+    power: SM clock, power, temperature and throttle reasons read while this config was timed (JSON, compact form of
+    measure.power.PowerSummary; PowerSummary.from_compact reads it); "" where not recorded (rows older than issue 24).
     """
 
     kernel: str
@@ -51,6 +53,7 @@ class Measurement:
     compile_s: float | None = None
     reason: str = ""
     source: str = "live"
+    power: str = ""  # the GPU's clock and power state while timed (measure.power.PowerSummary.compact); "" = unknown
 
     @property
     def ok(self) -> bool:

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from kernel_gym.kernels.space import Config, KernelFamily
@@ -214,6 +214,7 @@ class WorkloadRunner:
             torch.cuda.synchronize()
 
     def measure(self, config: Config) -> Measurement:
+        self.timed_window: tuple[float, float] | None = None  # monotonic start and end of this config's timing
         fam, cfg = self.family, str(config)
         base = dict(kernel=fam.name, workload=self.key, config=cfg,
                     source="interpreter" if self.timing is None else "live")
@@ -256,7 +257,9 @@ class WorkloadRunner:
         from kernel_gym.measure.timing import time_launch
 
         try:
+            t_start = time.monotonic()
             t = time_launch(fn, self.timing, self.device)
+            self.timed_window = (t_start, time.monotonic())
         except Exception as exc:  # noqa: BLE001
             status, reason, poisoned = classify(exc)
             self.poisoned |= poisoned
@@ -316,12 +319,39 @@ def _worker_main(conn: Any, env: dict[str, str]) -> None:
                 if poisoned:
                     return
                 continue
-        for cfg in configs:
-            m = runner.measure(Config.parse(cfg))
-            conn.send(("result", asdict(m)))
-            if runner.poisoned:
-                conn.close()
-                os._exit(3)  # the CUDA context is unusable: the supervisor restarts a fresh worker
+        monitor = _start_power(timing, device)
+        try:
+            for cfg in configs:
+                m = runner.measure(Config.parse(cfg))
+                if monitor is not None and m.status == OK and runner.timed_window is not None:
+                    monitor.sample_now()
+                    m = replace(m, power=monitor.window(*runner.timed_window).compact())
+                conn.send(("result", asdict(m)))
+                if runner.poisoned:
+                    conn.close()
+                    os._exit(3)  # the CUDA context is unusable: the supervisor restarts a fresh worker
+        finally:
+            if monitor is not None:
+                monitor.__exit__(None, None, None)
+
+
+def _start_power(timing: Any, device: str) -> Any:
+    """Before a batch of timings on a GPU: the warm-up rule (timing.keep_hot: recorded times stand for a hot GPU),
+    then a PowerMonitor whose readings go with every row timed in the batch (Measurement.power). None when nothing
+    is timed (the interpreter) or on the CPU."""
+    if timing is None or not device.startswith("cuda"):
+        return None
+    from kernel_gym.measure.power import PowerMonitor
+    from kernel_gym.measure.timing import keep_hot
+
+    try:
+        keep_hot(timing, device)
+    except Exception as exc:  # noqa: BLE001 - a failed warm-up leaves the GPU as it is; the power record says so
+        print(f"[worker] warm-up failed ({type(exc).__name__}: {exc}); timing without it", file=sys.stderr)
+    import torch
+
+    index = torch.device(device).index
+    return PowerMonitor(torch.cuda.current_device() if index is None else index).__enter__()
 
 
 class IsolatedRunner:

@@ -146,3 +146,93 @@ def test_summary_dict_round_trip_and_old_rows():
 def test_real_device_reads_something():
     s = power.read_once()
     assert s is not None and s.sm_mhz and s.sm_mhz > 0
+
+
+def test_compact_form_round_trip():
+    samples = [power.PowerSample(0.0, 1500, 3201, 690, 700, 60, 4), power.PowerSample(0.1, 1520, 3201, 695, 700, 61, 4)]
+    s = PowerSummary.of(samples, "nvml")
+    text = s.compact()
+    assert len(text) < 140 and '"thr":4' in text
+    back = PowerSummary.from_compact(text)
+    assert back.sm_mhz == [1500, 1510, 1520] and back.throttle_reasons == ["sw_power_cap"] and back.samples == 2
+    assert back.power_limit_w[2] == 700 and back.temp_c[0] == 60 and back.temp_c[2] == 61
+    assert power.monitor_summary_line(text).startswith("power: SM 1500/1510/1520 MHz")
+    na = PowerSummary.unavailable("no nvidia-smi").compact()
+    assert PowerSummary.from_compact(na).reason == "no nvidia-smi"
+    assert PowerSummary.from_compact("") is None and power.monitor_summary_line("") == "power: not recorded"
+    with pytest.raises(ValueError, match="not JSON"):
+        PowerSummary.from_compact("1500 MHz")
+
+
+def test_monitor_window_takes_the_last_reading_before_a_short_window(tmp_path):
+    smi, _ = make_fake(tmp_path, ["1980, 3201, 100, 700, 30, 0x0", "1700, 3201, 650, 700, 50, 0x4"])
+    with PowerMonitor(interval_s=0.05, source="nvidia-smi", nvidia_smi=smi) as mon:
+        deadline = time.monotonic() + 4
+        while len(mon.samples) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t = time.monotonic()
+        w = mon.window(t, t + 0.001)  # no reading inside: the latest one before its end
+        mon.sample_now()  # nvidia-smi: left to the thread, adds nothing here
+    assert w.available and w.samples == 1 and w.sm_mhz[1] == 1700
+    assert not PowerMonitor(source="off").window(0, 1).available
+
+
+def _ctx():
+    from kernel_gym.measure.store import Context
+
+    return Context("NVIDIA H200", "2.11.0", "3.6.0", "fused_moe", "abc")
+
+
+def test_store_keeps_the_power_state_and_old_files_read(tmp_path):
+    import gzip
+    import json
+
+    from kernel_gym.kernels.workloads import MoEWorkload
+    from kernel_gym.measure import summary
+    from kernel_gym.measure.store import ROW_FIELDS, MeasurementStore, iter_snapshot, load_rows
+    from kernel_gym.measure.types import Measurement
+
+    wl = MoEWorkload(64, 8, 2, 4096, 14336).key()
+    state = PowerSummary.of([power.PowerSample(0.0, 1500, 3201, 690, 700, 60, 4)], "nvml").compact()
+    rows = [Measurement("fused_moe", wl, "c1", "ok", 1.0, 0.01, 3, power=state),
+            Measurement("fused_moe", wl, "c2", "ok", 1.2, 0.01, 3)]
+    db = tmp_path / "s.sqlite"
+    with MeasurementStore(db) as st:
+        assert st.put_many(_ctx(), rows) == 2
+        assert [r["power"] for r in st.rows(origin=True)] == [state, ""]
+        st.export_snapshot(tmp_path / "snap.jsonl.gz")
+    assert {m.config: m.power for _, ms in load_rows(db) for m in ms} == {"c1": state, "c2": ""}
+    assert {m.config: m.power for _, ms in iter_snapshot(tmp_path / "snap.jsonl.gz") for m in ms} == {
+        "c1": state, "c2": ""}
+    old = tmp_path / "old.jsonl.gz"  # the packaged dataset's format: no power field
+    with gzip.open(old, "wt") as f:
+        f.write(json.dumps({"format": "kernel_gym-measurements", "version": 1, "fields": ROW_FIELDS}) + "\n")
+        f.write(json.dumps({"context": _ctx().__dict__}) + "\n")
+        f.write(json.dumps([wl, "c9", "ok", 2.0, 0.01, 3, 0.5, "", "live"]) + "\n")
+    assert [m.power for _, ms in iter_snapshot(old) for m in ms] == [""]
+    info = summary.dataset_summary(db, coverage=False)
+    assert info["kernels"]["fused_moe"]["power"]["rows_recorded"] == 1
+    assert "power state: 1 of 2 ok rows, SM clock p10/p50/p90 1500/1500/1500 MHz" in summary.format_summary(info)
+    assert "power state" not in summary.format_summary(summary.dataset_summary(old, coverage=False))
+
+
+def test_worker_samples_power_only_when_timing_on_a_gpu():
+    from kernel_gym.measure.timing import DEFAULT_TIMING
+    from kernel_gym.measure.worker import _start_power
+
+    assert _start_power(None, "cuda") is None
+    assert _start_power(DEFAULT_TIMING, "cpu") is None
+
+
+def test_short_forms_for_tables_and_progress(tmp_path):
+    from kernel_gym import bench
+    from kernel_gym.measure.collect import _last_clocks
+    from kernel_gym.measure.store import MeasurementStore
+    from kernel_gym.measure.types import Measurement
+
+    state = PowerSummary.of([power.PowerSample(0.0, 1512, 3201, 688, 700, 61, 0x5)], "nvml").compact()
+    assert bench._clocks(state) == "1512 MHz 688 W 61 C sw_power_cap" and bench._clocks("") == "-"
+    with MeasurementStore(tmp_path / "s.sqlite") as st:
+        assert _last_clocks(st, 0.0) == ""
+        st.put_many(_ctx(), [Measurement("fused_moe", "w", "c", "ok", 1.0, 0.0, 3, power=state)])
+        assert _last_clocks(st, 0.0) == ", GPU 1512 MHz 688 W 61 C sw_power_cap"
