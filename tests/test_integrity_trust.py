@@ -88,11 +88,12 @@ def test_a_crafted_model_folder_is_read_as_data_and_its_code_never_runs(tmp_path
 
 def test_export_of_a_crafted_model_without_policy_files_fails_in_one_line_and_runs_nothing(tmp_path, capsys):
     from kernel_gym.cli import main
+    from tests.fakes.mlflow_store import fresh_store
 
     marker = tmp_path / "marker"
     folder = model_folder(tmp_path, marker)  # code and pickle only
     rc = main(["export", "--model-uri", str(folder), "--out", str(tmp_path / "out"),
-               "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+               "--tracking-uri", fresh_store(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "not a kernel_gym policy" in err and len(err.strip().splitlines()) == 1, err
     assert not marker.exists()

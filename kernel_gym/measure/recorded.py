@@ -46,6 +46,18 @@ _EPS = 1e-9
 MAX_SPREAD = 0.5
 
 
+def current_source_hash(kernel: str) -> str | None:
+    """The source hash of this checkout's kernel code (None when the family cannot be imported here)."""
+    try:
+        import importlib
+
+        from kernel_gym.kernels import FAMILY_MODULES
+
+        return importlib.import_module(FAMILY_MODULES[kernel]).source_hash()
+    except Exception:  # noqa: BLE001 - no triton, or a kernel of another version: no preference
+        return None
+
+
 def _fixed_key(workload: Any, varying: tuple[str, ...]) -> str:
     data = json.loads(workload.key())
     for name in varying:
@@ -86,17 +98,38 @@ class RecordedBackend:
         rows_per_device = Counter()
         for ctx, ms in groups:
             rows_per_device[ctx.device] += len(ms)
+        where = path or PACKAGED_SNAPSHOT
+        if device is None and len(rows_per_device) > 1:  # never price one GPU's policy with another GPU's rows
+            mix = ", ".join(f"{d!r}: {n} rows" for d, n in rows_per_device.most_common())
+            raise ValueError(f"{where} holds rows of {len(rows_per_device)} devices ({mix}): pass --device NAME to "
+                             "choose the one to price with")
         if device is None:
-            device = rows_per_device.most_common(1)[0][0]
+            device = next(iter(rows_per_device))
         elif device not in rows_per_device:
             raise ValueError(f"no measurements for device {device!r}; the data has {sorted(rows_per_device)}")
         self.device = device
-        # per kernel: the (torch, triton, source hash) context with the most rows on this device
+        # per kernel, one context (torch, triton, source hash): the current code's source when rows of it exist (the
+        # most rows among those), else the context with the most rows; a mix is announced (self.notes), not blended
         by_kernel: dict[str, Counter] = defaultdict(Counter)
         for ctx, ms in groups:
             if ctx.device == device:
                 by_kernel[ctx.kernel][ctx] += len(ms)
-        self.contexts: dict[str, Context] = {k: c.most_common(1)[0][0] for k, c in by_kernel.items()}
+        self.contexts: dict[str, Context] = {}
+        self.notes: list[str] = []
+        for k, counts in by_kernel.items():
+            current = current_source_hash(k) if len(counts) > 1 else None
+            ours = Counter({c: n for c, n in counts.items() if c.source_hash == current})
+            chosen = (ours or counts).most_common(1)[0][0]
+            self.contexts[k] = chosen
+            others = [(c, n) for c, n in counts.items() if c != chosen]
+            if others:
+                self.notes.append(
+                    f"{k}: pricing with source {chosen.source_hash} (triton {chosen.triton_version}, "
+                    f"{counts[chosen]} rows"
+                    f"{', the current code' if chosen.source_hash == current else ''}); not used: "
+                    + ", ".join(f"source {c.source_hash} triton {c.triton_version} ({n} rows"
+                                f"{', the current code: newer rows exist' if c.source_hash == current else ''})"
+                                for c, n in others))
         self._rows: dict[str, dict[str, dict[str, Measurement]]] = defaultdict(dict)  # kernel -> wkey -> cfg -> m
         self.max_spread = MAX_SPREAD if max_spread is None else max_spread
         self.noisy: Counter = Counter()  # per kernel: ok rows left out as too noisy to rank configs by
@@ -119,6 +152,19 @@ class RecordedBackend:
         self._configs: dict[str, Config] = {}
         self._check_validity = check_validity
         self._spaces: dict[str, Any] = {}
+
+    def describe(self) -> dict[str, Any]:
+        """What prices: the device and, per kernel, the source hash, versions and row count (printed by replay and the
+        summaries beside their numbers)."""
+        return {"device": self.device, "dataset_hash": self.dataset_hash, "notes": list(self.notes),
+                "kernels": {k: {"source_hash": c.source_hash, "triton": c.triton_version, "torch": c.torch_version,
+                                "rows": sum(len(v) for v in self._rows.get(k, {}).values())}
+                            for k, c in sorted(self.contexts.items())}}
+
+    def describe_line(self) -> str:
+        d = self.describe()
+        return (f"recorded data: device {d['device']}; " + "; ".join(
+            f"{k} source {v['source_hash']} (triton {v['triton']}, {v['rows']} rows)" for k, v in d["kernels"].items()))
 
     # ---- indexing --------------------------------------------------------------------------------------------
 

@@ -269,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compress arrival times by this factor (2 = twice the trace's request rate): tokens/s only "
                         "separates policies when the server is saturated")
     p.add_argument("--backend", default="recorded", help="recorded (H200 store) or a store path")
+    p.add_argument("--device", default="",
+                   help="the GPU whose rows price the replay (needed when the store holds several devices)")
     p.add_argument("--steps-json", type=Path, default=None,
                    help="also write per-step workloads, configs and predicted kernel times of default, learned and "
                         "oracle (input of scripts/live_replay_check.py)")
@@ -324,7 +326,13 @@ def main(argv: Sequence[str] | None = None, backend: Any = None) -> int:
         # of the kernel's time (host delays only add to it), so scoring a deployed config with it is conservative,
         # while leaving it out would make the replay substitute another config for the one the table deploys.
         backend = make_backend("recorded", max_spread=math.inf,
-                               **({} if args.backend == "recorded" else {"path": args.backend}))
+                               **({} if args.backend == "recorded" else {"path": args.backend}),
+                               **({"device": args.device} if args.device else {}))
+    priced_by = backend.describe() if hasattr(backend, "describe") else {"device": getattr(backend, "device", "?")}
+    if hasattr(backend, "describe_line"):
+        print(backend.describe_line(), file=sys.stderr, flush=True)
+    for note in priced_by.get("notes", []):
+        print(f"warning: {note}", file=sys.stderr, flush=True)
     covered = CoveredBackend(backend)
     factories: dict[str, Callable[[], Any]] = {}
     base = make_baselines([n for n in names if n in BASELINE_NAMES], covered, model, args.budget, args.seed)
@@ -344,6 +352,7 @@ def main(argv: Sequence[str] | None = None, backend: Any = None) -> int:
     record = {n: args.steps for n in ("default", "learned", "oracle")} if args.steps_json else {}
     runs = replay(trace, model, factories, covered, routing, record)
     rep = report(trace.name, model.name, runs, {"routing": args.routing, "backend": getattr(backend, "name", ""),
+                                                "priced_by": priced_by,
                                                 "proxied_workloads": len(covered.proxied),
                                                 "borrowed_answers": len(covered.borrowed),
                                                 **load_info(trace, args.rate_scale, args.window)})

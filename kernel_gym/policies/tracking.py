@@ -43,14 +43,97 @@ def default_store(root: str | Path | None = None) -> tuple[str, str]:
 
 
 def setup_tracking(tracking_uri: str | None = None) -> str:
-    """Point MLflow at `tracking_uri`, else MLFLOW_TRACKING_URI, else the default store (created if missing)."""
+    """Point MLflow at `tracking_uri`, else MLFLOW_TRACKING_URI, else the default store (created if missing). A sqlite
+    store is created atomically and checked before use (ensure_sqlite_store)."""
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         uri, _ = default_store()
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     check_tracking_uri(uri)
+    if uri.startswith("sqlite:///") and uri not in ("sqlite:///:memory:",):
+        ensure_sqlite_store(Path(uri.removeprefix("sqlite:///")))
     mlflow.set_tracking_uri(uri)
     return uri
+
+
+def sqlite_store_problem(db: Path) -> str | None:
+    """Why a sqlite file is not a usable MLflow store (None when it is): not sqlite, no schema version, or the
+    `_alembic_tmp_*` tables a migration killed half-way leaves behind."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            version = list(con.execute("SELECT version_num FROM alembic_version")) if "alembic_version" in tables \
+                else []
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        return f"not a sqlite database ({exc})"
+    tmp = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    if tmp:
+        return f"an interrupted schema migration left {tmp[0]}"
+    if not version or "runs" not in tables or "experiments" not in tables:
+        return "not an MLflow store (no schema version or runs table)"
+    return None
+
+
+def _store_is_empty(db: Path) -> bool:
+    """No runs and no registered models: nothing of the user's is in it (a store whose creation was killed)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            return all(next(con.execute(f"SELECT COUNT(*) FROM {t}"))[0] == 0  # noqa: S608 - fixed names
+                       for t in ("runs", "registered_models") if t in tables)
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return db.stat().st_size == 0
+
+
+def _create_store(path: Path) -> None:
+    """Run MLflow's schema creation on `path` (the slow part: ~10 s of migrations)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore(f"sqlite:///{path}", (path.parent / "artifacts").resolve().as_uri())
+    store.engine.dispose()
+
+
+def ensure_sqlite_store(db: Path) -> None:
+    """Make `db` a usable MLflow store, safely: a new store is created in a temp file and renamed into place (a kill
+    -9 during MLflow's first migrations leaves no half store, only a temp file the next run removes); concurrent
+    first runs wait on a lock; a store broken by an older interrupted creation and holding nothing is moved aside
+    and recreated; one holding runs is refused with the repair in one line."""
+    import fcntl
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / ".kernel-gym-store.lock", "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released on close, or when the process dies
+        if db.exists():
+            problem = sqlite_store_problem(db)
+            if problem is None:
+                return
+            if not _store_is_empty(db):
+                raise ValueError(f"MLflow store {db} is damaged ({problem}) and holds runs: back it up, then repair "
+                                 f"it with `mlflow db upgrade sqlite:///{db}`, or pass another --tracking-uri")
+            aside = db.with_name(f"{db.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(db, aside)
+            print(f"note: MLflow store {db} was left half-created ({problem}); moved aside to {aside.name} and "
+                  "recreated (it held no runs)", file=sys.stderr, flush=True)
+        for stale in db.parent.glob(f".{db.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+        tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
+        try:
+            _create_store(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, db)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
