@@ -1,15 +1,21 @@
-"""`kernel-gym tune`: a few minutes of GPU for a model the policy never saw: measure only the policy's top candidates
-at every cell of the spec's dispatch grid, keep the fastest, export the dispatch table.
+"""`kernel-gym tune`: about a minute of GPU for a model the policy never saw: measure a few candidates at every cell
+of the spec's dispatch grid, keep the fastest, export the dispatch table.
 
-Why this is enough: on models never trained on, the model-conditioned policy's first choice reaches 0.95 of a
->= 256-config sweep on average, and its 8 most preferred valid configs hold 0.99 (benchmarks/generalisation.json), at
-1/32 of the sweep's GPU time. So tuning measures, per cell of the grid the Dispatcher looks up (the same cells
-`kernel-gym export` writes), the policy's top-k configs by its own preference among those the knob-space rules allow,
-through the usual collection (isolated workers, reference check, SQLite store: a rerun resumes and measures nothing
-twice), then "refits" the table: each cell gets its fastest measured candidate, cells without a measurement keep the
-policy's zero-shot choice. Prints the GPU-seconds spent.
+The candidates come from four sources, so that a policy that is wrong at a shape far from its training cannot
+mislead the result (at a TP-8 shard with N = 64 every one of an earlier policy's top 8 was a tile wider than N):
 
-    kernel-gym tune --model my_moe.json --budget-s 300 --out deploy/tuned_table.json          # GPU
+1. the policy's `--top-k` most preferred configs among those the knob-space rules allow (default 4);
+2. the fastest stored config at each of the 3 measured shapes nearest to this one (the coverage measure's cube,
+   kernel_gym.dispatch.shape_coverage), at the nearest M and skew;
+3. the engine's own entry (vLLM's shipped H200 table, else its default rule) translated to the kernel: the pick is
+   the fastest measured candidate, so no cell is kept slower than what the engine runs where that entry was measured;
+4. round 2, a local search: `--local` one-knob steps (tile sizes first) around each cell's fastest round-1 config.
+
+All of it runs through the usual collection (isolated workers, reference check, SQLite store: a rerun resumes and
+measures nothing twice) within one `--budget-s`; each cell gets its fastest measured candidate, cells without a
+measurement keep the policy's zero-shot choice. Prints the coverage of the spec, progress and the GPU-seconds spent.
+
+    kernel-gym tune --model my_moe.json --budget-s 120 --out deploy/tuned_table.json          # GPU
 """
 
 from __future__ import annotations
@@ -49,17 +55,167 @@ def ranker(kernel: str, meta: dict[str, Any], params: dict[str, np.ndarray]) -> 
     return rank
 
 
-def tune_plan(kernel: str, model: Any, rank: Any, top_k: int) -> list[dict[str, Any]]:
-    """`collect --plan` entries: each dispatch-grid cell's top_k ranked configs."""
+# ---- candidates a wrong policy cannot mislead ------------------------------------------------------------------
+# The policy's ranking is one source among four: at a shape far from training every one of its top-k can be wrong
+# (a TP-8 shard with N = 64 got only 128/256-wide tiles). So tune also measures the winners at the nearest measured
+# shapes, the engine's own entry translated to the kernel (what a vLLM user runs today: never keep anything slower),
+# and a local-search round of one-knob steps around the best measured so far.
+NEAREST_SHAPES = 3  # measured shapes whose winners join the candidates
+LOCAL_STEPS = 4  # one-knob neighbours of the best measured config, measured in the second round
+_LOCAL_ORDER = ("BLOCK_N", "BLOCK_M", "BLOCK_K", "num_warps", "num_stages", "GROUP_M", "FUSE_SILU", "SPLIT_K",
+                "TMA_LOADS", "FUSE_WEIGHT", "FUSE_SUM")
+
+
+def engine_candidate(workload: Any) -> Config | None:
+    """vLLM's own config for this M and shape (its shipped H200 table's nearest M, else its default rule) as a
+    fused_moe config with vLLM's fusions (separate SiLU-and-mul, weight in the down epilogue, separate top-k sum), or
+    None where it is not a valid tile here."""
+    from kernel_gym.kernels import fused_moe, get_family, vllm_moe
+
+    if workload.kernel != "fused_moe":
+        return None
+    try:
+        entry = vllm_moe.FAMILY.engine_config(workload)
+    except (ValueError, KeyError):
+        return None
+    config = Config(BLOCK_M=int(entry["BLOCK_SIZE_M"]), BLOCK_N=int(entry["BLOCK_SIZE_N"]),
+                    BLOCK_K=int(entry["BLOCK_SIZE_K"]), GROUP_M=1 if int(entry["GROUP_SIZE_M"]) == 1 else 8,
+                    num_warps=int(entry["num_warps"]), num_stages=int(entry["num_stages"]), SPLIT_K=1, FUSE_SILU=0,
+                    FUSE_WEIGHT=1, FUSE_SUM=0)
+    space = get_family("fused_moe").space
+    if space.is_valid(config, workload):
+        return config
+    return fused_moe.default_config(workload) if config == fused_moe.default_config(workload) else None
+
+
+class NearestWinners:
+    """The fastest stored config at the measured workloads of the same M and skew (nearest M where none has it),
+    from the `NEAREST_SHAPES` shapes nearest to a query's in the coverage measure's cube."""
+
+    def __init__(self, backend: Any = None) -> None:
+        from kernel_gym.dispatch.shape_coverage import Shape
+
+        if backend is None:
+            from kernel_gym.measure import make_backend
+
+            backend = make_backend("recorded")
+        from kernel_gym.kernels import get_family
+        from kernel_gym.measure.worker import workload_from_key
+
+        fam = get_family("fused_moe")
+        self._by_shape: dict[tuple, dict[tuple[int, float], Config]] = {}
+        self._points: dict[tuple, tuple[float, ...]] = {}
+        for wkey, rows in backend.rows("fused_moe").items():
+            w = workload_from_key(fam, wkey)
+            ok = [(m.median_ms, c) for c, m in rows.items() if m.status == "ok" and m.median_ms]
+            ok = [(t, Config.parse(c) if isinstance(c, str) else c) for t, c in ok]
+            ok = [(t, c) for t, c in ok if fam.space.is_valid(c, w)]
+            if not ok:
+                continue
+            shape = (w.num_experts, w.top_k, w.hidden, w.intermediate, w.dtype)
+            self._by_shape.setdefault(shape, {})[(w.num_tokens, float(w.skew))] = min(ok, key=lambda x: x[0])[1]
+            self._points[shape] = Shape("", *shape[:4]).point()
+
+    def __call__(self, workload: Any, k: int = NEAREST_SHAPES) -> list[Config]:
+        import math
+
+        from kernel_gym.dispatch.shape_coverage import Shape
+
+        q = Shape("", workload.num_experts, workload.top_k, workload.hidden, workload.intermediate).point()
+        own = (workload.num_experts, workload.top_k, workload.hidden, workload.intermediate, workload.dtype)
+        shapes = sorted((math.dist(q, p), s) for s, p in self._points.items() if s != own and s[4] == workload.dtype)
+        out = []
+        for _, s in shapes[:k]:
+            cells = self._by_shape[s]
+            m = min(cells, key=lambda c: (abs(math.log2(c[0]) - math.log2(workload.num_tokens)),
+                                          abs(c[1] - float(workload.skew))))
+            out.append(cells[m])
+        return out
+
+
+def local_steps(config: Config, workload: Any, space: Any, limit: int = LOCAL_STEPS,
+                exclude: set[Config] | frozenset = frozenset()) -> list[Config]:
+    """One-knob steps from `config` (the neighbouring value of a knob, tile sizes first), valid under the rules and
+    not in `exclude`: the local-search round."""
+    out: list[Config] = []
+    knobs = {k.name: k for k in space.knobs}
+    for name in _LOCAL_ORDER:
+        knob = knobs.get(name)
+        if knob is None:
+            continue
+        values = list(knob.values)
+        current = space.value(config, name)
+        if current not in values:
+            continue
+        i = values.index(current)
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(values):
+                cand = space.config({**{k: space.value(config, k) for k in knobs if k in config or
+                                        knobs[k].legacy is not None}, name: values[j]})
+                if cand not in exclude and cand not in out and space.is_valid(cand, workload):
+                    out.append(cand)
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def first_round(workload: Any, rank: Any, top_k: int, nearest: Any = None) -> list[Config]:
+    """Round-1 candidates of a cell: the policy's top_k, the nearest shapes' winners, the engine's own entry."""
+    from kernel_gym.kernels import get_family
+
+    space = get_family(workload.kernel).space
+    cands = list(rank(workload)[:top_k])
+    if nearest is not None and workload.kernel == "fused_moe":
+        cands += [c for c in nearest(workload) if space.is_valid(c, workload)]
+    engine = engine_candidate(workload)
+    if engine is not None:
+        cands.append(engine)
+    return list(dict.fromkeys(cands))
+
+
+def tune_plan(kernel: str, model: Any, rank: Any, top_k: int, nearest: Any = None) -> list[dict[str, Any]]:
+    """`collect --plan` entries of round 1: each dispatch-grid cell's candidates (`first_round`; with `nearest=None`
+    only the policy's top_k and the engine's entry)."""
     from kernel_gym.policies.export import bucket_grid
 
     _, _, workloads = bucket_grid(kernel, model)
     plan = []
     for w in dict((w.key(), w) for w in workloads).values():
-        configs = rank(w)[:top_k]
+        configs = first_round(w, rank, top_k, nearest) if kernel == "fused_moe" else rank(w)[:top_k]
         if configs:
             plan.append({"kernel": kernel, "workload": w.key(), "configs": [str(c) for c in configs]})
     return plan
+
+
+def local_plan(kernel: str, plan: list[dict[str, Any]], times: dict[tuple[str, str], float],
+               limit: int = LOCAL_STEPS) -> list[dict[str, Any]]:
+    """Round 2: per cell, the one-knob steps around the fastest config measured in round 1 (none where nothing was
+    measured yet: a budget cut)."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.measure.worker import workload_from_key
+
+    fam = get_family(kernel)
+    out = []
+    for e in plan:
+        measured = [(times[(e["workload"], c)], c) for c in e["configs"] if (e["workload"], c) in times]
+        if not measured:
+            continue
+        best = Config.parse(min(measured)[1])
+        w = workload_from_key(fam, e["workload"])
+        steps = local_steps(best, w, fam.space, limit, exclude={Config.parse(c) for c in e["configs"]})
+        if steps:
+            out.append({"kernel": kernel, "workload": e["workload"], "configs": [str(c) for c in steps]})
+    return out
+
+
+def merge_plans(*plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per cell, configs of every plan in order."""
+    cells: dict[str, dict[str, Any]] = {}
+    for plan in plans:
+        for e in plan:
+            cell = cells.setdefault(e["workload"], {**e, "configs": []})
+            cell["configs"] = list(dict.fromkeys([*cell["configs"], *e["configs"]]))
+    return list(cells.values())
 
 
 def tuned_predictor(plan: list[dict[str, Any]], times: dict[tuple[str, str], float], fallback: Any) -> Any:
@@ -76,6 +232,29 @@ def tuned_predictor(plan: list[dict[str, Any]], times: dict[tuple[str, str], flo
 
     predict.measured_cells = len(best)  # type: ignore[attr-defined]
     return predict
+
+
+def engine_kept(plan: list[dict[str, Any]], times: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """Where the engine's own entry was measured: in how many cells it stayed the pick, and the geomean gain of the
+    pick over it (>= 1 by construction: it is one of the candidates the pick is the fastest of)."""
+    import math
+
+    from kernel_gym.kernels import get_family
+    from kernel_gym.measure.worker import workload_from_key
+
+    fam = get_family("fused_moe")
+    measured = kept = 0
+    logs = []
+    for e in plan:
+        engine = engine_candidate(workload_from_key(fam, e["workload"]))
+        t_engine = times.get((e["workload"], str(engine))) if engine is not None else None
+        ts = [times[(e["workload"], c)] for c in e["configs"] if (e["workload"], c) in times]
+        if t_engine is None or not ts:
+            continue
+        measured += 1
+        kept += min(ts) == t_engine
+        logs.append(math.log(t_engine / min(ts)))
+    return {"measured": measured, "kept": kept, "geomean_gain": math.exp(sum(logs) / len(logs)) if logs else 1.0}
 
 
 def stored_times(db: str, kernel: str, device_name: str) -> dict[tuple[str, str], float]:
@@ -97,8 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-gym tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="model spec: a built-in or zoo name, NAME@tpN, or a JSON file")
     p.add_argument("--kernels", default=",".join(KERNELS), help="comma list of kernels to tune")
-    p.add_argument("--top-k", type=int, default=8, help="candidates measured per grid cell (most preferred first)")
-    p.add_argument("--budget-s", type=float, default=300.0, help="GPU time budget; a rerun resumes where it stopped")
+    p.add_argument("--top-k", type=int, default=4, help="the policy's most preferred configs measured per grid cell")
+    p.add_argument("--budget-s", type=float, default=120.0, help="GPU time budget; a rerun resumes where it stopped")
     p.add_argument("--db", default="tune.sqlite", help="measurement store (created; resumed when it exists)")
     p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
                    help="policy per kernel (default: the latest registered policy for the model, else the "
@@ -109,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the MLflow policies to this folder for --policy-dir, print the plan, and exit")
     p.add_argument("--out", type=Path, default=Path("deploy/tuned_table.json"), help="dispatch table JSON")
     p.add_argument("--tracking-uri", default="", help="MLflow store holding the policies (default: mlruns/)")
+    p.add_argument("--local", type=int, default=LOCAL_STEPS,
+                   help="one-knob steps measured around each cell's best in round 2 (0: no local search)")
+    p.add_argument("--no-nearest", action="store_true",
+                   help="leave out the nearest measured shapes' winners (only the policy and the engine's entry)")
     p.add_argument("--dry-run", action="store_true", help="print the plan size and exit (no GPU needed)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the interpreter (tests only)")
     return p
@@ -133,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad:
         raise ValueError(f"--kernels: cannot tune {bad}; tune supports {list(KERNELS)}")
     plans, rankers = {}, {}
+    nearest = None
     for kernel in kernels:
         if args.policy_dir:
             meta, params, provenance = load_bundle(args.policy_dir, kernel)
@@ -149,11 +333,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.save_policies:
                 save_bundle(args.save_policies, kernel, meta, params, provenance)
         print(check_policy_model(kernel, provenance, model), flush=True)
+        if kernel == "fused_moe":
+            from kernel_gym.dispatch.shape_coverage import coverage, trained_shapes
+
+            print(f"[tune] {coverage(model, trained_shapes(provenance)).line()}", flush=True)
+            if nearest is None and not args.no_nearest:
+                nearest = NearestWinners()
         rankers[kernel] = (ranker(kernel, meta, params), provenance)
-        plans[kernel] = tune_plan(kernel, model, rankers[kernel][0], args.top_k)
+        plans[kernel] = tune_plan(kernel, model, rankers[kernel][0], args.top_k, nearest)
     total = sum(len(e["configs"]) for p in plans.values() for e in p)
     cells = sum(len(p) for p in plans.values())
-    print(f"[tune] {model.name}: {cells} grid cells, {total} candidate configs (top {args.top_k} each)", flush=True)
+    print(f"[tune] {model.name}: {cells} grid cells, {total} round-1 candidates (the policy's top {args.top_k}, "
+          f"the nearest measured shapes' winners, the engine's own entry; then up to {args.local} one-knob steps "
+          "around each cell's best)", flush=True)
     if args.save_policies:
         print(f"[tune] policies saved to {args.save_policies}: run `kernel-gym tune --model {args.model} "
               f"--policy-dir {args.save_policies}` on the GPU machine")
@@ -161,14 +353,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from kernel_gym.measure.collect import CollectOptions, collect
 
+    def run(plan: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as tmp:
+            plan_path = Path(tmp) / "tune_plan.json"
+            plan_path.write_text(json.dumps(plan))
+            return collect(CollectOptions(models=[], kernels=kernels, plan_file=str(plan_path), db=args.db,
+                                          budget_s=budget_s, device=args.device))
+
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        plan_path = Path(tmp) / "tune_plan.json"
-        plan_path.write_text(json.dumps([e for p in plans.values() for e in p]))
-        res = collect(CollectOptions(models=[], kernels=kernels, plan_file=str(plan_path), db=args.db,
-                                     budget_s=args.budget_s, device=args.device))
-    gpu_s = time.time() - t0
     device_name = "cpu-interpreter" if args.device == "cpu" else __import__("torch").cuda.get_device_name(0)
+    res = run([e for p in plans.values() for e in p], args.budget_s)
+    written = res["written"]
+    left = args.budget_s - (time.time() - t0)
+    if args.local > 0 and left > 0 and not res.get("stopped_by_budget"):
+        local = {k: local_plan(k, plans[k], stored_times(args.db, k, device_name), args.local) for k in kernels}
+        n_local = sum(len(e["configs"]) for p in local.values() for e in p)
+        print(f"[tune] round 2 (local search): {n_local} one-knob steps around the cells' best", flush=True)
+        res = run([e for p in local.values() for e in p], left)
+        written += res["written"]
+        plans = {k: merge_plans(plans[k], local[k]) for k in kernels}
+    res = {**res, "written": written}
+    gpu_s = time.time() - t0
     predictors, report = {}, {}
     for kernel in kernels:
         rank, provenance = rankers[kernel]
@@ -179,13 +384,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             fam = get_family(kernel)
             return [next(iter(rank(w)), None) or fam.default_config(w) for w in workloads]
 
-        predict = tuned_predictor(plans[kernel], stored_times(args.db, kernel, device_name), zero_shot)
-        predictors[kernel] = (predict, {**provenance, "tuned": {"db": args.db, "top_k": args.top_k}})
+        times = stored_times(args.db, kernel, device_name)
+        predict = tuned_predictor(plans[kernel], times, zero_shot)
+        predictors[kernel] = (predict, {**provenance, "tuned": {"db": args.db, "top_k": args.top_k,
+                                                                 "local": args.local, "gpu_s": round(gpu_s, 1)}})
         report[kernel] = {"cells": len(plans[kernel]), "measured_cells": predict.measured_cells}
+        if kernel == "fused_moe":
+            report[kernel]["engine"] = engine_kept(plans[kernel], times)
     table = build_table(model, predictors, device_name)
     path = table.save(args.out)
     for kernel, r in report.items():
         print(f"[tune] {kernel}: {r['measured_cells']}/{r['cells']} cells tuned on measurements, the rest zero-shot")
+        if "engine" in r:
+            e = r["engine"]
+            print(f"[tune] {kernel}: the engine's own entry was measured at {e['measured']} cells and kept at "
+                  f"{e['kept']} (no pick is slower than it where it was measured); geomean gain over it "
+                  f"{e['geomean_gain']:.3f}", flush=True)
     print(f"[tune] {res['written']} configs measured in {gpu_s:.0f} GPU-seconds"
           f"{' (budget reached: rerun to resume)' if res.get('stopped_by_budget') else ''}; table -> {path}")
     return 0

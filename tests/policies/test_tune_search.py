@@ -1,0 +1,58 @@
+"""tune's search: the four candidate sources, the local round, and that the engine's own entry bounds the pick."""
+
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.space import Config
+from kernel_gym.kernels.workloads import MoEWorkload
+from kernel_gym.models import load_model
+from kernel_gym.policies import tune
+
+FAM = get_family("fused_moe")
+NARROW = MoEWorkload(4096, 512, 10, 2048, 64, 0.0)  # a TP-8 shard of a 512-expert model: N = 64
+
+
+_BASE = Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3, SPLIT_K=1, FUSE_SILU=0,
+               FUSE_WEIGHT=1, FUSE_SUM=0)
+_WIDE = [_BASE.replace(BLOCK_M=bm, BLOCK_N=bn, num_warps=8) for bn in (256, 128, 64) for bm in (128, 64, 16)]
+
+
+def wide_ranker(workload):
+    """A wrong policy: prefers the widest tiles the rules allow."""
+    return [c for c in _WIDE if FAM.space.is_valid(c, workload)]
+
+
+def test_first_round_holds_policy_nearest_and_engine():
+    near = Config(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1, FUSE_SILU=1,
+                  FUSE_WEIGHT=1, FUSE_SUM=0)
+    cands = tune.first_round(NARROW, wide_ranker, 2, nearest=lambda w: [near])
+    engine = tune.engine_candidate(NARROW)
+    assert engine is not None and FAM.space.is_valid(engine, NARROW)
+    assert cands[:2] == wide_ranker(NARROW)[:2] and near in cands and engine in cands
+    assert all(FAM.space.is_valid(c, NARROW) for c in cands)
+    assert all(c["BLOCK_N"] <= 128 for c in cands)  # the tile-fits rule: nothing wider than 2N unfused
+
+
+def test_local_round_steps_one_knob_around_the_best_and_pick_is_never_slower_than_engine():
+    model = load_model("olmoe-1b-7b")
+    plan = tune.tune_plan("fused_moe", model, wide_ranker, 2)
+    assert plan and all(len(e["configs"]) >= 2 for e in plan)
+    cell = plan[0]
+    engine = str(tune.engine_candidate(__import__("kernel_gym.measure.worker", fromlist=["x"]).workload_from_key(
+        FAM, cell["workload"])))
+    assert engine in cell["configs"]
+    times = {(cell["workload"], c): 2.0 for c in cell["configs"]}
+    times[(cell["workload"], engine)] = 1.0  # the engine's entry is the fastest measured
+    local = tune.local_plan("fused_moe", [cell], times, limit=3)
+    assert len(local) == 1 and 1 <= len(local[0]["configs"]) <= 3
+    best = Config.parse(engine)
+    for c in map(Config.parse, local[0]["configs"]):
+        assert sum(FAM.space.value(c, k.name) != FAM.space.value(best, k.name) for k in FAM.space.knobs) == 1
+        assert str(c) not in cell["configs"]
+    merged = tune.merge_plans([cell], local)
+    assert merged[0]["configs"][:len(cell["configs"])] == cell["configs"]
+    predict = tune.tuned_predictor(merged, times, lambda ws: [None for _ in ws])
+    w = __import__("kernel_gym.measure.worker", fromlist=["x"]).workload_from_key(FAM, cell["workload"])
+    assert predict([w]) == [best]
+    kept = tune.engine_kept(merged, times)
+    assert kept == {"measured": 1, "kept": 1, "geomean_gain": 1.0}
+    times[(cell["workload"], local[0]["configs"][0])] = 0.5
+    assert tune.engine_kept(tune.merge_plans([cell], local), times)["geomean_gain"] == 2.0
