@@ -60,9 +60,10 @@ from kernel_gym.kernels import fused_moe as fm  # noqa: E402
 from kernel_gym.kernels import vllm_moe as vm  # noqa: E402
 from kernel_gym.kernels import vllm_tables  # noqa: E402
 from kernel_gym.kernels.space import Config  # noqa: E402
+from kernel_gym.measure.engine_timing import Timer, confirm, gpu_state, log, measure_config, paired  # noqa: E402
 from kernel_gym.measure.store import Context, MeasurementStore  # noqa: E402
-from kernel_gym.measure.types import OK, WRONG_RESULT, Measurement  # noqa: E402
-from kernel_gym.measure.worker import classify, compare, poison_outputs  # noqa: E402
+from kernel_gym.measure.types import Measurement  # noqa: E402
+from kernel_gym.measure.worker import compare, poison_outputs  # noqa: E402
 from kernel_gym.policies import engine_export as ee  # noqa: E402
 
 # name, E, hidden, N (per shard), top_k; in priority order (the budget may end the list early)
@@ -74,86 +75,12 @@ MODELS = (
     ("mixtral-8x7b-tp2", 8, 4096, 7168, 2),
     ("qwen2-57b-a14b-tp2", 64, 3584, 1280, 8),
 )
-SMOKE_MODELS = (("smoke-e4", 4, 64, 96, 2), ("smoke-e8", 8, 48, 64, 3))
+SMOKE_MODELS = (("smoke-e4", 4, 64, 96, 2), ("smoke-e16", 16, 48, 64, 1))  # e16: the small-batch path at M <= 4
 ROUTINGS = (("uniform", 0.0), ("zipf-1.2", 1.2))
 SMOKE_M_KEYS = (1, 3, 16, 40)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# ---- timing ------------------------------------------------------------------------------------------------------
-
-
-class Timer:
-    """CUDA: kernel_gym's flushed event timing of CUDA-graph replays. CPU smoke: wall clock (logic only)."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-        self.capture_failures = 0
-        if cuda:
-            from kernel_gym.measure.timing import TimingOptions
-
-            self.sweep_opts = TimingOptions(min_reps=5, max_reps=15, round_reps=5, target_spread=0.03, max_time_s=0.3)
-            self.pair_opts = TimingOptions(min_reps=10, max_reps=10, round_reps=10, target_spread=1.0,
-                                           max_time_s=5.0)
-
-    def ready(self, fn: Callable[[], Any]) -> Callable[[], Any]:
-        """The closure to time: on the GPU a CUDA-graph replay, captured once per config after its check; a launch
-        that cannot be captured is timed eagerly, logged and counted (meta.graph_capture_failures)."""
-        if not self.cuda:
-            return fn
-        from kernel_gym.measure.timing import capture_graph
-
-        try:
-            return capture_graph(fn)
-        except Exception as exc:  # noqa: BLE001 - timed eagerly instead, and counted
-            log(f"  CUDA graph capture failed ({type(exc).__name__}: {str(exc)[:120]}); timing eagerly")
-            self.capture_failures += 1
-            torch.cuda.synchronize()
-            return fn
-
-    def sweep(self, fn: Callable[[], Any]) -> tuple[float, float, int]:
-        if not self.cuda:
-            return self._wall(fn, 2)
-        from kernel_gym.measure.timing import time_launch
-
-        t = time_launch(fn, self.sweep_opts)
-        return t.median_ms, t.spread, t.repeats
-
-    def pair_sample(self, fn: Callable[[], Any]) -> float:
-        if not self.cuda:
-            return self._wall(fn, 1)[0]
-        from kernel_gym.measure.timing import time_launch
-
-        return time_launch(fn, self.pair_opts).median_ms
-
-    @staticmethod
-    def _wall(fn: Callable[[], Any], n: int) -> tuple[float, float, int]:
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(ts), 0.0, n
-
-
-def paired(timer: Timer, a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float, float]:
-    """Medians of a's and b's samples taken in turn in the same process, warm: on the GPU 5 x `rounds` samples each,
-    interleaved one by one (kernel_gym.measure.timing.time_interleaved); on the CPU smoke, alternating wall clocks."""
-    if timer.cuda:
-        from kernel_gym.measure.timing import time_interleaved
-
-        ta, tb = time_interleaved([a, b], 5 * rounds)
-        return statistics.median(ta), statistics.median(tb)
-    ta, tb = [], []
-    for i in range(rounds):
-        first, second = (a, b) if i % 2 == 0 else (b, a)
-        x, y = timer.pair_sample(first), timer.pair_sample(second)
-        (ta, tb)[i % 2].append(x)
-        (tb, ta)[i % 2].append(y)
-    return statistics.median(ta), statistics.median(tb)
+# ---- timing: kernel_gym.measure.engine_timing (shared with `kernel-gym tune --engine`) ------------------------------
 
 
 # ---- candidates ----------------------------------------------------------------------------------------------------
@@ -170,11 +97,12 @@ def recorded_best(family: Any, wl: Any, k: int) -> list[Config]:
 
 
 def candidates(shape: ee.MoEShape, m: int, per_m: int, pool: list[Config], seed: int,
-               device: str, skew: float = 0.0, recorded: int = RECORDED_K) -> tuple[Config, list[Config]]:
+               device: str, skew: float = 0.0, recorded: int = RECORDED_K,
+               engine: str = vllm_tables.DEFAULT_ENGINE) -> tuple[Config, list[Config]]:
     """(engine entry, [engine entry, the dataset's fastest stored configs at (M, skew), the entry's valid neighbours,
     a seeded sample of the shape's pool valid at M]), at most per_m configs."""
     wl = shape.workload(m, skew)
-    base, _ = ee.baseline(shape, m, device)
+    base, _ = ee.baseline(shape, m, device, engine)
     picks = [base, *recorded_best(vm.FAMILY, wl, recorded), *vm.neighbours(base, wl)]
     rest = [c for c in pool if c not in picks and vm.SPACE.is_valid(c, wl)]
     random.Random(seed * 100003 + m).shuffle(rest)
@@ -200,32 +128,12 @@ def make_inputs(shape: ee.MoEShape, m: int, skew: float, dev: str, weights: tupl
     return fm.MoEInputs(wl, x, fm.router_logits(wl, seed + m).to(dev), *weights)
 
 
-def measure_config(inputs: fm.MoEInputs, ref: torch.Tensor, config: Config, timer: Timer,
-                   sync: Callable[[], None]) -> tuple[Measurement, Callable[[], Any] | None]:
-    """Check against the reference (workspaces NaN-filled by prepare), then time: (store row, closure if ok)."""
-    wl = inputs.workload
-    base = dict(kernel=vm.FAMILY.name, workload=wl.key(), config=str(config), source="live")
-    t0 = time.perf_counter()
-    try:
-        fn = vm.prepare(inputs, config)
-        out = fn()
-        sync()
-    except Exception as exc:  # noqa: BLE001 - recorded with its reason, never timed
-        status, reason, _ = classify(exc)
-        return Measurement(status=status, reason=reason, compile_s=time.perf_counter() - t0, **base), None
-    compile_s = time.perf_counter() - t0
-    wrong = compare(vm.FAMILY, out, ref, wl.dtype)
-    if wrong:
-        return Measurement(status=WRONG_RESULT, reason=wrong[:300], compile_s=compile_s, **base), None
-    fn = timer.ready(fn)
-    ms, spread, reps = timer.sweep(fn)
-    return Measurement(status=OK, median_ms=ms, spread=spread, repeats=reps, compile_s=compile_s, **base), fn
-
-
 def run_model(name: str, shape: ee.MoEShape, m_keys: tuple[int, ...], args: Any, timer: Timer, dev: str,
-              store: MeasurementStore, ctx: Context, deadline: float, pool_cfgs: list[Config],
+              store: MeasurementStore, ctxs: dict[str, Context], deadline: float, pool_cfgs: list[Config],
               sync: Callable[[], None]) -> dict:
-    rows, details = [], []
+    """Sweep, pick, confirm and report every (M, routing) of one shape against the engine's own entry, on the launch
+    path the engine runs (ctxs: the store context of each path)."""
+    rows, details, confirmations = [], [], []
     weights = None
     if dev == "cuda":
         first = fm.make_inputs(shape.workload(1, 0.0), dev, args.seed)
@@ -238,25 +146,27 @@ def run_model(name: str, shape: ee.MoEShape, m_keys: tuple[int, ...], args: Any,
         inputs = make_inputs(shape, m, skew, dev, weights, args.seed)
         ref = vm.FAMILY.reference(inputs)
         base, cands = candidates(shape, m, args.per_m, pool_cfgs, args.seed, args.device_name, skew,
-                                 0 if args.smoke else RECORDED_K)
+                                 0 if args.smoke else RECORDED_K, args.engine)
+        path_kind = ee.engine_path_kind(shape, m, args.engine)
+        state_before = gpu_state()
         measured: list[Measurement] = []
         fns: dict[Config, Callable[[], Any]] = {}
         for c in cands:
             if c != base and time.time() > cell_deadline:
                 break
-            meas, fn = measure_config(inputs, ref, c, timer, sync)
+            meas, fn = measure_config(inputs, ref, c, timer, sync, args.engine)
             measured.append(meas)
             if fn is not None:
                 fns[c] = fn
-        store.put_many(ctx, measured)
+        store.put_many(ctxs[path_kind], measured)
         times = {Config.parse(x.config): x.median_ms for x in measured if x.ok}
         chosen, gain = ee.pick(times, base, args.min_gain)
         confirmed = chosen
         if chosen != base and base in fns:  # (c) confirmation round: drop a pick that is not faster paired
             # The pick must keep its margin paired, not just be faster: a sweep sample taken while the clocks
             # ramp can flatter a pick by 30% at M <= 2 (run of 2026-12-01: exported 0.75x at two such keys).
-            t_base, t_pick = paired(timer, fns[base], fns[chosen], args.pair_rounds)
-            if t_base / t_pick < 1 + args.min_gain:
+            kept, _, _ = confirm(timer, fns[base], fns[chosen], args.pair_rounds, args.min_gain)
+            if not kept:
                 confirmed = base
         if base not in fns:  # the engine's own entry failed: nothing to compare against (recorded, not hidden)
             details.append({"M": m, "routing": label, "error": next(
@@ -270,16 +180,22 @@ def run_model(name: str, shape: ee.MoEShape, m_keys: tuple[int, ...], args: Any,
             shipped_ms, exported_ms = paired(timer, fns[base], fns[confirmed], args.pair_rounds)
         tables[label][str(m)] = vm.to_entry(confirmed)
         rows.append({"M": m, "routing": label, "shipped_ms": shipped_ms, "exported_ms": exported_ms,
-                     "speedup": shipped_ms / exported_ms})
+                     "speedup": shipped_ms / exported_ms, "engine_path": path_kind})
+        if confirmed != base:
+            confirmations.append({"shape": shape.describe(), "M": m, "routing": label, "skew": skew,
+                                  "device": args.device_name, "engine": args.engine, "engine_path": path_kind,
+                                  "engine_entry": dict(base), "config": dict(confirmed),
+                                  "gain": round(shipped_ms / exported_ms, 4)})
         n_fail = sum(not x.ok for x in measured)
         details.append({"M": m, "routing": label, "engine_entry": dict(base), "exported": dict(confirmed),
                         "sweep_pick": dict(chosen), "sweep_gain": round(gain, 4), "configs_timed": len(times),
-                        "failed": n_fail})
+                        "failed": n_fail, "engine_path": path_kind, "gpu_before": state_before,
+                        "gpu_after": gpu_state()})
         log(f"  {name} M={m:5d} {label:9s}: {len(times):2d} ok / {n_fail} failed; entry {times[base]:.4f} ms, "
             f"pick x{gain:.3f}{'' if confirmed == chosen else ' (dropped at confirmation)'}; paired "
             f"{shipped_ms:.4f} -> {exported_ms:.4f} ms")
         del inputs, ref, fns
-    return {"rows": rows, "details": details, "tables": tables}
+    return {"rows": rows, "details": details, "tables": tables, "confirmations": confirmations}
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -289,18 +205,22 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def write_engine_files(out: Path, name: str, shape: ee.MoEShape, device: str, tables: dict, triton_version: str,
-                       m_keys: tuple[int, ...]) -> list[str]:
+                       m_keys: tuple[int, ...], engine: str = vllm_tables.DEFAULT_ENGINE) -> list[str]:
+    """The confirmed files of the targeted engine: vLLM's under $OUT/vllm/, SGLang's under $OUT/sglang/ in the
+    Triton folder its version pins (the entries were confirmed against that engine's own entries)."""
+    eng = vllm_tables.parse_engine(engine)
+    tv = vllm_tables.sglang_triton_version(eng) if eng.name == "sglang" else triton_version
     paths = []
     for label, content in tables.items():
         if not content:
             continue
-        full = {str(m): content.get(str(m), vm.to_entry(ee.baseline(shape, m, device)[0]))
+        full = {str(m): content.get(str(m), vm.to_entry(ee.baseline(shape, m, device, eng.id)[0]))
                 for m in vllm_tables.VLLM_M_KEYS} if m_keys == vllm_tables.VLLM_M_KEYS else content
         note = {"estimate": False, "model": name, "routing": label, "source": "scripts/bench_vllm_export.py",
-                "shape": shape.__dict__}
-        for fmt in ee.FORMATS:
-            p = ee.write_engine_file(out / fmt / name / label, fmt, shape, device, full, triton_version, note)
-            paths.append(str(p.relative_to(out)))
+                "shape": shape.describe(), "engine": eng.id, "engine_version": eng.version,
+                "measured_triton_version": triton_version}
+        p = ee.write_engine_file(out / eng.name / name / label, eng.name, shape, device, full, tv, note)
+        paths.append(str(p.relative_to(out)))
     return paths
 
 
@@ -437,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="", help="comma-separated subset of the model names")
     p.add_argument("--compile-workers", type=int, default=0, help="0: min(12, cpus - 2)")
     p.add_argument("--device-name", default="", help="device for the engine's table lookup (default: the GPU's)")
+    p.add_argument("--engine", default=vllm_tables.DEFAULT_ENGINE,
+                   help="the engine release whose own entries are the anchor: vllm-0.33.0 (its small-batch path "
+                        "included) or sglang-0.5.23")
     p.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: checks the script's logic")
     args = p.parse_args(argv)
     start = time.time()
@@ -460,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     store = MeasurementStore(args.out / "vllm_fused_moe.sqlite")
-    ctx = Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name, vm.source_hash())
+    args.engine = vllm_tables.parse_engine(args.engine).id
+    ctxs = {ee.ALIGNED: Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name, vm.source_hash()),
+            ee.SMALL_BATCH: Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name,
+                                    vm.small_batch_source_hash())}
     log(f"device {gpu}, torch {torch.__version__}, triton {triton.__version__}, budget {args.budget_s:.0f} s, "
         f"{len(models)} shapes x {len(m_keys)} M x {len(ROUTINGS)} routings, <= {args.per_m} configs each")
 
@@ -471,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in m_keys:
             for _, skew in ROUTINGS:
                 cs += candidates(s, m, args.per_m, pools[name], args.seed, args.device_name, skew,
-                                 0 if args.smoke else RECORDED_K)[1]
+                                 0 if args.smoke else RECORDED_K, args.engine)[1]
         compile_sets[name] = list(dict.fromkeys(cs))
     compiler, futures = None, {}
     if cuda:
@@ -490,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                         compiler.submit(fm.FAMILY.name, fam_workload(s, m, skew).key(),
                                         [str(c) for c in kernel_gym_candidates(s, m, skew)[0]])
 
-    result: dict[str, Any] = {"models": {}, "details": {}, "files": []}
+    result: dict[str, Any] = {"models": {}, "details": {}, "files": [], "confirmations": []}
     for i, (name, shape) in enumerate(shapes.items()):
         left = end - time.time()
         if left < 25 and i > 0:
@@ -506,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{name}: E={shape.num_experts} H={shape.hidden} N={shape.n} top_k={shape.top_k}; "
             f"{deadline - time.time():.0f} s")
         try:
-            res = run_model(name, shape, m_keys, args, timer, dev, store, ctx, deadline, pools[name], sync)
+            res = run_model(name, shape, m_keys, args, timer, dev, store, ctxs, deadline, pools[name], sync)
         except Exception as exc:  # noqa: BLE001 - one failing shape must not lose the others
             log(f"{name}: FAILED {type(exc).__name__}: {exc}")
             result["details"][name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
@@ -514,11 +440,12 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
             continue
         result["models"][name] = {"rows": res["rows"], **summarise(res["rows"])}
-        result["details"][name] = {"shape": shape.__dict__, "per_key": res["details"],
+        result["details"][name] = {"shape": shape.describe(), "per_key": res["details"],
                                    "shipped_table": vllm_tables.shipped_table(shape.num_experts, shape.n,
                                                                               args.device_name, dtype) is not None}
         result["files"] += write_engine_files(args.out, name, shape, args.device_name, res["tables"],
-                                              triton.__version__, m_keys)
+                                              triton.__version__, m_keys, args.engine)
+        result["confirmations"] += res["confirmations"]
         s = result["models"][name]
         log(f"{name}: geomean uniform {s['geomean_uniform']:.3f}, zipf {s['geomean_skew']:.3f}, min {s['min']:.3f}")
         (args.out / "bench_vllm_export.json").write_text(json.dumps(result, indent=1))
@@ -541,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
                       "per_m": args.per_m, "pool": args.pool, "min_gain": args.min_gain,
                       "pair_rounds": args.pair_rounds, "m_keys": list(m_keys),
                       "routings": {label: skew for label, skew in ROUTINGS}, "source_hash": vm.source_hash(),
+                      "small_batch_source_hash": vm.small_batch_source_hash(), "engine": args.engine,
+                      "gpu_state_end": gpu_state(), "gpu_timing_s": round(timer.gpu_s, 1),
                       "seconds": round(time.time() - start, 1), "smoke": args.smoke,
                       "store": "vllm_fused_moe.sqlite", "rows_stored": store.count(vm.FAMILY.name)}
     store.close()
