@@ -66,7 +66,8 @@ class Pricer:
     Exact at a measured (M, skew); between measured M log-log interpolation of the config's own times; where the
     config lacks a bracketing measurement its nearest measured time scaled by the best config's ratio; above the
     largest measured M linear in M; between measured skews log-linear; outside them the nearest. Everything but an
-    exact hit is flagged estimated."""
+    exact hit is flagged estimated. Rows too noisy to rank (spread above the recorded backend's MAX_SPREAD) are left
+    out."""
 
     def __init__(self, shape: Any, device: str = DEFAULT_DEVICE, rows: Any = None) -> None:
         from kernel_gym.policies import engine_export as ee
@@ -75,8 +76,13 @@ class Pricer:
             from kernel_gym.measure.store import PACKAGED_SNAPSHOT
 
             rows = ee.measured_rows([PACKAGED_SNAPSHOT])
+        from kernel_gym.measure.recorded import MAX_SPREAD
+
         self.shape = shape
-        self.times, self.spreads = ee.times_by_workload(rows, shape, device)
+        # rows whose samples spread more than the recorded backend's MAX_SPREAD cannot rank configs (host delays in
+        # the timed interval, docs/measurement.md): left out, as the recorded backend leaves them out
+        self.noisy_rows = sum(r.spread > MAX_SPREAD for r in rows)
+        self.times, self.spreads = ee.times_by_workload([r for r in rows if r.spread <= MAX_SPREAD], shape, device)
         if not self.times:
             raise ValueError(f"no recorded vllm_fused_moe times for E={shape.num_experts}, N={shape.n}, "
                              f"H={shape.hidden}, top_k={shape.top_k} on {device}: measure the shape (python3 "
@@ -110,6 +116,8 @@ class Pricer:
         if m > ms[-1]:
             t, _ = self._at_skew(cfg, ms[-1], s)
             return (t * m / ms[-1] if t else None), True
+        if m < ms[0] and cfg in self.times[(ms[0], s)]:
+            return self.times[(ms[0], s)][cfg], True  # below the grid: launch-bound, as at the smallest measured M
         k0 = max((k for k in ms if k <= m), default=ms[0])
         k1 = min((k for k in ms if k >= m), default=ms[-1])
         t0, t1 = self.times[(k0, s)].get(cfg), self.times[(k1, s)].get(cfg)
@@ -194,6 +202,18 @@ def price(table: dict[int, Config], weights: dict[int, float], skew: float, pric
         total += w * t
         est += w * t if e else 0.0
     return {"ms": total, "estimated_share": est / total if total > 0 else 0.0, "unpriced_m": unpriced}
+
+
+def priced_weights(tables: Sequence[dict[int, Config]], weights: dict[int, float], skew: float,
+                   pricer: Pricer) -> tuple[dict[int, float], float]:
+    """The profile restricted to the M values every table can price (so that prices compare the same steps), and
+    the share of steps left out (entries never measured at this shape, e.g. a small-batch path's own rows)."""
+    keep = {}
+    for m, w in weights.items():
+        if all(pricer.time(t[nearest_key(sorted(t), m)], m, skew)[0] is not None for t in tables):
+            keep[m] = w
+    left_out = sum(weights.values()) - sum(keep.values())
+    return keep, left_out
 
 
 def price_oracle(weights: dict[int, float], skew: float, pricer: Pricer) -> dict[str, Any]:
@@ -443,6 +463,8 @@ def report_md(rep: dict[str, Any]) -> str:
              + (f" (before {b['decode'].get('context_mean', float('nan')):.0f})" if b else ""),
              f"- priced fused-MoE time per call on this traffic: current {rep['price_current']['ms']:.4f} ms, "
              f"re-planned {rep['price_new']['ms']:.4f} ms, per-M best {rep['price_oracle']['ms']:.4f} ms",
+             f"- steps left out of the prices (an entry without any recorded time at this shape): "
+             f"{_pct(rep['unpriced_step_share'])}",
              f"- **expected gain x{rep['expected_gain']:.4f}**; share resting on estimates "
              f"{_pct(rep['price_new']['estimated_share'])} (current {_pct(rep['price_current']['estimated_share'])})",
              f"- moved keys {rep['moved_keys']}, changed {rep['changed_keys']}"
@@ -583,9 +605,10 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
                 kp.proposed, kp.confirmed = kp.current, False if kp.changed or res.get("timed") else None
         gpu_s = float(getattr(confirmer, "gpu_s", 0.0))
     new_table = {kp.key: Config.parse(kp.proposed) for kp in plans}
-    p_cur = price(table, profile.m_weights, skew, pricer)
-    p_new = price(new_table, profile.m_weights, skew, pricer)
-    p_orc = price_oracle(profile.m_weights, skew, pricer)
+    common, unpriced = priced_weights([table, new_table], profile.m_weights, skew, pricer)
+    p_cur = price(table, common, skew, pricer)
+    p_new = price(new_table, common, skew, pricer)
+    p_orc = price_oracle(common, skew, pricer)
     changed = [kp for kp in plans if kp.changed]
     code = NO_CHANGE if not changed else (CONFIRMED if args.gpu and all(kp.confirmed for kp in changed)
                                           else UNCONFIRMED)
@@ -596,7 +619,7 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
         "skew_before": skew_before, "profile": profile.to_json(),
         "profile_before": before.to_json() if before else None,
         "price_current": p_cur, "price_new": p_new, "price_oracle": p_orc,
-        "expected_gain": p_cur["ms"] / p_new["ms"] if p_new["ms"] > 0 else 1.0,
+        "expected_gain": p_cur["ms"] / p_new["ms"] if p_new["ms"] > 0 else 1.0, "unpriced_step_share": unpriced,
         "moved_keys": sum(kp.moved for kp in plans), "changed_keys": len(changed),
         "confirmed_keys": sum(bool(kp.confirmed) for kp in changed),
         "keys": [asdict(kp) for kp in plans], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
