@@ -62,6 +62,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
             raise UsageError(f"--port {args.port} is in use on 127.0.0.1 ({exc.strerror}): pass another --port, or "
                              "stop the process listening there") from None
     uri = tracking.setup_tracking()
+    pages = runs_pages(uri)
     proc = tracking.start_ui(port=args.port, tracking_uri=uri)
 
     def stop(signum: int, frame: object) -> None:
@@ -71,6 +72,9 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     try:
         url = tracking.wait_for_ui(args.port, proc=proc)
         print(f"MLflow UI for {uri} at {url} (Ctrl-C stops it)", flush=True)
+        for name, exp_id, n in pages:
+            print(f"  {name}: {n} runs at {url}/#/experiments/{exp_id}/runs", flush=True)
+        print(f"  registered policies: {url}/#/models", flush=True)
         return proc.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -80,6 +84,26 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         except Exception:  # noqa: BLE001 - a server that ignores SIGTERM is killed
             proc.kill()
             proc.wait(timeout=10)
+
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3's UI: which view an experiment opens on
+RUNS_KIND = "custom_model_development"  # the runs view; without the tag MLflow 3.17 opens its empty GenAI overview
+
+
+def runs_pages(tracking_uri: str) -> list[tuple[str, str, int]]:
+    """(name, id, runs) of every experiment with runs, tagged as model development (training, replay and evaluation
+    runs are), so the UI opens each on its runs view instead of the GenAI overview (traces, token usage)."""
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri)
+    out = []
+    for exp in client.search_experiments():
+        if exp.tags.get(EXPERIMENT_KIND_TAG) is None:
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, RUNS_KIND)
+        n = len(client.search_runs([exp.experiment_id], max_results=1000))
+        if n:
+            out.append((exp.name, exp.experiment_id, n))
+    return out
 
 
 # Subcommands whose arguments the stage parses itself: (module with main(argv) -> int, help text).
@@ -135,8 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_known_warnings() -> None:
+    """Silence warnings a normal run would print that point at nothing the user can change: MLflow asks for type
+    hints on the policy model's predict (left out on purpose: MLflow would infer a wrong schema from them)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method", category=UserWarning)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    quiet_known_warnings()
     debug = False
     while argv and argv[0] == "--debug":  # global flag before the command: show tracebacks
         debug, argv = True, argv[1:]

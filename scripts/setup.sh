@@ -5,8 +5,13 @@ case "${1:-}" in -h|--help) sed -n "2,3p" "$0" | sed "s/^# \{0,1\}//"; echo "usa
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+T0=$SECONDS
+say() { echo "[setup $((SECONDS - T0))s] $*"; }  # one line per step: the installs run for minutes without output
+if [ ! -x "$VENV/bin/python" ]; then say "creating the virtual environment $VENV"; python3 -m venv "$VENV"; fi
+say "upgrading pip"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+say "installing torch==2.13.0 (CPU build, about 750 MB on disk; ~20 s when cached, minutes when downloaded)"
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+say "installing kernel_gym and its pinned dependencies (mlflow 3.17.2, triton, stable-baselines3, ...; ~1-2 min)"
 "$VENV/bin/python" -m pip install -q -e ".[test]"
-echo "kernel_gym installed in $VENV"
+say "kernel_gym installed in $VENV (Ray, for collect --ray only, is not: pip install -e '.[ray]')"
