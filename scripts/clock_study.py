@@ -216,7 +216,8 @@ def build_group(kernel: str, m: int, configs: list[Config], weights: tuple, cuda
 # ---- the study ---------------------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fills `result` as it goes (main writes it even when a step fails)."""
     start = time.monotonic()
     deadline = start + args.budget_s
     cuda = torch.cuda.is_available() and not args.smoke
@@ -224,13 +225,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ms = SMOKE_M if args.smoke else M_VALUES
     n_cfg = 3 if args.smoke else args.configs
     reps = {m: (1 if args.smoke else (args.reps_large if m >= 1024 else args.reps_small)) for m in ms}
-    result: dict[str, Any] = {"meta": {
+    result = {} if result is None else result
+    result.update({"meta": {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__, "triton": __import__("triton").__version__, "smoke": args.smoke,
         "shape": SMOKE_SHAPE if args.smoke else SHAPE, "m_values": list(ms), "args": vars(args),
         "timing": "timing.time_interleaved: every config of a (kernel, M) group in turn, sample by sample, L2 flushed "
                   "and GPU spin before each; vllm_fused_moe as CUDA-graph replays, fused_moe eager; medians",
-    }, "groups": {}, "phases": []}
+    }, "groups": {}, "phases": []})
 
     mon = power.PowerMonitor(0, interval_s=0.1)
     mon.__enter__()
@@ -366,9 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no CUDA device: run on the GPU machine, or pass --smoke (with TRITON_INTERPRET=1) for the logic")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = run(args)
+    result: dict[str, Any] = {}
     path = out / "clock_study.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
+    try:
+        run(args, result)
+    finally:  # a failing step still leaves what was measured
+        path.write_text(json.dumps(result, indent=1, default=str))
     print(table(result))
     print(f"power over the run: {power.monitor_summary_line(result['power_run'])}")
     print(f"wrote {path} ({result['meta']['wall_s']} s)")

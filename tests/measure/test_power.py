@@ -4,6 +4,7 @@ summary, the fallbacks when nothing can be read, and the stored dict form."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 import time
@@ -143,9 +144,15 @@ def test_summary_dict_round_trip_and_old_rows():
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/nvidiactl"), reason="needs an NVIDIA driver")
-def test_real_device_reads_something():
-    s = power.read_once()
-    assert s is not None and s.sm_mhz and s.sm_mhz > 0
+@pytest.mark.parametrize("source", ["nvml", "nvidia-smi"])
+def test_real_device_reads_something(source):
+    """On the GPU machine: both sources read a plausible state of GPU 0, and agree on the power limit."""
+    if source == "nvidia-smi" and not shutil.which("nvidia-smi"):
+        pytest.skip("no nvidia-smi on PATH")
+    s = power.read_once(0, source=source)
+    assert s is not None and s.sm_mhz and s.sm_mhz > 0 and s.mem_mhz and s.mem_mhz > 0
+    assert s.power_w and s.power_w > 0 and s.power_limit_w and 100 < s.power_limit_w < 2000
+    assert s.temp_c and 0 < s.temp_c < 120 and s.throttle is not None
 
 
 def test_compact_form_round_trip():
