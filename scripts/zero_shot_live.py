@@ -54,6 +54,17 @@ DECODE_EVAL = {  # model -> [(tp, batch, context)]
 }
 
 
+# The far test split (kernel_gym.zoo.FAR_TEST_MODELS): the shards people serve (TP 4 and 8), M from 1 to 4096 and
+# skewed routing, fixed before any of their shapes was timed.
+MOE_FAR = {
+    "llama-4-maverick": [(8, 1, 0.0), (8, 1024, 0.0), (4, 256, 1.2), (4, 4096, 0.0)],
+    "snowflake-arctic": [(8, 4096, 0.0), (8, 64, 1.2), (4, 16, 0.0), (4, 1024, 0.0)],
+    "qwen3-next-80b-a3b": [(8, 256, 0.0), (8, 4096, 0.0), (4, 1, 0.0), (4, 64, 1.2)],
+    "jamba-1.5-large": [(8, 64, 0.0), (8, 4096, 0.0), (8, 256, 1.2), (8, 1024, 0.0)],
+}
+ROBUST_TOP_K = 4  # kernel-gym tune's default: the policy's top 4 + nearest shapes' winners + engine entry + local
+
+
 # Leave-one-model-out, timed live: a training model's shapes, scored with a policy trained without any of its rows
 # (`plan --leave-out MODEL ...`). Three shards each: small M sharded, large M, skewed (MoE); three batch x context
 # points (decode).
@@ -90,9 +101,14 @@ def make_plan(args: argparse.Namespace) -> int:
 
     backend = make_backend("recorded")
     entries, trained = [], []
+    nearest = None
     for kernel in args.kernels:
         space, family = get_family(kernel).space, get_family(kernel)
-        if args.leave_out:  # one group per left-out training model: its policies never saw any of its rows
+        if args.split == "far":
+            if kernel != "fused_moe":
+                continue
+            groups = [((), "far", eval_workloads(kernel, MOE_FAR))]
+        elif args.leave_out:  # one group per left-out training model: its policies never saw any of its rows
             allowed = zoo.training_models(kernel)
             unknown = [m for m in args.leave_out if m not in zoo.ZOO]
             if unknown:
@@ -130,11 +146,33 @@ def make_plan(args: argparse.Namespace) -> int:
                     tune[seed] = [str(c) for c in ranked[:TUNE_K]]
                 sweep = [str(c) for c in space.sample(w, args.sweep, seed=args.sweep_seed)]
                 catalogue = [str(c) for _, _, cat in policies for c in cat.configs if space.is_valid(c, w)]
+                extra_fields: dict = {}
+                if kernel == "fused_moe":  # kernel-gym tune's search: round 1 here, its local round timed live
+                    from kernel_gym.dispatch.shape_coverage import coverage
+                    from kernel_gym.policies import tune as tune_mod
+
+                    nearest = nearest or tune_mod.NearestWinners(backend)
+                    robust = {seed: [str(c) for c in tune_mod.first_round(
+                        w, lambda _w, m=model, cat=cat: zoo_policy.ranked(m, cat, _w), ROBUST_TOP_K, nearest)]
+                        for seed, model, cat in policies}
+                    local = {str(c) for r1 in robust.values() for c1 in r1 for c in tune_mod.local_steps(
+                        __import__("kernel_gym.kernels.space", fromlist=["Config"]).Config.parse(c1), w, space)}
+                    engine = tune_mod.engine_candidate(w)
+                    from kernel_gym.kernels import vllm_moe
+
+                    extra_fields = {"robust": robust, "extra": sorted(local),
+                                    "engine_entry": str(engine) if engine is not None else None,
+                                    "anchor": str(vllm_moe.FAMILY.engine_config(w)),
+                                    "coverage": coverage(zoo.shard(zoo.ZOO[zoo.base_model(shard)],
+                                                                   int(shard.split("@tp")[1]) if "@tp" in shard
+                                                                   else 1)).as_dict()}
                 configs = list(dict.fromkeys([*choices.values(), *(c for t in tune.values() for c in t),
+                                              *(c for r in extra_fields.get("robust", {}).values() for c in r),
                                               str(family.default_config(w)), *catalogue, *sweep]))
                 entries.append({"kernel": kernel, "model": zoo.base_model(shard), "shard": shard, "split": split,
                                 "workload": w.key(), "choices": choices, "tune": tune,
-                                "default": str(family.default_config(w)), "sweep": sweep, "configs": configs})
+                                "default": str(family.default_config(w)), "sweep": sweep, "configs": configs,
+                                **extra_fields})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
                                     "seeds": args.seeds, "timesteps": args.timesteps, "sweep": args.sweep,
@@ -143,14 +181,48 @@ def make_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_and_time(fam, inputs, ref, wl, c: str, keep: set, compiled: dict, state: dict) -> None:
+    """Check one config against the torch reference (outputs NaN-poisoned first, then a second launch over a
+    NaN-filled output) and time it; its launch closure is kept when `c` is in `keep` (the paired rounds need it)."""
+    import torch
+
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.measure.timing import TimingOptions, time_launch
+    from kernel_gym.measure.worker import compare, poison_outputs, poisoned_empty
+
+    c0 = time.time()
+    fn = out = None
+    try:
+        with poisoned_empty():
+            fn = fam.prepare(inputs, Config.parse(c))
+            out = fn()
+        torch.cuda.synchronize()
+        wrong = compare(fam, out, ref, wl.dtype)
+        if wrong is None:
+            poison_outputs(out)
+            wrong = compare(fam, fn(), ref, wl.dtype)
+        if wrong is None:
+            state["sweep_ms"][c] = time_launch(fn, TimingOptions()).median_ms
+            if c in keep:
+                state["fns"][c] = fn
+            state["status"][c] = "ok"
+        else:
+            state["status"][c] = f"wrong_result: {wrong}"[:200]
+    except Exception as exc:  # noqa: BLE001 - a failing config is recorded, never timed
+        state["status"][c] = f"{type(exc).__name__}: {exc}"[:200]
+        torch.cuda.synchronize()
+    state["seconds"][c] = time.time() - c0 + compiled.get(c, (None, "", 0.0))[2]
+
+
 def time_plan(args: argparse.Namespace) -> int:
     import torch
 
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.measure.compiler import CompilePool
-    from kernel_gym.measure.timing import TimingOptions, time_interleaved, time_launch
-    from kernel_gym.measure.worker import compare, poison_outputs, poisoned_empty, workload_from_key
+    from kernel_gym.measure.timing import time_interleaved
+    from kernel_gym.measure.worker import compare, poison_outputs, workload_from_key
+    from kernel_gym.policies import tune as tune_mod
 
     if not torch.cuda.is_available():
         raise SystemExit("`time` runs the kernels on a CUDA GPU; on the CPU only `plan` and `report` work")
@@ -159,7 +231,7 @@ def time_plan(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/kernel_gym_triton_cache")
     pool = CompilePool(args.compile_workers, {"TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]})
     t0 = time.time()
-    futures = [pool.submit(e["kernel"], e["workload"], e["configs"]) for e in entries]
+    futures = [pool.submit(e["kernel"], e["workload"], e["configs"] + e.get("extra", [])) for e in entries]
     results = []
     for n, (entry, fut) in enumerate(zip(entries, futures)):
         if time.time() - t0 > args.budget_s:
@@ -175,38 +247,63 @@ def time_plan(args: argparse.Namespace) -> int:
         # all ~270 ran a 16k-context decode workload out of memory); the sweep's fastest are prepared again after.
         keep = {*entry["choices"].values(), *(c for t in entry["tune"].values() for c in t), entry["default"]}
         w0 = time.time()
+        state = {"sweep_ms": sweep_ms, "status": status, "seconds": seconds, "fns": fns}
         for c in entry["configs"]:
-            c0 = time.time()
-            try:
-                with poisoned_empty():
-                    fn = fam.prepare(inputs, Config.parse(c))
-                    out = fn()
-                torch.cuda.synchronize()
-                wrong = compare(fam, out, ref, wl.dtype)
-                if wrong is None:
-                    poison_outputs(out)
-                    wrong = compare(fam, fn(), ref, wl.dtype)
-                if wrong is None:
-                    sweep_ms[c] = time_launch(fn, TimingOptions()).median_ms
-                    if c in keep:
-                        fns[c] = fn
-                    status[c] = "ok"
-                else:
-                    status[c] = f"wrong_result: {wrong}"[:200]
-            except Exception as exc:  # noqa: BLE001 - a failing config is recorded, never timed
-                status[c] = f"{type(exc).__name__}: {exc}"[:200]
-                torch.cuda.synchronize()
-            fn = out = None
-            seconds[c] = time.time() - c0 + compiled.get(c, (None, "", 0.0))[2]
+            _check_and_time(fam, inputs, ref, wl, c, keep, compiled, state)
         sweep_s = time.time() - w0
+        # kernel-gym tune's search, as the command runs it: round 1 (timed in the sweep), then the one-knob steps
+        # around round 1's fastest (compiled with the plan as "extra", timed here), the fastest of both kept.
+        robust_picks, local_timed = {}, {}
+        for s_, round1 in entry.get("robust", {}).items():
+            timed = [c for c in round1 if c in sweep_ms]
+            if not timed:
+                robust_picks[s_] = None
+                continue
+            best1 = min(timed, key=sweep_ms.__getitem__)
+            steps = [str(c) for c in tune_mod.local_steps(Config.parse(best1), wl, fam.space, tune_mod.LOCAL_STEPS,
+                                                          exclude={Config.parse(c) for c in round1})]
+            for c in steps:
+                if c not in status:
+                    _check_and_time(fam, inputs, ref, wl, c, set(), compiled, state)
+            local_timed[s_] = steps
+            robust_picks[s_] = min((c for c in [*round1, *steps] if c in sweep_ms), key=sweep_ms.__getitem__)
+        # The engine's own kernel (vLLM's fused-MoE design with vLLM's config for this M) on the same inputs and
+        # routing, checked against the same reference, in the paired rounds as "vllm:<config>".
+        anchor_key, anchor_status = None, None
+        if entry.get("anchor"):
+            from kernel_gym.kernels import vllm_moe as vm
+
+            try:
+                a_fn = vm.prepare_kernels_only(inputs, Config.parse(entry["anchor"]))
+                a_out = a_fn()
+                torch.cuda.synchronize()
+                wrong = compare(vm.FAMILY, a_out, ref, wl.dtype)
+                if wrong is None:
+                    poison_outputs(a_out)
+                    wrong = compare(vm.FAMILY, a_fn(), ref, wl.dtype)
+                if wrong is None:
+                    anchor_key = "vllm:" + entry["anchor"]
+                    fns[anchor_key] = a_fn
+                    anchor_status = "ok"
+                else:
+                    anchor_status = f"wrong_result: {wrong}"[:200]
+            except Exception as exc:  # noqa: BLE001 - recorded, the workload is scored without the anchor
+                anchor_status = f"{type(exc).__name__}: {exc}"[:200]
+                torch.cuda.synchronize()
+            a_out = None
         top = sorted(sweep_ms, key=sweep_ms.__getitem__)[:3]
         for c in top:  # checked in the sweep; prepared again for the paired rounds (a compile-cache hit)
             if c not in fns:
                 fns[c] = fam.prepare(inputs, Config.parse(c))
         tune_picks = {s: min((c for c in t if c in sweep_ms), key=sweep_ms.__getitem__, default=None)
                       for s, t in entry["tune"].items()}
+        for c in [*robust_picks.values(), entry.get("engine_entry")]:
+            if c is not None and c in sweep_ms and c not in fns:
+                fns[c] = fam.prepare(inputs, Config.parse(c))
         paired_set = [c for c in dict.fromkeys([*entry["choices"].values(), *tune_picks.values(), *top,
-                                                entry["default"]]) if c in fns]
+                                                entry["default"], *(c for c in robust_picks.values() if c),
+                                                *([entry["engine_entry"]] if entry.get("engine_entry") else []),
+                                                *([anchor_key] if anchor_key else [])]) if c in fns]
         # Samples interleaved one by one (a b c ..., then ... c b a): a drift of the clocks over the workload's
         # rounds (power, temperature: large-M MoE) falls on every config alike; a round = `reps` samples' median.
         samples = time_interleaved([fns[c] for c in paired_set], args.rounds * args.reps)
@@ -214,7 +311,10 @@ def time_plan(args: argparse.Namespace) -> int:
                   for c, xs in zip(paired_set, samples)}
         results.append({**{k: entry[k] for k in ("kernel", "model", "shard", "workload", "choices", "tune",
                                                  "default")}, "split": entry.get("split", "test"),
-                        "tune_picks": tune_picks, "sweep_ms": sweep_ms, "status": status, "seconds": seconds,
+                        "tune_picks": tune_picks, "robust_picks": robust_picks, "local_timed": local_timed,
+                        "anchor": anchor_key, "anchor_status": anchor_status,
+                        "engine_entry": entry.get("engine_entry"), "coverage": entry.get("coverage"),
+                        "sweep_ms": sweep_ms, "status": status, "seconds": seconds,
                         "sweep_s": sweep_s, "configs_swept": len(sweep_ms), "configs_attempted": len(entry["configs"]),
                         "round_ms": rounds})
         ok = sum(s == "ok" for s in status.values())
@@ -270,7 +370,7 @@ def score(results: list[dict]) -> dict:
     """Rows and curves of one kernel's timed workloads: ratio = best / chosen from the paired samples (a choice that
     failed its check is charged the default config, the Dispatcher's fallback); tune picks; the policy-ranked and
     random-order curves from the sweep."""
-    rows, tuned, default_rows, incomplete = [], [], [], []
+    rows, tuned, default_rows, incomplete, robust, vs_engine = [], [], [], [], [], []
     curve_policy: dict[int, list[float]] = {}
     curve_random: dict[int, list[float]] = {}
     seconds_per_config = []
@@ -279,7 +379,7 @@ def score(results: list[dict]) -> dict:
             incomplete.append({"shard": r["shard"], "workload": r["workload"],  # no oracle; reported, not scored
                                "configs_swept": len(r["sweep_ms"]), "configs_attempted": len(r["status"])})
             continue
-        best = min(paired_ms(r, c) for c in r["round_ms"])
+        best = min(paired_ms(r, c) for c in r["round_ms"] if not c.startswith("vllm:"))  # kernel_gym's kernel only
         for seed, c in r["choices"].items():
             ms = paired_ms(r, c)
             if ms is None:  # the choice failed its check: the Dispatcher's fallback is the default config
@@ -295,6 +395,28 @@ def score(results: list[dict]) -> dict:
         d = paired_ms(r, r["default"])
         if d is not None:
             default_rows.append(best / d)
+        for seed, c in (r.get("robust_picks") or {}).items():
+            ms = paired_ms(r, c)
+            if ms is None and c is None:  # nothing of round 1 passed its check: the default config is served
+                ms = paired_ms(r, r["default"])
+            if ms is not None:
+                robust.append({"shard": r["shard"], "workload": r["workload"], "seed": int(seed), "chosen": c,
+                               "ratio": best / ms})
+        a = paired_ms(r, r.get("anchor"))
+        if a is not None:
+            row = {"shard": r["shard"], "workload": r["workload"], "anchor": r["anchor"], "anchor_ms": a,
+                   "best_ms": best, "best_over_anchor": a / best, "zero_shot_over_anchor": {}, "tuned_over_anchor": {}}
+            for seed, c in r["choices"].items():
+                ms = paired_ms(r, c) or paired_ms(r, r["default"])
+                if ms:
+                    row["zero_shot_over_anchor"][seed] = a / ms
+            for seed, c in (r.get("robust_picks") or {}).items():
+                ms = paired_ms(r, c)
+                if ms:
+                    row["tuned_over_anchor"][seed] = a / ms
+            e = paired_ms(r, r.get("engine_entry"))
+            row["engine_entry_in_kernel_gym_over_anchor"] = a / e if e else None
+            vs_engine.append(row)
         sweep_best = min(r["sweep_ms"].values())
         n_sweep = len(r["sweep_ms"])
         seconds_per_config.append(sum(r["seconds"].values()) / max(1, len(r["seconds"])))
@@ -320,7 +442,23 @@ def score(results: list[dict]) -> dict:
                              for m, v in sorted(_group(rows, "model").items())}}
     tr = [x["ratio"] for x in tuned]
     spc = sum(seconds_per_config) / len(seconds_per_config)
+    rr = [x["ratio"] for x in robust]
+    engine_summary = None
+    if vs_engine:
+        z = [v for x in vs_engine for v in x["zero_shot_over_anchor"].values()]
+        t = [v for x in vs_engine for v in x["tuned_over_anchor"].values()]
+        engine_summary = {"note": "anchor_ms / kernel_gym ms (paired, same inputs and routing): > 1 is faster than "
+                                  "the engine's own kernel with the engine's own config",
+                          "best_geomean": _geomean([x["best_over_anchor"] for x in vs_engine]),
+                          "zero_shot_geomean": _geomean(z), "zero_shot_min": min(z) if z else None,
+                          "tuned_geomean": _geomean(t), "tuned_min": min(t) if t else None,
+                          "workloads": len(vs_engine), "rows": vs_engine}
     return {"summary": summary, "rows": rows,
+            "robust_tune": {"method": f"kernel-gym tune: the policy's top {ROBUST_TOP_K}, the 3 nearest measured "
+                                      "shapes' winners, the engine's own entry, then one-knob steps around round 1's "
+                                      "fastest", "geomean": _geomean(rr), "p5": _p5(rr),
+                            "min": min(rr) if rr else None, "rows": robust} if robust else None,
+            "vs_engine": engine_summary,
             "tuned": {"configs_per_shape": TUNE_K, "geomean": _geomean(tr), "p5": _p5(tr),
                       "min": min(tr) if tr else None, "rows": tuned},
             "curves": {"gpu_seconds_per_config": spc,
@@ -369,6 +507,13 @@ def report(args: argparse.Namespace) -> int:
 
     for (kernel, split), run in by_key.items():
         sc = score([r for r in run["live"]["results"] if r["kernel"] == kernel and r.get("split", "test") == split])
+        if split == "far":
+            out.setdefault("far_test", {})[kernel] = {**sc["summary"], "tuned_top8": sc["tuned"],
+                                                      "tuned": sc["robust_tune"], "vs_engine": sc["vs_engine"],
+                                                      "coverage": {r["shard"]: r.get("coverage") for r in
+                                                                   run["live"]["results"] if r.get("coverage")},
+                                                      "rows": sc["rows"]}
+            continue
         if split == "lomo":
             left_out = sc["summary"].pop("test_models")
             out["leave_one_model_out_live"][kernel] = {**sc["summary"], "models_left_out": left_out,
@@ -381,6 +526,13 @@ def report(args: argparse.Namespace) -> int:
         out["curves"][kernel] = sc["curves"]
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     plot_curves(out["curves"], args.out.with_name(args.out.stem + "_curve.png"))
+    for kernel, z in out.get("far_test", {}).items():
+        t, e = z["tuned"] or {}, z["vs_engine"] or {}
+        nan = float("nan")
+        print(f"{kernel}, far test: zero-shot geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
+              f"{z['workloads']} workloads x {len(z['seeds'])} seeds; tune geomean {t.get('geomean', nan):.3f} "
+              f"p5 {t.get('p5', nan):.3f}; vs the engine's kernel: best {e.get('best_geomean', nan):.3f}, "
+              f"zero-shot {e.get('zero_shot_geomean', nan):.3f}, tune {e.get('tuned_geomean', nan):.3f}")
     for kernel, z in out["leave_one_model_out_live"].items():
         print(f"{kernel}, leave-one-model-out: geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
               f"{z['workloads']} workloads of {len(z['models_left_out'])} models x {len(z['seeds'])} seeds")
@@ -434,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--leave-out", nargs="*", default=[], metavar="MODEL",
                    help="leave-one-model-out instead of the test split: per zoo training model, policies trained "
                         "without its rows, choosing at three of its shards")
+    a.add_argument("--split", choices=("test", "far"), default="test",
+                   help="far: the far test split (kernel_gym.zoo.FAR_TEST_MODELS, MoE) instead of the test models")
     a.add_argument("--tracking-uri", default="", help="MLflow store of the training runs (default: mlruns/)")
     a.add_argument("--checkpoints", type=Path, default=Path("out/checkpoints"), help="where the policies are saved")
     b = sub.add_parser("time", help="GPU: sweep and paired timing per workload")
