@@ -10,7 +10,8 @@ L2 flushed, GPU spin, CUDA events), so a drift within a group falls on every con
          at most --heat-s), with a --reheat-s top-up before every group so each group starts equally hot;
   cool2  after another idle, the cool pass again: the noise floor of the comparison (same state twice).
 Configs (the same set at every M of a kernel): the engine's entry (vLLM's shipped H200 table at each M, or fused_moe's
-default), the packaged dataset's fastest stored configs at each M, then a seeded sample, --configs in all.
+default), the packaged dataset's fastest stored configs at each M, then a seeded sample, --configs in all; compiled
+ahead in a pool of CPU processes (kernel_gym.measure.compiler), then checked against the reference at every M.
 vllm_fused_moe runs from CUDA-graph replays; fused_moe eagerly (its TMA configs cannot be replayed, run 5).
 measure.power samples SM / memory clock, power, temperature and throttle reasons every 100 ms through the whole run.
 
@@ -251,9 +252,34 @@ def run(args: argparse.Namespace, result: dict[str, Any] | None = None) -> dict[
                torch.randn(e, h, i, generator=gen, device=dev, dtype=dtype).mul_(1 / math.sqrt(i)))
 
     groups: dict[tuple[str, int], tuple[list[str], list[Callable[[], Any]]]] = {}
-    for kernel in args.kernels.split(","):
-        configs, refs = pick_configs(kernel, ms, n_cfg, 0 if args.smoke else args.recorded, args.seed, args.smoke)
+    picked = {k: pick_configs(k, ms, n_cfg, 0 if args.smoke else args.recorded, args.seed, args.smoke)
+              for k in args.kernels.split(",")}
+    pool, futures = None, {}
+    if cuda and args.compile_workers > 0:  # compile every config into Triton's cache on CPU cores at once
+        import os
+
+        from kernel_gym.measure.compiler import CompilePool
+
+        try:
+            pool = CompilePool(args.compile_workers,
+                               {k: os.environ[k] for k in ("TRITON_CACHE_DIR",) if k in os.environ})
+            for k, (configs, _) in picked.items():
+                for m in (ms[0], ms[-1]):
+                    futures[(k, m)] = pool.submit(k, workload(m, args.smoke).key(), [str(c) for c in configs],
+                                                  chunk=2)
+        except Exception as exc:  # noqa: BLE001 - the pool only saves time: compile in this process instead
+            log(f"compile pool failed ({type(exc).__name__}: {exc}); compiling in this process")
+            if pool is not None:
+                pool.close()
+            pool, futures = None, {}
+    for kernel, (configs, refs) in picked.items():
         log(f"{kernel}: {len(configs)} configs; reference per M: {refs}")
+        if pool is not None:
+            from kernel_gym.measure.compiler import CompilePool
+
+            for m in (ms[0], ms[-1]):
+                CompilePool.collect(futures[(kernel, m)], timeout_s=max(10.0, deadline - time.monotonic() - 100))
+            log(f"  compiled in the pool ({time.monotonic() - start:.1f} s since the start)")
         for m in ms:
             t0 = time.monotonic()
             names, fns, failed = build_group(kernel, m, configs, weights, cuda, args.smoke, args.seed)
@@ -263,6 +289,8 @@ def run(args: argparse.Namespace, result: dict[str, Any] | None = None) -> dict[
             log(f"  M={m}: {len(names)} ready, {len(failed)} failed ({time.monotonic() - t0:.1f} s)")
             if refs[m] not in names:
                 log(f"  M={m}: the reference config failed ({failed.get(refs[m])}); ratios at this M are skipped")
+    if pool is not None:
+        pool.close()
     result["meta"]["setup_s"] = round(time.monotonic() - start, 1)
 
     def timed_pass(state: str, reheat_s: float) -> None:
@@ -355,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reheat-s", type=float, default=2.0, help="heat before every hot group")
     p.add_argument("--reps-large", type=int, default=8, help="interleaved samples per config at M >= 1024")
     p.add_argument("--reps-small", type=int, default=12, help="interleaved samples per config at M < 1024")
+    p.add_argument("--compile-workers", type=int, default=8, help="CPU processes compiling ahead (0: none)")
     p.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated, of " + ", ".join(KERNELS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU: tiny shapes under TRITON_INTERPRET=1, logic only")
