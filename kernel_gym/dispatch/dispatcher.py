@@ -86,7 +86,39 @@ class KernelTable:
         if bad:
             raise ValueError(f"{self.kernel}: cell entries {bad[:5]} index past the {len(self.configs)} configs; "
                              "export the table again")
+        for i, c in enumerate(self.configs):  # a table hands out only configs of the kernel's knob space
+            problem = knob_problem(self.kernel, c)
+            if problem:
+                raise ValueError(f"{self.kernel}: configs[{i}] {dict(c)}: {problem}; the table is damaged or not "
+                                 "for this kernel_gym: export it again")
         self._n1 = len(self.centers[1])
+
+    def cell_workload(self, i: int, j: int) -> Any:
+        """The representative workload of bucket (i, j) with the table's fixed dimensions (as export builds it)."""
+        from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+
+        f, x0, x1 = self.fixed, self.centers[0][i], self.centers[1][j]
+        dtype = f.get("dtype", "bfloat16")
+        if self.kernel == "fused_moe":
+            return MoEWorkload(int(x0), f["num_experts"], f["top_k"], f["hidden"], f["intermediate"], float(x1), dtype)
+        if self.kernel == "decode_attention":
+            return DecodeWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], int(x0), int(x1), dtype)
+        total, m = int(x0), max(1, min(int(x1), int(x0)))
+        lens = (m,) * (total // m) + ((total % m,) if total % m else ())
+        return PrefillWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], lens, dtype)
+
+    def invalid_cells(self) -> list[tuple[int, int, str]]:
+        """(i, j, reason) of every bucket whose config the knob-space rules reject at the bucket's workload."""
+        from kernel_gym.kernels import get_family
+
+        space = get_family(self.kernel).space
+        out = []
+        for i in range(len(self.centers[0])):
+            for j in range(self._n1):
+                reason = space.why_invalid(self.configs[self.cells[i * self._n1 + j]], self.cell_workload(i, j))
+                if reason:
+                    out.append((i, j, reason))
+        return out
 
     def lookup(self, x0: float, x1: float) -> Config:
         """The config of the bucket holding (x0, x1) (values outside the grid use the nearest edge bucket)."""
@@ -173,11 +205,28 @@ class DispatchTable:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"dispatch table {path} does not exist; write it with `kernel-gym export`")
+        if path.stat().st_size > 256 << 20:
+            raise ValueError(f"{path}: {path.stat().st_size} bytes is not a dispatch table; export it again")
         try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+            data = json.loads(path.read_text(), object_pairs_hook=_no_duplicate_keys)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not valid JSON ({exc}); export the table again") from exc
-        return cls.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}; export the table again") from exc
+        try:
+            return cls.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json object hook: a key given twice (which the last one silently wins in json.loads) is refused."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
 
 
 class Dispatcher:
@@ -318,6 +367,53 @@ class Dispatcher:
             family.prepare(family.make_inputs(wl, device), cfg)()
         torch.cuda.synchronize()
         return chosen
+
+
+def knob_problem(kernel: str, config: Config) -> str | None:
+    """Why a config's knobs are not the kernel's (unknown or missing knobs, values outside a knob's list), else None."""
+    from kernel_gym.kernels import get_family
+
+    space = get_family(kernel).space
+    optional = {k.name for k in space.knobs if k.legacy is not None}
+    if not set(space.names) - optional <= set(config) <= set(space.names):
+        return f"knobs {sorted(config)} differ from {kernel}'s {sorted(space.names)}"
+    for knob in space.knobs:
+        if knob.name in config and (isinstance(config[knob.name], bool) or config[knob.name] not in knob.values):
+            return f"{knob.name}={config[knob.name]!r} is not one of {list(knob.values)}"
+    return None
+
+
+FIXED_FIELDS = {"fused_moe": ("num_experts", "top_k", "hidden", "intermediate"),
+                "decode_attention": ("num_heads", "num_kv_heads", "head_dim"),
+                "prefill_attention": ("num_heads", "num_kv_heads", "head_dim")}
+
+
+def check_table_for(table: DispatchTable, model: Any, where: str = "dispatch table") -> None:
+    """Refuse (one line) a table made for another model or shape, or holding configs the knob-space rules reject at
+    its own buckets: the table's model and every kernel's fixed dimensions must equal the spec's, and each bucket's
+    config must be valid at the bucket's workload (a table of unusable choices cannot be scored as if it were one)."""
+    name = getattr(model, "name", None)
+    if table.model.get("name") != name:
+        raise ValueError(f"{where} was exported for model {table.model.get('name')}, not {name}: pass --model "
+                         f"{table.model.get('name')} or export a table for {name}")
+    for field_name, value in table.model.items():
+        if field_name != "name" and hasattr(model, field_name) and getattr(model, field_name) != value:
+            raise ValueError(f"{where}: its model {name} has {field_name}={value!r}, the spec "
+                             f"{getattr(model, field_name)!r}: the table was made for another shape; export it "
+                             "again for this spec")
+    for kernel, t in table.kernels.items():
+        for f in FIXED_FIELDS.get(kernel, ()):
+            if f in t.fixed and hasattr(model, f) and t.fixed[f] != getattr(model, f):
+                raise ValueError(f"{where}: {kernel} buckets are for {f}={t.fixed[f]}, the model {name} has "
+                                 f"{getattr(model, f)}: the table was made for another shape; export it again")
+            if f not in t.fixed:
+                raise ValueError(f"{where}: {kernel} has no fixed {f}: export the table again")
+        bad = t.invalid_cells()
+        if bad:
+            i, j, reason = bad[0]
+            raise ValueError(f"{where}: {len(bad)} of {len(t.cells)} {kernel} buckets hold configs the knob-space "
+                             f"rules reject there (first: bucket {t.centers[0][i]:g}, {t.centers[1][j]:g}: {reason});"
+                             " export the table again")
 
 
 def knob_distance(a: Config, b: Config) -> tuple[int, float]:

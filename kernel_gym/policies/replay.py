@@ -201,10 +201,10 @@ def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str |
 
     if not table_path:
         return Dispatcher(table_from_registry(model, model_uris))
+    from kernel_gym.dispatch.dispatcher import check_table_for
+
     table = DispatchTable.load(table_path)
-    if table.model.get("name") != model.name:
-        raise ValueError(f"--table {table_path} was exported for model {table.model.get('name')}, not {model.name}: "
-                         f"pass --model {table.model.get('name')} or export a table for {model.name}")
+    check_table_for(table, model, f"--table {table_path}")  # its model, shapes and every bucket's config
     for k, t in table.kernels.items():
         print(f"policy {k}: table {table_path} ({t.policy.get('model_uri', '?')}, model {model.name})",
               file=sys.stderr, flush=True)
@@ -257,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(POLICY_NAMES),
                    help=f"comma-separated, from {','.join(POLICY_NAMES)}")
     p.add_argument("--json", type=Path, required=True, help="results JSON; .md and .png files are written beside it")
-    p.add_argument("--routing", default="zipf:0.6", help="expert routing: uniform, zipf:EXP, drift:EXP[:DWELL_S]")
+    p.add_argument("--routing", default="zipf:1.2",
+                   help="expert routing: uniform, zipf:EXP, drift:EXP[:DWELL_S] (default zipf:1.2, the skew the demo "
+                        "and the README's replay figures use)")
     p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
                    help="learned policy per kernel (repeatable); default: the latest registered "
                         "kernel-gym-<env>-<model> policies, else kernel-gym-<env>")
