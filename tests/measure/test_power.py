@@ -243,3 +243,28 @@ def test_short_forms_for_tables_and_progress(tmp_path):
         assert _last_clocks(st, 0.0) == ""
         st.put_many(_ctx(), [Measurement("fused_moe", "w", "c", "ok", 1.0, 0.0, 3, power=state)])
         assert _last_clocks(st, 0.0) == ", GPU 1512 MHz 688 W 61 C sw_power_cap"
+
+
+@pytest.mark.gpu
+def test_live_rows_carry_the_power_state_and_the_warm_up_heats():
+    """On the GPU machine: a live measurement's row says under which clocks it was timed, and heat_to_steady loads the
+    GPU (its readings show the temperature it reached)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: run `pytest -m gpu` on the GPU machine (README: GPU parts)")
+    from tiny_family import FAMILY, TinyWorkload
+
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.measure.live import LiveBackend
+    from kernel_gym.measure.timing import TimingOptions, heat_to_steady
+
+    with LiveBackend(timing=TimingOptions(heat_max_s=3.0)) as backend:
+        m = backend.measure(FAMILY, TinyWorkload(1 << 20), Config(BLOCK=256))
+    assert m.ok, m.reason
+    state = PowerSummary.from_compact(m.power)
+    if power.read_once() is None:
+        assert state is not None and not state.available
+        return
+    assert state.available and state.sm_mhz[1] > 0 and state.power_w[1] > 0
+    rec = heat_to_steady(3.0, reader=power.open_reader(0), min_s=3.0)
+    assert rec.heated_s >= 3.0 and len(rec.trace) >= 3 and rec.temp_end_c is not None
