@@ -226,11 +226,28 @@ def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tab
     log(f"{eng.id} tune: {args.model} E={shape.num_experts} N={shape.n} H={shape.hidden} top_k={shape.top_k} "
         f"{label} on {gpu}; {len(m_keys)} keys, budget {args.budget_s:.0f} s; nearest measured shapes "
         f"{[k[:4] for k, _ in near]}")
+    todo = [m for m in m_keys if str(m) not in state["keys"]]
+    compiler = None
+    if cuda and todo:  # the aligned path's likely candidates compile ahead in CPU processes (one compile serves all M)
+        from kernel_gym.measure.compiler import CompilePool
+
+        likely: list[Config] = []
+        for m in todo:
+            wl = shape.workload(m, skew)
+            base = ee.baseline(shape, m, device, eng.id, tv)[0]
+            likely += [base, *nearest_winners(rows, shape, m, skew, device, near), *vm.neighbours(base, wl)]
+        likely = list(dict.fromkeys(likely))
+        workers = max(1, min(12, (os.cpu_count() or 4) - 2))
+        compiler = CompilePool(workers, {k: os.environ[k] for k in ("TRITON_CACHE_DIR",) if k in os.environ})
+        futures = compiler.submit(vm.FAMILY.name, shape.workload(256, skew).key(), [str(c) for c in likely], chunk=4)
+        t0 = time.time()
+        done = compiler.collect(futures, timeout_s=max(5.0, min(60.0, 0.3 * args.budget_s)))
+        log(f"compiled {len(done)} of {len(likely)} likely configs ahead in {time.time() - t0:.1f} s "
+            f"({workers} processes)")
     weights = None
     if cuda:
         first = fm.make_inputs(shape.workload(1, skew), dev, args.seed)
         weights = (first.w1, first.w2)
-    todo = [m for m in m_keys if str(m) not in state["keys"]]
     end = start + args.budget_s
     for i, m in enumerate(todo):
         if time.time() > end - 2:
@@ -263,6 +280,8 @@ def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tab
         if cuda:
             torch.cuda.empty_cache()
     store.close()
+    if compiler is not None:
+        compiler.close()
     return _finish(args, shape, eng, label, skew, state, device, tv, timer, gpu, start, triton.__version__)
 
 

@@ -1,7 +1,7 @@
 """`kernel-gym tune --engine` (kernel_gym/policies/engine_tune.py): the dry-run plan on the CPU, the per-key rule
 (never keep a config the paired timing does not confirm faster than the engine's own entry), the candidates (engine
 entry, nearest measured shapes' winners, one local-search round), the file + confirmations it writes, resume
-refusals. Timing is faked here; the GPU path runs in scripts/gpu_engine_run.sh."""
+refusals. Timing is faked here; the GPU path runs in scripts/engine_gpu_run.py."""
 
 from __future__ import annotations
 
