@@ -18,16 +18,41 @@ if TYPE_CHECKING:
     from kernel_gym.policies.replay import PolicyRun
 
 
+COLUMNS = (  # (heading, definition): the table's footnote and docs/simulator.md ("Reading the replay table")
+    ("tokens/s", "output tokens served per second of simulated time, over the whole replay"),
+    ("tokens/s / oracle", "this policy's tokens/s divided by the oracle's (1.000 = as many tokens as the oracle)"),
+    ("tuned kernels (s)", "seconds of tuned-kernel time (prefill attention, decode attention, fused MoE) in this "
+                          "policy's own run; its run batches requests its own way, so runs differ in work too"),
+    ("same-traffic kernels (s)", "the tuned-kernel seconds this policy's configs take on the reference run's calls "
+                                 "(the oracle's): every policy priced on identical workloads"),
+    ("kernel speed / oracle", "oracle's same-traffic kernel seconds divided by this policy's (1.000 = kernels as fast "
+                              "as the oracle's on the same calls)"),
+    ("tuning (GPU-s)", "GPU seconds spent measuring configs during the replay (autotune, random, tpe), charged as "
+                       "stalls; 0 for policies that only look up"),
+    ("TTFT p50 / p99 (s)", "time to first token, median and 99th percentile over requests"),
+    ("TPOT p50 / p99 (ms)", "time per output token after the first, median and 99th percentile"),
+    ("switches", "config changes between engine steps (each new config compiles once: a stall)"),
+    ("fallbacks", "kernel calls whose chosen config had no time in the data: the family default (else the slowest "
+                  "config) was charged instead"),
+    ("estimated kernel time", "share of the policy's tuned-kernel seconds whose times are estimates (interpolated "
+                              "between measured shapes, proxied from a nearest measured shape, or borrowed from "
+                              "another shape and roofline-scaled) rather than measurements of that exact workload "
+                              "and config; overall, then prefill/decode/MoE"),
+)
+ESTIMATED_WARN = 0.5  # above this estimated share, differences between policies rest mostly on estimates
+
+
 def markdown(rep: dict[str, Any]) -> str:
+    """The replay table, readable on its own: load and routing in the header, one footnote line per column, and a
+    note when most kernel time rests on estimates (then the ranking between close policies is not a measurement)."""
     pols = rep["policies"]
     ref = pols.get("oracle", {}).get("tokens_per_s")
+    routing = rep.get("routing") or "?"
     lines = [f"# Replay: {rep['trace']} on {rep['model']}", "",
              *([f"Load: {rep['load']}", ""] if rep.get("load") else []),
-             *([f"Expert routing: {rep['routing']}", ""] if rep.get("routing") else []),
-             "| policy | tokens/s | vs oracle | tuned kernels (s) | same-traffic kernels (s) | vs oracle | "
-             "tuning (GPU-s) | TTFT p50 (s) | TTFT p99 (s) | TPOT p50 (ms) | TPOT p99 (ms) | switches | fallbacks | "
-             "estimated kernel time (all; prefill/decode/MoE) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Expert routing: {routing} (`--routing`; default {DEFAULT_ROUTING}, as in the demo and the README)", "",
+             "| policy | " + " | ".join(h for h, _ in COLUMNS) + " |",
+             "|---|" + "---|" * len(COLUMNS)]
     kref = pols.get("oracle", {}).get("tuned_kernel_s_same_traffic")
     for n, m in pols.items():
         rel = f"{m['tokens_per_s'] / ref:.3f}" if ref else "-"
@@ -36,13 +61,33 @@ def markdown(rep: dict[str, Any]) -> str:
         same_s = f"{same:.2f}" if same is not None else "-"
         lines.append(f"| {n} | {m['tokens_per_s']:.1f} | {rel} | {m['tuned_kernel_s']:.2f} | {same_s} | {krel} | "
                      f"{m['tuning_gpu_s']:.1f} | "
-                     f"{m['ttft_p50_s']:.3f} | {m['ttft_p99_s']:.3f} | {m['tpot_p50_s'] * 1e3:.2f} | "
+                     f"{m['ttft_p50_s']:.3f} / {m['ttft_p99_s']:.3f} | {m['tpot_p50_s'] * 1e3:.2f} / "
                      f"{m['tpot_p99_s'] * 1e3:.2f} | {m.get('config_switches', 0):.0f} | {m.get('fallbacks', 0):.0f} | "
                      f"{_estimated(m)} |")
-    lines += ["", "Estimated kernel time: the share of each policy's tuned-kernel seconds whose times are estimates "
-              "(interpolated between measured shapes, proxied from a nearest measured shape, or borrowed from another "
-              "shape and roofline-scaled) rather than measurements of that exact workload and config."]
+    lines += ["", "Columns:"]
+    lines += [f"- {h}: {d}." for h, d in COLUMNS]
+    note = estimate_note(rep)
+    if note:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
+
+
+DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (policies/replay.py), the demo's and the README figures'
+
+
+def estimate_note(rep: dict[str, Any]) -> str:
+    """When most of the compared kernel time is estimated: say so beside the ratios it qualifies, with the shares,
+    so a learned policy below a baseline there is read as a difference between estimates, not between kernels."""
+    pols = rep["policies"]
+    shares = {n: m["estimated_share"] for n, m in pols.items() if "estimated_share" in m}
+    high = {n: v for n, v in shares.items() if v > ESTIMATED_WARN}
+    if not high:
+        return ""
+    which = ", ".join(f"{n} {100 * v:.0f}%" for n, v in high.items())
+    return (f"Note: most tuned-kernel time here rests on estimates ({which}): the workloads of this trace lie mostly "
+            "outside the measured shapes, so the oracle is only the best config under the same estimates and the "
+            "ratios between policies compare estimated times. Read differences of a few percent as unmeasured; "
+            "`--steps-json` and scripts/live_replay_check.py time the chosen kernels on a GPU (docs/simulator.md).")
 
 
 def _estimated(m: dict[str, Any]) -> str:
