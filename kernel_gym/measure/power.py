@@ -20,6 +20,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -73,7 +74,7 @@ class PowerUnavailable(RuntimeError):
 class _NvmlReader:
     source = "nvml"
 
-    def __init__(self, index: int, library: str = "libnvidia-ml.so.1") -> None:
+    def __init__(self, index: int, library: str = "libnvidia-ml.so.1", pci_bus_id: str | None = None) -> None:
         try:
             lib = ctypes.CDLL(library)
         except OSError as e:
@@ -81,8 +82,10 @@ class _NvmlReader:
         self._lib = lib
         self._check(lib.nvmlInit_v2(), "nvmlInit_v2")
         handle = ctypes.c_void_p()
-        self._check(lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)),
-                    f"nvmlDeviceGetHandleByIndex_v2({index})")
+        by_pci = getattr(lib, "nvmlDeviceGetHandleByPciBusId_v2", None)
+        if not (pci_bus_id and by_pci and by_pci(pci_bus_id.encode(), ctypes.byref(handle)) == 0):
+            self._check(lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)),
+                        f"nvmlDeviceGetHandleByIndex_v2({index})")
         self._handle = handle
         reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
         self._reasons = reasons or getattr(lib, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
@@ -146,12 +149,12 @@ def parse_smi_line(line: str, t: float = 0.0) -> PowerSample:
 class _SmiReader:
     source = "nvidia-smi"
 
-    def __init__(self, index: int, binary: str | None = None) -> None:
+    def __init__(self, index: int | str, binary: str | None = None) -> None:
         binary = binary or os.environ.get("KERNEL_GYM_NVIDIA_SMI") or shutil.which("nvidia-smi")
         if not binary:
             raise PowerUnavailable("no nvidia-smi on PATH (set KERNEL_GYM_NVIDIA_SMI to its path)")
         self._binary = binary
-        self._index = index
+        self._index = index  # an NVML index or a PCI bus id: nvidia-smi --id takes either
         last = ""
         for throttle_field in THROTTLE_FIELDS:
             self._fields = ",".join((*QUERY_FIELDS, throttle_field))
@@ -191,25 +194,41 @@ def nvml_index(cuda_index: int = 0) -> int:
     return cuda_index
 
 
+def cuda_pci_bus_id(cuda_index: int) -> str | None:
+    """The PCI bus id ("00000000:19:00.0") of CUDA device `cuda_index` when this process has already imported torch
+    and sees that device (the exact NVML match, whatever CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER say); else None.
+    Never imports torch itself: this module stays standard-library only."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_available() or cuda_index >= torch.cuda.device_count():
+            return None
+        p = torch.cuda.get_device_properties(cuda_index)
+        return f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def open_reader(cuda_index: int = 0, source: str | None = None, nvidia_smi: str | None = None) -> Any:
-    """A reader with `.source`, `.read() -> PowerSample` and `.close()` for CUDA device `cuda_index`; raises
-    PowerUnavailable naming why no source works. `source` (or KERNEL_GYM_POWER): "nvml", "nvidia-smi", "off" or None
-    (NVML, then nvidia-smi)."""
+    """A reader with `.source`, `.read() -> PowerSample` and `.close()` for CUDA device `cuda_index` (found by its
+    PCI bus id where torch is loaded, else through CUDA_VISIBLE_DEVICES, `nvml_index`); raises PowerUnavailable
+    naming why no source works. `source` (or KERNEL_GYM_POWER): "nvml", "nvidia-smi", "off" or None (NVML, then
+    nvidia-smi)."""
     source = source or os.environ.get("KERNEL_GYM_POWER") or None
     if source not in (None, "nvml", "nvidia-smi", "off"):
         raise ValueError(f"unknown power source {source!r}: use nvml, nvidia-smi or off (KERNEL_GYM_POWER)")
     if source == "off":
         raise PowerUnavailable("power sampling switched off (KERNEL_GYM_POWER=off)")
     index = nvml_index(cuda_index)
+    pci = cuda_pci_bus_id(cuda_index)
     reasons = []
     if source in (None, "nvml"):
         try:
-            return _NvmlReader(index)
+            return _NvmlReader(index, pci_bus_id=pci)
         except PowerUnavailable as e:
             reasons.append(str(e))
     if source in (None, "nvidia-smi"):
         try:
-            return _SmiReader(index, nvidia_smi)
+            return _SmiReader(pci or index, nvidia_smi)
         except PowerUnavailable as e:
             reasons.append(str(e))
     raise PowerUnavailable("; ".join(reasons))
@@ -464,8 +483,6 @@ def monitor_summary_line(summary: PowerSummary | dict[str, Any] | str | None) ->
 
 def main() -> None:
     """`python -m kernel_gym.measure.power [seconds]`: print the state sampled over a few seconds (default 1)."""
-    import sys
-
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
     with PowerMonitor() as mon:
         time.sleep(seconds)

@@ -201,21 +201,22 @@ def test_store_keeps_the_power_state_and_old_files_read(tmp_path):
 
     wl = MoEWorkload(64, 8, 2, 4096, 14336).key()
     state = PowerSummary.of([power.PowerSample(0.0, 1500, 3201, 690, 700, 60, 4)], "nvml").compact()
-    rows = [Measurement("fused_moe", wl, "c1", "ok", 1.0, 0.01, 3, power=state),
-            Measurement("fused_moe", wl, "c2", "ok", 1.2, 0.01, 3)]
+    c1, c2, c9 = '{"BLOCK_M":64}', '{"BLOCK_M":128}', '{"BLOCK_M":16}'
+    rows = [Measurement("fused_moe", wl, c1, "ok", 1.0, 0.01, 3, power=state),
+            Measurement("fused_moe", wl, c2, "ok", 1.2, 0.01, 3)]
     db = tmp_path / "s.sqlite"
     with MeasurementStore(db) as st:
         assert st.put_many(_ctx(), rows) == 2
         assert [r["power"] for r in st.rows(origin=True)] == [state, ""]
         st.export_snapshot(tmp_path / "snap.jsonl.gz")
-    assert {m.config: m.power for _, ms in load_rows(db) for m in ms} == {"c1": state, "c2": ""}
+    assert {m.config: m.power for _, ms in load_rows(db) for m in ms} == {c1: state, c2: ""}
     assert {m.config: m.power for _, ms in iter_snapshot(tmp_path / "snap.jsonl.gz") for m in ms} == {
-        "c1": state, "c2": ""}
+        c1: state, c2: ""}
     old = tmp_path / "old.jsonl.gz"  # the packaged dataset's format: no power field
     with gzip.open(old, "wt") as f:
         f.write(json.dumps({"format": "kernel_gym-measurements", "version": 1, "fields": ROW_FIELDS}) + "\n")
         f.write(json.dumps({"context": _ctx().__dict__}) + "\n")
-        f.write(json.dumps([wl, "c9", "ok", 2.0, 0.01, 3, 0.5, "", "live"]) + "\n")
+        f.write(json.dumps([wl, c9, "ok", 2.0, 0.01, 3, 0.5, "", "live"]) + "\n")
     assert [m.power for _, ms in iter_snapshot(old) for m in ms] == [""]
     info = summary.dataset_summary(db, coverage=False)
     assert info["kernels"]["fused_moe"]["power"]["rows_recorded"] == 1
@@ -268,3 +269,20 @@ def test_live_rows_carry_the_power_state_and_the_warm_up_heats():
     assert state.available and state.sm_mhz[1] > 0 and state.power_w[1] > 0
     rec = heat_to_steady(3.0, reader=power.open_reader(0), min_s=3.0)
     assert rec.heated_s >= 3.0 and len(rec.trace) >= 3 and rec.temp_end_c is not None
+
+
+def test_pci_bus_id_from_a_loaded_torch_finds_the_device(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    props = types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x19, pci_device_id=0)
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
+                                 get_device_properties=lambda i: props)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert power.cuda_pci_bus_id(0) == "00000000:19:00.0" and power.cuda_pci_bus_id(1) is None
+    smi, log = make_fake(tmp_path, ["1980, 3201, 100, 700, 30, 0x0"])
+    assert power.read_once(0, source="nvidia-smi", nvidia_smi=smi).sm_mhz == 1980
+    assert "--id=00000000:19:00.0" in log.read_text()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        is_available=lambda: True, device_count=lambda: 1, get_device_properties=lambda i: object())))
+    assert power.cuda_pci_bus_id(0) is None  # an older torch without the PCI fields: the index path
