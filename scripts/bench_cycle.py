@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 exact, unpriced = cycle.priced_weights([kept_table, after, before],
                                                        metrics.m_weights_from_steps(st["num_tokens"]), true_skew,
                                                        pricer)
-                orc = cycle.price_oracle(exact, true_skew, pricer)["ms"]
+                orc = cycle.price_oracle(exact, true_skew, pricer, [kept_table, after, before])["ms"]
                 pk = cycle.price(kept_table, exact, true_skew, pricer)
                 pc = cycle.price(after, exact, true_skew, pricer)
                 pl = cycle.price(before, exact, true_skew, pricer)

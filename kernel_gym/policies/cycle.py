@@ -66,8 +66,8 @@ class Pricer:
     Exact at a measured (M, skew); between measured M log-log interpolation of the config's own times; where the
     config lacks a bracketing measurement its nearest measured time scaled by the best config's ratio; above the
     largest measured M linear in M; between measured skews log-linear; outside them the nearest. Everything but an
-    exact hit is flagged estimated. Rows too noisy to rank (spread above the recorded backend's MAX_SPREAD) are left
-    out."""
+    exact hit is flagged estimated. Rows too noisy to rank (spread above the recorded backend's MAX_SPREAD) price
+    their own config but never make it a candidate or the per-M best."""
 
     def __init__(self, shape: Any, device: str = DEFAULT_DEVICE, rows: Any = None) -> None:
         from kernel_gym.policies import engine_export as ee
@@ -79,10 +79,11 @@ class Pricer:
         from kernel_gym.measure.recorded import MAX_SPREAD
 
         self.shape = shape
-        # rows whose samples spread more than the recorded backend's MAX_SPREAD cannot rank configs (host delays in
-        # the timed interval, docs/measurement.md): left out, as the recorded backend leaves them out
-        self.noisy_rows = sum(r.spread > MAX_SPREAD for r in rows)
-        self.times, self.spreads = ee.times_by_workload([r for r in rows if r.spread <= MAX_SPREAD], shape, device)
+        self.times, self.spreads = ee.times_by_workload(rows, shape, device)
+        # a row whose samples spread more than the recorded backend's MAX_SPREAD cannot rank configs (host delays in
+        # the timed interval inflate it, docs/measurement.md): it still prices its own config (an upper bound), but
+        # never makes a config a candidate or the per-M best
+        self.max_spread = MAX_SPREAD
         if not self.times:
             raise ValueError(f"no recorded vllm_fused_moe times for E={shape.num_experts}, N={shape.n}, "
                              f"H={shape.hidden}, top_k={shape.top_k} on {device}: measure the shape (python3 "
@@ -92,8 +93,13 @@ class Pricer:
         self.ms = {s: sorted(m for m, s2 in self.times if s2 == s) for s in self.skews}
         self._memo: dict[tuple, tuple[float | None, bool]] = {}
 
+    def clean(self, m: int, s: float, cfg: Config) -> bool:
+        return cfg in self.times.get((m, s), {}) and self.spreads[(m, s)].get(cfg, 0.0) <= self.max_spread
+
     def _best_key(self, m: int, s: float) -> float:
-        return min(self.times[(m, s)].values())
+        cell = self.times[(m, s)]
+        clean = [t for c, t in cell.items() if self.clean(m, s, c)]
+        return min(clean or cell.values())
 
     def _best_at(self, m: float, s: float) -> float:
         ms = self.ms[s]
@@ -162,24 +168,38 @@ class Pricer:
         near = sorted(self.skews, key=lambda s: abs(s - skew))[:2]
         out = set()
         for s in near:
-            out |= set(self.times.get((key, s), {}))
-        if not out:  # a key off the measured grid: the nearest measured M's configs
-            for s in near:
-                m = min(self.ms[s], key=lambda k: abs(math.log(k) - math.log(max(key, 1))))
-                out |= set(self.times[(m, s)])
+            m = key if (key, s) in self.times else min(
+                self.ms[s], key=lambda k: abs(math.log(k) - math.log(max(key, 1))))
+            out |= {c for c in self.times[(m, s)] if self.clean(m, s, c)}
         return sorted(out, key=str)
 
     def spread(self, key: int, skew: float, cfg: Config) -> float:
         s = min(self.skews, key=lambda s: abs(s - skew))
         return self.spreads.get((key, s), {}).get(cfg, 0.0)
 
+    def _ranks_at(self, cfg: Config, m: int, skew: float) -> bool:
+        """Whether the config's rows around (M, skew) are clean enough to rank it there."""
+        for s in sorted(self.skews, key=lambda s: abs(s - skew))[:2]:
+            ms = self.ms[s]
+            around = {max((k for k in ms if k <= m), default=ms[0]), min((k for k in ms if k >= m), default=ms[-1])}
+            if not all(self.clean(k, s, cfg) for k in around):
+                return False
+        return True
+
     def oracle(self, m: int, skew: float) -> tuple[float, bool]:
-        """The fastest priced config at (M, skew): the per-M best, an upper bound no file with fixed keys beats."""
+        """The fastest config at (M, skew) among those whose rows can rank it there: the per-M best, an upper
+        bound no file with fixed keys beats."""
+        key = ("oracle", m, round(skew, 3))
+        if key in self._memo:
+            return self._memo[key]  # type: ignore[return-value]
         best, est = math.inf, True
         for c in self.configs():
+            if not self._ranks_at(c, m, skew):
+                continue
             t, e = self.time(c, m, skew)
             if t is not None and t < best:
                 best, est = t, e
+        self._memo[key] = (best, est)
         return best, est
 
 
@@ -216,10 +236,17 @@ def priced_weights(tables: Sequence[dict[int, Config]], weights: dict[int, float
     return keep, left_out
 
 
-def price_oracle(weights: dict[int, float], skew: float, pricer: Pricer) -> dict[str, Any]:
+def price_oracle(weights: dict[int, float], skew: float, pricer: Pricer,
+                 tables: Sequence[dict[int, Config]] = ()) -> dict[str, Any]:
+    """The per-M best over the profile; where one of `tables` prices faster at some M (its entry's row too noisy to
+    rank, or off the grid), that time, so the bound stays below every compared file."""
     total = est = 0.0
     for m, w in weights.items():
         t, e = pricer.oracle(m, skew)
+        for tab in tables:
+            tt, te = pricer.time(tab[nearest_key(sorted(tab), m)], m, skew)
+            if tt is not None and tt < t:
+                t, e = tt, te
         if math.isfinite(t):
             total += w * t
             est += w * t if e else 0.0
@@ -608,7 +635,7 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
     common, unpriced = priced_weights([table, new_table], profile.m_weights, skew, pricer)
     p_cur = price(table, common, skew, pricer)
     p_new = price(new_table, common, skew, pricer)
-    p_orc = price_oracle(common, skew, pricer)
+    p_orc = price_oracle(common, skew, pricer, [table, new_table])
     changed = [kp for kp in plans if kp.changed]
     code = NO_CHANGE if not changed else (CONFIRMED if args.gpu and all(kp.confirmed for kp in changed)
                                           else UNCONFIRMED)

@@ -232,3 +232,14 @@ def test_mlflow_run_per_cycle(tmp_path):
     assert run.data.tags["decision"] == "change proposed, unconfirmed"
     assert run.data.metrics["exit_code"] == 11 and run.data.metrics["changed_keys"] == 3
     assert run.data.params["engine"] == "vllm"
+
+
+def test_rows_too_noisy_to_rank_price_their_config_but_are_never_chosen(tmp_path):
+    d = cfg(16, 32, 8)
+    noisy = [*ROWS, *(ee.Row(DEV, "3.6.0", SHAPE.workload(m, 1.2), d, 0.01, 0.9) for m in KEYS)]
+    p = cycle.Pricer(SHAPE, DEV, noisy)
+    assert p.time(d, 16, 1.2)[0] == pytest.approx(0.01)
+    assert d not in p.candidates(16, 1.2) and p.oracle(16, 1.2)[0] > 0.01
+    cur = current_folder(tmp_path)
+    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path), noisy)
+    assert code == cycle.UNCONFIRMED and all(k["proposed"] != str(d) for k in rep["keys"])
