@@ -13,14 +13,15 @@ plus a fixed per-step overhead, plus stalls (first-use compiles, KV re-layouts, 
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+import warnings
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
 from kernel_gym.kernels.space import Config
-from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload, PrefixPrefillWorkload
 from kernel_gym.measure.roofline import COPY_BW, DEFAULT_VOCAB, dense_step_s
 from kernel_gym.traffic.routing import entropy_norm
 from kernel_gym.traffic.routing import uniform_for as _uniform_for
@@ -33,6 +34,9 @@ COMPILE_S_DEFAULT = 0.27  # docs/architecture.md: Triton compile on first call, 
 # An assumption, not a measurement from this project: see docs/simulator.md; pass step_overhead_s= to change it.
 STEP_OVERHEAD_S = 2e-3
 SKEW_GRID = 0.05  # effective skew is rounded to this grid before building MoEWorkload (memo hits)
+CHUNK_ATTENTION_MODES = ("auto", "prefix", "equivalent")  # how prefill chunks are charged (see Simulator)
+OVERLOAD_UTILISATION = 0.97  # busy fraction of the arrival window above which a growing queue means overload
+OVERLOAD_GROWTH = 0.1  # ... growing by more than this fraction of the second half's arrivals (and 8 requests)
 
 
 @dataclass(frozen=True)
@@ -86,10 +90,27 @@ class BackendTimer:
             self._memo[key] = t
         return t
 
+    def answers(self, kernel: str, workload: Any, config: Config | None = None) -> bool:
+        """Whether the backend has a time for this call, or (config None) any config for the workload: the
+        simulator's "auto" chunk mode asks before charging prefill chunks with the prefix_prefill kernel."""
+        if config is None:
+            try:
+                return bool(self.backend.available_configs(kernel, workload))
+            except (KeyError, ValueError):
+                return False
+        key = (kernel, workload.key(), config)
+        if key in self._memo:
+            return True
+        m = self.backend.measure(kernel, workload, config)
+        if m.ok and m.median_ms:
+            self._memo[key] = m.median_ms * 1e-3
+            return True
+        return False
+
 
 class StaticChooser:
-    """One fixed config per kernel. With follow_kv=True the decode config's PAGE_SIZE and LAYOUT follow the layout
-    in force (what a deployment that never re-tunes does)."""
+    """One fixed config per kernel. With follow_kv=True the decode (and prefix_prefill) config's PAGE_SIZE and
+    LAYOUT follow the layout in force (what a deployment that never re-tunes does)."""
 
     def __init__(self, configs: dict[str, Config], follow_kv: bool = True) -> None:
         self.configs = dict(configs)
@@ -98,7 +119,7 @@ class StaticChooser:
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
         cfg = self.configs[kernel]
-        if kernel == "decode_attention" and self.follow_kv:
+        if kernel in ("decode_attention", "prefix_prefill") and self.follow_kv:
             key = (cfg, kv)
             out = self._kv_cache.get(key)
             if out is None:
@@ -177,6 +198,7 @@ class SimResult:
     switch_log: list[tuple[float, str, str, str]]
     stalls: list[tuple[float, float, str]]
     summary: dict[str, float]
+    warnings: list[str] = field(default_factory=list)  # e.g. the offered load exceeded what the server sustains
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -199,13 +221,27 @@ class SimResult:
 
 # ---- the simulator ------------------------------------------------------------------------------------------------
 
+class OverloadWarning(UserWarning):
+    """The offered load exceeded what the simulated server sustains: latencies grow with the trace's length."""
+
+
 class Simulator:
     """Replays requests through continuous batching with chunked prefill; see the module docstring.
 
-    requests: a Trace (or anything with arrival_s, prompt_tokens, output_tokens arrays). routing_profile: a
+    requests: a Trace (or anything with arrival_s, prompt_tokens, output_tokens arrays; `hash_ids` and
+    `hash_block_tokens` when it carries prefix-cache blocks, as Mooncake traces do). routing_profile: a
     RoutingProfile (None = uniform). precompiled: (kernel, Config) pairs compiled before the replay (no stall);
     a chooser's own `precompiled` attribute is added. compile_s(kernel, config) -> seconds for the first use of a
     config (default COMPILE_S_DEFAULT).
+
+    prefix_caching: with hash_ids, finished (and preempted) requests leave their full prompt blocks in the KV pool as
+    cached blocks; a new request's leading blocks found there are not prefilled again; unreferenced cached blocks are
+    evicted least recently used first when pages run short (before any preemption).
+    chunk_attention: how a step's prefill chunks are charged. "prefix": one prefix_prefill call over the chunks and
+    their cached prefixes (the timer must answer); "equivalent": the old stand-in, one prefill_attention call over
+    fresh sequences with as many (query, key) pairs (chunk_equivalent_len); "auto" (default): prefix_prefill where
+    the timer has a time for it (a timer with an `answers` method, e.g. BackendTimer), else the stand-in, whose
+    seconds for chunks with a prefix are summed as estimated in the summary (chunk_attention_estimated_s).
     """
 
     def __init__(
@@ -226,7 +262,12 @@ class Simulator:
         precompiled: Iterable[tuple[str, Config]] = (),
         vocab_size: int = DEFAULT_VOCAB,
         dtype: str = "bfloat16",
+        prefix_caching: bool = True,
+        chunk_attention: str = "auto",
     ) -> None:
+        if chunk_attention not in CHUNK_ATTENTION_MODES:
+            raise ValueError(f"chunk_attention {chunk_attention!r} is not one of {CHUNK_ATTENTION_MODES}")
+        self.chunk_mode = chunk_attention
         self.model = model
         self.timer = timer
         self.chooser = chooser
@@ -273,6 +314,7 @@ class Simulator:
         self._admit_counter = 0
 
         self.kv_layout = kv_layout
+        self._init_prefix_cache(requests if prefix_caching else None, kv_layout.page_size)
         self._set_pool(kv_layout.page_size)
         longest = int((self.prompt + self.out).max())
         if longest > self.num_pages * kv_layout.page_size:
@@ -304,6 +346,14 @@ class Simulator:
         self._route_shares: Any = None
         self._route_stats = (0.0, 1.0, 0.0)
 
+        self._chunk_ok: dict[tuple, bool] = {}
+        self.chunk_measured_s = 0.0  # prefill chunk seconds charged with prefix_prefill times
+        self.chunk_estimated_s = 0.0  # ... with the equivalent fresh sequence, for chunks that have a prefix
+        self._window_end = float(self.arrival[-1])
+        self._window_mid = 0.5 * (float(self.arrival[0]) + self._window_end)
+        self._backlog: dict[str, float] = {}
+        self._busy_in_window = 0.0
+
         self._log = np.zeros((4096, len(STEP_COLUMNS)))
         self._nsteps = 0
         self.output_tokens_total = 0
@@ -321,6 +371,96 @@ class Simulator:
         if self.num_pages < 1:
             raise ValueError(f"KV pool of {self.pool_bytes / 1e9:.2f} GB holds no page of {page_size} tokens")
 
+    # ---- prefix cache ----
+
+    def _init_prefix_cache(self, requests: Any, page_size: int) -> None:
+        """Cached prompt blocks (hash id -> references by running requests), the unreferenced ones in LRU order."""
+        hashes = None if requests is None else getattr(requests, "hash_ids", None)
+        self.hashes = hashes
+        self.block_tokens = int(getattr(requests, "hash_block_tokens", 0) or 0) if hashes is not None else 0
+        if hashes is not None:
+            if len(hashes) != self.n:
+                raise ValueError(f"requests carry {len(hashes)} hash_ids lists for {self.n} requests")
+            if self.block_tokens < 1:
+                raise ValueError("requests with hash_ids need hash_block_tokens >= 1 (tokens per cache block)")
+            self._check_block(page_size)
+        self.base = np.zeros(self.n, np.int64)  # tokens of a request's KV held in shared cached blocks
+        self.shared: dict[int, tuple[int, ...]] = {}
+        self.refs: dict[int, int] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()  # cached blocks no running request uses, oldest first
+        self.cache_pages = 0
+        self.prefix_stats = Counter()
+
+    def _check_block(self, page_size: int) -> None:
+        if self.block_tokens % page_size:
+            raise ValueError(f"prefix-cache blocks of {self.block_tokens} tokens do not fill pages of {page_size} "
+                             "tokens; use a page size that divides the block (or prefix_caching=False)")
+
+    def _evict(self, need_pages: int) -> None:
+        """Evict unreferenced cached blocks, least recently used first, until need_pages pages are free."""
+        bp = self.block_tokens // self.page_size if self.block_tokens else 0
+        while self.free_pages < need_pages and self.lru:
+            h, _ = self.lru.popitem(last=False)
+            del self.refs[h]
+            self.free_pages += bp
+            self.cache_pages -= bp
+            self.prefix_stats["evicted_blocks"] += 1
+
+    def _apply_hits(self, rid: int) -> None:
+        """Point a request being admitted at its leading prompt blocks found in the cache (at least one token is left
+        to compute: the step that computes it emits the next token)."""
+        ids, b = self.hashes[rid], self.block_tokens
+        limit = min(len(ids), int(self.prompt[rid]) // b, (int(self.target[rid]) - 1) // b)
+        k = 0
+        while k < limit and ids[k] in self.refs:
+            k += 1
+        for h in ids[:k]:
+            if self.refs[h] == 0:
+                del self.lru[h]
+            self.refs[h] += 1
+        self.shared[rid] = tuple(ids[:k])
+        self.base[rid] = self.kv[rid] = k * b
+        first = self.preempts[rid] == 0
+        self.prefix_stats["lookup_tokens" if first else "resume_lookup_tokens"] += int(self.target[rid])
+        self.prefix_stats["hit_tokens" if first else "resume_hit_tokens"] += k * b
+
+    def _drop_shared(self, rid: int) -> None:
+        for h in self.shared.pop(rid, ()):
+            self.refs[h] -= 1
+            if self.refs[h] == 0:
+                self.lru[h] = None  # most recently used end
+        self.base[rid] = 0
+
+    def _unapply_hits(self, rid: int) -> None:
+        """Undo _apply_hits for a request that could not be admitted after all."""
+        first = self.preempts[rid] == 0
+        self.prefix_stats["lookup_tokens" if first else "resume_lookup_tokens"] -= int(self.target[rid])
+        self.prefix_stats["hit_tokens" if first else "resume_hit_tokens"] -= int(self.base[rid])
+        self._drop_shared(rid)
+        self.kv[rid] = 0
+
+    def _release(self, rid: int) -> None:
+        """Free a finished or preempted request's pages. With the prefix cache, its computed full prompt blocks
+        beyond the shared ones stay as cached blocks (inserted last block first, so a chain's tail is evicted
+        before its head) and its references are dropped."""
+        if self.hashes is not None:
+            ids, b = self.hashes[rid], self.block_tokens
+            bp = b // self.page_size
+            k0 = len(self.shared.get(rid, ()))
+            full = min(len(ids), int(self.prompt[rid]) // b, int(self.kv[rid]) // b)
+            for j in range(full - 1, k0 - 1, -1):
+                h = ids[j]
+                if h not in self.refs and self.pages[rid] >= bp:
+                    self.refs[h] = 0
+                    self.lru[h] = None
+                    self.pages[rid] -= bp
+                    self.cache_pages += bp
+                    self.prefix_stats["inserted_blocks"] += 1
+            self._drop_shared(rid)
+            self.prefix_stats["cached_blocks_max"] = max(self.prefix_stats["cached_blocks_max"], len(self.refs))
+        self.free_pages += int(self.pages[rid])
+        self.pages[rid] = 0
+
     def _running(self) -> np.ndarray:
         return np.concatenate([self.dec, np.asarray(self.pref, dtype=np.int64)])
 
@@ -334,11 +474,15 @@ class Simulator:
         running = self._running()
         live_bytes = float(self.kv[running].sum()) * self.model.kv_bytes_per_token
         stall = 2.0 * live_bytes / COPY_BW
+        if self.hashes is not None:
+            self._check_block(new.page_size)
         self.kv_layout = new
         self._set_pool(new.page_size)
         ps = new.page_size
-        self.pages[running] = -(-self.kv[running] // ps)
-        self.free_pages = self.num_pages - int(self.pages[running].sum())
+        self.pages[running] = -(-(self.kv[running] - self.base[running]) // ps)
+        self.cache_pages = len(self.refs) * (self.block_tokens // ps) if self.block_tokens else 0
+        self.free_pages = self.num_pages - int(self.pages[running].sum()) - self.cache_pages
+        self._evict(0)
         while self.free_pages < 0:
             self._preempt(self._latest_running())
         self.add_stall(stall, f"kv re-layout to page_size={ps} layout={layout}")
@@ -359,8 +503,7 @@ class Simulator:
             self.dec = self.dec[self.dec != rid]
         else:
             self.pref.remove(rid)
-        self.free_pages += int(self.pages[rid])
-        self.pages[rid] = 0
+        self._release(rid)
         self.recomputed_tokens += int(self.kv[rid])
         self.kv[rid] = 0
         self.target[rid] = self.prompt[rid] + self.gen[rid]
@@ -382,6 +525,8 @@ class Simulator:
                 wl = PrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, key[1], self.dtype)
             elif kind == "decode_attention":
                 wl = DecodeWorkload(m.num_heads, m.num_kv_heads, m.head_dim, key[1], key[2], self.dtype)
+            elif kind == "prefix_prefill":
+                wl = PrefixPrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, key[1], key[2], self.dtype)
             else:
                 wl = MoEWorkload(key[1], m.num_experts, m.top_k, m.hidden, m.intermediate, key[2], self.dtype)
             self._wl_cache[key] = wl
@@ -403,7 +548,7 @@ class Simulator:
             self.compiled.add((kernel, cfg))
             c = COMPILE_S_DEFAULT if self.compile_fn is None else float(self.compile_fn(kernel, cfg))
             stall.append((c, f"compile {kernel} {cfg}"))
-        self.configs_used[kernel][cfg] += 1
+        self.configs_used.setdefault(kernel, Counter())[cfg] += 1
         last = self._last_cfg.get(kernel)
         if last is not cfg and last != cfg:
             if last is not None:
@@ -417,6 +562,36 @@ class Simulator:
                 raise ValueError(f"timer gave {t!r} s for {kernel} {wl} {cfg}; kernel times must be finite and > 0")
             self._memo[mk] = t
         return t
+
+    def _chunks_s(self, chunks: list[tuple[int, int, int]], stall: list) -> float:
+        """Seconds per layer of this step's prefill chunks [(request, chunk, offset)] (see chunk_attention)."""
+        if self.chunk_mode != "equivalent":
+            pairs = sorted(((round_up16(c), round_log4(o) if o > 0 else 0) for _, c, o in chunks), reverse=True)
+            key = ("prefix_prefill", tuple(c for c, _ in pairs), tuple(o for _, o in pairs))
+            if self.chunk_mode == "prefix" or self._prefix_answered(key):
+                t = self._kernel_s("prefix_prefill", key, stall)
+                self.chunk_measured_s += t * self.model.num_layers
+                return t
+        lens = tuple(sorted((chunk_equivalent_len(c, o) for _, c, o in chunks), reverse=True))
+        t = self._kernel_s("prefill_attention", ("prefill_attention", lens), stall)
+        if any(o > 0 for _, _, o in chunks):
+            self.chunk_estimated_s += t * self.model.num_layers
+        return t
+
+    def _prefix_answered(self, key: tuple) -> bool:
+        """"auto" mode: whether the chooser has a prefix_prefill config and the timer a time for this call."""
+        ok = self._chunk_ok.get(key)
+        if ok is None:
+            answers = getattr(self.timer, "answers", None)
+            ok = False
+            wl = self._workload(key)
+            if callable(answers) and answers("prefix_prefill", wl, None):
+                try:
+                    ok = bool(answers("prefix_prefill", wl, self.chooser.choose("prefix_prefill", wl, self.kv_layout)))
+                except (KeyError, ValueError, AttributeError, NotImplementedError):
+                    ok = False  # a chooser without prefix_prefill configs (policies built before the kernel)
+            self._chunk_ok[key] = ok
+        return ok
 
     def step(self) -> bool:
         """Run one engine step (or jump over an idle gap). False when everything is served."""
@@ -436,6 +611,8 @@ class Simulator:
         if self.dec.size:
             need = kv[self.dec] % ps == 0
             demand = int(np.count_nonzero(need))
+            if demand > self.free_pages and self.lru:
+                self._evict(demand)
             while demand > self.free_pages:
                 self._preempt(self._latest_running())
                 need = kv[self.dec] % ps == 0
@@ -456,14 +633,18 @@ class Simulator:
         slots = self.max_seqs - batch - len(self.pref)
         while self.waiting and budget > 0 and slots > 0:
             rid = self.waiting[0]
-            c = self._fit_chunk(rid, min(int(self.target[rid]), budget))
+            if self.hashes is not None:
+                self._apply_hits(rid)
+            c = self._fit_chunk(rid, min(int(self.target[rid] - kv[rid]), budget))
             if c <= 0:
+                if self.hashes is not None:
+                    self._unapply_hits(rid)
                 break
             self.waiting.popleft()
             self._admit_counter += 1
             self.admit_seq[rid] = self._admit_counter
             self.pref.append(rid)
-            chunks.append((rid, c, 0))
+            chunks.append((rid, c, int(kv[rid])))
             budget -= c
             slots -= 1
         if batch == 0 and not chunks:
@@ -479,8 +660,7 @@ class Simulator:
         kernel_s = 0.0
         mean_ctx = 0.0
         if chunks:
-            lens = tuple(sorted((chunk_equivalent_len(c, o) for _, c, o in chunks), reverse=True))
-            kernel_s += self._kernel_s("prefill_attention", ("prefill_attention", lens), stall)
+            kernel_s += self._chunks_s(chunks, stall)
         if batch:
             mean_ctx = float(kv[dec].mean()) + 1.0
             key = ("decode_attention", round_count(batch), round_log4(mean_ctx))
@@ -511,6 +691,11 @@ class Simulator:
         running_n = batch + len(self.pref)
         occupancy = 1.0 - self.free_pages / self.num_pages
         self.clock = t_end = t_start + duration
+        if t_start <= self._window_end:  # overload check: busy time and backlog over the arrival window
+            self._busy_in_window += min(t_end, self._window_end) - t_start
+            for name, at in (("mid", self._window_mid), ("end", self._window_end)):
+                if name not in self._backlog and t_end >= at:
+                    self._backlog[name] = float(waiting_n + running_n)
         # requests in the system: those present at the step's start for all of it, plus arrivals during it from their
         # arrival on (they join the waiting queue at the next step)
         lo = self._next
@@ -528,8 +713,12 @@ class Simulator:
             if fin.any():
                 done_ids = dec[fin]
                 self.finish[done_ids] = t_end
-                self.free_pages += int(pages[done_ids].sum())
-                pages[done_ids] = 0
+                if self.hashes is not None:
+                    for rid in done_ids.tolist():
+                        self._release(rid)
+                else:
+                    self.free_pages += int(pages[done_ids].sum())
+                    pages[done_ids] = 0
                 self.dec = dec[~fin]
         new_dec = []
         for rid, c, _o in chunks:
@@ -542,8 +731,7 @@ class Simulator:
                     self.first_tok[rid] = t_end
                 if self.gen[rid] >= self.out[rid]:
                     self.finish[rid] = t_end
-                    self.free_pages += int(pages[rid])
-                    pages[rid] = 0
+                    self._release(rid)
                 else:
                     new_dec.append(rid)
         if new_dec:
@@ -567,11 +755,14 @@ class Simulator:
             return 0
         ps = self.page_size
         have = int(self.pages[rid])
-        room = (have + self.free_pages) * ps - int(self.kv[rid])
+        own = int(self.kv[rid] - self.base[rid])  # tokens in the request's own pages (past its shared blocks)
+        if self.lru:
+            self._evict(-(-(own + want) // ps) - have)
+        room = (have + self.free_pages) * ps - own
         c = min(want, room)
         if c <= 0:
             return 0
-        need = -(-(int(self.kv[rid]) + c) // ps) - have
+        need = -(-(own + c) // ps) - have
         self.pages[rid] = have + need
         self.free_pages -= need
         return c
@@ -618,7 +809,33 @@ class Simulator:
             list(self.switch_log), list(self.stalls), {},
         )
         res.summary = self._summary(res)
+        res.warnings = self._overload_warnings(res.summary)
+        for text in res.warnings:
+            warnings.warn(text, OverloadWarning, stacklevel=2)
         return res
+
+    def _overload_warnings(self, summary: dict[str, float]) -> list[str]:
+        """A warning when the server was busy nearly all of the arrival window and the requests in the system grew
+        over its second half: the trace offers more load than the server sustains, so latencies depend on the
+        window's length rather than on the configs."""
+        span = self._window_end - float(self.arrival[0])
+        summary["overloaded"] = 0.0
+        if span <= 0 or "end" not in self._backlog:
+            return []
+        util = self._busy_in_window / span
+        mid, end = self._backlog.get("mid", 0.0), self._backlog["end"]
+        arrived = int(np.count_nonzero(self.arrival > self._window_mid))  # arrivals over the window's second half
+        growth = end - mid
+        summary["window_utilisation"] = util
+        summary["backlog_at_last_arrival"] = end
+        summary["offered_over_served"] = arrived / max(arrived - growth, 1.0) if growth > 0 else 1.0
+        if util < OVERLOAD_UTILISATION or growth <= max(8.0, OVERLOAD_GROWTH * arrived):
+            return []
+        summary["overloaded"] = 1.0
+        return [f"offered load exceeds what the server sustains: busy {util:.0%} of the {span:.1f} s arrival window; "
+                f"over its second half {arrived} requests arrived and the requests in the system grew from {mid:.0f} "
+                f"to {end:.0f} (offered / served ~ {summary['offered_over_served']:.2f}); TTFT grows with the "
+                "window's length: lower the arrival rate (Trace.scale_rate) or shorten the window"]
 
     def _summary(self, r: SimResult) -> dict[str, float]:
         done = ~np.isnan(r.finish_s)
@@ -660,4 +877,21 @@ class Simulator:
             "in_system_mean": in_sys,
             "kv_pages": float(self.num_pages),
             "page_size": float(self.page_size),
+            "chunk_attention_measured_s": self.chunk_measured_s,
+            "chunk_attention_estimated_s": self.chunk_estimated_s,
+            **self._prefix_summary(),
+        }
+
+    def _prefix_summary(self) -> dict[str, float]:
+        if self.hashes is None:
+            return {}
+        st = self.prefix_stats
+        lookup = st["lookup_tokens"]
+        return {
+            "prefix_hit_rate": st["hit_tokens"] / lookup if lookup else 0.0,
+            "prefix_hit_tokens": float(st["hit_tokens"]),
+            "prefix_resume_hit_tokens": float(st["resume_hit_tokens"]),
+            "prefix_cached_blocks_max": float(st["cached_blocks_max"]),
+            "prefix_evicted_blocks": float(st["evicted_blocks"]),
+            "prefix_block_tokens": float(self.block_tokens),
         }

@@ -17,6 +17,7 @@ silent wrong replay.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -61,9 +62,19 @@ class Trace:
     output_tokens: np.ndarray
     source: str = ""
     repairs: dict[str, int] = field(default_factory=dict)
+    # Prefix-cache block ids per request (Mooncake's hash_ids: block j of a prompt covers tokens [j*B, (j+1)*B) with
+    # B = hash_block_tokens; equal ids = equal prefixes), or None when the trace carries none.
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
+    hash_block_tokens: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
+        if self.hash_ids is not None:
+            if len(self.hash_ids) != n:
+                raise ValueError(f"trace {self.name!r}: {len(self.hash_ids)} hash_ids lists for {n} requests")
+            if self.hash_block_tokens < 1:
+                raise ValueError(f"trace {self.name!r}: hash_ids need hash_block_tokens >= 1 (tokens per block)")
+            object.__setattr__(self, "hash_ids", tuple(tuple(int(h) for h in ids) for ids in self.hash_ids))
         if not (len(self.prompt_tokens) == len(self.output_tokens) == n):
             raise ValueError(f"trace {self.name!r}: arrival_s, prompt_tokens, output_tokens differ in length")
         if n == 0:
@@ -99,19 +110,21 @@ class Trace:
             raise ValueError(f"trace {self.name!r} has no arrivals in [{start_s}, {end_s}) s")
         t = self.arrival_s[lo:hi]
         return Trace(f"{self.name}[{start_s:g}:{end_s:g}s]", t - t[0], self.prompt_tokens[lo:hi],
-                     self.output_tokens[lo:hi], self.source, dict(self.repairs))
+                     self.output_tokens[lo:hi], self.source, dict(self.repairs),
+                     None if self.hash_ids is None else self.hash_ids[lo:hi], self.hash_block_tokens)
 
     def head(self, n: int) -> Trace:
         """The first n requests."""
         return Trace(f"{self.name}[:{n}]", self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n],
-                     self.source, dict(self.repairs))
+                     self.source, dict(self.repairs), None if self.hash_ids is None else self.hash_ids[:n],
+                     self.hash_block_tokens)
 
     def scale_rate(self, factor: float) -> Trace:
         """Compress time by `factor` (factor 2 = twice the arrival rate, same lengths and burst shape)."""
         if factor <= 0:
             raise ValueError(f"rate factor must be > 0, got {factor}")
         return Trace(f"{self.name}x{factor:g}", self.arrival_s / factor, self.prompt_tokens, self.output_tokens,
-                     self.source, dict(self.repairs))
+                     self.source, dict(self.repairs), self.hash_ids, self.hash_block_tokens)
 
 
 def _err(path: Path, line: int, what: str, fix: str) -> TraceError:
@@ -119,6 +132,7 @@ def _err(path: Path, line: int, what: str, fix: str) -> TraceError:
 
 
 MAX_TOKENS = 10_000_000  # per request: far beyond any context window; larger counts are corrupt rows
+MAX_SPAN_S = 400 * 86400.0  # first to last request: the public traces span days to four months
 
 
 def _int_field(path: Path, line: int, column: str, text: str) -> int:
@@ -153,6 +167,10 @@ def _finish(path: Path, name: str, rows: list[tuple[int, float, int, int]], repa
         if t < prev_t:
             raise _err(path, line, f"timestamp {t:.6f} s is before the one on line {prev_line} ({prev_t:.6f} s)",
                        "sort the file by its timestamp column")
+        if t - kept[0][1] > MAX_SPAN_S:  # a year-9999 stamp among 2023 ones: a replay of centuries
+            raise _err(path, line, f"timestamp {t:.0f} s is {(t - kept[0][1]) / 86400:.0f} days after the first "
+                       f"request (line {kept[0][0]}); a trace spans at most {MAX_SPAN_S / 86400:.0f} days",
+                       "correct or delete that row")
         prev_line, prev_t = line, t
     arr = np.array([r[1:] for r in kept], dtype=np.float64)
     t = arr[:, 0] - arr[0, 0]
@@ -193,6 +211,8 @@ def _parse_azure_time(text: str) -> float:
         stamp = stamp.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
     else:
         stamp = stamp.replace(tzinfo=timezone.utc)
+    if not 2000 <= stamp.year <= 2100:
+        raise ValueError(text)  # year 9999 and friends: not a time a serving trace was recorded at
     seconds = stamp.timestamp()
     if frac:
         seconds += int(frac) / 10 ** len(frac)
@@ -238,10 +258,15 @@ def load_burstgpt(path: str | Path, name: str | None = None) -> Trace:
     return _load_csv(Path(path), BURSTGPT_COLUMNS, "BurstGPT", name, float, "a number of seconds")
 
 
+MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash_ids block in the published Mooncake traces
+
+
 def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
-    """Mooncake JSONL: timestamp (ms), input_length, output_length (hash_ids ignored: no prefix caching here)."""
+    """Mooncake JSONL: timestamp (ms), input_length, output_length, and hash_ids when present (prefix-cache blocks
+    of MOONCAKE_BLOCK_TOKENS tokens, kept in Trace.hash_ids for the simulator's prefix cache)."""
     path = Path(path)
     rows = []
+    hashes: dict[int, tuple[int, ...]] = {}
     with open(path, encoding="utf-8") as fh:
         for line, text in enumerate(fh, start=1):
             if not text.strip():
@@ -262,11 +287,24 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
                            "correct or delete that line")
             if t_ms < 0:
                 raise _err(path, line, f"timestamp {t_ms} is negative", "correct or delete that line")
+            for k in ("input_length", "output_length"):  # JSON numbers only: "12" is a damaged or hand-edited line
+                if isinstance(rec[k], bool) or not isinstance(rec[k], (int, float)):
+                    raise _err(path, line, f"{k} {rec[k]!r} is not a JSON number", "correct or delete that line")
             rows.append((line, t_ms / 1000.0, _int_field(path, line, "input_length", str(rec["input_length"])),
                          _int_field(path, line, "output_length", str(rec["output_length"]))))
+            ids = rec.get("hash_ids")
+            if ids is not None:
+                if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+                    raise _err(path, line, "hash_ids is not a list of integers", "correct or delete that line")
+                hashes[line] = tuple(ids)
     if not rows:
         raise _err(path, 1, "the file is empty", f"give a Mooncake JSONL trace with fields {list(MOONCAKE_FIELDS)}")
-    return _finish(path, name or path.stem, rows, {})
+    trace = _finish(path, name or path.stem, rows, {})
+    if not hashes:
+        return trace
+    kept = [r[0] for r in rows if r[2] > 0 and r[3] > 0]  # the rows _finish kept, in order
+    return dataclasses.replace(trace, hash_ids=tuple(hashes.get(line, ()) for line in kept),
+                               hash_block_tokens=MOONCAKE_BLOCK_TOKENS)
 
 
 def detect_format(path: str | Path) -> str:
