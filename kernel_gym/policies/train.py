@@ -455,9 +455,14 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
 
     torch.set_num_threads(args.torch_threads)
     backend = resolve_backend(backend if backend is not None else args.backend)
+    t_prep = __import__("time").time()  # the zoo's references and catalogue take ~30 s before the progress bar
+    print(f"[train] {args.kernel} on {args.model}: building workload references and the action catalogue ...",
+          flush=True)
     data = prepare_data(args.kernel, backend, args.model, args.profile, args.holdout, args.split_seed, args.near,
                         args.max_catalogue, args.catalogue_depth,
                         [m.strip() for m in args.exclude_models.split(",") if m.strip()])
+    print(f"[train] {len(data.train)} training and {len(data.heldout)} held-out workloads, "
+          f"{len(data.catalogue.configs)} actions ({__import__('time').time() - t_prep:.0f} s)", flush=True)
     eval_on = "heldout" if data.heldout else "train"
     ckpt: Path | None = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     if args.resume and ckpt is None:
