@@ -73,8 +73,35 @@ def log(msg: str) -> None:
 # ---- step 1: extraction (CPU, pandas) ------------------------------------------------------------------------------
 
 
-def extract(parquet: Path, out: Path) -> dict[str, Any]:
-    """The table's bf16 Triton rows of MODELS at TP_SIZES, EP 1, grouped per (model, tp): {M: {distribution: ms}}."""
+def vllm_tables_of(wheel: Path, shapes: list[dict]) -> dict[str, Any]:
+    """Which config file vLLM (this wheel) reads for each shape, its sha256, and whether kernel_gym's vLLM 0.33.0 data
+    holds the same file (then the aiconfigurator rows ran exactly the configs `vllm_moe.default_config` gives)."""
+    import zipfile
+
+    ours = json.loads((Path(__file__).resolve().parent.parent / "kernel_gym/data/engine_tables/vllm-0.33.0.json")
+                      .read_text())
+    sha33 = {t["file"]: t["sha256"] for t in ours["tables"] if not t.get("down")}
+    out = {"wheel": wheel.name, "files": {}}
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        src = z.read("vllm/model_executor/layers/fused_moe/fused_moe.py").decode()
+        out["small_batch_rule"] = ("num_tokens * top_k_num * 4 <= global_num_experts" in src)
+        for s in shapes:
+            name = f"E={s['num_experts']},N={s['n_shard']},device_name=NVIDIA_H200.json"
+            path = f"vllm/model_executor/layers/fused_moe/configs/{name}"
+            if path not in names:
+                out["files"][name] = {"in_wheel": False, "same_as_vllm_0_33": name not in sha33,
+                                      "note": "no shipped table: vLLM's default rule"}
+                continue
+            sha = hashlib.sha256(z.read(path)).hexdigest()
+            same = bool(sha33.get(name)) and sha.startswith(sha33[name])  # kernel_gym keeps 16 hex digits
+            out["files"][name] = {"in_wheel": True, "sha256": sha, "same_as_vllm_0_33": same}
+    return out
+
+
+def extract(parquet: Path, out: Path, wheel: Path | None = None) -> dict[str, Any]:
+    """The table's bf16 Triton rows of MODELS at TP_SIZES, EP 1, grouped per (model, tp): {M: {distribution: ms}};
+    with the vLLM wheel the rows came from, the config files that vLLM read for them (vllm_tables_of)."""
     import pandas as pd
 
     if not parquet.is_file():
@@ -110,6 +137,8 @@ def extract(parquet: Path, out: Path) -> dict[str, Any]:
         "collection_meta": meta_yaml.read_text() if meta_yaml.is_file() else None,
         "method": AIC_METHOD, "units": "latency_ms per MoE layer forward", "shapes": shapes,
     }
+    if wheel is not None:
+        result["vllm_configs"] = vllm_tables_of(wheel, shapes)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -234,7 +263,8 @@ class Point:
             name = f"{routing}/{w}/{scope}/{'graph' if graph else 'eager'}"
             inputs = fm.MoEInputs(wl, x, routings[routing], *weights[w])
             try:
-                fn = (vm.prepare if scope == "full" else vm.prepare_kernels_only)(inputs, self.config)
+                full = getattr(vm, "prepare_engine", vm.prepare)  # the small-batch path where vLLM takes it
+                fn = (full if scope == "full" else vm.prepare_kernels_only)(inputs, self.config)
                 out = fn()
                 if (routing, w) not in refs:
                     refs[(routing, w)] = fm.reference_moe(inputs)
@@ -461,6 +491,8 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--extract", metavar="PARQUET", help="step 1: aiconfigurator's moe_perf.parquet -> --out JSON")
+    p.add_argument("--vllm-wheel", help="step 1: vLLM 0.24.0's wheel (pip download vllm==0.24.0 --no-deps): record "
+                   "which config files the rows ran and whether they equal kernel_gym's vLLM 0.33.0 data")
     p.add_argument("--rows", help="step 2: the JSON step 1 wrote (benchmarks/aic_crosscheck/aic_rows.json)")
     p.add_argument("--out", required=True, help="step 1: the JSON to write; step 2: a folder")
     p.add_argument("--budget-s", type=float, default=90.0)
@@ -474,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.extract) == bool(args.rows):
         p.error("give exactly one of --extract PARQUET (step 1, CPU) and --rows JSON (step 2, GPU)")
     if args.extract:
-        res = extract(Path(args.extract), Path(args.out))
+        res = extract(Path(args.extract), Path(args.out), Path(args.vllm_wheel) if args.vllm_wheel else None)
         n = sum(len(s["latency_ms"]) for s in res["shapes"])
         print(f"wrote {args.out}: {len(res['shapes'])} shapes, {n} token counts")
         return 0

@@ -55,6 +55,10 @@ def test_committed_rows():
     for model, tp, ms in ac.POINTS:  # every point the GPU step times has outside rows
         lat = shapes[(model, tp)]["latency_ms"]
         assert all({"balanced", "power_law_1.01"} <= set(lat[str(m)]) for m in ms)
+        name = f"E=8,N={shapes[(model, tp)]['n_shard']},device_name=NVIDIA_H200.json"
+        cfg = rows["vllm_configs"]["files"][name]  # the rows ran vLLM 0.24's file, the same as kernel_gym's 0.33 data
+        assert cfg["in_wheel"] and cfg["same_as_vllm_0_33"]
+    assert rows["vllm_configs"]["small_batch_rule"]
     mix = shapes[("mixtral-8x7b", 1)]
     assert mix["n_shard"] == 14336 and mix["latency_ms"]["4096"]["balanced"] == pytest.approx(4.2218, abs=1e-3)
 
