@@ -1,4 +1,13 @@
-"""Does an exported vLLM / SGLang fused-MoE table beat vLLM's shipped H200 table in vLLM's own kernel? (GPU, issue 15)
+"""Does an exported vLLM / SGLang fused-MoE table beat the engine's own entries in its own kernel? (GPU, issue 24)
+
+--engine names the release whose own entries are the anchor (kernel_gym/kernels/vllm_tables.py): vllm-0.33.0
+(default: its shipped table, else its 0.33 default rule; every config timed on the launch path vLLM 0.33 runs, the
+small-batch path where M * top_k * 4 <= E, whose rows are stored under vllm_moe.small_batch_source_hash()) or
+sglang-0.5.23 (its shipped table with its Triton-folder search, else its default rule; always aligned). The files
+written are that engine's (SGLang's in the Triton folder its release pins), and every kept change is listed in
+"confirmations" (`kernel-gym export --confirmations` reads them). nvidia-smi's state is stored around every cell.
+Timing, the check and the paired confirmation are kernel_gym/measure/engine_timing.py, shared with
+`kernel-gym tune --engine`.
 
 For each model shape (Mixtral-8x7B TP1, OLMoE (no shipped table: vLLM's default rule is the anchor), Qwen2-57B-A14B
 TP1, Mixtral-8x22B TP4, then the TP2 shards of Mixtral-8x7B and Qwen2-57B while the budget lasts), every vLLM M key

@@ -420,6 +420,13 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
         note["engine_reads"] = (f"SGLANG_MOE_CONFIG_DIR=DIR: configs/{vllm_tables.triton_folder(tv)}/ first; it "
                                 "replaces SGLang's own folder, so copy SGLang's configs/ into DIR to keep its "
                                 "shipped files for other shapes")
+        down = [t for t in vllm_tables.engine_data(engine.id)["tables"] if t.get("down") and t["E"] ==
+                shape.num_experts and t["N"] == shape.n and t["device_name"] == vllm_tables.sglang_device_name(device)]
+        if down:  # SGLang would take this second-GEMM file (any Triton folder) beside our first-GEMM entries
+            note["sglang_down_files"] = [f"configs/{t['folder']}/{t['file']}" for t in down]
+            note["warning"] = ("SGLang ships a separate second-GEMM (_down) table for this shape: if you copied its "
+                               "configs/ into DIR, delete " + ", ".join(note["sglang_down_files"]) + " there, or "
+                               "SGLang pairs those entries with this file's")
     path = write_engine_file(out, fmt, shape, device, content, tv or "0.0.0", note)
     return path, note
 
@@ -458,7 +465,8 @@ def main_from_args(args: Any) -> int:
                         engine_version=getattr(args, "engine_version", ""),
                         confirmations=getattr(args, "confirmations", None) or ())
     print("\n".join([f"{note['engine']} file {path} ({note['routing']}, {'ESTIMATE: ' + note['why'] if note['estimate'] else 'measured on ' + str(note['measured_on'])}):",  # noqa: E501
-                     *summary_lines(note)]), file=sys.stderr)
+                     *summary_lines(note), *([f"WARNING: {note['warning']}"] if note.get("warning") else [])]),
+          file=sys.stderr)
     print(json.dumps({"format": args.format, "engine": note["engine"], "path": str(path),
                       "estimate": note["estimate"], "keys": len(note["keys"]), **note["summary"],
                       "keys_changed_from_engine_entry": sum(k["changed"] for k in note["keys"]),

@@ -180,8 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  M={k['M']:5d}: engine entry ({k['engine_source']}, {k['engine_path']} path; M/N/K/group/"
                   f"warps/stages {','.join(str(v) for v in k['engine_entry'].values())}) + {len(k['seeds'])} "
                   "nearest-shape winners, then one round of its best's neighbours, then paired vs the engine entry")
-        print(f"about {len(m_keys) * 3.5:.0f} GPU-s of timing plus compiles at this shape (budget {args.budget_s:.0f}"
-              " s); nothing measured (--dry-run)")
+        print(f"the run stops at --budget-s {args.budget_s:.0f} s (compiles included); keys it does not reach keep the "
+              "engine entry; nothing measured (--dry-run)")
         return 0
     return _run(args, model, shape, eng, label, skew, m_keys, rows, tv, start)
 

@@ -147,6 +147,14 @@ def test_small_batch_keys_ignore_aligned_rows(tmp_path):
     assert k2["measured_configs"] == 2 and not k2["baseline_measured"] and not k2["changed"]  # its entry: unmeasured
 
 
+def test_sglang_second_gemm_tables_are_named_in_the_sidecar(tmp_path):
+    """SGLang ships _down tables for a few shapes; a copied one would pair with our file's entries: the note says so."""
+    spec = type("M", (), {"name": "e16", "num_experts": 16, "hidden": 4096, "intermediate": 4096, "top_k": 2})()
+    _, note = ee.export(spec, "sglang", tmp_path, "NVIDIA H200", rows=[], force=True)
+    assert note["sglang_down_files"] == ["configs/triton_3_7_1/E=16,N=4096,device_name=NVIDIA_H200_down.json"]
+    assert note["engine_table"]["folder"] == "triton_3_7_1"  # SGLang's own first-GEMM table: kept as the entries
+
+
 def test_expert_parallel_file_names_use_the_local_expert_count(tmp_path):
     shape = ee.shard_shape(MIXTRAL, ep=2)
     assert (shape.num_experts, shape.n, shape.ep) == (4, 14336, 2)
