@@ -234,9 +234,10 @@ class Simulator:
     a chooser's own `precompiled` attribute is added. compile_s(kernel, config) -> seconds for the first use of a
     config (default COMPILE_S_DEFAULT).
 
-    prefix_caching: with hash_ids, finished (and preempted) requests leave their full prompt blocks in the KV pool as
-    cached blocks; a new request's leading blocks found there are not prefilled again; unreferenced cached blocks are
-    evicted least recently used first when pages run short (before any preemption).
+    prefix_caching: with hash_ids, a request's full prompt blocks become cached blocks in the KV pool as soon as they
+    are computed (shared by every request whose prompt starts with the same blocks, and kept after it finishes); a
+    request's leading blocks found there are not prefilled again; cached blocks no running request uses are evicted
+    least recently used first when pages run short (before any preemption).
     chunk_attention: how a step's prefill chunks are charged. "prefix": one prefix_prefill call over the chunks and
     their cached prefixes (the timer must answer); "equivalent": the old stand-in, one prefill_attention call over
     fresh sequences with as many (query, key) pairs (chunk_equivalent_len); "auto" (default): prefix_prefill where
@@ -425,10 +426,12 @@ class Simulator:
         self.prefix_stats["hit_tokens" if first else "resume_hit_tokens"] += k * b
 
     def _drop_shared(self, rid: int) -> None:
-        for h in self.shared.pop(rid, ()):
+        """Drop a request's references; blocks nobody uses join the LRU end, a chain's head last (most recent), so
+        its tail is evicted first."""
+        for h in reversed(self.shared.pop(rid, ())):
             self.refs[h] -= 1
             if self.refs[h] == 0:
-                self.lru[h] = None  # most recently used end
+                self.lru[h] = None
         self.base[rid] = 0
 
     def _unapply_hits(self, rid: int) -> None:
@@ -439,25 +442,36 @@ class Simulator:
         self._drop_shared(rid)
         self.kv[rid] = 0
 
+    def _promote(self, rid: int) -> None:
+        """Full prompt blocks a request has just computed become cached blocks it references (vLLM caches a block as
+        soon as it is full, so concurrent requests share it): their pages move from the request to the cache, or,
+        when another request cached the same block meanwhile, the request points at that one and frees its copy."""
+        ids, b = self.hashes[rid], self.block_tokens
+        bp = b // self.page_size
+        limit = min(len(ids), int(self.prompt[rid]) // b)
+        shared = list(self.shared.get(rid, ()))
+        while len(shared) < limit and self.kv[rid] >= (len(shared) + 1) * b and self.pages[rid] >= bp:
+            h = ids[len(shared)]
+            self.pages[rid] -= bp  # the block's pages are the first of the request's own (base is block-aligned)
+            if h in self.refs:
+                if self.refs[h] == 0:
+                    del self.lru[h]
+                self.refs[h] += 1
+                self.free_pages += bp
+            else:
+                self.refs[h] = 1
+                self.cache_pages += bp
+                self.prefix_stats["inserted_blocks"] += 1
+            shared.append(h)
+            self.base[rid] += b
+        self.shared[rid] = tuple(shared)
+        self.prefix_stats["cached_blocks_max"] = max(self.prefix_stats["cached_blocks_max"], len(self.refs))
+
     def _release(self, rid: int) -> None:
-        """Free a finished or preempted request's pages. With the prefix cache, its computed full prompt blocks
-        beyond the shared ones stay as cached blocks (inserted last block first, so a chain's tail is evicted
-        before its head) and its references are dropped."""
+        """Free a finished or preempted request's own pages and drop its references to cached blocks (which stay
+        cached until evicted)."""
         if self.hashes is not None:
-            ids, b = self.hashes[rid], self.block_tokens
-            bp = b // self.page_size
-            k0 = len(self.shared.get(rid, ()))
-            full = min(len(ids), int(self.prompt[rid]) // b, int(self.kv[rid]) // b)
-            for j in range(full - 1, k0 - 1, -1):
-                h = ids[j]
-                if h not in self.refs and self.pages[rid] >= bp:
-                    self.refs[h] = 0
-                    self.lru[h] = None
-                    self.pages[rid] -= bp
-                    self.cache_pages += bp
-                    self.prefix_stats["inserted_blocks"] += 1
             self._drop_shared(rid)
-            self.prefix_stats["cached_blocks_max"] = max(self.prefix_stats["cached_blocks_max"], len(self.refs))
         self.free_pages += int(self.pages[rid])
         self.pages[rid] = 0
 
@@ -723,6 +737,8 @@ class Simulator:
         new_dec = []
         for rid, c, _o in chunks:
             kv[rid] += c
+            if self.hashes is not None:
+                self._promote(rid)
             if kv[rid] >= self.target[rid]:
                 self.pref.remove(rid)
                 self.gen[rid] += 1
