@@ -289,6 +289,18 @@ class ServingPlanEnv(ParallelServingEnv):
         per_gpu = (hi - lo) / self.context_s / self.gpus / 4.0
         return np.clip(np.append(base, np.float32(per_gpu)), -CLIP, CLIP).astype(np.float32)
 
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """As ServingTPEP-v0; a drawn start moves to the next arrival (bursty traces idle longer than a window)."""
+        obs, info = super().reset(seed=seed, options=options)
+        if not (options and "start_s" in options):
+            arr = self.trace.arrival_s
+            i = int(np.searchsorted(arr, self.start_s))
+            if i < len(arr) and arr[i] <= self._range[1]:
+                self.start_s = float(arr[i])
+                self._obs = self._features(self.start_s)
+                obs, info["start_s"] = self._obs.copy(), self.start_s
+        return obs, info
+
     def window(self) -> Any:
         t0 = self.start_s - self.warmup_s * self.rate_scale
         return slice_window(self.trace, t0, self.start_s + self.window_s * self.rate_scale, self.rate_scale)

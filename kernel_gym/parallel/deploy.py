@@ -325,39 +325,34 @@ def deployments(spec: Any, engine: str, gpus: int, max_model_len: int = MAX_MODE
     return out
 
 
-def coordinate_search(pricer: DeploymentPricer, windows: list[Any], engine: str, gpus: int, ttft_slo_s: float,
-                      tpot_slo_s: float, start: Deployment | None = None, rounds: int = 2) -> tuple[Deployment, float,
-                                                                                                    list]:
-    """Search over the same knobs as the agent: every valid layout at the start's knobs, then each knob in turn over
-    its grid (coordinate descent, `rounds` passes), scoring the mean goodput over `windows`. Returns (best, score,
-    history)."""
-    spec = pricer.spec
-    history: list[tuple[str, float]] = []
+def coordinate_search(score: Any, spec: Any, engine: str, gpus: int, start: Deployment | None = None,
+                      rounds: int = 1, max_model_len: int = MAX_MODEL_LEN) -> tuple[Deployment, float, list]:
+    """Search over the same knobs as the agent: every (replicas, layout) at the current knobs, then each knob in turn
+    over its grid (coordinate ascent, `rounds` passes). `score(deployment) -> goodput` (e.g. the mean over training
+    windows). Returns (best, its score, [(deployment, score), ...] in evaluation order)."""
+    history: list[tuple[Deployment, float]] = []
     memo: dict[Deployment, float] = {}
 
-    def score(d: Deployment) -> float:
+    def f(d: Deployment) -> float:
         if d not in memo:
-            if why_invalid_deployment(spec, d, pricer.max_model_len):
-                memo[d] = -math.inf
-            else:
-                memo[d] = float(np.mean([pricer.serve(w, d, ttft_slo_s, tpot_slo_s)["goodput_req_per_s"]
-                                         for w in windows]))
-            history.append((d.name, memo[d]))
+            memo[d] = -math.inf if why_invalid_deployment(spec, d, max_model_len) else float(score(d))
+            history.append((d, memo[d]))
         return memo[d]
 
-    best = start or Deployment(engine, 1, gpus, 1, 16, 8192, 256, 512)
-    if why_invalid_deployment(spec, best, pricer.max_model_len):
-        best = next(iter(deployments(spec, engine, gpus, pricer.max_model_len)[:1]), None)
-        if best is None:
+    best = start
+    if best is None or why_invalid_deployment(spec, best, max_model_len):
+        valid = deployments(spec, engine, gpus, max_model_len)
+        if not valid:
             raise ValueError(f"{spec.name} has no valid deployment on {gpus} GPUs with {engine}")
+        best = valid[0]
     for _ in range(rounds):
         for r, lay in layout_choices(gpus):
             cand = dataclasses.replace(best, replicas=r, tp=lay.tp, ep=lay.ep)
-            if score(cand) > score(best):
+            if f(cand) > f(best):
                 best = cand
         for knob, grid in KNOBS.items():
             for v in grid:
                 cand = dataclasses.replace(best, **{knob: v})
-                if score(cand) > score(best):
+                if f(cand) > f(best):
                     best = cand
-    return best, score(best), history
+    return best, f(best), history

@@ -61,9 +61,16 @@ def make_env(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, fl
 
 
 def window_starts(env: Any, n: int) -> list[float]:
-    """n evenly spaced window starts inside the env's split."""
+    """n evenly spaced window starts inside the env's split, each moved to the next arrival (bursty traces have
+    idle gaps longer than a window)."""
     lo, hi = env._range
-    return [lo + (hi - lo) * (i + 0.5) / n for i in range(n)] if hi > lo else [lo]
+    even = [lo + (hi - lo) * (i + 0.5) / n for i in range(n)] if hi > lo else [lo]
+    arr = env.trace.arrival_s
+    out = []
+    for s in even:
+        i = int(np.searchsorted(arr, s))
+        out.append(float(min(arr[i], hi)) if i < len(arr) else s)
+    return out
 
 
 def score(env: Any, dep: Any, starts: list[float]) -> float:
@@ -119,9 +126,11 @@ def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
 
 def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float = 1.0,
               window_s: float = 60.0, train_steps: int = 64, samples: int = 2, train_windows: int = 2,
-              seed: int = 0, routing: Any = None, table: Any = None, env: Any = None) -> dict[str, Any]:
+              seed: int = 0, routing: Any = None, table: Any = None, env: Any = None,
+              refine_rounds: int = 1) -> dict[str, Any]:
     """The agent's choice on the training windows (module docstring): the ranked candidates with their mean
-    training goodput, the winner first."""
+    training goodput, the winner first. refine_rounds > 0: a coordinate search over the knobs starting at the best
+    candidate refines it (the agent proposes, the simulator replays decide)."""
     t0 = time.time()
     env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "train", routing, table)
     starts = window_starts(env, train_windows)
@@ -129,14 +138,27 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
     agent_deps = proposals(env, agent, starts, samples, seed)
     floor = baselines(spec, engine, gpus)
     cands = list(dict.fromkeys([*agent_deps, *floor.values()]))
-    scored = sorted(((score(env, d, starts), d) for d in cands), key=lambda x: -x[0])
+    scores = {d: score(env, d, starts) for d in cands}
+    agent_best = max(agent_deps, key=scores.__getitem__) if agent_deps else None
+    refined: list = []
+    if refine_rounds > 0:
+        from kernel_gym.parallel.deploy import coordinate_search
+
+        start = max(cands, key=scores.__getitem__)
+        _, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus, start, refine_rounds,
+                                       env.pricer.max_model_len)
+        refined = [d for d, v in hist if np.isfinite(v) and d not in scores]
+        for d in refined:
+            scores[d] = score(env, d, starts)
+    scored = sorted(((s, d) for d, s in scores.items()), key=lambda x: -x[0])
     ranked = [{"deployment": d, "train_goodput_req_per_s": s, "from_agent": d in agent_deps,
+               "from_refinement": d in refined,
                "baseline": next((k for k, v in floor.items() if v == d), None)} for s, d in scored if np.isfinite(s)]
     if not ranked:
         raise ValueError(f"{spec.name}: no candidate deployment fits {gpus} GPUs with {engine}")
     return {"ranked": ranked, "train_windows": starts, "train_steps": train_steps,
             "evaluations": env.pricer.evaluations, "wall_s": time.time() - t0, "env": env,
-            "agent_proposals": [d.name for d in agent_deps]}
+            "agent_proposals": [d.name for d in agent_deps], "agent_best": agent_best}
 
 
 def heldout_replay(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float,

@@ -1,0 +1,299 @@
+"""The serving-plan benchmark: goodput at a TTFT/TPOT SLO of the agent's deployment (kernel-gym plan) against the
+engine's defaults, the hand-picked layouts, a coordinate search over the same knobs, and aiconfigurator's
+recommendation for the same inputs (its stored answers, benchmarks/serving_plan/aic_answers.json), each replayed on a
+held-out window of each trace by the same simulator, at the trace's own load and compressed until the engine's
+default deployment saturates (SLO attainment below 90%, doubling the rate from 2x).
+
+    KERNEL_GYM_TRACES=DIR python3 scripts/bench_serving_plan.py --out benchmarks/serving_plan.json --budget-s 2400
+
+Writes benchmarks/serving_plan.json ({"profiles": [...], "meta": {...}}: the schema of issue 26) after every
+profile, and the raw per-deployment replays under benchmarks/serving_plan/raw/. A profile the budget did not reach
+is absent (meta.skipped lists it). aiconfigurator's own prediction for its recommendation is beside ours
+(`aiconfigurator_self`: its requests / s at its chosen concurrency, times its replicas, capped at the offered rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+AIC_ANSWERS = ROOT / "benchmarks" / "serving_plan" / "aic_answers.json"
+
+
+def aic_deployment(answer: dict, spec, engine: str, gpus: int):
+    """aiconfigurator's top aggregated answer as a Deployment of this project's space, and a note when it had to be
+    approximated (attention data-parallel in front of tensor-parallel experts is priced as plain TP)."""
+    from kernel_gym.parallel.deploy import Deployment, engine_knobs
+
+    ranked = answer.get("ranked") or []
+    if not ranked:
+        return None, f"no answer: {answer.get('error')}"
+    top = ranked[0]
+    tp, dp, etp, ep = (int(top[k]) for k in ("tp", "dp", "moe_tp", "moe_ep"))
+    per = int(top["num_total_gpus"])
+    note = ""
+    if ep > 1 and tp == 1 and dp == ep:
+        lay = (1, ep)
+    elif ep == 1 and dp == 1:
+        lay = (tp, 1)
+    else:
+        lay = (etp, ep)
+        note = f"aiconfigurator's {top['parallel']} (attention tp{tp} dp{dp}) priced as MoE tp{etp} ep{ep}"
+    knobs = engine_knobs(engine, lay[0])
+    args = " ".join((answer.get("top1_launch") or {}).get("worker_args", []))
+    m = re.search(r"--max-num-seqs \"?(\d+)", args)
+    if m:
+        knobs["max_seqs"] = int(m.group(1))
+    m = re.search(r"--max-num-batched-tokens \"?(\d+)", args)
+    if m:
+        knobs["max_batched_tokens"] = int(m.group(1))
+    dep = Deployment(engine, max(1, gpus // per), lay[0], lay[1], **knobs)
+    return dep, note
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("numpy", "gymnasium", "stable-baselines3", "sb3-contrib", "torch"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    out["python"] = sys.version.split()[0]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="benchmarks/serving_plan.json")
+    p.add_argument("--raw", default="benchmarks/serving_plan/raw")
+    p.add_argument("--models", default="mixtral-8x7b,qwen3-30b-a3b,gpt-oss-20b")
+    p.add_argument("--gpus", default="8,1,2,4")
+    p.add_argument("--traces", default="azure-conv,azure-code,mooncake,burstgpt")
+    p.add_argument("--loads", default="saturated,own")
+    p.add_argument("--engine", default="vllm")
+    p.add_argument("--slo", default="ttft=2,tpot=0.1")
+    p.add_argument("--window-s", type=float, default=30.0, help="window of the saturation probe (simulated s)")
+    p.add_argument("--requests", type=int, default=300, help="requests per replayed window (sets its length)")
+    p.add_argument("--train-steps", type=int, default=16)
+    p.add_argument("--samples", type=int, default=1)
+    p.add_argument("--routing", default="zipf:1.2")
+    p.add_argument("--budget-s", type=float, default=2400.0)
+    p.add_argument("--resume", action="store_true", help="keep the profiles already in --out")
+    args = p.parse_args(argv)
+
+    from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.models import load_model
+    from kernel_gym.parallel.deploy import coordinate_search
+    from kernel_gym.policies.plan import (
+        baselines,
+        heldout_replay,
+        make_env,
+        parse_slo,
+        recommend,
+        window_starts,
+    )
+    from kernel_gym.policies.replay import routing_profile
+    from kernel_gym.traffic.traces import load_trace
+
+    t_start = time.time()
+    slo = parse_slo(args.slo)
+    aic = json.loads(AIC_ANSWERS.read_text()) if AIC_ANSWERS.is_file() else {"answers": {}}
+    out_path, raw = Path(args.out), Path(args.raw)
+    raw.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    backend = RecordedBackend()
+    doc = json.loads(out_path.read_text()) if args.resume and out_path.is_file() else {"profiles": []}
+    done = {(q["trace"], q["load_kind"], q["model"], q["gpus"], q["engine"]) for q in doc["profiles"]}
+    doc["meta"] = {"commit": commit, "dataset_hash": backend.dataset_hash, "versions": versions(),
+                   "aiconfigurator": {k: aic.get(k) for k in ("aiconfigurator", "aiconfigurator_core", "source")},
+                   "slo": {"ttft_s": slo[0], "tpot_s": slo[1]}, "routing": args.routing,
+                   "window_s": args.window_s, "train_steps": args.train_steps, "engine_versions": None,
+                   "budget_s": args.budget_s, "skipped": [], "goodput_unit": "requests per second meeting both SLOs "
+                   "on the held-out window (simulator replay)"}
+    from kernel_gym.parallel.deploy import ENGINE_VERSIONS
+
+    doc["meta"]["engine_versions"] = ENGINE_VERSIONS
+    traces = {t: load_trace(t) for t in args.traces.split(",")}
+    engine = args.engine
+    models = args.models.split(",")
+    gpu_list = [int(g) for g in args.gpus.split(",")]
+    loads = args.loads.split(",")
+    keys = priority(models, gpu_list, list(traces), loads)
+    specs = {m: load_model(m) for m in models}
+    for tname, load_kind, model, gpus in keys:
+        key = (tname, load_kind, model, gpus, engine)
+        if key in done:
+            continue
+        if time.time() - t_start > args.budget_s:
+            doc["meta"]["skipped"].append("|".join(map(str, key)) + ": budget")
+            continue
+        if AIC_ANSWERS.is_file():  # the collector may still be adding answers
+            aic = json.loads(AIC_ANSWERS.read_text())
+        spec = specs[model]
+        routing = routing_profile(args.routing, spec, 0)
+        t0 = time.time()
+        try:
+            prof = run_profile(spec, gpus, engine, traces[tname], tname, load_kind, slo, args, routing, aic,
+                               make_env, window_starts, baselines, recommend, heldout_replay, coordinate_search,
+                               raw)
+        except ValueError as exc:
+            print(f"[bench] {key}: skipped ({exc})", file=sys.stderr, flush=True)
+            doc["meta"]["skipped"].append("|".join(map(str, key)) + f": {exc}")
+            continue
+        prof["wall_s"] = time.time() - t0
+        doc["profiles"].append(prof)
+        out_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        g = prof["goodput"]
+        print(f"[bench] {tname} {load_kind} x{prof['load']:g} {model} g{gpus}: plan {g['plan']:.2f} "
+              f"default {g['engine_default']:.2f} search {g['search']:.2f} aic {g['aiconfigurator']} "
+              f"req/s ({prof['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    doc["meta"]["wall_s"] = time.time() - t_start
+    doc["meta"]["data_sha256"] = hashlib.sha256(json.dumps(doc["profiles"], default=str).encode()).hexdigest()[:16]
+    out_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    summary(doc)
+    return 0
+
+
+def priority(models: list, gpus: list, traces: list, loads: list) -> list:
+    """Profiles in the order the budget should reach them: breadth first (every model and GPU count on the first
+    trace at the first load), then the other traces at the first load on the largest GPU count, then the rest."""
+    out: list = []
+    first_t, first_l = traces[0], loads[0]
+    out += [(first_t, first_l, m, g) for m in models for g in gpus]
+    out += [(t, first_l, m, max(gpus)) for m in models for t in traces[1:]]
+    out += [(t, first_l, m, min(gpus)) for m in models for t in traces[1:]]
+    out += [(t, ld, m, g) for ld in loads for t in traces for m in models for g in gpus]
+    return list(dict.fromkeys(out))
+
+
+def window_for(trace, tname: str, load: float, requests: int) -> float:
+    """About `requests` requests per window (the simulator's cost grows with them), at least 10 simulated seconds;
+    BurstGPT's 400 sparse rows: a quarter of the compressed trace."""
+    if "burst" in tname.lower():
+        return trace.duration_s / load / 4
+    rate = len(trace.arrival_s) / max(trace.duration_s, 1e-9) * load
+    return max(10.0, requests / rate)
+
+
+def saturating_factor(spec, gpus, engine, trace, slo, args, routing, baselines, make_env, window_starts) -> float:
+    """The rate factor (2, 4, 8, ... 64) at which the engine default's SLO attainment first drops below 0.9."""
+    dep = baselines(spec, engine, gpus)["engine_default"]
+    f = 2.0
+    while f < 64:
+        env = make_env(spec, gpus, engine, trace, slo, f, window_for(trace, trace.name, f, args.requests), "heldout",
+                       routing)
+        env.reset(options={"start_s": window_starts(env, 1)[0]})
+        if env.serve_deployment(dep)["slo_attainment"] < 0.9:
+            return f
+        f *= 2
+    return f
+
+
+def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing, aic, make_env, window_starts,
+                baselines, recommend, heldout_replay, coordinate_search, raw) -> dict:
+    load = 1.0 if load_kind == "own" else saturating_factor(spec, gpus, engine, trace, slo, args, routing,
+                                                            baselines, make_env, window_starts)
+    window = window_for(trace, tname, load, args.requests)
+    rec = recommend(spec, gpus, engine, trace, slo, load, window, args.train_steps, args.samples, 1, 0, routing)
+    env = rec["env"]
+    starts = rec["train_windows"]
+    floor = baselines(spec, engine, gpus)
+    from kernel_gym.policies.plan import score
+
+    d0 = floor["engine_default"]
+    best, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus,
+                                      d0 if d0.block_size in (16, 32, 64, 128) else None, 1, env.pricer.max_model_len)
+    hist = [(d.name, v) for d, v in hist]
+    deps = {"plan": rec["ranked"][0]["deployment"], **floor, "search": best}
+    if rec["agent_best"] is not None:
+        deps["agent_only"] = rec["agent_best"]
+    answer = aic["answers"].get(f"{spec.name}|{gpus}|{engine}|{tname}")
+    aic_note = "no stored aiconfigurator answer for this input"
+    if answer:
+        a_dep, aic_note = aic_deployment(answer, spec, engine, gpus)
+        if a_dep is not None:
+            from kernel_gym.parallel.deploy import why_invalid_deployment
+
+            why = why_invalid_deployment(spec, a_dep, env.pricer.max_model_len)
+            if why:
+                aic_note = f"aiconfigurator's answer {a_dep.name} does not fit this simulator's memory model: {why}"
+            else:
+                deps["aiconfigurator"] = a_dep
+    names = list(deps)
+    held, henv = heldout_replay(spec, gpus, engine, trace, slo, load, window, [deps[n] for n in names], routing)
+    res = dict(zip(names, held))
+    offered = held[0]["offered_req_per_s"]
+    goodput = {n: res[n]["goodput_req_per_s"] for n in names}
+    goodput.setdefault("aiconfigurator", None)
+    if answer and answer.get("ranked"):
+        top = answer["ranked"][0]
+        per = int(top["num_total_gpus"])
+        self_pred = float(top["seq/s"]) * max(1, gpus // per)
+        goodput["aiconfigurator_self"] = min(self_pred, offered)
+        goodput["aiconfigurator_self_capacity"] = self_pred
+    plan = res["plan"]
+    prof = {"trace": tname, "window": {"start_s": held[0]["start_s"], "window_s": window,
+                                       "train_starts_s": starts},
+            "load": load, "load_kind": load_kind, "offered_req_per_s": offered, "model": spec.name, "gpus": gpus,
+            "engine": engine, "slo": {"ttft_s": slo[0], "tpot_s": slo[1]}, "goodput": goodput,
+            "ratios": {"plan_vs_engine_default": _ratio(goodput["plan"], goodput["engine_default"]),
+                       "plan_vs_aiconfigurator": _ratio(goodput["plan"], goodput.get("aiconfigurator")),
+                       "plan_vs_aiconfigurator_self": _ratio(goodput["plan"], goodput.get("aiconfigurator_self")),
+                       "plan_vs_search": _ratio(goodput["plan"], goodput["search"])},
+            "chosen": {n: d.to_dict() for n, d in deps.items()},
+            "estimated_share": plan["estimated_share"], "prior_share": plan["prior_share"],
+            "shares": {n: {"estimated": res[n]["estimated_share"], "prior": res[n]["prior_share"]} for n in names},
+            "slo_attainment": {n: res[n]["slo_attainment"] for n in names},
+            "aiconfigurator_note": aic_note, "agent_proposals": rec["agent_proposals"],
+            "evaluations": env.pricer.evaluations + henv.pricer.evaluations, "search_evaluations": len(hist)}
+    rawf = raw / f"{tname}_{load_kind}_{spec.name}_g{gpus}_{engine}.json"
+    rawf.write_text(json.dumps({"profile": prof, "heldout": res, "search_history": hist,
+                                "agent_ranked": [{"deployment": r["deployment"].to_dict(),
+                                                  "train_goodput_req_per_s": r["train_goodput_req_per_s"],
+                                                  "from_agent": r["from_agent"]} for r in rec["ranked"]]},
+                               indent=1, default=str) + "\n")
+    return prof
+
+
+def _window(env, start):
+    env.reset(options={"start_s": start})
+    return env.window()
+
+
+def _ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def summary(doc: dict) -> None:
+    import math
+
+    rows = doc["profiles"]
+    print(f"\n{len(rows)} profiles; plan / engine default, plan / aiconfigurator (same simulator), plan / search")
+    print(f"{'trace':<11} {'load':<9} {'model':<14} {'G':>2} {'plan':>7} {'default':>7} {'aic':>7} {'search':>7} "
+          f"{'/def':>5} {'/aic':>5} {'est':>4} {'prior':>5}")
+    for q in rows:
+        g, r = q["goodput"], q["ratios"]
+        f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+        print(f"{q['trace']:<11} {q['load_kind'][:4]}x{q['load']:<4g} {q['model']:<14} {q['gpus']:>2} "
+              f"{g['plan']:>7.2f} {g['engine_default']:>7.2f} {f(g.get('aiconfigurator')):>7} {g['search']:>7.2f} "
+              f"{f(r['plan_vs_engine_default']):>5} {f(r['plan_vs_aiconfigurator']):>5} "
+              f"{q['estimated_share']:>4.0%} {q['prior_share']:>5.0%}")
+    for k in ("plan_vs_engine_default", "plan_vs_aiconfigurator"):
+        vals = [q["ratios"][k] for q in rows if q["ratios"][k]]
+        if vals:
+            print(f"geomean {k}: {math.exp(sum(math.log(v) for v in vals) / len(vals)):.3f} over {len(vals)}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
