@@ -285,3 +285,17 @@ def test_no_policy_for_an_unseen_model_names_the_real_fixes(tmp_path, monkeypatc
     msg = str(exc.value)
     assert "kernel-gym train --model zoo" in msg and "--policy-dir benchmarks/generalisation/policies" in msg
     assert "kernel-gym-moe-v0-mixtral-8x7b" in msg and "phi-3.5-moe" in msg and "\n" not in msg
+
+
+def test_the_docs_example_spec_loads_with_its_shared_expert() -> None:
+    """docs/example_spec.json (docs/agent.md, "Your own model") is a valid spec with the optional shared-expert
+    fields; the docs' commands name it and the shipped bundles."""
+    from kernel_gym.models import load_model
+
+    root = PKG.parent
+    spec = load_model(str(root / "docs" / "example_spec.json"))
+    assert spec.num_experts == 60 and spec.top_k == 4 and spec.num_shared_experts == 1
+    assert spec.shared_intermediate == 5632 and spec.attention == "gqa"
+    doc = (root / "docs" / "agent.md").read_text()
+    assert "kernel-gym export --model docs/example_spec.json --policy-dir benchmarks/generalisation/policies" in doc
+    assert (root / "benchmarks" / "generalisation" / "policies" / "fused_moe.json").exists()
