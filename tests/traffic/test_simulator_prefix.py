@@ -211,3 +211,37 @@ def test_mooncake_loader_keeps_hash_ids_through_dropped_rows_and_slicing(tmp_pat
         load_mooncake(bad)
     with pytest.raises(ValueError, match="2 hash_ids lists for 1 requests"):
         Trace("x", [0.0], [5], [5], hash_ids=((1,), (2,)), hash_block_tokens=4)
+
+
+def test_backend_timer_answers_from_the_backend_and_auto_never_asks_the_chooser_without_rows():
+    from kernel_gym.measure.types import OK, UNAVAILABLE, Measurement
+    from kernel_gym.traffic.simulator import BackendTimer
+
+    class Backend:
+        name = "fake"
+
+        def __init__(self, has_prefix: bool) -> None:
+            self.has_prefix = has_prefix
+
+        def available_configs(self, kernel, workload):
+            return [Config(PAGE_SIZE=16, LAYOUT="NHD", BLOCK_M=64)] if self.has_prefix or kernel != "prefix_prefill" \
+                else []
+
+        def measure(self, kernel, workload, config):
+            if kernel == "prefix_prefill" and not self.has_prefix:
+                return Measurement(kernel, workload.key(), str(config), UNAVAILABLE)
+            seconds = PrefixTimer().time_s(kernel, workload, config)
+            return Measurement(kernel, workload.key(), str(config), OK, median_ms=seconds * 1e3)
+
+    class NoPrefixChooser(StaticChooser):
+        def choose(self, kernel, workload, kv):
+            assert kernel != "prefix_prefill", "auto mode asked the chooser although the backend has no rows"
+            return super().choose(kernel, workload, kv)
+
+    _, res = run(long_prompt_trace(), BackendTimer(Backend(False)), NoPrefixChooser(chooser().configs),
+                 max_num_batched_tokens=256)
+    assert res.summary["chunk_attention_measured_s"] == 0 and res.summary["chunk_attention_estimated_s"] > 0
+    timer = BackendTimer(Backend(True))
+    _, res = run(long_prompt_trace(), timer, prefix_chooser(), max_num_batched_tokens=256)
+    assert res.summary["chunk_attention_measured_s"] > 0 and res.summary["chunk_attention_estimated_s"] == 0
+    assert timer.answers("prefix_prefill", PrefixPrefillWorkload(4, 2, 64, (16,), (0,)))
