@@ -605,7 +605,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{r['fix']}", file=sys.stderr)
         elif r["basis"] != "measured":
             print(f"note: {k} is {r['basis']}: {r['why']}", file=sys.stderr)
-    print(json.dumps({"format": args.format, "path": str(path), "model": model.name, "kernels": {
+    cov = None
+    if "fused_moe" in table.kernels and rests.get("fused_moe", {}).get("basis") != "measured":
+        from kernel_gym.dispatch.shape_coverage import coverage, trained_shapes
+
+        cov = coverage(model, trained_shapes(table.kernels["fused_moe"].policy))  # how far from what it trained on
+        print(cov.line(), file=sys.stderr)
+    print(json.dumps({"format": args.format, "path": str(path), "model": model.name,
+                      **({"fused_moe_coverage": cov.as_dict()} if cov else {}), "kernels": {
         k: {"basis": rests.get(k, {}).get("basis", "?"),
             "policy": t.policy.get("model_uri", "") or t.policy.get("policy_dir", ""), "buckets": len(t.cells),
             "configs": len(t.configs)}
