@@ -142,19 +142,20 @@ def measure_config(inputs: Any, ref: Any, config: Config, timer: Timer, sync: Ca
 
 
 def gpu_state() -> dict[str, Any]:
-    """The GPU's SM clock, power, temperature and throttle reasons now (nvidia-smi), or {} where there is none: the
-    H200 here is power-capped, so a time means little without the state it was taken in."""
-    import shutil
-    import subprocess
+    """The GPU's SM clock, power, temperature and throttle reasons now (kernel_gym.measure.power: NVML, else
+    nvidia-smi), or {} where there is none: the H200 here is power-capped, so a time means little without the state
+    it was taken in."""
+    from dataclasses import asdict
 
-    if shutil.which("nvidia-smi") is None:
-        return {}
-    q = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+    from kernel_gym.measure import power
+
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        sm, power, temp, thr = [x.strip() for x in out.split(",")]
-        return {"sm_mhz": float(sm), "power_w": float(power), "temp_c": float(temp), "throttle": thr,
-                "time": time.time()}
+        sample = power.read_once()
     except Exception:  # noqa: BLE001 - the state is extra information, never a reason to stop
         return {}
+    if sample is None:
+        return {}
+    out = asdict(sample)
+    if sample.throttle is not None:
+        out["throttle_reasons"] = power.throttle_names(sample.throttle)
+    return out
