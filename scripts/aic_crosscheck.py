@@ -63,7 +63,7 @@ AIC_METHOD = {
 # GPU points: (model, tp, M values), in priority order (the budget may end the list early)
 POINTS = (("mixtral-8x7b", 1, (1, 8, 64, 256, 1024, 4096)), ("mixtral-8x7b", 2, (64, 1024, 4096)),
           ("mixtral-8x22b", 4, (64, 1024, 4096)))
-SMOKE_SHAPE = ("smoke", 64, 96, 4, 2)
+SMOKE_SHAPE = ("smoke", 64, 96, 8, 2)  # M = 1 takes the small-batch path (1 * 2 * 4 <= 8)
 
 
 def log(msg: str) -> None:
@@ -368,7 +368,7 @@ def run_gpu(args: argparse.Namespace, result: dict[str, Any] | None = None) -> d
     if args.smoke:
         name, h, n, e, k = SMOKE_SHAPE
         smoke = {"model": name, "hidden": h, "n_shard": n, "num_experts": e, "top_k": k, "tp": 1, "latency_ms": {}}
-        plan = [(smoke, (4, 16))]
+        plan = [(smoke, (1, 16))]
     else:
         plan = []
         for model, tp, ms in POINTS:
