@@ -25,6 +25,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
+    if args.drop_row:
+        if not args.db or not str(args.db).endswith((".sqlite", ".db")):
+            raise UsageError("--drop-row ID needs --db STORE.sqlite (the store the refused row is in)")
+        from kernel_gym.measure.store import MeasurementStore
+
+        MeasurementStore(args.db, read_only=True).close()  # a kernel_gym store, not another database
+        with MeasurementStore(args.db) as store:
+            n = store.drop_rows(args.drop_row)
+        print(f"{args.db}: {n} of {len(args.drop_row)} rows dropped")
+        return 0
     if args.merge or args.into:
         if not (args.merge and args.into):
             raise UsageError("--merge STORE... needs --into NEW.db (and --into needs --merge)")
@@ -148,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", nargs="+", default=None, metavar="STORE",
                    help="merge these stores (.sqlite/.db or .jsonl.gz snapshots) into --into, deduplicated by key")
     p.add_argument("--into", default=None, metavar="DB", help="the store --merge writes (created when missing)")
+    p.add_argument("--drop-row", type=int, action="append", default=[], metavar="ID",
+                   help="with --db: delete the row with this id (one a reader refused as implausible); repeatable")
     p.set_defaults(func=_cmd_data)
 
     for name, (_, text) in DELEGATED.items():

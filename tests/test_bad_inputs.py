@@ -147,7 +147,8 @@ def test_tiny_time_in_a_sqlite_store_is_rejected(tmp_path, capsys) -> None:
     with MeasurementStore(db) as store:
         store.put_many(Context("d", "t", "t", "fused_moe", "h"),
                        [Measurement("fused_moe", '{"w":1}', '{"c":1}', OK, median_ms=1e-9, spread=0.0, repeats=3)])
-    one_line_error(*run_cli(["data", "--db", str(db)], capsys)[::2], f"{db}: row 1", "median_ms 1e-09")
+    one_line_error(*run_cli(["data", "--db", str(db)], capsys)[::2], f"{db}: row id 1", "median_ms 1e-09",
+                   "--drop-row 1")
 
 
 def _digest(path: Path) -> str:

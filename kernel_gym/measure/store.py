@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernel_gym.measure.types import OK, Measurement
+from kernel_gym.measure.types import FAILURE_STATUSES, OK, Measurement
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS measurements (
@@ -220,20 +220,29 @@ class MeasurementStore:
             sql, args = sql + " AND status=?", [*args, status]
         return self.conn.execute(sql, args).fetchone()[0]
 
-    def rows(self, kernel: str | None = None, origin: bool = False) -> Iterator[dict[str, Any]]:
+    def rows(self, kernel: str | None = None, origin: bool = False, ids: bool = False) -> Iterator[dict[str, Any]]:
         """Rows as dicts of COLUMNS (and, with origin=True, ORIGIN_COLUMNS and POWER_COLUMN where the file has
-        them), in insertion order."""
+        them; with ids=True the row id, for `kernel-gym data --drop-row`), in insertion order."""
         have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
         if origin and self.read_only:
             origin = set(ORIGIN_COLUMNS) <= have
         cols = COLUMNS + ORIGIN_COLUMNS if origin else COLUMNS
         if origin and POWER_COLUMN in have:
             cols = (*cols, POWER_COLUMN)
+        if ids:
+            cols = ("id", *cols)
         sql = f"SELECT {','.join(cols)} FROM measurements"
         cur = self.conn.execute(sql + (" WHERE kernel=? ORDER BY id" if kernel else " ORDER BY id"),
                                 (kernel,) if kernel else ())
         for row in cur:
             yield dict(zip(cols, row))
+
+    def drop_rows(self, ids: Iterable[int]) -> int:
+        """Delete rows by id (an implausible or damaged row a reader refused, naming its id); returns rows deleted."""
+        ids = [int(i) for i in ids]
+        with self.conn:
+            n = sum(self.conn.execute("DELETE FROM measurements WHERE id=?", (i,)).rowcount for i in ids)
+        return n
 
     def integrity_check(self) -> str:
         """SQLite's own integrity check plus the row-level invariants; 'ok' when all hold."""
@@ -309,9 +318,81 @@ def check_time(path: Path | str, where: str, m: Measurement) -> None:
     v = m.median_ms
     if v is None:
         return
-    if not isinstance(v, (int, float)) or not math.isfinite(v) or v < MIN_MEDIAN_MS:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < MIN_MEDIAN_MS:
         raise ValueError(f"{path}: {where} ({m.kernel} {m.workload} {m.config}): median_ms {v!r} is not a plausible "
-                         f"kernel time (finite and >= {MIN_MEDIAN_MS} ms); re-measure or delete that row")
+                         f"kernel time (finite and >= {MIN_MEDIAN_MS} ms); re-measure or delete that row"
+                         f"{_drop_hint(path, where)}")
+
+
+# A stored ok time below this share of the workload's strict roofline bound (measured H200 ceilings; MoE: only its
+# top_k experts' weights read) is physically implausible: a corrupt or crafted row, which would become the oracle.
+# The packaged data's lowest ratio is 0.94 (decode at batch 256), so 0.5 leaves room for any real kernel.
+ROOFLINE_FLOOR = 0.5
+_FLOORS: dict[tuple[str, str], float | None] = {}
+
+
+def roofline_floor_ms(kernel: str, workload_key: str) -> float | None:
+    """ROOFLINE_FLOOR x the strict roofline time (ms) of a workload; None for kernels without a roofline."""
+    key = (kernel, workload_key)
+    if key in _FLOORS:
+        return _FLOORS[key]
+    from kernel_gym.kernels.workloads import MoEWorkload, workload_from_key
+    from kernel_gym.measure.roofline import kernel_roofline, op_s
+
+    floor = None
+    try:
+        w = workload_from_key(kernel, workload_key)
+        b = {"float32": 4, "float16": 2, "bfloat16": 2}.get(getattr(w, "dtype", "bfloat16"), 1)
+        if isinstance(w, MoEWorkload):  # fewest bytes any routing reads: top_k experts' weights
+            flops = 2.0 * w.num_tokens * w.top_k * 3 * w.hidden * w.intermediate
+            nbytes = b * min(w.top_k, w.num_experts) * 3 * w.hidden * w.intermediate
+        else:
+            flops, nbytes = kernel_roofline(kernel, w, b)
+        floor = ROOFLINE_FLOOR * op_s(flops, nbytes) * 1e3
+    except (TypeError, KeyError, ValueError):
+        floor = None  # no roofline for this kernel (or a workload checked elsewhere)
+    if len(_FLOORS) < 1 << 20:
+        _FLOORS[key] = floor
+    return floor
+
+
+STATUSES = (OK, *FAILURE_STATUSES)
+
+
+def check_row(path: Path | str, where: str, m: Measurement, strict: bool = False) -> None:
+    """What every reader of stored rows checks (data, the recorded backend, merge): a plausible time (check_time and
+    the roofline floor); strict (merge, which writes what it reads into another store): also a known status and
+    JSON workload and config, so a permuted or damaged row is not copied into a store that then cannot be read."""
+    hint = _drop_hint(path, where)
+    if strict:
+        _check_fields(path, where, m, hint)
+    check_time(path, where, m)
+    if m.status == OK and m.median_ms is not None and m.source != "interpreter":
+        floor = roofline_floor_ms(m.kernel, m.workload)
+        if floor is not None and m.median_ms < floor:
+            raise ValueError(f"{path}: {where} ({m.kernel} {m.workload} {m.config}): median_ms {m.median_ms:g} is "
+                             f"below {ROOFLINE_FLOOR:g} x the workload's roofline bound ({floor / ROOFLINE_FLOOR:.4g}"
+                             f" ms): not a plausible time; re-measure it or drop the row{hint}")
+
+
+def _check_fields(path: Path | str, where: str, m: Measurement, hint: str) -> None:
+    if m.status not in STATUSES:
+        raise ValueError(f"{path}: {where}: status {m.status!r} is not one of {list(STATUSES)}: a damaged or "
+                         f"permuted row{hint}")
+    for name, text in (("workload", m.workload), ("config", m.config)):
+        try:
+            ok = isinstance(text, str) and isinstance(json.loads(text), dict)
+        except (json.JSONDecodeError, TypeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{path}: {where}: {name} {str(text)[:80]!r} is not a JSON object: a damaged or "
+                             f"permuted row{hint}")
+
+
+def _drop_hint(path: Path | str, where: str) -> str:
+    if where.startswith("row id "):
+        return f" (kernel-gym data --db {path} --drop-row {where.removeprefix('row id ').split()[0]})"
+    return ""
 
 
 def _read_snapshot(path: Path) -> Iterator[tuple[Context, list[Measurement]]]:
@@ -322,18 +403,30 @@ def _read_snapshot(path: Path) -> Iterator[tuple[Context, list[Measurement]]]:
         fields = header["fields"]
         context: Context | None = None
         batch: list[Measurement] = []
-        for lineno, line in enumerate(f, start=2):
+        seen: dict[tuple[Context, str, str], int] = {}  # a key stored twice would be read first by one reader and
+        for lineno, line in enumerate(f, start=2):      # last by another: refused
             item = json.loads(line)
             if isinstance(item, dict):
                 if context is not None:
                     yield context, batch
-                context, batch = Context(**item["context"]), []
+                try:
+                    context, batch = Context(**item["context"]), []
+                except (KeyError, TypeError) as exc:
+                    raise ValueError(f"{path}: line {lineno}: malformed context line ({exc}): re-export the "
+                                     "snapshot") from None
                 continue
-            row = dict(zip(fields, item))
             if context is None:
                 raise ValueError(f"{path}: line {lineno} is a row before any context line: re-export the snapshot")
+            if not isinstance(item, list) or len(item) != len(fields):
+                raise ValueError(f"{path}: line {lineno}: a row of {len(fields)} fields expected: re-export the "
+                                 "snapshot")
+            row = dict(zip(fields, item))
             m = Measurement(kernel=context.kernel, **row)
-            check_time(path, f"line {lineno}", m)
+            check_row(path, f"line {lineno}", m)
+            first = seen.setdefault((context, m.workload, m.config), lineno)
+            if first != lineno:
+                raise ValueError(f"{path}: line {lineno} repeats the key of line {first} ({m.kernel} {m.workload} "
+                                 f"{m.config}): keep one of them and re-export the snapshot")
             batch.append(m)
         if context is not None:
             yield context, batch
@@ -349,11 +442,11 @@ def load_rows(path: str | Path) -> list[tuple[Context, list[Measurement]]]:
     store = MeasurementStore(path, read_only=True)
     try:
         groups: dict[Context, list[Measurement]] = {}
-        for n, row in enumerate(store.rows(origin=True), start=1):
+        for row in store.rows(origin=True, ids=True):
             ctx = Context(*(row[c] for c in CONTEXT_FIELDS))
             m = Measurement(kernel=row["kernel"], power=row.get(POWER_COLUMN) or "",
                             **{f: row[f] for f in ROW_FIELDS})
-            check_time(path, f"row {n}", m)
+            check_row(path, f"row id {row['id']}", m)
             groups.setdefault(ctx, []).append(m)
         return list(groups.items())
     except sqlite3.DatabaseError as exc:

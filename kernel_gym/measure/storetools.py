@@ -27,7 +27,15 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from kernel_gym.measure.store import COLUMNS, CONTEXT_FIELDS, ORIGIN_COLUMNS, Context, MeasurementStore
+from kernel_gym.measure.store import (
+    COLUMNS,
+    CONTEXT_FIELDS,
+    ORIGIN_COLUMNS,
+    ROW_FIELDS,
+    Context,
+    MeasurementStore,
+    check_row,
+)
 from kernel_gym.measure.types import OK, Measurement
 
 KEY_FIELDS = ("device", "torch_version", "triton_version", "kernel", "source_hash", "workload", "config")
@@ -99,12 +107,24 @@ def _open_ro(path: Path) -> sqlite3.Connection:
         conn.execute("SELECT COUNT(*) FROM measurements").fetchone()
     except sqlite3.OperationalError:  # a WAL store in a read-only folder: read the file as it is
         conn = sqlite3.connect(f"file:{path.resolve()}?immutable=1", uri=True)
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{path} is not a SQLite measurement store ({exc}): pass a store written by kernel-gym "
+                         "collect or a .jsonl.gz snapshot") from None
+    try:
+        have = {r[1] for r in conn.execute("PRAGMA table_info(measurements)")}
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise ValueError(f"{path} is not a SQLite measurement store ({exc})") from None
+    if not set(COLUMNS) <= have:
+        conn.close()
+        raise ValueError(f"{path} is not a kernel_gym measurement store (no measurements table with its columns): "
+                         "pass a store written by kernel-gym collect")
     return conn
 
 
 def _main_rows(conn: sqlite3.Connection) -> Iterator[dict[str, Any]]:
     have = {r[1] for r in conn.execute("PRAGMA table_info(measurements)")}
-    cols = [c for c in COLUMNS + ORIGIN_COLUMNS if c in have]
+    cols = ["id"] + [c for c in COLUMNS + ORIGIN_COLUMNS if c in have]
     for row in conn.execute(f"SELECT {','.join(cols)} FROM measurements ORDER BY id"):
         d = dict(zip(cols, row))
         for c in ORIGIN_COLUMNS:
@@ -185,6 +205,13 @@ def merge_stores(sources: list[str | Path], into: str | Path, batch: int = 5000)
     for src_path in sources:
         if Path(src_path).resolve() == Path(into).resolve():
             raise ValueError(f"merge: {src_path} is also the target (--into); give a new file")
+    if Path(into).exists():  # never write kernel_gym tables into someone else's database (an MLflow store, ...)
+        MeasurementStore(into, read_only=True).close()
+    for src_path in sources:  # every row checked as `data` reads it, before anything is written
+        with _Source(src_path) as src:
+            for r in src.rows():
+                check_row(src_path, f"row id {r['id']}",
+                          Measurement(kernel=r["kernel"], **{f: r[f] for f in ROW_FIELDS}), strict=True)
     dest = MeasurementStore(into)
     ensure_replicas(dest)
     try:
