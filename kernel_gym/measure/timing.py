@@ -187,6 +187,8 @@ SETTLE_C = 1.0  # heat_to_steady stops when the temperature rose by at most this
 SETTLE_WINDOW_S = 4.0
 NO_READER_HEAT_S = 10.0  # without NVML / nvidia-smi: heat this long, once per process
 CHECK_EVERY_S = 1.0  # keep_hot reads the temperature at most this often (time_launch calls it for every config)
+HEAT_SHARE = 0.25  # re-heats stop once they took this share of the time since the first heat (low-power workloads
+# cool the GPU between timings; heating after every few of them would multiply a collection's time)
 
 
 @dataclass
@@ -261,8 +263,9 @@ _hot: dict[str, Any] = {}
 
 def keep_hot(options: TimingOptions | None = None, device: str = "cuda") -> HeatRecord | None:
     """The warm-up rule applied before every batch of timings (worker.WorkloadRunner, the benchmarks): heat to the
-    steady state unless the GPU is still within HOT_MARGIN_C of the plateau this process last reached; without a
-    thermometer heat NO_READER_HEAT_S once per process. Returns the heat record, or None when nothing was needed.
+    steady state unless the GPU is still within HOT_MARGIN_C of the plateau this process last reached, and re-heat
+    only while re-heating has taken at most HEAT_SHARE of the time since the first heat; without a thermometer heat
+    NO_READER_HEAT_S once per process. Returns the heat record, or None when nothing was needed.
     KERNEL_GYM_HEAT=0 or options.heat_max_s == 0 switch it off (times then stand for whatever state the GPU is in;
     the power record says which)."""
     options = options or DEFAULT_TIMING
@@ -295,10 +298,16 @@ def keep_hot(options: TimingOptions | None = None, device: str = "cuda") -> Heat
     except power.PowerUnavailable:
         temp = None
     plateau = _hot.get("plateau_c")
-    if temp is not None and plateau is not None and temp >= plateau - HOT_MARGIN_C:
-        return None
+    if _hot.get("heated"):
+        if temp is None or plateau is None or temp >= plateau - HOT_MARGIN_C:
+            return None  # still hot (or no way to tell: the first heat stands)
+        if _hot["heat_s"] > HEAT_SHARE * (now - _hot["first"]):
+            return None  # re-heating already took its share of this process's time: the power record tells
     rec = heat_to_steady(options.heat_max_s, device, reader)
     if rec.temp_end_c is not None:
         _hot["plateau_c"] = rec.temp_end_c
+    _hot.setdefault("first", now)
+    _hot["heated"] = True
+    _hot["heat_s"] = _hot.get("heat_s", 0.0) + rec.heated_s
     _hot["checked"] = time.monotonic()
     return rec

@@ -53,3 +53,38 @@ def test_heat_options():
 def test_keep_hot_env_switch(monkeypatch):
     monkeypatch.setenv("KERNEL_GYM_HEAT", "0")
     assert keep_hot() is None
+
+
+def test_keep_hot_heats_first_then_only_when_cooled_and_within_its_share(monkeypatch):
+    import time as _time
+
+    from kernel_gym.measure import timing
+
+    temps = {"now": 40.0}
+
+    class Reader:
+        def read(self):
+            return power.PowerSample(_time.monotonic(), 1980, 3201, 300, 700, temps["now"], 0)
+
+    calls = []
+
+    def fake_heat(max_s, device="cuda", reader=None, **kw):
+        calls.append(max_s)
+        return timing.HeatRecord(heated_s=20.0, temp_start_c=temps["now"], temp_end_c=70.0, plateau=True)
+
+    monkeypatch.setattr(timing, "heat_to_steady", fake_heat)
+    monkeypatch.setattr(timing, "_hot", {"reader": Reader()})
+    monkeypatch.delenv("KERNEL_GYM_HEAT", raising=False)
+
+    def again():
+        timing._hot["checked"] = -1e9  # past the once-a-second limit
+        return timing.keep_hot(device="cuda:0")
+
+    assert again() is not None and calls == [30.0]  # never heated in this process: heat
+    temps["now"] = 68.0
+    assert again() is None  # within HOT_MARGIN_C of the 70 C plateau
+    temps["now"] = 60.0
+    assert again() is None  # cooled, but 20 s of heating already exceeds a quarter of the time since
+    timing._hot["first"] -= 1000
+    assert again() is not None and len(calls) == 2  # cooled and within its share: heat again
+    assert timing.keep_hot(device="cuda:0") is None  # checked less than a second ago
