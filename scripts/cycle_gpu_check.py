@@ -79,8 +79,8 @@ def recheck(confirmer, m: int, skew: float, current: Config, new: Config) -> dic
     confirmer._weights = None
     inputs = confirmer._inputs(m, skew)
     ref = vm.FAMILY.reference(inputs)
-    fa, why_a = confirmer._ready(inputs, ref, current)
-    fb, why_b = confirmer._ready(inputs, ref, new)
+    fa, why_a = confirmer.ready(inputs, ref, current)
+    fb, why_b = confirmer.ready(inputs, ref, new)
     if fa is None or fb is None:
         return {"error": why_a or why_b}
     ta, tb = time_interleaved([fa, fb], RECHECK_REPS)
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from kernel_gym.policies.cycle_gpu import GpuConfirmer
 
-            confirmer = GpuConfirmer(shape, budget_s=left / (len(models) - i))
+            confirmer = GpuConfirmer(shape, budget_s=left / (len(models) - i), engine="vllm", rows=rows)
         log(f"{name}: cycling on bundled[300:600] under zipf 1.2 ({len(win)} requests), {origin}")
         code, rep = cycle.run_cycle(a, rows, confirmer=confirmer)
         keys = []

@@ -69,7 +69,8 @@ class Pricer:
     exact hit is flagged estimated. Rows too noisy to rank (spread above the recorded backend's MAX_SPREAD) price
     their own config but never make it a candidate or the per-M best."""
 
-    def __init__(self, shape: Any, device: str = DEFAULT_DEVICE, rows: Any = None) -> None:
+    def __init__(self, shape: Any, device: str = DEFAULT_DEVICE, rows: Any = None, engine: str = "vllm") -> None:
+        from kernel_gym.kernels import vllm_tables
         from kernel_gym.policies import engine_export as ee
 
         if rows is None:
@@ -79,7 +80,8 @@ class Pricer:
         from kernel_gym.measure.recorded import MAX_SPREAD
 
         self.shape = shape
-        self.times, self.spreads = ee.times_by_workload(rows, shape, device)
+        # the rows of the launch path the engine runs at each M (vLLM 0.33 / SGLang skip the alignment at small M)
+        self.times, self.spreads = ee.times_by_workload(rows, shape, device, vllm_tables.parse_engine(engine).id)
         # a row whose samples spread more than the recorded backend's MAX_SPREAD cannot rank configs (host delays in
         # the timed interval inflate it, docs/measurement.md): it still prices its own config (an upper bound), but
         # never makes a config a candidate or the per-M best
@@ -352,9 +354,15 @@ def replan(table: dict[int, Config], now: TrafficProfile, before: TrafficProfile
                 priced = [(t, str(c), c, e) for c in pricer.candidates(k, skew) for t, e in [cost(c)] if t is not None]
                 if priced:
                     t, _, best, e = min(priced)
-                    margin = max(min_gain, 0.5 * (pricer.spread(k, skew, cur) + pricer.spread(k, skew, best)))
+                    sp_cur, sp_best = pricer.spread(k, skew, cur), pricer.spread(k, skew, best)
+                    # a current entry whose row is too noisy to rank has an upper-bound time: the lead is judged on
+                    # the candidate's noise only, and the proposal says so (only --gpu can confirm it)
+                    noisy_cur = sp_cur > pricer.max_spread
+                    margin = max(min_gain, 0.5 * ((sp_best if noisy_cur else sp_cur) + sp_best))
                     if cur_t / t >= 1.0 + margin:
                         kp.proposed, kp.proposed_ms, kp.estimated = str(best), t, e or cur_e
+                        if noisy_cur:
+                            kp.why += "; the current entry's recorded time is too noisy to rank (an upper bound)"
                     else:
                         kp.proposed_ms = cur_t
             else:
@@ -611,14 +619,21 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
         profile.estimated.append("routing skew not observed: uniform assumed")
     if rows is None and args.store:
         rows = ee.measured_rows(args.store)
-    pricer = Pricer(shape, args.device, rows)
+    if rows is None:
+        from kernel_gym.measure.store import PACKAGED_SNAPSHOT
+
+        rows = ee.measured_rows([PACKAGED_SNAPSHOT])
+    pricer = Pricer(shape, args.device, rows, args.engine)
     plans = replan(table, profile, before, skew, skew_before, pricer, args.min_gain, args.share_move, args.skew_move)
     gpu_s = 0.0
     if args.gpu:
         if confirmer is None:
             from kernel_gym.policies.cycle_gpu import GpuConfirmer
 
-            confirmer = GpuConfirmer(shape, budget_s=args.gpu_budget_s)
+            confirmer = GpuConfirmer(shape, budget_s=args.gpu_budget_s, engine=args.engine, rows=rows,
+                                     keys=sum(kp.moved for kp in plans))
+        if hasattr(confirmer, "keys_left"):  # the budget is shared out over the moved keys
+            confirmer.keys_left = max(1, sum(kp.moved for kp in plans))
         for kp in plans:
             if not kp.moved:
                 continue

@@ -1,36 +1,56 @@
 """`kernel-gym cycle --gpu`: re-tune one moved key of an engine's fused-MoE file on this GPU and confirm it paired.
 
-Per key (M tokens, the planned routing skew): the current entry and the cycle's top candidates (recorded ranking)
-are each checked against the fp32 reference (outputs NaN-filled first, `vllm_moe.prepare`), captured in a CUDA graph
-(as the engines replay decode batches) and swept (`time_launch`); the sweep's fastest, if it leads the current entry
-by `min_gain`, is then timed against the current entry in a paired round (samples interleaved one by one,
-`time_interleaved`, so a clock drift falls on both) and kept only if it still leads by `min_gain` there. So a
-confirmed change is never slower than the engine's own entry within that round's noise. A config that fails the
-check or to compile is dropped with its reason. `gpu_s` sums the wall time spent. The GPU side imports only torch,
-triton, numpy and the standard library.
+Per moved key (M tokens, the planned routing skew) this is the engine tune path (policies/engine_tune.py, `tune
+--engine`) with the *current file's* entry as the reference instead of the engine's own: the current entry is
+measured first (checked against the fp32 reference with NaN-filled outputs, CUDA-graph replays of the launch the
+engine runs at that M, swept: kernel_gym.measure.engine_timing), then the cycle's recorded candidates for the key,
+the nearest measured shapes' winners and one local-search round of one-knob neighbours, within the key's share of
+the budget; the fastest is kept only if it still leads the current entry by `min_gain` in a paired round (samples
+interleaved one by one, so a clock drift falls on both). So a confirmed change is never slower than the current entry
+within that round's noise. `gpu_s` sums the seconds spent. GPU-side imports: torch, triton, numpy, the standard
+library and kernel_gym (no MLflow).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
 from kernel_gym.kernels.space import Config
 
-PAIR_REPS = 40  # interleaved samples per config in the confirmation round
+PAIR_ROUNDS = 8  # engine_timing.confirm: 5 x rounds interleaved samples per config
 
 
 class GpuConfirmer:
     """tune_key(M, skew, current, candidates, min_gain) -> what was timed and whether a change is confirmed."""
 
-    def __init__(self, shape: Any, budget_s: float = 300.0, device: str = "cuda", seed: int = 0) -> None:
+    def __init__(self, shape: Any, budget_s: float = 300.0, engine: str = "vllm", rows: Any = None,
+                 device: str = "cuda", seed: int = 0, keys: int = 1, smoke: bool = False) -> None:
+        """smoke: the CPU interpreter with wall clocks (TRITON_INTERPRET=1, a tiny fp32 shape): the logic, never a
+        figure."""
         import torch
 
-        if not torch.cuda.is_available():
+        if not smoke and not torch.cuda.is_available():
             raise RuntimeError("--gpu: no CUDA device here; run the cycle on the GPU machine, or without --gpu for "
                                "the zero-shot (unconfirmed) change")
-        self.shape, self.budget_s, self.device, self.seed = shape, budget_s, device, seed
+        from kernel_gym.kernels import vllm_tables
+        from kernel_gym.measure.engine_timing import Timer
+        from kernel_gym.policies import engine_export as ee
+
+        if rows is None:
+            from kernel_gym.measure.store import PACKAGED_SNAPSHOT
+
+            rows = ee.measured_rows([PACKAGED_SNAPSHOT])
+        self.shape, self.budget_s, self.seed = shape, budget_s, seed
+        self.device = "cpu" if smoke else device
+        self.engine = vllm_tables.parse_engine(engine).id
+        self.device_name = "cpu-interpreter" if smoke else torch.cuda.get_device_name(0)
+        self.sync = (lambda: None) if smoke else torch.cuda.synchronize
+        self.rows = rows
+        self.timer = Timer(cuda=not smoke)
+        self.keys_left = max(keys, 1)
+        self.pair_rounds = PAIR_ROUNDS
+        self.start = time.perf_counter()
         self.gpu_s = 0.0
         self._weights: tuple | None = None
 
@@ -48,58 +68,66 @@ class GpuConfirmer:
         x = torch.randn(m, self.shape.hidden, generator=gen, device=self.device, dtype=self._weights[0].dtype)
         return fm.MoEInputs(wl, x, fm.router_logits(wl, self.seed + m).to(self.device), *self._weights)
 
-    def _ready(self, inputs: Any, ref: Any, config: Config) -> tuple[Any, str]:
-        import torch
+    def ready(self, inputs: Any, ref: Any, config: Config) -> tuple[Any, str]:
+        """(timed closure or None, why not): the engine_timing check and graph capture of one config."""
+        from kernel_gym.measure.engine_timing import measure_config
 
-        from kernel_gym.kernels import vllm_moe as vm
-        from kernel_gym.measure.timing import capture_graph
-        from kernel_gym.measure.worker import classify, compare
-
-        try:
-            fn = vm.prepare(inputs, config)
-            out = fn()
-            torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001 - dropped with its reason
-            return None, classify(exc)[1]
-        wrong = compare(vm.FAMILY, out, ref, inputs.workload.dtype)
-        if wrong:
-            return None, f"wrong result: {wrong[:200]}"
-        try:
-            return capture_graph(fn), ""
-        except Exception:  # noqa: BLE001 - timed eagerly
-            torch.cuda.synchronize()
-            return fn, ""
+        meas, fn = measure_config(inputs, ref, config, self.timer, self.sync, self.engine)
+        return fn, ("" if fn is not None else f"{meas.status}: {meas.reason}")
 
     def tune_key(self, m: int, skew: float, current: Config, candidates: list[Config], min_gain: float) -> dict:
         from kernel_gym.kernels import vllm_moe as vm
-        from kernel_gym.measure.timing import TimingOptions, time_interleaved, time_launch
+        from kernel_gym.measure.engine_timing import confirm, measure_config
+        from kernel_gym.policies import engine_tune as et
 
         t0 = time.perf_counter()
         res: dict[str, Any] = {"M": m, "skew": skew, "timed": {}, "dropped": {}, "confirmed": False}
-        if self.gpu_s >= self.budget_s:
+        left = self.budget_s - (t0 - self.start)
+        if left <= 1.0:
             res["skipped"] = "GPU budget reached"
+            self.keys_left = max(self.keys_left - 1, 1)
             return res
+        deadline = time.time() + left / self.keys_left
+        self.keys_left = max(self.keys_left - 1, 1)
         inputs = self._inputs(m, skew)
         ref = vm.FAMILY.reference(inputs)
-        opts = TimingOptions(min_reps=5, max_reps=15, round_reps=5, target_spread=0.03, max_time_s=0.3)
-        fns = {}
-        for c in [current, *[c for c in candidates if c != current]]:
-            fn, why = self._ready(inputs, ref, c)
+        wl = inputs.workload
+        times: dict[Config, float] = {}
+        fns: dict[Config, Any] = {}
+
+        def run(c: Config) -> None:
+            if c in times or str(c) in res["dropped"]:
+                return
+            meas, fn = measure_config(inputs, ref, c, self.timer, self.sync, self.engine)
             if fn is None:
-                res["dropped"][str(c)] = why
-                continue
-            fns[c] = fn
-            res["timed"][str(c)] = time_launch(fn, opts).median_ms
+                res["dropped"][str(c)] = f"{meas.status}: {meas.reason}"[:200]
+            else:
+                times[c], fns[c] = meas.median_ms, fn
+                res["timed"][str(c)] = meas.median_ms
+
+        run(current)
         if current not in fns:
-            res["skipped"] = "the current entry failed its check: keep it and investigate (nothing confirmed)"
+            res["skipped"] = "the current entry failed its check: nothing confirmed (keep it and investigate)"
         else:
-            best = min(fns, key=lambda c: res["timed"][str(c)])
-            if best != current and res["timed"][str(current)] / res["timed"][str(best)] >= 1 + min_gain:
-                ta, tb = time_interleaved([fns[current], fns[best]], PAIR_REPS)
-                cur_ms, new_ms = statistics.median(ta), statistics.median(tb)
-                res["paired"] = {"current_ms": cur_ms, "new_ms": new_ms, "gain": cur_ms / new_ms}
-                if cur_ms / new_ms >= 1 + min_gain:
+            near = et.nearest_shapes(self.rows, self.shape, self.device_name)
+            seeds = list(dict.fromkeys([*candidates, *et.nearest_winners(self.rows, self.shape, m, skew,
+                                                                          self.device_name, near)]))
+            for c in seeds:
+                if time.time() > deadline:
+                    break
+                run(c)
+            best = min(times, key=lambda c: (times[c], str(c)))
+            for c in vm.neighbours(best, wl):  # one local-search round around the best so far
+                if time.time() > deadline:
+                    break
+                run(c)
+            best = min(times, key=lambda c: (times[c], str(c)))
+            if best != current:
+                kept, t_cur, t_new = confirm(self.timer, fns[current], fns[best], self.pair_rounds, min_gain)
+                res["paired"] = {"current_ms": t_cur, "new_ms": t_new, "gain": t_cur / t_new, "pick": str(best)}
+                if kept:
                     res["confirmed"], res["config"] = True, str(best)
-        self.gpu_s += time.perf_counter() - t0
+        fns.clear()
         res["gpu_s"] = time.perf_counter() - t0
+        self.gpu_s += res["gpu_s"]
         return res

@@ -243,3 +243,30 @@ def test_rows_too_noisy_to_rank_price_their_config_but_are_never_chosen(tmp_path
     cur = current_folder(tmp_path)
     code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path), noisy)
     assert code == cycle.UNCONFIRMED and all(k["proposed"] != str(d) for k in rep["keys"])
+
+
+def test_gpu_confirmer_logic_under_the_interpreter():
+    """The --gpu path's own code on the CPU (interpreter, wall clocks, a tiny fp32 shape): the current entry is
+    checked and timed first, candidates after it, and a change is reported only with a paired round behind it."""
+    from kernel_gym.policies.cycle_gpu import GpuConfirmer
+
+    shape = ee.MoEShape(4, 64, 64, 2, "float32")
+    cur = Config({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4,
+                  "num_stages": 2})
+    cand = cur.replace(BLOCK_SIZE_N=64)
+    g = GpuConfirmer(shape, budget_s=1.5, rows=[], smoke=True)
+    g.pair_rounds = 2
+    res = g.tune_key(24, 1.2, cur, [cand], 0.01)
+    assert str(cur) in res["timed"] and not res.get("skipped")
+    assert res["confirmed"] == ("paired" in res and res["paired"]["gain"] >= 1.01)
+    assert g.gpu_s > 0
+
+
+def test_a_noisy_current_entry_is_judged_on_the_candidates_noise_and_said_so(tmp_path):
+    noisy = [r if r.config != A else ee.Row(r.device, r.triton_version, r.workload, A, r.median_ms, 0.9)
+             for r in ROWS]
+    cur = current_folder(tmp_path)
+    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path), noisy)
+    changed = [k for k in rep["keys"] if k["proposed"] != k["current"]]
+    assert code == cycle.UNCONFIRMED and changed
+    assert all("too noisy to rank" in k["why"] for k in changed)
