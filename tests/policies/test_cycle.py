@@ -40,7 +40,7 @@ def rows() -> list[ee.Row]:
         for skew, times in ((0.0, {A: base, B: base * 1.1, C: base * 1.5}),
                             (1.2, {A: base * 1.2, B: base, C: base * 1.5})):
             for c, t in times.items():
-                out.append(ee.Row(DEV, "3.6.0", SHAPE.workload(m, skew), c, t, 0.01))
+                out.append(ee.Row(DEV, "3.6.0", SHAPE.workload(m, skew), c, t, 0.01, ee.engine_path_kind(SHAPE, m)))
     return out
 
 
@@ -236,7 +236,8 @@ def test_mlflow_run_per_cycle(tmp_path):
 
 def test_rows_too_noisy_to_rank_price_their_config_but_are_never_chosen(tmp_path):
     d = cfg(16, 32, 8)
-    noisy = [*ROWS, *(ee.Row(DEV, "3.6.0", SHAPE.workload(m, 1.2), d, 0.01, 0.9) for m in KEYS)]
+    noisy = [*ROWS, *(ee.Row(DEV, "3.6.0", SHAPE.workload(m, 1.2), d, 0.01, 0.9, ee.engine_path_kind(SHAPE, m))
+                      for m in KEYS)]
     p = cycle.Pricer(SHAPE, DEV, noisy)
     assert p.time(d, 16, 1.2)[0] == pytest.approx(0.01)
     assert d not in p.candidates(16, 1.2) and p.oracle(16, 1.2)[0] > 0.01
@@ -263,7 +264,7 @@ def test_gpu_confirmer_logic_under_the_interpreter():
 
 
 def test_a_noisy_current_entry_is_judged_on_the_candidates_noise_and_said_so(tmp_path):
-    noisy = [r if r.config != A else ee.Row(r.device, r.triton_version, r.workload, A, r.median_ms, 0.9)
+    noisy = [r if r.config != A else ee.Row(r.device, r.triton_version, r.workload, A, r.median_ms, 0.9, r.path)
              for r in ROWS]
     cur = current_folder(tmp_path)
     code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path), noisy)
