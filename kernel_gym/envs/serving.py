@@ -117,7 +117,7 @@ class ServingEnv(gym.Env):
         self,
         backend: Any = "recorded",
         model: Any = "mixtral-8x7b",
-        trace: Any = "azure-conv",
+        trace: Any = "bundled",
         split: str = "train",
         holdout: float = 0.2,
         interval_s: float = 20.0,
