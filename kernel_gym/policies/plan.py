@@ -254,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routing", default="zipf:1.2", help="uniform, zipf:EXPONENT or drift:EXPONENT[:DWELL_S]")
     p.add_argument("--train-steps", type=int, default=64, help="MaskablePPO environment steps (0: no agent)")
     p.add_argument("--samples", type=int, default=2, help="policy draws per training window besides the greedy one")
+    p.add_argument("--refine-rounds", type=int, default=1,
+                   help="coordinate-search passes over the knobs from the agent's best proposal (0: none)")
     p.add_argument("--next", type=int, default=3, help="next-best deployments to list")
     p.add_argument("--model-id", default="", help="the model name in the launch commands (default: its HF id)")
     p.add_argument("--json", default="", help="write the plan here")
@@ -287,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[plan] {spec.name} on {args.gpus} H200, {args.engine}, trace {trace.name} x{args.rate_scale:g}, SLO "
           f"TTFT <= {slo[0]} s TPOT <= {slo[1]} s; training the agent ({args.train_steps} steps)", file=sys.stderr)
     rec = recommend(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, args.train_steps,
-                    args.samples, seed=args.seed, routing=routing)
+                    args.samples, seed=args.seed, routing=routing, refine_rounds=args.refine_rounds)
     ranked = rec["ranked"][: 1 + args.next]
     deps = [r["deployment"] for r in ranked]
     held, _ = heldout_replay(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, deps, routing)
