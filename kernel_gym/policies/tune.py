@@ -273,7 +273,10 @@ def stored_times(db: str, kernel: str, device_name: str) -> dict[tuple[str, str]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernel-gym tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="kernel-gym tune", description=__doc__.split("\n\n")[0],
+                                epilog="With --engine vllm|sglang: the engine's own fused-MoE config file instead, "
+                                       "each key confirmed against the engine's entry (kernel-gym tune --engine "
+                                       "vllm --help)")
     p.add_argument("--model", required=True, help="model spec: a built-in or zoo name, NAME@tpN, or a JSON file")
     p.add_argument("--kernels", default=",".join(KERNELS), help="comma list of kernels to tune")
     p.add_argument("--top-k", type=int, default=4, help="the policy's most preferred configs measured per grid cell")
@@ -298,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else __import__("sys").argv[1:]
+    if any(a == "--engine" or a.startswith("--engine=") for a in argv):  # the engine's own file: engine_tune.py
+        from kernel_gym.policies import engine_tune
+
+        return engine_tune.main(argv)
     args = build_parser().parse_args(argv)
     from kernel_gym.models import load_model
     from kernel_gym.policies.export import build_table, check_policy_model
