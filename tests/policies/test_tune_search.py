@@ -58,10 +58,10 @@ def test_local_round_steps_one_knob_around_the_best_and_pick_is_never_slower_tha
     assert tune.engine_kept(tune.merge_plans([cell], local), times)["geomean_gain"] == 2.0
 
 
-def test_tune_engine_is_the_engine_file_search(capsys):
+def test_tune_engine_is_the_engine_file_search(capsys, tmp_path):
     """`kernel-gym tune --engine vllm` runs the engine-design search (engine_tune), not the dispatch-table one."""
     from kernel_gym.cli import main
 
-    rc = main(["tune", "--engine", "vllm", "--model", "olmoe-1b-7b", "--dry-run", "--out", "/tmp/kg-tune-engine"])
+    rc = main(["tune", "--engine", "vllm", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0 and "engine entry" in out and "nothing measured (--dry-run)" in out
