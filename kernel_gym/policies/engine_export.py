@@ -413,6 +413,11 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
             "engine_table": shipped[1] if shipped else None, "summary": summary,
             "unconfirmed": [{"M": k["M"], **k["unconfirmed_candidate"]} for k in report if k["unconfirmed_candidate"]],
             "keys": report, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if ep > 1:
+        note["ep_note"] = (f"file named by the local expert count ({shape.num_experts} of {shape.num_experts * ep}); "
+                           "kernel_gym times the local shape with every token's top-k slots on local experts, while "
+                           "a rank sees about 1/ep of them (the rest are blocks of other ranks' experts that write "
+                           "zeros): measured leads at EP are an approximation")
     if fmt == "vllm":
         note["engine_reads"] = "VLLM_TUNED_CONFIG_FOLDER=DIR (then vLLM's own configs/)"
     else:

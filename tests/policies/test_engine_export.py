@@ -160,6 +160,7 @@ def test_expert_parallel_file_names_use_the_local_expert_count(tmp_path):
     assert (shape.num_experts, shape.n, shape.ep) == (4, 14336, 2)
     path, note = ee.export(MIXTRAL, "vllm", tmp_path / "v", "NVIDIA H200", ep=2, rows=[], force=True)
     assert path.name == "E=4,N=14336,device_name=NVIDIA_H200.json" and note["shape"]["global_experts"] == 8
+    assert "approximation" in note["ep_note"]
     assert all(k["engine_path"] == ee.ALIGNED for k in note["keys"])  # an expert map: never the small-batch path
     assert all(k["baseline"] == "default" and k["estimated"] for k in note["keys"])
     with pytest.raises(ValueError, match="--ep 3"):
