@@ -569,6 +569,9 @@ def parser() -> argparse.ArgumentParser:
                    help="measure on a Ray cluster, one actor per GPU (kernel_gym.measure.farm; needs "
                         "pip install 'kernel_gym[ray]'): no ADDRESS starts a local cluster, 'auto' or HOST:PORT joins "
                         "one started with `ray start --head`; with --noise, the study runs on every GPU")
+    p.add_argument("--allow-open-cluster", action="store_true",
+                   help="--ray without ADDRESS on a Ray older than 2.52: start the local cluster (127.0.0.1) without "
+                        "token authentication")
     return p
 
 

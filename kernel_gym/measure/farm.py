@@ -79,20 +79,49 @@ class FarmOptions:
     object_store_mb: int = 0  # local cluster only (0: Ray's default)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the actors
     keep_actors: bool = False  # keep the actors (and their workers) for the next collect_farm in this process
+    allow_open_cluster: bool = False  # start a local cluster without token authentication (Ray < 2.52)
 
 
 # ---- connecting ---------------------------------------------------------------------------------------------------
 
 
+TOKEN_AUTH_RAY = (2, 52)  # the first Ray with token authentication (RAY_AUTH_MODE=token)
+OPEN_CLUSTER = ("anyone who reaches a Ray cluster's ports can run code on it (Ray's security docs); ")
+
+
+def ray_version(ray: Any) -> tuple[int, ...]:
+    parts = []
+    for x in str(getattr(ray, "__version__", "0")).split(".")[:2]:
+        digits = "".join(ch for ch in x if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
 def connect(farm: FarmOptions, device: str, gpus: int) -> bool:
-    """Join or start a cluster; True when this call initialised Ray (and so shuts it down at the end)."""
+    """Join or start a cluster; True when this call initialised Ray (and so shuts it down at the end).
+
+    A cluster started here listens on 127.0.0.1 only, with Ray's token authentication on (RAY_AUTH_MODE=token: Ray
+    >= 2.52 generates the token for a local cluster); an older Ray, which cannot authenticate, is refused unless
+    --allow-open-cluster. Joining an ADDRESS uses that cluster's own settings: a warning says so when this process
+    has no token to present."""
     ray = require_ray()
     if ray.is_initialized():
         return False
     kw: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
     if farm.address:
+        if os.environ.get("RAY_AUTH_MODE") != "token":
+            print(f"warning: collect --ray {farm.address}: joining a cluster without token authentication; "
+                  f"{OPEN_CLUSTER}start it with RAY_AUTH_MODE=token (Ray >= 2.52) and set RAY_AUTH_MODE and "
+                  "RAY_AUTH_TOKEN here", file=sys.stderr, flush=True)
         ray.init(address=farm.address, **kw)
     else:
+        kw["_node_ip_address"] = "127.0.0.1"  # a local cluster is reachable from this machine only
+        if ray_version(ray) >= TOKEN_AUTH_RAY:
+            os.environ["RAY_AUTH_MODE"] = "token"  # inherited by the processes ray.init starts
+        elif not farm.allow_open_cluster:
+            raise ValueError(f"collect --ray: Ray {getattr(ray, '__version__', '?')} has no token authentication "
+                             f"(Ray >= 2.52 has); {OPEN_CLUSTER}upgrade Ray (pip install 'ray>=2.52'), or pass "
+                             "--allow-open-cluster to start it on 127.0.0.1 without authentication")
         if device == "cpu":  # interpreter: fake GPUs, so the farm's machinery runs on a CPU machine
             kw["num_gpus"] = max(1, gpus)
         if farm.local_cpus:
@@ -321,6 +350,7 @@ class Farm:
         self.ray = require_ray()
         self.slots: list[Slot] = []
         self.written = 0
+        self.rejected = 0  # worker results refused by validate_results
         self.requeued = 0
         self.actor_failures = 0
         self.attempts: dict[tuple[str, str, tuple[str, ...]], int] = {}
@@ -554,6 +584,11 @@ class Farm:
                 if ms is None:  # the budget ran out before the chunk started
                     self.stopped_by_budget = True
                     continue
+                ms, rejected = validate_results(item, ms, f"{host}:gpu{gpu}")
+                if rejected:  # never stored: a worker answers only for what it was sent, with plausible times
+                    self.rejected += len(rejected)
+                    print(f"[farm] {len(rejected)} results of {host}:gpu{gpu} rejected ({rejected[0]})",
+                          file=sys.stderr, flush=True)
                 if self.opts.remeasure_noisy:  # a failed re-measurement keeps the stored ok row
                     ms = [m for m in ms if m.status == OK]
                 ctx = self.contexts_of[self.group_of[id(slot)]][item.kernel]
@@ -677,14 +712,25 @@ def farm_noise_study(opts: CollectOptions, repeats: int, farm: FarmOptions | Non
     try:
         f.start_actors()
         refs = [s.actor.noise.remote(items, repeats) for s in f.slots]
+        sent = {(w, c) for _, w, cs in items for c in cs}
         within: dict[str, Any] = {}
         for slot, ref in zip(f.slots, refs):
             runs = f.ray.get(ref)
             ctxs = {Context(**c).kernel: Context(**c) for c in slot.info["contexts"].values()}
             times: dict[tuple[str, str, str], list[float]] = {}
-            for r, run in enumerate(runs):
+            for r, run in enumerate(runs if isinstance(runs, list) else []):
                 by_kernel: dict[str, list[Measurement]] = {}
-                for m in run:
+                kept, rejected = [], 0
+                for m in run if isinstance(run, list) else []:  # only what was sent, with plausible times
+                    if (not isinstance(m, Measurement) or (m.workload, m.config) not in sent
+                            or not _plausible(m, slot.label)):
+                        rejected += 1
+                        continue
+                    kept.append(m)
+                if rejected:
+                    print(f"[farm noise] {slot.label}: {rejected} results rejected (not sent, or implausible)",
+                          file=sys.stderr, flush=True)
+                for m in kept:
                     by_kernel.setdefault(m.kernel, []).append(m)
                     if m.status == OK and m.median_ms:
                         times.setdefault((m.kernel, m.workload, m.config), []).append(m.median_ms)
@@ -704,6 +750,49 @@ def farm_noise_study(opts: CollectOptions, repeats: int, farm: FarmOptions | Non
             f.ray.shutdown()
 
 
+def _plausible(m: Measurement, origin: str) -> bool:
+    from kernel_gym.measure.store import check_row
+
+    try:
+        check_row(f"farm result from {origin}", "noise", m, strict=True)
+    except ValueError:
+        return False
+    return not (m.status == OK and m.median_ms is None)
+
+
+def validate_results(item: PlanItem, ms: Any, origin: str) -> tuple[list[Measurement], list[str]]:
+    """(the results to store, why each other one was refused): a result must be a Measurement of the chunk's
+    workload and one of the configs sent, each config once, with a known status and a finite time no faster than
+    the roofline floor (store.check_row). A worker (or anyone on the cluster) cannot write other rows."""
+    from kernel_gym.measure.store import check_row
+
+    if not isinstance(ms, list):
+        return [], [f"the chunk's result is a {type(ms).__name__}, not a list of measurements"]
+    sent, seen = set(item.configs), set()
+    good, bad = [], []
+    for m in ms:
+        if not isinstance(m, Measurement):
+            bad.append(f"a {type(m).__name__} is not a Measurement")
+            continue
+        if m.workload != item.workload_key or m.config not in sent or m.config in seen:
+            bad.append(f"{m.config[:80]} at {m.workload[:80]} was not sent in this chunk (or came twice)")
+            continue
+        if ":" not in item.kernel and m.kernel != item.kernel:
+            bad.append(f"kernel {m.kernel!r} is not the chunk's {item.kernel!r}")
+            continue
+        if m.status == OK and m.median_ms is None:
+            bad.append(f"{m.config[:80]}: status ok without a time")
+            continue
+        try:
+            check_row(f"farm result from {origin}", "chunk", m, strict=True)
+        except ValueError as exc:
+            bad.append(str(exc)[:300])
+            continue
+        seen.add(m.config)
+        good.append(m)
+    return good, bad
+
+
 # ---- command line (collect --ray) ---------------------------------------------------------------------------------
 
 
@@ -718,7 +807,7 @@ def main(args: Any, timing: TimingOptions) -> int:
                           configs_per_shape=args.configs_per_shape, budget_s=args.budget_s, db=args.db, out=args.out,
                           gpus=args.gpus, compile_workers=args.compile_workers, device=args.device, seed=args.seed,
                           timing=timing, remeasure_noisy=args.remeasure_noisy, plan_file=args.plan)
-    farm = FarmOptions(address=args.ray or None)
+    farm = FarmOptions(address=args.ray or None, allow_open_cluster=getattr(args, "allow_open_cluster", False))
     if args.noise:
         res = farm_noise_study(opts, args.noise, farm)
         text = json.dumps(res, indent=2)

@@ -102,9 +102,17 @@ def test_work_queue_longest_first_keeps_a_workloads_chunks_together() -> None:
     assert q.take() == big[1] and q.take() is None and len(q) == 0
 
 
+# merged rows must be readable rows: JSON workloads and configs (merge refuses others, issue 25)
+J = {n: '{"%s":%s}' % (n[0], n[1:]) for n in ("w1", "w2", "c1", "c2")}
+
+
+def _j(w: str, c: str, *a, **kw) -> Measurement:
+    return _m(J[w], J[c], *a, **kw)
+
+
 def test_merge_deduplicates_and_keeps_other_gpus_timings_as_replicas(tmp_path: Path) -> None:
-    a = _store(tmp_path / "a.sqlite", [_m("w1", "c1", 1.0), _m("w1", "c2", 2.0)], ("hostA", "0"))
-    b = _store(tmp_path / "b.sqlite", [_m("w1", "c1", 1.1), _m("w2", "c1", 3.0, CRASH)], ("hostB", "1"))
+    a = _store(tmp_path / "a.sqlite", [_j("w1", "c1", 1.0), _j("w1", "c2", 2.0)], ("hostA", "0"))
+    b = _store(tmp_path / "b.sqlite", [_j("w1", "c1", 1.1), _j("w2", "c1", 3.0, CRASH)], ("hostB", "1"))
     snap = tmp_path / "a.jsonl.gz"
     with MeasurementStore(a) as s:
         s.export_snapshot(snap)
@@ -116,10 +124,11 @@ def test_merge_deduplicates_and_keeps_other_gpus_timings_as_replicas(tmp_path: P
     with MeasurementStore(into) as s:
         rows = {(r["workload"], r["config"]): r for r in s.rows(origin=True)}
         reps = list(replica_rows(s.conn))
-    assert rows[("w1", "c1")]["host"] == "hostA" and rows[("w1", "c1")]["median_ms"] == 1.0  # the first kept
-    assert rows[("w2", "c1")]["status"] == CRASH
+    first = rows[(J["w1"], J["c1"])]
+    assert first["host"] == "hostA" and first["median_ms"] == 1.0  # the first kept
+    assert rows[(J["w2"], J["c1"])]["status"] == CRASH
     b_replicas = [r for r in reps if r["host"] == "hostB"]
-    assert [(r["config"], r["median_ms"], r["run"]) for r in b_replicas] == [("c1", 1.1, "merge:b.sqlite")]
+    assert [(r["config"], r["median_ms"], r["run"]) for r in b_replicas] == [(J["c1"], 1.1, "merge:b.sqlite")]
     again = merge_stores([a, b], into)  # idempotent
     assert all(c["inserted"] == 0 and c["replicas"] == 0 for c in again["sources"].values()) and again["rows"] == 3
     with pytest.raises(ValueError, match="also the target"):
@@ -134,8 +143,8 @@ def test_merge_deduplicates_and_keeps_other_gpus_timings_as_replicas(tmp_path: P
 def test_data_merge_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from kernel_gym.cli import main
 
-    a = _store(tmp_path / "a.sqlite", [_m("w1", "c1")], ("h", "0"))
-    b = _store(tmp_path / "b.sqlite", [_m("w1", "c1", 1.2), _m("w2", "c1")], ("h", "1"))
+    a = _store(tmp_path / "a.sqlite", [_j("w1", "c1")], ("h", "0"))
+    b = _store(tmp_path / "b.sqlite", [_j("w1", "c1", 1.2), _j("w2", "c1")], ("h", "1"))
     assert main(["data", "--merge", str(a), str(b), "--into", str(tmp_path / "c.db")]) == 0
     out = capsys.readouterr().out
     assert "1 new, 1 already there (1 kept as replicas)" in out and "c.db: 2 rows, integrity ok" in out
