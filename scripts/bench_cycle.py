@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    p.add_argument("--noise-margin", type=float, default=cycle.NOISE_MARGIN, help="passed to the cycle")
     args = p.parse_args(argv)
     traces_dir = os.environ.get("KERNEL_GYM_TRACES")
     if not traces_dir:
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 a = cycle.build_parser().parse_args([
                     "--model", model_name, "--engine", "vllm", "--current", str(cur), "--install", "--no-mlflow",
                     "--traffic", str(wdir / "scrapes"), "--traffic", str(wdir / "experts.json"),
-                    "--report-dir", str(wdir / "report")])
+                    "--report-dir", str(wdir / "report"), "--noise-margin", str(args.noise_margin)])
                 code, rep = cycle.run_cycle(a, rows)
                 after = cycle.read_table(cycle.engine_file(cur, "vllm", shape, DEV)[0])
                 if kept_table is None:
@@ -275,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                  "device": DEV, "engine": "vllm", "tp": 1, "pricing": "cycle.Pricer on the recorded vllm_fused_moe "
                  "rows (H200); ratios = per-M best recorded config time / time of the file's entry (nearest key)",
                  "gpu": "none: every cycle is the zero-shot re-plan (exit 11 = proposed, unconfirmed)",
+                 "noise_margin": args.noise_margin,
                  "elapsed_s": round(time.time() - t_start, 1)},
         "summary": summary, "windows": out_windows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,7 @@ SHARE_MOVE = 0.02  # a key moved when its share of steps changed by more than th
 SKEW_MOVE = 0.15  # ... or the routing skew by more than this
 CELL_MOVE = 0.5  # ... or the mean log2 M inside its cell by more than this
 MIN_SHARE = 0.002  # keys serving less than this share of the steps are left alone
+NOISE_MARGIN = 0.5  # a lead must exceed this x (spread of the current row + the candidate's): the export's rule
 
 
 # ---- pricing on recorded vllm_fused_moe times ---------------------------------------------------------------------
@@ -327,8 +328,9 @@ def moved_keys(keys: Sequence[int], now: TrafficProfile, before: TrafficProfile 
 
 def replan(table: dict[int, Config], now: TrafficProfile, before: TrafficProfile | None, skew: float,
            skew_before: float | None, pricer: Pricer, min_gain: float = 0.01, share_move: float = SHARE_MOVE,
-           skew_move: float = SKEW_MOVE) -> list[KeyPlan]:
-    """The zero-shot re-plan of the moved keys (module docstring, step 3)."""
+           skew_move: float = SKEW_MOVE, noise_margin: float = NOISE_MARGIN) -> list[KeyPlan]:
+    """The zero-shot re-plan of the moved keys (module docstring, step 3): a candidate must lead the current entry
+    by min_gain and by noise_margin x the sum of the two rows' spreads."""
     keys = sorted(table)
     cell = cells(keys, now.m_weights)
     moved = moved_keys(keys, now, before, skew, skew_before, share_move, skew_move)
@@ -358,7 +360,7 @@ def replan(table: dict[int, Config], now: TrafficProfile, before: TrafficProfile
                     # a current entry whose row is too noisy to rank has an upper-bound time: the lead is judged on
                     # the candidate's noise only, and the proposal says so (only --gpu can confirm it)
                     noisy_cur = sp_cur > pricer.max_spread
-                    margin = max(min_gain, 0.5 * ((sp_best if noisy_cur else sp_cur) + sp_best))
+                    margin = max(min_gain, noise_margin * ((sp_best if noisy_cur else sp_cur) + sp_best))
                     if cur_t / t >= 1.0 + margin:
                         kp.proposed, kp.proposed_ms, kp.estimated = str(best), t, e or cur_e
                         if noisy_cur:
@@ -573,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", action="append", default=[], metavar="PATH",
                    help="measurement stores with vllm_fused_moe rows (default: the packaged H200 dataset)")
     p.add_argument("--min-gain", type=float, default=0.01, help="a key changes only if faster by this much")
+    p.add_argument("--noise-margin", type=float, default=NOISE_MARGIN,
+                   help="zero-shot: the lead must also exceed this x the two recorded rows' spreads (0: min-gain only)")
     p.add_argument("--share-move", type=float, default=SHARE_MOVE, help="share of steps a key must gain or lose")
     p.add_argument("--skew-move", type=float, default=SKEW_MOVE, help="skew change that moves every key")
     p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow run")
@@ -624,7 +628,8 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
 
         rows = ee.measured_rows([PACKAGED_SNAPSHOT])
     pricer = Pricer(shape, args.device, rows, args.engine)
-    plans = replan(table, profile, before, skew, skew_before, pricer, args.min_gain, args.share_move, args.skew_move)
+    plans = replan(table, profile, before, skew, skew_before, pricer, args.min_gain, args.share_move, args.skew_move,
+                   args.noise_margin)
     gpu_s = 0.0
     if args.gpu:
         if confirmer is None:
