@@ -699,7 +699,7 @@ class Simulator:
         for s, reason in stall:
             stall_s += s
             self.stalls.append((self.clock, s, reason))
-        duration = kernel_s + dense + self.overhead_s + stall_s
+        duration = self._step_seconds(kernel_s + dense + self.overhead_s + stall_s, chunks, dec)
         t_start = self.clock
         waiting_n = len(self.waiting)
         running_n = batch + len(self.pref)
@@ -764,6 +764,12 @@ class Simulator:
                                    running_n, occupancy, stall_s, tuned, *self._route_stats)
         self._nsteps += 1
         return True
+
+    def _step_seconds(self, predicted_s: float, chunks: list[tuple[int, int, int]], dec: np.ndarray) -> float:
+        """The step's duration: the prediction. A live replay (scripts/live_e2e.py) overrides this to execute the
+        step, chunks [(request, chunk, offset)] and decodes `dec` (their KV before this step's token: self.kv), on a
+        GPU and return the measured seconds, so the same scheduler serves the trace in real time."""
+        return predicted_s
 
     def _fit_chunk(self, rid: int, want: int) -> int:
         """Shrink a prefill chunk to the pages that are free, allocate them, return the chunk (0 = no room)."""

@@ -245,3 +245,21 @@ def test_backend_timer_answers_from_the_backend_and_auto_never_asks_the_chooser_
     _, res = run(long_prompt_trace(), timer, prefix_chooser(), max_num_batched_tokens=256)
     assert res.summary["chunk_attention_measured_s"] > 0 and res.summary["chunk_attention_estimated_s"] == 0
     assert timer.answers("prefix_prefill", PrefixPrefillWorkload(4, 2, 64, (16,), (0,)))
+
+
+def test_a_subclass_can_measure_steps_instead_of_predicting_them():
+    """The hook the live replay uses (scripts/live_e2e.py): the step's duration is whatever _step_seconds returns,
+    and it sees the step's chunks and decodes."""
+    seen = []
+
+    class Measured(Simulator):
+        def _step_seconds(self, predicted_s, chunks, dec):
+            seen.append((list(chunks), list(dec), predicted_s))
+            return 0.5
+
+    tr = Trace("two", [0.0, 0.0], [40, 20], [3, 2])
+    res = Measured(TINY, tr, AnalyticTimer(), chooser(), UniformRouting(4, 2),
+                   gpu_memory_bytes=mem_for_tokens(TINY, 1 << 16)).run()
+    assert np.allclose(np.diff(res.steps[:, 0]), 0.5) and np.allclose(res.steps[:, 1], 0.5)
+    assert seen[0][0] == [(0, 40, 0), (1, 20, 0)] and seen[1][1] == [0, 1] and seen[0][2] > 0
+    assert res.ttft_s.tolist() == [0.5, 0.5]

@@ -1,0 +1,589 @@
+"""A live end-to-end replay on one GPU: a model-shaped MoE stack serves a trace window in real time, beside the
+serving simulator's prediction for the same trace, model, configs, page size and chunk budget (issue 29).
+
+The server: every layer of a zoo model at its real shapes with random bf16 weights (RMSNorm, fused QKV projection,
+the K/V written into a paged cache of 16-token NHD pages, attention, output projection, RMSNorm, router, the fused
+MoE layer; final norm and LM head on the rows that sample a token). Attention runs kernel_gym's kernels on the
+cache: prefill chunks through prefix_prefill (causal within the chunk, full to the request's earlier tokens, read
+through the block table), decodes through decode_attention; the MoE through fused_moe; configs from the policy
+(each family's default config, or a dispatch table), chosen on the simulator's rounded workloads. Scheduling is the
+simulator's own (continuous batching, chunked prefill under --max-batched-tokens, pages, preemption): a subclass
+executes each step on the GPU and advances the clock by the measured seconds (Simulator._step_seconds), so arrivals,
+queueing and batching happen against real time. Kernel metadata (work tables, block tables, descriptors) is built
+before each step's timer starts; the MoE routing and alignment run inside it. Steps run eagerly: no CUDA graphs
+(fused_moe aligns on the host, which a graph cannot capture; docs/live.md).
+
+Per policy: measured tokens/s, TTFT p50, TPOT p50 (and p99s) over the window, the per-step record (step kind,
+tokens, decode batch, measured seconds) in $OUT/<policy>_steps.json. `--predict` (CPU, afterwards) runs the plain
+simulator on the same window with the packaged H200 dataset (BackendTimer(recorded)) and writes summary.json: per
+policy measured and predicted tokens/s, TTFT p50 and TPOT p50 and their relative errors.
+
+    python3 scripts/live_e2e.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
+    python3 scripts/live_e2e.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
+    TRITON_INTERPRET=1 python3 scripts/live_e2e.py --out /tmp/e2e --smoke                     # CPU dry run, tiny
+
+Imports only torch, triton, numpy, the standard library and kernel_gym.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from kernel_gym.kernels.space import Config  # noqa: E402
+from kernel_gym.kernels.workloads import MoEWorkload, PrefixPrefillWorkload  # noqa: E402
+from kernel_gym.models import ModelSpec, load_model  # noqa: E402
+from kernel_gym.traffic.simulator import (  # noqa: E402
+    KVLayout,
+    Simulator,
+    round_count,
+    round_log4,
+    round_up16,
+)
+from kernel_gym.traffic.traces import Trace, load_trace  # noqa: E402
+
+PAGE = KVLayout(16, "NHD")
+TINY = ModelSpec("tiny-moe", num_layers=2, hidden=64, num_heads=4, num_kv_heads=2, head_dim=16, num_experts=4,
+                 top_k=2, intermediate=32)
+METRICS = ("tokens_per_s", "ttft_p50_s", "tpot_p50_s")
+SMOKE_REQUESTS = 6
+
+
+def log(msg: str) -> None:
+    print(f"[live_e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- policies --------------------------------------------------------------------------------------------------
+
+
+class DefaultChooser:
+    """Each family's default config (decode and prefix_prefill on the KV layout in force)."""
+
+    name = "default"
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple, Config] = {}
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        key = (kernel, workload.key(), kv)
+        cfg = self._memo.get(key)
+        if cfg is None:
+            from kernel_gym.kernels import get_family
+
+            cfg = get_family(kernel).default_config(workload)
+            if kernel in ("decode_attention", "prefix_prefill"):
+                cfg = cfg.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
+            self._memo[key] = cfg
+        return cfg
+
+
+class TableChooser(DefaultChooser):
+    """A dispatch table (`kernel-gym export --format dispatch`) for the kernels it holds, defaults for the rest."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        from kernel_gym.dispatch.dispatcher import Dispatcher
+
+        self.name = f"table:{Path(path).name}"
+        self.dispatcher = Dispatcher.load(path)
+        self.kernels = set(getattr(self.dispatcher, "_tables", {}) or {})
+
+    def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        if kernel in self.kernels:
+            return self.dispatcher.choose(kernel, workload, kv)
+        return super().choose(kernel, workload, kv)
+
+
+def make_chooser(spec: str) -> Any:
+    if spec == "default":
+        return DefaultChooser()
+    if spec.startswith("table:"):
+        return TableChooser(spec[len("table:"):])
+    raise SystemExit(f"policy {spec!r}: use 'default' or 'table:PATH' (a dispatch table JSON)")
+
+
+# ---- the model-shaped stack ------------------------------------------------------------------------------------
+
+
+class Stack:
+    """Random weights at the model's shapes, the paged KV cache, and one engine step's forward pass."""
+
+    def __init__(self, model: ModelSpec, num_pages: int, max_tokens: int, device: str, dtype: Any,
+                 vocab: int, seed: int = 0) -> None:
+        import torch
+
+        self.torch, self.m, self.device, self.dtype = torch, model, device, dtype
+        m = model
+        g = torch.Generator(device=device).manual_seed(seed)
+        h, q, kv, d = m.hidden, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.head_dim
+
+        def rnd(*shape: int, scale: float) -> Any:
+            return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * scale).to(dtype)
+
+        self.layers = []
+        for _ in range(m.num_layers):
+            self.layers.append(dict(
+                norm1=torch.ones(h, device=device, dtype=dtype), norm2=torch.ones(h, device=device, dtype=dtype),
+                wqkv=rnd(h, q + 2 * kv, scale=h ** -0.5), wo=rnd(q, h, scale=q ** -0.5),
+                wr=rnd(h, m.num_experts, scale=h ** -0.5),
+                w1=rnd(m.num_experts, 2 * m.intermediate, h, scale=h ** -0.5),
+                w2=rnd(m.num_experts, h, m.intermediate, scale=m.intermediate ** -0.5),
+                k_cache=torch.zeros(num_pages, PAGE.page_size, m.num_kv_heads, d, device=device, dtype=dtype),
+                v_cache=torch.zeros(num_pages, PAGE.page_size, m.num_kv_heads, d, device=device, dtype=dtype),
+            ))
+        self.final_norm = torch.ones(h, device=device, dtype=dtype)
+        self.lm_head = rnd(h, vocab, scale=h ** -0.5)
+        self.x0 = rnd(max_tokens, h, scale=1.0)  # the step's embedded tokens (random: the values do not matter)
+        self.q_buf = torch.empty(max_tokens, m.num_heads, d, device=device, dtype=dtype)
+        self.attn = torch.empty(max_tokens, m.num_heads, d, device=device, dtype=dtype)
+        self.free = list(range(num_pages - 1, -1, -1))
+        self.pages: dict[int, list[int]] = {}
+
+    def rmsnorm(self, x: Any, w: Any) -> Any:
+        xf = x.float()
+        return (xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+    def ensure_pages(self, rid: int, tokens: int) -> list[int]:
+        have = self.pages.setdefault(rid, [])
+        need = -(-tokens // PAGE.page_size) - len(have)
+        if need > len(self.free):
+            raise RuntimeError(f"page pool exhausted: request {rid} needs {need} more pages, {len(self.free)} free "
+                               "(the simulator's pool and the stack's disagree)")
+        for _ in range(max(0, need)):
+            have.append(self.free.pop())
+        return have
+
+    def release_except(self, running: set[int]) -> None:
+        for rid in [r for r in self.pages if r not in running]:
+            self.free.extend(self.pages.pop(rid))
+
+    def block_table(self, rids: list[int]) -> Any:
+        rows = [self.pages[r] for r in rids]
+        width = max(len(r) for r in rows)
+        return self.torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=self.torch.int32,
+                                 device=self.device)
+
+
+def prefix_launcher(stack: Stack, layer: dict, wl: PrefixPrefillWorkload, config: Config, bt: Any, cu_q: Any,
+                    prefix_t: Any, table: Any, n_items: int, t: int) -> Any:
+    """prefix_prefill over the stack's cache for this layer: the closure of PrefixPrefillFamily.prepare_paged with
+    the step's work table built once (the kernel and its arguments as there)."""
+    import triton
+
+    from kernel_gym.kernels import prefix_prefill as pp
+
+    m, torch = stack.m, stack.torch
+    bm, bn, splits = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["NUM_SPLITS"])
+    paged = pp.PagedKV(layer["k_cache"], layer["v_cache"], bt, PAGE.page_size, PAGE.layout)
+    q, o = stack.q_buf[:t], stack.attn[:t]
+    h, d, hkv = m.num_heads, m.head_dim, m.num_kv_heads
+    if splits > 1:
+        part_o = torch.empty(splits, t, h, d, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(splits, t, h, dtype=torch.float32, device=q.device)
+    else:
+        part_o = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
+    rows_per_page, head_rows, head_cols = paged.geometry(hkv, d)
+    k2, v2 = paged.view_2d(paged.k_cache), paged.view_2d(paged.v_cache)
+    tma = pp.use_tma(q.device, bn, PAGE.page_size)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        qx = TensorDescriptor.from_tensor(q.reshape(t, h * d), [bm, d])
+        kx, vx = TensorDescriptor.from_tensor(k2, [bn, d]), TensorDescriptor.from_tensor(v2, [bn, d])
+    else:
+        qx, kx, vx = q, k2, v2
+    args = (qx, kx, vx, o, part_o, part_lse, bt, cu_q, prefix_t, table[0], table[1], table[2], table[3],
+            (1.0 / math.sqrt(d)) * pp._LOG2E, rows_per_page, head_rows, head_cols,
+            q.stride(0), q.stride(1), k2.stride(0), bt.stride(0), o.stride(0), o.stride(1),
+            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1))
+    meta = dict(GROUP=h // hkv, HEAD_DIM=d, PAGE_SIZE=PAGE.page_size, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=splits,
+                USE_TMA=tma, DOT_PRECISION="ieee" if wl.dtype == "float32" else "tf32",
+                num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    combine_grid = (triton.cdiv(t, 16), h)
+    combine = (part_o, part_lse, o, t, part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0),
+               part_lse.stride(1), o.stride(0), o.stride(1))
+
+    def launch() -> None:
+        pp._prefix_fwd[(n_items,)](*args, **meta)
+        if splits > 1:
+            pp._combine_splits[combine_grid](*combine, HEAD_DIM=d, NUM_SPLITS=splits, BLOCK_T=16, num_warps=4)
+
+    return launch
+
+
+def decode_launcher(stack: Stack, layer: dict, config: Config, bt: Any, ctx_t: Any, row0: int, batch: int) -> Any:
+    """decode_attention over the stack's cache for this layer (the kernels and arguments of
+    DecodeAttentionFamily.prepare, on an existing cache and block table)."""
+    from kernel_gym.kernels import decode_attention as da
+
+    m, torch = stack.m, stack.torch
+    q, out = stack.q_buf[row0:row0 + batch], stack.attn[row0:row0 + batch]
+    kc, vc = layer["k_cache"], layer["v_cache"]
+    stride_page, stride_slot, stride_head = kc.stride(0), kc.stride(1), kc.stride(2)
+    splits, bn = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
+    grouped = bool(int(config["GQA_GROUPED"]))
+    if splits > 1:
+        part_out = torch.empty(batch, m.num_heads, splits, m.head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(batch, m.num_heads, splits, dtype=torch.float32, device=q.device)
+    else:
+        part_out = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
+    group = m.num_heads // m.num_kv_heads
+    args = (q, kc, vc, bt, ctx_t, out, part_out, part_lse, (1.0 / math.sqrt(m.head_dim)) * da._LOG2E,
+            q.stride(0), q.stride(1), stride_page, stride_slot, stride_head, bt.stride(0),
+            out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1))
+    opts = dict(num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    common = dict(HEAD_DIM=m.head_dim, PAGE_SIZE=PAGE.page_size, BLOCK_N=bn, NUM_SPLITS=splits,
+                  NUM_STAGES=int(config["num_stages"]))
+    if grouped:
+        kernel, grid = da._decode_grouped_kernel, (batch, m.num_kv_heads, splits)
+        precision = "ieee" if stack.dtype == torch.float32 else "tf32"
+        meta = dict(GROUP=group, GROUP_PAD=da.group_pad(group), DOT_PRECISION=precision, **common)
+    else:
+        kernel, grid = da._decode_per_head_kernel, (batch, m.num_heads, splits)
+        meta = dict(GROUP=group, **common)
+    combine = (part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+               part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1))
+
+    def launch() -> None:
+        kernel[grid](*args, **meta, **opts)
+        if splits > 1:
+            da._combine_splits_kernel[(batch, m.num_heads)](*combine, HEAD_DIM=m.head_dim, NUM_SPLITS=splits,
+                                                            num_warps=4)
+
+    return launch
+
+
+def check_attention(st: Stack, layer: dict, chunks: list, dec: list, ctx: list) -> int:
+    """Dry-run check: the step's attention rows against torch attention over the tokens gathered back from the cache
+    through the stack's page lists (catches wrong slots, block tables or prefixes). Returns the rows checked."""
+    torch, m = st.torch, st.m
+    group = m.num_heads // m.num_kv_heads
+    kc = layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)
+    vc = layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)
+    row, checked = 0, 0
+    spans = [(rid, c, o) for rid, c, o in chunks] + [(rid, 1, n - 1) for rid, n in zip(dec, ctx)]
+    for rid, c, o in spans:
+        pages = st.pages[rid]
+        pos = torch.arange(o + c)
+        slots = torch.tensor(pages, dtype=torch.int64)[pos // PAGE.page_size] * PAGE.page_size + pos % PAGE.page_size
+        k = kc[slots].float().repeat_interleave(group, 1).transpose(0, 1)  # [H, n, D]
+        v = vc[slots].float().repeat_interleave(group, 1).transpose(0, 1)
+        q = st.q_buf[row:row + c].float().transpose(0, 1)  # [H, c, D]
+        scores = q @ k.transpose(1, 2) / math.sqrt(m.head_dim)
+        visible = torch.arange(o + c)[None, :] <= o + torch.arange(c)[:, None]
+        ref = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v
+        got = st.attn[row:row + c].float().transpose(0, 1)
+        err = (got - ref).abs().max().item()
+        if not err < 1e-3:
+            raise AssertionError(f"attention of request {rid} (chunk {c} after {o}) is off by {err:.3g}")
+        row, checked = row + c, checked + c
+    return checked
+
+
+class LiveSimulator(Simulator):
+    """The simulator's scheduler with each step executed on the GPU (module docstring)."""
+
+    def __init__(self, model: ModelSpec, trace: Trace, chooser: Any, stack: Stack, dtype: str, **kw: Any) -> None:
+        class _Zero:  # the predicted kernel times are not used: the step's measured seconds are
+            def time_s(self, kernel: str, workload: Any, config: Config) -> float:
+                return 1e-9
+
+        super().__init__(model, trace, _Zero(), chooser, None, kv_layout=PAGE, prefix_caching=False,
+                         chunk_attention="prefix", compile_s=lambda k, c: 0.0, step_overhead_s=0.0, dtype=dtype, **kw)
+        self.stack, self.dtype_name, self.record = stack, dtype, []
+        self.check, self.checked, self.config_fallbacks = False, 0, 0
+
+    def _step_seconds(self, predicted_s: float, chunks: list[tuple[int, int, int]], dec: np.ndarray) -> float:
+        import torch
+
+        from kernel_gym.kernels import fused_moe as fm
+        from kernel_gym.kernels import prefix_prefill as pp
+
+        st, m, kv = self.stack, self.model, self.kv
+        dec = [int(r) for r in dec]
+        st.release_except(set(dec) | set(self.pref) | {r for r, _, _ in chunks})
+        slots: list[int] = []
+        for rid, c, o in chunks:
+            pages = st.ensure_pages(rid, o + c)
+            slots += [pages[p // PAGE.page_size] * PAGE.page_size + p % PAGE.page_size for p in range(o, o + c)]
+        ctx = [int(kv[r]) + 1 for r in dec]
+        for rid, n in zip(dec, ctx):
+            pages = st.ensure_pages(rid, n)
+            slots.append(pages[(n - 1) // PAGE.page_size] * PAGE.page_size + (n - 1) % PAGE.page_size)
+        tc = sum(c for _, c, _ in chunks)
+        t = tc + len(dec)
+        dev = st.device
+        slot_t = torch.tensor(slots, dtype=torch.int64, device=dev)
+        launches = []
+        if chunks:
+            wl = PrefixPrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, tuple(c for _, c, _ in chunks),
+                                       tuple(o for _, _, o in chunks), self.dtype_name)
+            pairs = sorted(((round_up16(c), round_log4(o) if o > 0 else 0) for _, c, o in chunks), reverse=True)
+            key = ("prefix_prefill", tuple(c for c, _ in pairs), tuple(o for _, o in pairs))
+            cfg_p = self.chooser.choose("prefix_prefill", self._workload(key), self.kv_layout)
+            if not pp.SPACE.is_valid(cfg_p, wl):
+                cfg_p = pp.FAMILY.default_config(wl)
+                self.config_fallbacks += 1
+            items = pp.work_table(wl, int(cfg_p["BLOCK_M"]), int(cfg_p["NUM_SPLITS"]))
+            table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(dev)
+            bt_p = st.block_table([r for r, _, _ in chunks])
+            cu_q = torch.tensor([0, *np.cumsum([c for _, c, _ in chunks]).tolist()], dtype=torch.int32, device=dev)
+            prefix_t = torch.tensor([o for _, _, o in chunks], dtype=torch.int32, device=dev)
+            launches.append([prefix_launcher(st, layer, wl, cfg_p, bt_p, cu_q, prefix_t, table, len(items), tc)
+                             for layer in st.layers])
+        if dec:
+            key = ("decode_attention", round_count(len(dec)), round_log4(float(np.mean(ctx))))
+            cfg_d = self.chooser.choose("decode_attention", self._workload(key), self.kv_layout)
+            bt_d = st.block_table(dec)
+            ctx_t = torch.tensor(ctx, dtype=torch.int32, device=dev)
+            launches.append([decode_launcher(st, layer, cfg_d, bt_d, ctx_t, tc, len(dec)) for layer in st.layers])
+        moe_key = ("fused_moe", round_count(t), 0.0)
+        cfg_m = self.chooser.choose("fused_moe", self._workload(moe_key), self.kv_layout)
+        moe_wl = MoEWorkload(t, m.num_experts, m.top_k, m.hidden, m.intermediate, 0.0, self.dtype_name)
+        if not fm.SPACE.is_valid(cfg_m, moe_wl):  # chosen on the rounded token count; the rules see the exact one
+            cfg_m = self.chooser.choose("fused_moe", moe_wl, self.kv_layout)
+            if not fm.SPACE.is_valid(cfg_m, moe_wl):
+                cfg_m = fm.default_config(moe_wl)
+            self.config_fallbacks += 1
+        n_logits = len(dec) + sum(1 for r, c, o in chunks if o + c >= self.target[r])
+        q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+        torch.cuda.synchronize() if dev == "cuda" else None
+        t0 = time.perf_counter()
+        x = st.x0[:t]
+        for li, layer in enumerate(st.layers):
+            h = st.rmsnorm(x, layer["norm1"])
+            qkv = h @ layer["wqkv"]
+            st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
+            layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+                qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
+            layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+                qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
+            for per_layer in launches:
+                per_layer[li]()
+            if self.check and li == 0:
+                self.checked += check_attention(st, layer, chunks, dec, ctx)
+            x = x + st.attn[:t].reshape(t, q_dim) @ layer["wo"]
+            h = st.rmsnorm(x, layer["norm2"])
+            logits = (h @ layer["wr"]).float()
+            x = x + fm.prepare_layer(fm.MoEInputs(moe_wl, h.contiguous(), logits, layer["w1"], layer["w2"]), cfg_m)()
+        if n_logits:
+            st.rmsnorm(x[-n_logits:], st.final_norm).matmul(st.lm_head).argmax(-1)
+        torch.cuda.synchronize() if dev == "cuda" else None
+        seconds = time.perf_counter() - t0
+        self.record.append({"t": self.clock, "chunks": [[r, c, o] for r, c, o in chunks], "decode_batch": len(dec),
+                            "mean_context": float(np.mean(ctx)) if ctx else 0.0, "tokens": t, "seconds": seconds,
+                            "configs": {"prefix_prefill": str(cfg_p) if chunks else None,
+                                        "decode_attention": str(cfg_d) if dec else None, "fused_moe": str(cfg_m)}})
+        return seconds
+
+
+# ---- driving ---------------------------------------------------------------------------------------------------
+
+
+def window_trace(name: str, start_s: float, seconds: float, rate: float, max_prompt: int, max_output: int) -> Trace:
+    """The trace's requests arriving in [start, start + seconds x rate) compressed by rate, lengths capped."""
+    tr = load_trace(name)
+    w = tr.window(start_s, start_s + seconds * rate).scale_rate(rate)
+    return Trace(w.name, w.arrival_s, np.minimum(w.prompt_tokens, max_prompt),
+                 np.minimum(w.output_tokens, max_output), w.source)
+
+
+def pool_memory(model: ModelSpec, kv_gb: float) -> float:
+    """gpu_memory_bytes that leaves a KV pool of kv_gb GB at the simulator's default utilisation (0.9)."""
+    return (model.weight_bytes + kv_gb * 1e9) / 0.9
+
+
+def sim_kwargs(args: Any, model: ModelSpec) -> dict:
+    return dict(gpu_memory_bytes=pool_memory(model, args.kv_gb), max_num_batched_tokens=args.max_batched_tokens,
+                max_num_seqs=args.max_seqs)
+
+
+def run_live(args: Any) -> int:
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    model = TINY if args.smoke else load_model(args.model)
+    dtype_name = "float32" if device == "cpu" else "bfloat16"
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    trace = window_trace(args.trace, args.start_s, args.seconds, args.rate, args.max_prompt, args.max_output)
+    if args.smoke:
+        trace = trace.head(SMOKE_REQUESTS)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    probe = Simulator(model, trace, _Unit(), DefaultChooser(), None, kv_layout=PAGE, **sim_kwargs(args, model))
+    log(f"{model.name} on {device}: {len(trace)} requests over {trace.duration_s:.1f} s ({trace.name}); KV pool "
+        f"{probe.num_pages} pages of {PAGE.page_size}; weights {model.weight_bytes / 1e9:.1f} GB")
+    stack = Stack(model, probe.num_pages, args.max_batched_tokens, device, dtype, args.vocab)
+    log(f"weights and cache allocated in {time.time() - t_start:.0f} s")
+    results = {}
+    for spec in args.policies.split(","):
+        chooser = make_chooser(spec)
+        if time.time() - t_start > args.budget_s:
+            log(f"budget spent: skipping {spec}")
+            continue
+        stack.release_except(set())
+        sim = LiveSimulator(model, trace, chooser, stack, dtype_name, **sim_kwargs(args, model))
+        sim.check = bool(args.smoke)
+        t0 = time.time()
+        if args.warmup_steps:  # compile the first configs before the clock matters: a throwaway replay's first steps
+            warm = LiveSimulator(model, trace, chooser, stack, dtype_name, **sim_kwargs(args, model))
+            for _ in range(args.warmup_steps):
+                if not warm.step():
+                    break
+            stack.release_except(set())
+        deadline = t0 + args.policy_budget_s
+        while sim.step():
+            if time.time() > deadline:
+                log(f"{spec}: policy budget of {args.policy_budget_s:.0f} s spent at sim time {sim.clock:.1f} s")
+                break
+        res = sim.result()
+        s = res.summary
+        results[spec] = {k: s[k] for k in (*METRICS, "ttft_p99_s", "tpot_p99_s", "finished", "requests", "steps",
+                                           "preemptions", "sim_time_s", "overloaded") if k in s}
+        results[spec]["complete"] = bool(sim.done)
+        results[spec]["attention_rows_checked"] = sim.checked
+        results[spec]["config_fallbacks"] = sim.config_fallbacks
+        results[spec]["wall_s"] = time.time() - t0
+        (args.out / f"{spec.replace(':', '_').replace('/', '_')}_steps.json").write_text(json.dumps(sim.record))
+        log(f"{spec}: {s['tokens_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_s'] * 1e3:.1f} ms, TPOT p50 "
+            f"{s['tpot_p50_s'] * 1e3:.2f} ms, {int(s['finished'])}/{len(trace)} finished, {len(sim.record)} steps")
+    meta = {"model": model.name, "trace": args.trace, "window": [args.start_s, args.seconds, args.rate],
+            "max_prompt": args.max_prompt, "max_output": args.max_output, "kv_gb": args.kv_gb,
+            "max_batched_tokens": args.max_batched_tokens, "max_seqs": args.max_seqs, "page": [16, "NHD"],
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu-interpreter",
+            "torch": torch.__version__, "cuda_graphs": False, "requests": len(trace), "smoke": bool(args.smoke),
+            "dtype": dtype_name}
+    (args.out / "measured.json").write_text(json.dumps({"meta": meta, "measured": results}, indent=1))
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+class _Unit:
+    def time_s(self, kernel: str, workload: Any, config: Config) -> float:
+        return 1e-6
+
+
+MIN_PREFILL_TOKENS = 128  # the dataset's smallest prefill shape (PREFILL_TOTALS) and decode context
+MIN_DECODE_CONTEXT = 128
+
+
+class PredictSimulator(Simulator):
+    """The plain simulator, with workloads below the dataset's smallest shapes raised to them (prefill steps of
+    fewer than 128 tokens timed as one 128-token sequence, decode contexts below 128 as 128: upper bounds, counted in
+    `clamped`), so a replay with short chunks can be predicted from the packaged data at all."""
+
+    clamped = 0
+
+    def _workload(self, key: tuple) -> Any:
+        if key[0] == "prefill_attention" and sum(key[1]) < MIN_PREFILL_TOKENS:
+            self.clamped += 1
+            key = (key[0], (MIN_PREFILL_TOKENS,))
+        elif key[0] == "decode_attention" and key[2] < MIN_DECODE_CONTEXT:
+            self.clamped += 1
+            key = (key[0], key[1], MIN_DECODE_CONTEXT)
+        return super()._workload(key)
+
+
+def run_predict(args: Any) -> int:
+    """CPU: the plain simulator on the measured run's window with the packaged dataset, beside the measurements."""
+    from kernel_gym.measure import make_backend
+    from kernel_gym.traffic.simulator import BackendTimer
+
+    path = args.out / "measured.json"
+    if not path.exists():
+        raise SystemExit(f"{path} is absent: run the live replay with --out {args.out} first")
+    data = json.loads(path.read_text())
+    meta = data["meta"]
+    model = TINY if meta["smoke"] else load_model(meta["model"])
+    start, seconds, rate = meta["window"]
+    trace = window_trace(meta["trace"], start, seconds, rate, meta["max_prompt"], meta["max_output"])
+    if meta["smoke"]:
+        trace = trace.head(SMOKE_REQUESTS)
+    args.kv_gb, args.max_batched_tokens, args.max_seqs = meta["kv_gb"], meta["max_batched_tokens"], meta["max_seqs"]
+    if meta["smoke"]:  # the dataset has no tiny-model rows: the path only, with a roofline timer
+        from kernel_gym.measure.roofline import RooflineTimer
+
+        timer: Any = RooflineTimer(0.5)
+    else:
+        backend = make_backend("recorded")
+        timer = BackendTimer(backend)
+    summary: dict = {"meta": meta, "policies": {}}
+    for spec, measured in data["measured"].items():
+        chooser: Any = make_chooser(spec)
+        guard = None
+        if not meta["smoke"]:  # as `kernel-gym replay`: a config the dataset cannot time falls back, counted
+            from kernel_gym.policies.replay import GuardedChooser
+
+            chooser = guard = GuardedChooser(chooser, backend, model.num_layers)
+        sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE,
+                               dtype=meta.get("dtype", "bfloat16"), **sim_kwargs(args, model))
+        if guard is not None:
+            guard.sim = sim
+        try:
+            pred = sim.run().summary
+        except (LookupError, RuntimeError) as exc:  # the dataset cannot time some step: say so, keep the others
+            summary["policies"][spec] = {"measured": {k: measured[k] for k in METRICS},
+                                         "prediction_error": f"{type(exc).__name__}: {exc}"[:400]}
+            log(f"{spec}: no prediction: {exc}")
+            continue
+        row = {"measured": {k: measured[k] for k in METRICS}, "predicted": {k: pred[k] for k in METRICS},
+               "relative_error": {k: (pred[k] - measured[k]) / measured[k] for k in METRICS if measured[k]},
+               "chunk_attention_estimated_s": pred["chunk_attention_estimated_s"],
+               "estimated_share": (sum(guard.estimated_s.values()) / max(sum(guard.kernel_s.values()), 1e-12)
+                                   if guard is not None else None),
+               "fallbacks": guard.fallbacks if guard is not None else None,
+               "clamped_workloads": sim.clamped,
+               "measured_run_complete": measured.get("complete")}
+        summary["policies"][spec] = row
+        log(f"{spec}: " + ", ".join(f"{k} measured {row['measured'][k]:.4g} predicted {row['predicted'][k]:.4g}"
+                                     for k in METRICS))
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary["policies"], indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", default="mixtral-8x7b", help="a zoo model that fits one GPU with its KV pool")
+    p.add_argument("--trace", default="bundled", help="trace name or path (default: the bundled Azure excerpt)")
+    p.add_argument("--start-s", type=float, default=0.0)
+    p.add_argument("--seconds", type=float, default=30.0, help="replay seconds of arrivals per policy")
+    p.add_argument("--rate", type=float, default=1.0, help="arrival-rate factor: trace seconds per replay second")
+    p.add_argument("--max-prompt", type=int, default=4096)
+    p.add_argument("--max-output", type=int, default=256)
+    p.add_argument("--kv-gb", type=float, default=20.0, help="KV pool size (GB), the same in the prediction")
+    p.add_argument("--max-batched-tokens", type=int, default=4096, help="chunk budget per step")
+    p.add_argument("--max-seqs", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=32000, help="LM head rows (Mixtral 32000, OLMoE 50304)")
+    p.add_argument("--policies", default="default", help="comma list: default, table:PATH")
+    p.add_argument("--warmup-steps", type=int, default=40)
+    p.add_argument("--budget-s", type=float, default=420.0, help="stop starting policies after this many seconds")
+    p.add_argument("--policy-budget-s", type=float, default=150.0, help="wall seconds per policy's replay")
+    p.add_argument("--predict", action="store_true", help="CPU: the simulator's prediction beside measured.json")
+    p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
+    args = p.parse_args(argv)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.max_batched_tokens, args.kv_gb, args.warmup_steps = 48, 0.002, 0
+        args.max_prompt, args.max_output = 60, 3
+    if args.predict:
+        return run_predict(args)
+    return run_live(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
