@@ -31,7 +31,8 @@ COLUMNS = (  # (heading, definition): the table's footnote and docs/simulator.md
                        "stalls; 0 for policies that only look up"),
     ("TTFT p50 / p99 (s)", "time to first token, median and 99th percentile over requests"),
     ("TPOT p50 / p99 (ms)", "time per output token after the first, median and 99th percentile"),
-    ("switches", "config changes between engine steps (each new config compiles once: a stall)"),
+    ("switches", "times a kernel's config differed from its previous call's (a config's first use is also "
+                 "charged its compile time, as a stall)"),
     ("fallbacks", "kernel calls whose chosen config had no time in the data: the family default (else the slowest "
                   "config) was charged instead"),
     ("estimated kernel time", "share of the policy's tuned-kernel seconds whose times are estimates (interpolated "
@@ -84,10 +85,19 @@ def estimate_note(rep: dict[str, Any]) -> str:
     if not high:
         return ""
     which = ", ".join(f"{n} {100 * v:.0f}%" for n, v in high.items())
-    return (f"Note: most tuned-kernel time here rests on estimates ({which}): the workloads of this trace lie mostly "
-            "outside the measured shapes, so the oracle is only the best config under the same estimates and the "
-            "ratios between policies compare estimated times. Read differences of a few percent as unmeasured; "
-            "`--steps-json` and scripts/live_replay_check.py time the chosen kernels on a GPU (docs/simulator.md).")
+    who = "learned" if "learned" in high else next(iter(high))
+    m = pols[who]
+    parts = {k: m.get(f"tuned_kernel_s.{k}", 0.0) * m.get(f"estimated_share.{k}", 0.0)
+             for k in ("prefill_attention", "decode_attention", "fused_moe")}
+    top = max(parts, key=parts.__getitem__)
+    where = (f"; the largest estimated part of {who}'s is {top}: {parts[top]:.0f} of its "
+             f"{m.get('tuned_kernel_s', 0.0):.0f} s" if parts[top] > 0 else "")
+    return (f"Note: most tuned-kernel time here rests on estimates ({which}{where}): this trace's workloads lie "
+            "mostly outside the measured shapes (for long prompts: MoE over more tokens than the largest measured "
+            "M, prefill over longer sequences), so the oracle is only the best config under the same estimates and "
+            "the ratios between policies compare estimated times. Read differences of a few percent as unmeasured; "
+            "`--steps-json` and scripts/live_replay_check.py time the chosen kernels on a GPU (docs/simulator.md, "
+            "'Reading the replay table').")
 
 
 def _estimated(m: dict[str, Any]) -> str:

@@ -42,3 +42,13 @@ def test_replay_routing_default_is_the_one_the_report_states() -> None:
     args = replay.build_parser().parse_args(["--json", "x.json"])
     assert args.routing == replay_report.DEFAULT_ROUTING == "zipf:1.2"
     assert "default zipf:1.2" in replay.build_parser().format_help().replace("\n", " ").replace("  ", " ")
+
+
+def test_docs_define_every_column() -> None:
+    from pathlib import Path
+
+    doc = (Path(replay_report.__file__).resolve().parents[2] / "docs" / "simulator.md").read_text()
+    section = doc[doc.index("## Reading the replay table"):]
+    for heading, definition in replay_report.COLUMNS:
+        assert f"- **{heading}**: " in section, heading
+        assert " ".join(definition.split()[:4]) in section.replace("\n", " "), heading
