@@ -546,6 +546,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel degree: vllm/sglang N = intermediate // tp; dispatch: the table is for one "
                         "GPU's shard, the same as --model NAME@tpN")
+    p.add_argument("--ep", type=int, default=1,
+                   help="vllm/sglang: expert-parallel degree; the file is named by the local expert count E // ep")
+    p.add_argument("--engine-version", default="",
+                   help="vllm/sglang: the engine release the files target (default vLLM 0.33.0, SGLang 0.5.23)")
+    p.add_argument("--confirmations", action="append", default=[], metavar="JSON",
+                   help="vllm/sglang: paired confirmations (bench_vllm_export.json, engine_tune.json) that let a "
+                        "measured lead change a key")
     p.add_argument("--policy-dir", type=Path, default=None, metavar="DIR",
                    help="dispatch: read the policies from bundles KERNEL.json/.npz in DIR instead of MLflow, e.g. "
                         "benchmarks/generalisation/policies (the model-conditioned zoo policies the repository ships)")
