@@ -486,6 +486,27 @@ class PredictSimulator(Simulator):
     `clamped`), so a replay with short chunks can be predicted from the packaged data at all."""
 
     clamped = 0
+    scaled_decode_s = 0.0
+
+    def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
+        """Decode at a batch the dataset has no row for (it stops at 64 below 2048 tokens of context): the time at
+        the largest batch it answers (halving), scaled by the batch ratio (decode reads KV: time ~ batch x context).
+        An estimate, summed in scaled_decode_s."""
+        try:
+            return super()._kernel_s(kernel, key, stall)
+        except LookupError:
+            if kernel != "decode_attention" or key[1] <= 1:
+                raise
+        batch, smaller = key[1], key[1]
+        while smaller > 1:
+            smaller //= 2
+            try:
+                t = super()._kernel_s(kernel, (key[0], smaller, key[2]), stall) * batch / smaller
+            except LookupError:
+                continue
+            self.scaled_decode_s += t * self.model.num_layers
+            return t
+        raise LookupError(f"no decode time at any batch <= {batch} for context {key[2]}")
 
     def _workload(self, key: tuple) -> Any:
         if key[0] == "prefill_attention" and sum(key[1]) < MIN_PREFILL_TOKENS:
@@ -546,6 +567,8 @@ def run_predict(args: Any) -> int:
                                    if guard is not None else None),
                "fallbacks": guard.fallbacks if guard is not None else None,
                "clamped_workloads": sim.clamped,
+               "decode_scaled_estimate_s": sim.scaled_decode_s,
+               "predicted_busy_s": pred["busy_s"],
                "measured_run_complete": measured.get("complete")}
         summary["policies"][spec] = row
         log(f"{spec}: " + ", ".join(f"{k} measured {row['measured'][k]:.4g} predicted {row['predicted'][k]:.4g}"
