@@ -90,20 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--routing", default="zipf:1.2")
     p.add_argument("--budget-s", type=float, default=2400.0)
     p.add_argument("--resume", action="store_true", help="keep the profiles already in --out")
+    p.add_argument("--commit", default="", help="the commit the tree is (default: git rev-parse HEAD)")
+    p.add_argument("--jobs", type=int, default=1, help="profiles replayed in parallel (forked processes)")
     args = p.parse_args(argv)
 
     from kernel_gym.measure.recorded import RecordedBackend
     from kernel_gym.models import load_model
-    from kernel_gym.parallel.deploy import coordinate_search
     from kernel_gym.policies.plan import (
-        baselines,
-        heldout_replay,
-        make_env,
         parse_slo,
-        recommend,
-        window_starts,
     )
-    from kernel_gym.policies.replay import routing_profile
     from kernel_gym.traffic.traces import load_trace
 
     t_start = time.time()
@@ -111,8 +106,18 @@ def main(argv: list[str] | None = None) -> int:
     aic = json.loads(AIC_ANSWERS.read_text()) if AIC_ANSWERS.is_file() else {"answers": {}}
     out_path, raw = Path(args.out), Path(args.raw)
     raw.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    try:
+        commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                               cwd=ROOT).stdout.strip()
+    except OSError:  # no git where it runs (a copied tree): --commit names it
+        commit = args.commit
+    import sb3_contrib  # noqa: F401
+
+    import kernel_gym.policies.plan  # noqa: F401  (imported before any fork)
+    from kernel_gym.measure.coverage import cover
+
     backend = RecordedBackend()
+    _CTX["backend"] = cover(backend)
     doc = json.loads(out_path.read_text()) if args.resume and out_path.is_file() else {"profiles": []}
     done = {(q["trace"], q["load_kind"], q["model"], q["gpus"], q["engine"]) for q in doc["profiles"]}
     doc["meta"] = {"commit": commit, "dataset_hash": backend.dataset_hash, "versions": versions(),
@@ -131,38 +136,79 @@ def main(argv: list[str] | None = None) -> int:
     loads = args.loads.split(",")
     keys = priority(models, gpu_list, list(traces), loads)
     specs = {m: load_model(m) for m in models}
-    for tname, load_kind, model, gpus in keys:
-        key = (tname, load_kind, model, gpus, engine)
-        if key in done:
-            continue
-        if time.time() - t_start > args.budget_s:
-            doc["meta"]["skipped"].append("|".join(map(str, key)) + ": budget")
-            continue
-        if AIC_ANSWERS.is_file():  # the collector may still be adding answers
-            aic = json.loads(AIC_ANSWERS.read_text())
-        spec = specs[model]
-        routing = routing_profile(args.routing, spec, 0)
-        t0 = time.time()
-        try:
-            prof = run_profile(spec, gpus, engine, traces[tname], tname, load_kind, slo, args, routing, aic,
-                               make_env, window_starts, baselines, recommend, heldout_replay, coordinate_search,
-                               raw)
-        except ValueError as exc:
-            print(f"[bench] {key}: skipped ({exc})", file=sys.stderr, flush=True)
-            doc["meta"]["skipped"].append("|".join(map(str, key)) + f": {exc}")
-            continue
-        prof["wall_s"] = time.time() - t0
-        doc["profiles"].append(prof)
-        out_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        g = prof["goodput"]
-        print(f"[bench] {tname} {load_kind} x{prof['load']:g} {model} g{gpus}: plan {g['plan']:.2f} "
-              f"default {g['engine_default']:.2f} search {g['search']:.2f} aic {g['aiconfigurator']} "
-              f"req/s ({prof['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    todo = [k for k in keys if (*k, engine) not in done]
+    ctx = {"args": args, "slo": slo, "traces": traces, "specs": specs, "engine": engine, "raw": raw,
+           "t_start": t_start}
+    if args.jobs > 1:
+        import multiprocessing as mp
+
+        _CTX.update(ctx)
+        with mp.get_context("fork").Pool(args.jobs) as pool:
+            results = pool.imap_unordered(_run_key, todo)
+            for key, prof, skip in results:
+                _collect(doc, out_path, key, prof, skip)
+    else:
+        _CTX.update(ctx)
+        for key in todo:
+            _collect(doc, out_path, *_run_key(key))
     doc["meta"]["wall_s"] = time.time() - t_start
     doc["meta"]["data_sha256"] = hashlib.sha256(json.dumps(doc["profiles"], default=str).encode()).hexdigest()[:16]
     out_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     summary(doc)
     return 0
+
+
+_CTX: dict = {}
+_PRICERS: dict = {}
+
+
+def _pricer(spec, routing):
+    """One DeploymentPricer per model and process: the dataset loads once, layout prices are memoised."""
+    from kernel_gym.parallel.deploy import DeploymentPricer
+
+    p = _PRICERS.get(spec.name)
+    if p is None:
+        p = _PRICERS[spec.name] = DeploymentPricer(spec, _CTX["backend"], None, routing)
+    return p
+
+
+def _run_key(key: tuple) -> tuple:
+    """One profile (in a worker process with --jobs): (key, profile or None, skip reason or None)."""
+    from kernel_gym.parallel.deploy import coordinate_search
+    from kernel_gym.policies.plan import baselines, heldout_replay, make_env, recommend, window_starts
+    from kernel_gym.policies.replay import routing_profile
+
+    c = _CTX
+    args, engine = c["args"], c["engine"]
+    tname, load_kind, model, gpus = key
+    full = (*key, engine)
+    if time.time() - c["t_start"] > args.budget_s:
+        return full, None, "budget"
+    aic = json.loads(AIC_ANSWERS.read_text()) if AIC_ANSWERS.is_file() else {"answers": {}}
+    spec = c["specs"][model]
+    routing = routing_profile(args.routing, spec, 0)
+    t0 = time.time()
+    try:
+        prof = run_profile(spec, gpus, engine, c["traces"][tname], tname, load_kind, c["slo"], args, routing, aic,
+                           make_env, window_starts, baselines, recommend, heldout_replay, coordinate_search,
+                           c["raw"])
+    except ValueError as exc:
+        return full, None, str(exc)
+    prof["wall_s"] = time.time() - t0
+    return full, prof, None
+
+
+def _collect(doc: dict, out_path: Path, key: tuple, prof: dict | None, skip: str | None) -> None:
+    if prof is None:
+        print(f"[bench] {key}: skipped ({skip})", file=sys.stderr, flush=True)
+        doc["meta"]["skipped"].append("|".join(map(str, key)) + f": {skip}")
+        return
+    doc["profiles"].append(prof)
+    out_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    g = prof["goodput"]
+    print(f"[bench] {key[0]} {key[1]} x{prof['load']:g} {key[2]} g{key[3]}: plan {g['plan']:.2f} "
+          f"default {g['engine_default']:.2f} search {g['search']:.2f} aic {g.get('aiconfigurator')} "
+          f"req/s ({prof['wall_s']:.0f} s)", file=sys.stderr, flush=True)
 
 
 def priority(models: list, gpus: list, traces: list, loads: list) -> list:
@@ -192,7 +238,7 @@ def saturating_factor(spec, gpus, engine, trace, slo, args, routing, baselines, 
     f = 2.0
     while f < 64:
         env = make_env(spec, gpus, engine, trace, slo, f, window_for(trace, trace.name, f, args.requests), "heldout",
-                       routing)
+                       routing, pricer=_pricer(spec, routing))
         env.reset(options={"start_s": window_starts(env, 1)[0]})
         if env.serve_deployment(dep)["slo_attainment"] < 0.9:
             return f
@@ -205,7 +251,10 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
     load = 1.0 if load_kind == "own" else saturating_factor(spec, gpus, engine, trace, slo, args, routing,
                                                             baselines, make_env, window_starts)
     window = window_for(trace, tname, load, args.requests)
-    rec = recommend(spec, gpus, engine, trace, slo, load, window, args.train_steps, args.samples, 1, 0, routing)
+    pricer = _pricer(spec, routing)
+    ev0 = pricer.evaluations
+    rec = recommend(spec, gpus, engine, trace, slo, load, window, args.train_steps, args.samples, 1, 0, routing,
+                    pricer=pricer)
     env = rec["env"]
     starts = rec["train_windows"]
     floor = baselines(spec, engine, gpus)
@@ -231,7 +280,8 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
             else:
                 deps["aiconfigurator"] = a_dep
     names = list(deps)
-    held, henv = heldout_replay(spec, gpus, engine, trace, slo, load, window, [deps[n] for n in names], routing)
+    held, henv = heldout_replay(spec, gpus, engine, trace, slo, load, window, [deps[n] for n in names], routing,
+                                pricer=pricer)
     res = dict(zip(names, held))
     offered = held[0]["offered_req_per_s"]
     goodput = {n: res[n]["goodput_req_per_s"] for n in names}
@@ -256,7 +306,7 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
             "shares": {n: {"estimated": res[n]["estimated_share"], "prior": res[n]["prior_share"]} for n in names},
             "slo_attainment": {n: res[n]["slo_attainment"] for n in names},
             "aiconfigurator_note": aic_note, "agent_proposals": rec["agent_proposals"],
-            "evaluations": env.pricer.evaluations + henv.pricer.evaluations, "search_evaluations": len(hist)}
+            "evaluations": pricer.evaluations - ev0, "search_evaluations": len(hist)}
     rawf = raw / f"{tname}_{load_kind}_{spec.name}_g{gpus}_{engine}.json"
     rawf.write_text(json.dumps({"profile": prof, "heldout": res, "search_history": hist,
                                 "agent_ranked": [{"deployment": r["deployment"].to_dict(),

@@ -228,7 +228,9 @@ class ServingPlanEnv(ParallelServingEnv):
     - v0: initial version.
     """
 
-    def __init__(self, *args: Any, engine: str = "vllm", max_model_len: int = 32768, **kw: Any) -> None:
+    def __init__(self, *args: Any, engine: str = "vllm", max_model_len: int = 32768, pricer: Any = None,
+                 **kw: Any) -> None:
+        """pricer: a DeploymentPricer of the same model to share (its layouts' prices are memoised)."""
         from kernel_gym.parallel.deploy import (
             BATCHED_TOKENS,
             BLOCK_SIZES,
@@ -248,8 +250,8 @@ class ServingPlanEnv(ParallelServingEnv):
         self.grids = (BLOCK_SIZES, BATCHED_TOKENS, MAX_SEQS, GRAPH_MAX)
         self.choices = layout_choices(self.gpus)
         self._Deployment, self._why = Deployment, why_invalid_deployment
-        self.pricer = DeploymentPricer(self.model, self.backend, self.table if self.gpus > 1 else None,
-                                       self.routing, max_model_len)
+        self.pricer = pricer if pricer is not None else DeploymentPricer(
+            self.model, self.backend, self.table if self.gpus > 1 else None, self.routing, max_model_len)
         lenient = [Deployment(engine, r, lay.tp, lay.ep, BLOCK_SIZES[0], BATCHED_TOKENS[0], MAX_SEQS[0], 0)
                    for r, lay in self.choices]
         self.choice_reasons = [why_invalid_deployment(self.model, d, max_model_len) for d in lenient]

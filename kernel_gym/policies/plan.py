@@ -51,13 +51,18 @@ def parse_slo(text: str) -> tuple[float, float]:
 
 def make_env(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float,
              window_s: float, split: str = "train", routing: Any = None, table: Any = None,
-             backend: Any = "recorded") -> Any:
+             backend: Any = None, pricer: Any = None) -> Any:
+    """A ServingPlan-v0 env; `backend` / `pricer` (a DeploymentPricer of the model) are shared when given, so that
+    the dataset loads once and the layouts' prices are memoised across envs."""
     from kernel_gym.envs.parallel_serving import ServingPlanEnv
 
+    if pricer is not None:
+        backend, table = pricer.backend, pricer._table_arg if pricer._table is None else pricer._table
     ctx = min(60.0, window_s)
-    return ServingPlanEnv(backend=backend, model=spec, trace=trace, gpus=gpus, engine=engine, table=table,
-                          routing=routing, split=split, window_s=window_s, warmup_s=min(10.0, window_s / 4),
-                          context_s=ctx, rate_scale=rate_scale, ttft_slo_s=slo[0], tpot_slo_s=slo[1])
+    return ServingPlanEnv(backend=backend or "recorded", model=spec, trace=trace, gpus=gpus, engine=engine,
+                          table=table, routing=routing, split=split, window_s=window_s,
+                          warmup_s=min(10.0, window_s / 4), context_s=ctx, rate_scale=rate_scale, ttft_slo_s=slo[0],
+                          tpot_slo_s=slo[1], pricer=pricer)
 
 
 def window_starts(env: Any, n: int) -> list[float]:
@@ -127,12 +132,13 @@ def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
 def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float = 1.0,
               window_s: float = 60.0, train_steps: int = 64, samples: int = 2, train_windows: int = 2,
               seed: int = 0, routing: Any = None, table: Any = None, env: Any = None,
-              refine_rounds: int = 1) -> dict[str, Any]:
+              refine_rounds: int = 1, pricer: Any = None) -> dict[str, Any]:
     """The agent's choice on the training windows (module docstring): the ranked candidates with their mean
     training goodput, the winner first. refine_rounds > 0: a coordinate search over the knobs starting at the best
     candidate refines it (the agent proposes, the simulator replays decide)."""
     t0 = time.time()
-    env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "train", routing, table)
+    env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "train", routing, table,
+                          pricer=pricer)
     starts = window_starts(env, train_windows)
     agent = train_agent(env, train_steps, seed)
     agent_deps = proposals(env, agent, starts, samples, seed)
@@ -163,9 +169,10 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
 
 def heldout_replay(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float,
                    window_s: float, deps: list[Any], routing: Any = None, table: Any = None,
-                   env: Any = None) -> tuple[list[dict[str, Any]], Any]:
+                   env: Any = None, pricer: Any = None) -> tuple[list[dict[str, Any]], Any]:
     """Each deployment replayed on the held-out window in the middle of the trace's last part."""
-    env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "heldout", routing, table)
+    env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "heldout", routing, table,
+                          pricer=pricer)
     start = window_starts(env, 1)[0]
     env.reset(options={"start_s": start})
     out = []
@@ -189,11 +196,12 @@ def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str
 
 
 def load_curve(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], deps: list[Any],
-               factors: list[float], window_s: float, routing: Any = None, table: Any = None) -> dict[str, list]:
+               factors: list[float], window_s: float, routing: Any = None, table: Any = None,
+               pricer: Any = None) -> dict[str, list]:
     """Goodput vs load (rate factor) per deployment on the held-out window: the data of the MLflow plot."""
     curve: dict[str, list] = {d.layout_name + " " + d.name.split(":", 2)[2]: [] for d in deps}
     for f in factors:
-        env = make_env(spec, gpus, engine, trace, slo, f, window_s, "heldout", routing, table)
+        env = make_env(spec, gpus, engine, trace, slo, f, window_s, "heldout", routing, table, pricer=pricer)
         start = window_starts(env, 1)[0]
         env.reset(options={"start_s": start})
         for d, key in zip(deps, curve):
@@ -292,7 +300,8 @@ def run(args: argparse.Namespace) -> int:
                     args.samples, seed=args.seed, routing=routing, refine_rounds=args.refine_rounds)
     ranked = rec["ranked"][: 1 + args.next]
     deps = [r["deployment"] for r in ranked]
-    held, _ = heldout_replay(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, deps, routing)
+    held, _ = heldout_replay(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, deps, routing,
+                             pricer=rec["env"].pricer)
     model_id = args.model_id or HF_IDS.get(spec.name, spec.name)
     table = rec["env"].table
     entries = []
@@ -327,7 +336,8 @@ def run(args: argparse.Namespace) -> int:
               f" {q['goodput_req_per_s']:>13.2f} {q['estimated_share']:>9.0%} {q['prior_share']:>6.0%}")
     if not args.no_mlflow:
         curve = load_curve(spec, args.gpus, args.engine, trace, slo, deps[:3],
-                           [args.rate_scale * f for f in (0.5, 1, 2, 4)], args.window_s, routing)
+                           [args.rate_scale * f for f in (0.5, 1, 2, 4)], args.window_s, routing,
+                           pricer=rec["env"].pricer)
         report["goodput_vs_load"] = curve
         report["mlflow_run_id"] = log_mlflow(args, report, curve)
         print(f"MLflow run {report['mlflow_run_id']} (experiment kernel-gym-plan): goodput_vs_load.png")
