@@ -2,15 +2,16 @@
 with the share of each result resting on estimated times beside it.
 
     python3 scripts/parallel_replay.py run --model mixtral-8x7b --gpus 8 --traces azure-conv,mooncake \\
-        --duration-s 600 --json benchmarks/multigpu/replay_g8.json          # CPU; needs the measured table
+        --duration-s 600 --json benchmarks/multigpu/replay_g8.json          # CPU
     python3 scripts/parallel_replay.py plan --model mixtral-8x7b --gpus 8 --out plan.json
     python3 scripts/collect.py --plan plan.json --kernels fused_moe --db shards.sqlite --out shards.jsonl.gz  # 1 GPU
 
-`run` refuses (exit 2, one line naming scripts/measure_collectives.py) when no measured collectives table exists:
-multi-GPU step times are never guessed. The baselines are the fixed layouts users pick by hand: TP = G, EP = G and
-the mixed tp x ep = G the model allows (kernel_gym.parallel.layout). `plan` writes the fused-MoE shards of every
-layout (TP: intermediate / tp; EP: E / ep experts, one expert per received row) as a `collect --plan` file, with the
-fastest configs measured at the model's unsharded shapes as candidates, so one GPU can measure what the layouts run.
+`run` reads the measured collectives table, else aiconfigurator's labelled prior (kernel_gym/data/collectives/; each
+row then reports prior_step_share, the part of its step time priced from it). The baselines are the fixed layouts
+users pick by hand: TP = G, EP = G and the mixed tp x ep = G the model allows (kernel_gym.parallel.layout). `plan`
+writes the fused-MoE shards of every layout (TP: intermediate / tp; EP: E / ep experts, one expert per received row)
+as a `collect --plan` file, with the fastest configs measured at the model's unsharded shapes as candidates, so one
+GPU can measure what the layouts run.
 Traces by name need KERNEL_GYM_TRACES (README: Data and licences); "bundled" works anywhere.
 """
 
@@ -65,14 +66,18 @@ def plan(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from kernel_gym.models import load_model
-    from kernel_gym.parallel.collectives import load_table
+    from kernel_gym.parallel.collectives import default_table, load_table
     from kernel_gym.parallel.layout import layouts_for, why_invalid
     from kernel_gym.parallel.step_time import serve
     from kernel_gym.policies.replay import routing_profile
     from kernel_gym.traffic.traces import load_trace
     from kernel_gym.traffic.windows import slice_window
 
-    table = load_table(args.table or None)
+    table = load_table(args.table) if args.table else default_table()
+    if table.is_prior:
+        print(f"parallel_replay: note: no measured collectives table; pricing collectives from the labelled prior "
+              f"{table.source} ({table.prior.get('source')}); prior_share says how much of each step rests on it",
+              file=sys.stderr)
     if table.meta.get("complete") is False:
         print(f"parallel_replay: note: {table.source} is incomplete ({table.meta.get('stopped')}); sizes and GPU "
               "counts it lacks are refused", file=sys.stderr)
@@ -105,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             print(f"{r['layout']:<10} {r['goodput_req_per_s']:>14.3f} {r['slo_attainment']:>8.1%} "
                   f"{r['tokens_per_s']:>9.1f} {r['ttft_p99_s']:>9.3f} {r['tpot_p50_s']:>9.4f} "
-                  f"{r['collective_share']:>11.1%} {r['ep_imbalance_mean']:>8.2f} {r['estimated_share']:>9.1%}")
+                  f"{r['collective_share']:>11.1%} {r['ep_imbalance_mean']:>8.2f} {r['estimated_share']:>9.1%} "
+                  f"{r['prior_step_share']:>6.1%}")
         for lay, why in skipped.items():
             print(f"{lay:<10} invalid: {why}")
     if args.json:

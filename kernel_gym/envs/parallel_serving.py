@@ -7,7 +7,8 @@ restarting the engine and reloading every weight, minutes of downtime). So the r
 the agent sees what the traffic looked like just before (arrival rate, prompt and output lengths, how skewed the
 expert routing is) and picks the layout that then serves a window of the trace. The step times come from
 kernel_gym.parallel (sharded kernels measured on one GPU, collectives from the measured table, EP imbalance from the
-step's sampled routing); without a measured collectives table the environment refuses to start.
+step's sampled routing); without a measured collectives table the collectives come from aiconfigurator's labelled
+prior (kernel_gym.parallel.collectives.load_prior), and each step's info says how much of it rests on the prior.
 """
 
 from __future__ import annotations

@@ -51,8 +51,9 @@ def test_topology_parsing():
     assert mc.parse_topology(TOPO) == {"gpu0_links": {"GPU1": "NV18", "GPU2": "NV18"}, "link_types": ["NV18"]}
 
 
-def test_replay_refuses_without_a_table(tmp_path, monkeypatch, capsys):
+def test_replay_refuses_without_a_table_or_prior(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KERNEL_GYM_COLLECTIVES", str(tmp_path / "absent.json"))
+    monkeypatch.setattr("kernel_gym.parallel.collectives.PRIOR_TABLE", tmp_path / "no_prior.json")
     pr = load_script("parallel_replay")
     assert pr.main(["run", "--traces", "bundled"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
