@@ -2,14 +2,15 @@
 sdpa_prefix anchor, and dataset rows over the prefill grid's new prefix-length axis.
 
 Steps, each within its share of --budget-s:
-  1. bench (55%): `kernel-gym bench --kernels prefix_prefill` logic (kernel_gym.bench.run_bench): per case the
-     default config and a seeded sample of --configs valid configs, each checked against the fp32 torch reference on
-     NaN-filled outputs (launched twice) before it is timed (L2 flushed, median of 10-40 samples, spread kept), near
-     ties re-timed; the best against the sdpa_prefix anchor measured in the same run (torch SDPA over a contiguous
-     prefix + chunk, bottom-right causal mask, the fastest correct backend variant; every variant's time is kept).
-     Writes $OUT/h200_prefix.json (records: kernel, case, config, ms, value, anchor "sdpa_prefix", anchor_value,
-     ratio_to_anchor, default_ms), $OUT/h200_prefix_details.json (every config tried with median and spread, the
-     anchor variants) and $OUT/h200_prefix.md.
+  1. bench (--bench-share of it, default 55%): `kernel-gym bench --kernels prefix_prefill` logic
+     (kernel_gym.bench.run_bench): per case the default config and a seeded sample of --configs valid configs,
+     each checked against the fp32 torch reference on NaN-filled outputs (launched twice) before it is timed (L2
+     flushed, median of 10-40 samples, spread kept), near ties re-timed; the best against the sdpa_prefix anchor
+     measured in the same run (torch SDPA over a contiguous prefix + chunk, bottom-right causal mask, the fastest
+     correct backend variant; every variant's time is kept). Writes $OUT/h200_prefix.json (records: kernel, case,
+     config, ms, value, anchor "sdpa_prefix", anchor_value, ratio_to_anchor, default_ms),
+     $OUT/h200_prefix_details.json (every config tried with median and spread, the anchor variants) and
+     $OUT/h200_prefix.md.
   2. collect (the rest): measurements of prefix_prefill on Mixtral's default grid (chunks 128-4096 x prefixes
      0-32k x {one request, a mixed batch of four}; --per-shape sampled configs plus the default per shape) into
      $OUT/prefix_prefill.sqlite (kernel_gym.measure.store format) and a snapshot $OUT/prefix_prefill.jsonl.gz that
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=330.0, help="seconds for both steps together")
     p.add_argument("--configs", type=int, default=24, help="sampled configs per bench case (plus the default)")
     p.add_argument("--per-shape", type=int, default=6, help="sampled configs per dataset shape (plus the default)")
+    p.add_argument("--bench-share", type=float, default=0.55, help="share of --budget-s for the bench step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU: the collect step on the interpreter's small grid")
     p.add_argument("--merge-into", type=Path, default=None, metavar="JSON",
@@ -113,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("prefix_prefill_study needs a CUDA GPU (or --smoke on the CPU)")
-    records = run_bench_step(args.out, args.configs, 0.55 * args.budget_s, args.seed)
+    if not 0 < args.bench_share <= 1:
+        raise SystemExit(f"--bench-share {args.bench_share}: give a fraction in (0, 1]")
+    records = run_bench_step(args.out, args.configs, args.bench_share * args.budget_s, args.seed)
     log(f"bench: {len(records)} records in {time.time() - t0:.0f} s")
     left = args.budget_s - (time.time() - t0)
     summary: dict = {"bench_records": len(records), "bench_s": time.time() - t0}

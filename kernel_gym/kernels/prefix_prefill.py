@@ -620,14 +620,14 @@ def bench_cases() -> list[tuple[str, PrefixPrefillWorkload]]:
     def one(c: int, p: int, b: int = 1) -> PrefixPrefillWorkload:
         return PrefixPrefillWorkload(32, 8, 128, (c,) * b, (p,) * b)
 
-    return [
-        ("prefix_c2048_p0", one(2048, 0)),
-        ("prefix_c512_p0_b4", one(512, 0, 4)),
-        ("prefix_c512_p2048_b4", one(512, 2048, 4)),
-        ("prefix_c1024_p4096", one(1024, 4096)),
-        ("prefix_c2048_p8192", one(2048, 8192)),
+    return [  # ordered so that a short budget still covers long and short prefixes and chunks
         ("prefix_c512_p32768", one(512, 32768)),
+        ("prefix_c2048_p8192", one(2048, 8192)),
+        ("prefix_c512_p0_b4", one(512, 0, 4)),
         ("prefix_c2048_p32768", one(2048, 32768)),
+        ("prefix_c1024_p4096", one(1024, 4096)),
+        ("prefix_c2048_p0", one(2048, 0)),
+        ("prefix_c512_p2048_b4", one(512, 2048, 4)),
         ("prefix_mixed4_c2048_p8192", PrefixPrefillWorkload(32, 8, 128, (512,) * 4, (8192, 4096, 2048, 0))),
     ]
 
