@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--routing", default="zipf:1.2")
     p.add_argument("--budget-s", type=float, default=2400.0)
     p.add_argument("--resume", action="store_true", help="keep the profiles already in --out")
+    p.add_argument("--tpe-trials", type=int, default=0, help="also an Optuna TPE search with this many replays")
     p.add_argument("--commit", default="", help="the commit the tree is (default: git rev-parse HEAD)")
     p.add_argument("--jobs", type=int, default=1, help="profiles replayed in parallel (forked processes)")
     args = p.parse_args(argv)
@@ -265,6 +266,14 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
                                       d0 if d0.block_size in (16, 32, 64, 128) else None, 1, env.pricer.max_model_len)
     hist = [(d.name, v) for d, v in hist]
     deps = {"plan": rec["ranked"][0]["deployment"], **floor, "search": best}
+    tpe_note = ""
+    if args.tpe_trials > 0:
+        try:
+            from kernel_gym.policies.plan import tpe_search
+
+            deps["search_tpe"], _, _ = tpe_search(env, starts, args.tpe_trials)
+        except ImportError as exc:
+            tpe_note = f"optuna unavailable: {exc}"
     if rec["agent_best"] is not None:
         deps["agent_only"] = rec["agent_best"]
     answer = aic["answers"].get(f"{spec.name}|{gpus}|{engine}|{tname}")
@@ -300,12 +309,13 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
             "ratios": {"plan_vs_engine_default": _ratio(goodput["plan"], goodput["engine_default"]),
                        "plan_vs_aiconfigurator": _ratio(goodput["plan"], goodput.get("aiconfigurator")),
                        "plan_vs_aiconfigurator_self": _ratio(goodput["plan"], goodput.get("aiconfigurator_self")),
-                       "plan_vs_search": _ratio(goodput["plan"], goodput["search"])},
+                       "plan_vs_search": _ratio(goodput["plan"], goodput["search"]),
+                       "plan_vs_search_tpe": _ratio(goodput["plan"], goodput.get("search_tpe"))},
             "chosen": {n: d.to_dict() for n, d in deps.items()},
             "estimated_share": plan["estimated_share"], "prior_share": plan["prior_share"],
             "shares": {n: {"estimated": res[n]["estimated_share"], "prior": res[n]["prior_share"]} for n in names},
             "slo_attainment": {n: res[n]["slo_attainment"] for n in names},
-            "aiconfigurator_note": aic_note, "agent_proposals": rec["agent_proposals"],
+            "aiconfigurator_note": aic_note, "search_tpe_note": tpe_note, "agent_proposals": rec["agent_proposals"],
             "evaluations": pricer.evaluations - ev0, "search_evaluations": len(hist)}
     rawf = raw / f"{tname}_{load_kind}_{spec.name}_g{gpus}_{engine}.json"
     rawf.write_text(json.dumps({"profile": prof, "heldout": res, "search_history": hist,

@@ -255,7 +255,7 @@ class DeploymentPricer:
         p = self._pricers.get(layout)
         if p is None:
             table = None if layout.gpus == 1 else self.table
-            p = self._pricers[layout] = StepPricer(self.spec, layout, self.backend, table)
+            p = self._pricers[layout] = StepPricer(self.spec, layout, self.backend, table, roofline_missing=True)
         return p
 
     def serve(self, requests: Any, dep: Deployment, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, Any]:
@@ -305,7 +305,7 @@ class DeploymentPricer:
             "estimated_share": est_s / busy if busy > 0 else 0.0,
             "prior_share": rep["prior_s"] * layers / busy if busy > 0 else 0.0,
             "collective_share": rep["collective_share"] * parts / busy if busy > 0 else 0.0,
-            "ep_imbalance_mean": rep["ep_imbalance_mean"],
+            "ep_imbalance_mean": rep["ep_imbalance_mean"], "roofline_priced": sorted(pricer.roofline_priced),
             "moe_configs": {str(k): v for k, v in sorted(sim.configs_used["fused_moe"].items(),
                                                          key=lambda kv: -kv[1])[:8]},
         }

@@ -70,8 +70,13 @@ class StepPricer:
     """Per-layer seconds of each part of a step under one layout, with the measured / estimated bookkeeping."""
 
     def __init__(self, spec: Any, layout: Layout, backend: Any = "recorded", table: Any = None,
-                 estimate_missing: bool = True, dtype: str = "bfloat16", kernels_only: bool = False) -> None:
-        """kernels_only: price kernels without a collectives table (scripts/live_parallel_check.py's plan step)."""
+                 estimate_missing: bool = True, dtype: str = "bfloat16", kernels_only: bool = False,
+                 roofline_missing: bool = False) -> None:
+        """kernels_only: price kernels without a collectives table (scripts/live_parallel_check.py's plan step).
+        roofline_missing: a shape with no data even at the model's unsharded shape is priced at its roofline time
+        (estimated) instead of refused (the deployment plan; `roofline_priced` names the kernels it happened to)."""
+        self.roofline_missing = roofline_missing
+        self.roofline_priced: set[str] = set()
         self.spec, self.layout, self.dtype = spec, layout, dtype
         self.table: CollectiveTable | None = None if layout.gpus == 1 or kernels_only else resolve_table(table)
         if self.table is not None:
@@ -140,6 +145,11 @@ class StepPricer:
             if base is not None and (best is None or not self.backend.is_proxied(kernel, src)):
                 ratio = op_s(*kernel_roofline(kernel, wl)) / op_s(*kernel_roofline(kernel, src))
                 best = (base[0], base[1] * ratio, True)
+        if best is None and self.estimate_missing and self.roofline_missing:
+            # no row of this model's shape at all (e.g. a head layout the prefill data never measured): the
+            # roofline time of the shape, labelled estimated, as the simulator prices its untuned ops
+            best = (get_family(kernel).default_config(wl), op_s(*kernel_roofline(kernel, wl)), True)
+            self.roofline_priced.add(kernel)
         if best is None:
             raise ShardUnmeasured(
                 f"{kernel}: no data for the {self.layout} shard {wl.key()}"

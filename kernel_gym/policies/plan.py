@@ -121,6 +121,31 @@ def proposals(env: Any, agent: Any, starts: list[float], samples: int, seed: int
     return list(dict.fromkeys(out))
 
 
+def tpe_search(env: Any, starts: list[float], trials: int, seed: int = 0) -> tuple[Any, float, int]:
+    """Optuna TPE over the same action space as the agent (replicas x layout and the four knob grids), `trials`
+    replays scored by mean training goodput; masked and memory-refused deployments score 0. Returns (best, score,
+    trials run)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    valid = [i for i, ok in enumerate(env._choice_mask) if ok]
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    seen: dict[Any, float] = {}
+
+    def objective(trial: Any) -> float:
+        a = [trial.suggest_categorical("layout", valid)] + [trial.suggest_int(k, 0, len(g) - 1) for k, g in
+                                                            zip(("block", "tokens", "seqs", "graph"), env.grids)]
+        d = env.deployment_of(a)
+        if d not in seen:
+            s = score(env, d, starts)
+            seen[d] = s if np.isfinite(s) else 0.0
+        return seen[d]
+
+    study.optimize(objective, n_trials=trials)
+    best = max(seen, key=seen.__getitem__)
+    return best, seen[best], len(study.trials)
+
+
 def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
     from kernel_gym.parallel.deploy import engine_default, hand_picked
 
@@ -150,10 +175,12 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
     if refine_rounds > 0:
         from kernel_gym.parallel.deploy import coordinate_search
 
-        start = max(cands, key=scores.__getitem__)
-        _, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus, start, refine_rounds,
-                                       env.pricer.max_model_len)
-        refined = [d for d, v in hist if np.isfinite(v) and d not in scores]
+        # two starts: the agent's best proposal and the best of the floor (coordinate ascent stops at local optima)
+        floor_best = max(floor.values(), key=scores.__getitem__)
+        for start in dict.fromkeys(d for d in (agent_best, floor_best) if d is not None):
+            _, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus, start,
+                                           refine_rounds, env.pricer.max_model_len)
+            refined += [d for d, v in hist if np.isfinite(v) and d not in scores and d not in refined]
         for d in refined:
             scores[d] = score(env, d, starts)
     scored = sorted(((s, d) for d, s in scores.items()), key=lambda x: -x[0])
