@@ -193,8 +193,8 @@ def _run_key(key: tuple) -> tuple:
         prof = run_profile(spec, gpus, engine, c["traces"][tname], tname, load_kind, c["slo"], args, routing, aic,
                            make_env, window_starts, baselines, recommend, heldout_replay, coordinate_search,
                            c["raw"])
-    except ValueError as exc:
-        return full, None, str(exc)
+    except (ValueError, LookupError, RuntimeError) as exc:  # one profile's failure is recorded, not fatal
+        return full, None, f"{type(exc).__name__}: {exc}"
     prof["wall_s"] = time.time() - t0
     return full, prof, None
 
