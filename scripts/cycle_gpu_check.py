@@ -11,7 +11,7 @@ swept, and the sweep's winner must lead the current entry again in a paired inte
 confirmed key is re-timed against the current entry in a fresh paired round (60 interleaved samples each, new
 inputs seed): `recheck_gain` < 1 would be a confirmed change that is slower.
 
-    python3 scripts/cycle_gpu_check.py --out $OUT/cycle_gpu --budget-s 420
+    python3 scripts/cycle_gpu_check.py --out $OUT/cycle_gpu --budget-s 360
 
 Writes $OUT/cycle_gpu/cycle_gpu.json (per model: decision, exit code, per-key sweep / paired / re-check times, GPU-s)
 and the cycle's own report and new folder per model. `--dry-run` runs everything but the GPU timing on the CPU (a
