@@ -91,7 +91,7 @@ def recheck(confirmer, m: int, skew: float, current: Config, new: Config) -> dic
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--budget-s", type=float, default=420.0)
+    p.add_argument("--budget-s", type=float, default=360.0)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--dry-run", action="store_true", help="CPU: everything but the GPU timing")
