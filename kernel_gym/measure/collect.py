@@ -243,11 +243,15 @@ def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: i
     gpu_s = 0.0
     distinct: set[tuple[str, str]] = set()
     fams: dict[str, KernelFamily] = {}
+    kernel_s: dict[tuple[str, str], float] = {}  # per workload once: bytes_moved routes every token (M x E work)
     for chunks in plan:
         for item in chunks:
             fam = fams.setdefault(item.kernel, resolve_family(item.kernel))
-            wl = workload_from_key(fam, item.workload_key)
-            t_kernel = 3 * max(fam.flops(wl) / H200_PEAK_FLOPS, fam.bytes_moved(wl) / H200_PEAK_BYTES)
+            key = (item.kernel, item.workload_key)
+            if key not in kernel_s:
+                wl = workload_from_key(fam, item.workload_key)
+                kernel_s[key] = 3 * max(fam.flops(wl) / H200_PEAK_FLOPS, fam.bytes_moved(wl) / H200_PEAK_BYTES)
+            t_kernel = kernel_s[key]
             per_config = (1 + opts.timing.min_reps) * (t_kernel + 80e-6) + 0.5e-3
             gpu_s += per_config * len(item.configs)
             distinct.update((item.kernel, c) for c in item.configs)
