@@ -240,12 +240,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{f.tier:4s} {f.file}: {f.name} <- {f.source} (tolerance {f.tolerance:g})")
         return 0
     rows, rc = check(figures)
-    print(f"{'figure':40s} {'file':24s} {'printed':>10s} {'actual':>12s}  ok")
+    print(f"{'figure':52s} {'file':24s} {'printed':>10s} {'actual':>12s}  ok")
     for r in rows:
         if "error" in r:
-            print(f"{r['figure']:40s} {r['file']:24s} {'-':>10s} {'-':>12s}  TEXT MISSING: {r['error']}")
+            print(f"{r['figure']:52s} {r['file']:24s} {'-':>10s} {'-':>12s}  TEXT MISSING: {r['error']}")
         else:
-            print(f"{r['figure']:40s} {r['file']:24s} {r['printed']:10g} {r['actual']:12.6g}  "
+            print(f"{r['figure']:52s} {r['file']:24s} {r['printed']:10g} {r['actual']:12.6g}  "
                   f"{'yes' if r['ok'] else 'NO (' + r['source'] + ')'}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
