@@ -276,3 +276,23 @@ def test_replay_of_a_model_without_data_is_refused_in_one_line(tmp_path, capsys)
     rc, _, err = run_cli(["replay", "--trace", "bundled", "--model", "phi-3.5-moe", "--policies", "static",
                           "--window", "0:30", "--json", str(tmp_path / "r.json"), "--no-mlflow"], capsys)
     one_line_error(rc, err, "has a measurement", "kernel-gym tune")
+
+
+# ---- issue 25: tables and policies a user receives ---------------------------------------------------------------
+
+
+def test_replay_table_relabelled_for_another_model_is_refused(tmp_path, capsys) -> None:
+    from kernel_gym.kernels import get_family
+    from kernel_gym.models import BUILTIN_MODELS
+    from kernel_gym.policies.export import build_table
+
+    fam = get_family("fused_moe")
+    table = build_table(BUILTIN_MODELS["mixtral-8x7b"], {"fused_moe": (lambda ws: [fam.default_config(w) for w in ws],
+                                                                       {})})
+    data = table.to_dict()
+    data["model"] = {**data["model"], "name": "olmoe-1b-7b"}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    argv = ["replay", "--trace", "bundled", "--policies", "learned", "--table", str(path), "--model", "olmoe-1b-7b",
+            "--json", str(tmp_path / "r.json"), "--no-mlflow"]
+    one_line_error(*run_cli(argv, capsys)[::2], f"--table {path}", "made for another shape")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -196,7 +197,10 @@ class DispatchTable:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        with open(tmp, "w") as f:
+            f.write(json.dumps(self.to_dict(), indent=1))
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash never leaves an empty table in place
         tmp.replace(path)
         return path
 
