@@ -157,6 +157,8 @@ def build_kernel_table(kernel: str, model: Any, predict: Predictor, policy: dict
 
         chosen_by, scores = "given", {}
         if kv_layout is None and scorer is not None:
+            print(f"export: scoring the decode choices on each KV layout in the measured data ({len(wls)} cells; "
+                  "~30 s on 2 cores)", file=sys.stderr, flush=True)
             scores = layout_scores(configs, wls, scorer)
             kv_layout, chosen_by = pick_layout(scores), "measured quality of the moved choices"
         if kv_layout is None:
