@@ -524,8 +524,14 @@ def report(args: argparse.Namespace) -> int:
                                               "rows": sc["rows"]}
         out["tuned"][kernel] = sc["tuned"]
         out["curves"][kernel] = sc["curves"]
+    for path in args.engine_tune:  # `kernel-gym tune --engine` runs (scripts/engine_gpu_run.py's summary)
+        runs_ = json.loads(path.read_text()).get("parts", {})
+        out.setdefault("engine_tune", {})[str(path)] = {
+            part: {**(r.get("result") or {}), "command": " ".join(map(str, r.get("cmd", [])))}
+            for part, r in runs_.items() if part.startswith("tune_")}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    plot_curves(out["curves"], args.out.with_name(args.out.stem + "_curve.png"))
+    if out["curves"]:
+        plot_curves(out["curves"], args.out.with_name(args.out.stem + "_curve.png"))
     for kernel, z in out.get("far_test", {}).items():
         t, e = z["tuned"] or {}, z["vs_engine"] or {}
         nan = float("nan")
@@ -603,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--plan", type=Path, nargs="*", default=[], help="the plan of each result, same order")
     c.add_argument("--out", type=Path, default=Path("benchmarks/generalisation.json"))
     c.add_argument("--commit", nargs="*", default=[], help="the commit each GPU run used, same order")
+    c.add_argument("--engine-tune", type=Path, nargs="*", default=[],
+                   help="engine_gpu_run.json files: their `tune --engine` parts become the engine_tune entry")
     c.add_argument("--dataset-hash", nargs="*", default=[],
                    help="sha256 of the dataset each run's policies trained on, same order")
     args = p.parse_args(argv)
