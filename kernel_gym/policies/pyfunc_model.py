@@ -14,6 +14,10 @@ Output columns: `config` (canonical JSON of the knob values), `action` (catalogu
 validity mask was applied: "known" (a workload seen at training or evaluation: its exact mask), "rules" (kernel_gym
 is importable: the knob space's rules) or "nearest" (the mask of the nearest known workload in observation space).
 
+Loading it through MLflow runs this file (and whatever a crafted model ships instead): do that only for models you
+made. kernel_gym's own commands never do; they read policy.json and policy.npz as data (policies/safe_policy.py,
+docs/integrity.md), with the same forward pass and masking as this class.
+
 Imports at module level only the standard library, numpy and mlflow.
 """
 
