@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=2, help="policy draws per training window besides the greedy one")
     p.add_argument("--refine-rounds", type=int, default=1,
                    help="coordinate-search passes over the knobs from the agent's best proposal (0: none)")
-    p.add_argument("--next", type=int, default=3, help="next-best deployments to list")
+    p.add_argument("--next", type=int, default=3, help="next-best layouts to list (each at its best knobs)")
     p.add_argument("--model-id", default="", help="the model name in the launch commands (default: its HF id)")
     p.add_argument("--json", default="", help="write the plan here")
     p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow run and its plot")
@@ -325,7 +325,11 @@ def run(args: argparse.Namespace) -> int:
           f"TTFT <= {slo[0]} s TPOT <= {slo[1]} s; training the agent ({args.train_steps} steps)", file=sys.stderr)
     rec = recommend(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, args.train_steps,
                     args.samples, seed=args.seed, routing=routing, refine_rounds=args.refine_rounds)
-    ranked = rec["ranked"][: 1 + args.next]
+    ranked, seen = [], set()
+    for r in rec["ranked"]:  # the winner, then the best deployment of each other layout
+        if r["deployment"].layout_name not in seen and len(ranked) <= args.next:
+            ranked.append(r)
+            seen.add(r["deployment"].layout_name)
     deps = [r["deployment"] for r in ranked]
     held, _ = heldout_replay(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, deps, routing,
                              pricer=rec["env"].pricer)
