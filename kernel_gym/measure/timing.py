@@ -132,7 +132,8 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     ops around the kernels) otherwise makes small-M samples depend on the CPU, not on the config. The launch must not
     synchronise with the host. Replaying kernel_gym's own fused_moe hit an illegal address on the H200
     (benchmarks/vllm_export/run5; its TMA configs allocate descriptors through Triton's allocator at launch, the
-    likely cause): use it for launches known to replay, such as vllm_fused_moe's."""
+    likely cause; the replay closure did not then keep `fn`, and with it the launch's own tensors, alive, which can
+    also make a replay read freed memory): use it for launches known to replay, such as vllm_fused_moe's."""
     import torch
 
     side = torch.cuda.Stream()
@@ -150,6 +151,11 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
         graph.replay()
 
     replay.graph = graph  # type: ignore[attr-defined]
+    # The graph replays raw addresses: the tensors `fn` holds (inputs, routing ids, workspaces made by prepare outside
+    # the graph's pool) must outlive it. Without this reference, `fn = capture_graph(fn)` freed them, the allocator
+    # handed their memory to later tensors, and replays read garbage (an out-of-bounds scatter in the alignment's
+    # expert ids on the H200, clock_study run 1).
+    replay.launch = fn  # type: ignore[attr-defined]
     return replay
 
 

@@ -88,3 +88,35 @@ def test_keep_hot_heats_first_then_only_when_cooled_and_within_its_share(monkeyp
     timing._hot["first"] -= 1000
     assert again() is not None and len(calls) == 2  # cooled and within its share: heat again
     assert timing.keep_hot(device="cuda:0") is None  # checked less than a second ago
+
+
+@pytest.mark.gpu
+def test_capture_graph_keeps_the_launch_tensors_alive():
+    """The replay closure holds the launch closure, so tensors only the launch held (prepare's workspaces, routing
+    ids) are not freed and reused under the graph's raw addresses."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: run `pytest -m gpu` on the GPU machine (README: GPU parts)")
+    import gc
+
+    from kernel_gym.measure.timing import capture_graph
+
+    def make():
+        a = torch.randn(1 << 20, device="cuda")
+        out = torch.empty_like(a)
+
+        def fn():
+            torch.mul(a, 2.0, out=out)
+            return out
+
+        return fn, a * 2.0, out
+
+    fn, expect, out = make()
+    replay = capture_graph(fn)
+    del fn
+    gc.collect()
+    junk = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(32)]  # would take a freed block of `a`
+    out.zero_()
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expect) and len(junk) == 32
