@@ -352,8 +352,9 @@ def factors(t: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def run_gpu(args: argparse.Namespace, result: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fills `result` as it goes (main writes it even when a step fails)."""
+def run_gpu(args: argparse.Namespace, result: dict[str, Any] | None = None,
+            save: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Fills `result` as it goes (main writes it even when a step fails; `save` after every point timed)."""
     import torch
 
     from kernel_gym.measure import power
@@ -440,6 +441,8 @@ def run_gpu(args: argparse.Namespace, result: dict[str, Any] | None = None) -> d
             times = p.time(1 if args.smoke else args.reps)
             times["power"] = window(t0, time.monotonic())
             states[state].append(times)
+            if save is not None:
+                save()
             log(f"{state} {shape['model']} TP{shape.get('tp')} M={p.m}: base {times.get('base', float('nan')):.4f} ms, "
                 f"aic way {times.get('aic_balanced', float('nan')):.4f} ms; "
                 f"{power.monitor_summary_line(times['power'])}")
@@ -520,10 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {}
     path = out / "aic_crosscheck.json"
-    try:
-        run_gpu(args, result)
-    finally:  # a failing step still leaves what was measured
+
+    def save() -> None:
         path.write_text(json.dumps(result, indent=1, default=str))
+
+    try:
+        run_gpu(args, result, save)
+    finally:  # a failing step still leaves what was measured
+        save()
     print(table(result))
     print(f"wrote {path} ({result['meta']['wall_s']} s)")
     return 0

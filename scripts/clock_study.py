@@ -217,8 +217,9 @@ def build_group(kernel: str, m: int, configs: list[Config], weights: tuple, cuda
 # ---- the study ---------------------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace, result: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fills `result` as it goes (main writes it even when a step fails)."""
+def run(args: argparse.Namespace, result: dict[str, Any] | None = None,
+        save: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Fills `result` as it goes (main writes it even when a step fails; `save` after every phase)."""
     start = time.monotonic()
     deadline = start + args.budget_s
     cuda = torch.cuda.is_available() and not args.smoke
@@ -318,6 +319,8 @@ def run(args: argparse.Namespace, result: dict[str, Any] | None = None) -> dict[
             entry["heat"] = out
         result["phases"].append(entry)
         log(f"{name} ({t1 - t0:.1f} s): {power.monitor_summary_line(entry['power'])}")
+        if save is not None:
+            save()
 
     idle = 0.0 if args.smoke else args.idle_s
     phase("idle", lambda: time.sleep(idle), seconds=idle)
@@ -399,10 +402,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {}
     path = out / "clock_study.json"
-    try:
-        run(args, result)
-    finally:  # a failing step still leaves what was measured
+
+    def save() -> None:
         path.write_text(json.dumps(result, indent=1, default=str))
+
+    try:
+        run(args, result, save)
+    finally:  # a failing step still leaves what was measured
+        save()
     print(table(result))
     print(f"power over the run: {power.monitor_summary_line(result['power_run'])}")
     print(f"wrote {path} ({result['meta']['wall_s']} s)")
