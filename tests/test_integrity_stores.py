@@ -31,7 +31,7 @@ def test_a_store_of_two_devices_is_refused_without_device():
     assert "device NVIDIA H200" in b.describe_line()
 
 
-def test_rows_of_the_current_source_price_even_when_fewer_and_the_mix_is_announced():
+def test_rows_of_the_current_source_price_even_when_fewer_and_the_mix_is_announced(capsys):
     current = current_source_hash("fused_moe")
     assert current
     old = Context("NVIDIA H200", "2.11", "3.6", "fused_moe", "0ld0ld0ld0ld0ld0")
@@ -41,6 +41,7 @@ def test_rows_of_the_current_source_price_even_when_fewer_and_the_mix_is_announc
     assert b.describe()["kernels"]["fused_moe"]["source_hash"] == current
     (note,) = b.notes
     assert "0ld0ld0ld0ld0ld0" in note and "the current code" in note
+    assert "warning: recorded data" in capsys.readouterr().err  # every user of the backend is told
     # without rows of the current source: the most rows, still announced
     other = Context("NVIDIA H200", "2.11", "3.6", "fused_moe", "0th3r0th3r0th3r0")
     b = RecordedBackend(groups=[(old, rows(1.0, 4)), (other, rows(3.0, 2))], check_validity=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,8 @@ class RecordedBackend:
                     + ", ".join(f"source {c.source_hash} triton {c.triton_version} ({n} rows"
                                 f"{', the current code: newer rows exist' if c.source_hash == current else ''})"
                                 for c, n in others))
+        for note in self.notes:  # every user of the backend sees a mix, not only replay
+            print(f"warning: recorded data {where}: {note}", file=sys.stderr, flush=True)
         self._rows: dict[str, dict[str, dict[str, Measurement]]] = defaultdict(dict)  # kernel -> wkey -> cfg -> m
         self.max_spread = MAX_SPREAD if max_spread is None else max_spread
         self.noisy: Counter = Counter()  # per kernel: ok rows left out as too noisy to rank configs by

@@ -333,8 +333,6 @@ def main(argv: Sequence[str] | None = None, backend: Any = None) -> int:
     priced_by = backend.describe() if hasattr(backend, "describe") else {"device": getattr(backend, "device", "?")}
     if hasattr(backend, "describe_line"):
         print(backend.describe_line(), file=sys.stderr, flush=True)
-    for note in priced_by.get("notes", []):
-        print(f"warning: {note}", file=sys.stderr, flush=True)
     covered = CoveredBackend(backend)
     factories: dict[str, Callable[[], Any]] = {}
     base = make_baselines([n for n in names if n in BASELINE_NAMES], covered, model, args.budget, args.seed)
