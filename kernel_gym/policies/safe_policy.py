@@ -57,18 +57,24 @@ def _local_dir(uri: str) -> Path | None:
 
 
 def policy_files(uri: str, workdir: Path) -> tuple[Path, Path]:
-    """(policy.json, policy.npz) of the logged policy at `uri`: read in place for a folder, else only copied out of
-    the MLflow store (download_artifacts copies files; nothing is imported or unpickled)."""
+    """(policy.json, policy.npz) of the logged policy at `uri`: read in place for a folder, else only these two files
+    copied out of the MLflow store (download_artifacts copies files; nothing is imported or unpickled, and nothing
+    else a crafted model holds is fetched)."""
     local = _local_dir(uri)
     if local is None:
         import mlflow
 
-        try:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(workdir)))
-        except Exception as exc:  # noqa: BLE001 - MLflow raises many types; the user needs the URI and the fix
-            raise PolicyFileError(f"cannot load policy {uri!r} ({type(exc).__name__}: {str(exc)[:200]}); list "
-                                  "the registered models with `kernel-gym ui`, or train one with `kernel-gym train`"
-                                  ) from exc
+        files = []
+        for name in (POLICY_JSON, POLICY_NPZ):
+            try:
+                files.append(Path(mlflow.artifacts.download_artifacts(
+                    artifact_uri=f"{uri.rstrip('/')}/artifacts/{name}", dst_path=str(workdir / name[-4:]))))
+            except Exception as exc:  # noqa: BLE001 - MLflow raises many types; the user needs the URI and the fix
+                raise PolicyFileError(f"cannot load policy {uri!r} ({type(exc).__name__}: {str(exc)[:200]}); "
+                                      "list the registered models with `kernel-gym ui`, or train one with "
+                                      "`kernel-gym train` (a kernel_gym policy holds artifacts/policy.json and "
+                                      "artifacts/policy.npz)") from exc
+        return files[0], files[1]
     if not local.is_dir():
         raise PolicyFileError(f"policy {uri!r}: {local} is not a folder; pass a logged model's folder "
                               "(it holds artifacts/policy.json and artifacts/policy.npz) or a models:/NAME/VERSION URI")
