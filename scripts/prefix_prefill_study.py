@@ -64,10 +64,14 @@ def run_collect_step(out: Path, per_shape: int, budget_s: float, device: str, gr
 
 
 def merge_records(source: Path, target: Path) -> int:
-    """Replace target's prefix_prefill records by source's; the other kernels' records stay as they are."""
+    """Replace target's prefix_prefill records by source's, tagged with the run's folder (and commit.txt); the other
+    kernels' records stay as they are."""
     if not source.exists():
         raise SystemExit(f"{source} is absent: run the GPU study with --out {source.parent} first")
     new = [r for r in json.loads(source.read_text()) if r.get("kernel") == "prefix_prefill"]
+    commit = source.parent / "commit.txt"  # the tree the GPU ran, when the run's folder records it
+    tag = source.parent.name + (f"@{commit.read_text().strip()}" if commit.exists() else "")
+    new = [{**r, "run": r.get("run", tag)} for r in new]
     if not new:
         raise SystemExit(f"{source} holds no prefix_prefill records (a failed or empty run): nothing merged")
     old = json.loads(target.read_text()) if target.exists() else []
