@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     exe = shutil.which("aiconfigurator") or str(Path(sys.executable).parent / "aiconfigurator")
     try:
-        import aiconfigurator_core
         from importlib.metadata import version
+
+        import aiconfigurator_core
     except ImportError:
         print("aic_answers: aiconfigurator is not installed; pip install 'kernel_gym[aic]' in a separate venv",
               file=sys.stderr)
