@@ -225,12 +225,14 @@ def priority(models: list, gpus: list, traces: list, loads: list) -> list:
 
 
 def window_for(trace, tname: str, load: float, requests: int) -> float:
-    """About `requests` requests per window (the simulator's cost grows with them), at least 10 simulated seconds;
-    BurstGPT's 400 sparse rows: a quarter of the compressed trace."""
+    """About `requests` requests per window (the simulator's cost grows with them), at least 10 simulated seconds,
+    at most what fits in the held-out 20% of the trace with its warm-up and context (15% of the trace's span at this
+    load); BurstGPT's 400 sparse rows: that largest window."""
+    top = 0.15 * trace.duration_s / load
     if "burst" in tname.lower():
-        return trace.duration_s / load / 4
+        return top
     rate = len(trace.arrival_s) / max(trace.duration_s, 1e-9) * load
-    return max(10.0, requests / rate)
+    return min(max(10.0, requests / rate), top)
 
 
 def saturating_factor(spec, gpus, engine, trace, slo, args, routing, baselines, make_env, window_starts) -> float:
