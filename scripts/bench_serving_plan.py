@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--routing", default="zipf:1.2")
     p.add_argument("--budget-s", type=float, default=2400.0)
     p.add_argument("--resume", action="store_true", help="keep the profiles already in --out")
+    p.add_argument("--markdown", default="", help="also write the table and target counts here")
     p.add_argument("--tpe-trials", type=int, default=0, help="also an Optuna TPE search with this many replays")
     p.add_argument("--commit", default="", help="the commit the tree is (default: git rev-parse HEAD)")
     p.add_argument("--jobs", type=int, default=1, help="profiles replayed in parallel (forked processes)")
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     doc["meta"]["wall_s"] = time.time() - t_start
     doc["meta"]["data_sha256"] = hashlib.sha256(json.dumps(doc["profiles"], default=str).encode()).hexdigest()[:16]
     out_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(doc))
     summary(doc)
     return 0
 
@@ -335,6 +338,34 @@ def _window(env, start):
 
 def _ratio(a, b):
     return None if a is None or not b else a / b
+
+
+def markdown(doc: dict) -> str:
+    """The per-profile table and the target counts, for docs and benchmarks/serving_plan.md."""
+    import math
+
+    rows = sorted(doc["profiles"], key=lambda q: (q["load_kind"], q["trace"], q["model"], q["gpus"]))
+    f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    out = ["| trace | load | model | GPUs | plan | engine default | aiconfigurator (our sim) | aic (own prediction) | "
+           "search | plan chosen | est. share | prior share |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for q in rows:
+        g, c = q["goodput"], q["chosen"]["plan"]
+        out.append(f"| {q['trace']} | {q['load_kind']} x{q['load']:g} | {q['model']} | {q['gpus']} | {g['plan']:.2f} | "
+                   f"{g['engine_default']:.2f} | {f(g.get('aiconfigurator'))} | {f(g.get('aiconfigurator_self'))} | "
+                   f"{g['search']:.2f} | {c['layout']} bs{c['block_size']} mbt{c['max_batched_tokens']} "
+                   f"seqs{c['max_seqs']} g{c['graph_max']} | {q['estimated_share']:.0%} | {q['prior_share']:.0%} |")
+    out.append("")
+    for kind in sorted({q["load_kind"] for q in rows}):
+        sub = [q for q in rows if q["load_kind"] == kind]
+        for key, target in (("plan_vs_engine_default", 1.3), ("plan_vs_aiconfigurator", 1.05),
+                            ("plan_vs_aiconfigurator_self", 1.05), ("plan_vs_search", 1.0)):
+            vals = [q["ratios"][key] for q in sub if q["ratios"].get(key)]
+            met = sum(v >= target for v in vals)
+            gm = math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+            out.append(f"- {kind} load, {key}: geomean {gm:.3f} over {len(vals)} profiles with a nonzero "
+                       f"baseline; >= {target} in {met}")
+    return "\n".join(out) + "\n"
 
 
 def summary(doc: dict) -> None:
