@@ -391,6 +391,29 @@ def run_gpu(args: argparse.Namespace, result: dict[str, Any] | None = None,
     }, "points": []})
     log(f"device {result['meta']['device']}; {mon.summary().line()}")
 
+    pool = None
+    if cuda and args.compile_workers > 0:  # compile every point's config into Triton's cache on CPU cores at once
+        import os
+
+        from kernel_gym.kernels import vllm_moe as vm
+        from kernel_gym.kernels.workloads import MoEWorkload
+        from kernel_gym.measure.compiler import CompilePool
+
+        try:
+            pool = CompilePool(args.compile_workers,
+                               {k: os.environ[k] for k in ("TRITON_CACHE_DIR",) if k in os.environ})
+            futures = []
+            for shape, ms in plan:
+                for m in ms:
+                    wl = MoEWorkload(m, shape["num_experts"], shape["top_k"], shape["hidden"], shape["n_shard"])
+                    futures += pool.submit(vm.FAMILY.name, wl.key(), [str(vm.default_config(wl))], chunk=1)
+            CompilePool.collect(futures, timeout_s=max(10.0, args.budget_s * 0.3))
+            log(f"compiled in the pool ({time.monotonic() - start:.1f} s since the start)")
+        except Exception as exc:  # noqa: BLE001 - the pool only saves time
+            log(f"compile pool failed ({type(exc).__name__}: {exc}); compiling in this process")
+            if pool is not None:
+                pool.close()
+            pool = None
     points: list[tuple[dict, Point]] = []
     for shape, ms in plan:
         if time.monotonic() > start + args.budget_s * 0.45:
@@ -411,6 +434,8 @@ def run_gpu(args: argparse.Namespace, result: dict[str, Any] | None = None,
                 f"({time.monotonic() - t0:.1f} s)")
             for v, why in p.failed.items():
                 log(f"  failed {v}: {why}")
+    if pool is not None:
+        pool.close()
     result["meta"]["setup_s"] = round(time.monotonic() - start, 1)
 
     def window(t0: float, t1: float) -> dict:
@@ -503,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heat-s", type=float, default=20.0, help="cap of the warm-up before the hot pass")
     p.add_argument("--reheat-s", type=float, default=1.0, help="heat before every hot point")
     p.add_argument("--reps", type=int, default=10, help="interleaved flushed samples per variant")
+    p.add_argument("--compile-workers", type=int, default=8, help="CPU processes compiling ahead (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU: tiny shape under TRITON_INTERPRET=1, logic only")
     args = p.parse_args(argv)
