@@ -78,3 +78,18 @@ def test_plan_end_to_end_on_one_gpu(tmp_path, capsys):
     assert best["kernel_config_files"][0]["file"] == "E=8,N=14336,device_name=NVIDIA_H200.json"
     assert best["predicted"]["prior_share"] == 0.0 and 0 <= best["predicted"]["estimated_share"] <= 1
     assert len(plan["next_best"]) >= 1 and "recommended:" in capsys.readouterr().out
+
+
+def test_bench_order_and_windows():
+    import bench_serving_plan as b
+    import numpy as np
+
+    from kernel_gym.traffic.traces import Trace
+
+    keys = b.priority(["a", "b"], [8, 1], ["conv", "code"], ["saturated", "own"])
+    assert len(keys) == len(set(keys)) == 16 and keys[0] == ("conv", "saturated", "a", 8)
+    tr = Trace("t", np.linspace(0, 1000, 501), np.full(501, 100), np.full(501, 10))
+    for load in (1, 8, 64):
+        w = b.window_for(tr, "azure-code", load, 300)
+        assert (1 + 0.25) * w * load <= 0.2 * tr.duration_s  # window and warm-up fit the held-out 20%
+    assert b.window_for(tr, "burstgpt", 2, 300) == 0.15 * 1000 / 2
