@@ -41,7 +41,7 @@ def decode(batch: int, ctx: int) -> DecodeWorkload:
 def test_constructed_rules_dispatch_exactly_through_a_loaded_table(tmp_path):
     fam = get_family("fused_moe")
     small, big = fam.default_config(moe(4)), fam.default_config(moe(4096))
-    mid = small.replace(num_stages=2)
+    mid = small.replace(num_stages=4 if small["num_stages"] != 4 else 3)  # a third config of the knob space
     moe_rule = DispatchRule("fused_moe", "table3", {(2.0, 0.0): small, (12.0, 0.0): big, (6.0, 1.0): mid})
     dec = get_family("decode_attention").default_config(decode(8, 1024))
     kv = KVLayout(32, "HND")
