@@ -17,7 +17,7 @@ from tests.fakes.analytic_backend import AnalyticBackend
 MODEL = BUILTIN_MODELS["mixtral-8x7b"]
 A = Config(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3, SPLIT_K=1, FUSE_SILU=0,
            FUSE_WEIGHT=1, FUSE_SUM=0)
-HOT = A.replace(BLOCK_M=64, GROUP_M=8)
+HOT = A.replace(BLOCK_N=128, GROUP_M=8, num_warps=8)  # valid at every M (BLOCK_M 16 fits any batch)
 
 
 def narrow_table() -> DispatchTable:

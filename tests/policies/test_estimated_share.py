@@ -75,7 +75,7 @@ def test_policy_quality_shares_come_from_the_sources_of_the_scoring_times() -> N
 
     bench = load_script("bench_policies")
     fam = get_family("fused_moe")
-    a, b = MoEWorkload(4, 8, 2, 4096, 14336, 0.0, "bfloat16"), MoEWorkload(4096, 8, 2, 4096, 14336, 0.0, "bfloat16")
+    a, b = MoEWorkload(16, 16, 2, 4096, 14336, 0.0, "bfloat16"), MoEWorkload(4096, 16, 2, 4096, 14336, 0.0, "bfloat16")
     ca, cb = fam.default_config(a), fam.default_config(b)
     assert ca != cb
     table = {(a, ca): (1.0, "recorded"), (a, cb): (2.0, "recorded"),
