@@ -197,6 +197,16 @@ FIGURES = [
            at(GEN, "leave_one_model_out_live", "fused_moe", "geomean"), 0.0005, "gpu"),
     Figure("leave-one-model-out MoE worst", "README.md", rf"1 seed\): [0-9.]+, worst {N}", GEN,
            at(GEN, "leave_one_model_out_live", "fused_moe", "p5"), 0.0005, "gpu"),
+    Figure("far test zero-shot MoE", "README.md", rf"zero-shot geomean {N}, p5 [0-9.]+ \(targets", GEN,
+           at(GEN, "far_test", "fused_moe", "geomean"), 0.0005, "gpu"),
+    Figure("far test zero-shot MoE p5", "README.md", rf"zero-shot geomean [0-9.]+, p5 {N} \(targets", GEN,
+           at(GEN, "far_test", "fused_moe", "p5"), 0.0005, "gpu"),
+    Figure("far test tune's search", "README.md", rf"round\): \*\*{N}\*\*", GEN,
+           at(GEN, "far_test", "fused_moe", "tuned", "geomean"), 0.0005, "gpu"),
+    Figure("far test tune's search p5", "README.md", rf"round\): \*\*[0-9.]+\*\*, p5 {N}", GEN,
+           at(GEN, "far_test", "fused_moe", "tuned", "p5"), 0.0005, "gpu"),
+    Figure("far test vs vLLM's kernel, tune", "docs/generalisation.md", rf"tune's pick {N}x", GEN,
+           at(GEN, "far_test", "fused_moe", "vs_engine", "tuned_geomean"), 0.0005, "gpu"),
 ]
 
 
