@@ -148,7 +148,9 @@ def make_plan(args: argparse.Namespace) -> int:
                 catalogue = [str(c) for _, _, cat in policies for c in cat.configs if space.is_valid(c, w)]
                 extra_fields: dict = {}
                 if kernel == "fused_moe":  # kernel-gym tune's search: round 1 here, its local round timed live
-                    from kernel_gym.dispatch.shape_coverage import coverage
+                    from kernel_gym.dispatch.shape_coverage import Shape, coverage
+                    from kernel_gym.kernels import vllm_moe
+                    from kernel_gym.kernels.space import Config
                     from kernel_gym.policies import tune as tune_mod
 
                     nearest = nearest or tune_mod.NearestWinners(backend)
@@ -156,16 +158,14 @@ def make_plan(args: argparse.Namespace) -> int:
                         w, lambda _w, m=model, cat=cat: zoo_policy.ranked(m, cat, _w), ROBUST_TOP_K, nearest)]
                         for seed, model, cat in policies}
                     local = {str(c) for r1 in robust.values() for c1 in r1 for c in tune_mod.local_steps(
-                        __import__("kernel_gym.kernels.space", fromlist=["Config"]).Config.parse(c1), w, space)}
+                        Config.parse(c1), w, space)}
                     engine = tune_mod.engine_candidate(w)
-                    from kernel_gym.kernels import vllm_moe
 
                     extra_fields = {"robust": robust, "extra": sorted(local),
                                     "engine_entry": str(engine) if engine is not None else None,
                                     "anchor": str(vllm_moe.FAMILY.engine_config(w)),
-                                    "coverage": coverage(zoo.shard(zoo.ZOO[zoo.base_model(shard)],
-                                                                   int(shard.split("@tp")[1]) if "@tp" in shard
-                                                                   else 1)).as_dict()}
+                                    "coverage": coverage(Shape(shard, w.num_experts, w.top_k, w.hidden,
+                                                               w.intermediate)).as_dict()}
                 configs = list(dict.fromkeys([*choices.values(), *(c for t in tune.values() for c in t),
                                               *(c for r in extra_fields.get("robust", {}).values() for c in r),
                                               str(family.default_config(w)), *catalogue, *sweep]))

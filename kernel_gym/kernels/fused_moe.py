@@ -561,8 +561,9 @@ def _rule_tma(config: Config, workload: MoEWorkload) -> str | None:
 # TMA_LOADS config can never run there by mistake.
 LAUNCH_SPACE = KnobSpace((*KNOBS, TMA_LOADS), rules=(*SPACE.rules, _rule_tma))
 # The family's space, what is worth choosing and measuring: LAUNCH_SPACE minus the tiles that do not fit the shape
-# (`_rule_tile_fits`). The launch wrappers accept those tiles (the kernels mask the padding; the interpreter tests
-# use them to reach ragged and wrapped tiles at tiny sizes), but no policy, sweep or tune candidate may pick them.
+# (`_rule_tile_fits`). The pointer-load wrapper (`prepare`) accepts those tiles (the kernels mask the padding; the
+# interpreter tests use them to reach ragged and wrapped tiles at tiny sizes), but no policy, sweep or tune candidate
+# may pick them.
 LAYER_SPACE = KnobSpace((*KNOBS, TMA_LOADS), rules=(*LAUNCH_SPACE.rules, _rule_tile_fits))
 
 

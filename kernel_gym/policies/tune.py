@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -70,7 +71,7 @@ def engine_candidate(workload: Any) -> Config | None:
     """vLLM's own config for this M and shape (its shipped H200 table's nearest M, else its default rule) as a
     fused_moe config with vLLM's fusions (separate SiLU-and-mul, weight in the down epilogue, separate top-k sum), or
     None where it is not a valid tile here."""
-    from kernel_gym.kernels import fused_moe, get_family, vllm_moe
+    from kernel_gym.kernels import get_family, vllm_moe
 
     if workload.kernel != "fused_moe":
         return None
@@ -82,10 +83,8 @@ def engine_candidate(workload: Any) -> Config | None:
                     BLOCK_K=int(entry["BLOCK_SIZE_K"]), GROUP_M=1 if int(entry["GROUP_SIZE_M"]) == 1 else 8,
                     num_warps=int(entry["num_warps"]), num_stages=int(entry["num_stages"]), SPLIT_K=1, FUSE_SILU=0,
                     FUSE_WEIGHT=1, FUSE_SUM=0)
-    space = get_family("fused_moe").space
-    if space.is_valid(config, workload):
-        return config
-    return fused_moe.default_config(workload) if config == fused_moe.default_config(workload) else None
+    # vLLM's tile values 32 and 256 for BLOCK_SIZE_M have no fused_moe counterpart: such an entry is not a candidate
+    return config if get_family("fused_moe").space.is_valid(config, workload) else None
 
 
 class NearestWinners:
@@ -301,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv) if argv is not None else __import__("sys").argv[1:]
+    argv = list(argv) if argv is not None else sys.argv[1:]
     if any(a == "--engine" or a.startswith("--engine=") for a in argv):  # the engine's own file: engine_tune.py
         from kernel_gym.policies import engine_tune
 
