@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -79,12 +80,30 @@ def engine_candidate(workload: Any) -> Config | None:
         entry = vllm_moe.FAMILY.engine_config(workload)
     except (ValueError, KeyError):
         return None
-    config = Config(BLOCK_M=int(entry["BLOCK_SIZE_M"]), BLOCK_N=int(entry["BLOCK_SIZE_N"]),
-                    BLOCK_K=int(entry["BLOCK_SIZE_K"]), GROUP_M=1 if int(entry["GROUP_SIZE_M"]) == 1 else 8,
-                    num_warps=int(entry["num_warps"]), num_stages=int(entry["num_stages"]), SPLIT_K=1, FUSE_SILU=0,
-                    FUSE_WEIGHT=1, FUSE_SUM=0)
-    # vLLM's tile values 32 and 256 for BLOCK_SIZE_M have no fused_moe counterpart: such an entry is not a candidate
-    return config if get_family("fused_moe").space.is_valid(config, workload) else None
+    space = get_family("fused_moe").space
+    for block_m in _snapped_block_m(int(entry["BLOCK_SIZE_M"]), workload):
+        config = Config(BLOCK_M=block_m, BLOCK_N=int(entry["BLOCK_SIZE_N"]), BLOCK_K=int(entry["BLOCK_SIZE_K"]),
+                        GROUP_M=1 if int(entry["GROUP_SIZE_M"]) == 1 else 8, num_warps=int(entry["num_warps"]),
+                        num_stages=int(entry["num_stages"]), SPLIT_K=1, FUSE_SILU=0, FUSE_WEIGHT=1, FUSE_SUM=0)
+        if space.is_valid(config, workload):
+            return config
+    return None
+
+
+def _snapped_block_m(block_m: int, workload: Any) -> list[int]:
+    """fused_moe's BLOCK_M values nearest to vLLM's BLOCK_SIZE_M, nearest first: vLLM's tables also use 32 and 256,
+    which fused_moe has not (16/64/128). A tie (32: 16 or 64) goes to the smaller tile when an expert gets fewer
+    token slots than the larger one holds (less padding), else to the larger."""
+    from kernel_gym.kernels import get_family
+
+    values = list(get_family("fused_moe").space.knob("BLOCK_M").values)
+    slots_per_expert = workload.num_tokens * workload.top_k / max(1, workload.num_experts)
+
+    def rank(v: int) -> tuple[float, int]:
+        distance = abs(math.log2(v) - math.log2(block_m))
+        return distance, (v if slots_per_expert < v else -v)
+
+    return sorted(values, key=rank)
 
 
 class NearestWinners:

@@ -65,3 +65,26 @@ def test_tune_engine_is_the_engine_file_search(capsys, tmp_path):
     rc = main(["tune", "--engine", "vllm", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0 and "engine entry" in out and "nothing measured (--dry-run)" in out
+
+
+def test_engine_entry_with_a_tile_fused_moe_lacks_is_snapped_not_dropped():
+    """vLLM's tables use BLOCK_SIZE_M 32 and 256, which fused_moe has not: the candidate takes the nearest BLOCK_M the
+    rules allow (so the never-slower bound covers every cell), and keeps vLLM's other knobs."""
+    from kernel_gym.kernels import vllm_moe
+
+    arctic = load_model("snowflake-arctic@tp8")
+    snapped = 0
+    for m in (1, 16, 64, 256, 1024, 4096):
+        w = MoEWorkload(m, arctic.num_experts, arctic.top_k, arctic.hidden, arctic.intermediate, 0.0)
+        entry = vllm_moe.FAMILY.engine_config(w)
+        cand = tune.engine_candidate(w)
+        assert cand is not None and FAM.space.is_valid(cand, w)
+        assert (cand["BLOCK_N"], cand["BLOCK_K"], cand["num_warps"]) == (
+            entry["BLOCK_SIZE_N"], entry["BLOCK_SIZE_K"], entry["num_warps"])
+        if int(entry["BLOCK_SIZE_M"]) not in (16, 64, 128):
+            snapped += 1
+            assert cand["BLOCK_M"] in ((16, 64) if entry["BLOCK_SIZE_M"] == 32 else (128,))
+    assert snapped  # Arctic's shard has such entries in vLLM 0.33's default rule or table
+    assert tune._snapped_block_m(32, MoEWorkload(1, 128, 2, 7168, 608, 0.0))[0] == 16  # sparse: less padding
+    assert tune._snapped_block_m(32, MoEWorkload(4096, 8, 2, 4096, 1792, 0.0))[0] == 64
+    assert tune._snapped_block_m(256, MoEWorkload(4096, 8, 2, 4096, 1792, 0.0))[0] == 128
