@@ -559,8 +559,41 @@ class PredictSimulator(Simulator):
         return super()._workload(key)
 
 
+def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any, meta: dict,
+                 overhead_s: float | None = None) -> tuple[dict, Any, Any]:
+    """The plain simulator's summary for one policy on the window (step_overhead_s = overhead_s where given)."""
+    chooser: Any = make_chooser(spec, model)
+    guard = None
+    if backend is not None:  # as `kernel-gym replay`: a config the dataset cannot time falls back, counted
+        from kernel_gym.policies.replay import GuardedChooser
+
+        chooser = guard = GuardedChooser(chooser, backend, model.num_layers)
+    extra = {} if overhead_s is None else {"step_overhead_s": overhead_s}
+    sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
+                           **extra, **sim_kwargs(args, model))
+    if guard is not None:
+        guard.sim = sim
+    return sim.run().summary, sim, guard
+
+
+def calibrate_overhead(spec: str, measured: dict, predict: Any) -> float:
+    """The per-step fixed cost (s) at which the simulator's TPOT p50 matches the measured one for `spec`: bisection
+    (TPOT grows with the overhead). The live stack's steps carry host work a kernel table does not see (eager
+    launches, fused_moe's host-side alignment per layer); one number fitted on one policy, then held for the others."""
+    lo, hi = 0.0, 0.5
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        if predict(mid)["tpot_p50_s"] < measured["tpot_p50_s"]:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def run_predict(args: Any) -> int:
-    """CPU: the plain simulator on the measured run's window with the packaged dataset, beside the measurements."""
+    """CPU: the plain simulator on the measured run's window with the packaged dataset, beside the measurements; with
+    --calibrate POLICY also a second prediction whose per-step overhead is fitted on that policy's TPOT and held for
+    the others (their errors are out of sample; the fitted policy's TPOT error is 0 by construction)."""
     from kernel_gym.measure import make_backend
     from kernel_gym.traffic.simulator import BackendTimer
 
@@ -575,6 +608,7 @@ def run_predict(args: Any) -> int:
     if meta["smoke"]:
         trace = trace.head(SMOKE_REQUESTS)
     args.kv_gb, args.max_batched_tokens, args.max_seqs = meta["kv_gb"], meta["max_batched_tokens"], meta["max_seqs"]
+    backend: Any = None
     if meta["smoke"]:  # the dataset has no tiny-model rows: the path only, with a roofline timer
         from kernel_gym.measure.roofline import RooflineTimer
 
@@ -582,20 +616,29 @@ def run_predict(args: Any) -> int:
     else:
         backend = make_backend("recorded")
         timer = BackendTimer(backend)
+    if args.calibrate and not args.calibration_from and args.calibrate not in data["measured"]:
+        raise SystemExit(f"--calibrate {args.calibrate!r}: not a measured policy; measured: {list(data['measured'])}")
     summary: dict = {"meta": meta, "policies": {}}
+    overhead = None
+    if args.calibration_from:  # an overhead fitted on another run: every policy here is out of sample
+        fitted = json.loads(Path(args.calibration_from).read_text()).get("calibration")
+        if not fitted:
+            raise SystemExit(f"--calibration-from {args.calibration_from}: no 'calibration' entry (run --predict "
+                             "--calibrate POLICY on that run first)")
+        overhead = float(fitted["step_overhead_s"])
+        summary["calibration"] = {**fitted, "from": str(args.calibration_from)}
+        args.calibrate = args.calibrate or "(another run)"
+    elif args.calibrate:
+        overhead = calibrate_overhead(args.calibrate, data["measured"][args.calibrate],
+                                      lambda o: _predict_one(args.calibrate, model, trace, timer, backend, args, meta,
+                                                             o)[0])
+        summary["calibration"] = {"policy": args.calibrate, "step_overhead_s": overhead,
+                                  "note": "fitted on this policy's measured TPOT p50; held for the other policies"}
+        log(f"calibrated step overhead on {args.calibrate}: {overhead * 1e3:.1f} ms per step")
     for spec, measured in data["measured"].items():
-        chooser: Any = make_chooser(spec, model)
-        guard = None
-        if not meta["smoke"]:  # as `kernel-gym replay`: a config the dataset cannot time falls back, counted
-            from kernel_gym.policies.replay import GuardedChooser
-
-            chooser = guard = GuardedChooser(chooser, backend, model.num_layers)
-        sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE,
-                               dtype=meta.get("dtype", "bfloat16"), **sim_kwargs(args, model))
-        if guard is not None:
-            guard.sim = sim
         try:
-            pred = sim.run().summary
+            pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
+            cal = _predict_one(spec, model, trace, timer, backend, args, meta, overhead)[0] if args.calibrate else None
         except (LookupError, RuntimeError) as exc:  # the dataset cannot time some step: say so, keep the others
             summary["policies"][spec] = {"measured": {k: measured[k] for k in METRICS},
                                          "prediction_error": f"{type(exc).__name__}: {exc}"[:400]}
@@ -611,12 +654,41 @@ def run_predict(args: Any) -> int:
                "decode_scaled_estimate_s": sim.scaled_decode_s,
                "predicted_busy_s": pred["busy_s"],
                "measured_run_complete": measured.get("complete")}
+        if cal is not None:
+            row["calibrated"] = {"predicted": {k: cal[k] for k in METRICS},
+                                 "relative_error": {k: (cal[k] - measured[k]) / measured[k] for k in METRICS
+                                                    if measured[k]},
+                                 "in_sample": spec == args.calibrate}
         summary["policies"][spec] = row
         log(f"{spec}: " + ", ".join(f"{k} measured {row['measured'][k]:.4g} predicted {row['predicted'][k]:.4g}"
-                                     for k in METRICS))
+                                     + (f" (calibrated {cal[k]:.4g})" if cal is not None else "") for k in METRICS))
+    summary["step_fit"] = step_fit(args.out, data["measured"])
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["policies"], indent=1))
     return 0
+
+
+def step_fit(out: Path, measured: dict) -> dict:
+    """Per policy, least squares over its measured steps: decode-only seconds = a + b x batch, and steps with a
+    prefill chunk seconds = a + c x tokens (a: the step's fixed cost on this stack)."""
+    fits = {}
+    for spec in measured:
+        path = out / f"{spec.replace(':', '_').replace('/', '_')}_steps.json"
+        if not path.exists():
+            continue
+        steps = json.loads(path.read_text())
+        fit = {}
+        for kind, rows, x in (("decode_only", [r for r in steps if not r["chunks"]], "decode_batch"),
+                              ("with_prefill", [r for r in steps if r["chunks"]], "tokens")):
+            if len(rows) < 3:
+                continue
+            xs = np.array([r[x] for r in rows], dtype=float)
+            ys = np.array([r["seconds"] for r in rows], dtype=float)
+            a, b = np.linalg.lstsq(np.vstack([np.ones_like(xs), xs]).T, ys, rcond=None)[0]
+            fit[kind] = {"steps": len(rows), "fixed_s": float(a), f"per_{x}_s": float(b),
+                         "median_s": float(np.median(ys))}
+        fits[spec] = fit
+    return fits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -638,6 +710,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting policies after this many seconds")
     p.add_argument("--policy-budget-s", type=float, default=150.0, help="wall seconds per policy's replay")
     p.add_argument("--predict", action="store_true", help="CPU: the simulator's prediction beside measured.json")
+    p.add_argument("--calibrate", default="", metavar="POLICY",
+                   help="with --predict: also fit the per-step overhead on this policy's TPOT, held for the others")
+    p.add_argument("--calibration-from", default="", metavar="SUMMARY",
+                   help="with --predict: hold the per-step overhead fitted in another run's summary.json")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
     args = p.parse_args(argv)
     if args.smoke:
