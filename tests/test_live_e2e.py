@@ -1,0 +1,47 @@
+"""scripts/live_e2e.py's CPU pieces: the calibrated overhead, the step fits, and the committed summary's shape."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.script_module import load_script
+
+le = load_script("live_e2e")
+SUMMARY = Path(__file__).resolve().parents[1] / "benchmarks" / "live_e2e" / "summary.json"
+
+
+def test_calibrated_overhead_matches_the_measured_tpot():
+    """TPOT grows with the per-step overhead: bisection finds the overhead that reproduces the measured TPOT."""
+    calls = []
+
+    def predict(overhead_s):
+        calls.append(overhead_s)
+        return {"tpot_p50_s": 0.020 + 1.5 * overhead_s}
+
+    got = le.calibrate_overhead("p", {"tpot_p50_s": 0.080}, predict)
+    assert got == pytest.approx(0.040, abs=1e-4) and len(calls) >= 10
+
+
+def test_step_fit_recovers_fixed_cost_and_slope(tmp_path):
+    steps = [{"chunks": [], "decode_batch": b, "tokens": b, "seconds": 0.05 + 0.002 * b} for b in range(1, 30)]
+    steps += [{"chunks": [[0, t, 0]], "decode_batch": 0, "tokens": t, "seconds": 0.07 + 1e-4 * t}
+              for t in (128, 512, 1024, 4096)]
+    (tmp_path / "table_x.json_steps.json").write_text(json.dumps(steps))
+    fit = le.step_fit(tmp_path, {"table:x.json": {}})["table:x.json"]
+    assert fit["decode_only"]["fixed_s"] == pytest.approx(0.05) and fit["decode_only"]["per_decode_batch_s"] == \
+        pytest.approx(0.002)
+    assert fit["with_prefill"]["fixed_s"] == pytest.approx(0.07) and fit["with_prefill"]["steps"] == 4
+
+
+def test_committed_summary_holds_measured_predicted_and_errors_per_policy():
+    """The issue's record: per policy, measured and predicted tokens/s, TTFT p50 and TPOT p50 with their relative
+    errors, consistent with each other."""
+    s = json.loads(SUMMARY.read_text())
+    assert len(s["policies"]) >= 3 and s["calibration"]["policy"] in s["policies"]
+    for row in s["policies"].values():
+        for k in le.METRICS:
+            m, p = row["measured"][k], row["predicted"][k]
+            assert m > 0 and row["relative_error"][k] == pytest.approx((p - m) / m)
+            assert row["calibrated"]["relative_error"][k] == pytest.approx(
+                (row["calibrated"]["predicted"][k] - m) / m)
