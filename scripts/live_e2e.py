@@ -626,13 +626,17 @@ def run_predict(args: Any) -> int:
             raise SystemExit(f"--calibration-from {args.calibration_from}: no 'calibration' entry (run --predict "
                              "--calibrate POLICY on that run first)")
         overhead = float(fitted["step_overhead_s"])
-        summary["calibration"] = {**fitted, "from": str(args.calibration_from)}
+        layers = int(fitted.get("num_layers") or model.num_layers)
+        if layers != model.num_layers:  # the host work is per layer (launches, MoE alignment): scale by the depth
+            overhead *= model.num_layers / layers
+        summary["calibration"] = {**fitted, "from": str(args.calibration_from), "applied_step_overhead_s": overhead,
+                                  "scaled_by_layers": [layers, model.num_layers]}
         args.calibrate = args.calibrate or "(another run)"
     elif args.calibrate:
         overhead = calibrate_overhead(args.calibrate, data["measured"][args.calibrate],
                                       lambda o: _predict_one(args.calibrate, model, trace, timer, backend, args, meta,
                                                              o)[0])
-        summary["calibration"] = {"policy": args.calibrate, "step_overhead_s": overhead,
+        summary["calibration"] = {"policy": args.calibrate, "step_overhead_s": overhead, "num_layers": model.num_layers,
                                   "note": "fitted on this policy's measured TPOT p50; held for the other policies"}
         log(f"calibrated step overhead on {args.calibrate}: {overhead * 1e3:.1f} ms per step")
     for spec, measured in data["measured"].items():
