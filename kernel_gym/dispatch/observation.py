@@ -49,6 +49,19 @@ FEATURES: dict[str, tuple[tuple[str, float, float], ...]] = {
         ("log2_head_dim", 5.0, 9.0),
         ("dtype_bytes", 1.0, 4.0),
     ),
+    # chunked prefill over a paged prefix: the prefill features plus the prefix axis (KV already cached per request)
+    "prefix_prefill": (
+        ("log2_total_tokens", 0.0, 15.0),
+        ("log2_max_chunk", 0.0, 15.0),
+        ("log2_num_seqs", 0.0, 8.0),
+        ("log2_causal_pairs", 0.0, 32.0),
+        ("log2_mean_prefix", 0.0, 17.0),
+        ("log2_max_prefix", 0.0, 17.0),
+        ("log2_num_heads", 0.0, 7.0),
+        ("gqa_group", 1.0, 16.0),
+        ("log2_head_dim", 5.0, 9.0),
+        ("dtype_bytes", 1.0, 4.0),
+    ),
 }
 
 
@@ -71,8 +84,11 @@ def raw_features(workload: Any) -> dict[str, float]:
     elif kernel == "decode_attention":
         f["log2_num_kv_heads"] = math.log2(workload.num_kv_heads)
         f["log2_head_dim"] = math.log2(workload.head_dim)
-    elif kernel == "prefill_attention":
-        f["log2_num_seqs"] = math.log2(len(workload.seq_lens))
+    elif kernel in ("prefill_attention", "prefix_prefill"):
+        lens = workload.seq_lens if kernel == "prefill_attention" else workload.chunk_lens
+        f["log2_num_seqs"] = math.log2(len(lens))
+        if kernel == "prefix_prefill":
+            f["log2_max_prefix"] = math.log2(1.0 + max(workload.prefix_lens))
         f["log2_num_heads"] = math.log2(workload.num_heads)
         f["gqa_group"] = float(workload.num_heads // workload.num_kv_heads)
         f["log2_head_dim"] = math.log2(workload.head_dim)

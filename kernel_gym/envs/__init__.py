@@ -16,6 +16,7 @@ ENV_IDS: dict[str, tuple[str, dict, bool]] = {
     "KernelGym/PrefillAttention-v0": (
         "kernel_gym.envs.prefill_attention:PrefillAttentionEnv", {"backend": "recorded"}, False
     ),
+    "KernelGym/PrefixPrefill-v0": ("kernel_gym.envs.prefix_prefill:PrefixPrefillEnv", {"backend": "recorded"}, False),
     "KernelGym/Serving-v0": ("kernel_gym.envs.serving:ServingEnv", {"backend": "recorded"}, False),
     "KernelGym/ServingTPEP-v0": ("kernel_gym.envs.parallel_serving:ParallelServingEnv", {"backend": "recorded"}, False),
     "KernelGym/ServingPlan-v0": ("kernel_gym.envs.parallel_serving:ServingPlanEnv", {"backend": "recorded"}, False),
@@ -27,6 +28,7 @@ ENV_IDS: dict[str, tuple[str, dict, bool]] = {
     "KernelGym/PrefillAttention-live-v0": (
         "kernel_gym.envs.prefill_attention:PrefillAttentionEnv", {"backend": "live"}, True
     ),
+    "KernelGym/PrefixPrefill-live-v0": ("kernel_gym.envs.prefix_prefill:PrefixPrefillEnv", {"backend": "live"}, True),
 }
 
 # env id -> kernel family, for the kernel envs (training, evaluation and export look the kernel up here)
@@ -34,9 +36,11 @@ ENV_KERNELS: dict[str, str] = {  # the kernel env ids (Serving-v0 sets all three
     "KernelGym/MoE-v0": "fused_moe",
     "KernelGym/DecodeAttention-v0": "decode_attention",
     "KernelGym/PrefillAttention-v0": "prefill_attention",
+    "KernelGym/PrefixPrefill-v0": "prefix_prefill",
     "KernelGym/MoE-live-v0": "fused_moe",
     "KernelGym/DecodeAttention-live-v0": "decode_attention",
     "KernelGym/PrefillAttention-live-v0": "prefill_attention",
+    "KernelGym/PrefixPrefill-live-v0": "prefix_prefill",
 }
 
 

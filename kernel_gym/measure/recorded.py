@@ -6,7 +6,10 @@ dtype), log(time) is interpolated multilinearly over the workload's axes:
 
 - fused_moe: (log2 num_tokens, skew), bilinear;
 - decode_attention: (log2 batch, log2 context_len), bilinear;
-- prefill_attention: (log2 causal pairs,), linear (causal pairs is the work; the mix of lengths is not an axis).
+- prefill_attention: (log2 causal pairs,), linear (causal pairs is the work; the mix of lengths is not an axis);
+- prefix_prefill: (log2 chunk tokens, log2(longest prefix + PREFIX_OFFSET)), bilinear, among workloads of one batch
+  shape (number of requests, each chunk's share of the tokens, each prefix's share of the longest; SHAPE_KEYS). A
+  workload without any prefix belongs to every prefix pattern of its chunk shape: it is the p = 0 edge of each.
 
 The query must lie inside the measured range on every axis, its bracketing neighbours must be at most MAX_GAP apart,
 every corner of the bracketing cell must be a measured workload, and the config must be measured "ok" at every corner.
@@ -40,6 +43,34 @@ AXES: dict[str, Axes] = {
                          lambda w: (math.log2(w.batch), math.log2(w.context_len)), (2.0, 2.0)),
     "prefill_attention": (("seq_lens",), lambda w: (math.log2(w.causal_pairs()),), (3.0,)),
 }
+# AXES are also the axes measure/coverage.py proxies along (each of those kernels has a roofline to scale by).
+# prefix_prefill is interpolated, never proxied (measure/roofline.py has no bound for it): a chunk call outside its
+# measured grid stays unanswered, and the simulator charges its stand-in, counted as estimated.
+INTERPOLATION_AXES: dict[str, Axes] = {
+    **AXES,
+    "prefix_prefill": (("chunk_lens", "prefix_lens"),
+                       lambda w: (math.log2(w.total_tokens), math.log2(max(w.prefix_lens) + PREFIX_OFFSET)),
+                       (2.0, 2.0)),
+}
+# prefix_prefill's prefix axis: log2(p + PREFIX_OFFSET) puts p = 0 at 8 and the measured 512, 2048, 8192, 32768 at
+# 9.6, 11.2, 13.0, 15.0 (gaps under the axis' MAX_GAP of 2), so a prefix between 0 and 512 is bracketed too.
+PREFIX_OFFSET = 256
+
+
+def _shares(values: tuple[int, ...], total: float) -> list[float]:
+    return [round(v / total, 3) for v in values]
+
+
+def _prefix_shape(w: Any) -> dict[str, Any]:
+    """The batch shape that stays fixed along prefix_prefill's axes: chunk shares of the call's tokens, prefix shares
+    of the longest prefix (None: no prefix at all, the p = 0 edge of every pattern)."""
+    longest = max(w.prefix_lens)
+    return {"chunk_shares": _shares(w.chunk_lens, w.total_tokens),
+            "prefix_shares": _shares(w.prefix_lens, longest) if longest else None}
+
+
+# kernel -> extra fields of the fixed key (what must agree besides the dimensions left after the varying fields)
+SHAPE_KEYS: dict[str, Callable[[Any], dict[str, Any]]] = {"prefix_prefill": _prefix_shape}
 _EPS = 1e-9
 # An ok row whose samples spread more than this ((p90 - p10) / median) is left out: its median can be several times
 # the kernel's time (host launch delays reached into the timed interval while the GPU machine's CPUs were contended,
@@ -63,6 +94,18 @@ def _fixed_key(workload: Any, varying: tuple[str, ...]) -> str:
     data = json.loads(workload.key())
     for name in varying:
         data.pop(name, None)
+    shape = SHAPE_KEYS.get(data.get("kernel", ""))
+    if shape is not None:
+        data.update(shape(workload))
+    return json.dumps(data, sort_keys=True)
+
+
+def _edge_key(fixed: str) -> str | None:
+    """The fixed key of the no-prefix edge of a prefix_prefill group with a prefix pattern (None for any other)."""
+    data = json.loads(fixed)
+    if data.get("prefix_shares") is None:
+        return None
+    data["prefix_shares"] = None
     return json.dumps(data, sort_keys=True)
 
 
@@ -182,11 +225,17 @@ class RecordedBackend:
     def _index(self, kernel: str, table: dict[str, dict[str, Measurement]]) -> None:
         self._workloads[kernel] = {w: self._workload(kernel, w) for w in table}
         groups: dict[str, _Group] = {}
-        if kernel in AXES:
-            varying, coords, _ = AXES[kernel]
+        if kernel in INTERPOLATION_AXES:
+            varying, coords, _ = INTERPOLATION_AXES[kernel]
             for wkey, wl in self._workloads[kernel].items():
                 g = groups.setdefault(_fixed_key(wl, varying), _Group())
                 g.points.setdefault(tuple(round(x, 9) for x in coords(wl)), wkey)
+            if kernel in SHAPE_KEYS:  # the no-prefix workloads join every prefix pattern of their chunk shape
+                for fixed, g in groups.items():
+                    edge = groups.get(_edge_key(fixed) or "")
+                    if edge is not None and edge is not g:
+                        for point, wkey in edge.points.items():
+                            g.points.setdefault(point, wkey)
             for g in groups.values():
                 dims = len(next(iter(g.points)))
                 g.values = [sorted({p[d] for p in g.points}) for d in range(dims)]
@@ -211,9 +260,9 @@ class RecordedBackend:
             return None
         if wkey in table and wkey != exclude:
             return _Plan(((wkey, 1.0),))
-        if kernel not in AXES:
+        if kernel not in INTERPOLATION_AXES:
             return _Plan((), f"workload not measured and {kernel} has no interpolation axes")
-        varying, coords, max_gap = AXES[kernel]
+        varying, coords, max_gap = INTERPOLATION_AXES[kernel]
         g = self._groups[kernel].get(_fixed_key(workload, varying))
         if g is None:
             return _Plan((), "no measured workload with these fixed dimensions")

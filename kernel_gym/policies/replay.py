@@ -40,9 +40,20 @@ METRICS = ("tokens_per_s", "tuned_kernel_s", "tuned_kernel_s_same_traffic", "tun
            "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
 
+CHOSEN_KERNELS = (*KERNELS, "prefix_prefill")  # the simulator's three, plus its prefix chunks ("auto"/"prefix")
+ON_KV = ("decode_attention", "prefix_prefill")  # kernels that read the paged KV cache: configs on its layout only
+
+
 class GuardedChooser:
     """Wraps a policy: answers only with configs the backend can time (else the default, else the slowest available
-    one), accumulates tuned-kernel seconds per kernel, and optionally records per-step workloads for the live check."""
+    one), accumulates tuned-kernel seconds per kernel, and optionally records per-step workloads for the live check.
+
+    prefix_prefill (the simulator's chunks over a cached prefix): a policy built before the kernel (no choice for it:
+    KeyError, AttributeError, NotImplementedError) is served the family default, as an untuned deployment runs it
+    (counted in `prefix_untuned`); a config on another KV layout is moved onto the layout in force (the oracle: the
+    fastest config there), since the kernel reads the cache as it is laid out. `peek` answers without charging (the
+    simulator asks it before choosing the prefix kernel), and `standin` counts the stand-in prefill time of chunks
+    with a prefix as estimated (the simulator charges it when the data has no prefix_prefill time)."""
 
     def __init__(self, policy: Any, backend: Any, num_layers: int, record_steps: int = 0) -> None:
         from kernel_gym.dispatch.baselines import Oracle
@@ -59,8 +70,10 @@ class GuardedChooser:
         self.snapped = 0
         self.fallbacks = 0
         self.layout_fallbacks = 0
-        self.kernel_s = dict.fromkeys(KERNELS, 0.0)
-        self.estimated_s = dict.fromkeys(KERNELS, 0.0)  # the part of kernel_s whose times are not measured ones
+        self.prefix_untuned = 0  # prefix_prefill workloads the policy had no config for (served the default)
+        self.kernel_s = dict.fromkeys(CHOSEN_KERNELS, 0.0)
+        self.estimated_s = dict.fromkeys(CHOSEN_KERNELS, 0.0)  # the part of kernel_s whose times are not measured ones
+        self.standin_s = 0.0  # prefill_attention seconds standing in for chunks with a prefix (all in estimated_s)
         self.calls: dict[tuple[str, Any], int] = {}
         self.record_steps = record_steps
         self.steps: list[dict[str, Any]] = []
@@ -78,6 +91,18 @@ class GuardedChooser:
                                "workload": workload.key(), "config": dict(hit[0]), "predicted_s": hit[1]})
         return hit[0]
 
+    def peek(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
+        """The config `choose` would serve, without charging it (LookupError: none can be timed on this layout)."""
+        return self.resolve(kernel, workload, kv)[0]
+
+    def standin(self, kernel: str, workload: Any, kv: KVLayout) -> None:
+        """The call just chosen stands in for chunks with a prefix (no prefix_prefill time): its seconds are an
+        estimate of those chunks, whatever its own source."""
+        _, seconds, estimated = self.resolve(kernel, workload, kv)
+        self.standin_s += seconds * self.layers
+        if not estimated:
+            self.estimated_s[kernel] += seconds * self.layers
+
     def price(self, calls: dict[tuple[str, Any], int], kv: KVLayout) -> float | None:
         """Seconds of kernel time this policy's choices take on a given multiset of calls (x layers): the
         tuned-kernel time on identical traffic, so policies are compared on the same workloads. None when some
@@ -93,7 +118,7 @@ class GuardedChooser:
     def available(self, kernel: str, workload: Any, kv: KVLayout) -> list[Config]:
         """Configs the data holds for the workload: listed by the backend, valid by the family's rules, on the KV
         layout in force (decode). Availability only: no time is read, so the learned path stays zero-measurement."""
-        key = (kernel, workload, kv if kernel == "decode_attention" else None)
+        key = (kernel, workload, kv if kernel in ON_KV else None)
         out = self._avail.get(key)
         if out is None:
             from kernel_gym.kernels import get_family
@@ -108,6 +133,8 @@ class GuardedChooser:
     def resolve(self, kernel: str, workload: Any, kv: KVLayout) -> tuple[Config, float, bool]:
         """(config served, its time in s, whether that time is estimated rather than measured): the policy's choice
         (inside the available configs when the policy takes a mask), or the fallback when the backend cannot time it."""
+        if kernel == "prefix_prefill":
+            return self._resolve_prefix(workload, kv)
         if self._within is not None:
             cfg = self._within(kernel, workload, kv, self.available(kernel, workload, kv))
         else:
@@ -117,23 +144,72 @@ class GuardedChooser:
         if hit is None:
             if self._within is not None and self.policy.choose(kernel, workload, kv) != cfg:
                 self.snapped += 1
-            t = self._oracle.time_ms(kernel, workload, cfg)
-            out = cfg
-            if t is None:
-                self.fallbacks += 1
-                from kernel_gym.dispatch.rules import default_for, fallback_config
+            hit = self._ok[key] = self._timed(kernel, workload, kv, cfg)
+        return hit
 
-                def time_of(c: Config) -> float | None:
-                    return self._oracle.time_ms(kernel, workload, c)
+    def _timed(self, kernel: str, workload: Any, kv: KVLayout, cfg: Config) -> tuple[Config, float, bool]:
+        """(config, seconds, estimated) for a choice: itself when the backend times it, else the fallback (the
+        default on the layout, else the slowest config the data holds there)."""
+        t = self._oracle.time_ms(kernel, workload, cfg)
+        out = cfg
+        if t is None:
+            self.fallbacks += 1
+            from kernel_gym.dispatch.rules import fallback_config
 
-                out = fallback_config(default_for(kernel, workload, kv), time_of,
-                                      lambda: self._oracle.candidates(kernel, workload, kv))
-                if out is None:
-                    raise LookupError(f"the backend can time no config of {kernel} on {workload.key()} with KV "
-                                      f"layout {kv}; collect measurements for this model first")
-                t = time_of(out)
-            source = self.backend.measure(kernel, workload, out).source
-            hit = self._ok[key] = (out, t * 1e-3, is_estimated(source))
+            def time_of(c: Config) -> float | None:
+                return self._oracle.time_ms(kernel, workload, c)
+
+            if kernel == "prefix_prefill":
+                cands: Callable[[], list[Config]] = lambda: self.available(kernel, workload, kv)  # noqa: E731
+            else:
+                cands = lambda: self._oracle.candidates(kernel, workload, kv)  # noqa: E731
+            out = fallback_config(self._default(kernel, workload, kv), time_of, cands)
+            if out is None:
+                raise LookupError(f"the backend can time no config of {kernel} on {workload.key()} with KV "
+                                  f"layout {kv}; collect measurements for this model first")
+            t = time_of(out)
+        source = self.backend.measure(kernel, workload, out).source
+        return out, t * 1e-3, is_estimated(source)
+
+    @staticmethod
+    def _default(kernel: str, workload: Any, kv: KVLayout) -> Config:
+        """The family default on the KV layout in force (prefix_prefill's moved there when valid)."""
+        from kernel_gym.dispatch.rules import default_for
+
+        cfg = default_for(kernel, workload, kv)
+        if kernel == "prefix_prefill" and kv is not None:
+            from kernel_gym.kernels import get_family
+
+            moved = cfg.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
+            if get_family(kernel).space.is_valid(moved, workload):
+                return moved
+        return cfg
+
+    def _resolve_prefix(self, workload: Any, kv: KVLayout) -> tuple[Config, float, bool]:
+        kernel = "prefix_prefill"
+        memo = (kernel, workload, kv)
+        hit = self._ok.get(memo)
+        if hit is not None:
+            return hit
+        avail = self.available(kernel, workload, kv)
+        timed = [c for c in avail if self._oracle.time_ms(kernel, workload, c) is not None]
+        if not timed:  # before any counting: the simulator asks first (peek) and charges the stand-in instead
+            raise LookupError(f"the backend can time no config of {kernel} on {workload.key()} with KV layout {kv}")
+        try:
+            if self._within is not None:
+                cfg = self._within(kernel, workload, kv, avail)
+            else:
+                cfg = self.policy.choose(kernel, workload, kv)
+        except (KeyError, AttributeError, NotImplementedError, LookupError):  # a policy built before the kernel
+            self.prefix_untuned += 1
+            cfg = self._default(kernel, workload, kv)
+        if kv is not None and (cfg.get("PAGE_SIZE"), cfg.get("LAYOUT")) != (kv.page_size, kv.layout):
+            self.layout_fallbacks += 1
+            if getattr(self.policy, "name", "") == "oracle":
+                cfg = min(timed, key=lambda c: self._oracle.time_ms(kernel, workload, c))
+            else:
+                cfg = cfg.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
+        hit = self._ok[memo] = self._timed(kernel, workload, kv, cfg)
         return hit
 
 

@@ -587,23 +587,31 @@ class Simulator:
                 self.chunk_measured_s += t * self.model.num_layers
                 return t
         lens = tuple(sorted((chunk_equivalent_len(c, o) for _, c, o in chunks), reverse=True))
-        t = self._kernel_s("prefill_attention", ("prefill_attention", lens), stall)
+        key = ("prefill_attention", lens)
+        t = self._kernel_s("prefill_attention", key, stall)
         if any(o > 0 for _, _, o in chunks):
             self.chunk_estimated_s += t * self.model.num_layers
+            standin = getattr(self.chooser, "standin", None)  # a chooser that sums estimated time (replay's guard)
+            if callable(standin):
+                standin("prefill_attention", self._workload(key), self.kv_layout)
         return t
 
     def _prefix_answered(self, key: tuple) -> bool:
-        """"auto" mode: whether the chooser has a prefix_prefill config and the timer a time for this call."""
+        """"auto" mode: whether the chooser has a prefix_prefill config and the timer a time for this call. A chooser
+        with `peek` (replay's guard) is asked without being charged for the call."""
         ok = self._chunk_ok.get(key)
         if ok is None:
             answers = getattr(self.timer, "answers", None)
             ok = False
             wl = self._workload(key)
             if callable(answers) and answers("prefix_prefill", wl, None):
+                ask = getattr(self.chooser, "peek", None)
+                ask = ask if callable(ask) else self.chooser.choose
                 try:
-                    ok = bool(answers("prefix_prefill", wl, self.chooser.choose("prefix_prefill", wl, self.kv_layout)))
-                except (KeyError, ValueError, AttributeError, NotImplementedError):
-                    ok = False  # a chooser without prefix_prefill configs (policies built before the kernel)
+                    ok = bool(answers("prefix_prefill", wl, ask("prefix_prefill", wl, self.kv_layout)))
+                except (LookupError, ValueError, AttributeError, NotImplementedError):
+                    ok = False  # a chooser without prefix_prefill configs (policies built before the kernel), or
+                    # none the data holds on the KV layout in force
             self._chunk_ok[key] = ok
         return ok
 
