@@ -123,3 +123,23 @@ def test_packaged_prefix_rows_were_measured_by_the_kernel_as_it_is() -> None:
 
     stored = {ctx.source_hash for ctx, _ in iter_snapshot(PACKAGED_SNAPSHOT) if ctx.kernel == "prefix_prefill"}
     assert stored == {family_source_hash(get_family("prefix_prefill"))}
+
+
+def test_packaged_snapshot_holds_every_collected_prefix_row_as_collected() -> None:
+    """The merge of benchmarks/h200_prefix/ lost nothing: each row (time, spread, samples, power state) is in the
+    packaged snapshot unchanged, and `kernel-gym data` lists the kernel with them."""
+    from pathlib import Path
+
+    from kernel_gym.measure.store import PACKAGED_SNAPSHOT, iter_snapshot
+    from kernel_gym.measure.summary import dataset_summary
+
+    collected = Path(__file__).resolve().parents[2] / "benchmarks" / "h200_prefix" / "prefix_prefill.jsonl.gz"
+    packaged = {(ctx, m.workload, m.config): m for ctx, ms in iter_snapshot(PACKAGED_SNAPSHOT) for m in ms
+                if ctx.kernel == "prefix_prefill"}
+    rows = [(ctx, m) for ctx, ms in iter_snapshot(collected) for m in ms]
+    assert len(rows) == 308 == len(packaged)
+    for ctx, m in rows:
+        assert packaged[(ctx, m.workload, m.config)] == m and m.power
+    info = dataset_summary(coverage=False)
+    assert info["kernels"]["prefix_prefill"]["rows"] == 308 and info["kernels"]["prefix_prefill"]["shapes"] == 44
+    assert info["rows"] >= 152_758 + 308  # the rows before the merge, and these
