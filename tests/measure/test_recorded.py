@@ -152,6 +152,6 @@ def test_packaged_rows_were_measured_by_the_kernels_as_they_are() -> None:
     from kernel_gym.measure.worker import family_source_hash
 
     stored = {ctx.kernel: ctx.source_hash for ctx, _ in iter_snapshot(PACKAGED_SNAPSHOT)}
-    assert set(stored) == {"prefill_attention", "decode_attention", "fused_moe", "vllm_fused_moe"}
+    assert set(stored) == {"prefill_attention", "decode_attention", "fused_moe", "vllm_fused_moe", "prefix_prefill"}
     for kernel, source_hash in stored.items():
         assert source_hash == family_source_hash(get_family(kernel)), kernel
