@@ -100,3 +100,35 @@ def test_load_rejects_a_foreign_feature_list(tmp_path):
         cm.load(tmp_path)
     with pytest.raises(ValueError, match="no cost model"):
         cm.load(tmp_path / "missing")
+
+
+def test_zero_shot_ranker_returns_only_valid_configs_and_keeps_the_policy_without_a_cost_model(tmp_path):
+    from kernel_gym.dispatch.observation import feature_names
+    from kernel_gym.kernels import get_family
+    from kernel_gym.policies import bundle, tune
+
+    space = get_family("fused_moe").space
+    wide, narrow = _cfg(BLOCK_N=256, BLOCK_K=128, num_warps=8), _cfg(BLOCK_N=32)
+    names = feature_names("fused_moe")
+    w_out = np.zeros((2, len(names)), np.float32)
+    w_out[0, names.index("log2_hidden")] = 1.0  # the policy prefers the wide tile everywhere
+    meta = {"kernel": "fused_moe", "configs": [dict(wide), dict(narrow)], "activation": "tanh"}
+    params = {"W_out": w_out, "b_out": np.zeros(2, np.float32)}
+    invalid_near = _cfg(BLOCK_M=128, BLOCK_N=256, num_warps=4)  # too many accumulators per thread: never returned
+
+    def nearest(w):
+        return [invalid_near, _cfg(BLOCK_N=64)]
+
+    cost = cm.fit(_synthetic_groups(np.random.default_rng(3)), FAST)
+    rank = tune.zero_shot_ranker("fused_moe", meta, params, cost, nearest)
+    for w in (MoEWorkload(1, 64, 8, 4096, 64), MoEWorkload(4096, 8, 2, 4096, 14336)):
+        got = rank(w)
+        assert got and all(space.is_valid(c, w) for c in got) and invalid_near not in got
+        assert set(got) >= {c for c in (wide, narrow, _cfg(BLOCK_N=64)) if space.is_valid(c, w)}
+    far = MoEWorkload(16, 64, 8, 4096, 4096)
+    assert tune.zero_shot_ranker("fused_moe", meta, params)(far) == tune.ranker("fused_moe", meta, params)(far)
+    # the cost model travels beside the bundle and loads back to the same ranking
+    bundle.save_bundle(tmp_path, "fused_moe", meta, params, {"model_uri": "models:/x/1"}, cost_model=cost)
+    back = bundle.load_cost_model(tmp_path, "fused_moe")
+    assert tune.zero_shot_ranker("fused_moe", meta, params, back, nearest)(far) == rank(far)
+    assert bundle.load_cost_model(tmp_path, "decode_attention") is None

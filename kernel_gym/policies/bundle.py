@@ -3,7 +3,11 @@ machine without MLflow can rank candidates with the same numpy forward pass as t
 
 A bundle is data only: the arrays load with allow_pickle=False after their headers and shapes are checked, the JSON's
 configs, activation and provenance are checked (policies/safe_policy.py); a crafted bundle fails in one line naming
-the file, and nothing in it is executed."""
+the file, and nothing in it is executed.
+
+Optional beside a fused_moe bundle: fused_moe.cost.npz + fused_moe.cost.json, the learned cost model
+(kernel_gym/dispatch/cost_model.py) that re-ranks the zero-shot candidates; a bundle without it answers with the
+policy's own top-1, as before."""
 
 from __future__ import annotations
 
@@ -39,9 +43,21 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 
 def save_bundle(folder: Path, kernel: str, meta: dict[str, Any], params: dict[str, np.ndarray],
-                provenance: dict[str, Any]) -> None:
-    """KERNEL.json (catalogue, activation, provenance) and KERNEL.npz (actor): all `tune` needs, without MLflow."""
+                provenance: dict[str, Any], cost_model: Any = None) -> None:
+    """KERNEL.json (catalogue, activation, provenance) and KERNEL.npz (actor): all `tune` needs, without MLflow.
+    cost_model: a CostModel to write beside a fused_moe bundle; "auto" writes the packaged dataset's
+    (cost_model.packaged(): fitted once, cached) beside a model-conditioned fused_moe policy, the one that answers
+    zero-shot for models never measured; None (the default: a bundle's choices stay the policy's own unless asked)
+    writes none."""
     folder.mkdir(parents=True, exist_ok=True)
+    if cost_model == "auto":
+        cost_model = None
+        if kernel == "fused_moe" and provenance.get("model_conditioned") is True:
+            from kernel_gym.dispatch import cost_model as cm
+
+            cost_model = cm.packaged()
+    if cost_model is not None and kernel == "fused_moe":
+        cost_model.save(folder)
     keep = {k: meta[k] for k in ("kernel", "configs", "activation") if k in meta}
     text = json.dumps({**keep, "provenance": provenance}, indent=1).encode()
     _atomic_write(folder / f"{kernel}.npz", lambda f: np.savez(f, **{k: np.asarray(v) for k, v in params.items()}))
@@ -58,3 +74,13 @@ def load_bundle(folder: Path, kernel: str) -> tuple[dict[str, Any], dict[str, np
         raise ValueError(f"--policy-dir {folder}: missing {missing}; write them with `kernel-gym tune --model M "
                          f"--save-policies {folder}` where the MLflow store is")
     return load_bundle_files(paths[0], paths[1], kernel)
+
+
+def load_cost_model(folder: Path, kernel: str) -> Any:
+    """The cost model beside a bundle (fused_moe.cost.npz/.json, read as data), or None where the folder has none or
+    the kernel has no cost model: the caller then keeps the policy's own top-1."""
+    from kernel_gym.dispatch import cost_model as cm
+
+    if kernel != cm.KERNEL or not cm.exists(folder):
+        return None
+    return cm.load(folder)

@@ -265,7 +265,7 @@ def absent_fix(kernel: str, model: Any) -> str:
 def policy_identity(provenance: dict[str, Any]) -> dict[str, Any]:
     """Where a kernel's choices came from, short enough for a table's meta: URI, run, bundle folder, training specs."""
     specs = provenance.get("model_specs") or []
-    out = {k: provenance[k] for k in ("model_uri", "run_id", "env_id", "policy_dir") if provenance.get(k)}
+    out = {k: provenance[k] for k in ("model_uri", "run_id", "env_id", "policy_dir", "cost_model") if provenance.get(k)}
     out["model_conditioned"] = bool(provenance.get("model_conditioned"))
     if specs:
         out["trained_on"] = len(specs) if len(specs) > 3 else [s.get("name", "?") for s in specs]
@@ -473,11 +473,12 @@ def registered_policy_names() -> list[str]:
 
 def load_policy_dir(folder: Path, model: Any = None) -> dict[str, tuple[Predictor, dict[str, Any]]]:
     """Predictors per kernel from the policy bundles in `folder` (KERNEL.json + KERNEL.npz: policies/bundle.py),
-    without MLflow: the masked argmax of the logged model under the knob-space rules (tune.ranker's first choice,
-    the family default where no catalogue config is valid). Prints one line per policy like load_policies."""
+    without MLflow: tune.zero_shot_ranker's first choice (with the fused_moe cost model the folder ships, the
+    candidates re-ranked by it; without, the masked argmax of the logged model under the knob-space rules), the family
+    default where no catalogue config is valid. Prints one line per policy like load_policies."""
     from kernel_gym.kernels import get_family
-    from kernel_gym.policies.bundle import load_bundle
-    from kernel_gym.policies.tune import ranker
+    from kernel_gym.policies.bundle import load_bundle, load_cost_model
+    from kernel_gym.policies.tune import NearestWinners, zero_shot_ranker
 
     folder = Path(folder)
     found = [k for k in TABLE_KERNELS if (folder / f"{k}.json").exists()]
@@ -488,12 +489,17 @@ def load_policy_dir(folder: Path, model: Any = None) -> dict[str, tuple[Predicto
     out: dict[str, tuple[Predictor, dict[str, Any]]] = {}
     for kernel in found:
         meta, params, provenance = load_bundle(folder, kernel)
-        rank, family = ranker(kernel, meta, params), get_family(kernel)
+        cost = load_cost_model(folder, kernel)  # fused_moe: the re-ranking cost model shipped beside the policy
+        rank = zero_shot_ranker(kernel, meta, params, cost, NearestWinners() if cost is not None else None)
+        family = get_family(kernel)
 
         def predict(workloads: list[Any], rank: Any = rank, family: Any = family) -> list[Config]:
             return [next(iter(rank(w)), None) or family.default_config(w) for w in workloads]
 
         provenance = {**provenance, "policy_dir": str(folder)}
+        if cost is not None:
+            provenance["cost_model"] = {"rerank": "policy's valid catalogue + nearest shapes' winners + engine entry",
+                                        "dataset_sha256": cost.meta.get("dataset_sha256", "")}
         if model is not None and not isinstance(model, str):
             print(f"{check_policy_model(kernel, provenance, model)} from {folder}", file=sys.stderr, flush=True)
         out[kernel] = (predict, provenance)

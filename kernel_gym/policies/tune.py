@@ -57,6 +57,32 @@ def ranker(kernel: str, meta: dict[str, Any], params: dict[str, np.ndarray]) -> 
     return rank
 
 
+def zero_shot_ranker(kernel: str, meta: dict[str, Any], params: dict[str, np.ndarray], cost: Any = None,
+                     nearest: Any = None) -> Any:
+    """rank(workload) -> the product's zero-shot candidates, predicted fastest first. With a fused_moe cost model
+    (dispatch/cost_model.py): every catalogue entry the rules allow (the policy's top 8 among them), the nearest
+    measured shapes' winners (`nearest`: a NearestWinners) and the engine's entry, ordered by the cost model (ties in
+    that order): far from the training shapes the policy's argmax alone was poor (design leave-half-out 0.919, p5
+    0.729). Without a cost model, or for another kernel: `ranker`'s order, the policy's top-1 first."""
+    rank = ranker(kernel, meta, params)
+    if cost is None or kernel != "fused_moe":
+        return rank
+    from kernel_gym.kernels import get_family
+
+    space = get_family(kernel).space
+
+    def rerank(workload: Any) -> list[Config]:
+        cands = rank(workload)  # the whole valid catalogue, the policy's order (it breaks the cost model's ties)
+        if nearest is not None:
+            cands += [c for c in nearest(workload) if space.is_valid(c, workload)]
+        engine = engine_candidate(workload)
+        if engine is not None:
+            cands.append(engine)
+        return cost.rank(workload, list(dict.fromkeys(cands))) if cands else []
+
+    return rerank
+
+
 # ---- candidates a wrong policy cannot mislead ------------------------------------------------------------------
 # The policy's ranking is one source among four: at a shape far from training every one of its top-k can be wrong
 # (a TP-8 shard with N = 64 got only 128/256-wide tiles). So tune also measures the winners at the nearest measured

@@ -11,8 +11,10 @@ what a deployment sees:
   under (measured and valid) is the mask a deployment has (valid by the knob-space rules) wherever it trains.
 
 Zero-shot choice (`choose`): the actor's argmax over the catalogue entries the knob-space rules allow at the
-workload, nothing else: exactly what the exported policy does for an unseen spec (pyfunc_model's "rules" mask).
-`ranked` lists the same entries by the actor's preference: the candidates `kernel-gym tune` measures.
+workload: what the exported policy does for an unseen spec (pyfunc_model's "rules" mask). `ranked` lists the same
+entries by the actor's preference: the candidates `kernel-gym tune` measures. Given a fused_moe cost model (`cost`),
+both re-rank the product's zero-shot candidates with it (tune.zero_shot_ranker), as `export --policy-dir` does with
+the cost model shipped beside the bundle.
 """
 
 from __future__ import annotations
@@ -116,19 +118,23 @@ def restrict(refs: Sequence[WorkloadReference], allowed: set[Config]) -> list[Wo
     return out
 
 
-def ranked(model: Any, catalogue: Any, workload: Any) -> list[Config]:
+def ranked(model: Any, catalogue: Any, workload: Any, cost: Any = None, nearest: Any = None) -> list[Config]:
     """Catalogue entries valid at the workload, most preferred first (the first is `choose`'s answer): the trained
-    model's actor exported as it is logged (tracking.export_policy_arrays) and ranked by tune.ranker, the same numpy
-    forward pass and rules-only mask the deployed model and `kernel-gym tune` use."""
+    model's actor exported as it is logged (tracking.export_policy_arrays) and ranked by tune.zero_shot_ranker, the
+    same numpy forward pass and rules-only mask the deployed model and `kernel-gym tune` use. With a fused_moe `cost`
+    model (dispatch/cost_model.py; `nearest`: a tune.NearestWinners) the product's zero-shot candidates re-ranked by
+    it. None by default: a held-out evaluation must pass a cost model fitted without its held-out rows, never the
+    packaged one (cost_model.packaged() saw every recorded shape)."""
     from kernel_gym.policies.tracking import export_policy_arrays
-    from kernel_gym.policies.tune import ranker
+    from kernel_gym.policies.tune import zero_shot_ranker
 
     params, activation = export_policy_arrays(model)
     meta = {"configs": [dict(c) for c in catalogue.configs], "activation": activation}
-    return ranker(catalogue.kernel, meta, params)(workload)
+    return zero_shot_ranker(catalogue.kernel, meta, params, cost, nearest)(workload)
 
 
-def choose(model: Any, catalogue: Any, workload: Any, default: Config) -> Config:
+def choose(model: Any, catalogue: Any, workload: Any, default: Config, cost: Any = None, nearest: Any = None
+           ) -> Config:
     """The zero-shot choice; the default config where no catalogue entry is valid (what the Dispatcher does)."""
-    top = ranked(model, catalogue, workload)
+    top = ranked(model, catalogue, workload, cost, nearest)
     return top[0] if top else default
