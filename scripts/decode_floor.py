@@ -1,0 +1,106 @@
+"""Decode at batch 1-4 against its floor (issue 29, point 2): the best checked config's time beside the bytes it must
+read over copy bandwidth plus one measured empty-kernel launch.
+
+Per workload (Mixtral's attention shape, GQA 32/8, head dim 128; batch 1, 2, 4; context 1k, 4k, 16k): the recorded
+dataset's fastest config there, the default and `--sample` configs drawn from the valid space, each checked against the
+torch reference first, then timed (CUDA events, the dataset's timing options); the floor is
+bytes_moved / COPY_BW + the median time of an empty Triton kernel timed the same way. Target: best / floor <= 1.25.
+
+    python3 scripts/decode_floor.py --out $OUT/decode_floor.json      # GPU; imports torch, triton, numpy, kernel_gym
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+TARGET = 1.25
+
+
+def _empty_kernel():
+    """A Triton kernel that does nothing: one launch's fixed cost, timed as the configs are."""
+    import triton
+
+    @triton.jit
+    def _empty(x):
+        pass
+
+    return _empty
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    import triton
+
+    from kernel_gym.kernels import get_family
+    from kernel_gym.kernels.workloads import DecodeWorkload
+    from kernel_gym.measure import make_backend
+    from kernel_gym.measure.roofline import COPY_BW
+    from kernel_gym.measure.timing import time_launch
+    from kernel_gym.measure.worker import compare
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--sample", type=int, default=48,
+                   help="valid configs sampled per workload (besides the recorded best)")
+    args = p.parse_args(argv)
+
+    _empty = _empty_kernel()
+    dummy = torch.empty(1, device="cuda")
+    _empty[(1,)](dummy)
+    torch.cuda.synchronize()
+    empty_ms = time_launch(lambda: _empty[(1,)](dummy)).median_ms
+    fam = get_family("decode_attention")
+    backend = make_backend("recorded")
+    rows = []
+    for batch in (1, 2, 4):
+        for context in (1024, 4096, 16384):
+            w = DecodeWorkload(32, 8, 128, batch, context)
+            recorded = {c: m for c, m in backend.rows("decode_attention").get(w.key(), {}).items()
+                        if m.status == "ok" and m.median_ms}
+            configs = []
+            if recorded:
+                best_c = min(recorded, key=lambda c: recorded[c].median_ms)
+                configs.append(best_c if not isinstance(best_c, str) else __import__(
+                    "kernel_gym.kernels.space", fromlist=["Config"]).Config.parse(best_c))
+            configs.append(fam.default_config(w))
+            configs += list(fam.space.sample(w, args.sample, seed=0))
+            inputs = fam.make_inputs(w, "cuda")
+            ref = fam.reference(inputs)
+            times = {}
+            t0 = time.time()
+            for c in dict.fromkeys(configs):
+                try:
+                    fn = fam.prepare(inputs, c)
+                    out = fn()
+                    torch.cuda.synchronize()
+                    if compare(fam, out, ref, w.dtype) is not None:
+                        continue
+                    times[str(c)] = time_launch(fn).median_ms
+                except Exception:  # noqa: BLE001 - a config that fails to compile or run is skipped, counted below
+                    continue
+            best = min(times.values())
+            floor_ms = fam.bytes_moved(w) / COPY_BW * 1e3 + empty_ms
+            rows.append({"batch": batch, "context": context, "configs_ok": len(times), "configs_tried": len(configs),
+                         "best_ms": best, "best_config": min(times, key=times.get), "floor_ms": floor_ms,
+                         "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor_ms,
+                         "recorded_best_ms": min((m.median_ms for m in recorded.values()), default=None)})
+            print(f"batch {batch} context {context}: best {best * 1e3:.1f} us, floor {floor_ms * 1e3:.1f} us "
+                  f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor_ms:.2f} ({len(times)} ok configs, "
+                  f"{time.time() - t0:.0f} s)", flush=True)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "copy_bw": COPY_BW, "empty_launch_ms": empty_ms, "target_ratio": TARGET, "rows": rows,
+           "met": all(r["ratio_to_floor"] <= TARGET for r in rows)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+    print(f"{sum(r['ratio_to_floor'] <= TARGET for r in rows)} of {len(rows)} workloads within {TARGET}x of the floor")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
