@@ -12,6 +12,7 @@ bytes_moved / COPY_BW + the median time of an empty Triton kernel timed the same
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.workloads import DecodeWorkload
     from kernel_gym.measure import make_backend
+    from kernel_gym.measure.power import read_once
     from kernel_gym.measure.roofline import COPY_BW
     from kernel_gym.measure.timing import time_launch
     from kernel_gym.measure.worker import compare
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                     "kernel_gym.kernels.space", fromlist=["Config"]).Config.parse(best_c))
             configs.append(fam.default_config(w))
             configs += list(fam.space.sample(w, args.sample, seed=0))
+            power = read_once()  # the clock state each workload was timed in (the H200 throttles under load)
             inputs = fam.make_inputs(w, "cuda")
             ref = fam.reference(inputs)
             times = {}
@@ -89,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"batch": batch, "context": context, "configs_ok": len(times), "configs_tried": len(configs),
                          "best_ms": best, "best_config": min(times, key=times.get), "floor_ms": floor_ms,
                          "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor_ms,
-                         "recorded_best_ms": min((m.median_ms for m in recorded.values()), default=None)})
+                         "recorded_best_ms": min((m.median_ms for m in recorded.values()), default=None),
+                         "power_before": dataclasses.asdict(power) if power is not None else None})
             print(f"batch {batch} context {context}: best {best * 1e3:.1f} us, floor {floor_ms * 1e3:.1f} us "
                   f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor_ms:.2f} ({len(times)} ok configs, "
                   f"{time.time() - t0:.0f} s)", flush=True)
