@@ -23,6 +23,7 @@ from the sweep.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -62,6 +63,15 @@ MOE_FAR = {
     "qwen3-next-80b-a3b": [(8, 256, 0.0), (8, 4096, 0.0), (4, 1, 0.0), (4, 64, 1.2)],
     "jamba-1.5-large": [(8, 64, 0.0), (8, 4096, 0.0), (8, 256, 1.2), (8, 1024, 0.0)],
 }
+# The second far split (kernel_gym.zoo.FAR2_TEST_MODELS), fixed before any of its shapes was timed; the product's
+# zero-shot answer here is the cost model's re-ranking (`export --policy-dir` with the shipped fused_moe.cost.npz).
+MOE_FAR2 = {
+    "minimax-text-01": [(8, 1, 0.0), (8, 1024, 0.0), (4, 256, 1.2), (4, 4096, 0.0)],
+    "ernie-4.5-300b-a47b": [(8, 64, 1.2), (8, 4096, 0.0), (4, 16, 0.0), (4, 1024, 0.0)],
+    "skywork-moe": [(4, 1, 0.0), (4, 64, 0.0), (4, 256, 1.2), (4, 4096, 0.0)],
+    "granite-3.0-1b-a400m": [(1, 256, 0.0), (1, 4096, 0.0), (2, 16, 0.0), (2, 64, 1.2)],
+}
+FAR_SPLITS = {"far": MOE_FAR, "far2": MOE_FAR2}
 ROBUST_TOP_K = 4  # kernel-gym tune's default: the policy's top 4 + nearest shapes' winners + engine entry + local
 
 
@@ -104,10 +114,10 @@ def make_plan(args: argparse.Namespace) -> int:
     nearest = None
     for kernel in args.kernels:
         space, family = get_family(kernel).space, get_family(kernel)
-        if args.split == "far":
+        if args.split in FAR_SPLITS:
             if kernel != "fused_moe":
                 continue
-            groups = [((), "far", eval_workloads(kernel, MOE_FAR))]
+            groups = [((), args.split, eval_workloads(kernel, FAR_SPLITS[args.split]))]
         elif args.leave_out:  # one group per left-out training model: its policies never saw any of its rows
             allowed = zoo.training_models(kernel)
             unknown = [m for m in args.leave_out if m not in zoo.ZOO]
@@ -137,11 +147,27 @@ def make_plan(args: argparse.Namespace) -> int:
                                 "recorded_heldout_geomean": res.evaluation.geomean_policy})
                 print(f"{tag} seed {seed}: trained ({len(res.catalogue)} actions)", flush=True)
             held_out = zoo_policy.excluded_keys(kernel, exclude) if exclude else zoo.test_workload_keys(kernel)
+            # The product's zero-shot re-ranking (tune.zero_shot_ranker): one cost model per seed, fitted on the
+            # packaged dataset without any test model's rows (cost_model.fit_packaged), so only held-out splits
+            # (never a leave-one-model-out one, whose model the packaged rows hold) get it.
+            costs = {}
+            if kernel == "fused_moe" and args.rerank and not exclude:
+                from kernel_gym.dispatch import cost_model as cm
+
+                costs = {seed: cm.fit_packaged(backend, cm.FitOptions(seed=seed)) for seed, _, _ in policies}
+                print(f"cost models fitted (seeds {sorted(costs)})", flush=True)
             for shard, w in workloads:
                 assert w.key() in held_out, f"{w.key()} is not held out of training"
-                choices, tune = {}, {}
+                choices, tune, policy_choices = {}, {}, {}
+                if costs:
+                    from kernel_gym.policies import tune as tune_mod
+
+                    nearest = nearest or tune_mod.NearestWinners(backend)
                 for seed, model, cat in policies:
                     ranked = zoo_policy.ranked(model, cat, w)
+                    policy_choices[seed] = str(ranked[0] if ranked else family.default_config(w))
+                    if costs:
+                        ranked = zoo_policy.ranked(model, cat, w, costs[seed], nearest)
                     choices[seed] = str(ranked[0] if ranked else family.default_config(w))
                     tune[seed] = [str(c) for c in ranked[:TUNE_K]]
                 sweep = [str(c) for c in space.sample(w, args.sweep, seed=args.sweep_seed)]
@@ -155,18 +181,21 @@ def make_plan(args: argparse.Namespace) -> int:
 
                     nearest = nearest or tune_mod.NearestWinners(backend)
                     robust = {seed: [str(c) for c in tune_mod.first_round(
-                        w, lambda _w, m=model, cat=cat: zoo_policy.ranked(m, cat, _w), ROBUST_TOP_K, nearest)]
-                        for seed, model, cat in policies}
+                        w, functools.partial(zoo_policy.ranked, model, cat, cost=costs.get(seed), nearest=nearest),
+                        ROBUST_TOP_K, nearest)] for seed, model, cat in policies}
                     local = {str(c) for r1 in robust.values() for c1 in r1 for c in tune_mod.local_steps(
                         Config.parse(c1), w, space)}
                     engine = tune_mod.engine_candidate(w)
 
                     extra_fields = {"robust": robust, "extra": sorted(local),
+                                    **({"policy_choices": policy_choices, "rerank": "tune.zero_shot_ranker with "
+                                        "cost_model.fit_packaged(seed)"} if costs else {}),
                                     "engine_entry": str(engine) if engine is not None else None,
                                     "anchor": str(vllm_moe.FAMILY.engine_config(w)),
                                     "coverage": coverage(Shape(shard, w.num_experts, w.top_k, w.hidden,
                                                                w.intermediate)).as_dict()}
-                configs = list(dict.fromkeys([*choices.values(), *(c for t in tune.values() for c in t),
+                configs = list(dict.fromkeys([*choices.values(), *policy_choices.values(),
+                                              *(c for t in tune.values() for c in t),
                                               *(c for r in extra_fields.get("robust", {}).values() for c in r),
                                               str(family.default_config(w)), *catalogue, *sweep]))
                 entries.append({"kernel": kernel, "model": zoo.base_model(shard), "shard": shard, "split": split,
@@ -245,7 +274,8 @@ def time_plan(args: argparse.Namespace) -> int:
         sweep_ms, status, seconds, fns = {}, {}, {}, {}
         # Only the configs the paired rounds may need keep their launch closure (each holds its own buffers; keeping
         # all ~270 ran a 16k-context decode workload out of memory); the sweep's fastest are prepared again after.
-        keep = {*entry["choices"].values(), *(c for t in entry["tune"].values() for c in t), entry["default"]}
+        keep = {*entry["choices"].values(), *entry.get("policy_choices", {}).values(),
+                *(c for t in entry["tune"].values() for c in t), entry["default"]}
         w0 = time.time()
         state = {"sweep_ms": sweep_ms, "status": status, "seconds": seconds, "fns": fns}
         for c in entry["configs"]:
@@ -300,7 +330,8 @@ def time_plan(args: argparse.Namespace) -> int:
         for c in [*robust_picks.values(), entry.get("engine_entry")]:
             if c is not None and c in sweep_ms and c not in fns:
                 fns[c] = fam.prepare(inputs, Config.parse(c))
-        paired_set = [c for c in dict.fromkeys([*entry["choices"].values(), *tune_picks.values(), *top,
+        paired_set = [c for c in dict.fromkeys([*entry["choices"].values(), *entry.get("policy_choices", {}).values(),
+                                                *tune_picks.values(), *top,
                                                 entry["default"], *(c for c in robust_picks.values() if c),
                                                 *([entry["engine_entry"]] if entry.get("engine_entry") else []),
                                                 *([anchor_key] if anchor_key else [])]) if c in fns]
@@ -311,6 +342,7 @@ def time_plan(args: argparse.Namespace) -> int:
                   for c, xs in zip(paired_set, samples)}
         results.append({**{k: entry[k] for k in ("kernel", "model", "shard", "workload", "choices", "tune",
                                                  "default")}, "split": entry.get("split", "test"),
+                        **({"policy_choices": entry["policy_choices"]} if "policy_choices" in entry else {}),
                         "tune_picks": tune_picks, "robust_picks": robust_picks, "local_timed": local_timed,
                         "anchor": anchor_key, "anchor_status": anchor_status,
                         "engine_entry": entry.get("engine_entry"), "coverage": entry.get("coverage"),
@@ -370,7 +402,7 @@ def score(results: list[dict]) -> dict:
     """Rows and curves of one kernel's timed workloads: ratio = best / chosen from the paired samples (a choice that
     failed its check is charged the default config, the Dispatcher's fallback); tune picks; the policy-ranked and
     random-order curves from the sweep."""
-    rows, tuned, default_rows, incomplete, robust, vs_engine = [], [], [], [], [], []
+    rows, tuned, default_rows, incomplete, robust, vs_engine, argmax = [], [], [], [], [], [], []
     curve_policy: dict[int, list[float]] = {}
     curve_random: dict[int, list[float]] = {}
     seconds_per_config = []
@@ -388,6 +420,10 @@ def score(results: list[dict]) -> dict:
             rows.append({"model": r["model"], "shard": r["shard"], "workload": r["workload"], "seed": int(seed),
                          "chosen": c, "chosen_ms": ms, "best_ms": best, "ratio": best / ms,
                          "configs_swept": swept, "configs_attempted": len(r["status"])})
+        for seed, c in (r.get("policy_choices") or {}).items():  # --rerank plans: the policy's own argmax beside
+            ms = paired_ms(r, c) or paired_ms(r, r["default"])
+            argmax.append({"shard": r["shard"], "workload": r["workload"], "seed": int(seed), "chosen": c,
+                           "ratio": best / ms})
         for seed, c in r["tune_picks"].items():
             ms = paired_ms(r, c)
             if ms is not None:
@@ -453,6 +489,10 @@ def score(results: list[dict]) -> dict:
                           "zero_shot_geomean": _geomean(z), "zero_shot_min": min(z) if z else None,
                           "tuned_geomean": _geomean(t), "tuned_min": min(t) if t else None,
                           "workloads": len(vs_engine), "rows": vs_engine}
+    if argmax:
+        am = [x["ratio"] for x in argmax]
+        summary["zero_shot_is"] = "the cost model's re-ranking (tune.zero_shot_ranker): `export --policy-dir`'s answer"
+        summary["policy_argmax"] = {"geomean": _geomean(am), "p5": _p5(am), "min": min(am), "rows": argmax}
     return {"summary": summary, "rows": rows,
             "robust_tune": {"method": f"kernel-gym tune: the policy's top {ROBUST_TOP_K}, the 3 nearest measured "
                                       "shapes' winners, the engine's own entry, then one-knob steps around round 1's "
@@ -507,8 +547,9 @@ def report(args: argparse.Namespace) -> int:
 
     for (kernel, split), run in by_key.items():
         sc = score([r for r in run["live"]["results"] if r["kernel"] == kernel and r.get("split", "test") == split])
-        if split == "far":
-            out.setdefault("far_test", {})[kernel] = {**sc["summary"], "tuned_top8": sc["tuned"],
+        if split in FAR_SPLITS:
+            entry_name = "far_test" if split == "far" else f"{split}_test"
+            out.setdefault(entry_name, {})[kernel] = {**sc["summary"], "tuned_top8": sc["tuned"],
                                                       "tuned": sc["robust_tune"], "vs_engine": sc["vs_engine"],
                                                       "coverage": {r["shard"]: r.get("coverage") for r in
                                                                    run["live"]["results"] if r.get("coverage")},
@@ -532,10 +573,11 @@ def report(args: argparse.Namespace) -> int:
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     if out["curves"]:
         plot_curves(out["curves"], args.out.with_name(args.out.stem + "_curve.png"))
-    for kernel, z in out.get("far_test", {}).items():
+    for split, kernel, z in [(s_, k, z) for s_ in FAR_SPLITS for k, z in out.get(
+            "far_test" if s_ == "far" else f"{s_}_test", {}).items()]:
         t, e = z["tuned"] or {}, z["vs_engine"] or {}
         nan = float("nan")
-        print(f"{kernel}, far test: zero-shot geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
+        print(f"{kernel}, {split} test: zero-shot geomean {z['geomean']:.3f} p5 {z['p5']:.3f} min {z['min']:.3f} over "
               f"{z['workloads']} workloads x {len(z['seeds'])} seeds; tune geomean {t.get('geomean', nan):.3f} "
               f"p5 {t.get('p5', nan):.3f}; vs the engine's kernel: best {e.get('best_geomean', nan):.3f}, "
               f"zero-shot {e.get('zero_shot_geomean', nan):.3f}, tune {e.get('tuned_geomean', nan):.3f}")
@@ -592,8 +634,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--leave-out", nargs="*", default=[], metavar="MODEL",
                    help="leave-one-model-out instead of the test split: per zoo training model, policies trained "
                         "without its rows, choosing at three of its shards")
-    a.add_argument("--split", choices=("test", "far"), default="test",
-                   help="far: the far test split (kernel_gym.zoo.FAR_TEST_MODELS, MoE) instead of the test models")
+    a.add_argument("--split", choices=("test", *FAR_SPLITS), default="test",
+                   help="far / far2: a far test split (kernel_gym.zoo.FAR_TEST_MODELS / FAR2_TEST_MODELS, MoE) "
+                        "instead of the test models")
+    a.add_argument("--rerank", action="store_true",
+                   help="MoE choices and tune's round 1 as the product makes them with the cost model "
+                        "(tune.zero_shot_ranker; one cost model per seed); the policy's own argmax is kept beside "
+                        "them as policy_choices")
     a.add_argument("--tracking-uri", default="", help="MLflow store of the training runs (default: mlruns/)")
     a.add_argument("--checkpoints", type=Path, default=Path("out/checkpoints"), help="where the policies are saved")
     b = sub.add_parser("time", help="GPU: sweep and paired timing per workload")

@@ -125,6 +125,8 @@ def test_zero_shot_ranker_returns_only_valid_configs_and_keeps_the_policy_withou
         got = rank(w)
         assert got and all(space.is_valid(c, w) for c in got) and invalid_near not in got
         assert set(got) >= {c for c in (wide, narrow, _cfg(BLOCK_N=64)) if space.is_valid(c, w)}
+        # every valid config is a candidate, not only the catalogue: the candidate set no longer caps the choice
+        assert set(got) == set(space.valid_configs(w))
     far = MoEWorkload(16, 64, 8, 4096, 4096)
     assert tune.zero_shot_ranker("fused_moe", meta, params)(far) == tune.ranker("fused_moe", meta, params)(far)
     # the cost model travels beside the bundle and loads back to the same ranking

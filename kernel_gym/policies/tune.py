@@ -4,7 +4,9 @@ of the spec's dispatch grid, keep the fastest, export the dispatch table.
 The candidates come from four sources, so that a policy that is wrong at a shape far from its training cannot
 mislead the result (at a TP-8 shard with N = 64 every one of an earlier policy's top 8 was a tile wider than N):
 
-1. the policy's `--top-k` most preferred configs among those the knob-space rules allow (default 4);
+1. the `--top-k` most preferred configs among those the knob-space rules allow (default 4): where the policy folder
+   ships the fused_moe cost model, its top k of the whole valid space (zero_shot_ranker: what `export --policy-dir`
+   answers zero-shot), else the policy's own ranking of its catalogue;
 2. the fastest stored config at each of the 3 measured shapes nearest to this one (the coverage measure's cube,
    kernel_gym.dispatch.shape_coverage), at the nearest M and skew;
 3. the engine's own entry (vLLM's shipped H200 table, else its default rule) translated to the kernel: the pick is
@@ -61,9 +63,12 @@ def zero_shot_ranker(kernel: str, meta: dict[str, Any], params: dict[str, np.nda
                      nearest: Any = None) -> Any:
     """rank(workload) -> the product's zero-shot candidates, predicted fastest first. With a fused_moe cost model
     (dispatch/cost_model.py): every catalogue entry the rules allow (the policy's top 8 among them), the nearest
-    measured shapes' winners (`nearest`: a NearestWinners) and the engine's entry, ordered by the cost model (ties in
-    that order): far from the training shapes the policy's argmax alone was poor (design leave-half-out 0.919, p5
-    0.729). Without a cost model, or for another kernel: `ranker`'s order, the policy's top-1 first."""
+    measured shapes' winners (`nearest`: a NearestWinners), the engine's entry and then every other config the rules
+    allow (the valid space holds 1-3k configs; ranking them takes well under a second), ordered by the cost model
+    (ties in that order). Far from the training shapes the policy's argmax alone was poor (design leave-half-out
+    0.919, p5 0.729), and a candidate set of the catalogue alone capped what any ranking could reach (its best member:
+    p5 0.79 on the first far split). Without a cost model, or for another kernel: `ranker`'s order, the policy's
+    top-1 first."""
     rank = ranker(kernel, meta, params)
     if cost is None or kernel != "fused_moe":
         return rank
@@ -78,6 +83,7 @@ def zero_shot_ranker(kernel: str, meta: dict[str, Any], params: dict[str, np.nda
         engine = engine_candidate(workload)
         if engine is not None:
             cands.append(engine)
+        cands += space.valid_configs(workload)
         return cost.rank(workload, list(dict.fromkeys(cands))) if cands else []
 
     return rerank
@@ -370,8 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     plans, rankers = {}, {}
     nearest = None
     for kernel in kernels:
+        cost = None
         if args.policy_dir:
+            from kernel_gym.policies.bundle import load_cost_model
+
             meta, params, provenance = load_bundle(args.policy_dir, kernel)
+            cost = load_cost_model(args.policy_dir, kernel)  # fused_moe: ranks round 1 as `export` ranks zero-shot
         else:
             from kernel_gym.policies.export import latest_model_uris, parse_model_uris
 
@@ -391,7 +401,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[tune] {coverage(model, trained_shapes(provenance)).line()}", flush=True)
             if nearest is None and not args.no_nearest:
                 nearest = NearestWinners()
-        rankers[kernel] = (ranker(kernel, meta, params), provenance)
+        if cost is not None:
+            rank = zero_shot_ranker(kernel, meta, params, cost, nearest)
+            print(f"[tune] {kernel}: round 1 takes the cost model's top {args.top_k} of the whole valid space "
+                  f"(shipped in {args.policy_dir}), as `export --policy-dir` ranks its zero-shot choice", flush=True)
+        else:
+            rank = ranker(kernel, meta, params)
+        rankers[kernel] = (rank, provenance)
         plans[kernel] = tune_plan(kernel, model, rankers[kernel][0], args.top_k, nearest)
     total = sum(len(e["configs"]) for p in plans.values() for e in p)
     cells = sum(len(p) for p in plans.values())

@@ -88,3 +88,39 @@ def test_engine_entry_with_a_tile_fused_moe_lacks_is_snapped_not_dropped():
     assert tune._snapped_block_m(32, MoEWorkload(1, 128, 2, 7168, 608, 0.0))[0] == 16  # sparse: less padding
     assert tune._snapped_block_m(32, MoEWorkload(4096, 8, 2, 4096, 1792, 0.0))[0] == 64
     assert tune._snapped_block_m(256, MoEWorkload(4096, 8, 2, 4096, 1792, 0.0))[0] == 128
+
+
+def test_tune_round_one_takes_the_shipped_cost_models_top_k(capsys, tmp_path, monkeypatch):
+    """With a policy folder that ships fused_moe.cost.npz, round 1's top-k is the cost model's ranking of the whole
+    valid space (what `export --policy-dir` answers), not the policy's catalogue order."""
+    import json
+
+    import numpy as np
+
+    from kernel_gym.cli import main
+    from kernel_gym.dispatch.observation import feature_names
+    from kernel_gym.policies import bundle
+
+    names = feature_names("fused_moe")
+    meta = {"kernel": "fused_moe", "configs": [dict(c) for c in _WIDE], "activation": "tanh"}
+    params = {"W_out": np.zeros((len(_WIDE), len(names)), np.float32), "b_out": np.zeros(len(_WIDE), np.float32)}
+    bundle.save_bundle(tmp_path, "fused_moe", meta, params, {"model_uri": "models:/x/1"})
+    model = load_model("olmoe-1b-7b")
+
+    class Cheapest:
+        """A cost model that prefers the narrowest tile with the fewest warps (none of the policy's catalogue)."""
+
+        meta = {"dataset_sha256": ""}
+
+        def rank(self, workload, configs):
+            return sorted(configs, key=lambda c: (c["BLOCK_N"], c["BLOCK_M"], c["num_warps"]))
+
+    monkeypatch.setattr(bundle, "load_cost_model", lambda folder, kernel: Cheapest())
+    plans = {}
+    real_plan = tune.tune_plan
+    monkeypatch.setattr(tune, "tune_plan", lambda *a, **k: plans.setdefault("p", real_plan(*a, **k)))
+    rc = main(["tune", "--model", model.name, "--kernels", "fused_moe", "--policy-dir", str(tmp_path), "--dry-run",
+               "--no-nearest"])
+    assert rc == 0 and "cost model's top 4" in capsys.readouterr().out
+    first = [Config(json.loads(c)) for c in plans["p"][0]["configs"]]
+    assert first[0]["BLOCK_N"] == 32 and first[0] not in _WIDE  # outside the catalogue: the whole space was ranked
