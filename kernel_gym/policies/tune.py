@@ -75,16 +75,20 @@ def zero_shot_ranker(kernel: str, meta: dict[str, Any], params: dict[str, np.nda
     from kernel_gym.kernels import get_family
 
     space = get_family(kernel).space
+    memo: dict[str, list[Config]] = {}  # tune ranks each grid cell twice (its plan, then its zero-shot fallback)
 
     def rerank(workload: Any) -> list[Config]:
-        cands = rank(workload)  # the whole valid catalogue, the policy's order (it breaks the cost model's ties)
-        if nearest is not None:
-            cands += [c for c in nearest(workload) if space.is_valid(c, workload)]
-        engine = engine_candidate(workload)
-        if engine is not None:
-            cands.append(engine)
-        cands += space.valid_configs(workload)
-        return cost.rank(workload, list(dict.fromkeys(cands))) if cands else []
+        key = workload.key()
+        if key not in memo:
+            cands = rank(workload)  # the whole valid catalogue, the policy's order (it breaks the cost model's ties)
+            if nearest is not None:
+                cands += [c for c in nearest(workload) if space.is_valid(c, workload)]
+            engine = engine_candidate(workload)
+            if engine is not None:
+                cands.append(engine)
+            cands += space.valid_configs(workload)
+            memo[key] = cost.rank(workload, list(dict.fromkeys(cands))) if cands else []
+        return list(memo[key])
 
     return rerank
 
