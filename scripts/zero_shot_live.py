@@ -510,6 +510,13 @@ def score(results: list[dict]) -> dict:
                                "benchmark_moe-style tuner runs."}}
 
 
+def _read_text(path: Path) -> str:
+    """A `time` result as committed: plain JSON, or gzipped (.gz) where the raw file is megabytes."""
+    import gzip
+
+    return gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+
+
 def report(args: argparse.Namespace) -> int:
     """generalisation.json from `time` results. Several runs may be given (--result / --plan / --commit /
     --dataset-hash in the same order): for each kernel and split (test models; leave-one-model-out) the last run that
@@ -525,7 +532,7 @@ def report(args: argparse.Namespace) -> int:
     runs = []
     for i, path in enumerate(args.result):
         plan_path = args.plan[i] if args.plan else None
-        runs.append({"live": json.loads(path.read_text()), "result": str(path),
+        runs.append({"live": json.loads(_read_text(path)), "result": str(path),
                      "plan": json.loads(plan_path.read_text()) if plan_path else {},
                      "plan_path": str(plan_path) if plan_path else None,
                      "commit": args.commit[i] if args.commit else "",
@@ -565,11 +572,21 @@ def report(args: argparse.Namespace) -> int:
                                               "rows": sc["rows"]}
         out["tuned"][kernel] = sc["tuned"]
         out["curves"][kernel] = sc["curves"]
-    for path in args.engine_tune:  # `kernel-gym tune --engine` runs (scripts/engine_gpu_run.py's summary)
-        runs_ = json.loads(path.read_text()).get("parts", {})
+    for path in args.engine_tune:  # `kernel-gym tune --engine` runs: engine_gpu_run.json, or one run's engine_tune.json
+        data = json.loads(path.read_text())
+        if "keys" in data:
+            gains = [k.get("paired_gain", 1.0) for k in data["keys"].values()]
+            m = data["meta"]
+            out.setdefault("engine_tune", {})[str(path)] = {f"tune_{m['model']}": {
+                "keys_tuned": m["keys_tuned"], "keys": len(data["keys"]), "summary": data["summary"],
+                "geomean_paired_gain": _geomean(gains), "min_paired_gain": min(gains, default=float("nan")),
+                "gpu_timing_s": m["gpu_timing_s"], "seconds": m["seconds"], "budget_s": m["budget_s"],
+                "engine": m["engine"], "command": f"python3 -m kernel_gym.policies.engine_tune --engine {m['engine']} "
+                                                  f"--model {m['model']} --budget-s {m['budget_s']:g} --out OUT"}}
+            continue
         out.setdefault("engine_tune", {})[str(path)] = {
             part: {**(r.get("result") or {}), "command": " ".join(map(str, r.get("cmd", [])))}
-            for part, r in runs_.items() if part.startswith("tune_")}
+            for part, r in data.get("parts", {}).items() if part.startswith("tune_")}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     if out["curves"]:
         plot_curves(out["curves"], args.out.with_name(args.out.stem + "_curve.png"))
@@ -657,7 +674,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", type=Path, default=Path("benchmarks/generalisation.json"))
     c.add_argument("--commit", nargs="*", default=[], help="the commit each GPU run used, same order")
     c.add_argument("--engine-tune", type=Path, nargs="*", default=[],
-                   help="engine_gpu_run.json files: their `tune --engine` parts become the engine_tune entry")
+                   help="engine_gpu_run.json files (their `tune --engine` parts) or engine_tune.json files of single "
+                        "`tune --engine` runs: the engine_tune entry")
     c.add_argument("--dataset-hash", nargs="*", default=[],
                    help="sha256 of the dataset each run's policies trained on, same order")
     args = p.parse_args(argv)
