@@ -2,7 +2,7 @@
 
 --engine names the release whose own entries are the anchor (kernel_gym/kernels/vllm_tables.py): vllm-0.33.0
 (default: its shipped table, else its 0.33 default rule; every config timed on the launch path vLLM 0.33 runs, the
-small-batch path where M * top_k * 4 <= E, whose rows are stored under vllm_moe.small_batch_source_hash()) or
+small-batch path where M * top_k * 4 <= E, whose rows are stored under vllm_moe.small_batch_store_key()) or
 sglang-0.5.23 (its shipped table with its Triton-folder search, else its default rule; always aligned). The files
 written are that engine's (SGLang's in the Triton folder its release pins), and every kept change is listed in
 "confirmations" (`kernel-gym export --confirmations` reads them). nvidia-smi's state is stored around every cell.
@@ -393,9 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     store = MeasurementStore(args.out / "vllm_fused_moe.sqlite")
     args.engine = vllm_tables.parse_engine(args.engine).id
-    ctxs = {ee.ALIGNED: Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name, vm.source_hash()),
+    ctxs = {ee.ALIGNED: Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name, vm.store_key()),
             ee.SMALL_BATCH: Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name,
-                                    vm.small_batch_source_hash())}
+                                    vm.small_batch_store_key())}
     log(f"device {gpu}, torch {torch.__version__}, triton {triton.__version__}, budget {args.budget_s:.0f} s, "
         f"{len(models)} shapes x {len(m_keys)} M x {len(ROUTINGS)} routings, <= {args.per_m} configs each")
 
@@ -476,8 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                       "device": gpu, "engine_device_name": args.device_name, "seed": args.seed,
                       "per_m": args.per_m, "pool": args.pool, "min_gain": args.min_gain,
                       "pair_rounds": args.pair_rounds, "m_keys": list(m_keys),
-                      "routings": {label: skew for label, skew in ROUTINGS}, "source_hash": vm.source_hash(),
-                      "small_batch_source_hash": vm.small_batch_source_hash(), "engine": args.engine,
+                      "routings": {label: skew for label, skew in ROUTINGS}, "source_hash": vm.store_key(),
+                      "small_batch_source_hash": vm.small_batch_store_key(), "engine": args.engine,
                       "gpu_state_end": gpu_state(), "gpu_timing_s": round(timer.gpu_s, 1),
                       "seconds": round(time.time() - start, 1), "smoke": args.smoke,
                       "store": "vllm_fused_moe.sqlite", "rows_stored": store.count(vm.FAMILY.name)}

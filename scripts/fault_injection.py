@@ -41,10 +41,10 @@ PLAN = {
 def run(device: str, db: Path, hang_timeout_s: float, modes: tuple[str, ...] = tuple(EXPECTED)) -> dict[str, Any]:
     from kernel_gym.measure.live import LiveBackend
     from kernel_gym.measure.store import Context, MeasurementStore
-    from kernel_gym.measure.worker import family_source_hash
+    from kernel_gym.measure.worker import family_store_key
     from tests.measure.fault_family import FAULTS, FaultWorkload
 
-    ctx = Context.current(FAULTS.name, family_source_hash(FAULTS), device=None if device == "cuda" else "cpu")
+    ctx = Context.current(FAULTS.name, family_store_key(FAULTS), device=None if device == "cuda" else "cpu")
     t0 = time.time()
     with MeasurementStore(db) as store, LiveBackend(device=device, timeout_s=hang_timeout_s,
                                                     first_timeout_s=300.0) as backend:

@@ -173,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         report = recheck(sample, measure, args.budget_s)
     finally:
         close()
-    from kernel_gym.measure.worker import family_source_hash, resolve_family
+    from kernel_gym.measure.worker import family_store_key, resolve_family
 
     for kernel, info in report["kernels"].items():  # a kernel edited since collection is checked as it is now
         stored = main_contexts(groups)[kernel][0].source_hash
-        info.update(stored_source_hash=stored, current_source_hash=family_source_hash(resolve_family(kernel)))
+        info.update(stored_source_hash=stored, current_source_hash=family_store_key(resolve_family(kernel)))
     report.update(snapshot=str(args.snapshot), per_kernel=args.per_kernel, seed=args.seed)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))

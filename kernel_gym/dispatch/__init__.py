@@ -39,8 +39,9 @@ Following the KV layout (a decode config under the page size and layout in force
   (the traffic floor cannot import dispatch) and `serving_rules.py`'s `DispatchRule` / `_RuleChooser`, where a
   relabelled config that is invalid or untimed then takes the env's fallback above.
 
-Shape buckets stay per use: the dispatch table's two axes per kernel (`dispatcher.AXES`, `axis_values`), the search
-baselines' tuning key (`baselines.shape_key`, what an autotuner keys on) and the Serving-v0 rule tables' half-octave
-buckets (`serving_rules.py` `bucket_of`). A bucket field on the kernel families was not added: `source_hash()` of each
-family module hashes the whole family class, so any edit there re-keys (orphans) the family's stored measurements.
+Shape buckets: the dispatch table's two axes per kernel are its profile's (`kernels/profiles.py` `dispatch_axes`,
+`axis_values`, `export_grid`: `dispatcher.AXES`, `axis_values`, `grid_centers`); the search baselines' tuning key
+(`baselines.shape_key`, what an autotuner keys on) and the Serving-v0 rule tables' half-octave buckets
+(`serving_rules.py` `bucket_of`) stay per use. The deployment's KV layout: `DEFAULT_KV` and the export's choice of a
+layout for a decode table (`dispatcher.layout_scores`, `pick_layout`) are here.
 """

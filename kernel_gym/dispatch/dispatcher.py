@@ -15,36 +15,80 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 from bisect import bisect_right
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from kernel_gym.dispatch.rules import default_for, on_layout
+from kernel_gym.kernels import profiles
+from kernel_gym.kernels.profiles import EXPORT_SKEWS, prefill_lens  # noqa: F401 - re-exported (export, tests)
 from kernel_gym.kernels.space import Config
 
 DISPATCH_FORMAT = "kernel-gym-dispatch/1"
 
-# kernel -> (axis names, whether each axis is log-scaled). Bucket edges sit between grid points: geometric means on
-# log axes, arithmetic means otherwise, so a lookup is a bisect on raw values (no log in the hot path).
-AXES: dict[str, tuple[tuple[str, str], tuple[bool, bool]]] = {
-    "fused_moe": (("num_tokens", "skew"), (True, False)),
-    "decode_attention": (("batch", "context_len"), (True, True)),
-    "prefill_attention": (("total_tokens", "max_len"), (True, True)),
-}
+
+class _Axes(Mapping):
+    """kernel -> (axis names, whether each axis is log-scaled): the profiles' `dispatch_axes`, read live. Bucket
+    edges sit between grid points: geometric means on log axes, arithmetic means otherwise, so a lookup is a bisect
+    on raw values (no log in the hot path)."""
+
+    def __getitem__(self, kernel: str) -> tuple[tuple[str, str], tuple[bool, bool]]:
+        p = profiles.get(kernel)
+        if p is None or p.dispatch_axes is None:
+            raise KeyError(kernel)
+        return p.dispatch_axes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for n, p in profiles.PROFILES.items() if p.dispatch_axes is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+AXES: Mapping[str, tuple[tuple[str, str], tuple[bool, bool]]] = _Axes()
+
+
+def _table_profile(kernel: str) -> profiles.KernelProfile:
+    p = profiles.get(kernel)
+    if p is None or p.dispatch_axes is None:
+        raise ValueError(f"unknown kernel {kernel!r}: choose one of {sorted(AXES)}")
+    return p
 
 
 def axis_values(kernel: str, workload: Any) -> tuple[float, float]:
     """The two bucket coordinates of a workload (raw units)."""
-    if kernel == "fused_moe":
-        return float(workload.num_tokens), float(workload.skew)
-    if kernel == "decode_attention":
-        return float(workload.batch), float(workload.context_len)
-    if kernel == "prefill_attention":
-        lens = workload.seq_lens
-        return float(sum(lens)), float(max(lens))
-    raise ValueError(f"unknown kernel {kernel!r}: choose one of {sorted(AXES)}")
+    return _table_profile(kernel).axis_values(workload)
+
+
+def grid_centers(kernel: str) -> tuple[list[float], list[float]]:
+    """The bucket grid per axis (the profile's export_grid): the model's collection grid, plus skews for MoE and
+    wider ranges for attention."""
+    p = profiles.get(kernel)
+    if p is None or p.export_grid is None:
+        raise ValueError(f"unknown kernel {kernel!r}: choose one of {sorted(AXES)}")
+    return p.export_grid()
+
+
+def fixed_dims(kernel: str, model: Any, dtype: str = "bfloat16") -> dict[str, Any]:
+    """The workload dimensions a model spec fixes for a kernel (its profile's fixed_fields)."""
+    return {**{f: getattr(model, f) for f in profiles.profile(kernel).fixed_fields}, "dtype": dtype}
+
+
+def cell_workload(kernel: str, fixed: dict[str, Any], x0: float, x1: float) -> Any:
+    """The representative workload of the bucket centred at (x0, x1)."""
+    return _table_profile(kernel).cell_workload(fixed, x0, x1)
+
+
+def bucket_grid(kernel: str, model: Any, dtype: str = "bfloat16") -> tuple[list[float], list[float], list[Any]]:
+    """(axis-0 centers, axis-1 centers, one representative workload per cell in row-major order)."""
+    f = fixed_dims(kernel, model, dtype)
+    c0, c1 = grid_centers(kernel)
+    return c0, c1, [cell_workload(kernel, f, a, b) for a in c0 for b in c1]
 
 
 def bucket_edges(centers: Sequence[float], log: bool) -> list[float]:
@@ -76,6 +120,7 @@ class KernelTable:
     def __post_init__(self) -> None:
         if self.kernel not in AXES:
             raise ValueError(f"unknown kernel {self.kernel!r} in dispatch table: choose one of {sorted(AXES)}")
+        self._profile = profiles.profile(self.kernel)
         _, logs = AXES[self.kernel]
         self.centers = ([float(x) for x in self.centers[0]], [float(x) for x in self.centers[1]])
         self.edges = (bucket_edges(self.centers[0], logs[0]), bucket_edges(self.centers[1], logs[1]))
@@ -96,17 +141,7 @@ class KernelTable:
 
     def cell_workload(self, i: int, j: int) -> Any:
         """The representative workload of bucket (i, j) with the table's fixed dimensions (as export builds it)."""
-        from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
-
-        f, x0, x1 = self.fixed, self.centers[0][i], self.centers[1][j]
-        dtype = f.get("dtype", "bfloat16")
-        if self.kernel == "fused_moe":
-            return MoEWorkload(int(x0), f["num_experts"], f["top_k"], f["hidden"], f["intermediate"], float(x1), dtype)
-        if self.kernel == "decode_attention":
-            return DecodeWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], int(x0), int(x1), dtype)
-        total, m = int(x0), max(1, min(int(x1), int(x0)))
-        lens = (m,) * (total // m) + ((total % m,) if total % m else ())
-        return PrefillWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], lens, dtype)
+        return self._profile.cell_workload(self.fixed, self.centers[0][i], self.centers[1][j])
 
     def invalid_cells(self) -> list[tuple[int, int, str]]:
         """(i, j, reason) of every bucket whose config the knob-space rules reject at the bucket's workload."""
@@ -277,15 +312,10 @@ class Dispatcher:
         t = self._tables.get(kernel)
         if t is None:
             return self._default(kernel, workload, kv)
-        if kernel == "fused_moe":
-            cfg = t.lookup(workload.num_tokens, workload.skew)
-        elif kernel == "decode_attention":
-            cfg = t.lookup(workload.batch, workload.context_len)
-            if kv is not None and (cfg["PAGE_SIZE"] != kv.page_size or cfg["LAYOUT"] != kv.layout):
-                cfg = self._follow_kv(cfg, workload, kv)
-        else:
-            lens = workload.seq_lens
-            cfg = t.lookup(sum(lens), max(lens))
+        cfg = t.lookup(*t._profile.axis_values(workload))
+        if t._profile.follows_kv and kv is not None and (cfg["PAGE_SIZE"] != kv.page_size
+                                                          or cfg["LAYOUT"] != kv.layout):
+            cfg = self._follow_kv(cfg, workload, kv)
         return cfg
 
     def choose_within(self, kernel: str, workload: Any, kv: Any, available: Sequence[Config]) -> Config:
@@ -302,7 +332,7 @@ class Dispatcher:
         out = self._snap.get(key)
         if out is None:
             ok = set(available)
-            if kernel == "decode_attention" and kv is not None:
+            if t._profile.follows_kv and kv is not None:
                 held = [(i, self._follow_kv(c, workload, kv)) for i, c in enumerate(t.configs)]
                 ok_idx = {i for i, c in held if c in ok}
                 moved = dict(held)
@@ -329,8 +359,8 @@ class Dispatcher:
     @property
     def kv_layout(self) -> Any:
         """The KV layout the table was built for (a traffic.KVLayout), or None without a decode table."""
-        t = self._tables.get("decode_attention")
-        if t is None or not t.kv_layout:
+        t = next((t for t in self._tables.values() if t._profile.follows_kv and t.kv_layout), None)
+        if t is None:
             return None
         from kernel_gym.traffic.simulator import KVLayout
 
@@ -387,11 +417,6 @@ def knob_problem(kernel: str, config: Config) -> str | None:
     return None
 
 
-FIXED_FIELDS = {"fused_moe": ("num_experts", "top_k", "hidden", "intermediate"),
-                "decode_attention": ("num_heads", "num_kv_heads", "head_dim"),
-                "prefill_attention": ("num_heads", "num_kv_heads", "head_dim")}
-
-
 def check_table_for(table: DispatchTable, model: Any, where: str = "dispatch table") -> None:
     """Refuse (one line) a table made for another model or shape, or holding configs the knob-space rules reject at
     its own buckets: the table's model and every kernel's fixed dimensions must equal the spec's, and each bucket's
@@ -406,7 +431,7 @@ def check_table_for(table: DispatchTable, model: Any, where: str = "dispatch tab
                              f"{getattr(model, field_name)!r}: the table was made for another shape; export it "
                              "again for this spec")
     for kernel, t in table.kernels.items():
-        for f in FIXED_FIELDS.get(kernel, ()):
+        for f in t._profile.fixed_fields:
             if f in t.fixed and hasattr(model, f) and t.fixed[f] != getattr(model, f):
                 raise ValueError(f"{where}: {kernel} buckets are for {f}={t.fixed[f]}, the model {name} has "
                                  f"{getattr(model, f)}: the table was made for another shape; export it again")
@@ -445,12 +470,72 @@ def nearest_config(cfg: Config, candidates: Sequence[Config], preferred: Iterabl
 
 def small_workload(kernel: str, fixed: dict[str, Any]) -> Any:
     """A small workload with the table's fixed dimensions (pre-compilation inputs)."""
-    from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+    return _table_profile(kernel).small_workload(dict(fixed))
 
-    f = dict(fixed)
-    dtype = f.get("dtype", "bfloat16")
-    if kernel == "fused_moe":
-        return MoEWorkload(64, f["num_experts"], f["top_k"], f["hidden"], f["intermediate"], 0.0, dtype)
-    if kernel == "decode_attention":
-        return DecodeWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], 4, 512, dtype)
-    return PrefillWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], (256,), dtype)
+
+# ---- the deployment's KV layout for a decode table ------------------------------------------------------------------
+
+LAYOUT_COVERAGE = 0.8  # a layout is a candidate if its moved choices have data on this share of the best coverage
+
+
+def layout_scores(configs: Sequence[Config], wls: Sequence[Any], scorer: Any,
+                  kernel: str = "decode_attention") -> dict[tuple[int, str], tuple[float, int]]:
+    """Per KV layout (page size, layout): the policy's choices moved onto it (on_layout), scored on the measured data
+    as (geomean over cells of best time / moved choice's time, cells with data). Cells where the moved config has no
+    answer are skipped, so layouts are compared by quality and by how much of the grid the data covers."""
+    from kernel_gym.kernels import get_family
+
+    space = get_family(kernel).space
+    pages = next(k.values for k in space.knobs if k.name == "PAGE_SIZE")
+    layouts = next(k.values for k in space.knobs if k.name == "LAYOUT")
+    out = {}
+    best_ms: dict[int, float] = {}  # per cell, computed once for all layouts
+    for ps in pages:
+        for lay in layouts:
+            logs = []
+            for i, (c, w) in enumerate(zip(configs, wls)):
+                try:
+                    moved = on_layout(c, w, int(ps), str(lay))
+                except ValueError:
+                    continue
+                t = scorer.measure(kernel, w, moved)
+                if not (t.ok and t.median_ms):
+                    continue  # outside the measured grid, or this config unmeasured around it
+                if i not in best_ms:
+                    best_ms[i] = scorer.best_measurement(kernel, w).median_ms
+                logs.append(math.log(min(1.0, best_ms[i] / t.median_ms)))
+            out[(int(ps), str(lay))] = (math.exp(sum(logs) / len(logs)) if logs else 0.0, len(logs))
+    return out
+
+
+def pick_layout(scores: dict[tuple[int, str], tuple[float, int]]) -> tuple[int, str] | None:
+    """The best-scoring layout among those whose data covers at least LAYOUT_COVERAGE of the best-covered one's cells
+    (a layout measured on a few easy cells must not win on them); None without data."""
+    most = max((n for _, n in scores.values()), default=0)
+    if most == 0:
+        return None
+    fair = {k: q for k, (q, n) in scores.items() if n >= LAYOUT_COVERAGE * most}
+    return max(fair, key=fair.__getitem__)
+
+
+def put_on_layout(kernel: str, configs: Sequence[Config], wls: Sequence[Any], kv_layout: tuple[int, str] | None,
+                  scorer: Any = None) -> tuple[list[Config], dict[str, Any] | None]:
+    """A table's configs on one KV layout, since a deployment runs one layout at a time (kernels whose profile
+    follows_kv; others are returned as they are, with no layout): the one given; else, with measured data (`scorer`:
+    the recorded backend), the layout on which the policy's moved choices measure best (layout_scores /
+    pick_layout); else the layout the policy picks most often. Returns (configs, the table's kv_layout entry)."""
+    if not profiles.profile(kernel).follows_kv:
+        return list(configs), None
+    chosen_by, scores = "given", {}
+    if kv_layout is None and scorer is not None:
+        print(f"export: scoring the decode choices on each KV layout in the measured data ({len(wls)} cells; "
+              "~30 s on 2 cores)", file=sys.stderr, flush=True)
+        scores = layout_scores(configs, wls, scorer, kernel)
+        kv_layout, chosen_by = pick_layout(scores), "measured quality of the moved choices"
+    if kv_layout is None:
+        kv_layout = Counter((int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for c in configs).most_common(1)[0][0]
+        chosen_by = "the policy's most frequent layout"
+    ps, lay = int(kv_layout[0]), str(kv_layout[1])
+    moved = [on_layout(c, w, ps, lay) for c, w in zip(configs, wls)]
+    return moved, {"page_size": ps, "layout": lay, "chosen_by": chosen_by,
+                   "scores": {f"{p}:{l}": {"geomean": round(q, 4), "cells": n} for (p, l), (q, n) in scores.items()}}

@@ -1,20 +1,50 @@
 """Triton kernel families. Each module exposes `FAMILY` (see space.KernelFamily); `get_family(name)` imports lazily
-so that importing kernel_gym never imports triton."""
+so that importing kernel_gym never imports triton. Which families exist, and where, is their profiles'
+(kernels/profiles.py): FAMILY_MODULES and FAMILY_NAMES follow the registered profiles."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping, Sequence
 
+from kernel_gym.kernels import profiles as _profiles
 from kernel_gym.kernels.space import Config, KernelFamily, Knob, KnobSpace
 
-FAMILY_MODULES = {
-    "prefill_attention": "kernel_gym.kernels.prefill_attention",
-    "decode_attention": "kernel_gym.kernels.decode_attention",
-    "fused_moe": "kernel_gym.kernels.fused_moe",
-    "vllm_fused_moe": "kernel_gym.kernels.vllm_moe",  # vLLM's kernel design and tunables (issue 15)
-    "prefix_prefill": "kernel_gym.kernels.prefix_prefill",  # chunked prefill over a paged KV prefix (issue 29)
-}
-FAMILY_NAMES = tuple(FAMILY_MODULES)
+
+class _FamilyModules(Mapping[str, str]):
+    """kernel -> import path of its module, read live from the registered profiles."""
+
+    def __getitem__(self, name: str) -> str:
+        p = _profiles.get(name)
+        if p is None:
+            raise KeyError(name)
+        return p.module
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(_profiles.PROFILES))
+
+    def __len__(self) -> int:
+        return len(_profiles.PROFILES)
+
+
+class _FamilyNames(Sequence[str]):
+    """The registered kernels' names, in registration order (live, like FAMILY_MODULES)."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return tuple(_profiles.PROFILES)[i]
+
+    def __len__(self) -> int:
+        return len(_profiles.PROFILES)
+
+    def __contains__(self, name: object) -> bool:
+        return name in _profiles.PROFILES
+
+    def __repr__(self) -> str:
+        return repr(tuple(_profiles.PROFILES))
+
+
+FAMILY_MODULES: Mapping[str, str] = _FamilyModules()
+FAMILY_NAMES: Sequence[str] = _FamilyNames()
 
 
 def get_family(name: str) -> KernelFamily:

@@ -33,7 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_gym.kernels import space as _space
 from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import DecodeWorkload
 
@@ -607,15 +606,6 @@ class DecodeAttentionFamily:
 
 
 FAMILY = DecodeAttentionFamily()
-
-
-def source_hash() -> str:
-    """Hash of the kernels and launch code: the measurement store's key changes when either changes."""
-    return _space.source_hash(
-        _kv_offsets.fn, _grouped_step.fn, _per_head_step.fn, _split_range.fn, _decode_grouped_kernel.fn,
-        _decode_per_head_kernel.fn, _combine_splits_kernel.fn, page_kv_cache, DecodeAttentionFamily, group_pad,
-        _shared_memory_bytes,
-    )
 
 
 def bench_cases() -> list[tuple[str, DecodeWorkload]]:

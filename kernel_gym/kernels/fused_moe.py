@@ -47,7 +47,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_gym.kernels import space as _space
 from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import MoEWorkload
 
@@ -691,8 +690,6 @@ def prepare(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     return launch
 
 
-# prepare_tma repeats a few lines of prepare's routing and workspace set-up on purpose: prepare must stay
-# byte-identical, since its source hash (LEGACY_SOURCE_HASH) vouches for the stored pointer-path rows.
 def prepare_tma(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     """The TMA_LOADS path (1: weights through descriptors; 2: also the down GEMM's activations): routing and
     alignment as in `prepare`; the closure runs gate/up, SiLU-and-mul unless fused, down with the routing weight, and
@@ -795,26 +792,6 @@ def bench_cases() -> list[tuple[str, MoEWorkload]]:
 _JIT_FUNCTIONS = (
     _tile_ids, _gate_up_kernel, _down_kernel, _silu_mul_kernel, _scale_rows_kernel, _topk_sum_kernel, _finalize_kernel
 )
-
-
-# The source hash of the pointer-load path alone, as the 86,446 MoE rows measured before TMA_LOADS existed were keyed
-# (kernel_gym/data/h200_measurements.jsonl.gz). tests/kernels/test_fused_moe.py checks that `legacy_source_hash()`
-# still equals it: that path's code is unchanged, so those rows (configs without TMA_LOADS) still describe it, and the
-# snapshot's MoE rows were re-keyed to the new hash (docs/measurement.md).
-LEGACY_SOURCE_HASH = "cccc58be1e48ac30"
-
-
-def legacy_source_hash() -> str:
-    """Hash of the pointer-load path's kernels and launch code (what `source_hash` was before TMA_LOADS)."""
-    fns = [getattr(f, "fn", f) for f in _JIT_FUNCTIONS]
-    return _space.source_hash(*fns, prepare, align_block_size, route, smem_bytes)
-
-
-def source_hash() -> str:
-    """Hash of the kernels and the launch code (the measurement store key changes when either does)."""
-    tma = [_gate_up_tma_kernel.fn, _down_tma_kernel.fn, prepare_tma, prepare_layer, _rule_tma]
-    return _space.source_hash(*[getattr(f, "fn", f) for f in _JIT_FUNCTIONS], prepare, align_block_size, route,
-                              smem_bytes, *tma)
 
 
 @dataclass(frozen=True)

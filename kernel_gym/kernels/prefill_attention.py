@@ -38,7 +38,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_gym.kernels import space as _space
 from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefillWorkload
 
@@ -420,29 +419,6 @@ class PrefillFamily(PrefillAttentionFamily):
 
 
 FAMILY = PrefillFamily()
-
-# The Triton path's hash, which the stored rows measured before IMPL existed carry (test-pinned; see fused_moe's
-# LEGACY_SOURCE_HASH for the same arrangement).
-LEGACY_SOURCE_HASH = "ec600ed06a102175"
-
-
-def legacy_source_hash() -> str:
-    """Hash of the Triton kernel and its launch code (what `source_hash` was before the IMPL knob)."""
-    return _space.source_hash(_attn_inner.fn, _prefill_fwd.fn, work_table, use_tma, PrefillAttentionFamily,
-                              _shared_memory_bytes)
-
-
-def source_hash() -> str:
-    """Hash of the kernels and launch code: the measurement store's key changes when either changes."""
-    from kernel_gym.kernels import prefill_gluon as pg
-
-    gluon = [getattr(f, "fn", f) for f in (pg._attn_fwd, pg._consumer, pg._overlap_step, pg._plain_step,
-                                           pg._load_partition, pg._softmax, pg._issue_kv, pg._release,
-                                           pg._turn_wait, pg._turn_pass)]
-    return _space.source_hash(_attn_inner.fn, _prefill_fwd.fn, work_table, use_tma, PrefillAttentionFamily,
-                              _shared_memory_bytes, *gluon, pg.GluonVariant, pg.variant_for, pg.prepare_gluon,
-                              PrefillFamily, _rule_gluon)
-
 
 def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:
     """Compile the kernel for sm_90 without a GPU (not under TRITON_INTERPRET) and return its metadata

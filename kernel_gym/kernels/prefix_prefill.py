@@ -39,7 +39,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_gym.kernels import space as _space
 from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefixPrefillWorkload
 
@@ -606,12 +605,6 @@ class PrefixPrefillFamily:
 
 
 FAMILY = PrefixPrefillFamily()
-
-
-def source_hash() -> str:
-    """Hash of the kernels and launch code: the measurement store's key changes when either changes."""
-    return _space.source_hash(_kv_rows.fn, _block_row.fn, _attend.fn, _prefix_fwd.fn, _combine_splits.fn,
-                              page_context, work_table, use_tma, PrefixPrefillFamily, _shared_memory_bytes, PagedKV)
 
 
 def bench_cases() -> list[tuple[str, PrefixPrefillWorkload]]:

@@ -24,8 +24,8 @@ moe_align_block_size):
 4. the top-k sum over each token's slots (torch.sum, as vLLM's moe_sum).
 Small batches (vLLM 0.33, `_prepare_expert_assignment`): when M * top_k * 4 <= E and there is no expert map, vLLM
 skips step 1 and runs one (token, expert) slot per row block (`prepare_small_batch`; `prepare_engine` picks the path
-the engine runs). `prepare` itself stays the aligned path at every M: its source hash keys the stored rows, and rows
-timed on the small-batch path carry `small_batch_source_hash()` instead.
+the engine runs). `prepare` itself stays the aligned path at every M: rows timed on the small-batch path carry their own
+store key, `small_batch_store_key()`.
 Routing (softmax + top-k) runs before the timed closure, as in `fused_moe` (vLLM's topk is a separate op too).
 
 M is a runtime argument of every kernel (EM and num_valid_tokens are not specialised), so one compile per config and
@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import fused_moe as _fm
-from kernel_gym.kernels import space as _space
+from kernel_gym.kernels import profiles as _profiles
 from kernel_gym.kernels import vllm_tables
 from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import MoEWorkload
@@ -181,13 +181,6 @@ def smem_bytes(config: Config, workload: MoEWorkload) -> int:
     return int(config["num_stages"]) * per_stage
 
 
-def _rule_smem(config: Config, workload: MoEWorkload) -> str | None:
-    need = smem_bytes(config, workload)
-    if need > SHARED_MEMORY_LIMIT:
-        return f"shared memory estimate {need} B exceeds {SHARED_MEMORY_LIMIT} B per block (fewer stages or tiles)"
-    return None
-
-
 def _rule_registers(config: Config, workload: MoEWorkload) -> str | None:
     per_thread = int(config["BLOCK_SIZE_M"]) * int(config["BLOCK_SIZE_N"]) // (32 * int(config["num_warps"]))
     if per_thread > MAX_ACC_PER_THREAD:
@@ -197,8 +190,9 @@ def _rule_registers(config: Config, workload: MoEWorkload) -> str | None:
 
 def _rule_smem_in_flight(config: Config, workload: MoEWorkload) -> str | None:
     """Shared memory of the K steps Triton's pipeliner keeps in flight: num_stages - 1 of them, at least 2 (the
-    num_stages estimate of _rule_smem rejects an entry vLLM 0.33 ships and runs: E=16, N=2048, M=128, 16/256/128 with
-    4 stages). A config this admits and the compiler refuses is recorded as a compile failure, never timed."""
+    full num_stages estimate, smem_bytes, rejects an entry vLLM 0.33 ships and runs: E=16, N=2048, M=128,
+    16/256/128 with 4 stages). A config this admits and the compiler refuses is recorded as a compile failure, never
+    timed."""
     stages = int(config["num_stages"])
     steps = min(stages, max(2, stages - 1))
     need = smem_bytes(config, workload) // stages * steps
@@ -208,8 +202,8 @@ def _rule_smem_in_flight(config: Config, workload: MoEWorkload) -> str | None:
     return None
 
 
-# The space's rules: _rule_smem stays defined and hashed (source_hash keys the stored rows, all measured with configs
-# it admits, which the in-flight rule admits too), the space applies the in-flight rule.
+# The space's rules: the in-flight shared-memory rule (every stored row was measured with a config the full
+# num_stages estimate admits, which the in-flight rule admits too) and the register rule.
 SPACE = KnobSpace(KNOBS, rules=(_rule_smem_in_flight, _rule_registers))
 
 
@@ -260,9 +254,10 @@ def _check_workload(workload: object) -> MoEWorkload:
     return workload
 
 
-def prepare(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
+def prepare(inputs: _fm.MoEInputs, config: Config, align_in_closure: bool = True) -> Callable[[], torch.Tensor]:
     """Routing and workspaces (not timed; the workspaces start NaN-filled, so a kernel that skips an element cannot
-    pass the reference check); returns the closure: alignment, w13 GEMM, silu-and-mul, w2 GEMM, top-k sum."""
+    pass the reference check); returns the closure: alignment, w13 GEMM, silu-and-mul, w2 GEMM, top-k sum.
+    align_in_closure=False aligns once here instead (prepare_kernels_only)."""
     wl = _check_workload(inputs.workload)
     SPACE.check(config, wl)
     bm, bn, bk = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]), int(config["BLOCK_SIZE_K"])
@@ -273,6 +268,7 @@ def prepare(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]
     dev, n_slots = x.device, m * top_k
     weights, ids = _fm.route(inputs.router_logits.to(dev), top_k)
     flat_weights = weights.flatten().contiguous()
+    aligned = None if align_in_closure else moe_align_block_size(ids, e, bm)
     nan = float("nan")
     cache1 = torch.full((n_slots, 2 * inter), nan, dtype=x.dtype, device=dev)
     cache2 = torch.full((n_slots, inter), nan, dtype=x.dtype, device=dev)
@@ -284,7 +280,7 @@ def prepare(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]
     grid_act = (triton.cdiv(n_slots * inter, SILU_BLOCK),)
 
     def launch() -> torch.Tensor:
-        al = moe_align_block_size(ids, e, bm)
+        al = moe_align_block_size(ids, e, bm) if aligned is None else aligned
         _moe_gemm_kernel[grid1](
             x, w1, cache1, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
             2 * inter, hidden, em, n_slots,
@@ -305,57 +301,17 @@ def prepare(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]
     return launch
 
 
-# prepare_kernels_only repeats prepare's launch on purpose: prepare must stay byte-identical, since its source hash keys
-# the stored vllm_fused_moe rows.
 def prepare_kernels_only(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     """prepare() with the alignment done once before the closure: the timing scope of kernel_gym's own fused_moe
     (whose alignment runs in its prepare), so that the two kernels are compared on the same work. Used only for that
     comparison (scripts/bench_vllm_export.py); configs are still measured and exported with prepare()."""
-    wl = _check_workload(inputs.workload)
-    SPACE.check(config, wl)
-    bm, bn, bk = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]), int(config["BLOCK_SIZE_K"])
-    meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=int(config["GROUP_SIZE_M"]),
-                num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
-    x, w1, w2 = inputs.x, inputs.w1, inputs.w2
-    m, e, hidden, inter, top_k = wl.num_tokens, wl.num_experts, wl.hidden, wl.intermediate, wl.top_k
-    dev, n_slots = x.device, m * top_k
-    weights, ids = _fm.route(inputs.router_logits.to(dev), top_k)
-    flat_weights = weights.flatten().contiguous()
-    al = moe_align_block_size(ids, e, bm)
-    nan = float("nan")
-    cache1 = torch.full((n_slots, 2 * inter), nan, dtype=x.dtype, device=dev)
-    cache2 = torch.full((n_slots, inter), nan, dtype=x.dtype, device=dev)
-    cache3 = torch.full((n_slots, hidden), nan, dtype=x.dtype, device=dev)
-    out = torch.full((m, hidden), nan, dtype=x.dtype, device=dev)
-    em = max_padded_slots(n_slots, e, bm)
-    grid1 = (triton.cdiv(em, bm) * triton.cdiv(2 * inter, bn),)
-    grid2 = (triton.cdiv(em, bm) * triton.cdiv(hidden, bn),)
-    grid_act = (triton.cdiv(n_slots * inter, SILU_BLOCK),)
-
-    def launch() -> torch.Tensor:
-        _moe_gemm_kernel[grid1](
-            x, w1, cache1, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
-            2 * inter, hidden, em, n_slots,
-            x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), cache1.stride(0), cache1.stride(1),
-            TOP_K=top_k, MUL_ROUTED_WEIGHT=False, **meta,
-        )
-        _silu_and_mul_kernel[grid_act](cache1, cache2, n_slots * inter, inter, BLOCK=SILU_BLOCK)
-        _moe_gemm_kernel[grid2](
-            cache2, w2, cache3, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
-            hidden, inter, em, n_slots,
-            cache2.stride(0), cache2.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), cache3.stride(0),
-            cache3.stride(1),
-            TOP_K=1, MUL_ROUTED_WEIGHT=True, **meta,
-        )
-        torch.sum(cache3.view(m, top_k, hidden), dim=1, out=out)
-        return out
-
-    return launch
+    return prepare(inputs, config, align_in_closure=False)
 
 
 # ---- vLLM 0.33's small-batch path (no alignment) ---------------------------------------------------------------------
-# Rows timed on this path are stored under small_batch_source_hash(), never under source_hash(): the aligned path's
-# code (and so its 5,419 stored H200 rows) is untouched by it (tests/kernels/test_vllm_moe.py pins both).
+# Rows timed on this path are stored under small_batch_store_key(), never under store_key(): the two paths time
+# different launches (tests/kernels/test_vllm_moe.py pins both keys).
+SMALL_BATCH_KEY = "small-batch-v1"
 
 
 @triton.jit(do_not_specialize=["EM", "num_valid_tokens"])
@@ -466,22 +422,19 @@ def prepare_engine(inputs: _fm.MoEInputs, config: Config,
     return prepare(inputs, config)
 
 
-def path_source_hash(workload: MoEWorkload, engine: str = vllm_tables.DEFAULT_ENGINE) -> str:
-    """The store key of a row timed with prepare_engine: source_hash() or small_batch_source_hash()."""
-    return small_batch_source_hash() if uses_small_batch_path(workload, engine) else source_hash()
+def path_store_key(workload: MoEWorkload, engine: str = vllm_tables.DEFAULT_ENGINE) -> str:
+    """The store key of a row timed with prepare_engine: store_key() or small_batch_store_key()."""
+    return small_batch_store_key() if uses_small_batch_path(workload, engine) else store_key()
 
 
-def small_batch_source_hash() -> str:
-    """Hash of the small-batch path's kernels and launch code (its rows' store key; separate from source_hash())."""
-    return _space.source_hash(_moe_gemm_slot_kernel.fn, _silu_and_mul_kernel.fn, prepare_small_batch, smem_bytes,
-                              _rule_smem_in_flight, _rule_registers)
+def small_batch_store_key() -> str:
+    """The small-batch path's rows' store key (kernels/profiles.py path_keys; separate from store_key())."""
+    return SMALL_BATCH_KEY
 
 
-
-def source_hash() -> str:
-    """Hash of the kernels and the launch code (the measurement store key changes when either does)."""
-    return _space.source_hash(_moe_gemm_kernel.fn, _silu_and_mul_kernel.fn, moe_align_block_size, max_padded_slots,
-                              prepare, smem_bytes, _rule_smem, _rule_registers)
+def store_key() -> str:
+    """The aligned path's rows' store key: the family's version (kernels/profiles.py)."""
+    return _profiles.profile("vllm_fused_moe").store_key
 
 
 @dataclass(frozen=True)

@@ -207,18 +207,33 @@ class PrefixPrefillWorkload:
 
 
 Workload = PrefillWorkload | DecodeWorkload | MoEWorkload | PrefixPrefillWorkload
-WORKLOAD_TYPES = {"prefill_attention": PrefillWorkload, "decode_attention": DecodeWorkload, "fused_moe": MoEWorkload,
-                  "vllm_fused_moe": MoEWorkload, "prefix_prefill": PrefixPrefillWorkload}
+WORKLOAD_CLASSES = (PrefillWorkload, DecodeWorkload, MoEWorkload, PrefixPrefillWorkload)
+
+
+def workload_type(kernel: str) -> type:
+    """A kernel's workload dataclass: its profile's (kernels/profiles.py). Without kernel_gym (this file bundled
+    beside a logged model as kernel_gym_workloads.py): the dataclass here whose `kernel` field names it."""
+    try:
+        from kernel_gym.kernels.profiles import profile
+    except ImportError:
+        for cls in WORKLOAD_CLASSES:
+            if cls.kernel == kernel:
+                return cls
+        raise ValueError(f"unknown kernel {kernel!r}") from None
+    return profile(kernel).workload_type()
+
+
+def parse_key(cls: type, key: str) -> Workload:
+    """Inverse of `workload.key()` for a workload dataclass (JSON lists become tuples): the one parser of workload
+    keys (stores, the recorded backend, workers, policies)."""
+    data = json.loads(key)
+    data.pop("kernel", None)
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 def workload_from_key(kernel: str, key: str) -> Workload:
-    """Inverse of `workload.key()`."""
-    data = json.loads(key)
-    data.pop("kernel", None)
-    for name in ("seq_lens", "chunk_lens", "prefix_lens"):
-        if name in data:
-            data[name] = tuple(data[name])
-    return WORKLOAD_TYPES[kernel](**data)
+    """Inverse of `workload.key()` for a kernel's workloads."""
+    return parse_key(workload_type(kernel), key)
 
 
 # ---- shape grids per model spec -------------------------------------------------------------------------------
@@ -310,4 +325,11 @@ def model_workloads(kernel: str, model: Any, grid: str = "default", dtype: str =
             PrefixPrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, *prefix_batch(c, p, mix), dtype)
             for c in chunks for p in prefixes for mix in PREFIX_MIXES
         ]
-    raise ValueError(f"unknown kernel {kernel!r}; use one of {list(WORKLOAD_TYPES)}")
+    try:
+        from kernel_gym.kernels.profiles import profile, resolve
+    except ImportError:
+        raise ValueError(f"unknown kernel {kernel!r}") from None
+    p = profile(kernel)
+    if not p.grid:
+        raise ValueError(f"{kernel}: its profile names no shape grid (KernelProfile.grid)")
+    return list(resolve(p.grid)(model, grid, dtype))

@@ -32,7 +32,7 @@ from kernel_gym.kernels.space import Config, KernelFamily
 from kernel_gym.measure.store import Context, MeasurementStore
 from kernel_gym.measure.timing import DEFAULT_TIMING, TimingOptions
 from kernel_gym.measure.types import INVALID, OK
-from kernel_gym.measure.worker import die_with_parent, family_source_hash, resolve_family, workload_from_key
+from kernel_gym.measure.worker import die_with_parent, family_store_key, resolve_family, workload_from_key
 
 CHUNK = 64  # configs per unit of work (one store commit)
 H200_PEAK_FLOPS = 700e12  # measured ceilings (docs/architecture.md), rounded down
@@ -206,7 +206,7 @@ def contexts_for(kernels: list[str], device_name: str) -> dict[str, Context]:
     out = {}
     for ref in kernels:
         fam = resolve_family(ref)
-        out[ref] = Context.current(fam.name, family_source_hash(fam), device=device_name)
+        out[ref] = Context.current(fam.name, family_store_key(fam), device=device_name)
     return out
 
 

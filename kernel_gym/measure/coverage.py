@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kernel_gym.kernels.space import Config
-from kernel_gym.measure.recorded import AXES, RecordedBackend, _fixed_key
+from kernel_gym.measure.recorded import RecordedBackend, _fixed_key, proxy_axes
 from kernel_gym.measure.roofline import kernel_roofline, op_s
 from kernel_gym.measure.types import UNAVAILABLE, Measurement
 
@@ -41,9 +41,10 @@ class CoveredBackend:
     """Wraps a backend so that every workload the simulator produces gets an answer, honestly and visibly.
 
     - proxy: a workload the data cannot answer (no config "ok" there) is answered at a proxy: its axis coordinates
-      (recorded.AXES) clamped into the measured range when the store answers that point (MoE, decode: often by
-      interpolation), else the measured workload of the same fixed dimensions nearest the clamped point (ties: the
-      one with more stored rows). Answers carry source "recorded-proxy" (the inner backend's name + "-proxy");
+      (recorded.proxy_axes: the profiles' interpolation axes of proxied kernels) clamped into the measured range
+      when the store answers that point (MoE, decode: often by interpolation), else the measured workload of the
+      same fixed dimensions nearest the clamped point (ties: the one with more stored rows). Answers carry source
+      "recorded-proxy" (the inner backend's name + "-proxy");
       `proxied[(kernel, wkey)]` = (proxy workload, scale). `available_configs` lists the proxy's.
     - borrow: a config the data does not answer at a workload (not measured around it) gets its time at the nearest
       measured workload of the same fixed dimensions where it is "ok" (source "recorded-borrowed");
@@ -112,9 +113,10 @@ class CoveredBackend:
 
     def _group(self, kernel: str, workload: Any) -> _Points | None:
         """The measured workloads sharing this workload's fixed dimensions (None: none, or an unknown kernel)."""
-        if kernel not in AXES:
+        axes = proxy_axes(kernel)
+        if axes is None:
             return None
-        varying, coords, _ = AXES[kernel]
+        varying, coords = axes.varying, axes.coords
         fixed = _fixed_key(workload, varying)
         key = (kernel, fixed)
         if key not in self._points:
@@ -155,7 +157,7 @@ class CoveredBackend:
         pts = self._group(kernel, workload)
         if pts is None:
             return None
-        q = np.asarray(AXES[kernel][1](workload), dtype=np.float64)
+        q = np.asarray(proxy_axes(kernel).coords(workload), dtype=np.float64)
         clamped = np.clip(q, pts.coords.min(axis=0), pts.coords.max(axis=0))
         if not np.array_equal(clamped, q):
             cand = _from_coords(kernel, workload, clamped)
@@ -174,7 +176,7 @@ class CoveredBackend:
         space = self._rec._space(kernel) if self._rec is not None else None
         if space is not None and space.why_invalid(config, workload):
             return m
-        q = np.asarray(AXES[kernel][1](workload), dtype=np.float64)
+        q = np.asarray(proxy_axes(kernel).coords(workload), dtype=np.float64)
         d = ((pts.coords - q) ** 2).sum(axis=1)
         for i in np.lexsort((-pts.rows, d)):
             src = pts.workloads[int(i)]
@@ -226,12 +228,10 @@ class CoveredBackend:
 
 
 def _from_coords(kernel: str, workload: Any, c: np.ndarray) -> Any:
-    """The workload at axis coordinates c (None for prefill: one causal-pairs axis has no unique workload)."""
-    if kernel == "fused_moe":
-        return replace(workload, num_tokens=max(1, round(2 ** float(c[0]))), skew=float(c[1]))
-    if kernel == "decode_attention":
-        return replace(workload, batch=max(1, round(2 ** float(c[0]))), context_len=max(1, round(2 ** float(c[1]))))
-    return None
+    """The workload at axis coordinates c (its profile's at_coords; None for prefill: one causal-pairs axis has no
+    unique workload)."""
+    at = proxy_axes(kernel).at_coords
+    return None if at is None else at(workload, c)
 
 
 def cover(backend: Any) -> Any:

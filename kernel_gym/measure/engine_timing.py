@@ -119,7 +119,7 @@ def measure_config(inputs: Any, ref: Any, config: Config, timer: Timer, sync: Ca
                    engine: str = vllm_tables.DEFAULT_ENGINE) -> tuple[Measurement, Callable[[], Any] | None]:
     """Check against the reference (workspaces NaN-filled by the launch's prepare), then time the launch the engine
     runs for this workload (vm.prepare_engine: vLLM 0.33's small-batch path where it applies): (store row, closure if
-    ok). The row's store key is vm.path_source_hash(workload, engine)."""
+    ok). The row's store key is vm.path_store_key(workload, engine)."""
     from kernel_gym.measure.worker import classify, compare
 
     wl = inputs.workload

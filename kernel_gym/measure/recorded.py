@@ -2,13 +2,14 @@
 
 Exact hits return the stored row (source "recorded"; failures stay failures with their reason). Between measured
 workloads of the same kernel and the same fixed dimensions (heads, head_dim, experts, top_k, hidden, intermediate,
-dtype), log(time) is interpolated multilinearly over the workload's axes:
+dtype), log(time) is interpolated multilinearly over the workload's axes (each profile's `interpolation`,
+kernels/profiles.py):
 
 - fused_moe: (log2 num_tokens, skew), bilinear;
 - decode_attention: (log2 batch, log2 context_len), bilinear;
 - prefill_attention: (log2 causal pairs,), linear (causal pairs is the work; the mix of lengths is not an axis);
 - prefix_prefill: (log2 chunk tokens, log2(longest prefix + PREFIX_OFFSET)), bilinear, among workloads of one batch
-  shape (number of requests, each chunk's share of the tokens, each prefix's share of the longest; SHAPE_KEYS). A
+  shape (number of requests, each chunk's share of the tokens, each prefix's share of the longest; its `shape_key`). A
   workload without any prefix belongs to every prefix pattern of its chunk shape: it is the p = 0 edge of each.
 
 The query must lie inside the measured range on every axis, its bracketing neighbours must be at most MAX_GAP apart,
@@ -27,50 +28,30 @@ import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from kernel_gym.kernels import profiles
+from kernel_gym.kernels.profiles import PREFIX_OFFSET, Interpolation  # noqa: F401 - PREFIX_OFFSET: re-exported
 from kernel_gym.kernels.space import Config
-from kernel_gym.kernels.workloads import WORKLOAD_TYPES
+from kernel_gym.kernels.workloads import parse_key
 from kernel_gym.measure.store import PACKAGED_SNAPSHOT, Context, load_rows
 from kernel_gym.measure.types import OK, UNAVAILABLE, Measurement
 
-Axes = tuple[tuple[str, ...], Callable[[Any], tuple[float, ...]], tuple[float, ...]]
 
-# kernel -> (varying workload fields, axis coordinates of a workload, max gap between bracketing neighbours per axis)
-AXES: dict[str, Axes] = {
-    "fused_moe": (("num_tokens", "skew"), lambda w: (math.log2(w.num_tokens), w.skew), (2.0, 1.25)),
-    "decode_attention": (("batch", "context_len"),
-                         lambda w: (math.log2(w.batch), math.log2(w.context_len)), (2.0, 2.0)),
-    "prefill_attention": (("seq_lens",), lambda w: (math.log2(w.causal_pairs()),), (3.0,)),
-}
-# AXES are also the axes measure/coverage.py proxies along (each of those kernels has a roofline to scale by).
-# prefix_prefill is interpolated, never proxied (measure/roofline.py has no bound for it): a chunk call outside its
-# measured grid stays unanswered, and the simulator charges its stand-in, counted as estimated.
-INTERPOLATION_AXES: dict[str, Axes] = {
-    **AXES,
-    "prefix_prefill": (("chunk_lens", "prefix_lens"),
-                       lambda w: (math.log2(w.total_tokens), math.log2(max(w.prefix_lens) + PREFIX_OFFSET)),
-                       (2.0, 2.0)),
-}
-# prefix_prefill's prefix axis: log2(p + PREFIX_OFFSET) puts p = 0 at 8 and the measured 512, 2048, 8192, 32768 at
-# 9.6, 11.2, 13.0, 15.0 (gaps under the axis' MAX_GAP of 2), so a prefix between 0 and 512 is bracketed too.
-PREFIX_OFFSET = 256
+def interpolation(kernel: str) -> Interpolation | None:
+    """A kernel's interpolation axes (its profile's), None for exact hits only."""
+    p = profiles.get(kernel)
+    return None if p is None else p.interpolation
 
 
-def _shares(values: tuple[int, ...], total: float) -> list[float]:
-    return [round(v / total, 3) for v in values]
+def proxy_axes(kernel: str) -> Interpolation | None:
+    """The axes measure/coverage.py proxies a kernel along: its interpolation axes when its profile says it is
+    proxied (it has a roofline to scale by). prefix_prefill is interpolated, never proxied: a chunk call outside its
+    measured grid stays unanswered, and the simulator charges its stand-in, counted as estimated."""
+    p = profiles.get(kernel)
+    return p.interpolation if p is not None and p.proxied else None
 
 
-def _prefix_shape(w: Any) -> dict[str, Any]:
-    """The batch shape that stays fixed along prefix_prefill's axes: chunk shares of the call's tokens, prefix shares
-    of the longest prefix (None: no prefix at all, the p = 0 edge of every pattern)."""
-    longest = max(w.prefix_lens)
-    return {"chunk_shares": _shares(w.chunk_lens, w.total_tokens),
-            "prefix_shares": _shares(w.prefix_lens, longest) if longest else None}
-
-
-# kernel -> extra fields of the fixed key (what must agree besides the dimensions left after the varying fields)
-SHAPE_KEYS: dict[str, Callable[[Any], dict[str, Any]]] = {"prefix_prefill": _prefix_shape}
 _EPS = 1e-9
 # An ok row whose samples spread more than this ((p90 - p10) / median) is left out: its median can be several times
 # the kernel's time (host launch delays reached into the timed interval while the GPU machine's CPUs were contended,
@@ -79,24 +60,19 @@ MAX_SPREAD = 0.5
 
 
 def current_source_hash(kernel: str) -> str | None:
-    """The source hash of this checkout's kernel code (None when the family cannot be imported here)."""
-    try:
-        import importlib
-
-        from kernel_gym.kernels import FAMILY_MODULES
-
-        return importlib.import_module(FAMILY_MODULES[kernel]).source_hash()
-    except Exception:  # noqa: BLE001 - no triton, or a kernel of another version: no preference
-        return None
+    """The store key of this checkout's kernel code: its profile's version key (None for a kernel without a
+    profile: no preference)."""
+    p = profiles.get(kernel)
+    return None if p is None else p.store_key
 
 
 def _fixed_key(workload: Any, varying: tuple[str, ...]) -> str:
     data = json.loads(workload.key())
     for name in varying:
         data.pop(name, None)
-    shape = SHAPE_KEYS.get(data.get("kernel", ""))
-    if shape is not None:
-        data.update(shape(workload))
+    axes = interpolation(data.get("kernel", ""))
+    if axes is not None and axes.shape_key is not None:
+        data.update(axes.shape_key(workload))
     return json.dumps(data, sort_keys=True)
 
 
@@ -215,22 +191,19 @@ class RecordedBackend:
     # ---- indexing --------------------------------------------------------------------------------------------
 
     def _workload(self, kernel: str, wkey: str) -> Any:
-        data = json.loads(wkey)
-        data.pop("kernel", None)
-        data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        if kernel not in WORKLOAD_TYPES:
-            return None
-        return WORKLOAD_TYPES[kernel](**data)
+        p = profiles.get(kernel)
+        return None if p is None else parse_key(p.workload_type(), wkey)
 
     def _index(self, kernel: str, table: dict[str, dict[str, Measurement]]) -> None:
         self._workloads[kernel] = {w: self._workload(kernel, w) for w in table}
         groups: dict[str, _Group] = {}
-        if kernel in INTERPOLATION_AXES:
-            varying, coords, _ = INTERPOLATION_AXES[kernel]
+        axes = interpolation(kernel)
+        if axes is not None:
+            varying, coords = axes.varying, axes.coords
             for wkey, wl in self._workloads[kernel].items():
                 g = groups.setdefault(_fixed_key(wl, varying), _Group())
                 g.points.setdefault(tuple(round(x, 9) for x in coords(wl)), wkey)
-            if kernel in SHAPE_KEYS:  # the no-prefix workloads join every prefix pattern of their chunk shape
+            if axes.shape_key is not None:  # the no-prefix workloads join every prefix pattern of their chunk shape
                 for fixed, g in groups.items():
                     edge = groups.get(_edge_key(fixed) or "")
                     if edge is not None and edge is not g:
@@ -260,9 +233,10 @@ class RecordedBackend:
             return None
         if wkey in table and wkey != exclude:
             return _Plan(((wkey, 1.0),))
-        if kernel not in INTERPOLATION_AXES:
+        axes = interpolation(kernel)
+        if axes is None:
             return _Plan((), f"workload not measured and {kernel} has no interpolation axes")
-        varying, coords, max_gap = INTERPOLATION_AXES[kernel]
+        varying, coords, max_gap = axes.varying, axes.coords, axes.max_gap
         g = self._groups[kernel].get(_fixed_key(workload, varying))
         if g is None:
             return _Plan((), "no measured workload with these fixed dimensions")

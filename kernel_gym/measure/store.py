@@ -1,5 +1,11 @@
-"""The measurement store: SQLite in WAL mode, one row per (device, torch, triton, kernel, source hash, workload,
+"""The measurement store: SQLite in WAL mode, one row per (device, torch, triton, kernel, kernel version, workload,
 config).
+
+The kernel version is the family's `version` (kernels/profiles.py, bumped by hand when a change alters what is
+measured), stored as "v<N>" in the `source_hash` column: the column keeps its name so every store and snapshot on disk
+stays readable. Rows stored before versions carry a hash of the kernel module's source; every reader maps the hashes
+a profile lists (`legacy_hashes`) to their version (`canonical_key`), and opening a store for writing moves them there
+in place, so old rows are neither lost nor measured again.
 
 Why SQLite in WAL mode: a collection killed with `kill -9` at any moment keeps every committed batch (a transaction is
 either in the WAL in full or not at all), never leaves a half-written row, and several GPU workers can append to the
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernel_gym.kernels.profiles import canonical_key
 from kernel_gym.measure.types import FAILURE_STATUSES, OK, Measurement
 
 SCHEMA = """
@@ -68,7 +75,8 @@ SNAPSHOT_VERSION = 1
 
 @dataclass(frozen=True)
 class Context:
-    """What a time depends on besides the workload and config: the machine, the software, the kernel's source."""
+    """What a time depends on besides the workload and config: the machine, the software, the kernel's version
+    (`source_hash`: "v<N>", the profile's store_key; a legacy hash in rows stored before versions)."""
 
     device: str
     torch_version: str
@@ -85,6 +93,12 @@ class Context:
         if device is None:
             device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
         return cls(device, torch.__version__, triton.__version__, kernel, source_hash)
+
+    def canonical(self) -> Context:
+        """The same context keyed as this checkout keys it (a legacy source hash mapped to its version)."""
+        key = canonical_key(self.kernel, self.source_hash)
+        return self if key == self.source_hash else Context(self.device, self.torch_version, self.triton_version,
+                                                            self.kernel, key)
 
 
 class MeasurementStore:
@@ -120,6 +134,19 @@ class MeasurementStore:
         self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
         self.conn.executescript(SCHEMA)
         self._add_origin_columns()
+        self._rekey_legacy()
+
+    def _rekey_legacy(self) -> None:
+        """Rows keyed on a legacy source hash move to their family's version key (one transaction; a row whose
+        version key is already stored stays under its hash, and readers map it too)."""
+        legacy = [(k, h) for k, h in self.conn.execute("SELECT DISTINCT kernel, source_hash FROM measurements")
+                  if canonical_key(k, h) != h]
+        if not legacy:
+            return
+        with self.conn:
+            for kernel, old in legacy:
+                self.conn.execute("UPDATE OR IGNORE measurements SET source_hash=? WHERE kernel=? AND source_hash=?",
+                                  (canonical_key(kernel, old), kernel, old))
 
     def _add_origin_columns(self) -> None:
         """Older stores lack the host and gpu columns: add them (empty for the rows already there)."""
@@ -222,7 +249,8 @@ class MeasurementStore:
 
     def rows(self, kernel: str | None = None, origin: bool = False, ids: bool = False) -> Iterator[dict[str, Any]]:
         """Rows as dicts of COLUMNS (and, with origin=True, ORIGIN_COLUMNS and POWER_COLUMN where the file has
-        them; with ids=True the row id, for `kernel-gym data --drop-row`), in insertion order."""
+        them; with ids=True the row id, for `kernel-gym data --drop-row`), in insertion order; source_hash as
+        canonical_key maps it."""
         have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
         if origin and self.read_only:
             origin = set(ORIGIN_COLUMNS) <= have
@@ -235,7 +263,9 @@ class MeasurementStore:
         cur = self.conn.execute(sql + (" WHERE kernel=? ORDER BY id" if kernel else " ORDER BY id"),
                                 (kernel,) if kernel else ())
         for row in cur:
-            yield dict(zip(cols, row))
+            out = dict(zip(cols, row))
+            out["source_hash"] = canonical_key(out["kernel"], out["source_hash"])
+            yield out
 
     def drop_rows(self, ids: Iterable[int]) -> int:
         """Delete rows by id (an implausible or damaged row a reader refused, naming its id); returns rows deleted."""
@@ -255,14 +285,6 @@ class MeasurementStore:
             "OR workload='' OR config=''"
         ).fetchone()[0]
         return "ok" if bad == 0 else f"{bad} rows violate the status/median invariants"
-
-    def rekey(self, kernel: str, old_hash: str, new_hash: str) -> int:
-        """Move a kernel's rows from one source hash to another (scripts/rekey_rows.py checks first that the code
-        they measured is unchanged). Returns rows moved; a row already stored under the new hash is an error."""
-        with self.conn:
-            cur = self.conn.execute("UPDATE measurements SET source_hash=? WHERE kernel=? AND source_hash=?",
-                                    (new_hash, kernel, old_hash))
-        return cur.rowcount
 
     # ---- snapshot (package data) -------------------------------------------------------------------------------
 
@@ -410,7 +432,7 @@ def _read_snapshot(path: Path) -> Iterator[tuple[Context, list[Measurement]]]:
                 if context is not None:
                     yield context, batch
                 try:
-                    context, batch = Context(**item["context"]), []
+                    context, batch = Context(**item["context"]).canonical(), []
                 except (KeyError, TypeError) as exc:
                     raise ValueError(f"{path}: line {lineno}: malformed context line ({exc}): re-export the "
                                      "snapshot") from None

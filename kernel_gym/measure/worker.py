@@ -15,7 +15,6 @@ import contextlib
 import ctypes
 import functools
 import importlib
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -79,21 +78,24 @@ def family_ref(family: KernelFamily) -> str:
     raise ValueError(f"family {family.name!r} is not a module-level attribute of {module}; expose it as FAMILY")
 
 
-def family_source_hash(family: KernelFamily) -> str:
-    """The module's own `source_hash()` when it defines one, else a hash of the whole module's source."""
+def family_store_key(family: KernelFamily) -> str:
+    """The store key of a family's rows: its profile's version ("v<N>", kernels/profiles.py) when the family is
+    registered from this module, else (a family without a profile, such as scripts/fault_injection.py's) a hash of its
+    whole module's source."""
+    from kernel_gym.kernels import profiles
+
     mod = sys.modules[type(family).__module__]
-    fn = getattr(mod, "source_hash", None)
-    if callable(fn) and fn is not _space_source_hash:
-        return fn()
+    p = profiles.get(family.name)
+    if p is not None and p.module == mod.__name__:
+        return p.store_key
     return _space_source_hash(mod)
 
 
 def workload_from_key(family: KernelFamily, key: str) -> Any:
-    """Inverse of workload.key() for any family's workload dataclass (lists become tuples)."""
-    data = json.loads(key)
-    data.pop("kernel", None)
-    data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return family.workload_type(**data)
+    """Inverse of workload.key() for any family's workload dataclass (workloads.parse_key)."""
+    from kernel_gym.kernels.workloads import parse_key
+
+    return parse_key(family.workload_type, key)
 
 
 # ---- one workload -----------------------------------------------------------------------------------------------

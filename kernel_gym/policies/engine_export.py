@@ -22,7 +22,7 @@ routing) on --device (issue 30):
   listed as unconfirmed in the summary and the sidecar;
 - engine entry: nothing measured beats it (or nothing was measured).
 Where the engine runs its small-batch path (vLLM 0.33: M * top_k * 4 <= E, no EP; kernels/vllm_moe.py) only rows timed
-on that path (small_batch_source_hash) count; rows of the aligned path do not describe what runs there.
+on that path (small_batch_store_key) count; rows of the aligned path do not describe what runs there.
 
 Refused (one-line ValueError) unless --force: a device without measurements of this shape (measured on another GPU,
 or never). With --force the file is written anyway: the engine's own entries (its shipped table where it has one),
@@ -51,7 +51,7 @@ from typing import Any, Iterable, Sequence
 
 from kernel_gym.kernels import vllm_tables
 from kernel_gym.kernels.space import Config
-from kernel_gym.kernels.workloads import MoEWorkload
+from kernel_gym.kernels.workloads import MoEWorkload, parse_key
 
 KERNEL = "vllm_fused_moe"
 SIDECAR = "kernel_gym_export.json"
@@ -158,16 +158,16 @@ class Row:
     config: Config
     median_ms: float
     spread: float = 0.0
-    path: str = ALIGNED  # which launch path timed it: aligned (source_hash) or small-batch
+    path: str = ALIGNED  # which launch path timed it: aligned (store_key) or small-batch
 
 
 def measured_rows(sources: Iterable[str | Path], source_hash: str | None = None) -> list[Row]:
-    """The ok vllm_fused_moe rows of these stores / snapshots: the aligned path's (source_hash()) and the small-batch
-    path's (small_batch_source_hash()); rows of another kernel source are stale: left out."""
+    """The ok vllm_fused_moe rows of these stores / snapshots: the aligned path's (store_key()) and the small-batch
+    path's (small_batch_store_key()); rows of another kernel version are stale: left out."""
     from kernel_gym.kernels import vllm_moe
     from kernel_gym.measure.store import load_rows
 
-    paths = {source_hash or vllm_moe.source_hash(): ALIGNED, vllm_moe.small_batch_source_hash(): SMALL_BATCH}
+    paths = {source_hash or vllm_moe.store_key(): ALIGNED, vllm_moe.small_batch_store_key(): SMALL_BATCH}
     out = []
     for src in sources:
         for ctx, ms in load_rows(src):
@@ -175,9 +175,8 @@ def measured_rows(sources: Iterable[str | Path], source_hash: str | None = None)
                 continue
             for m in ms:
                 if m.ok and m.median_ms:
-                    data = json.loads(m.workload)
-                    data.pop("kernel", None)
-                    out.append(Row(ctx.device, ctx.triton_version, MoEWorkload(**data), Config.parse(m.config),
+                    out.append(Row(ctx.device, ctx.triton_version, parse_key(MoEWorkload, m.workload),
+                                   Config.parse(m.config),
                                    float(m.median_ms), float(m.spread or 0.0), paths[ctx.source_hash]))
     return out
 

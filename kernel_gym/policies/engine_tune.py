@@ -217,9 +217,9 @@ def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tab
     elif (out / STATE).exists():
         raise ValueError(f"{out / STATE} exists: pass --resume to continue that run, or another --out")
     store = MeasurementStore(out / "vllm_fused_moe.sqlite")
-    ctxs = {ee.ALIGNED: Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name, vm.source_hash()),
+    ctxs = {ee.ALIGNED: Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name, vm.store_key()),
             ee.SMALL_BATCH: Context(gpu, torch.__version__, triton.__version__, vm.FAMILY.name,
-                                    vm.small_batch_source_hash())}
+                                    vm.small_batch_store_key())}
     timer = Timer(cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     near = nearest_shapes(rows, shape, device)
@@ -375,7 +375,7 @@ def _finish(args: argparse.Namespace, shape: ee.MoEShape, eng: vllm_tables.Engin
                        "routings": {label: skew}, "device": device, "engine_device_name": device, "gpu": gpu,
                        "budget_s": args.budget_s, "seconds": wall, "gpu_timing_s": gpu_s,
                        "keys_tuned": len(state["keys"]), "smoke": args.smoke,
-                       "source_hash": vm.source_hash(), "small_batch_source_hash": vm.small_batch_source_hash()},
+                       "source_hash": vm.store_key(), "small_batch_source_hash": vm.small_batch_store_key()},
               "file": str(path.relative_to(args.out)), "summary": summary, "keys": state["keys"],
               "confirmations": confirmations}
     _atomic_json(args.out / RESULT, result)

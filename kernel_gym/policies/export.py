@@ -21,153 +21,49 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import platform
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kernel_gym.dispatch.dispatcher import DispatchTable, KernelTable
-from kernel_gym.kernels.space import Config
-from kernel_gym.kernels.workloads import (
-    DECODE_BATCHES,
-    DECODE_CONTEXTS,
-    MOE_TOKENS,
-    PREFILL_TOTALS,
-    DecodeWorkload,
-    MoEWorkload,
-    PrefillWorkload,
+from kernel_gym import zoo
+from kernel_gym.dispatch.dispatcher import (  # noqa: F401 - the bucket grid and KV-layout choice, re-exported
+    AXES,
+    EXPORT_SKEWS,
+    LAYOUT_COVERAGE,
+    DispatchTable,
+    KernelTable,
+    bucket_grid,
+    cell_workload,
+    fixed_dims,
+    grid_centers,
+    layout_scores,
+    pick_layout,
+    prefill_lens,
+    put_on_layout,
 )
+from kernel_gym.kernels import profiles
+from kernel_gym.kernels.space import Config
 
 # A predictor maps workloads to configs (one call per kernel: a pyfunc predict, a backend's oracle, a test function).
 Predictor = Callable[[list[Any]], list[Config]]
 
-EXPORT_SKEWS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.6)
-EXPORT_PREFILL = (16, 32, 64) + PREFILL_TOTALS + (32768,)
-EXPORT_DECODE_CONTEXTS = (32, 64) + DECODE_CONTEXTS + (65536,)
 DEFAULT_DEVICE = "NVIDIA H200"
 TABLE_FILE = "dispatch_table.json"
-
-
-def fixed_dims(kernel: str, model: Any, dtype: str = "bfloat16") -> dict[str, Any]:
-    """The workload dimensions a model spec fixes for a kernel."""
-    if kernel == "fused_moe":
-        return {"num_experts": model.num_experts, "top_k": model.top_k, "hidden": model.hidden,
-                "intermediate": model.intermediate, "dtype": dtype}
-    return {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-            "dtype": dtype}
-
-
-def grid_centers(kernel: str) -> tuple[list[float], list[float]]:
-    """The bucket grid per axis: the model's collection grid, plus skews for MoE and wider ranges for attention."""
-    if kernel == "fused_moe":
-        return [float(x) for x in MOE_TOKENS], [float(x) for x in EXPORT_SKEWS]
-    if kernel == "decode_attention":
-        return [float(x) for x in DECODE_BATCHES], [float(x) for x in EXPORT_DECODE_CONTEXTS]
-    if kernel == "prefill_attention":
-        return [float(x) for x in EXPORT_PREFILL], [float(x) for x in EXPORT_PREFILL]
-    raise ValueError(f"unknown kernel {kernel!r}: choose one of fused_moe, decode_attention, prefill_attention")
-
-
-def cell_workload(kernel: str, fixed: dict[str, Any], x0: float, x1: float) -> Any:
-    """The representative workload of the bucket centred at (x0, x1)."""
-    f, dtype = fixed, fixed.get("dtype", "bfloat16")
-    if kernel == "fused_moe":
-        return MoEWorkload(int(x0), f["num_experts"], f["top_k"], f["hidden"], f["intermediate"], float(x1), dtype)
-    if kernel == "decode_attention":
-        return DecodeWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], int(x0), int(x1), dtype)
-    return PrefillWorkload(f["num_heads"], f["num_kv_heads"], f["head_dim"], prefill_lens(int(x0), int(x1)), dtype)
-
-
-def bucket_grid(kernel: str, model: Any, dtype: str = "bfloat16") -> tuple[list[float], list[float], list[Any]]:
-    """(axis-0 centers, axis-1 centers, one representative workload per cell in row-major order)."""
-    f = fixed_dims(kernel, model, dtype)
-    c0, c1 = grid_centers(kernel)
-    return c0, c1, [cell_workload(kernel, f, a, b) for a in c0 for b in c1]
-
-
-def prefill_lens(total: int, max_len: int) -> tuple[int, ...]:
-    """Sequences of max_len tokens (capped at total) summing to total: the cell's representative batch."""
-    m = max(1, min(int(max_len), int(total)))
-    lens = (m,) * (int(total) // m)
-    return lens + ((int(total) % m,) if total % m else ())
-
-
-LAYOUT_COVERAGE = 0.8  # a layout is a candidate if its moved choices have data on this share of the best coverage
-
-
-def layout_scores(configs: Sequence[Config], wls: Sequence[Any],
-                  scorer: Any) -> dict[tuple[int, str], tuple[float, int]]:
-    """Per KV layout (page size, layout): the policy's choices moved onto it (on_layout), scored on the measured data
-    as (geomean over cells of best time / moved choice's time, cells with data). Cells where the moved config has no
-    answer are skipped, so layouts are compared by quality and by how much of the grid the data covers."""
-    from kernel_gym.dispatch.rules import on_layout
-    from kernel_gym.kernels import get_family
-
-    space = get_family("decode_attention").space
-    pages = next(k.values for k in space.knobs if k.name == "PAGE_SIZE")
-    layouts = next(k.values for k in space.knobs if k.name == "LAYOUT")
-    out = {}
-    best_ms: dict[int, float] = {}  # per cell, computed once for all layouts
-    for ps in pages:
-        for lay in layouts:
-            logs = []
-            for i, (c, w) in enumerate(zip(configs, wls)):
-                try:
-                    moved = on_layout(c, w, int(ps), str(lay))
-                except ValueError:
-                    continue
-                t = scorer.measure("decode_attention", w, moved)
-                if not (t.ok and t.median_ms):
-                    continue  # outside the measured grid, or this config unmeasured around it
-                if i not in best_ms:
-                    best_ms[i] = scorer.best_measurement("decode_attention", w).median_ms
-                logs.append(math.log(min(1.0, best_ms[i] / t.median_ms)))
-            out[(int(ps), str(lay))] = (math.exp(sum(logs) / len(logs)) if logs else 0.0, len(logs))
-    return out
-
-
-def pick_layout(scores: dict[tuple[int, str], tuple[float, int]]) -> tuple[int, str] | None:
-    """The best-scoring layout among those whose data covers at least LAYOUT_COVERAGE of the best-covered one's cells
-    (a layout measured on a few easy cells must not win on them); None without data."""
-    most = max((n for _, n in scores.values()), default=0)
-    if most == 0:
-        return None
-    fair = {k: q for k, (q, n) in scores.items() if n >= LAYOUT_COVERAGE * most}
-    return max(fair, key=fair.__getitem__)
 
 
 def build_kernel_table(kernel: str, model: Any, predict: Predictor, policy: dict[str, Any],
                        dtype: str = "bfloat16", kv_layout: tuple[int, str] | None = None,
                        scorer: Any = None) -> KernelTable:
-    """Query the predictor on every bucket of the kernel's grid. Decode: every config is put on one KV layout, since a
-    deployment runs one layout at a time: the one given; else, with measured data (`scorer`: the recorded backend),
-    the layout on which the policy's moved choices measure best (layout_scores / pick_layout); else the layout the
-    policy picks most often."""
+    """Query the predictor on every bucket of the kernel's grid. Decode: every config is put on one KV layout
+    (dispatcher.put_on_layout: the one given, else the best on the measured data `scorer`, else the most frequent)."""
     c0, c1, wls = bucket_grid(kernel, model, dtype)
     configs = list(predict(wls))
     if len(configs) != len(wls):
         raise ValueError(f"{kernel}: the policy returned {len(configs)} configs for {len(wls)} workloads")
-    layout = None
-    if kernel == "decode_attention":
-        from kernel_gym.dispatch.rules import on_layout
-
-        chosen_by, scores = "given", {}
-        if kv_layout is None and scorer is not None:
-            print(f"export: scoring the decode choices on each KV layout in the measured data ({len(wls)} cells; "
-                  "~30 s on 2 cores)", file=sys.stderr, flush=True)
-            scores = layout_scores(configs, wls, scorer)
-            kv_layout, chosen_by = pick_layout(scores), "measured quality of the moved choices"
-        if kv_layout is None:
-            kv_layout = Counter((int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for c in configs).most_common(1)[0][0]
-            chosen_by = "the policy's most frequent layout"
-        ps, lay = int(kv_layout[0]), str(kv_layout[1])
-        configs = [on_layout(c, w, ps, lay) for c, w in zip(configs, wls)]
-        layout = {"page_size": ps, "layout": lay, "chosen_by": chosen_by,
-                  "scores": {f"{p}:{l}": {"geomean": round(q, 4), "cells": n} for (p, l), (q, n) in scores.items()}}
+    configs, layout = put_on_layout(kernel, configs, wls, kv_layout, scorer)
     unique = list(dict.fromkeys(configs))
     index = {c: i for i, c in enumerate(unique)}
     return KernelTable(kernel, (c0, c1), unique, [index[c] for c in configs], fixed_dims(kernel, model, dtype),
@@ -196,7 +92,8 @@ def table_from_registry(model: Any, model_uris: Sequence[str] = (), device: str 
     if policy_dir is not None and model_uris:
         raise ValueError("--policy-dir and --model-uri both name the policies: pass one of them")
     policies = load_policy_dir(policy_dir, model) if policy_dir is not None else load_policies(model_uris, model)
-    scorer = default_scorer(device) if kv_layout is None and "decode_attention" in policies else None
+    scorer = default_scorer(device) if kv_layout is None and any(profiles.profile(k).follows_kv for k in policies) \
+        else None
     return build_table(model, policies, device, kv_layout=kv_layout, scorer=scorer, rests_on=True)
 
 
@@ -235,15 +132,13 @@ def build_table(model: Any, predictors: dict[str, tuple[Predictor, dict[str, Any
     return DispatchTable(kernels, device, asdict(model), versions(), meta)
 
 
-TABLE_KERNELS = ("fused_moe", "decode_attention", "prefill_attention")
-KERNEL_ENV = {"fused_moe": "KernelGym/MoE-v0", "decode_attention": "KernelGym/DecodeAttention-v0",
-              "prefill_attention": "KernelGym/PrefillAttention-v0"}
+TABLE_KERNELS = tuple(AXES)  # the kernels with dispatch axes (their profiles'), in registration order
 
 
 def absent_fix(kernel: str, model: Any) -> str:
     """How to give a left-out kernel a policy: one trained on the model's measured rows, else the model-conditioned
     policy (MoE and decode only: no zoo prefill policy exists), else measure first."""
-    env = KERNEL_ENV.get(kernel, "...")
+    env = profiles.profile(kernel).env_id or "..."
     name = getattr(model, "name", str(model))
     try:
         from kernel_gym.models import load_model
@@ -254,7 +149,7 @@ def absent_fix(kernel: str, model: Any) -> str:
         as_arg = "SPEC.json"  # a JSON spec is passed by its path, which the table does not keep
     if measured_model(kernel, model):
         return f"train one (kernel-gym train --env-id {env} --model {as_arg}) and export again"
-    if kernel in ("fused_moe", "decode_attention"):
+    if kernel in zoo.TEST_MODELS:  # the kernels the model-conditioned policy is trained and tested on
         return (f"train the model-conditioned policy (kernel-gym train --model zoo --env-id {env}) or pass "
                 "--policy-dir benchmarks/generalisation/policies, and export again")
     return (f"no model-conditioned {kernel} policy exists and the packaged data has no {kernel} rows of this shape: "

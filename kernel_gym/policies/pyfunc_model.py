@@ -3,7 +3,7 @@
 `mlflow.pyfunc.load_model(uri).predict(rows)` maps workload rows to configs without kernel_gym, torch or
 stable-baselines3 installed: the actor network is stored as numpy arrays (policy.npz), the catalogue, feature order and
 validity masks as JSON (policy.json), and the two stdlib/numpy-only modules the observation needs travel as
-code_paths (kernel_gym_observation.py, kernel_gym_workloads.py).
+code_paths (kernel_gym_observation.py, kernel_gym_workloads.py, kernel_gym_profiles.py).
 
 Input rows (a pandas DataFrame), one per workload, either
 - `workload_key`: the workload's canonical key (kernel_gym.kernels.workloads `workload.key()`), or

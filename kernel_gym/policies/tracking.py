@@ -270,11 +270,13 @@ def log_policy_model(
         (t / "policy.json").write_text(json.dumps(meta))
         shutil.copy(PACKAGE_ROOT / "dispatch" / "observation.py", t / "kernel_gym_observation.py")
         shutil.copy(PACKAGE_ROOT / "kernels" / "workloads.py", t / "kernel_gym_workloads.py")
+        shutil.copy(PACKAGE_ROOT / "kernels" / "profiles.py", t / "kernel_gym_profiles.py")
         info = mlflow.pyfunc.log_model(
             name="policy",
             python_model=str(PACKAGE_ROOT / "policies" / "pyfunc_model.py"),
             artifacts={"policy_npz": str(t / "policy.npz"), "policy_json": str(t / "policy.json")},
-            code_paths=[str(t / "kernel_gym_observation.py"), str(t / "kernel_gym_workloads.py")],
+            code_paths=[str(t / "kernel_gym_observation.py"), str(t / "kernel_gym_workloads.py"),
+                        str(t / "kernel_gym_profiles.py")],
             # no input_example / signature: rows carry either a workload_key or feature columns
             pip_requirements=["mlflow", "numpy", "pandas"],
             registered_model_name=registered_model_name,

@@ -29,10 +29,38 @@ def test_encode_names_missing_features():
         observation.feature_names("gemm")
 
 
-@pytest.mark.parametrize("module", ["dispatch/observation.py", "kernels/workloads.py"])
-def test_bundled_modules_import_nothing_from_kernel_gym(module):
+BUNDLED = {"dispatch/observation.py": "kernel_gym_observation", "kernels/workloads.py": "kernel_gym_workloads",
+           "kernels/profiles.py": "kernel_gym_profiles"}
+
+
+@pytest.mark.parametrize("module", sorted(BUNDLED))
+def test_bundled_modules_import_from_kernel_gym_only_each_other(module):
+    """What the pyfunc model bundles imports from kernel_gym only the other bundled modules (with a bundled
+    fallback); profiles.py imports nothing from kernel_gym at all."""
     path = Path(observation.__file__).resolve().parents[1] / module
+    allowed = set() if module == "kernels/profiles.py" else {"kernel_gym.kernels", "kernel_gym.kernels.profiles",
+                                                              *BUNDLED.values()}
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-            assert not any(n.startswith("kernel_gym") for n in names), f"{module} imports {names}"
+            assert all(n in allowed for n in names if n.startswith("kernel_gym")), f"{module} imports {names}"
+
+
+def test_the_bundle_computes_the_same_observation_without_kernel_gym(tmp_path):
+    """The three files copied as the pyfunc model bundles them observe a workload exactly as kernel_gym does, with
+    kernel_gym not importable."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(observation.__file__).resolve().parents[1]
+    for module, name in BUNDLED.items():
+        shutil.copy(root / module, tmp_path / f"{name}.py")
+    code = ("import sys; sys.modules['kernel_gym'] = None\n"
+            "import kernel_gym_observation as o, kernel_gym_workloads as w\n"
+            "wl = w.workload_from_key('fused_moe', w.MoEWorkload(64, 8, 2, 4096, 14336, 0.6).key())\n"
+            "print(list(map(float, o.observe(wl))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    from kernel_gym.kernels.workloads import MoEWorkload
+
+    assert eval(out.stdout) == [float(x) for x in observation.observe(MoEWorkload(64, 8, 2, 4096, 14336, 0.6))]

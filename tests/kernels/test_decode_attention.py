@@ -247,7 +247,6 @@ def test_family_interface_and_counts():
     assert FAMILY.bytes_moved(DecodeWorkload(32, 8, 128, 2, 100, dtype="float32")) == 2 * FAMILY.bytes_moved(w)
     assert [name for name, _ in da.bench_cases()][0] == "decode_b64_ctx8192_gqa4_d128"
     assert da.bench_cases()[0][1] == MIXTRAL_B64
-    assert len(da.source_hash()) == 16 and da.source_hash() == da.source_hash()
     with pytest.raises(ValueError, match="bfloat17"):
         FAMILY.tolerance("bfloat17")
 

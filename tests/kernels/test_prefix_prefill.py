@@ -189,9 +189,8 @@ def test_work_table_covers_every_program_once_heaviest_first() -> None:
     assert items[0][0] == 1  # request 1's one tile sees 305 keys, more than request 0's heaviest (70)
 
 
-def test_family_is_registered_and_hash_is_stable() -> None:
+def test_family_is_registered() -> None:
     assert get_family("prefix_prefill") is FAMILY
-    assert pp.source_hash() == pp.source_hash() and len(pp.source_hash()) == 16
 
 
 def test_flops_and_bytes() -> None:

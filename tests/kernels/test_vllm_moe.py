@@ -140,15 +140,15 @@ def test_default_rules_without_a_table():
     assert vm.vllm_engine_config(8, 14336, 1, device_name="NVIDIA A100-SXM4-80GB")["BLOCK_SIZE_N"] == 64
 
 
-def test_aligned_path_hash_is_unchanged_and_the_small_batch_path_has_its_own():
-    """The 5,419 stored H200 vllm_fused_moe rows are keyed by this hash: the aligned path's code must not change."""
-    assert vm.source_hash() == "e834f0fc0043fd75"
-    assert vm.small_batch_source_hash() != vm.source_hash()
+def test_aligned_path_key_is_the_version_and_the_small_batch_path_has_its_own():
+    """The stored H200 vllm_fused_moe rows are keyed by the family's version; the small-batch path's by its own key."""
+    assert vm.store_key() == "v1"
+    assert vm.small_batch_store_key() != vm.store_key()
     small, big = MoEWorkload(2, 64, 8, 2048, 1024), MoEWorkload(3, 64, 8, 2048, 1024)  # 2*8*4 = 64 <= 64 < 96
     assert vm.uses_small_batch_path(small) and not vm.uses_small_batch_path(big)
     assert not vm.uses_small_batch_path(small, engine="sglang-0.5.23")  # SGLang always aligns
     assert not vm.uses_small_batch_path(small, ep=2)  # an expert map turns it off
-    assert vm.path_source_hash(small) == vm.small_batch_source_hash() and vm.path_source_hash(big) == vm.source_hash()
+    assert vm.path_store_key(small) == vm.small_batch_store_key() and vm.path_store_key(big) == vm.store_key()
     assert vm.uses_small_batch_path(MoEWorkload(1, 8, 2, 4096, 14336))  # Mixtral at M = 1: 8 <= 8
 
 

@@ -14,7 +14,7 @@ from kernel_gym.measure.interpreter import InterpreterBackend
 from kernel_gym.measure.store import Context, MeasurementStore
 from kernel_gym.measure.summary import dataset_summary
 from kernel_gym.measure.types import OK
-from kernel_gym.measure.worker import family_source_hash, workload_from_key
+from kernel_gym.measure.worker import family_store_key, workload_from_key
 from kernel_gym.models import BUILTIN_MODELS
 
 
@@ -36,7 +36,7 @@ def test_family_measures_and_stores_under_interpreter(kernel: str, tmp_path: Pat
     ms = [backend.measure(fam, wl, c) for c in dict.fromkeys(configs)]
     assert ms[0].status == OK, ms[0].reason  # the default config computes the reference's result
     assert all(m.median_ms is None and m.source == "interpreter" for m in ms)
-    ctx = Context("cpu-interpreter", "t", "t", fam.name, family_source_hash(fam))
+    ctx = Context("cpu-interpreter", "t", "t", fam.name, family_store_key(fam))
     with MeasurementStore(tmp_path / "m.sqlite") as store:
         assert store.put_many(ctx, ms) == len(ms)
         assert store.integrity_check() == "ok"

@@ -116,13 +116,13 @@ def test_covered_backend_never_proxies_prefix_prefill(packaged: RecordedBackend)
 
 
 def test_packaged_prefix_rows_were_measured_by_the_kernel_as_it_is() -> None:
-    """The merged rows carry prefix_prefill's current source hash (an edit to the hashed kernel code orphans them)."""
+    """The merged rows carry prefix_prefill's current version key (a change that alters what is measured bumps it)."""
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.store import PACKAGED_SNAPSHOT, iter_snapshot
-    from kernel_gym.measure.worker import family_source_hash
+    from kernel_gym.measure.worker import family_store_key
 
     stored = {ctx.source_hash for ctx, _ in iter_snapshot(PACKAGED_SNAPSHOT) if ctx.kernel == "prefix_prefill"}
-    assert stored == {family_source_hash(get_family("prefix_prefill"))}
+    assert stored == {family_store_key(get_family("prefix_prefill"))}
 
 
 def test_packaged_snapshot_holds_every_collected_prefix_row_as_collected() -> None:

@@ -259,28 +259,29 @@ def test_plan_file_names_bad_entries_and_merges_repeats(tmp_path: Path) -> None:
         load_plan_file(str(plan), ["tiny_family:FAMILY"])
 
 
-def test_rekey_moves_rows_to_the_new_hash_only_when_the_old_path_is_unchanged(tmp_path, monkeypatch):
-    """scripts/rekey_rows.py: rows under the family's legacy hash move to its current hash; rows under any other hash
-    stay; a family whose old-path code changed (legacy_source_hash no longer matching) has nothing moved."""
-    from kernel_gym.kernels import fused_moe
-    from kernel_gym.measure.store import Context, MeasurementStore, iter_snapshot
+def test_legacy_source_hashes_read_as_their_version_and_move_there_when_a_store_is_opened(tmp_path):
+    """Rows stored before versions carry a source hash: every reader maps the hashes a profile lists to its version
+    key, opening the store for writing moves them there (nothing measured again), other hashes stay as they are."""
+    import sqlite3
+
+    from kernel_gym.kernels.profiles import profile
+    from kernel_gym.measure.store import Context, MeasurementStore, iter_snapshot, load_rows
     from kernel_gym.measure.types import OK, Measurement
-    from tests.script_module import load_script
 
     def row(config: str) -> Measurement:
         return Measurement("fused_moe", "{}", config, OK, median_ms=1.0, spread=0.0, repeats=3, source="test")
 
-    src = tmp_path / "in.jsonl.gz"
-    with MeasurementStore(tmp_path / "s.sqlite") as store:
-        ctx = Context("GPU", "t", "tr", "fused_moe", fused_moe.LEGACY_SOURCE_HASH)
-        store.put_many(ctx, [row('{"a":1}'), row('{"a":2}')])
+    v1 = profile("fused_moe").store_key
+    assert v1 == "v1" and "cccc58be1e48ac30" in profile("fused_moe").legacy_hashes
+    db, snap = tmp_path / "s.sqlite", tmp_path / "s.jsonl.gz"
+    with MeasurementStore(db) as store:
+        store.put_many(Context("GPU", "t", "tr", "fused_moe", "cccc58be1e48ac30"), [row('{"a":1}'), row('{"a":2}')])
         store.put_many(Context("GPU", "t", "tr", "fused_moe", "someoldhash00000"), [row('{"a":3}')])
-        store.export_snapshot(src)
-    out = tmp_path / "out.jsonl.gz"
-    assert load_script("rekey_rows").main(["--kernel", "fused_moe", "--snapshot", str(src), "--out", str(out)]) == 0
-    hashes = {c.source_hash: len(ms) for c, ms in iter_snapshot(out)}
-    assert hashes == {fused_moe.source_hash(): 2, "someoldhash00000": 1}
-
-    monkeypatch.setattr(fused_moe, "legacy_source_hash", lambda: "changedpath00000")
-    assert load_script("rekey_rows").main(["--kernel", "fused_moe", "--snapshot", str(src), "--out", str(out)]) == 0
-    assert {c.source_hash for c, _ in iter_snapshot(out)} == {fused_moe.LEGACY_SOURCE_HASH, "someoldhash00000"}
+        store.conn.execute("UPDATE measurements SET source_hash='39fa995d3724b8c7' WHERE config='{\"a\":2}'")
+    raw = {h for (h,) in sqlite3.connect(db).execute("SELECT DISTINCT source_hash FROM measurements")}
+    assert raw == {"cccc58be1e48ac30", "39fa995d3724b8c7", "someoldhash00000"}  # written before the next open
+    assert {c.source_hash: len(ms) for c, ms in load_rows(db)} == {v1: 2, "someoldhash00000": 1}
+    with MeasurementStore(db) as store:
+        assert store.done_keys(Context("GPU", "t", "tr", "fused_moe", v1)) == {("{}", '{"a":1}'), ("{}", '{"a":2}')}
+        store.export_snapshot(snap)
+    assert {c.source_hash: len(ms) for c, ms in iter_snapshot(snap)} == {v1: 2, "someoldhash00000": 1}

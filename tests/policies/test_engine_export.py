@@ -51,7 +51,7 @@ def sglang_lookup(config_dir: Path, triton_version: str, e: int, n: int, torch_d
 def store_with(tmp_path: Path, shape: ee.MoEShape, times: dict[tuple[int, float, vm.Config], float],
                device: str = "NVIDIA H200", name: str = "m.sqlite", triton: str = "3.6.0") -> Path:
     path = tmp_path / name
-    ctx = Context(device, "2.11", triton, "vllm_fused_moe", vm.source_hash())
+    ctx = Context(device, "2.11", triton, "vllm_fused_moe", vm.store_key())
     rows = [Measurement("vllm_fused_moe", shape.workload(m, s).key(), str(c), OK, t, 0.01, 10)
             for (m, s, c), t in times.items()]
     with MeasurementStore(path) as st:

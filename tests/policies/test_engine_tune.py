@@ -26,7 +26,7 @@ OLMOE = BUILTIN_MODELS["olmoe-1b-7b"]
 
 def store(tmp_path: Path, shape: ee.MoEShape, times: dict) -> Path:
     path = tmp_path / "rows.sqlite"
-    ctx = Context("NVIDIA H200", "2.11", "3.6.0", "vllm_fused_moe", vm.source_hash())
+    ctx = Context("NVIDIA H200", "2.11", "3.6.0", "vllm_fused_moe", vm.store_key())
     with MeasurementStore(path) as st:
         st.put_many(ctx, [Measurement("vllm_fused_moe", shape.workload(m, s).key(), str(c), OK, t, 0.01, 10)
                           for (m, s, c), t in times.items()])

@@ -37,11 +37,13 @@ def log_policy(tmp: Path, name: str = "kernel-gym-moe-v0", extra: dict | None = 
     (tmp / "policy.json").write_text(json.dumps(meta))
     shutil.copy(PKG / "dispatch" / "observation.py", tmp / "kernel_gym_observation.py")
     shutil.copy(PKG / "kernels" / "workloads.py", tmp / "kernel_gym_workloads.py")
+    shutil.copy(PKG / "kernels" / "profiles.py", tmp / "kernel_gym_profiles.py")
     with mlflow.start_run():
         info = mlflow.pyfunc.log_model(
             name="policy", python_model=str(PKG / "policies" / "pyfunc_model.py"),
             artifacts={"policy_npz": str(tmp / "policy.npz"), "policy_json": str(tmp / "policy.json")},
-            code_paths=[str(tmp / "kernel_gym_observation.py"), str(tmp / "kernel_gym_workloads.py")],
+            code_paths=[str(tmp / "kernel_gym_observation.py"), str(tmp / "kernel_gym_workloads.py"),
+                        str(tmp / "kernel_gym_profiles.py")],
             pip_requirements=["mlflow", "numpy", "pandas"], registered_model_name=name)
     return f"models:/{name}/{info.registered_model_version}"
 
