@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-KERNEL_ENVS = {
-    "fused_moe": "KernelGym/MoE-v0",
-    "decode_attention": "KernelGym/DecodeAttention-v0",
-    "prefill_attention": "KernelGym/PrefillAttention-v0",
-}
+from kernel_gym.dispatch.dispatcher import AXES
+from kernel_gym.envs import env_id_for
+
+# the kernels a dispatch table holds (those with dispatch axes) -> the env that trains each (its KERNEL_ENVS line)
+KERNEL_ENVS = {k: env_id_for(k) for k in AXES}
 
 
 def parser() -> argparse.ArgumentParser:

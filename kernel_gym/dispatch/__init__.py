@@ -19,10 +19,14 @@ The package's `__init__` imports nothing, so `import kernel_gym.dispatch.dispatc
 Decision rules: which chooser uses which
 ----------------------------------------
 Oracle (`rules.fastest`: lowest time, ties to the first in the given order): `WorkloadReference.best_config`,
-`baselines.Oracle.best` (fastest valid, answerable config on the KV layout in force), and `SearchPolicy` keeping the
-fastest of the configs it measured. `serving_rules.py`'s `OracleChooser` applies the same rule through
-`_Answers.ranked()[0]` (a stable sort by time, so the same tie order) and its rule tables through
-`min(ok, key=time)`.
+`baselines.Oracle.best` (fastest valid, answerable config on the KV layout in force), `SearchPolicy` keeping the
+fastest of the configs it measured, `parallel/step_time.py`'s pricer and replay's oracle on a prefix call's layout.
+`serving_rules.py`'s `OracleChooser` applies the same rule through `_Answers.ranked()[0]` (a stable sort by time, so
+the same tie order) and its rule tables through `_fastest_of`.
+
+Action masks (`catalogue.py`): `action_mask` (valid by the knob-space rules and answered by the backend, plus the timed
+default: the kernel envs and training's evaluation) and `rule_mask` (the rules alone: a logged or bundled policy at a
+shape it never saw).
 
 Fallback, when a choice has no time: one rule, `rules.fallback_config`: the family default, else the SLOWEST timed
 candidate (the conservative bound: a choice the data cannot score is never credited with a good time). Used by

@@ -24,13 +24,13 @@ import math
 import random
 from typing import Any, Callable, Iterable
 
-from kernel_gym.dispatch.rules import default_for, fastest, follow_kv
-from kernel_gym.kernels import get_family
+from kernel_gym.dispatch.rules import default_for, fastest, follow_kv, follows_kv, kv_key
+from kernel_gym.kernels import get_family, profiles
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import MOE_TOKENS, MoEWorkload, model_workloads
-from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS, KVLayout
+from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, DEFAULT_KV, KERNELS, KVLayout
 
-DEFAULT_KV = KVLayout(16, "NHD")  # vLLM's default block size and layout
+MOE = "fused_moe"  # the kernel vLLM's per-M tables (the vllm-table baseline) are for
 AUTOTUNE_REPEATS = 100  # timing repeats per config when the store does not say (do_bench's 100 ms at >= 1 ms/run)
 SEARCH_BUDGET = 4  # measurements per new shape for random and tpe
 
@@ -55,7 +55,7 @@ class Oracle:
         return self._times[key]
 
     def candidates(self, kernel: str, workload: Any, kv: KVLayout | None = None) -> list[Config]:
-        key = (kernel, workload, kv if kernel == "decode_attention" else None)
+        key = (kernel, workload, kv_key(kernel, kv))
         out = self._cands.get(key)
         if out is None:
             space = get_family(kernel).space
@@ -66,7 +66,7 @@ class Oracle:
         return out
 
     def best(self, kernel: str, workload: Any, kv: KVLayout | None = None) -> Config | None:
-        key = (kernel, workload, kv if kernel == "decode_attention" else None)
+        key = (kernel, workload, kv_key(kernel, kv))
         if key not in self._best:
             cands = self.candidates(kernel, workload, kv)
             self._best[key] = fastest(cands, lambda c: self.time_ms(kernel, workload, c)) if cands else None
@@ -115,18 +115,17 @@ class TablePolicy(Policy):
     """Fixed choices per kernel: one static config, or a per-M table for fused MoE (nearest M, vLLM's rule)."""
 
     def __init__(self, name: str, static: dict[str, Config], moe_table: dict[int, Config] | None = None) -> None:
-        dec = static["decode_attention"]
+        dec = next(c for k, c in static.items() if follows_kv(k))  # the deployment's KV layout: decode's
         super().__init__(KVLayout(int(dec["PAGE_SIZE"]), str(dec["LAYOUT"])))
         self.name = name
         self.static = dict(static)
         self.moe_table = dict(sorted((moe_table or {}).items()))
         self._ms = list(self.moe_table)
         self._memo: dict[tuple, Config] = {}
-        self.precompiled = {(k, c) for k, c in self.static.items()} | {("fused_moe", c) for c in
-                                                                       self.moe_table.values()}
+        self.precompiled = {(k, c) for k, c in self.static.items()} | {(MOE, c) for c in self.moe_table.values()}
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
-        if kernel == "fused_moe" and self._ms:
+        if kernel == MOE and self._ms:
             m = workload.num_tokens
             key = ("m", m)
             cfg = self._memo.get(key)
@@ -134,7 +133,7 @@ class TablePolicy(Policy):
                 cfg = self._memo[key] = self.moe_table[min(self._ms, key=lambda x: abs(x - m))]
             return cfg
         cfg = self.static[kernel]
-        if kernel == "decode_attention":
+        if follows_kv(kernel):
             key = (cfg, kv, workload.head_dim)
             out = self._memo.get(key)
             if out is None:
@@ -160,14 +159,12 @@ class OraclePolicy(Policy):
 
 
 def shape_key(kernel: str, workload: Any) -> tuple:
-    """The tuning key of the search baselines: M for MoE (routing is invisible to an autotuner's key), (batch,
-    context) for decode, next powers of two of (total, longest) for prefill (varlen kernels key on maxima)."""
-    if kernel == "fused_moe":
-        return (workload.num_tokens,)
-    if kernel == "decode_attention":
-        return (workload.batch, workload.context_len)
-    lens = workload.seq_lens
-    return (1 << (sum(lens) - 1).bit_length(), 1 << (max(lens) - 1).bit_length())
+    """The tuning key of the search baselines (its profile's tuning_key): M for MoE (routing is invisible to an
+    autotuner's key), (batch, context) for decode, next powers of two of (total, longest) for prefill."""
+    key = profiles.profile(kernel).tuning_key
+    if key is None:  # a kernel the search baselines do not tune (prefix chunks: replay charges its default)
+        raise LookupError(f"{kernel} has no tuning key (its profile's tuning_key)")
+    return key(workload)
 
 
 class SearchPolicy(Policy):
@@ -232,7 +229,7 @@ class SearchPolicy(Policy):
         knobs = [(k.name, [v for v in k.values if any(space.value(c, k.name) == v for c in cands)])
                  for k in space.knobs]
         fixed = {}
-        if kernel == "decode_attention":
+        if follows_kv(kernel):
             fixed = {"PAGE_SIZE": cands[0]["PAGE_SIZE"], "LAYOUT": cands[0]["LAYOUT"]}
         sampler = optuna.samplers.TPESampler(seed=self._rng.randrange(2**31), n_startup_trials=max(1, self.budget // 2))
         study = optuna.create_study(direction="minimize", sampler=sampler)
@@ -300,7 +297,7 @@ def vllm_moe_table(oracle: Oracle, model: Any, dtype: str = "bfloat16") -> dict[
     out = {}
     for m in MOE_TOKENS:
         w = MoEWorkload(m, model.num_experts, model.top_k, model.hidden, model.intermediate, 0.0, dtype)
-        best = oracle.best("fused_moe", w)
+        best = oracle.best(MOE, w)
         if best is not None:
             out[m] = best
     if not out:
@@ -333,7 +330,7 @@ def make_baselines(names: Iterable[str], backend: Any, model: Any, budget: int =
             table = vllm_moe_table(oracle, model)
             out[n] = lambda table=table: TablePolicy("vllm-table", static, table)
         elif n == "oracle":
-            kv = best_layout(refs["decode_attention"])
+            kv = best_layout(next(r for k, r in refs.items() if follows_kv(k)))
             out[n] = lambda kv=kv: OraclePolicy(oracle, kv)
         else:
             mode = "exhaustive" if n == "autotune" else n

@@ -60,6 +60,26 @@ class WorkloadReference:
         return self.best_time / self.times[fallback], True
 
 
+def rule_mask(space: Any, configs: Sequence[Config], workload: Any) -> Any:
+    """A deployment's action mask (numpy bool array): the catalogue entries the knob-space rules accept at the
+    workload. Needs no data: what a logged or bundled policy masks with at a shape it never saw."""
+    import numpy as np
+
+    return np.array([space.is_valid(c, workload) for c in configs], dtype=bool)
+
+
+def action_mask(space: Any, configs: Sequence[Config], ref: WorkloadReference, with_default: bool = True) -> Any:
+    """Training's and evaluation's action mask (numpy bool array): the entries valid by the knob-space rules and
+    available (answered by the backend) at the reference's workload, plus (with_default) the family default where
+    it has a time. The one definition the envs, training's evaluation and its random baseline share."""
+    import numpy as np
+
+    w = ref.workload
+    return np.array([(c in ref.available and space.is_valid(c, w)) or (with_default and c == ref.default
+                                                                        and c in ref.times) for c in configs],
+                    dtype=bool)
+
+
 def measure_reference(
     backend: Any, family: Any, workloads: Iterable[Any], progress: Callable[[int, int], None] | None = None
 ) -> list[WorkloadReference]:

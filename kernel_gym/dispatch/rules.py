@@ -7,13 +7,15 @@ which, and the rules that differ on purpose).
 - on_layout / follow_kv / default_for: a decode config moved onto the KV layout in force (the same knobs if valid
   there, else the nearest valid config on that layout), and the family default on that layout.
 
-Imports only the standard library and kernels.space at module level (the Dispatcher uses it on the GPU machine).
+Imports only the standard library, kernels.space and kernels.profiles at module level (the Dispatcher uses it on
+the GPU machine).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from kernel_gym.kernels.profiles import follows_kv
 from kernel_gym.kernels.space import Config
 
 
@@ -39,12 +41,12 @@ def fallback_config(
     return slowest(timed, time_of) if timed else None  # type: ignore[arg-type]
 
 
-def on_layout(cfg: Config, workload: Any, page_size: int, layout: str) -> Config:
-    """A decode config moved to a KV layout: the same knobs if valid there, else the valid config on that layout
-    that differs from it in the fewest knobs (ties: the space's order)."""
+def on_layout(cfg: Config, workload: Any, page_size: int, layout: str, kernel: str = "decode_attention") -> Config:
+    """A config of a kernel whose profile follows_kv (decode) moved to a KV layout: the same knobs if valid there,
+    else the valid config on that layout that differs from it in the fewest knobs (ties: the space's order)."""
     from kernel_gym.kernels import get_family
 
-    space = get_family("decode_attention").space
+    space = get_family(kernel).space
     moved = cfg.replace(PAGE_SIZE=page_size, LAYOUT=layout)
     if space.is_valid(moved, workload):
         return moved
@@ -56,9 +58,8 @@ def on_layout(cfg: Config, workload: Any, page_size: int, layout: str) -> Config
 
 def follow_kv(kernel: str, cfg: Config, workload: Any, kv: Any) -> Config:
     """A decode config on the KV layout in force (`kv`: a traffic.KVLayout or None; nearest valid config there)."""
-    if kernel == "decode_attention" and kv is not None and (cfg["PAGE_SIZE"], cfg["LAYOUT"]) != (kv.page_size,
-                                                                                                  kv.layout):
-        return on_layout(cfg, workload, kv.page_size, kv.layout)
+    if follows_kv(kernel) and kv is not None and (cfg["PAGE_SIZE"], cfg["LAYOUT"]) != (kv.page_size, kv.layout):
+        return on_layout(cfg, workload, kv.page_size, kv.layout, kernel)
     return cfg
 
 
@@ -67,6 +68,11 @@ def default_for(kernel: str, workload: Any, kv: Any) -> Config:
     from kernel_gym.kernels import get_family
 
     cfg = get_family(kernel).default_config(workload)
-    if kernel == "decode_attention" and kv is not None:
-        cfg = on_layout(cfg, workload, kv.page_size, kv.layout)
+    if follows_kv(kernel) and kv is not None:
+        cfg = on_layout(cfg, workload, kv.page_size, kv.layout, kernel)
     return cfg
+
+
+def kv_key(kernel: str, kv: Any) -> Any:
+    """The KV layout as part of a chooser's memo key: the layout for kernels that follow it, else None."""
+    return kv if follows_kv(kernel) else None

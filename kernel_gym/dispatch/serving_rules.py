@@ -19,33 +19,30 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kernel_gym.dispatch.catalogue import WorkloadReference, build_catalogue, measure_reference
-from kernel_gym.dispatch.rules import fallback_config
-from kernel_gym.kernels import get_family
+from kernel_gym.dispatch.rules import fallback_config, fastest, follows_kv, kv_key
+from kernel_gym.kernels import get_family, profiles
+from kernel_gym.kernels.profiles import half_octave  # noqa: F401 - re-exported (serving_export)
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure import resolve_backend
 from kernel_gym.measure.coverage import CoveredBackend, cover
 from kernel_gym.measure.types import is_estimated
-from kernel_gym.traffic.simulator import KERNELS, KVLayout
+from kernel_gym.traffic.simulator import DEFAULT_KV, KERNELS, KVLayout
 from kernel_gym.traffic.windows import resolve_model, resolve_trace, run_windows
 
-DEFAULT_KV = KVLayout(16, "NHD")
 TABLE_SIZES = (1, 2, 4)  # compact tables: at most this many distinct configs (fewer compiles)
 
 # ---- shape buckets ------------------------------------------------------------------------------------------------
 
-def half_octave(x: float) -> float:
-    """log2(x) rounded to half steps (x below 1 counts as 1): a bucket coordinate of a size axis."""
-    return round(2.0 * math.log2(max(float(x), 1.0))) / 2.0
+def _fastest_of(timed: Sequence[tuple[float, Config]]) -> Config:
+    """The oracle's pick (rules.fastest) among (time, config) pairs: the lowest time, ties to the first."""
+    times = {c: t for t, c in timed}
+    return fastest([c for _, c in timed], times.__getitem__)
 
 
 def bucket_of(kernel: str, workload: Any) -> tuple[float, ...]:
-    """Coordinates of a workload's bucket: half-octave steps of the size axes the recorded backend interpolates on."""
-    h = half_octave
-    if kernel == "prefill_attention":
-        return (h(workload.causal_pairs()),)
-    if kernel == "decode_attention":
-        return (h(workload.batch), h(workload.context_len))
-    return (h(workload.num_tokens), round(float(workload.skew) * 4.0) / 4.0)
+    """Coordinates of a workload's bucket (its profile's serving_bucket): half-octave steps of the size axes the
+    recorded backend interpolates on."""
+    return profiles.profile(kernel).serving_bucket(workload)
 
 
 # ---- dispatch rules -----------------------------------------------------------------------------------------------
@@ -77,7 +74,7 @@ class DispatchRule:
         if c is None:
             if not self.table:
                 c = get_family(self.kernel).default_config(workload)
-                if self.kernel == "decode_attention":
+                if follows_kv(self.kernel):
                     c = c.replace(PAGE_SIZE=self.kv.page_size, LAYOUT=self.kv.layout)
             else:
                 c = self.config_at(bucket_of(self.kernel, workload))
@@ -241,21 +238,21 @@ class _RuleChooser:
 
     def _resolve(self, rule: DispatchRule, kernel: str, workload: Any, kv: KVLayout) -> Config:
         c = rule.choose(workload)
-        if kernel == "decode_attention" and (c.get("PAGE_SIZE") != kv.page_size or c.get("LAYOUT") != kv.layout):
+        if follows_kv(kernel) and (c.get("PAGE_SIZE") != kv.page_size or c.get("LAYOUT") != kv.layout):
             c = c.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
         if get_family(kernel).space.is_valid(c, workload) and self.answers.time_ms(kernel, workload, c) is not None:
             return c
         self.fallbacks += 1
         space = get_family(kernel).space
         d = get_family(kernel).default_config(workload)
-        if kernel == "decode_attention":
+        if follows_kv(kernel):
             d = d.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
 
         def time_of(cfg: Config) -> float | None:
             return self.answers.time_ms(kernel, workload, cfg) if space.is_valid(cfg, workload) else None
 
         chosen = fallback_config(d, time_of, lambda: [c for _, c in self.answers.ranked(
-            kernel, workload, kv if kernel == "decode_attention" else None)])
+            kernel, workload, kv_key(kernel, kv))])
         if chosen is None:
             raise RuntimeError(
                 f"backend {getattr(self.answers.backend, 'name', '?')!r} has no ok config for {kernel} on "
@@ -279,7 +276,7 @@ class OracleChooser:
         key = (kernel, workload, kv)
         hit = self._memo.get(key)
         if hit is None:
-            ranked = self.answers.ranked(kernel, workload, kv if kernel == "decode_attention" else None)
+            ranked = self.answers.ranked(kernel, workload, kv_key(kernel, kv))
             if not ranked:
                 raise RuntimeError(f"oracle: backend has no ok config for {kernel} on {workload.key()} ({kv})")
             t, c = ranked[0]
@@ -379,7 +376,8 @@ def build_serving_catalogue(
         refs = [r for _, r in pairs]
         wts = [weight[b] for b in bks]
         cand = build_catalogue(kernel, refs, near, max_configs).configs
-        if kernel == "decode_attention":
+        on_kv = follows_kv(kernel)
+        if on_kv:
             layouts = sorted({KVLayout(int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for r in refs for c in r.times},
                              key=lambda kv: (kv.page_size, kv.layout))
 
@@ -397,15 +395,15 @@ def build_serving_catalogue(
             chosen_kvs = [DEFAULT_KV]
         for kv in chosen_kvs:
             match = (lambda c, kv=kv: c.get("PAGE_SIZE") == kv.page_size and c.get("LAYOUT") == kv.layout) \
-                if kernel == "decode_attention" else (lambda c: True)
-            tag = f"@{kv.page_size}{kv.layout}" if kernel == "decode_attention" else ""
-            if kernel == "decode_attention" and kv != DEFAULT_KV:
+                if on_kv else (lambda c: True)
+            tag = f"@{kv.page_size}{kv.layout}" if on_kv else ""
+            if on_kv and kv != DEFAULT_KV:
                 kernel_rules.append(DispatchRule(kernel, f"default{tag}", {}, kv))
             oracle_table: dict[tuple[float, ...], Config] = {}
             for b, r in zip(bks, refs):
                 ok = [(t, c) for c, t in r.times.items() if match(c)]
                 if ok:
-                    oracle_table[b] = min(ok, key=lambda tc: tc[0])[1]
+                    oracle_table[b] = _fastest_of(ok)
             if not oracle_table:
                 continue
             kernel_rules.append(DispatchRule(kernel, f"oracle_table{tag}", oracle_table, kv))
@@ -418,7 +416,7 @@ def build_serving_catalogue(
                 for b, r in zip(bks, refs):
                     ok = [(r.times[c], c) for c in sel if c in r.times]
                     if ok:
-                        table[b] = min(ok, key=lambda tc: tc[0])[1]
+                        table[b] = _fastest_of(ok)
                 if table and set(table.values()) != set(oracle_table.values()):
                     kernel_rules.append(DispatchRule(kernel, f"table{k}{tag}", table, kv))
         rules[kernel] = kernel_rules

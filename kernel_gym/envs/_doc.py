@@ -41,7 +41,7 @@ COMMON = """
       each reset's observation (decode: batch and context; MoE: tokens; prefill: every sequence length, scaled
       together), the reward still that of the exact
       workload; it rewards configs that win across neighbouring grid points, which is what held-out shapes between
-      them need (`kernel-gym train` sets it per env: `policies/train.py` OBS_JITTER). For MoE (`JITTER_MASKS`) the
+      them need (`kernel-gym train` sets it per env: the profile's `obs_jitter`). For MoE (profile `jitter_mask`) the
       action mask also drops the entries the knob space rejects at the moved workload, so near a rule's boundary
       (the fused top-k sum's 96-token limit) the policy learns what is best without the rejected configs.
 

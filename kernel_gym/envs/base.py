@@ -19,12 +19,14 @@ from kernel_gym.dispatch.catalogue import (
     MAX_CATALOGUE,
     Catalogue,
     WorkloadReference,
+    action_mask,
     build_catalogue,
     measure_reference,
+    rule_mask,
     split_references,
 )
 from kernel_gym.dispatch.observation import CLIP, encode, feature_names, observe, raw_features
-from kernel_gym.kernels import get_family
+from kernel_gym.kernels import get_family, profiles
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import model_workloads
 from kernel_gym.measure import resolve_backend
@@ -34,18 +36,12 @@ FAILURE_PENALTY = -1.0
 PROFILES = ("grid", "eval", "small")
 # obs_jitter: per kernel, the workload axes it moves: a workload field and the raw features (log2 units) that move with
 # it, each with its slope (prefill: every length scaled by 2^d moves the causal pairs by 2^(2d))
-JITTER_AXES: dict[str, tuple[tuple[str, tuple[tuple[str, float], ...]], ...]] = {
-    "decode_attention": (("batch", (("log2_batch", 1.0),)), ("context_len", (("log2_context", 1.0),))),
-    "fused_moe": (("num_tokens", (("log2_tokens", 1.0), ("log2_slots_per_expert", 1.0))),),
-    "prefill_attention": (
-        ("seq_lens", (("log2_total_tokens", 1.0), ("log2_max_len", 1.0), ("log2_causal_pairs", 2.0))),
-    ),
-}
-# obs_jitter: kernels whose action mask follows the jittered observation (the knob space's rules applied at the moved
-# workload too). Measured on the recorded H200 data (docs/agent.md): MoE held-out 0.963 -> 0.987 (the fused top-k
-# sum's 96-token limit); decode held-out unchanged (0.95) but its replayed kernel time up to 8.5% slower (its split
-# rules track the grid size, and a mask moving with a factor-2 jitter blurs what the policy learns at exact batches).
-JITTER_MASKS = frozenset({"fused_moe"})
+# (each profile's jitter_axes, kernels/profiles.py)
+# obs_jitter: kernels whose action mask follows the jittered observation (profile jitter_mask: the knob space's rules
+# applied at the moved workload too). Measured on the recorded H200 data (docs/agent.md): MoE held-out 0.963 -> 0.987
+# (the fused top-k sum's 96-token limit); decode held-out unchanged (0.95) but its replayed kernel time up to 8.5%
+# slower (its split rules track the grid size, and a mask moving with a factor-2 jitter blurs what the policy learns
+# at exact batches).
 SPLITS = ("train", "heldout", "all")
 
 
@@ -112,16 +108,19 @@ class KernelConfigEnv(gym.Env):
         catalogue_depth: int = 2,
         obs_jitter: float = 0.0,
         render_mode: str | None = None,
+        kernel: str | None = None,
     ) -> None:
+        if kernel is not None:  # a family without an env class of its own (its KERNEL_ENVS line passes it)
+            self.kernel = kernel
         if split not in SPLITS:
             raise ValueError(f"split {split!r} is not one of {list(SPLITS)}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode {render_mode!r} is not one of {self.metadata['render_modes']}")
         if not math.isfinite(obs_jitter) or obs_jitter < 0:
             raise ValueError(f"obs_jitter must be >= 0 (a standard deviation in log2 units), got {obs_jitter}")
-        if obs_jitter and not JITTER_AXES.get(self.kernel):
-            raise ValueError(f"obs_jitter={obs_jitter}: {self.kernel} has no workload axes to jitter (JITTER_AXES); "
-                             "use 0")
+        if obs_jitter and not profiles.profile(self.kernel).jitter_axes:
+            raise ValueError(f"obs_jitter={obs_jitter}: {self.kernel} has no workload axes to jitter (its profile's "
+                             "jitter_axes); use 0")
         self.render_mode = render_mode
         self.obs_jitter = float(obs_jitter)
         self.family = get_family(self.kernel)
@@ -169,10 +168,7 @@ class KernelConfigEnv(gym.Env):
         self._last: dict[str, Any] = {}
 
     def _mask(self, ref: WorkloadReference) -> np.ndarray:
-        space, w = self.family.space, ref.workload
-        return np.array(
-            [c in ref.available and space.is_valid(c, w) for c in self.catalogue.configs], dtype=bool
-        ) | np.array([c == ref.default and c in ref.times for c in self.catalogue.configs], dtype=bool)
+        return action_mask(self.family.space, self.catalogue.configs, ref)
 
     @property
     def workload(self) -> Any:
@@ -201,26 +197,26 @@ class KernelConfigEnv(gym.Env):
         (log2 units), one draw per axis. Training only: the reward still comes from the exact workload, so a config
         that wins across neighbouring grid points earns more than one that wins on a single point, and the learned
         decision regions reach between grid points instead of flipping at arbitrary places there (held-out shapes lie
-        between). For the kernels in JITTER_MASKS the mask follows the observation: entries the knob space rejects at
-        the moved workload are masked too, so the choice the policy learns where a rule switches a config off (the
-        fused top-k sum above 96 tokens) is the one that is best at the exact neighbours it was trained on."""
+        between). For the kernels whose profile has jitter_mask the mask follows the observation: entries the knob space
+        rejects at the moved workload are masked too, so the choice the policy learns where a rule switches a config off
+        (the fused top-k sum above 96 tokens) is the one that is best at the exact neighbours it was trained on."""
         index = self._index
         if not self.obs_jitter:
             return self._obs[index].copy(), self.masks[index]
         workload = self.references[index].workload
         raw = raw_features(workload)
         scale = {}  # workload field -> factor it moved by
-        for field_name, moves in JITTER_AXES.get(self.kernel, ()):
+        for field_name, moves in profiles.profile(self.kernel).jitter_axes:
             delta = float(self.np_random.normal(0.0, self.obs_jitter))
             for name, slope in moves:
                 raw[name] += slope * delta
             scale[field_name] = 2.0 ** delta
         obs = encode(self.kernel, raw)
-        if self.kernel not in JITTER_MASKS:
+        if not profiles.profile(self.kernel).jitter_mask:
             return obs, self.masks[index]
         moved = dataclasses.replace(workload, **{f: max(1, round(getattr(workload, f) * x)) for f, x in scale.items()})
         space = self.family.space
-        mask = self.masks[index] & np.array([space.is_valid(c, moved) for c in self.catalogue.configs])
+        mask = self.masks[index] & rule_mask(space, self.catalogue.configs, moved)
         return obs, (mask if mask.any() else self.masks[index])
 
     def step(self, action: Any):

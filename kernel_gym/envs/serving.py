@@ -23,6 +23,7 @@ from kernel_gym.dispatch.serving_rules import (
     _RuleChooser,
     build_serving_catalogue,
 )
+from kernel_gym.kernels.profiles import follows_kv
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure import resolve_backend
 from kernel_gym.measure.coverage import cover
@@ -255,7 +256,7 @@ class ServingEnv(gym.Env):
     def apply_rules(self, rules: dict[str, DispatchRule]) -> float:
         """Put rules in force (switching the KV layout if the decode rule's differs). Returns the re-layout stall."""
         relayout = 0.0
-        kv = rules["decode_attention"].kv
+        kv = next(r.kv for k, r in rules.items() if follows_kv(k))  # the decode rule's layout
         if kv != self.sim.kv_layout:
             relayout = self.sim.set_kv_layout(kv.page_size, kv.layout)
         self.chooser.rules = dict(rules)

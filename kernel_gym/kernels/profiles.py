@@ -1,9 +1,9 @@
 """One profile per kernel family: every per-kernel table the floors above read, in one record.
 
-A family is its module (`kernels/<name>.py`, `FAMILY`), its profile here and its env line (`envs.KERNEL_ENVS`);
-nothing else names it. The floors look a kernel's facts up with `profile(name)` instead of comparing its name with a
-string: its store version, workload type, observation features, interpolation, dispatch and export axes, jitter
-axes, step-log columns, whether its configs live on the paged KV cache's layout.
+A family is its module (`kernels/<name>.py`, `FAMILY`), its profile here and its env line (`envs.KERNEL_ENVS`).
+The floors look a kernel's facts up with `profile(name)` instead of comparing its name with a string: its store
+version, workload type, observation features, interpolation, dispatch and export axes, jitter axes, step-log
+columns, whether its configs live on the paged KV cache's layout.
 
 Why this file is apart from the family modules: it is data about how the rest of kernel_gym treats a kernel, so it
 changes without touching what is measured (the store keys on `version`, bumped by hand when a change to the family
@@ -65,13 +65,20 @@ class KernelProfile:
     small_workload: Callable[[Mapping[str, Any]], Any] | None = None  # small inputs of a table's shape (precompile)
     export_grid: Callable[[], tuple[list[float], list[float]]] | None = None  # the exported bucket centers
     step_log_columns: tuple[str | None, str | None] = (None, None)  # per dispatch axis: the step-log column
+    tuning_key: Callable[[Any], tuple] | None = None  # what an autotuner keys on (the search baselines)
+    serving_bucket: Callable[[Any], tuple[float, ...]] | None = None  # Serving-v0 rule tables' half-octave bucket
+    # an exported Serving-v0 rule table: bucket of grid cell (i, j) centred at (a, b) on the axes of serving_skews
+    serving_cell: Callable[[int, int, float, float], tuple[float, ...]] | None = None
+    serving_skews: bool = False  # its exported rule table's second axis is skew quarters (else a log axis)
     jitter_axes: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # obs_jitter: field, moved features
     jitter_mask: bool = False  # the action mask follows the jittered observation
     obs_jitter: float | None = None  # training's default obs_jitter (log2 units)
     reads_kv: bool = False  # its configs carry the paged KV cache's PAGE_SIZE and LAYOUT: run on the layout in force
     follows_kv: bool = False  # choosers move its configs onto the layout in force (dispatch.rules.on_layout)
-    env_id: str = ""  # the Gymnasium id training on it (recorded backend)
     moe: bool = False  # a fused-MoE layer (MoEWorkload): routing skew, expert weights
+    # the kernel whose time the serving simulator charges where the data cannot time this kernel's call (prefix
+    # chunks: prefill attention); replay then never falls back to another of its configs (policies/replay.py)
+    stand_in: str = ""
 
     @property
     def store_key(self) -> str:
@@ -126,6 +133,18 @@ def names(**where: Any) -> tuple[str, ...]:
     return tuple(n for n, p in PROFILES.items() if all(getattr(p, k) == v for k, v in where.items()))
 
 
+def reads_kv(kernel: str) -> bool:
+    """Whether a kernel's configs carry the paged KV cache's PAGE_SIZE and LAYOUT (decode, prefix_prefill)."""
+    p = PROFILES.get(kernel)
+    return p is not None and p.reads_kv
+
+
+def follows_kv(kernel: str) -> bool:
+    """Whether choosers move a kernel's configs onto the KV layout in force (decode: its table records the layout)."""
+    p = PROFILES.get(kernel)
+    return p is not None and p.follows_kv
+
+
 def canonical_key(kernel: str, stored: str) -> str:
     """A stored source_hash value as this checkout keys it (legacy hashes map to versions; unknown kernels stay)."""
     p = PROFILES.get(kernel)
@@ -137,8 +156,9 @@ def canonical_key(kernel: str, stored: str) -> str:
 _WL = "kernel_gym.kernels.workloads"
 
 
-def _log2(x: float) -> float:
-    return math.log2(x)
+def half_octave(x: float) -> float:
+    """log2(x) rounded to half octaves (x < 1 counts as 1): Serving-v0's rule-table buckets."""
+    return round(2.0 * math.log2(max(float(x), 1.0))) / 2.0
 
 
 def _attention_extra(lens_field: str, prefix: bool) -> Callable[[Any], dict[str, float]]:
@@ -159,6 +179,13 @@ def _moe_extra(w: Any) -> dict[str, float]:
 
 def _decode_extra(w: Any) -> dict[str, float]:
     return {"log2_num_kv_heads": math.log2(w.num_kv_heads), "log2_head_dim": math.log2(w.head_dim)}
+
+
+def packed_pairs(total: int, max_len: int) -> int:
+    """Causal pairs of a prefill bucket's representative batch (prefill_lens), without building the batch."""
+    m = max(1, min(int(max_len), int(total)))
+    k, r = divmod(int(total), m)
+    return k * m * (m + 1) // 2 + r * (r + 1) // 2
 
 
 def prefill_lens(total: int, max_len: int) -> tuple[int, ...]:
@@ -252,11 +279,14 @@ register(KernelProfile(
     cell_workload=_moe_cell,
     small_workload=lambda f: _moe_cell(f, 64, 0.0),
     export_grid=_grid("moe_tokens", "skews"),
+    tuning_key=lambda w: (w.num_tokens,),  # routing is invisible to an autotuner's key
+    serving_bucket=lambda w: (half_octave(w.num_tokens), round(float(w.skew) * 4.0) / 4.0),
+    serving_cell=lambda i, j, a, b: (i / 2.0, b),
+    serving_skews=True,
     step_log_columns=("num_tokens", "skew"),
     jitter_axes=(("num_tokens", (("log2_tokens", 1.0), ("log2_slots_per_expert", 1.0))),),
     jitter_mask=True,
     obs_jitter=0.5,
-    env_id="KernelGym/MoE-v0",
     moe=True,
 ))
 
@@ -286,12 +316,14 @@ register(KernelProfile(
     cell_workload=_decode_cell,
     small_workload=lambda f: _decode_cell(f, 4, 512),
     export_grid=_grid("decode_batches", "decode_contexts"),
+    tuning_key=lambda w: (w.batch, w.context_len),
+    serving_bucket=lambda w: (half_octave(w.batch), half_octave(w.context_len)),
+    serving_cell=lambda i, j, a, b: (i / 2.0, j / 2.0),
     step_log_columns=("decode_batch", "mean_context"),
     jitter_axes=(("batch", (("log2_batch", 1.0),)), ("context_len", (("log2_context", 1.0),))),
     obs_jitter=0.5,
     reads_kv=True,
     follows_kv=True,
-    env_id="KernelGym/DecodeAttention-v0",
 ))
 
 register(KernelProfile(
@@ -323,11 +355,14 @@ register(KernelProfile(
     small_workload=lambda f: resolve(f"{_WL}:PrefillWorkload")(f["num_heads"], f["num_kv_heads"], f["head_dim"],
                                                                (256,), f.get("dtype", "bfloat16")),
     export_grid=_grid("prefill", "prefill"),
+    # next powers of two of (total, longest): varlen kernels key on maxima
+    tuning_key=lambda w: (1 << (sum(w.seq_lens) - 1).bit_length(), 1 << (max(w.seq_lens) - 1).bit_length()),
+    serving_bucket=lambda w: (half_octave(w.causal_pairs()),),
+    serving_cell=lambda i, j, a, b: (half_octave(packed_pairs(round(a), round(b))),),
     step_log_columns=("prefill_tokens", None),
     # every length scaled by 2^d moves the causal pairs by 2^(2d)
     jitter_axes=(("seq_lens", (("log2_total_tokens", 1.0), ("log2_max_len", 1.0), ("log2_causal_pairs", 2.0))),),
     obs_jitter=1.0,
-    env_id="KernelGym/PrefillAttention-v0",
 ))
 
 register(KernelProfile(
@@ -371,5 +406,5 @@ register(KernelProfile(
                                 (2.0, 2.0), _prefix_shape),
     fixed_fields=HEADS,
     reads_kv=True,
-    env_id="KernelGym/PrefixPrefill-v0",
+    stand_in="prefill_attention",
 ))

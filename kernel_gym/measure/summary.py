@@ -79,16 +79,14 @@ def dataset_summary(path: str | Path | None = None, coverage: bool = True,
     }
 
 
-SHAPE_FIELDS = {"fused_moe": ("num_experts", "top_k", "hidden", "intermediate"),
-                "decode_attention": ("num_heads", "num_kv_heads", "head_dim")}
-
-
 def zoo_models_with_rows(workloads: dict[str, Any]) -> list[str]:
-    """The zoo models (kernel_gym/zoo.py, built-ins included) with stored MoE or decode rows at any of their
-    tensor-parallel shards' shapes."""
+    """The zoo models (kernel_gym/zoo.py, built-ins included) with stored rows, of a kernel the zoo is measured for
+    (MoE, decode), at any of their tensor-parallel shards' shapes (the kernel profile's fixed fields)."""
     from kernel_gym import zoo
+    from kernel_gym.kernels.profiles import profile
     from kernel_gym.measure.worker import resolve_family, workload_from_key
 
+    SHAPE_FIELDS = {k: profile(k).fixed_fields for k in zoo.TEST_MODELS}  # noqa: N806
     shapes: set[tuple[str, tuple]] = set()
     for kernel, fields in SHAPE_FIELDS.items():
         if kernel in workloads:

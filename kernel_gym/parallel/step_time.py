@@ -21,13 +21,15 @@ heads / tp), the KV pool of the layout, configs precompiled at launch (no compil
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from kernel_gym.kernels import get_family
+from kernel_gym.dispatch.rules import fastest
+from kernel_gym.kernels import get_family, profiles
 from kernel_gym.kernels.space import Config
-from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+from kernel_gym.kernels.workloads import MoEWorkload
 from kernel_gym.measure import resolve_backend
 from kernel_gym.measure.coverage import cover
 from kernel_gym.measure.roofline import DEFAULT_VOCAB, dense_step_s, kernel_roofline, op_s
@@ -103,29 +105,30 @@ class StepPricer:
     # ---- kernels ----
 
     def _fastest(self, kernel: str, wl: Any, kv: KVLayout | None) -> tuple[Config, float, bool] | None:
-        """(config, seconds, estimated) of the fastest config the backend answers "ok" for wl."""
+        """(config, seconds, estimated) of the fastest config the backend answers "ok" for wl (the oracle's rule,
+        dispatch.rules.fastest, over the valid answered configs on the KV layout `kv`)."""
         key = (kernel, wl, kv)
         if key not in self._best:
             space = get_family(kernel).space
-            best = None
+            timed = {}
             for c in self.backend.available_configs(kernel, wl):
                 if kv is not None and (c.get("PAGE_SIZE") != kv.page_size or c.get("LAYOUT") != kv.layout):
                     continue
                 if not space.is_valid(c, wl):
                     continue
                 m = self.backend.measure(kernel, wl, c)
-                if m.ok and m.median_ms and (best is None or m.median_ms * 1e-3 < best[1]):
-                    best = (c, m.median_ms * 1e-3, is_estimated(m.source))
-            self._best[key] = best
+                if m.ok and m.median_ms:
+                    timed[c] = m
+            best = fastest(timed, lambda c: timed[c].median_ms * 1e-3) if timed else None
+            self._best[key] = None if best is None else (best, timed[best].median_ms * 1e-3,
+                                                         is_estimated(timed[best].source))
         return self._best[key]
 
     def _unsharded(self, kernel: str, wl: Any) -> Any:
         """The one-GPU shape of the same model doing the same rows: the source of an estimate."""
         s = self.spec
-        if kernel == "prefill_attention":
-            return PrefillWorkload(s.num_heads, s.num_kv_heads, s.head_dim, wl.seq_lens, wl.dtype)
-        if kernel == "decode_attention":
-            return DecodeWorkload(s.num_heads, s.num_kv_heads, s.head_dim, wl.batch, wl.context_len, wl.dtype)
+        if not profiles.profile(kernel).moe:  # attention: the model's own heads (its profile's fixed fields)
+            return replace(wl, **{f: getattr(s, f) for f in profiles.profile(kernel).fixed_fields})
         rows = wl.num_tokens * wl.top_k
         return MoEWorkload(max(1, -(-rows // s.top_k)), s.num_experts, s.top_k, s.hidden, s.intermediate, wl.skew,
                            wl.dtype)

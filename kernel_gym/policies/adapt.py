@@ -17,17 +17,18 @@ from typing import Any, Callable
 import numpy as np
 
 from kernel_gym.dispatch.dispatcher import AXES, Dispatcher, DispatchTable, KernelTable
+from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config
 from kernel_gym.traffic.simulator import _C, COMPILE_S_DEFAULT
 
 Predictor = Callable[[list[Any]], list[Config]]
 
-# kernel -> per axis: the step-log column that measures it (None: not observable from the step log)
-OBSERVED = {
-    "fused_moe": ("num_tokens", "skew"),
-    "decode_attention": ("decode_batch", "mean_context"),
-    "prefill_attention": ("prefill_tokens", None),
-}
+
+
+def observed() -> dict[str, tuple[str | None, str | None]]:
+    """kernel -> per dispatch axis, the step-log column that measures it (each profile's step_log_columns; None: not
+    observable from the step log), for the kernels with at least one."""
+    return {k: p.step_log_columns for k, p in profiles.PROFILES.items() if p.step_log_columns != (None, None)}
 
 
 @dataclass
@@ -63,7 +64,7 @@ class OnlineTuner:
         t0 = sim.clock - self.window_s
         w = log[np.searchsorted(log[:, _C["t_start"]], t0):]
         out = []
-        for kernel, cols in OBSERVED.items():
+        for kernel, cols in observed().items():
             t = self.dispatcher.table.kernels.get(kernel)
             if t is None or len(w) == 0:
                 continue
@@ -101,7 +102,7 @@ class OnlineTuner:
         return DispatchTable(kernels, old.device, old.model, old.versions, {**old.meta, "replans": len(self.replans)})
 
     def _rebuild(self, t: KernelTable, centers: list[list[float]], sim: Any) -> KernelTable:
-        from kernel_gym.policies.export import cell_workload
+        from kernel_gym.dispatch.dispatcher import cell_workload
 
         old = {(a, b): t.configs[t.cells[i * len(t.centers[1]) + j]]
                for i, a in enumerate(t.centers[0]) for j, b in enumerate(t.centers[1])}
@@ -112,7 +113,7 @@ class OnlineTuner:
             from kernel_gym.dispatch.rules import default_for
 
             chosen = [default_for(t.kernel, w, None) for w in wls]
-        if t.kernel == "decode_attention" and t.kv_layout:
+        if profiles.follows_kv(t.kernel) and t.kv_layout:
             from kernel_gym.dispatch.rules import on_layout
 
             ps, lay = t.kv_layout["page_size"], t.kv_layout["layout"]

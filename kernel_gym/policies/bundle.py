@@ -49,14 +49,14 @@ def save_bundle(folder: Path, kernel: str, meta: dict[str, Any], params: dict[st
     (cost_model.packaged(): fitted once, cached) beside a model-conditioned fused_moe policy, the one that answers
     zero-shot for models never measured; None (the default: a bundle's choices stay the policy's own unless asked)
     writes none."""
+    from kernel_gym.dispatch import cost_model as cm  # cm.KERNEL: the kernel the re-ranking cost model is fitted for
+
     folder.mkdir(parents=True, exist_ok=True)
     if cost_model == "auto":
         cost_model = None
-        if kernel == "fused_moe" and provenance.get("model_conditioned") is True:
-            from kernel_gym.dispatch import cost_model as cm
-
+        if kernel == cm.KERNEL and provenance.get("model_conditioned") is True:
             cost_model = cm.packaged()
-    if cost_model is not None and kernel == "fused_moe":
+    if cost_model is not None and kernel == cm.KERNEL:
         cost_model.save(folder)
     keep = {k: meta[k] for k in ("kernel", "configs", "activation") if k in meta}
     text = json.dumps({**keep, "provenance": provenance}, indent=1).encode()

@@ -138,7 +138,9 @@ TABLE_KERNELS = tuple(AXES)  # the kernels with dispatch axes (their profiles'),
 def absent_fix(kernel: str, model: Any) -> str:
     """How to give a left-out kernel a policy: one trained on the model's measured rows, else the model-conditioned
     policy (MoE and decode only: no zoo prefill policy exists), else measure first."""
-    env = profiles.profile(kernel).env_id or "..."
+    from kernel_gym.envs import env_id_for
+
+    env = env_id_for(kernel) or "..."
     name = getattr(model, "name", str(model))
     try:
         from kernel_gym.models import load_model

@@ -69,13 +69,14 @@ class KernelPolicyModel(PythonModel):
 
     def _rule_mask(self, workload: Any) -> np.ndarray | None:
         try:
+            from kernel_gym.dispatch.catalogue import rule_mask
             from kernel_gym.kernels import get_family
             from kernel_gym.kernels.space import Config
 
             space = get_family(self.kernel).space
         except Exception:  # noqa: BLE001 - kernel_gym (or triton) absent: fall back to stored masks
             return None
-        return np.array([space.is_valid(Config(c), workload) for c in self.meta["configs"]], dtype=bool)
+        return rule_mask(space, [Config(c) for c in self.meta["configs"]], workload)
 
     def _mask(self, key: str | None, workload: Any, obs: np.ndarray) -> tuple[np.ndarray, str]:
         if key is not None and key in self.known_masks:

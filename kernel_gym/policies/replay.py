@@ -29,19 +29,32 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kernel_gym.dispatch.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy, make_baselines
+from kernel_gym.dispatch.rules import fastest
+from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.coverage import CoveredBackend
 from kernel_gym.measure.types import MEASURED_SOURCES, is_estimated  # noqa: F401 - MEASURED_SOURCES re-exported
 from kernel_gym.policies.replay_report import log_mlflow, markdown, write_outputs
-from kernel_gym.traffic.simulator import KERNELS, BackendTimer, KVLayout, SimResult, Simulator
+from kernel_gym.traffic.simulator import DEFAULT_KV, KERNELS, BackendTimer, KVLayout, SimResult, Simulator
 
 POLICY_NAMES = ("default", "static", "vllm-table", "autotune", "random", "tpe", "learned", "oracle")
 METRICS = ("tokens_per_s", "tuned_kernel_s", "tuned_kernel_s_same_traffic", "tuning_gpu_s", "ttft_p50_s",
            "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
 
-CHOSEN_KERNELS = (*KERNELS, "prefix_prefill")  # the simulator's three, plus its prefix chunks ("auto"/"prefix")
-ON_KV = ("decode_attention", "prefix_prefill")  # kernels that read the paged KV cache: configs on its layout only
+# the simulator's three, plus the kernels it charges a stand-in for when untimed (prefix chunks: "auto"/"prefix")
+CHOSEN_KERNELS = (*KERNELS, *[k for k, p in profiles.PROFILES.items() if p.stand_in and k not in KERNELS])
+
+
+def _stands_in(kernel: str) -> bool:
+    p = profiles.get(kernel)
+    return p is not None and bool(p.stand_in)
+
+
+def _on_layout_only(kernel: str) -> bool:
+    """A kernel whose configs carry the KV layout but which choosers do not move onto it (prefix_prefill): its
+    candidates are the configs on the layout in force (decode's are moved there: rules.follow_kv)."""
+    return profiles.reads_kv(kernel) and not profiles.follows_kv(kernel)
 
 
 class GuardedChooser:
@@ -118,7 +131,7 @@ class GuardedChooser:
     def available(self, kernel: str, workload: Any, kv: KVLayout) -> list[Config]:
         """Configs the data holds for the workload: listed by the backend, valid by the family's rules, on the KV
         layout in force (decode). Availability only: no time is read, so the learned path stays zero-measurement."""
-        key = (kernel, workload, kv if kernel in ON_KV else None)
+        key = (kernel, workload, kv if profiles.reads_kv(kernel) else None)
         out = self._avail.get(key)
         if out is None:
             from kernel_gym.kernels import get_family
@@ -133,8 +146,8 @@ class GuardedChooser:
     def resolve(self, kernel: str, workload: Any, kv: KVLayout) -> tuple[Config, float, bool]:
         """(config served, its time in s, whether that time is estimated rather than measured): the policy's choice
         (inside the available configs when the policy takes a mask), or the fallback when the backend cannot time it."""
-        if kernel == "prefix_prefill":
-            return self._resolve_prefix(workload, kv)
+        if _stands_in(kernel):
+            return self._resolve_stand_in(kernel, workload, kv)
         if self._within is not None:
             cfg = self._within(kernel, workload, kv, self.available(kernel, workload, kv))
         else:
@@ -159,7 +172,7 @@ class GuardedChooser:
             def time_of(c: Config) -> float | None:
                 return self._oracle.time_ms(kernel, workload, c)
 
-            if kernel == "prefix_prefill":
+            if _on_layout_only(kernel):
                 cands: Callable[[], list[Config]] = lambda: self.available(kernel, workload, kv)  # noqa: E731
             else:
                 cands = lambda: self._oracle.candidates(kernel, workload, kv)  # noqa: E731
@@ -177,7 +190,7 @@ class GuardedChooser:
         from kernel_gym.dispatch.rules import default_for
 
         cfg = default_for(kernel, workload, kv)
-        if kernel == "prefix_prefill" and kv is not None:
+        if _on_layout_only(kernel) and kv is not None:
             from kernel_gym.kernels import get_family
 
             moved = cfg.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
@@ -185,8 +198,7 @@ class GuardedChooser:
                 return moved
         return cfg
 
-    def _resolve_prefix(self, workload: Any, kv: KVLayout) -> tuple[Config, float, bool]:
-        kernel = "prefix_prefill"
+    def _resolve_stand_in(self, kernel: str, workload: Any, kv: KVLayout) -> tuple[Config, float, bool]:
         memo = (kernel, workload, kv)
         hit = self._ok.get(memo)
         if hit is not None:
@@ -206,7 +218,7 @@ class GuardedChooser:
         if kv is not None and (cfg.get("PAGE_SIZE"), cfg.get("LAYOUT")) != (kv.page_size, kv.layout):
             self.layout_fallbacks += 1
             if getattr(self.policy, "name", "") == "oracle":
-                cfg = min(timed, key=lambda c: self._oracle.time_ms(kernel, workload, c))
+                cfg = fastest(timed, lambda c: self._oracle.time_ms(kernel, workload, c))
             else:
                 cfg = cfg.replace(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout)
         hit = self._ok[memo] = self._timed(kernel, workload, kv, cfg)
@@ -246,7 +258,7 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
                record_steps: int = 0, **sim_kw: Any) -> PolicyRun:
     """Replay the trace under one policy; metrics include the issue's set plus stalls, fallbacks and switches."""
     guard = GuardedChooser(policy, backend, model.num_layers, record_steps)
-    kv = getattr(policy, "kv_layout", None) or KVLayout(16, "NHD")
+    kv = getattr(policy, "kv_layout", None) or DEFAULT_KV
     sim = Simulator(model, trace, BackendTimer(backend), guard, routing, kv_layout=kv, **sim_kw)
     guard.sim = sim
     if hasattr(policy, "attach"):
@@ -316,9 +328,9 @@ def same_traffic(runs: dict[str, PolicyRun], reference: str = "oracle") -> None:
     # The paged-prefix kernel's data is dense on 16-token NHD pages only: where a policy's KV layout leaves some
     # prefix call untimed, every policy is priced without the prefix calls instead (said in the metrics), so the
     # comparison stays on identical workloads for all of them.
-    without_prefix = {kw: n for kw, n in calls.items() if kw[0] != "prefix_prefill"}
+    without_prefix = {kw: n for kw, n in calls.items() if not _stands_in(kw[0])}
     for attempt in (calls, without_prefix):
-        priced = {name: r.guard.price(attempt, r.kv or KVLayout(16, "NHD")) if r.guard is not None else None
+        priced = {name: r.guard.price(attempt, r.kv or DEFAULT_KV) if r.guard is not None else None
                   for name, r in runs.items()}
         if all(v is not None for v in priced.values()) or len(attempt) == len(without_prefix):
             break
@@ -326,7 +338,7 @@ def same_traffic(runs: dict[str, PolicyRun], reference: str = "oracle") -> None:
         if priced[name] is not None:
             r.metrics["tuned_kernel_s_same_traffic"] = priced[name]
             if attempt is without_prefix and len(without_prefix) < len(calls):
-                r.metrics["same_traffic_excludes"] = "prefix_prefill"
+                r.metrics["same_traffic_excludes"] = ",".join(sorted({kw[0] for kw in calls if _stands_in(kw[0])}))
 
 
 def report(trace_name: str, model_name: str, runs: dict[str, PolicyRun], extra: dict[str, Any] | None = None) -> dict:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from kernel_gym.traffic.simulator import _C, SimResult
+from kernel_gym.traffic.simulator import _C, KERNELS, SimResult
 
 if TYPE_CHECKING:
     from kernel_gym.policies.replay import PolicyRun
@@ -88,7 +88,7 @@ def estimate_note(rep: dict[str, Any]) -> str:
     who = "learned" if "learned" in high else next(iter(high))
     m = pols[who]
     parts = {k: m.get(f"tuned_kernel_s.{k}", 0.0) * m.get(f"estimated_share.{k}", 0.0)
-             for k in ("prefill_attention", "decode_attention", "fused_moe")}
+             for k in KERNELS}
     top = max(parts, key=parts.__getitem__)
     where = (f"; the largest estimated part of {who}'s is {top}: {parts[top]:.0f} of its "
              f"{m.get('tuned_kernel_s', 0.0):.0f} s" if parts[top] > 0 else "")
@@ -104,7 +104,7 @@ def _estimated(m: dict[str, Any]) -> str:
     if "estimated_share" not in m:
         return "-"
     parts = "/".join(f"{100 * m.get(f'estimated_share.{k}', 0.0):.0f}%"
-                     for k in ("prefill_attention", "decode_attention", "fused_moe"))
+                     for k in KERNELS)
     return f"{100 * m['estimated_share']:.1f}% ({parts})"
 
 

@@ -304,7 +304,9 @@ class SafePolicy:
         obs = observation.observe(workload)
         mask = self.known_masks.get(workload.key())
         if mask is None:
-            mask = np.array([self.family.space.is_valid(c, workload) for c in self.configs], dtype=bool)
+            from kernel_gym.dispatch.catalogue import rule_mask
+
+            mask = rule_mask(self.family.space, self.configs, workload)
             if not mask.any() and self.known_obs:
                 near = min(self.known_obs, key=lambda k: float(np.sum((self.known_obs[k] - obs) ** 2)))
                 mask = self.known_masks[near]

@@ -28,7 +28,8 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from kernel_gym.dispatch.dispatcher import DispatchTable, KernelTable
-from kernel_gym.dispatch.serving_rules import DispatchRule, ServingCatalogue, half_octave
+from kernel_gym.dispatch.serving_rules import DispatchRule, ServingCatalogue
+from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config
 from kernel_gym.policies.export import DEFAULT_DEVICE, cell_workload, fixed_dims, versions
 from kernel_gym.traffic.simulator import KERNELS
@@ -41,19 +42,10 @@ SKEW_MAX = 4.0  # MoE skew axis: 0 to SKEW_MAX in quarters (traffic.routing.effe
 def rule_grid(kernel: str) -> tuple[list[float], list[float]]:
     """The bucket centers per axis of an exported rule: one per bucket_of bucket (see the module docstring)."""
     logs = [2.0 ** (j / 2.0) for j in range(2 * GRID_MAX_LOG2 + 1)]
-    if kernel == "fused_moe":
-        return logs, [q / 4.0 for q in range(int(SKEW_MAX * 4) + 1)]
-    if kernel in ("decode_attention", "prefill_attention"):
-        return logs, list(logs)
-    raise ValueError(f"unknown kernel {kernel!r}: choose one of {list(KERNELS)}")
-
-
-def _packed_pairs(total: int, max_len: int) -> int:
-    """Causal pairs of the cell's representative batch: sequences of max_len tokens (capped at total) summing to
-    total (export.prefill_lens), without building the batch."""
-    m = max(1, min(int(max_len), int(total)))
-    k, r = divmod(int(total), m)
-    return k * m * (m + 1) // 2 + r * (r + 1) // 2
+    p = profiles.get(kernel)
+    if p is None or p.serving_cell is None:
+        raise ValueError(f"unknown kernel {kernel!r}: choose one of {list(KERNELS)}")
+    return logs, ([q / 4.0 for q in range(int(SKEW_MAX * 4) + 1)] if p.serving_skews else list(logs))
 
 
 def rule_kernel_table(rule: DispatchRule, model: Any, dtype: str = "bfloat16",
@@ -61,26 +53,23 @@ def rule_kernel_table(rule: DispatchRule, model: Any, dtype: str = "bfloat16",
     """The KernelTable serving `rule` for `model` (a name or ModelSpec), or None for a MoE or prefill default rule
     (the Dispatcher's answer for a kernel missing from the table is that same default)."""
     kernel = rule.kernel
-    if rule.is_default and kernel != "decode_attention":
+    if rule.is_default and not profiles.follows_kv(kernel):
         return None
     spec = resolve_model(model)
     fixed = fixed_dims(kernel, spec, dtype)
     c0, c1 = rule_grid(kernel)
+    serving_cell = profiles.profile(kernel).serving_cell
     configs: list[Config] = []
     for i, a in enumerate(c0):
         for j, b in enumerate(c1):
             if rule.is_default:  # decode: the default config on the rule's layout, the same in every cell
                 configs.append(rule.choose(cell_workload(kernel, fixed, round(a), round(b))))
-            elif kernel == "prefill_attention":
-                configs.append(rule.config_at((half_octave(_packed_pairs(round(a), round(b))),)))
-            elif kernel == "decode_attention":
-                configs.append(rule.config_at((i / 2.0, j / 2.0)))
-            else:
-                configs.append(rule.config_at((i / 2.0, b)))
+            else:  # the rule's own choice for the cell's bucket (its profile's serving_cell)
+                configs.append(rule.config_at(serving_cell(i, j, a, b)))
     unique = list(dict.fromkeys(configs))
     index = {c: n for n, c in enumerate(unique)}
     kv = None
-    if kernel == "decode_attention":
+    if profiles.follows_kv(kernel):
         kv = {"page_size": rule.kv.page_size, "layout": rule.kv.layout, "chosen_by": "the Serving-v0 rule's KV layout"}
     provenance = {"source": "KernelGym/Serving-v0", "rule": rule.name, **(policy or {})}
     return KernelTable(kernel, (c0, c1), unique, [index[c] for c in configs], fixed, provenance, kv)

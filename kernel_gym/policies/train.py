@@ -35,6 +35,7 @@ from kernel_gym.dispatch.catalogue import (
     Catalogue,
     Evaluation,
     WorkloadReference,
+    action_mask,
     best_static_config,
     build_catalogue,
     evaluate_choices,
@@ -42,13 +43,12 @@ from kernel_gym.dispatch.catalogue import (
 from kernel_gym.dispatch.observation import observe
 from kernel_gym.policies import zoo_policy
 
-# Default obs_jitter per kernel (log2 units), from held-out sweeps on the recorded H200 data (docs/agent.md): decode 0.5
-# since its grid gained batches 3, 6, 12, 24, 48 (neighbours 0.4-0.6 apart in log2 batch; 1.0 suited the powers of two:
-# 0.913 -> 0.963 then); MoE 0.5 with the mask following the jittered observation (envs/base.py JITTER_MASKS): olmoe
-# 0.963 -> 0.987 (seeds 0-2: 0.987, 0.986, 0.986; 0.962 at 1.0); prefill 1.0 on its sequence lengths since the Gluon
-# kernel's rows made the winner change with length (seeds 0-2: mixtral 0.992, 0.992, 0.985, olmoe 0.990, 0.989, 0.989;
-# 0.944-0.971 without).
-OBS_JITTER = {"decode_attention": 0.5, "fused_moe": 0.5, "prefill_attention": 1.0}
+# Default obs_jitter per kernel (log2 units; each profile's obs_jitter, kernels/profiles.py), from held-out sweeps on
+# the recorded H200 data (docs/agent.md): decode 0.5 since its grid gained batches 3, 6, 12, 24, 48 (neighbours 0.4-0.6
+# apart in log2 batch; 1.0 suited the powers of two: 0.913 -> 0.963 then); MoE 0.5 with the mask following the jittered
+# observation (profile jitter_mask): olmoe 0.963 -> 0.987 (seeds 0-2: 0.987, 0.986, 0.986; 0.962 at 1.0); prefill 1.0 on
+# its sequence lengths since the Gluon kernel's rows made the winner change with length (seeds 0-2: mixtral 0.992,
+# 0.992, 0.985, olmoe 0.990, 0.989, 0.989; 0.944-0.971 without).
 
 
 @dataclass
@@ -79,8 +79,8 @@ class TrainArgs:
     catalogue_depth: int = 2
     """Catalogue: also add each training workload's this many fastest configs (spares where a winner is unmeasured)."""
     obs_jitter: float = -1.0
-    """Training observations: Gaussian noise (std, log2 units) on the workload axes (envs/base.py JITTER_AXES);
-    -1: the kernel's default in OBS_JITTER."""
+    """Training observations: Gaussian noise (std, log2 units) on the workload axes (the profile's jitter_axes);
+    -1: the kernel's default (its profile's obs_jitter)."""
     learning_rate: float = 1e-3
     """Adam learning rate."""
     n_envs: int = 8
@@ -150,7 +150,11 @@ class TrainArgs:
 
     @property
     def resolved_obs_jitter(self) -> float:
-        return OBS_JITTER.get(self.kernel, 0.0) if self.obs_jitter < 0 else self.obs_jitter
+        if self.obs_jitter >= 0:
+            return self.obs_jitter
+        from kernel_gym.kernels.profiles import profile
+
+        return profile(self.kernel).obs_jitter or 0.0
 
     @property
     def short(self) -> str:
@@ -270,10 +274,7 @@ def policy_chooser(model: Any, catalogue: Catalogue, space: Any) -> Any:
     config when no catalogue entry is valid and available for the workload (what a dispatcher falls back to)."""
 
     def choose(ref: WorkloadReference):
-        mask = np.array(
-            [(c in ref.available and space.is_valid(c, ref.workload)) or (c == ref.default and c in ref.times)
-             for c in catalogue.configs], dtype=bool,
-        )
+        mask = action_mask(space, catalogue.configs, ref)
         if not mask.any():
             return ref.default
         action, _ = model.predict(observe(ref.workload), action_masks=mask, deterministic=True)
@@ -302,9 +303,8 @@ def random_policy_geomean(data: PreparedData, on: str = "heldout", samples: int 
     refs = data.heldout if on == "heldout" else data.train
     logs = []
     for ref in refs:
-        ok = [c for c in data.catalogue.configs if c in ref.available and space.is_valid(c, ref.workload)] or [
-            ref.default
-        ]
+        configs = data.catalogue.configs
+        ok = [c for c, m in zip(configs, action_mask(space, configs, ref, with_default=False)) if m] or [ref.default]
         picks = rng.integers(0, len(ok), samples)
         logs.append(np.mean([math.log(ref.ratio_with_fallback(ok[i])[0]) for i in picks]))
     return float(math.exp(np.mean(logs)))

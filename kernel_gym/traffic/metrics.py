@@ -536,7 +536,9 @@ class _BlindChooser:
         self._decode: dict[Any, Any] = {}
 
     def choose(self, kernel: str, workload: Any, kv: Any) -> Any:
-        if kernel != "decode_attention":
+        from kernel_gym.kernels.profiles import follows_kv
+
+        if not follows_kv(kernel):
             return self._any
         from kernel_gym.kernels.space import Config
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
+from kernel_gym.kernels.profiles import follows_kv, reads_kv
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload, PrefixPrefillWorkload
 from kernel_gym.measure.roofline import COPY_BW, DEFAULT_VOCAB, dense_step_s
@@ -50,6 +51,9 @@ class KVLayout:
     def __post_init__(self) -> None:
         if not isinstance(self.page_size, int) or self.page_size < 1:
             raise ValueError(f"page_size must be a positive integer, got {self.page_size!r}")
+
+
+DEFAULT_KV = KVLayout(16, "NHD")  # vLLM's default block size and layout: the one place it is named
 
 
 class KernelTimer(Protocol):
@@ -119,7 +123,7 @@ class StaticChooser:
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
         cfg = self.configs[kernel]
-        if kernel in ("decode_attention", "prefix_prefill") and self.follow_kv:
+        if reads_kv(kernel) and self.follow_kv:
             key = (cfg, kv)
             out = self._kv_cache.get(key)
             if out is None:
@@ -253,7 +257,7 @@ class Simulator:
         chooser: ConfigChooser,
         routing_profile: Any = None,
         *,
-        kv_layout: KVLayout = KVLayout(16, "NHD"),
+        kv_layout: KVLayout = DEFAULT_KV,
         gpu_memory_bytes: float = H200_MEMORY_BYTES,
         gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
         max_num_batched_tokens: int = 8192,
@@ -549,7 +553,7 @@ class Simulator:
     def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
         wl = self._workload(key)
         cfg = self.chooser.choose(kernel, wl, self.kv_layout)
-        if kernel == "decode_attention" and (cfg, self.kv_layout) not in self._checked_decode:
+        if follows_kv(kernel) and (cfg, self.kv_layout) not in self._checked_decode:
             kv = self.kv_layout
             if cfg.get("PAGE_SIZE") != kv.page_size or cfg.get("LAYOUT") != kv.layout:
                 raise ValueError(
