@@ -2,7 +2,8 @@
 
 A kernel family (prefill attention, decode attention, fused MoE) is one module in this package that exposes a
 `FAMILY` object implementing `KernelFamily`. Everything downstream (measurement, environments, export) talks to
-families only through this interface, so adding a kernel never touches the agent.
+families through this interface and reads what else it needs about a kernel from its profile (kernels/profiles.py),
+so adding a kernel takes its module, its profile and its env line (docs/architecture.md).
 
 Imports only the standard library: this module runs on the GPU machine too.
 """
@@ -162,7 +163,7 @@ class KnobSpace:
 class KernelFamily(Protocol):
     """The interface every kernel module exposes as `FAMILY`.
 
-    name: "prefill_attention" | "decode_attention" | "fused_moe".
+    name: the kernel's name (its profile's, kernels/profiles.py).
     space: the KnobSpace. workload_type: the Workload dataclass from kernel_gym.kernels.workloads.
     """
 
@@ -208,7 +209,8 @@ def run(family: KernelFamily, inputs: Any, config: Config) -> Any:
 
 
 def source_hash(*objects: Any) -> str:
-    """Short hash of the given functions' source: part of the store key (a kernel edit = new rows)."""
+    """Short hash of the given objects' source: the store key of a family without a profile (a test's or a fault
+    injection's; registered families key on their profile's version)."""
     h = hashlib.sha256()
     for obj in objects:
         h.update(inspect.getsource(obj).encode())

@@ -137,8 +137,8 @@ class MeasurementStore:
         self._rekey_legacy()
 
     def _rekey_legacy(self) -> None:
-        """Rows keyed on a legacy source hash move to their family's version key (one transaction; a row whose
-        version key is already stored stays under its hash, and readers map it too)."""
+        """Rows keyed on a legacy source hash move to their family's version key (one transaction; a row whose key
+        is already stored under the version stays under its hash, and readers leave it out: canonical_groups)."""
         legacy = [(k, h) for k, h in self.conn.execute("SELECT DISTINCT kernel, source_hash FROM measurements")
                   if canonical_key(k, h) != h]
         if not legacy:
@@ -247,10 +247,11 @@ class MeasurementStore:
             sql, args = sql + " AND status=?", [*args, status]
         return self.conn.execute(sql, args).fetchone()[0]
 
-    def rows(self, kernel: str | None = None, origin: bool = False, ids: bool = False) -> Iterator[dict[str, Any]]:
+    def rows(self, kernel: str | None = None, origin: bool = False, ids: bool = False,
+             canonical: bool = True) -> Iterator[dict[str, Any]]:
         """Rows as dicts of COLUMNS (and, with origin=True, ORIGIN_COLUMNS and POWER_COLUMN where the file has
         them; with ids=True the row id, for `kernel-gym data --drop-row`), in insertion order; source_hash as
-        canonical_key maps it."""
+        canonical_key maps it (canonical=False: as stored)."""
         have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
         if origin and self.read_only:
             origin = set(ORIGIN_COLUMNS) <= have
@@ -264,7 +265,8 @@ class MeasurementStore:
                                 (kernel,) if kernel else ())
         for row in cur:
             out = dict(zip(cols, row))
-            out["source_hash"] = canonical_key(out["kernel"], out["source_hash"])
+            if canonical:
+                out["source_hash"] = canonical_key(out["kernel"], out["source_hash"])
             yield out
 
     def drop_rows(self, ids: Iterable[int]) -> int:
@@ -329,10 +331,21 @@ def iter_snapshot(path: str | Path) -> Iterator[tuple[Context, list[Measurement]
     if not path.exists():
         raise FileNotFoundError(f"no measurement snapshot at {path}: collect one (scripts/collect.py --out {path})")
     try:
-        yield from _read_snapshot(path)
+        groups = list(_read_snapshot(path))
     except (EOFError, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: truncated or corrupt snapshot ({type(exc).__name__}: {exc}): restore the file "
                          "(git checkout, or export it again with scripts/collect.py --out)") from None
+    yield from canonical_groups(groups)
+
+
+def canonical_groups(groups: list[tuple[Context, list[Measurement]]]) -> Iterator[tuple[Context, list[Measurement]]]:
+    """Groups as stored, keyed as this checkout keys them: a legacy source hash becomes its version key; a legacy
+    row whose key is also stored under the version key is left out (that row is the later measurement of the same
+    code)."""
+    current = {(ctx, m.workload, m.config) for ctx, ms in groups if ctx.canonical() is ctx for m in ms}
+    for ctx, ms in groups:
+        key = ctx.canonical()
+        yield (ctx, ms) if key is ctx else (key, [m for m in ms if (key, m.workload, m.config) not in current])
 
 
 def check_time(path: Path | str, where: str, m: Measurement) -> None:
@@ -432,7 +445,7 @@ def _read_snapshot(path: Path) -> Iterator[tuple[Context, list[Measurement]]]:
                 if context is not None:
                     yield context, batch
                 try:
-                    context, batch = Context(**item["context"]).canonical(), []
+                    context, batch = Context(**item["context"]), []
                 except (KeyError, TypeError) as exc:
                     raise ValueError(f"{path}: line {lineno}: malformed context line ({exc}): re-export the "
                                      "snapshot") from None
@@ -464,13 +477,16 @@ def load_rows(path: str | Path) -> list[tuple[Context, list[Measurement]]]:
     store = MeasurementStore(path, read_only=True)
     try:
         groups: dict[Context, list[Measurement]] = {}
-        for row in store.rows(origin=True, ids=True):
+        for row in store.rows(origin=True, ids=True, canonical=False):
             ctx = Context(*(row[c] for c in CONTEXT_FIELDS))
             m = Measurement(kernel=row["kernel"], power=row.get(POWER_COLUMN) or "",
                             **{f: row[f] for f in ROW_FIELDS})
             check_row(path, f"row id {row['id']}", m)
             groups.setdefault(ctx, []).append(m)
-        return list(groups.items())
+        merged: dict[Context, list[Measurement]] = {}
+        for ctx, ms in canonical_groups(list(groups.items())):
+            merged.setdefault(ctx, []).extend(ms)
+        return list(merged.items())
     except sqlite3.DatabaseError as exc:
         raise ValueError(f"{path}: truncated or corrupt SQLite store ({exc}): restore it or collect again") from None
     finally:
