@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kernel_gym.kernels import FAMILY_MODULES, get_family
+from kernel_gym.kernels import FAMILY_MODULES, get_family, profiles
 from kernel_gym.kernels.space import Config
 
 MOE_COPY_BOUND_MAX_TOKENS = 256  # below this, MoE is weight-streaming bound: compare with copy bandwidth
@@ -49,7 +49,8 @@ def _time(fn: Callable[[], Any]) -> Timed:
     return Timed(t.median_ms, t.spread, t.repeats)
 
 
-EXHAUSTIVE = ("prefill_attention",)  # small spaces (~120 configs): the benchmark times every valid config
+# small spaces (~120 configs): the benchmark times every valid config (each profile's bench_exhaustive)
+EXHAUSTIVE = tuple(k for k, p in profiles.PROFILES.items() if p.bench_exhaustive)
 
 
 @functools.lru_cache(maxsize=1)

@@ -620,6 +620,14 @@ def make_inputs(workload: MoEWorkload, device: str, seed: int = 0) -> MoEInputs:
     return MoEInputs(wl, x, logits, w1, w2)
 
 
+def _route_and_align(inputs: MoEInputs, block_m: int) -> tuple[torch.Tensor, Alignment]:
+    """Routing (top-k of the router logits, on the inputs' device) and alignment to BLOCK_M, shared by every launch
+    path: (the flat routing weights, the alignment)."""
+    wl = inputs.workload
+    weights, ids = route(inputs.router_logits.to(inputs.x.device), wl.top_k)
+    return weights.flatten().contiguous(), align_block_size(ids, wl.num_experts, block_m)
+
+
 def prepare(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     """Routing, alignment to BLOCK_M, workspaces and grids (not timed); returns the closure of the layer's kernels."""
     wl = inputs.workload
@@ -639,9 +647,7 @@ def prepare(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     dev = x.device
     num_slots = m * top_k
 
-    weights, ids = route(inputs.router_logits.to(dev), top_k)
-    flat_weights = weights.flatten().contiguous()
-    align = align_block_size(ids, wl.num_experts, bm)
+    flat_weights, align = _route_and_align(inputs, bm)
     num_m_blocks = align.num_blocks
     sorted_ids, expert_ids = align.sorted_token_ids, align.expert_ids
 
@@ -707,9 +713,7 @@ def prepare_tma(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]
     launch_opts = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
     x = inputs.x
     m, e, hidden, inter, top_k = wl.num_tokens, wl.num_experts, wl.hidden, wl.intermediate, wl.top_k
-    weights, ids = route(inputs.router_logits.to(x.device), top_k)
-    flat_weights = weights.flatten().contiguous()
-    align = align_block_size(ids, e, bm)
+    flat_weights, align = _route_and_align(inputs, bm)
     nb, num_slots, aligned = align.num_blocks, m * top_k, mode == 2
     w1_desc = TensorDescriptor.from_tensor(inputs.w1.view(e * 2 * inter, hidden), [bn, bk])
     w2_desc = TensorDescriptor.from_tensor(inputs.w2.view(e * hidden, inter), [bn, bk])

@@ -79,6 +79,7 @@ class KernelProfile:
     # the kernel whose time the serving simulator charges where the data cannot time this kernel's call (prefix
     # chunks: prefill attention); replay then never falls back to another of its configs (policies/replay.py)
     stand_in: str = ""
+    bench_exhaustive: bool = False  # a small space (~120 configs): `kernel-gym bench` times every valid config
 
     @property
     def store_key(self) -> str:
@@ -128,11 +129,6 @@ def get(kernel: str) -> KernelProfile | None:
     return PROFILES.get(kernel)
 
 
-def names(**where: Any) -> tuple[str, ...]:
-    """The registered kernels, in registration order, whose profile fields equal `where` (names(moe=True))."""
-    return tuple(n for n, p in PROFILES.items() if all(getattr(p, k) == v for k, v in where.items()))
-
-
 def reads_kv(kernel: str) -> bool:
     """Whether a kernel's configs carry the paged KV cache's PAGE_SIZE and LAYOUT (decode, prefix_prefill)."""
     p = PROFILES.get(kernel)
@@ -143,6 +139,11 @@ def follows_kv(kernel: str) -> bool:
     """Whether choosers move a kernel's configs onto the KV layout in force (decode: its table records the layout)."""
     p = PROFILES.get(kernel)
     return p is not None and p.follows_kv
+
+
+def names_with(field_name: str) -> tuple[str, ...]:
+    """The registered kernels, in registration order, whose profile sets `field_name` (not None, empty or False)."""
+    return tuple(n for n, p in PROFILES.items() if getattr(p, field_name))
 
 
 def canonical_key(kernel: str, stored: str) -> str:
@@ -363,6 +364,7 @@ register(KernelProfile(
     # every length scaled by 2^d moves the causal pairs by 2^(2d)
     jitter_axes=(("seq_lens", (("log2_total_tokens", 1.0), ("log2_max_len", 1.0), ("log2_causal_pairs", 2.0))),),
     obs_jitter=1.0,
+    bench_exhaustive=True,
 ))
 
 register(KernelProfile(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config, KernelFamily
 from kernel_gym.measure.store import Context, MeasurementStore
 from kernel_gym.measure.timing import DEFAULT_TIMING, TimingOptions
@@ -54,7 +55,8 @@ class CollectOptions:
     """Arguments of one collection (also the argparse fields)."""
 
     models: list[str] = field(default_factory=lambda: ["mixtral-8x7b", "olmoe-1b-7b"])
-    kernels: list[str] = field(default_factory=lambda: ["fused_moe", "decode_attention", "prefill_attention"])
+    # the kernels a dispatch table serves (profiles with dispatch axes): fused_moe, decode_attention, prefill_attention
+    kernels: list[str] = field(default_factory=lambda: list(profiles.names_with("dispatch_axes")))
     grids: list[str] = field(default_factory=lambda: ["eval", "default"])
     configs_per_shape: int = 48  # sampled configs per non-eval shape
     budget_s: float = 0.0  # 0 = no budget

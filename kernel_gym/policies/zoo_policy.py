@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from kernel_gym.dispatch.catalogue import WorkloadReference
+from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config
 
 ZOO_MODEL = "zoo"  # TrainArgs.model value that selects the model-conditioned zoo training
@@ -42,7 +43,7 @@ def zoo_specs(kernel: str, exclude: Sequence[str] = ()) -> list[Any]:
                          f"design design-00..design-{len(zoo.DESIGN) - 1:02d}")
     shards = [s for s in zoo.zoo_shards([m for m in zoo.training_models(kernel) if m not in exclude])
               if s.name not in zoo.TOO_LARGE]
-    if kernel == "fused_moe":
+    if profiles.profile(kernel).moe:  # the space-filling design shapes are MoE shapes
         shards += [s for name, s in zoo.DESIGN.items() if name not in exclude]
     return shards
 
@@ -56,7 +57,7 @@ def excluded_keys(kernel: str, models: Sequence[str]) -> set[str]:
 
     keys: set[str] = set()
     for name in models:
-        if name in zoo.DESIGN and kernel == "fused_moe":
+        if name in zoo.DESIGN and profiles.profile(kernel).moe:
             keys.update(w.key() for w in zoo.shard_workloads(kernel, zoo.DESIGN[name], "zoo"))
     for spec in zoo.zoo_shards([m for m in models if m not in zoo.DESIGN]):
         for grid in ("zoo", "eval"):

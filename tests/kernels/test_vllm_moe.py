@@ -187,3 +187,13 @@ def test_bf16_shipped_and_sampled_configs_on_gpu():
                 out = FAMILY.engine_prepare(inputs, c)()
                 atol, rtol = FAMILY.tolerance(wl.dtype)
                 assert torch.allclose(out.float(), FAMILY.reference(inputs), atol=atol, rtol=rtol), c
+
+
+def test_kernels_only_aligns_once_and_gives_prepares_output():
+    """prepare_kernels_only is prepare with the alignment done before the closure (the fused_moe timing scope):
+    the same output, and calling it again reuses the one alignment."""
+    wl = MoEWorkload(5, 4, 2, 64, 96, 0.6, "float32")
+    inputs = FAMILY.make_inputs(wl, DEVICE, 0)
+    c = cfg(bm=16, bn=32, bk=32)
+    full, kernels_only = vm.prepare(inputs, c)(), vm.prepare_kernels_only(inputs, c)
+    assert torch.equal(kernels_only(), full) and torch.equal(kernels_only(), full)
