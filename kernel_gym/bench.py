@@ -212,10 +212,15 @@ def matmul_tflops(flops: float, m: int, k: int) -> tuple[float, Timed]:
     return 2 * m * k * n / (t.ms * 1e-3) / 1e12, t
 
 
+def _anchor(family_name: str) -> str:
+    """What the benchmark compares a family's best config with (its profile's bench_anchor)."""
+    p = profiles.get(family_name)
+    return p.bench_anchor if p is not None else ""
+
+
 def _metric(family_name: str, workload: Any, family: Any, ms: float) -> tuple[str, float]:
-    if family_name == "decode_attention" or (
-        family_name == "fused_moe" and workload.num_tokens <= MOE_COPY_BOUND_MAX_TOKENS
-    ):
+    anchor = _anchor(family_name)
+    if anchor == "copy_bandwidth" or (anchor == "moe_layer" and workload.num_tokens <= MOE_COPY_BOUND_MAX_TOKENS):
         return "TB/s", family.bytes_moved(workload) / (ms * 1e-3) / 1e12
     return "TFLOP/s", family.flops(workload) / (ms * 1e-3) / 1e12
 
@@ -248,7 +253,7 @@ def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs:
         f"{monitor_summary_line(best.power)}")
     result = {"best": {"config": dict(winner), "ms": best.median_ms, "spread": best.spread, "power": best.power},
               "default_ms": default.median_ms if default.ok else None, "tried": tried}
-    if family_name == "fused_moe":
+    if _anchor(family_name) == "moe_layer":
         inputs = family.make_inputs(workload, "cuda", seed=seed)
         result["torch_loop_ms"] = _time(family.make_torch_loop(inputs)).ms  # routing done up front, as in ours
         result.update(vllm_anchor(inputs))
@@ -321,12 +326,13 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
             }
             anchors: list[tuple[str, float]] = []
             flops = family.flops(workload)
-            if family_name == "prefill_attention":
+            anchor_kind = _anchor(family_name)
+            if anchor_kind == "sdpa":
                 try:
                     anchors.append(("sdpa", sdpa_tflops(workload, flops)[0]))
                 except ValueError:
                     pass
-            elif family_name == "prefix_prefill":
+            elif anchor_kind == "sdpa_prefix":
                 try:
                     info = sdpa_prefix_anchor(workload, flops, seed)
                     res["sdpa_prefix"] = info
@@ -334,9 +340,9 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
                     log(f"  sdpa_prefix: {info['ms']:.4f} ms ({info['variant']}); variants {info['variants']}")
                 except ValueError:
                     pass
-            elif family_name == "decode_attention":
+            elif anchor_kind == "copy_bandwidth":
                 anchors.append(("copy_bandwidth", copy_tbs))
-            elif family_name == "fused_moe":
+            elif anchor_kind == "moe_layer":
                 tflops = flops / (best["ms"] * 1e-3) / 1e12
                 if workload.num_tokens <= MOE_COPY_BOUND_MAX_TOKENS:
                     anchors.append(("copy_bandwidth", copy_tbs))

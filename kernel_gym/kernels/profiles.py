@@ -80,6 +80,10 @@ class KernelProfile:
     # chunks: prefill attention); replay then never falls back to another of its configs (policies/replay.py)
     stand_in: str = ""
     bench_exhaustive: bool = False  # a small space (~120 configs): `kernel-gym bench` times every valid config
+    # what `kernel-gym bench` compares the best config with (kernel_gym/bench.py): "sdpa", "sdpa_prefix",
+    # "copy_bandwidth" or "moe_layer" (a dense matmul, the torch loop over experts, vLLM's design; copy bandwidth at
+    # small M)
+    bench_anchor: str = ""
 
     @property
     def store_key(self) -> str:
@@ -289,6 +293,7 @@ register(KernelProfile(
     jitter_mask=True,
     obs_jitter=0.5,
     moe=True,
+    bench_anchor="moe_layer",
 ))
 
 register(KernelProfile(
@@ -325,6 +330,7 @@ register(KernelProfile(
     obs_jitter=0.5,
     reads_kv=True,
     follows_kv=True,
+    bench_anchor="copy_bandwidth",
 ))
 
 register(KernelProfile(
@@ -365,6 +371,7 @@ register(KernelProfile(
     jitter_axes=(("seq_lens", (("log2_total_tokens", 1.0), ("log2_max_len", 1.0), ("log2_causal_pairs", 2.0))),),
     obs_jitter=1.0,
     bench_exhaustive=True,
+    bench_anchor="sdpa",
 ))
 
 register(KernelProfile(
@@ -409,4 +416,5 @@ register(KernelProfile(
     fixed_fields=HEADS,
     reads_kv=True,
     stand_in="prefill_attention",
+    bench_anchor="sdpa_prefix",
 ))
