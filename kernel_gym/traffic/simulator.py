@@ -20,9 +20,8 @@ from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
-from kernel_gym.kernels.profiles import follows_kv, reads_kv
+from kernel_gym.kernels.profiles import follows_kv, profile, reads_kv
 from kernel_gym.kernels.space import Config
-from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload, PrefixPrefillWorkload
 from kernel_gym.measure.roofline import COPY_BW, DEFAULT_VOCAB, dense_step_s
 from kernel_gym.traffic.routing import entropy_norm
 from kernel_gym.traffic.routing import uniform_for as _uniform_for
@@ -537,16 +536,10 @@ class Simulator:
 
     def _workload(self, key: tuple) -> Any:
         wl = self._wl_cache.get(key)
-        if wl is None:
-            m, kind = self.model, key[0]
-            if kind == "prefill_attention":
-                wl = PrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, key[1], self.dtype)
-            elif kind == "decode_attention":
-                wl = DecodeWorkload(m.num_heads, m.num_kv_heads, m.head_dim, key[1], key[2], self.dtype)
-            elif kind == "prefix_prefill":
-                wl = PrefixPrefillWorkload(m.num_heads, m.num_kv_heads, m.head_dim, key[1], key[2], self.dtype)
-            else:
-                wl = MoEWorkload(key[1], m.num_experts, m.top_k, m.hidden, m.intermediate, key[2], self.dtype)
+        if wl is None:  # a call's key: (kernel, its varying fields' values); the model fixes the rest (profile)
+            p = profile(key[0])
+            wl = p.workload_type()(**{f: getattr(self.model, f) for f in p.fixed_fields},
+                                   **dict(zip(p.interpolation.varying, key[1:])), dtype=self.dtype)
             self._wl_cache[key] = wl
         return wl
 
