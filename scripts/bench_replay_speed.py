@@ -20,14 +20,15 @@ from pathlib import Path
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.roofline import RooflineTimer
 from kernel_gym.models import load_model
-from kernel_gym.traffic import KVLayout, Simulator, StaticChooser, load_trace
+from kernel_gym.traffic import Simulator, StaticChooser, load_trace
 from kernel_gym.traffic.routing import ZipfRouting
+from kernel_gym.traffic.simulator import DEFAULT_KV
 
 
 def _replay(args: argparse.Namespace, chooser_name: str, trace, model) -> dict:
     t0 = time.perf_counter()
     if args.backend == "roofline":
-        kv = KVLayout(16, "NHD")
+        kv = DEFAULT_KV
         chooser = StaticChooser({
             "prefill_attention": Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
             "decode_attention": Config(PAGE_SIZE=kv.page_size, LAYOUT=kv.layout, SPLIT_KV=4, num_warps=4),
