@@ -26,6 +26,10 @@ import pytest
 from kernel_gym.kernels import get_family, profiles
 from kernel_gym.kernels.workloads import model_workloads
 
+# the fingerprints are the CPU interpreter's (a GPU's fp32 paths round differently): the check runs where it does
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="golden outputs are the CPU interpreter's (TRITON_INTERPRET=1)")
+
 GOLDEN = Path(__file__).with_name("golden_outputs.json")
 SAMPLES = 16
 RTOL, ATOL = 2e-3, 1e-4  # interpreter fp32 sums may differ in the last bits across numpy / triton builds

@@ -9,6 +9,7 @@ import math
 import gymnasium
 import numpy as np
 import pytest
+import torch
 import toy_family
 
 from kernel_gym.kernels import FAMILY_NAMES, get_family, profiles
@@ -73,9 +74,9 @@ def test_the_family_runs_and_keys_its_rows_on_its_version(toy):
     family, model, snap = toy
     assert NAME in FAMILY_NAMES and family_store_key(family) == "v1"
     w = toy_family.grid(model, "small")[1]
-    inputs = family.make_inputs(w, "cpu")
-    torch_out = family.reference(inputs)
-    assert np.allclose(family.prepare(inputs, family.default_config(w))().numpy(), torch_out.numpy(), atol=1e-5)
+    inputs = family.make_inputs(w, "cuda" if torch.cuda.is_available() else "cpu")
+    out = family.prepare(inputs, family.default_config(w))()
+    assert torch.allclose(out, family.reference(inputs), atol=1e-5)
     assert {c.source_hash for c, _ in iter_snapshot(snap)} == {"v1"}  # the legacy key read as its version
 
 
