@@ -134,3 +134,35 @@ def test_zero_shot_ranker_returns_only_valid_configs_and_keeps_the_policy_withou
     back = bundle.load_cost_model(tmp_path, "fused_moe")
     assert tune.zero_shot_ranker("fused_moe", meta, params, back, nearest)(far) == rank(far)
     assert bundle.load_cost_model(tmp_path, "decode_attention") is None
+
+
+def test_mlflow_export_of_a_model_conditioned_moe_policy_is_re_ranked_like_policy_dir(monkeypatch):
+    """`export` from the MLflow store answers as `export --policy-dir` does: the cost model's first choice at an
+    unseen workload, the policy's own (measured-mask) choice at a workload it was trained on."""
+    from kernel_gym.dispatch.observation import feature_names
+    from kernel_gym.kernels import get_family
+    from kernel_gym.policies import export
+    from kernel_gym.policies.safe_policy import SafePolicy
+
+    space = get_family("fused_moe").space
+    wide, narrow = _cfg(BLOCK_N=256, BLOCK_K=128, num_warps=8), _cfg(BLOCK_N=32)
+    names = feature_names("fused_moe")
+    w_out = np.zeros((2, len(names)), np.float32)
+    w_out[0, names.index("log2_hidden")] = 1.0  # the policy prefers the wide tile
+    seen, unseen = MoEWorkload(4096, 8, 2, 4096, 14336), MoEWorkload(16, 64, 8, 4096, 4096)
+    meta = {"kernel": "fused_moe", "configs": [dict(wide), dict(narrow)], "activation": "tanh",
+            "known_masks": {seen.key(): [True, False]}}
+    policy = SafePolicy(meta, {"W_out": w_out, "b_out": np.zeros(2, np.float32)}, {"model_conditioned": True})
+
+    class Fewest:
+        meta = {"dataset_sha256": "x"}
+
+        def rank(self, workload, configs):  # the smallest tile with the fewest warps first
+            return sorted(configs, key=lambda c: (c["BLOCK_N"] * c["BLOCK_M"] * c["BLOCK_K"], c["num_warps"]))
+
+    monkeypatch.setattr(cm, "packaged", lambda backend=None: Fewest())
+    predict, provenance = export.reranked_zero_shot(policy)
+    got_seen, got_unseen = predict([seen, unseen])
+    assert got_seen == policy.choose(seen) == wide
+    best = Fewest().rank(unseen, space.valid_configs(unseen))[0]
+    assert got_unseen == best and got_unseen not in (wide, narrow) and provenance["cost_model"]["dataset_sha256"]

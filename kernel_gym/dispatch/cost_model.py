@@ -361,6 +361,10 @@ def packaged(backend: Any = None) -> CostModel:
         except ValueError:
             model = None
     if model is None:
+        import sys
+
+        print(f"[cost model] fitting the fused_moe cost model on the packaged dataset (once, about a minute; cached "
+              f"in {folder})", file=sys.stderr, flush=True)
         model = fit_packaged(backend)
         try:
             model.save(folder)
