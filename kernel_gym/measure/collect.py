@@ -267,8 +267,10 @@ def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: i
 
 def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu: int | None, device: str,
               compile_workers: int, deadline: float, timing: TimingOptions, replace: bool = False) -> int:
-    """Measure the items in order, committing one chunk at a time; stops between chunks at the deadline. replace:
-    the items are re-measurements that overwrite their stored rows."""
+    """Measure the items in order, committing one chunk at a time; stops between chunks before the deadline: a chunk
+    is not started when the chunks so far say it would end past it (a `--budget-s 60` run stays within 60 s instead
+    of finishing the chunk in flight: tune overran its 60 s by 6 s that way). replace: the items are
+    re-measurements that overwrite their stored rows."""
     die_with_parent()
     from kernel_gym.measure.live import LiveBackend
 
@@ -278,9 +280,12 @@ def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu:
     fams = {ref: resolve_family(ref) for ref in contexts}
     lookahead = max(2, (2 * compile_workers * 8) // CHUNK)
     with LiveBackend(gpu=gpu, device=device, compile_workers=compile_workers, timing=timing) as backend:
+        took: list[float] = []  # seconds per chunk so far
         for i, item in enumerate(items):
-            if deadline and time.time() >= deadline:
+            expected = sorted(took)[len(took) // 2] if took else 0.0
+            if deadline and time.time() + expected >= deadline:
                 break
+            started = time.time()
             for nxt in items[i + 1:i + 1 + lookahead]:
                 fam = fams[nxt.kernel]
                 backend.prefetch(fam, workload_from_key(fam, nxt.workload_key), [Config.parse(c) for c in nxt.configs])
@@ -295,6 +300,7 @@ def run_shard(items: list[PlanItem], db: str, contexts: dict[str, Context], gpu:
                           file=sys.stderr)
                 ms = [m for m in ms if m.status == OK]
             written += store.put_many(contexts[item.kernel], ms, replace=replace, origin=origin)
+            took.append(time.time() - started)
     store.close()
     return written
 
@@ -424,7 +430,9 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
     finally:
         stop.set()
         monitor.join()
-    budget_ran_out = bool(deadline and time.time() >= deadline)  # before the integrity check and export below
+    # a shard stops at the deadline or before a chunk that would overrun it: with a budget, rows left unwritten
+    # (every measured config writes a row, failures too) mean the budget cut the run
+    budget_ran_out = bool(deadline)
     written = store.count(since=t0)
     if opts.remeasure_noisy:
         still = sum(len(store.noisy_keys(c, MAX_SPREAD)) for c in contexts.values())

@@ -285,3 +285,40 @@ def test_legacy_source_hashes_read_as_their_version_and_move_there_when_a_store_
         assert store.done_keys(Context("GPU", "t", "tr", "fused_moe", v1)) == {("{}", '{"a":1}'), ("{}", '{"a":2}')}
         store.export_snapshot(snap)
     assert {c.source_hash: len(ms) for c, ms in iter_snapshot(snap)} == {v1: 2, "someoldhash00000": 1}
+
+
+def test_a_shard_does_not_start_a_chunk_that_would_end_past_the_budget(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With chunks of ~0.4 s and 1 s left, the shard runs two and stops before a third would overrun: a budgeted
+    run (tune's 60 GPU-s) ends within its budget instead of finishing a chunk after it."""
+    import time
+
+    import kernel_gym.measure.live as live
+    from kernel_gym.measure import collect
+
+    class SlowBackend:
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def prefetch(self, *args):
+            return None
+
+        def measure_many(self, fam, wl, configs):
+            time.sleep(0.4)
+            return [Measurement("tiny_scale", wl, str(c), OK, median_ms=1.0, spread=0.01, repeats=3) for c in configs]
+
+    monkeypatch.setattr(live, "LiveBackend", SlowBackend)
+    monkeypatch.setattr(collect, "die_with_parent", lambda: None)
+    monkeypatch.setattr(collect, "workload_from_key", lambda fam, key: key)
+    ctx = Context("NVIDIA H200", "2.11.0", "3.6.0", "tiny_scale", "h")
+    items = [collect.PlanItem("tiny_family:FAMILY", f"w{i}", ('{"BLOCK":32}',), "new") for i in range(6)]
+    t0 = time.time()
+    written = collect.run_shard(items, str(tmp_path / "m.sqlite"), {"tiny_family:FAMILY": ctx}, None, "cpu", 0,
+                                t0 + 1.0, collect.DEFAULT_TIMING)
+    assert written == 2 and time.time() - t0 < 1.0
