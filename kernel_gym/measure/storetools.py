@@ -31,6 +31,7 @@ from kernel_gym.measure.store import (
     COLUMNS,
     CONTEXT_FIELDS,
     ORIGIN_COLUMNS,
+    POWER_COLUMN,
     ROW_FIELDS,
     Context,
     MeasurementStore,
@@ -124,10 +125,10 @@ def _open_ro(path: Path) -> sqlite3.Connection:
 
 def _main_rows(conn: sqlite3.Connection) -> Iterator[dict[str, Any]]:
     have = {r[1] for r in conn.execute("PRAGMA table_info(measurements)")}
-    cols = ["id"] + [c for c in COLUMNS + ORIGIN_COLUMNS if c in have]
+    cols = ["id"] + [c for c in (*COLUMNS, *ORIGIN_COLUMNS, POWER_COLUMN) if c in have]
     for row in conn.execute(f"SELECT {','.join(cols)} FROM measurements ORDER BY id"):
         d = dict(zip(cols, row))
-        for c in ORIGIN_COLUMNS:
+        for c in (*ORIGIN_COLUMNS, POWER_COLUMN):
             d.setdefault(c, "")
         yield d
 
@@ -171,7 +172,7 @@ class _Source:
 def _merge_batch(conn: sqlite3.Connection, rows: list[dict[str, Any]], run: str, counts: dict[str, int]) -> None:
     """Insert rows in one transaction; a row whose key is stored already goes to replicas unless it is the same
     measurement (same status, median, spread and samples: the same store merged twice, or a snapshot of it)."""
-    cols = COLUMNS + ORIGIN_COLUMNS
+    cols = (*COLUMNS, *ORIGIN_COLUMNS, POWER_COLUMN)  # the GPU's power state travels with its row
     insert = (f"INSERT INTO measurements ({','.join(cols)}) VALUES ({','.join('?' * len(cols))}) "
               "ON CONFLICT DO NOTHING")
     existing = ("SELECT status, median_ms, spread, repeats FROM measurements WHERE "

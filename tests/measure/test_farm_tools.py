@@ -3,6 +3,7 @@ work queue's order, merging stores, comparing two stores and comparing GPUs, and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import sys
@@ -236,3 +237,15 @@ def test_a_chunk_that_keeps_killing_actors_is_bisected_to_its_culprit(tmp_path: 
             fm.Farm._failed(driver, slot, single, RuntimeError("actor died"), store)
         rows = list(store.rows())
     assert [(r["config"], r["status"]) for r in rows] == [(configs[0], CRASH)]
+
+
+def test_merge_keeps_each_rows_power_state(tmp_path: Path) -> None:
+    """The GPU's clock and power state recorded with a row (measure/power.py) survives `data --merge`."""
+    power = '{"src":"nvml","sm":[1980.0],"w":[400.0]}'
+    m = dataclasses.replace(_j("w1", "c1", 1.0), power=power)
+    a = _store(tmp_path / "a.sqlite", [m, _j("w2", "c1", 2.0)], ("hostA", "0"))
+    into = tmp_path / "c.sqlite"
+    merge_stores([a], into)
+    with MeasurementStore(into) as s:
+        got = {r["workload"]: r["power"] for r in s.rows(origin=True)}
+    assert got == {J["w1"]: power, J["w2"]: ""}
