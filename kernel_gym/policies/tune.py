@@ -100,6 +100,9 @@ def zero_shot_ranker(kernel: str, meta: dict[str, Any], params: dict[str, np.nda
 # and a local-search round of one-knob steps around the best measured so far.
 NEAREST_SHAPES = 3  # measured shapes whose winners join the candidates
 LOCAL_STEPS = 4  # one-knob neighbours of the best measured config, measured in the second round
+# A collection's start (worker process, CUDA context, first compiles) took ~10 s before its first chunk on the H200:
+# round 2 started with 1 s of budget left ran 11 s (benchmarks/generalisation/tune_run11_far2), so it needs this much
+ROUND_MIN_S = 12.0
 _LOCAL_ORDER = ("BLOCK_N", "BLOCK_M", "BLOCK_K", "num_warps", "num_stages", "GROUP_M", "FUSE_SILU", "SPLIT_K",
                 "TMA_LOADS", "FUSE_WEIGHT", "FUSE_SUM")
 
@@ -441,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     res = run([e for p in plans.values() for e in p], args.budget_s)
     written = res["written"]
     left = args.budget_s - (time.time() - t0)
-    if args.local > 0 and left > 0 and not res.get("stopped_by_budget"):
+    if args.local > 0 and left >= ROUND_MIN_S and not res.get("stopped_by_budget"):
         local = {k: local_plan(k, plans[k], stored_times(args.db, k, device_name), args.local) for k in kernels}
         n_local = sum(len(e["configs"]) for p in local.values() for e in p)
         print(f"[tune] round 2 (local search): {n_local} one-knob steps around the cells' best", flush=True)
