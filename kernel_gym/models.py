@@ -1,7 +1,7 @@
 """Model specs: the few numbers of an MoE transformer that decide every kernel shape.
 
 Two specs are built in (README.md, docs/architecture.md); users pass their own as a JSON file with the same fields.
-Imports only the standard library: this module runs on the GPU machine too.
+Imports only the standard library and (lazily, for a zoo name) zoo.py: this module runs on the GPU machine too.
 
 Every field is checked as data (integers that are not booleans, within bounds no real model exceeds; dtype_bytes 1, 2
 or 4), so an absurd spec (10^9 experts) fails in one line instead of allocating grids of that size.
@@ -17,110 +17,13 @@ head shape it states, which is an approximation to say aloud, not a measurement 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-# Upper bounds no real model reaches (the largest MoE models today: 384 experts, hidden 7168, 61 layers); a spec
-# beyond them is a typo or a crafted file, and grids sized by it would exhaust memory.
-SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_heads": 1024, "head_dim": 1024,
-               "num_experts": 4096, "top_k": 256, "intermediate": 262144, "dtype_bytes": 4,
-               "num_shared_experts": 64, "shared_intermediate": 262144, "kv_lora_rank": 16384, "rope_head_dim": 1024}
-OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim")
+# ModelSpec and friends live in modelspec.py (re-exported here: every caller imports them from kernel_gym.models)
+from kernel_gym.modelspec import BUILTIN_MODELS, OPTIONAL_ZERO, SPEC_LIMITS, ModelSpec, spec_from_dict
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Shape-defining numbers of a Mixture-of-Experts decoder."""
-
-    name: str
-    num_layers: int
-    hidden: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    num_experts: int
-    top_k: int
-    intermediate: int
-    dtype_bytes: int = 2
-    num_shared_experts: int = 0
-    """Experts every token passes besides its top_k routed ones (DeepSeek, Qwen-MoE); not in the fused_moe kernel."""
-    shared_intermediate: int = 0
-    """Intermediate size of one shared expert (0: the routed experts' `intermediate`)."""
-    attention: str = "gqa"
-    """"gqa" (multi-head / grouped-query: what the attention kernels compute) or "mla" (latent attention: recorded,
-    and its KV size counted, but the kernels still compute GQA over num_kv_heads x head_dim)."""
-    kv_lora_rank: int = 0
-    """MLA: width of the compressed KV latent per token (0 for gqa)."""
-    rope_head_dim: int = 0
-    """MLA: width of the decoupled rotary key per token (0 for gqa)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
-            raise ValueError(f"model spec name must be a non-empty string of at most 200 characters, got {self.name!r}")
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type != "int":
-                continue
-            low = 0 if field.name in OPTIONAL_ZERO else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                kind = "a non-negative" if low == 0 else "a positive"
-                raise ValueError(f"model spec {self.name!r}: {field.name} must be {kind} integer, got {value!r}")
-            if value > SPEC_LIMITS.get(field.name, 1 << 20):
-                raise ValueError(f"model spec {self.name!r}: {field.name}={value} is beyond any real model (limit "
-                                 f"{SPEC_LIMITS.get(field.name, 1 << 20)}): check the spec")
-        if self.dtype_bytes not in (1, 2, 4):
-            raise ValueError(f"model spec {self.name!r}: dtype_bytes must be 1, 2 or 4 (fp8, bf16/fp16, fp32), got "
-                             f"{self.dtype_bytes}")
-        if self.attention not in ("gqa", "mla"):
-            raise ValueError(f"model spec {self.name!r}: attention must be \"gqa\" or \"mla\", got {self.attention!r}")
-        if self.attention == "gqa" and (self.kv_lora_rank or self.rope_head_dim):
-            raise ValueError(f"model spec {self.name!r}: kv_lora_rank / rope_head_dim are MLA fields: set "
-                             "\"attention\": \"mla\" or leave them 0")
-        if self.attention == "mla" and not self.kv_lora_rank:
-            raise ValueError(f"model spec {self.name!r}: attention \"mla\" needs kv_lora_rank (the KV latent width)")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"model spec {self.name!r}: num_heads ({self.num_heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads})"
-            )
-        if self.top_k > self.num_experts:
-            raise ValueError(f"model spec {self.name!r}: top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
-
-    @property
-    def expert_weight_bytes(self) -> int:
-        """Bytes of one expert's gate/up and down weights (3 matrices hidden x intermediate)."""
-        return 3 * self.hidden * self.intermediate * self.dtype_bytes
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token occupies across all layers (K and V; MLA: the latent plus the rotary key)."""
-        if self.attention == "mla":
-            return self.num_layers * (self.kv_lora_rank + self.rope_head_dim) * self.dtype_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def weight_bytes(self) -> int:
-        """Approximate parameter bytes: attention projections plus all experts, per layer, times layers."""
-        qkv = self.hidden * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        attn = qkv + self.num_heads * self.head_dim * self.hidden
-        router = self.hidden * self.num_experts
-        experts = self.num_experts * 3 * self.hidden * self.intermediate
-        experts += self.num_shared_experts * 3 * self.hidden * (self.shared_intermediate or self.intermediate)
-        return self.num_layers * (attn + router + experts) * self.dtype_bytes
-
-
-BUILTIN_MODELS: dict[str, ModelSpec] = {
-    "mixtral-8x7b": ModelSpec(
-        name="mixtral-8x7b", num_layers=32, hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
-        num_experts=8, top_k=2, intermediate=14336,
-    ),
-    "olmoe-1b-7b": ModelSpec(
-        name="olmoe-1b-7b", num_layers=16, hidden=2048, num_heads=16, num_kv_heads=16, head_dim=128,
-        num_experts=64, top_k=8, intermediate=1024,
-    ),
-}
+__all__ = ["BUILTIN_MODELS", "OPTIONAL_ZERO", "SPEC_LIMITS", "ModelSpec", "load_model", "spec_from_dict"]
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -128,7 +31,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     ModelSpec's fields."""
     if name_or_path in BUILTIN_MODELS:
         return BUILTIN_MODELS[name_or_path]
-    from kernel_gym import zoo  # the zoo builds on this module
+    from kernel_gym import zoo  # lazily: the zoo's table is only needed for a name that is not built in
 
     base, _, tp = name_or_path.partition("@tp")
     if base in zoo.ZOO:
@@ -148,19 +51,3 @@ def load_model(name_or_path: str) -> ModelSpec:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); fix the file") from exc
     return spec_from_dict(data, str(path))
-
-
-def spec_from_dict(data: object, where: str = "model spec") -> ModelSpec:
-    """A ModelSpec from a JSON object, every field checked (one-line errors naming `where`)."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: a model spec is a JSON object with the fields of kernel_gym.models.ModelSpec")
-    fields = dataclasses.fields(ModelSpec)
-    names = {f.name for f in fields}
-    optional = {f.name for f in fields if f.default is not dataclasses.MISSING}
-    missing = names - set(data) - optional
-    unknown = set(data) - names
-    if missing or unknown:
-        raise ValueError(
-            f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}; expected {sorted(names)}"
-        )
-    return ModelSpec(**data)

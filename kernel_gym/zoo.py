@@ -20,7 +20,7 @@ import dataclasses
 from typing import Any
 
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload
-from kernel_gym.models import BUILTIN_MODELS, ModelSpec
+from kernel_gym.modelspec import BUILTIN_MODELS, ModelSpec
 
 
 def _spec(name: str, layers: int, hidden: int, heads: int, kv: int, head_dim: int, experts: int, top_k: int,

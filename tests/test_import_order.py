@@ -1,9 +1,12 @@
 """The one-way import order (docs/architecture.md): kernels < measure < traffic < dispatch < envs < policies < cli.
 
 Every module under kernel_gym/ is parsed with ast; each import of kernel_gym (absolute or relative, at module level or
-inside a function) is mapped to its floor and must not be above the importing module's floor. cli.py, demo.py and
-bench.py are the cli floor; the package root, models.py and zoo.py are the bottom "spec" floor that every floor may
-import, and they themselves import only kernels.workloads and each other.
+inside a function) is mapped to its floor and must not be above the importing module's floor. cli/, demo.py and
+bench.py are the cli floor; the package root, models.py, modelspec.py and zoo.py are the bottom "spec" floor that
+every floor may import, and they themselves import only kernels.workloads and each other.
+
+No two modules may import each other (in either direction, at any depth of the file: a lazy or TYPE_CHECKING import
+counts too): a pair that needs each other shares a piece that belongs one level down (issue 28).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "kernel_gym"
 FLOORS = ("kernels", "measure", "traffic", "dispatch", "parallel", "envs", "policies", "cli")
 CLI_MODULES = {"cli", "demo", "bench"}
-SPEC_MODULES = {"models", "zoo"}
+SPEC_MODULES = {"models", "modelspec", "zoo"}
 # What the spec floor may import besides itself.
 SPEC_MAY_IMPORT = ("kernel_gym.kernels.workloads",)
 # (importing file, imported module prefix) -> why the exception is allowed.
@@ -123,3 +126,40 @@ def test_the_checker_reports_wrong_imports():
     assert violations("from kernel_gym.measure.types import OK\n", "kernel_gym/models.py")
     assert violations("from kernel_gym.kernels.workloads import MoEWorkload\n", "kernel_gym/zoo.py") == []
     assert violations("import os\n", "kernel_gym/newfloor/x.py")
+
+
+def import_graph(files: dict[str, str]) -> dict[str, dict[str, int]]:
+    """module -> {imported kernel_gym module: first line}, for the modules in `files` (path -> source). `from X
+    import a` counts as X.a where that is a module, else as X (the longest module prefix of the name)."""
+    modules = {module_name(p): p for p in files}
+    graph: dict[str, dict[str, int]] = {}
+    for path, source in files.items():
+        module = module_name(path)
+        for line, target in imported_modules(ast.parse(source), module, path.endswith("__init__.py")):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                graph.setdefault(module, {}).setdefault(target, line)
+    return graph
+
+
+def two_way_imports(files: dict[str, str]) -> list[str]:
+    """'a (line) <-> b (line)' for each pair of modules that import each other."""
+    graph = import_graph(files)
+    return [f"{a}:{graph[a][b]} <-> {b}:{graph[b][a]}" for a in sorted(graph) for b in sorted(graph[a])
+            if a < b and a in graph.get(b, {})]
+
+
+def test_no_two_modules_import_each_other():
+    files = {f.relative_to(ROOT).as_posix(): f.read_text() for f in sorted((ROOT / PACKAGE).rglob("*.py"))}
+    pairs = two_way_imports(files)
+    assert not pairs, "two-way imports (move the shared piece one level down):\n" + "\n".join(pairs)
+
+
+def test_the_two_way_checker_sees_lazy_and_relative_imports():
+    files = {
+        "kernel_gym/measure/a.py": "def f():\n    from kernel_gym.measure import b\n",
+        "kernel_gym/measure/b.py": "from .a import thing\n",
+        "kernel_gym/measure/c.py": "from kernel_gym.measure.a import thing\n",
+    }
+    assert two_way_imports(files) == ["kernel_gym.measure.a:2 <-> kernel_gym.measure.b:1"]

@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config, KernelFamily
@@ -589,7 +589,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, farm_main: Callable[[Any, TimingOptions], int] | None = None) -> int:
+    """`kernel-gym collect`; `farm_main(args, timing)` runs --ray (kernel_gym.cli.collect passes farm.py's: farm
+    builds on this module, so this module does not import it)."""
     args = parser().parse_args(argv)
     if args.configs_per_shape < 1:
         raise SystemExit(f"--configs-per-shape must be >= 1, got {args.configs_per_shape}")
@@ -599,14 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--grid: unknown grid(s) {bad}; use eval, default, small")
     timing = TimingOptions(min_reps=args.min_reps, max_reps=max(args.min_reps, args.max_reps))
     if args.ray is not None and not args.dry_run:
-        from kernel_gym.measure import farm
-
-        try:
-            farm.require_ray()
-        except farm.RayMissing as exc:
-            print(exc, file=sys.stderr)
+        if farm_main is None:
+            print("collect --ray: run it as `kernel-gym collect --ray` (kernel_gym.cli.collect)", file=sys.stderr)
             return 2
-        return farm.main(args, timing)
+        return farm_main(args, timing)
     if args.noise:
         res = noise_study(args.db, args.noise, device=args.device, seed=args.seed, timing=timing)
         text = json.dumps(res, indent=2)

@@ -240,7 +240,7 @@ def reranked_zero_shot(policy: Any) -> tuple[Predictor, dict[str, Any]]:
     whole valid space re-ranked by the packaged dataset's cost model (tune.zero_shot_ranker; fitted once, about a
     minute, then cached), because far from its training shapes the argmax alone fell to 0.917 / p5 0.680."""
     from kernel_gym.dispatch import cost_model as cm
-    from kernel_gym.policies.tune import NearestWinners, zero_shot_ranker
+    from kernel_gym.policies.candidates import NearestWinners, zero_shot_ranker
 
     cost = cm.packaged()
     rank = zero_shot_ranker(policy.kernel, policy.meta, policy.params, cost, NearestWinners())
@@ -397,7 +397,7 @@ def load_policy_dir(folder: Path, model: Any = None) -> dict[str, tuple[Predicto
     default where no catalogue config is valid. Prints one line per policy like load_policies."""
     from kernel_gym.kernels import get_family
     from kernel_gym.policies.bundle import load_bundle, load_cost_model
-    from kernel_gym.policies.tune import NearestWinners, zero_shot_ranker
+    from kernel_gym.policies.candidates import NearestWinners, zero_shot_ranker
 
     folder = Path(folder)
     found = [k for k in TABLE_KERNELS if (folder / f"{k}.json").exists()]

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from kernel_gym.traffic.simulator import _C, KERNELS, SimResult
-
-if TYPE_CHECKING:
-    from kernel_gym.policies.replay import PolicyRun
-
 
 COLUMNS = (  # (heading, definition): the table's footnote and docs/simulator.md ("Reading the replay table")
     ("tokens/s", "output tokens served per second of simulated time, over the whole replay"),
@@ -181,7 +177,8 @@ def tokens_over_time(res: SimResult, bins: int = 60) -> tuple[np.ndarray, np.nda
     return (edges[:-1] + edges[1:]) / 2, (h + f) / np.diff(edges)
 
 
-def plot(runs: dict[str, PolicyRun], path_tokens: Path, path_switches: Path) -> None:
+def plot(runs: dict[str, Any],  # replay.PolicyRun values (not imported: replay imports this module)
+         path_tokens: Path, path_switches: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,7 +208,7 @@ def plot(runs: dict[str, PolicyRun], path_tokens: Path, path_switches: Path) -> 
     plt.close(fig)
 
 
-def write_outputs(rep: dict[str, Any], runs: dict[str, PolicyRun], json_path: Path) -> list[Path]:
+def write_outputs(rep: dict[str, Any], runs: dict[str, Any], json_path: Path) -> list[Path]:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(rep, indent=1))
     md = json_path.with_suffix(".md")

@@ -199,7 +199,7 @@ def test_gpu_comparison_offsets_and_winner_changes(tmp_path: Path) -> None:
 
 
 def test_collect_ray_without_ray_exits_2_with_the_install_line(monkeypatch, capsys, tmp_path: Path) -> None:
-    from kernel_gym.measure import collect
+    from kernel_gym.cli import collect
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     assert collect.main(["--ray", "--device", "cpu", "--db", str(tmp_path / "x.sqlite")]) == 2

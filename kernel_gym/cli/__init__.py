@@ -118,7 +118,7 @@ def runs_pages(tracking_uri: str) -> list[tuple[str, str, int]]:
 
 # Subcommands whose arguments the stage parses itself: (module with main(argv) -> int, help text).
 DELEGATED = {
-    "collect": ("kernel_gym.measure.collect", "GPU: fill the measurement store (resumable, time budget)"),
+    "collect": ("kernel_gym.cli.collect", "GPU: fill the measurement store (resumable, time budget)"),
     "train": ("kernel_gym.policies.train", "train a MaskablePPO policy on an environment; logs to MLflow"),
     "replay": ("kernel_gym.policies.replay", "replay a trace through the serving simulator with each policy"),
     "export": ("kernel_gym.policies.export", "export a registered policy as a dispatch table or vLLM config files"),

@@ -1,0 +1,126 @@
+"""ModelSpec, the built-in specs and their validation: the bottom of the spec floor, below both models.py and
+zoo.py (the zoo builds its specs from ModelSpec; models.load_model looks names up in the zoo), so neither of
+those two imports the other both ways. Imports only the standard library.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# Upper bounds no real model reaches (the largest MoE models today: 384 experts, hidden 7168, 61 layers); a spec
+# beyond them is a typo or a crafted file, and grids sized by it would exhaust memory.
+SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_heads": 1024, "head_dim": 1024,
+               "num_experts": 4096, "top_k": 256, "intermediate": 262144, "dtype_bytes": 4,
+               "num_shared_experts": 64, "shared_intermediate": 262144, "kv_lora_rank": 16384, "rope_head_dim": 1024}
+OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape-defining numbers of a Mixture-of-Experts decoder."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_experts: int
+    top_k: int
+    intermediate: int
+    dtype_bytes: int = 2
+    num_shared_experts: int = 0
+    """Experts every token passes besides its top_k routed ones (DeepSeek, Qwen-MoE); not in the fused_moe kernel."""
+    shared_intermediate: int = 0
+    """Intermediate size of one shared expert (0: the routed experts' `intermediate`)."""
+    attention: str = "gqa"
+    """"gqa" (multi-head / grouped-query: what the attention kernels compute) or "mla" (latent attention: recorded,
+    and its KV size counted, but the kernels still compute GQA over num_kv_heads x head_dim)."""
+    kv_lora_rank: int = 0
+    """MLA: width of the compressed KV latent per token (0 for gqa)."""
+    rope_head_dim: int = 0
+    """MLA: width of the decoupled rotary key per token (0 for gqa)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
+            raise ValueError(f"model spec name must be a non-empty string of at most 200 characters, got {self.name!r}")
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type != "int":
+                continue
+            low = 0 if field.name in OPTIONAL_ZERO else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                kind = "a non-negative" if low == 0 else "a positive"
+                raise ValueError(f"model spec {self.name!r}: {field.name} must be {kind} integer, got {value!r}")
+            if value > SPEC_LIMITS.get(field.name, 1 << 20):
+                raise ValueError(f"model spec {self.name!r}: {field.name}={value} is beyond any real model (limit "
+                                 f"{SPEC_LIMITS.get(field.name, 1 << 20)}): check the spec")
+        if self.dtype_bytes not in (1, 2, 4):
+            raise ValueError(f"model spec {self.name!r}: dtype_bytes must be 1, 2 or 4 (fp8, bf16/fp16, fp32), got "
+                             f"{self.dtype_bytes}")
+        if self.attention not in ("gqa", "mla"):
+            raise ValueError(f"model spec {self.name!r}: attention must be \"gqa\" or \"mla\", got {self.attention!r}")
+        if self.attention == "gqa" and (self.kv_lora_rank or self.rope_head_dim):
+            raise ValueError(f"model spec {self.name!r}: kv_lora_rank / rope_head_dim are MLA fields: set "
+                             "\"attention\": \"mla\" or leave them 0")
+        if self.attention == "mla" and not self.kv_lora_rank:
+            raise ValueError(f"model spec {self.name!r}: attention \"mla\" needs kv_lora_rank (the KV latent width)")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model spec {self.name!r}: num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.top_k > self.num_experts:
+            raise ValueError(f"model spec {self.name!r}: top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+
+    @property
+    def expert_weight_bytes(self) -> int:
+        """Bytes of one expert's gate/up and down weights (3 matrices hidden x intermediate)."""
+        return 3 * self.hidden * self.intermediate * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token occupies across all layers (K and V; MLA: the latent plus the rotary key)."""
+        if self.attention == "mla":
+            return self.num_layers * (self.kv_lora_rank + self.rope_head_dim) * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Approximate parameter bytes: attention projections plus all experts, per layer, times layers."""
+        qkv = self.hidden * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        attn = qkv + self.num_heads * self.head_dim * self.hidden
+        router = self.hidden * self.num_experts
+        experts = self.num_experts * 3 * self.hidden * self.intermediate
+        experts += self.num_shared_experts * 3 * self.hidden * (self.shared_intermediate or self.intermediate)
+        return self.num_layers * (attn + router + experts) * self.dtype_bytes
+
+
+BUILTIN_MODELS: dict[str, ModelSpec] = {
+    "mixtral-8x7b": ModelSpec(
+        name="mixtral-8x7b", num_layers=32, hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+        num_experts=8, top_k=2, intermediate=14336,
+    ),
+    "olmoe-1b-7b": ModelSpec(
+        name="olmoe-1b-7b", num_layers=16, hidden=2048, num_heads=16, num_kv_heads=16, head_dim=128,
+        num_experts=64, top_k=8, intermediate=1024,
+    ),
+}
+
+
+def spec_from_dict(data: object, where: str = "model spec") -> ModelSpec:
+    """A ModelSpec from a JSON object, every field checked (one-line errors naming `where`)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: a model spec is a JSON object with the fields of kernel_gym.models.ModelSpec")
+    fields = dataclasses.fields(ModelSpec)
+    names = {f.name for f in fields}
+    optional = {f.name for f in fields if f.default is not dataclasses.MISSING}
+    missing = names - set(data) - optional
+    unknown = set(data) - names
+    if missing or unknown:
+        raise ValueError(
+            f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}; expected {sorted(names)}"
+        )
+    return ModelSpec(**data)
