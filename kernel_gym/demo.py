@@ -37,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.timesteps < 512:
         raise ValueError(f"--timesteps must be >= 512 (one PPO rollout), got {args.timesteps}")
+    from kernel_gym.deploy import export
+    from kernel_gym.evaluate import replay
     from kernel_gym.measure import make_backend
-    from kernel_gym.policies import export, replay
-    from kernel_gym.policies.train import TrainArgs, train
+    from kernel_gym.train.train import TrainArgs, train
 
     t0 = time.time()
     say = lambda msg: print(f"[demo {time.time() - t0:5.0f}s] {msg}", flush=True)  # noqa: E731

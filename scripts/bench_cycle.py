@@ -40,16 +40,16 @@ from pathlib import Path
 
 import numpy as np
 
+from kernel_gym.deploy import cycle
+from kernel_gym.deploy import engine_export as ee
+from kernel_gym.deploy.export import versions
+from kernel_gym.evaluate.replay import routing_profile
 from kernel_gym.kernels import vllm_tables
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.vllm_moe import to_config, to_entry
 from kernel_gym.measure.roofline import RooflineTimer
 from kernel_gym.measure.store import PACKAGED_SNAPSHOT
 from kernel_gym.models import load_model
-from kernel_gym.policies import cycle
-from kernel_gym.policies import engine_export as ee
-from kernel_gym.policies.export import versions
-from kernel_gym.policies.replay import routing_profile
 from kernel_gym.traffic import metrics
 from kernel_gym.traffic.simulator import Simulator
 from kernel_gym.traffic.traces import NAMED_TRACES, load_trace

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kernel_gym.envs import ENV_KERNELS
     from kernel_gym.measure import make_backend
-    from kernel_gym.policies.train import TrainArgs, train
+    from kernel_gym.train.train import TrainArgs, train
 
     backend = make_backend("recorded", path=args.data or None)
     curves_dir = args.out / "policy_curves"

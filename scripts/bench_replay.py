@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from kernel_gym.evaluate import replay, replay_report
 from kernel_gym.measure import make_backend
-from kernel_gym.policies import replay, replay_report
-from kernel_gym.policies.train import TrainArgs, train
+from kernel_gym.train.train import TrainArgs, train
 
 ENVS = {"fused_moe": "KernelGym/MoE-v0", "decode_attention": "KernelGym/DecodeAttention-v0",
         "prefill_attention": "KernelGym/PrefillAttention-v0"}

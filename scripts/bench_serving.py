@@ -43,8 +43,8 @@ def main() -> None:
 
     from kernel_gym.dispatch.serving_rules import build_serving_catalogue
     from kernel_gym.envs.serving import ServingEnv
+    from kernel_gym.evaluate.serving_eval import evaluate_serving
     from kernel_gym.measure import make_backend
-    from kernel_gym.policies.serving_eval import evaluate_serving
 
     torch.set_num_threads(args.threads)
     out = Path(args.out_dir)
@@ -153,7 +153,7 @@ def main() -> None:
     if not args.no_mlflow:
         import mlflow
 
-        from kernel_gym.policies.tracking import get_or_create_experiment, setup_tracking
+        from kernel_gym.train.tracking import get_or_create_experiment, setup_tracking
 
         uri = setup_tracking()
         with mlflow.start_run(experiment_id=get_or_create_experiment("serving-v0-bench", uri)):

@@ -96,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="profiles replayed in parallel (forked processes)")
     args = p.parse_args(argv)
 
-    from kernel_gym.measure.recorded import RecordedBackend
-    from kernel_gym.models import load_model
-    from kernel_gym.policies.plan import (
+    from kernel_gym.deploy.plan import (
         parse_slo,
     )
+    from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.models import load_model
     from kernel_gym.traffic.traces import load_trace
 
     t_start = time.time()
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         commit = args.commit
     import sb3_contrib  # noqa: F401
 
-    import kernel_gym.policies.plan  # noqa: F401  (imported before any fork)
+    import kernel_gym.deploy.plan  # noqa: F401  (imported before any fork)
     from kernel_gym.measure.coverage import cover
 
     backend = RecordedBackend()
@@ -178,9 +178,9 @@ def _pricer(spec, routing):
 
 def _run_key(key: tuple) -> tuple:
     """One profile (in a worker process with --jobs): (key, profile or None, skip reason or None)."""
+    from kernel_gym.deploy.plan import baselines, heldout_replay, make_env, recommend, window_starts
+    from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.parallel.deploy import coordinate_search
-    from kernel_gym.policies.plan import baselines, heldout_replay, make_env, recommend, window_starts
-    from kernel_gym.policies.replay import routing_profile
 
     c = _CTX
     args, engine = c["args"], c["engine"]
@@ -264,7 +264,7 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
     env = rec["env"]
     starts = rec["train_windows"]
     floor = baselines(spec, engine, gpus)
-    from kernel_gym.policies.plan import score
+    from kernel_gym.deploy.plan import score
 
     d0 = floor["engine_default"]
     best, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus,
@@ -274,7 +274,7 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
     tpe_note = ""
     if args.tpe_trials > 0:
         try:
-            from kernel_gym.policies.plan import tpe_search
+            from kernel_gym.deploy.plan import tpe_search
 
             deps["search_tpe"], _, _ = tpe_search(env, starts, args.tpe_trials)
         except ImportError as exc:

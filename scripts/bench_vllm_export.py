@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from kernel_gym.deploy import engine_export as ee  # noqa: E402
 from kernel_gym.kernels import fused_moe as fm  # noqa: E402
 from kernel_gym.kernels import vllm_moe as vm  # noqa: E402
 from kernel_gym.kernels import vllm_tables  # noqa: E402
@@ -73,7 +74,6 @@ from kernel_gym.measure.engine_timing import Timer, confirm, gpu_state, log, mea
 from kernel_gym.measure.store import Context, MeasurementStore  # noqa: E402
 from kernel_gym.measure.types import Measurement  # noqa: E402
 from kernel_gym.measure.worker import compare, poison_outputs  # noqa: E402
-from kernel_gym.policies import engine_export as ee  # noqa: E402
 
 # name, E, hidden, N (per shard), top_k; in priority order (the budget may end the list early)
 MODELS = (
@@ -257,7 +257,7 @@ def kernel_gym_candidates(shape: ee.MoEShape, m: int, skew: float, k: int = 4,
     picks = [c for c in dict.fromkeys(picks) if fam.space.is_valid(c, wl)]
     source = "dataset"
     if not picks:
-        from kernel_gym.policies import tune
+        from kernel_gym.deploy import tune
 
         rank = tune.ranker(fam.name, *tune.load_bundle(POLICY_DIR, fam.name)[:2])
         picks, source = rank(wl)[:k], "zero-shot policy"

@@ -38,9 +38,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kernel_gym.deploy import engine_export as ee  # noqa: E402
 from kernel_gym.kernels import vllm_tables  # noqa: E402
 from kernel_gym.models import load_model  # noqa: E402
-from kernel_gym.policies import engine_export as ee  # noqa: E402
 
 SOURCES = {"vllm": "vllm/model_executor/layers/fused_moe/fused_moe.py",
            "sglang": "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"}

@@ -5,7 +5,7 @@ Per model (default OLMoE, Mixtral-8x7B and Qwen2-57B-A14B at TP 1): the current 
 uniform routing (vLLM's shipped H200 table where one exists, else the recorded rows' best at each M key) with the
 profile of a uniform period stored beside it; the period to cycle on is the bundled Azure conversation excerpt
 (first 10 minutes, packaged with kernel_gym) under Zipf-1.2 routing, recorded as vLLM would (two Prometheus scrapes
-and an EPLB-style per-expert count file). The cycle runs with --gpu (policies/cycle_gpu.py: per moved key the current
+and an EPLB-style per-expert count file). The cycle runs with --gpu (deploy/cycle_gpu.py: per moved key the current
 entry and the top --top-k recorded candidates are checked against the fp32 reference, captured in CUDA graphs,
 swept, and the sweep's winner must lead the current entry again in a paired interleaved round). Afterwards each
 confirmed key is re-timed against the current entry in a fresh paired round (60 interleaved samples each, new
@@ -34,12 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from kernel_gym.deploy import cycle  # noqa: E402
+from kernel_gym.deploy import engine_export as ee  # noqa: E402
 from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.kernels.vllm_moe import to_entry  # noqa: E402
 from kernel_gym.measure.store import PACKAGED_SNAPSHOT  # noqa: E402
 from kernel_gym.models import load_model  # noqa: E402
-from kernel_gym.policies import cycle  # noqa: E402
-from kernel_gym.policies import engine_export as ee  # noqa: E402
 from kernel_gym.traffic import metrics  # noqa: E402
 from kernel_gym.traffic.routing import UniformRouting, ZipfRouting  # noqa: E402
 from kernel_gym.traffic.traces import load_trace  # noqa: E402
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             confirmer = DryConfirmer()
         else:
-            from kernel_gym.policies.cycle_gpu import GpuConfirmer
+            from kernel_gym.deploy.cycle_gpu import GpuConfirmer
 
             confirmer = GpuConfirmer(shape, budget_s=left / (len(models) - i), engine="vllm", rows=rows)
         log(f"{name}: cycling on bundled[300:600] under zipf 1.2 ({len(win)} requests), {origin}")

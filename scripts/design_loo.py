@@ -69,7 +69,7 @@ def part_mask(args, backend, out: dict) -> None:
     from kernel_gym.dispatch import observation
     from kernel_gym.kernels import fused_moe as fm
     from kernel_gym.kernels.space import Config
-    from kernel_gym.policies.bundle import load_bundle
+    from kernel_gym.train.bundle import load_bundle
 
     meta, params, prov = load_bundle(args.policy_dir, "fused_moe")
     configs = [Config(c) for c in meta["configs"]]
@@ -99,8 +99,8 @@ def part_folds(args, backend, out: dict) -> None:
 
     from kernel_gym import zoo
     from kernel_gym.kernels import get_family
-    from kernel_gym.policies import zoo_policy
-    from kernel_gym.policies.train import TrainArgs, train
+    from kernel_gym.train import zoo_policy
+    from kernel_gym.train.train import TrainArgs, train
 
     fam = get_family("fused_moe")
     names = list(zoo.DESIGN)
@@ -144,9 +144,9 @@ class _Without:
 
 def _rerank_split(backend, catalogue, left_out_shapes: set, workloads, policy_choice: dict, seed: int) -> dict:
     """Fit without the left-out shapes, choose at their workloads: re-ranked candidates vs the policy's choice."""
+    from kernel_gym.deploy.tune import NearestWinners, engine_candidate
     from kernel_gym.dispatch import cost_model as cm
     from kernel_gym.kernels import get_family
-    from kernel_gym.policies.tune import NearestWinners, engine_candidate
 
     space = get_family("fused_moe").space
     model = cm.fit_packaged(backend, cm.FitOptions(seed=seed), exclude_shapes=left_out_shapes)
@@ -202,11 +202,11 @@ def _far_live(args, backend, catalogue) -> dict:
     winners + engine entry, against that seed's own choice; ratio = the sweep's best / the choice's sweep time."""
     import ast
 
+    from kernel_gym.deploy.tune import NearestWinners, engine_candidate
     from kernel_gym.dispatch import cost_model as cm
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.measure.worker import workload_from_key
-    from kernel_gym.policies.tune import NearestWinners, engine_candidate
 
     def parse(v):
         return ast.literal_eval(v) if isinstance(v, str) and v[:1] in "{[" else v
@@ -242,7 +242,7 @@ def part_rerank(args, backend, out: dict) -> None:
     from kernel_gym import zoo
     from kernel_gym.dispatch.cost_model import shape_of
     from kernel_gym.kernels.space import Config
-    from kernel_gym.policies.bundle import load_bundle
+    from kernel_gym.train.bundle import load_bundle
 
     meta, _, _ = load_bundle(args.policy_dir, "fused_moe")
     catalogue = [Config(c) for c in meta["configs"]]

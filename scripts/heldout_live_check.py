@@ -32,7 +32,7 @@ def make_plan(args: argparse.Namespace) -> int:
     from kernel_gym.kernels import get_family
     from kernel_gym.measure import make_backend
     from kernel_gym.measure.worker import workload_from_key
-    from kernel_gym.policies.train import TrainArgs, train
+    from kernel_gym.train.train import TrainArgs, train
 
     backend = make_backend("recorded")
     entries = []

@@ -565,7 +565,7 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
     chooser: Any = make_chooser(spec, model)
     guard = None
     if backend is not None:  # as `kernel-gym replay`: a config the dataset cannot time falls back, counted
-        from kernel_gym.policies.replay import GuardedChooser
+        from kernel_gym.evaluate.replay import GuardedChooser
 
         chooser = guard = GuardedChooser(chooser, backend, model.num_layers)
     extra = {} if overhead_s is None else {"step_overhead_s": overhead_s}

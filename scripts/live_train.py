@@ -1,4 +1,4 @@
-"""A short MaskablePPO run on real compile-and-measure, then its import into MLflow (kernel_gym.policies.live_run).
+"""A short MaskablePPO run on real compile-and-measure, then its import into MLflow (kernel_gym.train.live_run).
 
 On the GPU machine (no MLflow there; gymnasium and stable-baselines3 travel as wheels):
     python3 scripts/live_train.py run --out $OUT/live_moe.json --timesteps 256
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from kernel_gym.policies import live_run
+from kernel_gym.train import live_run
 
 
 def main() -> int:

@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_gym import zoo
     from kernel_gym.kernels import get_family
     from kernel_gym.measure import make_backend
-    from kernel_gym.policies import zoo_policy
-    from kernel_gym.policies.train import TrainArgs, train
+    from kernel_gym.train import zoo_policy
+    from kernel_gym.train.train import TrainArgs, train
 
     backend = make_backend("recorded")
     out = json.loads(args.out.read_text()) if args.out.exists() else {"kernels": {}}

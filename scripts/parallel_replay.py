@@ -65,11 +65,11 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.models import load_model
     from kernel_gym.parallel.collectives import default_table, load_table
     from kernel_gym.parallel.layout import layouts_for, why_invalid
     from kernel_gym.parallel.step_time import serve
-    from kernel_gym.policies.replay import routing_profile
     from kernel_gym.traffic.traces import load_trace
     from kernel_gym.traffic.windows import slice_window
 

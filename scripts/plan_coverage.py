@@ -5,7 +5,7 @@ exhaustively measured evaluation shapes are often outside that sample. A policy 
 shape cannot be scored there, so the evaluation masks it and the policy falls back to a lower-ranked choice: on decode
 the policy's first choice was unmeasured on every held-out batch-8 shape (docs/measurement.md). This script lists, for
 every measured shape of the given kernels and models, the candidate configs not yet stored there: the union over models
-of the action catalogues the agent builds from the training split (kernel_gym.policies.train.prepare_data) at every
+of the action catalogues the agent builds from the training split (kernel_gym.train.train.prepare_data) at every
 depth up to one deeper than training uses, and each shape's `--top` fastest stored configs. Measuring them
 (`collect --plan FILE`) adds rows only; the oracle stays the best measured config and can only get faster.
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_gym.dispatch.catalogue import MAX_CATALOGUE, build_catalogue
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.recorded import RecordedBackend
-    from kernel_gym.policies.train import prepare_data
+    from kernel_gym.train.train import prepare_data
 
     backend = RecordedBackend(args.data or None)
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
@@ -103,7 +103,7 @@ def plan_new_shapes(backend, kernels: list[str], models: list[str], per_shape: i
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import workload_from_key
     from kernel_gym.measure.collect import CollectOptions, build_plan
-    from kernel_gym.policies.train import prepare_data
+    from kernel_gym.train.train import prepare_data
 
     plan, summary = [], {}
     for kernel in kernels:
@@ -144,7 +144,7 @@ def plan_new_knobs(backend, kernels: list[str], models: list[str], top: int):
     """Per measured shape, the configs that set a knob added after its rows were stored (see the module docstring)."""
     from kernel_gym.bench import EXHAUSTIVE, with_new_knobs
     from kernel_gym.kernels import get_family
-    from kernel_gym.policies.train import prepare_data
+    from kernel_gym.train.train import prepare_data
 
     plan, summary = [], {}
     for kernel in kernels:

@@ -32,7 +32,7 @@ def candidate_configs(kernel: str, backend, sample: int, seed: int = 0) -> tuple
     from kernel_gym.dispatch.catalogue import MAX_CATALOGUE, build_catalogue
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.collect import _stable_seed
-    from kernel_gym.policies.train import prepare_data
+    from kernel_gym.train.train import prepare_data
 
     learned: dict = {}
     for model in ("mixtral-8x7b", "olmoe-1b-7b"):

@@ -1,7 +1,7 @@
 """Zero-shot quality on models never trained on, timed live: the model-conditioned policy's choices beside a wide sweep.
 
 What a user gets for a model the project never measured is the policy's choice under the knob-space rules alone
-(`kernel_gym.policies.zoo_policy.choose`, the pyfunc model's "rules" mask). This script measures exactly that:
+(`kernel_gym.train.zoo_policy.choose`, the pyfunc model's "rules" mask). This script measures exactly that:
 
     python scripts/zero_shot_live.py plan --out benchmarks/generalisation/plan.json      # CPU: train 3 seeds, choose
     python3 scripts/zero_shot_live.py time --plan benchmarks/generalisation/plan.json --out $OUT/live.json   # GPU
@@ -106,8 +106,8 @@ def make_plan(args: argparse.Namespace) -> int:
     from kernel_gym import zoo
     from kernel_gym.kernels import get_family
     from kernel_gym.measure import make_backend
-    from kernel_gym.policies import zoo_policy
-    from kernel_gym.policies.train import TrainArgs, train
+    from kernel_gym.train import zoo_policy
+    from kernel_gym.train.train import TrainArgs, train
 
     backend = make_backend("recorded")
     entries, trained = [], []
@@ -160,7 +160,7 @@ def make_plan(args: argparse.Namespace) -> int:
                 assert w.key() in held_out, f"{w.key()} is not held out of training"
                 choices, tune, policy_choices = {}, {}, {}
                 if costs:
-                    from kernel_gym.policies import tune as tune_mod
+                    from kernel_gym.deploy import tune as tune_mod
 
                     nearest = nearest or tune_mod.NearestWinners(backend)
                 for seed, model, cat in policies:
@@ -174,10 +174,10 @@ def make_plan(args: argparse.Namespace) -> int:
                 catalogue = [str(c) for _, _, cat in policies for c in cat.configs if space.is_valid(c, w)]
                 extra_fields: dict = {}
                 if kernel == "fused_moe":  # kernel-gym tune's search: round 1 here, its local round timed live
+                    from kernel_gym.deploy import tune as tune_mod
                     from kernel_gym.dispatch.shape_coverage import Shape, coverage
                     from kernel_gym.kernels import vllm_moe
                     from kernel_gym.kernels.space import Config
-                    from kernel_gym.policies import tune as tune_mod
 
                     nearest = nearest or tune_mod.NearestWinners(backend)
                     robust = {seed: [str(c) for c in tune_mod.first_round(
@@ -246,12 +246,12 @@ def _check_and_time(fam, inputs, ref, wl, c: str, keep: set, compiled: dict, sta
 def time_plan(args: argparse.Namespace) -> int:
     import torch
 
+    from kernel_gym.deploy import tune as tune_mod
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.measure.compiler import CompilePool
     from kernel_gym.measure.timing import time_interleaved
     from kernel_gym.measure.worker import compare, poison_outputs, workload_from_key
-    from kernel_gym.policies import tune as tune_mod
 
     if not torch.cuda.is_available():
         raise SystemExit("`time` runs the kernels on a CUDA GPU; on the CPU only `plan` and `report` work")
@@ -581,7 +581,7 @@ def report(args: argparse.Namespace) -> int:
                 "keys_tuned": m["keys_tuned"], "keys": len(data["keys"]), "summary": data["summary"],
                 "geomean_paired_gain": _geomean(gains), "min_paired_gain": min(gains, default=float("nan")),
                 "gpu_timing_s": m["gpu_timing_s"], "seconds": m["seconds"], "budget_s": m["budget_s"],
-                "engine": m["engine"], "command": f"python3 -m kernel_gym.policies.engine_tune --engine {m['engine']} "
+                "engine": m["engine"], "command": f"python3 -m kernel_gym.deploy.engine_tune --engine {m['engine']} "
                                                   f"--model {m['model']} --budget-s {m['budget_s']:g} --out OUT"}}
             continue
         out.setdefault("engine_tune", {})[str(path)] = {

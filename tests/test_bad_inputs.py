@@ -223,7 +223,7 @@ def test_ui_on_a_port_in_use_fails_without_a_url(capsys) -> None:
 
 @pytest.mark.slow
 def test_sigterm_stops_the_ui_and_its_server(tmp_path) -> None:
-    from kernel_gym.policies.tracking import free_port
+    from kernel_gym.train.tracking import free_port
     from tests.fakes.mlflow_store import fresh_store
 
     port = free_port()
@@ -282,9 +282,9 @@ def test_replay_of_a_model_without_data_is_refused_in_one_line(tmp_path, capsys)
 
 
 def test_replay_table_relabelled_for_another_model_is_refused(tmp_path, capsys) -> None:
+    from kernel_gym.deploy.export import build_table
     from kernel_gym.kernels import get_family
     from kernel_gym.models import BUILTIN_MODELS
-    from kernel_gym.policies.export import build_table
 
     fam = get_family("fused_moe")
     table = build_table(BUILTIN_MODELS["mixtral-8x7b"], {"fused_moe": (lambda ws: [fam.default_config(w) for w in ws],

@@ -103,9 +103,10 @@ def test_load_rejects_a_foreign_feature_list(tmp_path):
 
 
 def test_zero_shot_ranker_returns_only_valid_configs_and_keeps_the_policy_without_a_cost_model(tmp_path):
+    from kernel_gym.deploy import tune
     from kernel_gym.dispatch.observation import feature_names
     from kernel_gym.kernels import get_family
-    from kernel_gym.policies import bundle, tune
+    from kernel_gym.train import bundle
 
     space = get_family("fused_moe").space
     wide, narrow = _cfg(BLOCK_N=256, BLOCK_K=128, num_warps=8), _cfg(BLOCK_N=32)
@@ -139,10 +140,10 @@ def test_zero_shot_ranker_returns_only_valid_configs_and_keeps_the_policy_withou
 def test_mlflow_export_of_a_model_conditioned_moe_policy_is_re_ranked_like_policy_dir(monkeypatch):
     """`export` from the MLflow store answers as `export --policy-dir` does: the cost model's first choice at an
     unseen workload, the policy's own (measured-mask) choice at a workload it was trained on."""
+    from kernel_gym.deploy import export
     from kernel_gym.dispatch.observation import feature_names
     from kernel_gym.kernels import get_family
-    from kernel_gym.policies import export
-    from kernel_gym.policies.safe_policy import SafePolicy
+    from kernel_gym.train.safe_policy import SafePolicy
 
     space = get_family("fused_moe").space
     wide, narrow = _cfg(BLOCK_N=256, BLOCK_K=128, num_warps=8), _cfg(BLOCK_N=32)

@@ -10,7 +10,7 @@ import mlflow
 import pytest
 
 from kernel_gym import demo
-from kernel_gym.policies.replay import POLICY_NAMES
+from kernel_gym.evaluate.replay import POLICY_NAMES
 from kernel_gym.traffic.traces import bundled_trace_path
 from tests.fakes.mlflow_store import fresh_store
 

@@ -1,4 +1,5 @@
-"""The one-way import order (docs/architecture.md): kernels < measure < traffic < dispatch < envs < policies < cli.
+"""The one-way import order (docs/architecture.md): kernels < measure < traffic < dispatch < parallel < envs < train <
+deploy = evaluate < cli (deploy and evaluate, two jobs of the top floor, share one level).
 
 Every module under kernel_gym/ is parsed with ast; each import of kernel_gym (absolute or relative, at module level or
 inside a function) is mapped to its floor and must not be above the importing module's floor. cli/, demo.py and
@@ -16,7 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "kernel_gym"
-FLOORS = ("kernels", "measure", "traffic", "dispatch", "parallel", "envs", "policies", "cli")
+FLOORS = ("kernels", "measure", "traffic", "dispatch", "parallel", "envs", "train", "deploy", "evaluate", "cli")
+# Floors that share a level with the one before them: an evaluation replays exported tables (evaluate -> deploy) and a
+# deployment plan is scored by replays (deploy -> evaluate); no two of their files import each other.
+SAME_LEVEL_AS_PREVIOUS = {"evaluate"}
 CLI_MODULES = {"cli", "demo", "bench"}
 SPEC_MODULES = {"models", "modelspec", "zoo"}
 # What the spec floor may import besides itself.
@@ -46,10 +50,21 @@ def floor_of(module: str) -> int | None:
     if len(parts) == 1 or parts[1] in SPEC_MODULES:
         return SPEC
     if parts[1] in CLI_MODULES:
-        return FLOORS.index("cli")
+        return level("cli")
     if parts[1] in FLOORS:
-        return FLOORS.index(parts[1])
+        return level(parts[1])
     return None
+
+
+def level(floor: str) -> int:
+    """The level of a floor: its place in FLOORS, less one for each earlier floor that shares the level before it."""
+    i = FLOORS.index(floor)
+    return i - sum(1 for f in FLOORS[: i + 1] if f in SAME_LEVEL_AS_PREVIOUS)
+
+
+def floor_name(lvl: int) -> str:
+    """The floor(s) at a level, e.g. 'deploy/evaluate'."""
+    return "/".join(f for f in FLOORS if level(f) == lvl)
 
 
 def imported_modules(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
@@ -91,7 +106,8 @@ def violations(source: str, path: str) -> list[str]:
                 problems.append(f"{path}:{line}: the spec floor imports {target}; it may import only "
                                 f"{', '.join(SPEC_MAY_IMPORT)} and the spec modules")
         elif floor > own:
-            problems.append(f"{path}:{line}: {FLOORS[own]} imports {target} from the higher floor {FLOORS[floor]}")
+            problems.append(f"{path}:{line}: {floor_name(own)} imports {target} from the higher floor "
+                            f"{floor_name(floor)}")
     return problems
 
 
@@ -112,7 +128,7 @@ def test_the_checker_reports_wrong_imports():
         "from kernel_gym import zoo\n"
         "import kernel_gym.measure.types\n"
         "def f():\n"
-        "    from kernel_gym.policies.train import train\n"
+        "    from kernel_gym.train.train import train\n"
         "    import kernel_gym.envs.base\n"
         "from ..dispatch import catalogue\n"
         "from . import roofline\n"
@@ -120,12 +136,16 @@ def test_the_checker_reports_wrong_imports():
     )
     found = violations(source, "kernel_gym/measure/example.py")
     assert [p.split(":")[1] for p in found] == ["6", "7", "8", "10"], found
-    assert "kernel_gym.policies.train" in found[0] and "kernel_gym.dispatch.catalogue" in found[2]
+    assert "kernel_gym.train.train" in found[0] and "kernel_gym.dispatch.catalogue" in found[2]
     assert violations("from kernel_gym.traffic.simulator import Simulator\n", "kernel_gym/dispatch/x.py") == []
     assert violations("from kernel_gym.dispatch.rules import fastest\n", "kernel_gym/traffic/x.py")
     assert violations("from kernel_gym.measure.types import OK\n", "kernel_gym/models.py")
     assert violations("from kernel_gym.kernels.workloads import MoEWorkload\n", "kernel_gym/zoo.py") == []
     assert violations("import os\n", "kernel_gym/newfloor/x.py")
+    assert violations("from kernel_gym.deploy.export import build_table\n", "kernel_gym/train/x.py")
+    assert violations("from kernel_gym.deploy.export import build_table\n", "kernel_gym/evaluate/x.py") == []
+    assert violations("from kernel_gym.evaluate.replay import replay\n", "kernel_gym/deploy/x.py") == []
+    assert violations("from kernel_gym.cli import main\n", "kernel_gym/evaluate/x.py")
 
 
 def import_graph(files: dict[str, str]) -> dict[str, dict[str, int]]:

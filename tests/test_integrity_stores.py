@@ -12,7 +12,7 @@ from kernel_gym.kernels.workloads import MoEWorkload
 from kernel_gym.measure.recorded import RecordedBackend, current_source_hash
 from kernel_gym.measure.store import Context
 from kernel_gym.measure.types import OK, Measurement
-from kernel_gym.policies import tracking
+from kernel_gym.train import tracking
 
 
 def rows(ms: float, n: int = 3) -> list[Measurement]:

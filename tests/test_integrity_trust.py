@@ -19,8 +19,8 @@ import pytest
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.workloads import MoEWorkload
 from kernel_gym.models import load_model
-from kernel_gym.policies import bundle
-from kernel_gym.policies.safe_policy import PolicyFileError, load_safe_policy
+from kernel_gym.train import bundle
+from kernel_gym.train.safe_policy import PolicyFileError, load_safe_policy
 
 FAM = get_family("fused_moe")
 W1 = MoEWorkload(256, 8, 2, 4096, 14336)
@@ -243,7 +243,7 @@ def crafted_checkpoint(folder: Path, marker: Path, model: str = "mixtral-8x7b") 
 
 
 def resume_args(ckpt: Path, **kw):
-    from kernel_gym.policies.train import TrainArgs
+    from kernel_gym.train.train import TrainArgs
 
     return TrainArgs(env_id="KernelGym/MoE-v0", total_timesteps=64, n_steps=8, n_envs=2, batch_size=16, eval_freq=0,
                      checkpoint_freq=0, checkpoint_dir=str(ckpt), resume=True, progress_bar=False, log_model=False,
@@ -259,7 +259,7 @@ def store(tmp_path, monkeypatch):
 
 
 def test_resume_loads_weights_only_and_never_unpickles(store):
-    from kernel_gym.policies.train import train
+    from kernel_gym.train.train import train
     from tests.fakes.analytic_backend import AnalyticBackend
 
     marker, ckpt = store / "marker", store / "ckpt"
@@ -271,7 +271,7 @@ def test_resume_loads_weights_only_and_never_unpickles(store):
 
 
 def test_resume_refuses_another_models_checkpoint_in_one_line(store):
-    from kernel_gym.policies.train import train
+    from kernel_gym.train.train import train
     from tests.fakes.analytic_backend import AnalyticBackend
 
     ckpt = store / "ckpt"
@@ -281,7 +281,7 @@ def test_resume_refuses_another_models_checkpoint_in_one_line(store):
 
 
 def test_a_second_writer_on_one_checkpoint_folder_is_refused(tmp_path):
-    from kernel_gym.policies.train import FolderLock
+    from kernel_gym.train.train import FolderLock
 
     first = FolderLock(tmp_path / "ck", "checkpoint folder")
     with pytest.raises(ValueError, match=f"in use by another process \\(pid {os.getpid()}\\)"):
@@ -291,7 +291,7 @@ def test_a_second_writer_on_one_checkpoint_folder_is_refused(tmp_path):
 
 
 def test_run_and_checkpoint_names_carry_env_model_and_seed():
-    from kernel_gym.policies.train import TrainArgs, default_checkpoint_dir
+    from kernel_gym.train.train import TrainArgs, default_checkpoint_dir
 
     a = TrainArgs(model="mixtral-8x7b", seed=3)
     b = TrainArgs(model="olmoe-1b-7b", seed=3)
@@ -307,7 +307,7 @@ def test_a_logged_policy_answers_the_same_read_as_data_as_through_mlflow(store):
     import mlflow
     import pandas as pd
 
-    from kernel_gym.policies.train import TrainArgs, train
+    from kernel_gym.train.train import TrainArgs, train
     from tests.fakes.analytic_backend import AnalyticBackend
 
     res = train(TrainArgs(env_id="KernelGym/MoE-v0", total_timesteps=64, n_steps=8, n_envs=2, batch_size=16,

@@ -35,7 +35,7 @@ def test_test_models_are_disjoint_from_training(kernel):
     train_keys = {w.key() for s in zoo.zoo_shards(zoo.training_models(kernel)) for w in zoo.shard_workloads(kernel, s)}
     # Training models never produce a test workload here (distinct shapes), and the profile drops any that would.
     assert not train_keys & test_keys
-    from kernel_gym.policies.zoo_policy import zoo_profile
+    from kernel_gym.train.zoo_policy import zoo_profile
 
     profile = zoo_profile(kernel)
     assert not {w.key() for w in profile.workloads} & test_keys

@@ -61,7 +61,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     import signal
     import socket
 
-    from kernel_gym.policies import tracking
+    from kernel_gym.train import tracking
 
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 1-65535; pass e.g. --port 5000")
@@ -119,13 +119,13 @@ def runs_pages(tracking_uri: str) -> list[tuple[str, str, int]]:
 # Subcommands whose arguments the stage parses itself: (module with main(argv) -> int, help text).
 DELEGATED = {
     "collect": ("kernel_gym.cli.collect", "GPU: fill the measurement store (resumable, time budget)"),
-    "train": ("kernel_gym.policies.train", "train a MaskablePPO policy on an environment; logs to MLflow"),
-    "replay": ("kernel_gym.policies.replay", "replay a trace through the serving simulator with each policy"),
-    "export": ("kernel_gym.policies.export", "export a registered policy as a dispatch table or vLLM config files"),
-    "tune": ("kernel_gym.policies.tune", "GPU: measure the policy's top candidates for a new model, export the table"),
+    "train": ("kernel_gym.train.train", "train a MaskablePPO policy on an environment; logs to MLflow"),
+    "replay": ("kernel_gym.evaluate.replay", "replay a trace through the serving simulator with each policy"),
+    "export": ("kernel_gym.deploy.export", "export a registered policy as a dispatch table or vLLM config files"),
+    "tune": ("kernel_gym.deploy.tune", "GPU: measure the policy's top candidates for a new model, export the table"),
     "demo": ("kernel_gym.demo", "the main job on embedded defaults, CPU only: train, export, replay, compare"),
-    "plan": ("kernel_gym.policies.plan", "recommend a deployment (replicas, TP/EP, engine knobs) for a trace and SLO"),
-    "cycle": ("kernel_gym.policies.cycle", "re-optimisation cycle: read the period's traffic, re-plan the engine's "
+    "plan": ("kernel_gym.deploy.plan", "recommend a deployment (replicas, TP/EP, engine knobs) for a trace and SLO"),
+    "cycle": ("kernel_gym.deploy.cycle", "re-optimisation cycle: read the period's traffic, re-plan the engine's "
               "MoE configs, confirm (--gpu), exit 0/10/11 for CI"),
 }
 

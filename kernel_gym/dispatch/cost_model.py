@@ -16,7 +16,7 @@ weighs the same, however many configs it holds.
 
 Model: an MLP (2 x 64, tanh) in numpy, Adam, full workloads per minibatch; deterministic for a seed; saved as plain
 arrays (`fused_moe.cost.npz`) with a JSON beside it (feature list, dataset hash, fit settings) so that it ships beside
-a policy bundle (policies/bundle.py) and loads without pickle.
+a policy bundle (train/bundle.py) and loads without pickle.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ does. A *dispatch rule* is a small table bucket-of-shape -> config built from th
 table, tables restricted to 1, 2 or 4 configs that compile less, or the family's default heuristic). Rules are built
 once from the backend's answers on the workloads the training part of the trace produces, with the kernel
 catalogue's greedy cover (dispatch/catalogue.py) giving the candidate configs. The environment that picks among them
-is kernel_gym/envs/serving.py; policies/serving_export.py turns chosen rules into a Dispatcher table.
+is kernel_gym/envs/serving.py; deploy/serving_export.py turns chosen rules into a Dispatcher table.
 """
 
 from __future__ import annotations

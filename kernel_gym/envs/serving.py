@@ -4,8 +4,8 @@ Each action picks, per kernel family, a *dispatch rule* (a table bucket-of-shape
 from a catalogue built once from the training part of the trace. The rules, their catalogue and the choosers the
 simulator runs them through live in kernel_gym/dispatch/serving_rules.py (why rules and not single configs is said
 there); running the simulator over trace windows in kernel_gym/traffic/windows.py; evaluation against the default
-rules and the per-workload oracle in kernel_gym/policies/serving_eval.py; export of chosen rules as a Dispatcher
-table in kernel_gym/policies/serving_export.py.
+rules and the per-workload oracle in kernel_gym/evaluate/serving_eval.py; export of chosen rules as a Dispatcher
+table in kernel_gym/deploy/serving_export.py.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class KernelProfile:
     follows_kv: bool = False  # choosers move its configs onto the layout in force (dispatch.rules.on_layout)
     moe: bool = False  # a fused-MoE layer (MoEWorkload): routing skew, expert weights
     # the kernel whose time the serving simulator charges where the data cannot time this kernel's call (prefix
-    # chunks: prefill attention); replay then never falls back to another of its configs (policies/replay.py)
+    # chunks: prefill attention); replay then never falls back to another of its configs (evaluate/replay.py)
     stand_in: str = ""
     bench_exhaustive: bool = False  # a small space (~120 configs): `kernel-gym bench` times every valid config
     # what `kernel-gym bench` compares the best config with (kernel_gym/bench.py): "sdpa", "sdpa_prefix",

@@ -1,4 +1,4 @@
-"""What a deployment records, read into a traffic profile: the input of `kernel-gym cycle` (policies/cycle.py).
+"""What a deployment records, read into a traffic profile: the input of `kernel-gym cycle` (deploy/cycle.py).
 
 Sources (any mix; `read_traffic` detects each from its content):
 - Prometheus text-format scrapes of the engine's `/metrics` (one file, or a folder of scrapes taken over the period:

@@ -1,5 +1,5 @@
 """Running the serving simulator over windows of a trace: the glue Serving-v0, its rule catalogue and its evaluation
-share (kernel_gym/envs/serving.py, dispatch/serving_rules.py, policies/serving_eval.py).
+share (kernel_gym/envs/serving.py, dispatch/serving_rules.py, evaluate/serving_eval.py).
 
 - `resolve_trace` / `resolve_model`: a trace or model spec given by name, or as the object itself.
 - `slice_window`: the requests arriving in [t0, t1) of a trace, shifted to time 0 and compressed by rate_scale.

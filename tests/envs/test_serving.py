@@ -13,8 +13,8 @@ from gymnasium.utils.env_checker import check_env
 
 from kernel_gym.dispatch.serving_rules import DispatchRule, build_serving_catalogue
 from kernel_gym.envs.serving import ServingEnv
+from kernel_gym.evaluate.serving_eval import evaluate_serving
 from kernel_gym.measure.types import OK
-from kernel_gym.policies.serving_eval import evaluate_serving
 from kernel_gym.traffic.simulator import COMPILE_S_DEFAULT, KERNELS
 from kernel_gym.traffic.synthetic import LogNormalLengths, poisson
 from tests.fakes.analytic_backend import AnalyticBackend

@@ -94,8 +94,8 @@ def test_the_recorded_backend_answers_and_interpolates_it(toy):
 
 
 def test_a_dispatch_table_serves_it(toy):
+    from kernel_gym.deploy.export import build_table
     from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
-    from kernel_gym.policies.export import build_table
 
     family, model, _ = toy
 

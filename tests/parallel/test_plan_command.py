@@ -1,4 +1,4 @@
-"""kernel-gym plan (kernel_gym/policies/plan.py), the aiconfigurator scripts' error paths and answer mapping, and a
+"""kernel-gym plan (kernel_gym/deploy/plan.py), the aiconfigurator scripts' error paths and answer mapping, and a
 test against aiconfigurator itself that skips when the optional `kernel_gym[aic]` extra is absent (CI)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kernel_gym.deploy.plan import main, parse_slo
 from kernel_gym.models import load_model
 from kernel_gym.parallel import collectives as coll
-from kernel_gym.policies.plan import main, parse_slo
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_gym.deploy.adapt import OnlineTuner, run_adaptive  # noqa: E402
+from kernel_gym.deploy.export import fixed_dims  # noqa: E402
 from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable, KernelTable  # noqa: E402
 from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
-from kernel_gym.policies.adapt import OnlineTuner, run_adaptive  # noqa: E402
-from kernel_gym.policies.export import fixed_dims  # noqa: E402
 from kernel_gym.traffic import BackendTimer, Simulator, ZipfRouting, load_trace  # noqa: E402
 from kernel_gym.traffic.simulator import KVLayout  # noqa: E402
 from tests.fakes.analytic_backend import AnalyticBackend
@@ -55,7 +55,7 @@ def test_measure_budget_picks_the_fastest_and_charges_it():
     backend = AnalyticBackend(sample=400)
     disp = Dispatcher(narrow_table())
     tuner = OnlineTuner(disp, MODEL, {"fused_moe": lambda ws: [HOT] * len(ws)}, backend=backend, measure_budget=2)
-    from kernel_gym.policies.adapt import Drift
+    from kernel_gym.deploy.adapt import Drift
 
     table = tuner.replan([Drift("fused_moe", 1, [1.4, 1.6], (0.0, 0.3))])
     t = table.kernels["fused_moe"]

@@ -1,4 +1,4 @@
-"""`kernel-gym cycle` (policies/cycle.py) on hand-made recorded times: decisions and exit codes, atomic folders,
+"""`kernel-gym cycle` (deploy/cycle.py) on hand-made recorded times: decisions and exit codes, atomic folders,
 install and rollback, the GPU confirmation path (a fake confirmer), the diff report and the MLflow run."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernel_gym.deploy import cycle
+from kernel_gym.deploy import engine_export as ee
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.vllm_moe import to_entry
 from kernel_gym.models import load_model
-from kernel_gym.policies import cycle
-from kernel_gym.policies import engine_export as ee
 from kernel_gym.traffic import metrics
 from kernel_gym.traffic.routing import topk_load_shares, zipf_popularity
 
@@ -249,7 +249,7 @@ def test_rows_too_noisy_to_rank_price_their_config_but_are_never_chosen(tmp_path
 def test_gpu_confirmer_logic_under_the_interpreter():
     """The --gpu path's own code on the CPU (interpreter, wall clocks, a tiny fp32 shape): the current entry is
     checked and timed first, candidates after it, and a change is reported only with a paired round behind it."""
-    from kernel_gym.policies.cycle_gpu import GpuConfirmer
+    from kernel_gym.deploy.cycle_gpu import GpuConfirmer
 
     shape = ee.MoEShape(4, 64, 64, 2, "float32")
     cur = Config({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4,

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
+from kernel_gym.deploy.export import build_table
 from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable, KernelTable, bucket_edges
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
 from kernel_gym.models import BUILTIN_MODELS
-from kernel_gym.policies.export import build_table
 from kernel_gym.traffic.simulator import KVLayout
 
 MODEL = BUILTIN_MODELS["mixtral-8x7b"]

@@ -1,4 +1,4 @@
-"""Engine exports (kernel_gym.policies.engine_export): the file each engine looks for is the file written, every M the
+"""Engine exports (kernel_gym.deploy.engine_export): the file each engine looks for is the file written, every M the
 engine can ask for finds an entry, measured choices never replace the engine's entry without a confirmed lead
 (repeated rows agreeing or a paired confirmation), exports without measurements for the device are refused unless
 --force (then a sidecar says so and the engine's shipped entries stay), files are written atomically."""
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from kernel_gym.deploy import engine_export as ee
+from kernel_gym.deploy import export
 from kernel_gym.kernels import vllm_moe as vm
 from kernel_gym.kernels import vllm_tables
 from kernel_gym.measure.store import Context, MeasurementStore
 from kernel_gym.measure.types import OK, Measurement
 from kernel_gym.models import BUILTIN_MODELS
-from kernel_gym.policies import engine_export as ee
-from kernel_gym.policies import export
 
 MIXTRAL = BUILTIN_MODELS["mixtral-8x7b"]
 OLMOE = BUILTIN_MODELS["olmoe-1b-7b"]

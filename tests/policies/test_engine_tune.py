@@ -1,4 +1,4 @@
-"""`kernel-gym tune --engine` (kernel_gym/policies/engine_tune.py): the dry-run plan on the CPU, the per-key rule
+"""`kernel-gym tune --engine` (kernel_gym/deploy/engine_tune.py): the dry-run plan on the CPU, the per-key rule
 (never keep a config the paired timing does not confirm faster than the engine's own entry), the candidates (engine
 entry, nearest measured shapes' winners, one local-search round), the file + confirmations it writes, resume
 refusals. Timing is faked here; the GPU path runs in scripts/engine_gpu_run.py."""
@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel_gym.deploy import engine_export as ee
+from kernel_gym.deploy import engine_tune as et
 from kernel_gym.kernels import vllm_moe as vm
 from kernel_gym.kernels import vllm_tables
 from kernel_gym.kernels.space import Config
@@ -18,8 +20,6 @@ from kernel_gym.measure import engine_timing
 from kernel_gym.measure.store import Context, MeasurementStore
 from kernel_gym.measure.types import OK, Measurement
 from kernel_gym.models import BUILTIN_MODELS
-from kernel_gym.policies import engine_export as ee
-from kernel_gym.policies import engine_tune as et
 
 OLMOE = BUILTIN_MODELS["olmoe-1b-7b"]
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from kernel_gym.evaluate import replay
+from kernel_gym.evaluate.replay_report import markdown
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.workloads import MoEWorkload
 from kernel_gym.measure.types import OK, Measurement
-from kernel_gym.policies import replay
-from kernel_gym.policies.replay_report import markdown
 from kernel_gym.traffic.simulator import KVLayout
 
 WL_MEASURED = MoEWorkload(16, 8, 2, 4096, 14336, 0.0, "bfloat16")

@@ -12,11 +12,11 @@ import mlflow
 import numpy as np
 import pytest
 
+from kernel_gym.deploy import export
 from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
 from kernel_gym.dispatch.observation import feature_names
 from kernel_gym.kernels.workloads import MOE_TOKENS
 from kernel_gym.models import BUILTIN_MODELS
-from kernel_gym.policies import export
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")
@@ -40,7 +40,7 @@ def log_policy(tmp: Path, name: str = "kernel-gym-moe-v0", extra: dict | None = 
     shutil.copy(PKG / "kernels" / "profiles.py", tmp / "kernel_gym_profiles.py")
     with mlflow.start_run():
         info = mlflow.pyfunc.log_model(
-            name="policy", python_model=str(PKG / "policies" / "pyfunc_model.py"),
+            name="policy", python_model=str(PKG / "train" / "pyfunc_model.py"),
             artifacts={"policy_npz": str(tmp / "policy.npz"), "policy_json": str(tmp / "policy.json")},
             code_paths=[str(tmp / "kernel_gym_observation.py"), str(tmp / "kernel_gym_workloads.py"),
                         str(tmp / "kernel_gym_profiles.py")],
@@ -205,8 +205,8 @@ def test_policy_for_another_model_is_refused_in_one_line(store, tmp_path, capsys
 
 
 def write_bundle(folder: Path, specs: list[dict], conditioned: bool = True) -> Path:
-    """A fused_moe policy bundle (policies/bundle.py) with the linear actor of log_policy: no MLflow, no training."""
-    from kernel_gym.policies.bundle import save_bundle
+    """A fused_moe policy bundle (train/bundle.py) with the linear actor of log_policy: no MLflow, no training."""
+    from kernel_gym.train.bundle import save_bundle
 
     names = feature_names("fused_moe")
     w = np.zeros((2, len(names)), np.float32)

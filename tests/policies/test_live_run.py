@@ -11,7 +11,7 @@ import mlflow
 import pytest
 
 from kernel_gym.measure.recorded import RecordedBackend  # noqa: E402
-from kernel_gym.policies import live_run  # noqa: E402
+from kernel_gym.train import live_run  # noqa: E402
 from tests.fakes.mlflow_store import fresh_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

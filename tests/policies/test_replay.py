@@ -8,12 +8,12 @@ import json
 import mlflow
 import pytest
 
+from kernel_gym.deploy.export import build_table  # noqa: E402
 from kernel_gym.dispatch.baselines import Oracle  # noqa: E402
 from kernel_gym.dispatch.rules import default_for  # noqa: E402
+from kernel_gym.evaluate import replay  # noqa: E402
 from kernel_gym.measure.coverage import CoveredBackend  # noqa: E402
 from kernel_gym.models import BUILTIN_MODELS  # noqa: E402
-from kernel_gym.policies import replay  # noqa: E402
-from kernel_gym.policies.export import build_table  # noqa: E402
 from kernel_gym.traffic import load_trace  # noqa: E402
 from tests.fakes.analytic_backend import AnalyticBackend
 

@@ -12,11 +12,11 @@ import pytest
 
 from kernel_gym.dispatch.baselines import DefaultPolicy, Policy
 from kernel_gym.dispatch.rules import default_for
+from kernel_gym.evaluate import replay
 from kernel_gym.measure import make_backend
 from kernel_gym.measure.coverage import CoveredBackend
 from kernel_gym.measure.types import is_estimated
 from kernel_gym.models import BUILTIN_MODELS
-from kernel_gym.policies import replay
 from kernel_gym.traffic.routing import UniformRouting
 from kernel_gym.traffic.simulator import KVLayout, OverloadWarning
 from kernel_gym.traffic.traces import Trace

@@ -3,7 +3,7 @@ default in the header, and a note beside the ratios when most kernel time rests 
 
 from __future__ import annotations
 
-from kernel_gym.policies import replay, replay_report
+from kernel_gym.evaluate import replay, replay_report
 
 
 def _policy(tok: float, same: float, est: float) -> dict:

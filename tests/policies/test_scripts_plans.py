@@ -60,7 +60,7 @@ def test_plan_coverage_new_shapes_plans_only_the_values_the_grid_gained(tmp_path
     from kernel_gym.kernels import get_family, workloads
     from kernel_gym.measure.collect import load_plan_file
     from kernel_gym.measure.recorded import RecordedBackend
-    from kernel_gym.policies.train import prepare_data
+    from kernel_gym.train.train import prepare_data
 
     script = load_script("plan_coverage")
     out = tmp_path / "plan.json"
@@ -117,7 +117,7 @@ def test_new_shape_plan_finds_the_best_of_a_fully_sampled_shape():
     import random
 
     from kernel_gym.measure.recorded import RecordedBackend
-    from kernel_gym.policies.train import prepare_data
+    from kernel_gym.train.train import prepare_data
 
     script = load_script("plan_coverage")
     backend = RecordedBackend()

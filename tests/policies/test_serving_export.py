@@ -6,20 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
-from kernel_gym.dispatch.serving_rules import DispatchRule, build_serving_catalogue
-from kernel_gym.kernels import get_family
-from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
-from kernel_gym.models import load_model
-from kernel_gym.policies.export import prefill_lens
-from kernel_gym.policies.replay import GuardedChooser
-from kernel_gym.policies.serving_export import (
+from kernel_gym.deploy.export import prefill_lens
+from kernel_gym.deploy.serving_export import (
     export_serving_agent,
     most_used_rules,
     rule_grid,
     rules_of_action,
     serving_dispatch_table,
 )
+from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
+from kernel_gym.dispatch.serving_rules import DispatchRule, build_serving_catalogue
+from kernel_gym.evaluate.replay import GuardedChooser
+from kernel_gym.kernels import get_family
+from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
+from kernel_gym.models import load_model
 from kernel_gym.traffic.simulator import KERNELS, KVLayout
 from kernel_gym.traffic.synthetic import LogNormalLengths, poisson
 from kernel_gym.traffic.windows import window_simulator

@@ -6,7 +6,7 @@ import mlflow
 import pytest
 from stable_baselines3.common.logger import Logger
 
-from kernel_gym.policies import tracking
+from kernel_gym.train import tracking
 from tests.fakes.mlflow_store import fresh_store
 
 

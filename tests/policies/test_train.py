@@ -15,8 +15,8 @@ import mlflow
 import numpy as np
 import pytest
 
-from kernel_gym.policies import train as train_mod
-from kernel_gym.policies.train import TrainArgs, add_train_arguments, train
+from kernel_gym.train import train as train_mod
+from kernel_gym.train.train import TrainArgs, add_train_arguments, train
 from tests.fakes.analytic_backend import AnalyticBackend
 from tests.fakes.mlflow_store import fresh_store
 
@@ -116,8 +116,8 @@ def test_pyfunc_accepts_feature_columns_and_matches_the_torch_policy(trained, st
 
     from kernel_gym.dispatch.observation import observe, raw_features
     from kernel_gym.kernels.workloads import workload_from_key
-    from kernel_gym.policies.pyfunc_model import actor_logits
-    from kernel_gym.policies.tracking import export_policy_arrays
+    from kernel_gym.train.pyfunc_model import actor_logits
+    from kernel_gym.train.tracking import export_policy_arrays
 
     rows = trained.evaluation.rows
     model = mlflow.pyfunc.load_model(trained.model_uri)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_gym.policies.train import train
+from kernel_gym.train.train import train
 from tests.policies.test_train import small_args, store  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

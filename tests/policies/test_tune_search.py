@@ -1,10 +1,10 @@
 """tune's search: the four candidate sources, the local round, and that the engine's own entry bounds the pick."""
 
+from kernel_gym.deploy import tune
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import MoEWorkload
 from kernel_gym.models import load_model
-from kernel_gym.policies import tune
 
 FAM = get_family("fused_moe")
 NARROW = MoEWorkload(4096, 512, 10, 2048, 64, 0.0)  # a TP-8 shard of a 512-expert model: N = 64
@@ -99,7 +99,7 @@ def test_tune_round_one_takes_the_shipped_cost_models_top_k(capsys, tmp_path, mo
 
     from kernel_gym.cli import main
     from kernel_gym.dispatch.observation import feature_names
-    from kernel_gym.policies import bundle
+    from kernel_gym.train import bundle
 
     names = feature_names("fused_moe")
     meta = {"kernel": "fused_moe", "configs": [dict(c) for c in _WIDE], "activation": "tanh"}

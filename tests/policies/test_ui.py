@@ -8,7 +8,7 @@ import urllib.request
 import mlflow
 import pytest
 
-from kernel_gym.policies import tracking
+from kernel_gym.train import tracking
 from tests.fakes.mlflow_store import fresh_store
 
 

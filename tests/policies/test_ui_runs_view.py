@@ -9,7 +9,7 @@ import mlflow
 import pytest
 
 from kernel_gym import cli
-from kernel_gym.policies import tracking
+from kernel_gym.train import tracking
 from tests.fakes.mlflow_store import fresh_store
 
 

@@ -5,11 +5,12 @@ import json
 import numpy as np
 import pytest
 
+from kernel_gym.deploy import tune
 from kernel_gym.dispatch.catalogue import WorkloadReference
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import MoEWorkload
-from kernel_gym.policies import tune, zoo_policy
+from kernel_gym.train import zoo_policy
 
 FAM = get_family("fused_moe")
 W1 = MoEWorkload(16, 8, 2, 4096, 14336)

@@ -2,7 +2,7 @@
 machine without MLflow can rank candidates with the same numpy forward pass as the logged model.
 
 A bundle is data only: the arrays load with allow_pickle=False after their headers and shapes are checked, the JSON's
-configs, activation and provenance are checked (policies/safe_policy.py); a crafted bundle fails in one line naming
+configs, activation and provenance are checked (train/safe_policy.py); a crafted bundle fails in one line naming
 the file, and nothing in it is executed.
 
 Optional beside a fused_moe bundle: fused_moe.cost.npz + fused_moe.cost.json, the learned cost model
@@ -21,7 +21,7 @@ import numpy as np
 
 def policy_bundle(uri: str, kernel: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
     """(meta, actor arrays, provenance) of a logged policy, read as data (safe_policy: no model code runs)."""
-    from kernel_gym.policies.safe_policy import load_safe_policy
+    from kernel_gym.train.safe_policy import load_safe_policy
 
     policy = load_safe_policy(uri)
     if policy.kernel != kernel:
@@ -66,7 +66,7 @@ def save_bundle(folder: Path, kernel: str, meta: dict[str, Any], params: dict[st
 
 def load_bundle(folder: Path, kernel: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
     """(meta, arrays, provenance) of KERNEL.json/.npz in `folder`, checked as data (safe_policy.load_bundle_files)."""
-    from kernel_gym.policies.safe_policy import load_bundle_files
+    from kernel_gym.train.safe_policy import load_bundle_files
 
     paths = [Path(folder) / f"{kernel}.json", Path(folder) / f"{kernel}.npz"]
     missing = [str(p) for p in paths if not p.is_file()]

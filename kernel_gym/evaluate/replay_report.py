@@ -1,4 +1,4 @@
-"""Replay reporting: what `kernel-gym replay` (kernel_gym/policies/replay.py, the harness and CLI) writes from a
+"""Replay reporting: what `kernel-gym replay` (kernel_gym/evaluate/replay.py, the harness and CLI) writes from a
 report: the markdown table per policy (`markdown`), the check of the project's targets on a report (`target_checks`,
 `summary_markdown` for benchmarks/replay/summary.md), the plots of tokens/s over time and config switches (`plot`),
 the JSON + .md + .png files beside each other (`write_outputs`) and the MLflow run holding them (`log_mlflow`).
@@ -69,7 +69,7 @@ def markdown(rep: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (policies/replay.py), the demo's and the README figures'
+DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (evaluate/replay.py), the demo's and the README figures'
 
 
 def estimate_note(rep: dict[str, Any]) -> str:
@@ -222,7 +222,7 @@ def write_outputs(rep: dict[str, Any], runs: dict[str, Any], json_path: Path) ->
 def log_mlflow(rep: dict[str, Any], paths: list[Path], params: dict[str, Any], tracking_uri: str | None) -> str:
     import mlflow
 
-    from kernel_gym.policies import tracking
+    from kernel_gym.train import tracking
 
     uri = tracking.setup_tracking(tracking_uri)
     exp = tracking.get_or_create_experiment("kernel-gym-replay", uri)

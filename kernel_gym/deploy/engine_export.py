@@ -480,7 +480,7 @@ def main_from_args(args: Any) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The engine options alone (`python -m kernel_gym.policies.engine_export`); `kernel-gym export` has the same."""
+    """The engine options alone (`python -m kernel_gym.deploy.engine_export`); `kernel-gym export` has the same."""
     p = argparse.ArgumentParser(prog="kernel-gym export --format vllm|sglang", description=__doc__.splitlines()[0])
     p.add_argument("--format", choices=FORMATS, required=True)
     p.add_argument("--out", type=Path, required=True)

@@ -14,7 +14,7 @@ What carries over exactly and what does not:
   quarters: bucket_of rounds half to even, a table edge sends it up) the Dispatcher clamps to the edge cell.
 - Prefill rules key on causal (query, key) pairs, which the table's axes (total_tokens, max_len) do not determine:
   a cell holds the rule's choice for its representative batch (sequences of max_len tokens summing to total_tokens,
-  as policies/export.py's cells): exact for those batches, an approximation for other batches in the cell.
+  as deploy/export.py's cells): exact for those batches, an approximation for other batches in the cell.
 - Default rules (the family heuristic per workload): MoE and prefill are left out of the table, so the Dispatcher
   answers with the same family default; decode's default config depends on neither batch nor context, so its cells
   hold it, on the rule's KV layout (the table's `kv_layout`).
@@ -27,11 +27,11 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any, Sequence
 
+from kernel_gym.deploy.export import DEFAULT_DEVICE, cell_workload, fixed_dims, versions
 from kernel_gym.dispatch.dispatcher import DispatchTable, KernelTable
 from kernel_gym.dispatch.serving_rules import DispatchRule, ServingCatalogue
 from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config
-from kernel_gym.policies.export import DEFAULT_DEVICE, cell_workload, fixed_dims, versions
 from kernel_gym.traffic.simulator import KERNELS
 from kernel_gym.traffic.windows import resolve_model
 
@@ -125,7 +125,7 @@ def export_serving_agent(env_kwargs: dict[str, Any], policy: Any, num_windows: i
     """Evaluate `policy` (a trained agent, a callable (obs, env) -> action, or "default") on held-out windows of the
     env (evaluate_serving) and export the rules it used most as a DispatchTable; returns (table, evaluation)."""
     from kernel_gym.envs.serving import ServingEnv
-    from kernel_gym.policies.serving_eval import evaluate_serving
+    from kernel_gym.evaluate.serving_eval import evaluate_serving
 
     catalogue = env_kwargs.get("catalogue")
     if catalogue is None:

@@ -15,7 +15,7 @@ validity mask was applied: "known" (a workload seen at training or evaluation: i
 is importable: the knob space's rules) or "nearest" (the mask of the nearest known workload in observation space).
 
 Loading it through MLflow runs this file (and whatever a crafted model ships instead): do that only for models you
-made. kernel_gym's own commands never do; they read policy.json and policy.npz as data (policies/safe_policy.py,
+made. kernel_gym's own commands never do; they read policy.json and policy.npz as data (train/safe_policy.py,
 docs/integrity.md), with the same forward pass and masking as this class.
 
 Imports at module level only the standard library, numpy and mlflow.

@@ -30,11 +30,11 @@ import numpy as np
 
 from kernel_gym.dispatch.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy, make_baselines
 from kernel_gym.dispatch.rules import fastest
+from kernel_gym.evaluate.replay_report import log_mlflow, markdown, write_outputs
 from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.coverage import CoveredBackend
 from kernel_gym.measure.types import MEASURED_SOURCES, is_estimated  # noqa: F401 - MEASURED_SOURCES re-exported
-from kernel_gym.policies.replay_report import log_mlflow, markdown, write_outputs
 from kernel_gym.traffic.simulator import DEFAULT_KV, KERNELS, BackendTimer, KVLayout, SimResult, Simulator
 
 POLICY_NAMES = ("default", "static", "vllm-table", "autotune", "random", "tpe", "learned", "oracle")
@@ -284,8 +284,8 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
 
 def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str | None = None) -> Any:
     """The Dispatcher over a dispatch table: from a file, or exported now from the given (or latest) policies."""
+    from kernel_gym.deploy.export import table_from_registry
     from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
-    from kernel_gym.policies.export import table_from_registry
 
     if not table_path:
         return Dispatcher(table_from_registry(model, model_uris))
@@ -399,7 +399,7 @@ def main(argv: Sequence[str] | None = None, backend: Any = None) -> int:
         if path is not None and (path.is_dir() or str(path).endswith(("/", "\\"))):
             raise ValueError(f"{flag} {path}: a directory; pass a file name, e.g. {flag} {path / 'replay.json'}")
     if args.tracking_uri:
-        from kernel_gym.policies.tracking import check_tracking_uri
+        from kernel_gym.train.tracking import check_tracking_uri
 
         check_tracking_uri(args.tracking_uri)
     if args.budget < 1:
@@ -437,7 +437,7 @@ def main(argv: Sequence[str] | None = None, backend: Any = None) -> int:
     for n in names:
         if n == "learned":
             if not args.table:
-                from kernel_gym.policies.tracking import setup_tracking
+                from kernel_gym.train.tracking import setup_tracking
 
                 setup_tracking(args.tracking_uri or None)
             disp = learned_policy(model, args.model_uri, args.table or None)

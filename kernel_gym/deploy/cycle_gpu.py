@@ -1,6 +1,6 @@
 """`kernel-gym cycle --gpu`: re-tune one moved key of an engine's fused-MoE file on this GPU and confirm it paired.
 
-Per moved key (M tokens, the planned routing skew) this is the engine tune path (policies/engine_tune.py, `tune
+Per moved key (M tokens, the planned routing skew) this is the engine tune path (deploy/engine_tune.py, `tune
 --engine`) with the *current file's* entry as the reference instead of the engine's own: the current entry is
 measured first (checked against the fp32 reference with NaN-filled outputs, CUDA-graph replays of the launch the
 engine runs at that M, swept: kernel_gym.measure.engine_timing), then the cycle's recorded candidates for the key,
@@ -33,9 +33,9 @@ class GpuConfirmer:
         if not smoke and not torch.cuda.is_available():
             raise RuntimeError("--gpu: no CUDA device here; run the cycle on the GPU machine, or without --gpu for "
                                "the zero-shot (unconfirmed) change")
+        from kernel_gym.deploy import engine_export as ee
         from kernel_gym.kernels import vllm_tables
         from kernel_gym.measure.engine_timing import Timer
-        from kernel_gym.policies import engine_export as ee
 
         if rows is None:
             from kernel_gym.measure.store import PACKAGED_SNAPSHOT
@@ -76,9 +76,9 @@ class GpuConfirmer:
         return fn, ("" if fn is not None else f"{meas.status}: {meas.reason}")
 
     def tune_key(self, m: int, skew: float, current: Config, candidates: list[Config], min_gain: float) -> dict:
+        from kernel_gym.deploy import engine_tune as et
         from kernel_gym.kernels import vllm_moe as vm
         from kernel_gym.measure.engine_timing import confirm, measure_config
-        from kernel_gym.policies import engine_tune as et
 
         t0 = time.perf_counter()
         res: dict[str, Any] = {"M": m, "skew": skew, "timed": {}, "dropped": {}, "confirmed": False}

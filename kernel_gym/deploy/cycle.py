@@ -15,7 +15,7 @@ and hand the pipeline a safe change with an exit code.
    the expected gain on this traffic.
 3. Re-plan only the moved keys: per key the measured config with the lowest time over the M values that key serves
    (its cell of the profile), kept only if it beats the current entry by `--min-gain` there. Without `--gpu` this is
-   the zero-shot change, unconfirmed (exit 11). With `--gpu` (policies/cycle_gpu.py) each changed key's candidates are
+   the zero-shot change, unconfirmed (exit 11). With `--gpu` (deploy/cycle_gpu.py) each changed key's candidates are
    timed on the GPU in vLLM's kernel design and the change is kept only if it beats the current entry again in a
    paired round (samples interleaved one by one); the others keep the current entry (exit 10 when any change is
    confirmed).
@@ -71,8 +71,8 @@ class Pricer:
     their own config but never make it a candidate or the per-M best."""
 
     def __init__(self, shape: Any, device: str = DEFAULT_DEVICE, rows: Any = None, engine: str = "vllm") -> None:
+        from kernel_gym.deploy import engine_export as ee
         from kernel_gym.kernels import vllm_tables
-        from kernel_gym.policies import engine_export as ee
 
         if rows is None:
             from kernel_gym.measure.store import PACKAGED_SNAPSHOT
@@ -527,7 +527,7 @@ def log_mlflow(rep: dict[str, Any], files: list[Path], tracking_uri: str | None)
     """One run per cycle: params, the decision and prices as metrics, the report and profile as artifacts."""
     import mlflow
 
-    from kernel_gym.policies import tracking
+    from kernel_gym.train import tracking
 
     uri = tracking.setup_tracking(tracking_uri)
     exp = tracking.get_or_create_experiment(EXPERIMENT, uri)
@@ -586,8 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None) -> tuple[int, dict[str, Any]]:
     """The cycle without the argument parsing (module docstring); returns (exit code, report)."""
+    from kernel_gym.deploy import engine_export as ee
     from kernel_gym.models import load_model
-    from kernel_gym.policies import engine_export as ee
 
     if not args.model or not args.engine:
         raise ValueError("--model and --engine are required (except with --rollback)")
@@ -633,7 +633,7 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
     gpu_s = 0.0
     if args.gpu:
         if confirmer is None:
-            from kernel_gym.policies.cycle_gpu import GpuConfirmer
+            from kernel_gym.deploy.cycle_gpu import GpuConfirmer
 
             confirmer = GpuConfirmer(shape, budget_s=args.gpu_budget_s, engine=args.engine, rows=rows,
                                      keys=sum(kp.moved for kp in plans))

@@ -41,7 +41,7 @@ from kernel_gym.dispatch.catalogue import (
     evaluate_choices,
 )
 from kernel_gym.dispatch.observation import observe
-from kernel_gym.policies import zoo_policy
+from kernel_gym.train import zoo_policy
 
 # Default obs_jitter per kernel (log2 units; each profile's obs_jitter, kernels/profiles.py), from held-out sweeps on
 # the recorded H200 data (docs/agent.md): decode 0.5 since its grid gained batches 3, 6, 12, 24, 48 (neighbours 0.4-0.6
@@ -451,7 +451,7 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
 
     import kernel_gym  # noqa: F401  (registers the env ids)
     from kernel_gym.envs.base import is_live, resolve_backend
-    from kernel_gym.policies import tracking
+    from kernel_gym.train import tracking
 
     torch.set_num_threads(args.torch_threads)
     backend = resolve_backend(backend if backend is not None else args.backend)
@@ -656,7 +656,7 @@ def load_weights(model: Any, path: Path) -> None:
 def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, run_id: str, specs: list) -> str:
     import gymnasium
 
-    from kernel_gym.policies import tracking
+    from kernel_gym.train import tracking
 
     space = gymnasium.make(
         args.env_id, backend=backend, references=data.train + data.heldout, catalogue=data.catalogue
@@ -678,7 +678,7 @@ def evaluate_logged_policy(
 
     The static baseline and the oracle are recomputed from the backend; the policy only sees workload keys."""
     from kernel_gym.envs.base import resolve_backend
-    from kernel_gym.policies.safe_policy import load_safe_policy
+    from kernel_gym.train.safe_policy import load_safe_policy
 
     data = prepare_data(kernel, resolve_backend(backend), model, profile, holdout, split_seed, near, max_catalogue,
                         depth)

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kernel_gym.kernels.space import Config
-from kernel_gym.policies.bundle import load_bundle, policy_bundle, save_bundle  # noqa: F401 (re-exported)
-from kernel_gym.policies.candidates import (  # noqa: F401 (re-exported: callers use tune.ranker etc.)
+from kernel_gym.train.bundle import load_bundle, policy_bundle, save_bundle  # noqa: F401 (re-exported)
+from kernel_gym.train.candidates import (  # noqa: F401 (re-exported: callers use tune.ranker etc.)
     NEAREST_SHAPES,
     NearestWinners,
     _snapped_block_m,
@@ -95,7 +95,7 @@ def first_round(workload: Any, rank: Any, top_k: int, nearest: Any = None) -> li
 def tune_plan(kernel: str, model: Any, rank: Any, top_k: int, nearest: Any = None) -> list[dict[str, Any]]:
     """`collect --plan` entries of round 1: each dispatch-grid cell's candidates (`first_round`; with `nearest=None`
     only the policy's top_k and the engine's entry)."""
-    from kernel_gym.policies.export import bucket_grid
+    from kernel_gym.deploy.export import bucket_grid
 
     _, _, workloads = bucket_grid(kernel, model)
     plan = []
@@ -222,12 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     if any(a == "--engine" or a.startswith("--engine=") for a in argv):  # the engine's own file: engine_tune.py
-        from kernel_gym.policies import engine_tune
+        from kernel_gym.deploy import engine_tune
 
         return engine_tune.main(argv)
     args = build_parser().parse_args(argv)
+    from kernel_gym.deploy.export import build_table, check_policy_model
     from kernel_gym.models import load_model
-    from kernel_gym.policies.export import build_table, check_policy_model
 
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(f"--budget-s must be > 0, got {args.budget_s}")
     model = load_model(args.model)
     if not args.policy_dir:
-        from kernel_gym.policies import tracking
+        from kernel_gym.train import tracking
 
         tracking.setup_tracking(args.tracking_uri or None)
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
@@ -247,12 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for kernel in kernels:
         cost = None
         if args.policy_dir:
-            from kernel_gym.policies.bundle import load_cost_model
+            from kernel_gym.train.bundle import load_cost_model
 
             meta, params, provenance = load_bundle(args.policy_dir, kernel)
             cost = load_cost_model(args.policy_dir, kernel)  # fused_moe: ranks round 1 as `export` ranks zero-shot
         else:
-            from kernel_gym.policies.export import latest_model_uris, parse_model_uris
+            from kernel_gym.deploy.export import latest_model_uris, parse_model_uris
 
             given = parse_model_uris(args.model_uri)
             uri = given.get(kernel) or latest_model_uris(model.name).get(kernel)

@@ -63,7 +63,7 @@ def run_live(
     from kernel_gym.kernels import get_family
     from kernel_gym.measure.live import LiveBackend
     from kernel_gym.measure.recorded import RecordedBackend
-    from kernel_gym.policies.train import policy_chooser, prepare_data
+    from kernel_gym.train.train import policy_chooser, prepare_data
 
     if "-live-" not in env_id or env_id not in ENV_KERNELS:
         raise ValueError(f"{env_id!r} is not a live kernel env; use one of "
@@ -183,7 +183,7 @@ def import_log(path: str | Path, experiment: str = "kernel-gym-live", tracking_u
     import matplotlib.pyplot as plt
     import mlflow
 
-    from kernel_gym.policies import tracking
+    from kernel_gym.train import tracking
 
     path = Path(path)
     try:

@@ -126,8 +126,8 @@ def ranked(model: Any, catalogue: Any, workload: Any, cost: Any = None, nearest:
     model (dispatch/cost_model.py; `nearest`: a tune.NearestWinners) the product's zero-shot candidates re-ranked by
     it. None by default: a held-out evaluation must pass a cost model fitted without its held-out rows, never the
     packaged one (cost_model.packaged() saw every recorded shape)."""
-    from kernel_gym.policies.tracking import export_policy_arrays
-    from kernel_gym.policies.tune import zero_shot_ranker
+    from kernel_gym.train.candidates import zero_shot_ranker
+    from kernel_gym.train.tracking import export_policy_arrays
 
     params, activation = export_policy_arrays(model)
     meta = {"configs": [dict(c) for c in catalogue.configs], "activation": activation}

@@ -273,7 +273,7 @@ def log_policy_model(
         shutil.copy(PACKAGE_ROOT / "kernels" / "profiles.py", t / "kernel_gym_profiles.py")
         info = mlflow.pyfunc.log_model(
             name="policy",
-            python_model=str(PACKAGE_ROOT / "policies" / "pyfunc_model.py"),
+            python_model=str(PACKAGE_ROOT / "train" / "pyfunc_model.py"),
             artifacts={"policy_npz": str(t / "policy.npz"), "policy_json": str(t / "policy.json")},
             code_paths=[str(t / "kernel_gym_observation.py"), str(t / "kernel_gym_workloads.py"),
                         str(t / "kernel_gym_profiles.py")],

@@ -19,7 +19,7 @@ export --confirmations` reads them), and the engine file with its exact name and
 
     kernel-gym tune --engine vllm --model olmoe-1b-7b --budget-s 60 --out out/tune_olmoe        # GPU
     kernel-gym tune --engine sglang --model spec.json --tp 2 --dry-run --out out/x               # CPU: the plan
-    python3 -m kernel_gym.policies.engine_tune ...                                                # the same
+    python3 -m kernel_gym.deploy.engine_tune ...                                                # the same
 
 GPU-side imports: torch, triton, the standard library and kernel_gym (no MLflow, no gymnasium): runs on the GPU
 machine as it is.
@@ -37,9 +37,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from kernel_gym.deploy import engine_export as ee
 from kernel_gym.kernels import vllm_tables
 from kernel_gym.kernels.space import Config
-from kernel_gym.policies import engine_export as ee
 
 STATE = "engine_tune_state.json"
 RESULT = "engine_tune.json"
@@ -364,7 +364,7 @@ def _finish(args: argparse.Namespace, shape: ee.MoEShape, eng: vllm_tables.Engin
             "model": args.model, "tp": args.tp, "ep": args.ep, "shape": shape.describe(), "device": device,
             "measured_on": gpu, "measured_triton_version": measured_tv, "routing": label, "skew": skew,
             "min_gain": args.min_gain, "summary": summary, "keys": report,
-            "source": "kernel-gym tune --engine (kernel_gym/policies/engine_tune.py)",
+            "source": "kernel-gym tune --engine (kernel_gym/deploy/engine_tune.py)",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if eng.name == "sglang":
         note["triton_version"] = tv

@@ -250,7 +250,7 @@ def log_mlflow(args: argparse.Namespace, report: dict[str, Any], curve: dict[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kernel_gym.policies.tracking import get_or_create_experiment, setup_tracking
+    from kernel_gym.train.tracking import get_or_create_experiment, setup_tracking
 
     uri = setup_tracking(args.tracking_uri or None)
     exp = get_or_create_experiment("kernel-gym-plan", uri)
@@ -310,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.models import load_model
     from kernel_gym.parallel.deploy import ENGINE_VERSIONS, launch_commands
-    from kernel_gym.policies.replay import routing_profile
     from kernel_gym.traffic.windows import resolve_trace
 
     slo = parse_slo(args.slo)

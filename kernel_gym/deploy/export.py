@@ -1,18 +1,18 @@
 """Export a learned policy for a deployment: a dispatch table (JSON) and vLLM fused-MoE config files.
 
 `kernel-gym export --model-uri models:/kernel-gym-moe-v0-mixtral-8x7b/1 --format dispatch|vllm --out DIR` loads each
-policy (an MLflow pyfunc, kernel_gym.policies.pyfunc_model), asks it for a config on a grid of workload buckets per
+policy (an MLflow pyfunc, kernel_gym.train.pyfunc_model), asks it for a config on a grid of workload buckets per
 kernel (the model's collection grid, plus routing skews for MoE) and writes:
 - dispatch: DIR/dispatch_table.json (kernel_gym.dispatch.dispatcher.DispatchTable: buckets, configs, device,
   versions, the policy each kernel came from);
 - vllm / sglang: the engine's fused-MoE config file, chosen among configs measured in the vllm_fused_moe family
-  (vLLM's own kernel) with the engine's shipped entry always a candidate: kernel_gym.policies.engine_export.
+  (vLLM's own kernel) with the engine's shipped entry always a candidate: kernel_gym.deploy.engine_export.
 Both are plain JSON: loading them needs no pickle and no kernel_gym.
 
 The dispatch table's `meta.rests_on` says per kernel what its choices rest on (measured / zero-shot with the policy's
 identity / tuned / estimate / absent: kernel_basis), and the command prints one line per kernel it leaves out, since
 a deployment then runs that family's default config there. `--policy-dir DIR` reads policy bundles (KERNEL.json +
-KERNEL.npz, policies/bundle.py) instead of MLflow: the zoo policies the repository ships are in
+KERNEL.npz, train/bundle.py) instead of MLflow: the zoo policies the repository ships are in
 benchmarks/generalisation/policies.
 """
 
@@ -105,7 +105,7 @@ def versions() -> dict[str, str]:
         except Exception:  # noqa: BLE001 - a version we cannot read is left out, not invented
             pass
     try:
-        from kernel_gym.policies.tracking import git_commit
+        from kernel_gym.train.tracking import git_commit
 
         out["git_commit"] = git_commit()
     except Exception:  # noqa: BLE001
@@ -222,9 +222,9 @@ def registered_kernel_names() -> dict[str, str]:
 
 def load_policy(uri: str, kernel: str | None = None) -> tuple[str, Predictor, dict[str, Any]]:
     """(kernel, predictor, provenance) of a logged policy; the kernel comes from the model itself. Read as data
-    (policies/safe_policy.py: policy.json + policy.npz, checked, allow_pickle off): no code in the model runs, so a
+    (train/safe_policy.py: policy.json + policy.npz, checked, allow_pickle off): no code in the model runs, so a
     model folder, file:// URI or shared store received from someone else is safe to export, replay or tune."""
-    from kernel_gym.policies.safe_policy import load_safe_policy
+    from kernel_gym.train.safe_policy import load_safe_policy
 
     policy = load_safe_policy(uri)
     if kernel is not None and kernel != policy.kernel:
@@ -240,7 +240,7 @@ def reranked_zero_shot(policy: Any) -> tuple[Predictor, dict[str, Any]]:
     whole valid space re-ranked by the packaged dataset's cost model (tune.zero_shot_ranker; fitted once, about a
     minute, then cached), because far from its training shapes the argmax alone fell to 0.917 / p5 0.680."""
     from kernel_gym.dispatch import cost_model as cm
-    from kernel_gym.policies.candidates import NearestWinners, zero_shot_ranker
+    from kernel_gym.train.candidates import NearestWinners, zero_shot_ranker
 
     cost = cm.packaged()
     rank = zero_shot_ranker(policy.kernel, policy.meta, policy.params, cost, NearestWinners())
@@ -391,13 +391,13 @@ def registered_policy_names() -> list[str]:
 
 
 def load_policy_dir(folder: Path, model: Any = None) -> dict[str, tuple[Predictor, dict[str, Any]]]:
-    """Predictors per kernel from the policy bundles in `folder` (KERNEL.json + KERNEL.npz: policies/bundle.py),
+    """Predictors per kernel from the policy bundles in `folder` (KERNEL.json + KERNEL.npz: train/bundle.py),
     without MLflow: tune.zero_shot_ranker's first choice (with the fused_moe cost model the folder ships, the
     candidates re-ranked by it; without, the masked argmax of the logged model under the knob-space rules), the family
     default where no catalogue config is valid. Prints one line per policy like load_policies."""
     from kernel_gym.kernels import get_family
-    from kernel_gym.policies.bundle import load_bundle, load_cost_model
-    from kernel_gym.policies.candidates import NearestWinners, zero_shot_ranker
+    from kernel_gym.train.bundle import load_bundle, load_cost_model
+    from kernel_gym.train.candidates import NearestWinners, zero_shot_ranker
 
     folder = Path(folder)
     found = [k for k in TABLE_KERNELS if (folder / f"{k}.json").exists()]
@@ -464,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "registered kernel-gym-<env>-<model> (for --model), else kernel-gym-<env>, in the MLflow store")
     p.add_argument("--format", choices=("dispatch", "vllm", "sglang"), default="dispatch",
                    help="dispatch: dispatch_table.json for the Dispatcher; vllm / sglang: the engine's fused-MoE "
-                        "config file from vllm_fused_moe measurements (policies/engine_export.py; no policy needed)")
+                        "config file from vllm_fused_moe measurements (deploy/engine_export.py; no policy needed)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--model", default="mixtral-8x7b", help="model spec (built-in name or JSON file) of the deployment")
     p.add_argument("--device", default=DEFAULT_DEVICE, help="GPU name as torch reports it (vLLM file name)")
@@ -511,7 +511,7 @@ def parse_kv_layout(text: str) -> tuple[int, str] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from kernel_gym.policies.tracking import setup_tracking
+    from kernel_gym.train.tracking import setup_tracking
 
     if args.skew < 0:
         raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {args.skew}")
@@ -519,8 +519,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(f"--policy-dir is for --format dispatch: {args.format} files are chosen among measured "
                          "vllm_fused_moe configs, not by a policy; drop --policy-dir")
     if args.format in ("vllm", "sglang"):  # measured vllm_fused_moe configs, not a policy (issue 15)
+        from kernel_gym.deploy import engine_export
         from kernel_gym.measure.store import PACKAGED_SNAPSHOT
-        from kernel_gym.policies import engine_export
 
         args.store = args.store or [str(PACKAGED_SNAPSHOT)]
         return engine_export.main_from_args(args)
