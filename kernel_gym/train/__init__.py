@@ -2,9 +2,11 @@
 as data (bundle.py, safe_policy.py) and their candidate rankings (candidates.py), the zoo's model-conditioned policy.
 
 The top floor is split by job (docs/architecture.md): train is below deploy and evaluate, which share one level (an
-evaluation replays exported tables; a deployment plan is scored by replays) and may import train. MLflow's noise on our own pyfunc models is turned off here, for all three jobs
-(deploy/ and evaluate/ import this package first): the "add type hints to predict" warning (our predict takes a
-DataFrame by design) and per-artifact download progress bars (dozens per export or replay).
+evaluation replays exported tables; a deployment plan is scored by replays) and may import train.
+
+MLflow's noise on our own pyfunc models is turned off here, for all three jobs (deploy/ and evaluate/ import this
+package first): the "add type hints to predict" warning (our predict takes a DataFrame by design) and per-artifact
+download progress bars (dozens per export or replay).
 """
 
 import os
