@@ -7,7 +7,9 @@ bench.py are the cli floor; the package root, models.py, modelspec.py and zoo.py
 every floor may import, and they themselves import only kernels.workloads and each other.
 
 No two modules may import each other (in either direction, at any depth of the file: a lazy or TYPE_CHECKING import
-counts too): a pair that needs each other shares a piece that belongs one level down (issue 28).
+counts too): a pair that needs each other shares a piece that belongs one level down (issue 28). The harnesses
+(scripts/*.py, benchmarks/*/run.py) sit above every floor: each kernel_gym import they make must name a module that
+exists, they import the test tree only where listed, and the package never imports them.
 """
 
 from __future__ import annotations
@@ -183,3 +185,51 @@ def test_the_two_way_checker_sees_lazy_and_relative_imports():
         "kernel_gym/measure/c.py": "from kernel_gym.measure.a import thing\n",
     }
     assert two_way_imports(files) == ["kernel_gym.measure.a:2 <-> kernel_gym.measure.b:1"]
+
+
+# The harnesses outside the package (scripts/, benchmarks/<study>/run.py) sit above every floor: they may import any
+# kernel_gym module, never the test tree (except as listed), and the package never imports them.
+HARNESS_GLOBS = ("scripts/*.py", "benchmarks/*/run.py")
+HARNESS_MAY_IMPORT_TESTS = {
+    "scripts/fault_injection.py": "its GPU check runs the test tree's fault-injecting kernel family (tests/measure)",
+}
+
+
+def harness_problems(source: str, path: str, modules: set[str]) -> list[str]:
+    """Every import in a harness (scripts/x.py) of a kernel_gym module that does not exist (a path a move left
+    stale) or of the test tree, as 'path:line: message'. `modules`: every kernel_gym module name."""
+    problems = []
+    for line, target in imported_modules(ast.parse(source), path[:-3].replace("/", "."), False):
+        if target not in modules and target.rpartition(".")[0] not in modules:  # a module, or a name in one
+            problems.append(f"{path}:{line}: imports {target}, which is no kernel_gym module")
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        if any(n.split(".")[0] == "tests" for n in names) and path not in HARNESS_MAY_IMPORT_TESTS:
+            problems.append(f"{path}:{node.lineno}: a harness imports the test tree ({names[0]})")
+    return problems
+
+
+def test_harnesses_import_existing_modules_and_not_the_tests():
+    modules = {module_name(f.relative_to(ROOT).as_posix()) for f in (ROOT / PACKAGE).rglob("*.py")}
+    harnesses = sorted({f for g in HARNESS_GLOBS for f in ROOT.glob(g)})
+    assert len(harnesses) > 20
+    problems = []
+    for f in harnesses:
+        problems += harness_problems(f.read_text(), f.relative_to(ROOT).as_posix(), modules)
+    for f in sorted((ROOT / PACKAGE).rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if not getattr(node, "level", 0) and any(n.split(".")[0] in ("scripts", "tests", "benchmarks")
+                                                         for n in names):
+                    problems.append(f"{f.relative_to(ROOT)}:{node.lineno}: the package imports a harness or test")
+    assert not problems, "harness imports:\n" + "\n".join(problems)
+
+
+def test_the_harness_checker_sees_stale_paths_and_test_imports():
+    modules = {"kernel_gym", "kernel_gym.deploy", "kernel_gym.deploy.export"}
+    assert harness_problems("from kernel_gym.deploy.export import build_table\n", "scripts/x.py", modules) == []
+    found = harness_problems("from kernel_gym.policies.export import build_table\nfrom tests.fakes import y\n",
+                             "scripts/x.py", modules)
+    assert [p.split(":")[1] for p in found] == ["1", "2"], found
