@@ -177,6 +177,17 @@ def tokens_over_time(res: SimResult, bins: int = 60) -> tuple[np.ndarray, np.nda
     return (edges[:-1] + edges[1:]) / 2, (h + f) / np.diff(edges)
 
 
+def _finish(plt: Any, fig: Any, ax: Any, ylabel: str, path: Path) -> None:
+    """Label, lay out, save and close one of plot's two figures (they share everything but the y axis)."""
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(runs: dict[str, Any],  # replay.PolicyRun values (not imported: replay imports this module)
          path_tokens: Path, path_switches: Path) -> None:
     import matplotlib
@@ -188,24 +199,12 @@ def plot(runs: dict[str, Any],  # replay.PolicyRun values (not imported: replay 
     for n, r in runs.items():
         x, y = tokens_over_time(r.result)
         ax.plot(x, y, label=n, lw=1.2)
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("output tokens/s")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path_tokens, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, "output tokens/s", path_tokens)
     fig, ax = plt.subplots(figsize=(8, 4))
     for n, r in runs.items():
         times = sorted(t for t, *_ in r.result.switch_log)
         ax.step([0.0, *times], np.arange(len(times) + 1), where="post", label=f"{n} ({len(times)})")
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("config switches (cumulative)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path_switches, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, "config switches (cumulative)", path_switches)
 
 
 def write_outputs(rep: dict[str, Any], runs: dict[str, Any], json_path: Path) -> list[Path]:
