@@ -310,6 +310,7 @@ def _greedy_table(refs: list[WorkloadReference], weights: list[float], candidate
     return chosen
 
 
+# Its keyword list repeats part of ServingEnv.__init__'s (duplicate scan): the env forwards these to it by name.
 def build_serving_catalogue(
     backend: Any,
     model: Any = "mixtral-8x7b",

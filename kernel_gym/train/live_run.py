@@ -34,6 +34,7 @@ def _spread(refs: list[Any], n: int) -> list[Any]:
     return [ordered[i] for i in idx]
 
 
+# Its keyword list has the shape of ServingEnv.__init__'s (duplicate scan): plain keywords, each forwarded as it is.
 def run_live(
     out: str | Path,
     env_id: str = "KernelGym/MoE-live-v0",
