@@ -114,7 +114,7 @@ class ServingEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-# Same-shape keyword list as KernelConfigEnv.__init__, run_live and build_serving_catalogue (duplicate scan): each
+    # Same-shape keyword list as KernelConfigEnv.__init__, run_live and build_serving_catalogue (duplicate scan): each
     # forwards its own options; a shared options object would hide what each entry point accepts.
     def __init__(
         self,
