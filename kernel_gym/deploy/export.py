@@ -229,7 +229,9 @@ def load_policy(uri: str, kernel: str | None = None) -> tuple[str, Predictor, di
     policy = load_safe_policy(uri)
     if kernel is not None and kernel != policy.kernel:
         raise ValueError(f"--model-uri {kernel}={uri}: that policy is for {policy.kernel!r}, not {kernel!r}")
-    if policy.kernel == "fused_moe" and policy.provenance.get("model_conditioned"):
+    from kernel_gym.dispatch.cost_model import KERNEL as COST_MODEL_KERNEL
+
+    if policy.kernel == COST_MODEL_KERNEL and policy.provenance.get("model_conditioned"):
         return policy.kernel, *reranked_zero_shot(policy)
     return policy.kernel, policy.predict, policy.provenance
 

@@ -261,9 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "benchmarks/generalisation/policies (the zoo policies the repository ships), train "
                                  f"one (kernel-gym train --model zoo --env-id ...), or pass --model-uri {kernel}=URI")
             meta, params, provenance = policy_bundle(uri, kernel)
-            if kernel == "fused_moe" and provenance.get("model_conditioned"):
-                from kernel_gym.dispatch import cost_model as cm
+            from kernel_gym.dispatch import cost_model as cm
 
+            if kernel == cm.KERNEL and provenance.get("model_conditioned"):
                 cost = cm.packaged()  # as `export` re-ranks this policy (export.reranked_zero_shot)
             if args.save_policies:
                 save_bundle(args.save_policies, kernel, meta, params, provenance, cost_model=cost)
