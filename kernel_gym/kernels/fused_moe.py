@@ -10,7 +10,9 @@ grouped GEMM belongs to one expert and reads that expert's weights only.
 Timing scope: routing and alignment depend on BLOCK_M and run in `prepare()`, NOT in the timed closure. The closure
 times the gate/up grouped GEMM, SiLU-and-mul, the down grouped GEMM, routing-weight scaling and the top-k sum,
 in as many kernels as the fusion knobs ask for. Benchmarks therefore time the layer with routing excluded
-(`make_torch_loop` gives the torch anchor with the same scope).
+(`make_torch_loop` gives the torch anchor with the same scope). A serving step routes inside the closure instead
+(`prepare(..., route_in_launch=True)`): `align_block_size_bounded` sizes the alignment from the shapes alone and never
+syncs with the host, so a CUDA graph can capture the layer; the kernels skip the row blocks past the routed ones.
 
 Knobs: BLOCK_M/N/K, GROUP_M (program order: GROUP_M row blocks share each weight tile while it is in L2), num_warps,
 num_stages (both GEMMs), SPLIT_K (down GEMM only: the intermediate dimension is split over SPLIT_K programs that
@@ -96,10 +98,12 @@ def _gate_up_kernel(
     num_n_blocks = tl.cdiv(n_out, BLOCK_N)
     pid_m, pid_n = _tile_ids(pid, num_m_blocks, num_n_blocks, GROUP_M)
 
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if expert < 0:  # a row block past the routed ones (align_block_size_bounded): nothing to compute
+        return
     slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     slot_mask = slots < num_valid_slots
     rows = tl.where(slot_mask, slots // TOP_K, 0).to(tl.int64)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_wn = (offs_n % n_out).to(tl.int64)  # wrap instead of masking the weight loads; stores are masked
@@ -156,10 +160,12 @@ def _down_kernel(
     num_n_blocks = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_ids(pid, num_m_blocks, num_n_blocks, GROUP_M)
 
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if expert < 0:  # a row block past the routed ones (align_block_size_bounded)
+        return
     slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     slot_mask = slots < num_valid_slots
     a_rows = tl.where(slot_mask, slots, 0).to(tl.int64)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_wn = (offs_n % N).to(tl.int64)
@@ -257,11 +263,14 @@ def _gate_up_tma_kernel(
     pid = tl.program_id(0)
     n_out = INTER if FUSE_SILU else 2 * INTER
     pid_m, pid_n = _tile_ids(pid, num_m_blocks, tl.cdiv(n_out, BLOCK_N), GROUP_M)
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:  # a row block past the routed ones (align_block_size_bounded)
+        return
     pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     slots = tl.load(sorted_ids_ptr + pos)
     slot_mask = slots < num_valid_slots
     rows = tl.where(slot_mask, slots // TOP_K, 0).to(tl.int64)
-    w_row = tl.load(expert_ids_ptr + pid_m) * (2 * INTER) + pid_n * BLOCK_N
+    w_row = expert * (2 * INTER) + pid_n * BLOCK_N
     a_ptrs = x_ptr + rows[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FUSE_SILU:
@@ -294,11 +303,14 @@ def _down_tma_kernel(
     activations (one [BLOCK_M, BLOCK_K] slab per step), else a pointer to slot-order rows (gathered)."""
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, num_m_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:  # a row block past the routed ones (align_block_size_bounded)
+        return
     pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     slots = tl.load(sorted_ids_ptr + pos)
     slot_mask = slots < num_valid_slots
     a_rows = tl.where(slot_mask, slots, 0).to(tl.int64)
-    w_row = tl.load(expert_ids_ptr + pid_m) * N + pid_n * BLOCK_N
+    w_row = expert * N + pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if ALIGNED_IN:
         for k in range(0, K, BLOCK_K):
@@ -377,6 +389,35 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     sorted_ids[padded_start[experts_sorted] + rank] = order.to(torch.int32)
     expert_ids = torch.repeat_interleave(torch.arange(num_experts, device=device), padded // block_m)
     return Alignment(sorted_ids, expert_ids.to(torch.int32), total, block_m)
+
+
+def max_aligned_blocks(num_slots: int, num_experts: int, block_m: int) -> int:
+    """The most row blocks any routing of num_slots slots can need: each non-empty expert pads fewer than block_m
+    slots, and at most min(num_experts, num_slots) experts are non-empty (vLLM's moe_align_block_size sizes its
+    buffers by the same kind of bound)."""
+    return (num_slots + min(num_experts, num_slots) * (block_m - 1)) // block_m
+
+
+def align_block_size_bounded(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    """align_block_size at a size fixed by the shapes alone (max_aligned_blocks), with no host sync, so a CUDA
+    graph can capture it: the routed blocks come first, in the same order; the blocks after them hold only the
+    sentinel slot and expert id -1, which the GEMM kernels skip."""
+    flat = topk_ids.flatten().to(torch.int64)
+    num_slots, device = flat.numel(), flat.device
+    num_blocks = max_aligned_blocks(num_slots, num_experts, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    blocks = (counts + block_m - 1) // block_m
+    block_end = torch.cumsum(blocks, 0)
+    padded_start = (block_end - blocks) * block_m
+    count_start = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(flat, stable=True)
+    experts_sorted = flat[order]
+    rank = torch.arange(num_slots, device=device) - count_start[experts_sorted]
+    sorted_ids = torch.full((num_blocks * block_m,), num_slots, dtype=torch.int32, device=device)
+    sorted_ids[padded_start[experts_sorted] + rank] = order.to(torch.int32)
+    block = torch.arange(num_blocks, device=device)
+    expert_ids = torch.where(block < block_end[-1], torch.searchsorted(block_end, block, right=True), -1)
+    return Alignment(sorted_ids, expert_ids.to(torch.int32), num_blocks * block_m, block_m)
 
 
 def _routing_for(inputs: MoEInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -620,16 +661,31 @@ def make_inputs(workload: MoEWorkload, device: str, seed: int = 0) -> MoEInputs:
     return MoEInputs(wl, x, logits, w1, w2)
 
 
-def _route_and_align(inputs: MoEInputs, block_m: int) -> tuple[torch.Tensor, Alignment]:
+def _route_and_align(inputs: MoEInputs, block_m: int, bounded: bool = False) -> tuple[torch.Tensor, Alignment]:
     """Routing (top-k of the router logits, on the inputs' device) and alignment to BLOCK_M, shared by every launch
     path: (the flat routing weights, the alignment)."""
     wl = inputs.workload
     weights, ids = route(inputs.router_logits.to(inputs.x.device), wl.top_k)
-    return weights.flatten().contiguous(), align_block_size(ids, wl.num_experts, block_m)
+    align = align_block_size_bounded if bounded else align_block_size
+    return weights.flatten().contiguous(), align(ids, wl.num_experts, block_m)
 
 
-def prepare(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
-    """Routing, alignment to BLOCK_M, workspaces and grids (not timed); returns the closure of the layer's kernels."""
+def _routing(inputs: MoEInputs, block_m: int, in_launch: bool) -> tuple[int, Callable[[], tuple]]:
+    """(the row blocks the grids cover, a call giving (flat routing weights, alignment)): routed once here (the
+    measured scope), or, in_launch, routed at every call from the current logits at the bounded size."""
+    if in_launch:
+        wl = inputs.workload
+        num_blocks = max_aligned_blocks(wl.num_tokens * wl.top_k, wl.num_experts, block_m)
+        return num_blocks, lambda: _route_and_align(inputs, block_m, bounded=True)
+    routed = _route_and_align(inputs, block_m)
+    return routed[1].num_blocks, lambda: routed
+
+
+def prepare(inputs: MoEInputs, config: Config, route_in_launch: bool = False) -> Callable[[], torch.Tensor]:
+    """Routing, alignment to BLOCK_M, workspaces and grids (not timed); returns the closure of the layer's kernels.
+
+    route_in_launch: the closure routes and aligns itself, from whatever inputs.router_logits holds at the call, at
+    the bounded size and without a host sync: a serving step's layer, which a CUDA graph can capture."""
     wl = inputs.workload
     SPACE.check(config, wl)
     bm, bn, bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
@@ -647,9 +703,7 @@ def prepare(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     dev = x.device
     num_slots = m * top_k
 
-    flat_weights, align = _route_and_align(inputs, bm)
-    num_m_blocks = align.num_blocks
-    sorted_ids, expert_ids = align.sorted_token_ids, align.expert_ids
+    num_m_blocks, routed = _routing(inputs, bm, route_in_launch)
 
     act = torch.empty(num_slots, inter, dtype=x.dtype, device=dev)
     h = act if fuse_silu else torch.empty(num_slots, 2 * inter, dtype=x.dtype, device=dev)
@@ -670,6 +724,8 @@ def prepare(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     grid_out = (triton.cdiv(m * hidden, ELEMWISE_BLOCK),)
 
     def launch() -> torch.Tensor:
+        flat_weights, align = routed()
+        sorted_ids, expert_ids = align.sorted_token_ids, align.expert_ids
         _gate_up_kernel[grid_gate_up](
             x, w1, h, sorted_ids, expert_ids, num_slots, num_m_blocks, hidden, inter,
             x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), h.stride(0), h.stride(1),
@@ -696,7 +752,7 @@ def prepare(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     return launch
 
 
-def prepare_tma(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
+def prepare_tma(inputs: MoEInputs, config: Config, route_in_launch: bool = False) -> Callable[[], torch.Tensor]:
     """The TMA_LOADS path (1: weights through descriptors; 2: also the down GEMM's activations): routing and
     alignment as in `prepare`; the closure runs gate/up, SiLU-and-mul unless fused, down with the routing weight, and
     the top-k sum. Measured on the H200 (docs/benchmarks.md): faster than pointer loads and the torch loop at large M,
@@ -713,20 +769,21 @@ def prepare_tma(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]
     launch_opts = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
     x = inputs.x
     m, e, hidden, inter, top_k = wl.num_tokens, wl.num_experts, wl.hidden, wl.intermediate, wl.top_k
-    flat_weights, align = _route_and_align(inputs, bm)
-    nb, num_slots, aligned = align.num_blocks, m * top_k, mode == 2
+    nb, routed = _routing(inputs, bm, route_in_launch)
+    num_slots, aligned = m * top_k, mode == 2
     w1_desc = TensorDescriptor.from_tensor(inputs.w1.view(e * 2 * inter, hidden), [bn, bk])
     w2_desc = TensorDescriptor.from_tensor(inputs.w2.view(e * hidden, inter), [bn, bk])
-    rows = align.num_tokens_post_padded if aligned else num_slots
+    rows = nb * bm if aligned else num_slots
     n_out = inter if fuse_silu else 2 * inter
     h = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
     act = h if fuse_silu else torch.empty(rows, inter, dtype=x.dtype, device=x.device)
     act_in = TensorDescriptor.from_tensor(act, [bm, bk]) if aligned else act
     y = torch.empty(num_slots, hidden, dtype=x.dtype, device=x.device)
     out = torch.empty(m, hidden, dtype=x.dtype, device=x.device)
-    sorted_ids, expert_ids = align.sorted_token_ids, align.expert_ids
 
     def launch() -> torch.Tensor:
+        flat_weights, align = routed()
+        sorted_ids, expert_ids = align.sorted_token_ids, align.expert_ids
         _gate_up_tma_kernel[(nb * triton.cdiv(n_out, bn),)](
             x, w1_desc, h, sorted_ids, expert_ids, num_slots, nb, hidden, inter, x.stride(0), h.stride(0),
             TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, FUSE_SILU=fuse_silu,
@@ -746,9 +803,10 @@ def prepare_tma(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]
     return launch
 
 
-def prepare_layer(inputs: MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
+def prepare_layer(inputs: MoEInputs, config: Config, route_in_launch: bool = False) -> Callable[[], torch.Tensor]:
     """The launch closure of any config of the family's space: `prepare_tma` for TMA_LOADS, else `prepare`."""
-    return prepare_tma(inputs, config) if config.get("TMA_LOADS", 0) else prepare(inputs, config)
+    prep = prepare_tma if config.get("TMA_LOADS", 0) else prepare
+    return prep(inputs, config, route_in_launch)
 
 
 def reference(inputs: MoEInputs) -> torch.Tensor:

@@ -73,6 +73,29 @@ def test_align_block_size_pads_each_expert_group():
     assert (sorted_ids[sorted_ids >= num_slots] == num_slots).all()
 
 
+def test_bounded_alignment_is_the_alignment_then_skipped_blocks():
+    """The graph-capturable alignment: the same routed blocks in the same order, then expert -1 blocks of sentinels
+    only, at a size set by the shapes; the bound holds for every routing and is reached by the worst one (every
+    expert one slot past a whole block)."""
+    cases = [torch.tensor([[3, 0], [3, 1], [0, 3], [3, 2], [1, 3]], dtype=torch.int32)]
+    gen = torch.Generator().manual_seed(7)
+    cases += [torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(m)]).to(torch.int32)
+              for m in (1, 3, 17, 40)]
+    for ids in cases:
+        for block_m in (4, 16):
+            exact = moe.align_block_size(ids, 8, block_m)
+            bounded = moe.align_block_size_bounded(ids, 8, block_m)
+            nb = moe.max_aligned_blocks(ids.numel(), 8, block_m)
+            assert bounded.num_blocks == nb >= exact.num_blocks
+            n = exact.num_blocks
+            assert torch.equal(bounded.expert_ids[:n], exact.expert_ids)
+            assert torch.equal(bounded.sorted_token_ids[:n * block_m], exact.sorted_token_ids)
+            assert (bounded.expert_ids[n:] == -1).all()
+            assert (bounded.sorted_token_ids[n * block_m:] == ids.numel()).all()
+    worst = torch.tensor([0] * 5 + [1] * 5 + [2] * 5 + [3] * 5 + [4, 5, 6, 7], dtype=torch.int32).view(12, 2)
+    assert moe.align_block_size(worst, 8, 4).num_blocks == moe.max_aligned_blocks(24, 8, 4) == 12  # 4 x 2 + 4
+
+
 def test_make_inputs_seeded_nonzero_and_scaled():
     wl = MoEWorkload(5, 4, 2, 64, 96, 0.0, "float32")
     a, b, c = moe.make_inputs(wl, "cpu", 0), moe.make_inputs(wl, "cpu", 0), moe.make_inputs(wl, "cpu", 1)
@@ -236,6 +259,24 @@ def test_tma_loads_match_reference(dtype):
             config = FAMILY.space.config({**cfg(bm=16, bn=32, bk=32, group=group, silu=silu, total=0),
                                           "TMA_LOADS": mode})
             check(inputs, config, ref)
+
+
+def test_route_in_launch_reroutes_every_call():
+    """A serving step's layer (route_in_launch): each call routes from what the logits buffer holds then, so the
+    second call, after new activations and logits are written in place, matches the reference of the new inputs;
+    pointer and TMA paths, split-K, and a routing that leaves experts empty (skipped blocks)."""
+    wl = MoEWorkload(7, 8, 3, 80, 48, 1.2, "float32")
+    tma = FAMILY.space.config({**cfg(bm=16, bn=32, bk=32, group=1, silu=1, total=0), "TMA_LOADS": 2})
+    configs = [COVERAGE[0], COVERAGE[1], COVERAGE[2]]
+    tma_wl = MoEWorkload(7, 8, 3, 64, 64, 1.2, "float32")
+    for config, w in [(c, wl) for c in configs] + [(tma, tma_wl)]:
+        inputs = moe.make_inputs(w, DEVICE, seed=5)
+        launch = moe.prepare_layer(inputs, config, route_in_launch=True)
+        torch.testing.assert_close(launch().float(), FAMILY.reference(inputs), atol=5e-3, rtol=5e-3)
+        fresh = moe.make_inputs(w, DEVICE, seed=6)
+        inputs.x.copy_(fresh.x)
+        inputs.router_logits.copy_(fresh.router_logits)
+        torch.testing.assert_close(launch().float(), FAMILY.reference(inputs), atol=5e-3, rtol=5e-3)
 
 
 def test_tma_loads_rules_and_paths():
