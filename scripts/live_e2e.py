@@ -10,8 +10,10 @@ through the block table), decodes through decode_attention; the MoE through fuse
 simulator's own (continuous batching, chunked prefill under --max-batched-tokens, pages, preemption): a subclass
 executes each step on the GPU and advances the clock by the measured seconds (Simulator._step_seconds), so arrivals,
 queueing and batching happen against real time. Kernel metadata (work tables, block tables, descriptors) is built
-before each step's timer starts; the MoE routing and alignment run inside it. Steps run eagerly: no CUDA graphs
-(fused_moe aligns on the host, which a graph cannot capture; docs/live.md).
+before each step's timer starts; the MoE routing and alignment run inside it, on the GPU with no host sync
+(fused_moe's route_in_launch). Decode-only steps replay a CUDA graph captured per capture size (vLLM's: 1, 2, 4,
+then multiples of 8; the padded rows read and write a scratch page) and config pair, with the block table, context
+lengths and slots in static buffers; steps with prefill chunks run eagerly (`--graphs off`: every step eager).
 
 Per policy: measured tokens/s, TTFT p50, TPOT p50 (and p99s) over the window, the per-step record (step kind,
 tokens, decode batch, measured seconds) in $OUT/<policy>_steps.json. `--predict` (CPU, afterwards) runs the plain
@@ -137,11 +139,18 @@ def make_chooser(spec: str, model: ModelSpec | None = None) -> Any:
 # ---- the model-shaped stack ------------------------------------------------------------------------------------
 
 
+def capture_size(batch: int) -> int:
+    """The decode batch a CUDA graph is captured for (vLLM's default capture sizes: 1, 2, 4, then multiples of 8):
+    a decode step of `batch` sequences replays the graph of this size, its extra rows on a scratch page."""
+    return batch if batch <= 2 else 4 if batch <= 4 else -(-batch // 8) * 8
+
+
 class Stack:
-    """Random weights at the model's shapes, the paged KV cache, and one engine step's forward pass."""
+    """Random weights at the model's shapes, the paged KV cache (plus one scratch page that padded graph rows read
+    and write), the static buffers a captured decode step reads, and the launches of one layer's attention."""
 
     def __init__(self, model: ModelSpec, num_pages: int, max_tokens: int, device: str, dtype: Any,
-                 vocab: int, seed: int = 0) -> None:
+                 vocab: int, max_seqs: int = 256, max_context: int = 4352, seed: int = 0) -> None:
         import torch
 
         self.torch, self.m, self.device, self.dtype = torch, model, device, dtype
@@ -152,6 +161,7 @@ class Stack:
         def rnd(*shape: int, scale: float) -> Any:
             return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * scale).to(dtype)
 
+        self.scratch_page = num_pages  # never handed out: padded decode rows of a graph use it
         self.layers = []
         for _ in range(m.num_layers):
             self.layers.append(dict(
@@ -160,16 +170,23 @@ class Stack:
                 wr=rnd(h, m.num_experts, scale=h ** -0.5),
                 w1=rnd(m.num_experts, 2 * m.intermediate, h, scale=h ** -0.5),
                 w2=rnd(m.num_experts, h, m.intermediate, scale=m.intermediate ** -0.5),
-                k_cache=torch.zeros(num_pages, PAGE.page_size, m.num_kv_heads, d, device=device, dtype=dtype),
-                v_cache=torch.zeros(num_pages, PAGE.page_size, m.num_kv_heads, d, device=device, dtype=dtype),
+                k_cache=torch.zeros(num_pages + 1, PAGE.page_size, m.num_kv_heads, d, device=device, dtype=dtype),
+                v_cache=torch.zeros(num_pages + 1, PAGE.page_size, m.num_kv_heads, d, device=device, dtype=dtype),
             ))
         self.final_norm = torch.ones(h, device=device, dtype=dtype)
         self.lm_head = rnd(h, vocab, scale=h ** -0.5)
-        self.x0 = rnd(max_tokens, h, scale=1.0)  # the step's embedded tokens (random: the values do not matter)
-        self.q_buf = torch.empty(max_tokens, m.num_heads, d, device=device, dtype=dtype)
-        self.attn = torch.empty(max_tokens, m.num_heads, d, device=device, dtype=dtype)
+        self.x0 = rnd(max(max_tokens, capture_size(max_seqs)), h, scale=1.0)  # the step's embedded tokens (random)
+        self.q_buf = torch.empty(self.x0.shape[0], m.num_heads, d, device=device, dtype=dtype)
+        self.attn = torch.empty(self.x0.shape[0], m.num_heads, d, device=device, dtype=dtype)
+        rows, width = capture_size(max_seqs), -(-max_context // PAGE.page_size)
+        self.g_slots = torch.full((rows,), self.scratch_page * PAGE.page_size, dtype=torch.int64, device=device)
+        self.g_block_table = torch.full((rows, width), self.scratch_page, dtype=torch.int32, device=device)
+        self.g_context = torch.ones(rows, dtype=torch.int32, device=device)
         self.free = list(range(num_pages - 1, -1, -1))
         self.pages: dict[int, list[int]] = {}
+        # (rows, decode config, MoE config) -> (graph or None on the CPU, forward, launches); one memory pool
+        self.graphs: dict[tuple, tuple] = {}
+        self.graph_pool: Any = None
 
     def rmsnorm(self, x: Any, w: Any) -> Any:
         xf = x.float()
@@ -195,97 +212,44 @@ class Stack:
         return self.torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=self.torch.int32,
                                  device=self.device)
 
+    def fill_graph_inputs(self, slots: list[int], rids: list[int], context: list[int], rows: int) -> None:
+        """Write a decode step into the static buffers its graph reads: the first len(rids) rows are the step's
+        sequences, the rest up to `rows` a one-token context on the scratch page."""
+        torch, n = self.torch, len(rids)
+        pad_slot = self.scratch_page * PAGE.page_size
+        width = self.g_block_table.shape[1]
+        table = torch.full((rows, width), self.scratch_page, dtype=torch.int32)
+        for i, r in enumerate(rids):
+            pages = self.pages[r]
+            if len(pages) > width:
+                raise RuntimeError(f"request {r} holds {len(pages)} pages, more than the graph's block table "
+                                   f"({width}): raise max_context")
+            table[i, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        self.g_slots[:rows].copy_(torch.tensor(slots + [pad_slot] * (rows - n), dtype=torch.int64))
+        self.g_block_table[:rows].copy_(table)
+        self.g_context[:rows].copy_(torch.tensor(context + [1] * (rows - n), dtype=torch.int32))
+
 
 def prefix_launcher(stack: Stack, layer: dict, wl: PrefixPrefillWorkload, config: Config, bt: Any, cu_q: Any,
-                    prefix_t: Any, table: Any, n_items: int, t: int) -> Any:
-    """prefix_prefill over the stack's cache for this layer: the closure of PrefixPrefillFamily.prepare_paged with
-    the step's work table built once (the kernel and its arguments as there)."""
-    import triton
-
+                    prefix_t: Any) -> Any:
+    """prefix_prefill over the stack's cache for this layer (PrefixPrefillFamily.prepare_paged on the layer's pages;
+    the step's chunks are the first T rows of the stack's q and attention buffers)."""
     from kernel_gym.kernels import prefix_prefill as pp
 
-    m, torch = stack.m, stack.torch
-    bm, bn, splits = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["NUM_SPLITS"])
+    t = wl.total_tokens
     paged = pp.PagedKV(layer["k_cache"], layer["v_cache"], bt, PAGE.page_size, PAGE.layout)
-    q, o = stack.q_buf[:t], stack.attn[:t]
-    h, d, hkv = m.num_heads, m.head_dim, m.num_kv_heads
-    if splits > 1:
-        part_o = torch.empty(splits, t, h, d, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(splits, t, h, dtype=torch.float32, device=q.device)
-    else:
-        part_o = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
-    rows_per_page, head_rows, head_cols = paged.geometry(hkv, d)
-    k2, v2 = paged.view_2d(paged.k_cache), paged.view_2d(paged.v_cache)
-    tma = pp.use_tma(q.device, bn, PAGE.page_size)
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        qx = TensorDescriptor.from_tensor(q.reshape(t, h * d), [bm, d])
-        kx, vx = TensorDescriptor.from_tensor(k2, [bn, d]), TensorDescriptor.from_tensor(v2, [bn, d])
-    else:
-        qx, kx, vx = q, k2, v2
-    args = (qx, kx, vx, o, part_o, part_lse, bt, cu_q, prefix_t, table[0], table[1], table[2], table[3],
-            (1.0 / math.sqrt(d)) * pp._LOG2E, rows_per_page, head_rows, head_cols,
-            q.stride(0), q.stride(1), k2.stride(0), bt.stride(0), o.stride(0), o.stride(1),
-            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1))
-    meta = dict(GROUP=h // hkv, HEAD_DIM=d, PAGE_SIZE=PAGE.page_size, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=splits,
-                USE_TMA=tma, DOT_PRECISION="ieee" if wl.dtype == "float32" else "tf32",
-                num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
-    combine_grid = (triton.cdiv(t, 16), h)
-    combine = (part_o, part_lse, o, t, part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0),
-               part_lse.stride(1), o.stride(0), o.stride(1))
-
-    def launch() -> None:
-        pp._prefix_fwd[(n_items,)](*args, **meta)
-        if splits > 1:
-            pp._combine_splits[combine_grid](*combine, HEAD_DIM=d, NUM_SPLITS=splits, BLOCK_T=16, num_warps=4)
-
-    return launch
+    return pp.FAMILY.prepare_paged(stack.q_buf[:t], paged, cu_q, prefix_t, wl, config,
+                                   1.0 / math.sqrt(stack.m.head_dim), out=stack.attn[:t])
 
 
 def decode_launcher(stack: Stack, layer: dict, config: Config, bt: Any, ctx_t: Any, row0: int, batch: int) -> Any:
-    """decode_attention over the stack's cache for this layer (the kernels and arguments of
-    DecodeAttentionFamily.prepare, on an existing cache and block table)."""
+    """decode_attention over the stack's cache for this layer (decode_attention.paged_launch, the closure its family
+    times), on rows [row0, row0 + batch) of the stack's q and attention buffers."""
     from kernel_gym.kernels import decode_attention as da
 
-    m, torch = stack.m, stack.torch
-    q, out = stack.q_buf[row0:row0 + batch], stack.attn[row0:row0 + batch]
-    kc, vc = layer["k_cache"], layer["v_cache"]
-    stride_page, stride_slot, stride_head = kc.stride(0), kc.stride(1), kc.stride(2)
-    splits, bn = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
-    grouped = bool(int(config["GQA_GROUPED"]))
-    if splits > 1:
-        part_out = torch.empty(batch, m.num_heads, splits, m.head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(batch, m.num_heads, splits, dtype=torch.float32, device=q.device)
-    else:
-        part_out = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
-    group = m.num_heads // m.num_kv_heads
-    args = (q, kc, vc, bt, ctx_t, out, part_out, part_lse, (1.0 / math.sqrt(m.head_dim)) * da._LOG2E,
-            q.stride(0), q.stride(1), stride_page, stride_slot, stride_head, bt.stride(0),
-            out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1))
-    opts = dict(num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
-    common = dict(HEAD_DIM=m.head_dim, PAGE_SIZE=PAGE.page_size, BLOCK_N=bn, NUM_SPLITS=splits,
-                  NUM_STAGES=int(config["num_stages"]))
-    if grouped:
-        kernel, grid = da._decode_grouped_kernel, (batch, m.num_kv_heads, splits)
-        precision = "ieee" if stack.dtype == torch.float32 else "tf32"
-        meta = dict(GROUP=group, GROUP_PAD=da.group_pad(group), DOT_PRECISION=precision, **common)
-    else:
-        kernel, grid = da._decode_per_head_kernel, (batch, m.num_heads, splits)
-        meta = dict(GROUP=group, **common)
-    combine = (part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
-               part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1))
-
-    def launch() -> None:
-        kernel[grid](*args, **meta, **opts)
-        if splits > 1:
-            da._combine_splits_kernel[(batch, m.num_heads)](*combine, HEAD_DIM=m.head_dim, NUM_SPLITS=splits,
-                                                            num_warps=4)
-
-    return launch
+    cache = da.PagedCache(layer["k_cache"], layer["v_cache"], bt, PAGE.page_size, PAGE.layout)
+    return da.paged_launch(stack.q_buf[row0:row0 + batch], cache, ctx_t, config, 1.0 / math.sqrt(stack.m.head_dim),
+                           stack.m.num_kv_heads, out=stack.attn[row0:row0 + batch])
 
 
 def check_attention(st: Stack, layer: dict, chunks: list, dec: list, ctx: list) -> int:
@@ -316,9 +280,12 @@ def check_attention(st: Stack, layer: dict, chunks: list, dec: list, ctx: list) 
 
 
 class LiveSimulator(Simulator):
-    """The simulator's scheduler with each step executed on the GPU (module docstring)."""
+    """The simulator's scheduler with each step executed on the GPU (module docstring). cuda_graphs: a decode-only
+    step replays a CUDA graph of its capture size (captured, untimed, the first time a size and config pair comes);
+    steps with prefill chunks run eagerly."""
 
-    def __init__(self, model: ModelSpec, trace: Trace, chooser: Any, stack: Stack, dtype: str, **kw: Any) -> None:
+    def __init__(self, model: ModelSpec, trace: Trace, chooser: Any, stack: Stack, dtype: str,
+                 cuda_graphs: bool = False, **kw: Any) -> None:
         class _Zero:  # the predicted kernel times are not used: the step's measured seconds are
             def time_s(self, kernel: str, workload: Any, config: Config) -> float:
                 return 1e-9
@@ -328,11 +295,107 @@ class LiveSimulator(Simulator):
         self.stack, self.dtype_name, self.record = stack, dtype, []
         self.check, self.checked, self.config_fallbacks = False, 0, 0
         self.compiled: set[tuple] = set()  # (kernel, config, specialisation) already run: compiled (module docstring)
+        self.cuda_graphs = cuda_graphs
+
+    def _moe_config(self, t: int, rounded_t: int) -> tuple[Config, MoEWorkload]:
+        """The MoE config the policy picks on the simulator's rounded token count, checked on the `t` rows the step
+        runs (a fallback when the rules refuse it there, counted)."""
+        from kernel_gym.kernels import fused_moe as fm
+
+        m = self.model
+        cfg = self.chooser.choose("fused_moe", self._workload(("fused_moe", round_count(rounded_t), 0.0)),
+                                  self.kv_layout)
+        wl = MoEWorkload(t, m.num_experts, m.top_k, m.hidden, m.intermediate, 0.0, self.dtype_name)
+        if not fm.SPACE.is_valid(cfg, wl):
+            cfg = self.chooser.choose("fused_moe", wl, self.kv_layout)
+            if not fm.SPACE.is_valid(cfg, wl):
+                cfg = fm.default_config(wl)
+            self.config_fallbacks += 1
+        return cfg, wl
+
+    def _forward(self, t: int, slot_t: Any, launches: list, moe_wl: MoEWorkload, cfg_m: Config, n_logits: int,
+                 check: Any = None) -> Any:
+        """One step's forward pass over t rows (a callable; what a graph captures): per layer norm, QKV, K/V into
+        the cache at slot_t, the step's attention launches, output projection, norm, router, the fused MoE layer
+        routed inside its launch (no host sync); the final norm and LM head on the last n_logits rows."""
+        from kernel_gym.kernels import fused_moe as fm
+
+        st, m = self.stack, self.model
+        q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+
+        def forward() -> None:
+            x = st.x0[:t]
+            for li, layer in enumerate(st.layers):
+                h = st.rmsnorm(x, layer["norm1"])
+                qkv = h @ layer["wqkv"]
+                st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
+                layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+                    qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
+                layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+                    qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
+                for per_layer in launches:
+                    per_layer[li]()
+                if check is not None and li == 0:
+                    check(layer)
+                x = x + st.attn[:t].reshape(t, q_dim) @ layer["wo"]
+                h = st.rmsnorm(x, layer["norm2"])
+                logits = (h @ layer["wr"]).float()
+                moe_in = fm.MoEInputs(moe_wl, h.contiguous(), logits, layer["w1"], layer["w2"])
+                x = x + fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)()
+            if n_logits:
+                st.rmsnorm(x[-n_logits:], st.final_norm).matmul(st.lm_head).argmax(-1)
+
+        return forward
+
+    def _decode_choice(self, dec: list[int], ctx: list[int]) -> Config:
+        key = ("decode_attention", round_count(len(dec)), round_log4(float(np.mean(ctx))))
+        return self.chooser.choose("decode_attention", self._workload(key), self.kv_layout)
+
+    def _graph_step(self, dec: list[int], ctx: list[int], slots: list[int]) -> tuple[float, dict]:
+        """A decode-only step through the graph of its capture size: fill the static buffers (before the timer, as
+        an engine prepares the next step's metadata), replay, time to the sync."""
+        import torch
+
+        st, n = self.stack, len(dec)
+        rows = capture_size(n)
+        cfg_d = self._decode_choice(dec, ctx)
+        cfg_m, moe_wl = self._moe_config(rows, n)
+        st.fill_graph_inputs(slots, dec, ctx, rows)
+        key = (rows, str(cfg_d), str(cfg_m))
+        captured_first = key not in st.graphs
+        if captured_first:
+            bt, ctx_t = st.g_block_table[:rows], st.g_context[:rows]
+            launches = [[decode_launcher(st, layer, cfg_d, bt, ctx_t, 0, rows) for layer in st.layers]]
+            forward = self._forward(rows, st.g_slots[:rows], launches, moe_wl, cfg_m, rows)
+            graph = None
+            if st.device == "cuda":
+                forward()  # compiles what is new; the graph then holds launches only
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                if st.graph_pool is None:
+                    st.graph_pool = torch.cuda.graph_pool_handle()
+                with torch.cuda.graph(graph, pool=st.graph_pool):
+                    forward()
+            st.graphs[key] = (graph, forward, launches)
+        graph, forward, launches = st.graphs[key]
+        if self.check and graph is None:  # CPU dry run: the padded static-buffer pass, checked on its real rows
+            self._forward(rows, st.g_slots[:rows], launches, moe_wl, cfg_m, rows,
+                          lambda layer: self._count_checked(layer, [], dec, ctx))()
+        if st.device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay() if graph is not None else forward()
+        if st.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, {"graph_rows": rows, "captured_first": captured_first,
+                                          "configs": {"decode_attention": str(cfg_d), "fused_moe": str(cfg_m)}}
+
+    def _count_checked(self, layer: dict, chunks: list, dec: list, ctx: list) -> None:
+        self.checked += check_attention(self.stack, layer, chunks, dec, ctx)
 
     def _step_seconds(self, predicted_s: float, chunks: list[tuple[int, int, int]], dec: np.ndarray) -> float:
         import torch
 
-        from kernel_gym.kernels import fused_moe as fm
         from kernel_gym.kernels import prefix_prefill as pp
 
         st, m, kv = self.stack, self.model, self.kv
@@ -348,6 +411,12 @@ class LiveSimulator(Simulator):
             slots.append(pages[(n - 1) // PAGE.page_size] * PAGE.page_size + (n - 1) % PAGE.page_size)
         tc = sum(c for _, c, _ in chunks)
         t = tc + len(dec)
+        if self.cuda_graphs and not chunks:
+            seconds, extra = self._graph_step(dec, ctx, slots)
+            self.record.append({"t": self.clock, "chunks": [], "decode_batch": len(dec),
+                                "mean_context": float(np.mean(ctx)), "tokens": t, "seconds": seconds,
+                                "ran_untimed_first": extra["captured_first"], **extra})
+            return seconds
         dev = st.device
         slot_t = torch.tensor(slots, dtype=torch.int64, device=dev)
         launches = []
@@ -360,52 +429,18 @@ class LiveSimulator(Simulator):
             if not pp.SPACE.is_valid(cfg_p, wl):
                 cfg_p = pp.FAMILY.default_config(wl)
                 self.config_fallbacks += 1
-            items = pp.work_table(wl, int(cfg_p["BLOCK_M"]), int(cfg_p["NUM_SPLITS"]))
-            table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(dev)
             bt_p = st.block_table([r for r, _, _ in chunks])
             cu_q = torch.tensor([0, *np.cumsum([c for _, c, _ in chunks]).tolist()], dtype=torch.int32, device=dev)
             prefix_t = torch.tensor([o for _, _, o in chunks], dtype=torch.int32, device=dev)
-            launches.append([prefix_launcher(st, layer, wl, cfg_p, bt_p, cu_q, prefix_t, table, len(items), tc)
-                             for layer in st.layers])
+            launches.append([prefix_launcher(st, layer, wl, cfg_p, bt_p, cu_q, prefix_t) for layer in st.layers])
         if dec:
-            key = ("decode_attention", round_count(len(dec)), round_log4(float(np.mean(ctx))))
-            cfg_d = self.chooser.choose("decode_attention", self._workload(key), self.kv_layout)
+            cfg_d = self._decode_choice(dec, ctx)
             bt_d = st.block_table(dec)
             ctx_t = torch.tensor(ctx, dtype=torch.int32, device=dev)
             launches.append([decode_launcher(st, layer, cfg_d, bt_d, ctx_t, tc, len(dec)) for layer in st.layers])
-        moe_key = ("fused_moe", round_count(t), 0.0)
-        cfg_m = self.chooser.choose("fused_moe", self._workload(moe_key), self.kv_layout)
-        moe_wl = MoEWorkload(t, m.num_experts, m.top_k, m.hidden, m.intermediate, 0.0, self.dtype_name)
-        if not fm.SPACE.is_valid(cfg_m, moe_wl):  # chosen on the rounded token count; the rules see the exact one
-            cfg_m = self.chooser.choose("fused_moe", moe_wl, self.kv_layout)
-            if not fm.SPACE.is_valid(cfg_m, moe_wl):
-                cfg_m = fm.default_config(moe_wl)
-            self.config_fallbacks += 1
+        cfg_m, moe_wl = self._moe_config(t, t)
         n_logits = len(dec) + sum(1 for r, c, o in chunks if o + c >= self.target[r])
-        q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-        check = self.check
-
-        def forward() -> None:
-            x = st.x0[:t]
-            for li, layer in enumerate(st.layers):
-                h = st.rmsnorm(x, layer["norm1"])
-                qkv = h @ layer["wqkv"]
-                st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
-                layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
-                    qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
-                layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
-                    qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
-                for per_layer in launches:
-                    per_layer[li]()
-                if check and li == 0:
-                    self.checked += check_attention(st, layer, chunks, dec, ctx)
-                x = x + st.attn[:t].reshape(t, q_dim) @ layer["wo"]
-                h = st.rmsnorm(x, layer["norm2"])
-                logits = (h @ layer["wr"]).float()
-                x = x + fm.prepare_layer(fm.MoEInputs(moe_wl, h.contiguous(), logits, layer["w1"], layer["w2"]),
-                                         cfg_m)()
-            if n_logits:
-                st.rmsnorm(x[-n_logits:], st.final_norm).matmul(st.lm_head).argmax(-1)
+        forward = self._forward(t, slot_t, launches, moe_wl, cfg_m, n_logits)
 
         # A config's first launch compiles it (seconds): a step that uses a config not run before runs once untimed
         # first. Re-running a step is harmless: it writes the same K/V to the same slots and recomputes the rest.
@@ -414,10 +449,11 @@ class LiveSimulator(Simulator):
                 ("decode_attention", str(cfg_d), spec) if dec else None, ("fused_moe", str(cfg_m), spec)} - {None}
         compiled_first = bool(used - self.compiled)
         if compiled_first:
-            check, self.check = self.check, False
             forward()
-            self.check = check
             self.compiled |= used
+        if self.check:
+            self._forward(t, slot_t, launches, moe_wl, cfg_m, n_logits,
+                          lambda layer: self._count_checked(layer, chunks, dec, ctx))()
         torch.cuda.synchronize() if dev == "cuda" else None
         t0 = time.perf_counter()
         forward()
@@ -467,7 +503,9 @@ def run_live(args: Any) -> int:
     probe = Simulator(model, trace, _Unit(), DefaultChooser(), None, kv_layout=PAGE, **sim_kwargs(args, model))
     log(f"{model.name} on {device}: {len(trace)} requests over {trace.duration_s:.1f} s ({trace.name}); KV pool "
         f"{probe.num_pages} pages of {PAGE.page_size}; weights {model.weight_bytes / 1e9:.1f} GB")
-    stack = Stack(model, probe.num_pages, args.max_batched_tokens, device, dtype, args.vocab)
+    stack = Stack(model, probe.num_pages, args.max_batched_tokens, device, dtype, args.vocab, args.max_seqs,
+                  args.max_prompt + args.max_output + 1)
+    graphs = args.graphs == "on"
     log(f"weights and cache allocated in {time.time() - t_start:.0f} s")
     results = {}
     for spec in args.policies.split(","):
@@ -476,11 +514,12 @@ def run_live(args: Any) -> int:
             log(f"budget spent: skipping {spec}")
             continue
         stack.release_except(set())
-        sim = LiveSimulator(model, trace, chooser, stack, dtype_name, **sim_kwargs(args, model))
+        sim = LiveSimulator(model, trace, chooser, stack, dtype_name, graphs, **sim_kwargs(args, model))
         sim.check = bool(args.smoke)
+        power_before = gpu_state(device)
         t0 = time.time()
         if args.warmup_steps:  # compile the first configs before the clock matters: a throwaway replay's first steps
-            warm = LiveSimulator(model, trace, chooser, stack, dtype_name, **sim_kwargs(args, model))
+            warm = LiveSimulator(model, trace, chooser, stack, dtype_name, graphs, **sim_kwargs(args, model))
             for _ in range(args.warmup_steps):
                 if not warm.step():
                     break
@@ -498,18 +537,46 @@ def run_live(args: Any) -> int:
         results[spec]["attention_rows_checked"] = sim.checked
         results[spec]["config_fallbacks"] = sim.config_fallbacks
         results[spec]["wall_s"] = time.time() - t0
+        results[spec]["graph_steps"] = sum(1 for r in sim.record if "graph_rows" in r)
+        results[spec]["graphs_held"] = len(stack.graphs)
+        results[spec]["gpu_before"], results[spec]["gpu_after"] = power_before, gpu_state(device)
         (args.out / f"{spec.replace(':', '_').replace('/', '_')}_steps.json").write_text(json.dumps(sim.record))
         log(f"{spec}: {s['tokens_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_s'] * 1e3:.1f} ms, TPOT p50 "
             f"{s['tpot_p50_s'] * 1e3:.2f} ms, {int(s['finished'])}/{len(trace)} finished, {len(sim.record)} steps")
+        write_measured(args, model, trace, device, dtype_name, graphs, results)  # after each policy: a cut-off run
+    print(json.dumps(results, indent=1))                                          # keeps the finished ones
+    return 0
+
+
+def write_measured(args: Any, model: ModelSpec, trace: Trace, device: str, dtype_name: str, graphs: bool,
+                   results: dict) -> None:
+    import torch
+
     meta = {"model": model.name, "trace": args.trace, "window": [args.start_s, args.seconds, args.rate],
             "max_prompt": args.max_prompt, "max_output": args.max_output, "kv_gb": args.kv_gb,
             "max_batched_tokens": args.max_batched_tokens, "max_seqs": args.max_seqs, "page": [16, "NHD"],
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu-interpreter",
-            "torch": torch.__version__, "cuda_graphs": False, "requests": len(trace), "smoke": bool(args.smoke),
-            "dtype": dtype_name}
+            "torch": torch.__version__, "triton": triton_version(), "commit": os.environ.get("KERNEL_GYM_COMMIT"),
+            "cuda_graphs": graphs, "requests": len(trace), "smoke": bool(args.smoke), "dtype": dtype_name}
     (args.out / "measured.json").write_text(json.dumps({"meta": meta, "measured": results}, indent=1))
-    print(json.dumps(results, indent=1))
-    return 0
+
+
+def gpu_state(device: str) -> dict | None:
+    """The GPU's clocks, power and throttle reasons now (kernel_gym.measure.power), or None off the GPU."""
+    if device != "cuda":
+        return None
+    from kernel_gym.measure.power import read_once
+
+    sample = read_once()
+    return None if sample is None else {k: v for k, v in vars(sample).items() if k != "t"}
+
+
+def triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
 
 
 class _Unit:
@@ -711,6 +778,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=32000, help="LM head rows (Mixtral 32000, OLMoE 50304)")
     p.add_argument("--policies", default="default", help="comma list: default, table:PATH")
     p.add_argument("--warmup-steps", type=int, default=40)
+    p.add_argument("--graphs", choices=("on", "off"), default="on",
+                   help="on: decode-only steps replay CUDA graphs (the CPU dry run runs the same padded path "
+                        "uncaptured); off: every step eager")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting policies after this many seconds")
     p.add_argument("--policy-budget-s", type=float, default=150.0, help="wall seconds per policy's replay")
     p.add_argument("--predict", action="store_true", help="CPU: the simulator's prediction beside measured.json")

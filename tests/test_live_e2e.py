@@ -1,4 +1,5 @@
-"""scripts/live_e2e.py's CPU pieces: the calibrated overhead, the step fits, and the committed summary's shape."""
+"""scripts/live_e2e.py's CPU pieces: the whole serving path under the interpreter (eager and through the padded
+static buffers a CUDA graph replays), the calibrated overhead, the step fits, and the committed summary's shape."""
 
 import json
 from pathlib import Path
@@ -9,6 +10,30 @@ from tests.script_module import load_script
 
 le = load_script("live_e2e")
 SUMMARY = Path(__file__).resolve().parents[1] / "benchmarks" / "live_e2e" / "summary.json"
+
+
+def test_capture_sizes_are_vllms():
+    assert [le.capture_size(b) for b in (1, 2, 3, 4, 5, 8, 9, 17, 256)] == [1, 2, 4, 4, 8, 8, 16, 24, 256]
+
+
+@pytest.mark.parametrize("graphs", ["on", "off"])
+def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
+    """The tiny model's dry run: every request finishes and every attention row of layer 0 matches torch attention
+    over the keys gathered back through the page lists; with graphs on, decode-only steps go through the padded
+    static buffers (scratch-page rows included) and still check out."""
+    assert le.main(["--out", str(tmp_path), "--smoke", "--graphs", graphs]) == 0
+    got = json.loads((tmp_path / "measured.json").read_text())
+    row = got["measured"]["default"]
+    assert got["meta"]["cuda_graphs"] is (graphs == "on")
+    assert row["complete"] and row["finished"] == row["requests"] == le.SMOKE_REQUESTS
+    assert row["attention_rows_checked"] >= 300 and row["config_fallbacks"] == 0
+    steps = json.loads((tmp_path / "default_steps.json").read_text())
+    graph_steps = [r for r in steps if "graph_rows" in r]
+    assert row["graph_steps"] == len(graph_steps)
+    if graphs == "on":
+        assert graph_steps and all(r["graph_rows"] >= r["decode_batch"] and not r["chunks"] for r in graph_steps)
+    else:
+        assert not graph_steps
 
 
 def test_calibrated_overhead_matches_the_measured_tpot():

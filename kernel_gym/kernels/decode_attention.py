@@ -525,6 +525,67 @@ def _paged_cache_memo(inputs: DecodeInputs, page_size: int, layout: str) -> Page
     return cache
 
 
+def paged_launch(q: torch.Tensor, cache: PagedCache, context_lens: torch.Tensor, config: Config, sm_scale: float,
+                 num_kv_heads: int, out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+    """The config's kernels over a paged cache: q [B, H, D] (last dim contiguous), cache pages of config's PAGE_SIZE
+    and LAYOUT with its block table, context_lens [B] int32 on the device. Workspaces are allocated here, and the
+    closure reads the block table and lengths where they lie at each call, so a serving stack keeps its own cache
+    and may rewrite both in place between calls (a CUDA graph replays it). `prepare` times exactly this closure."""
+    if (int(config["PAGE_SIZE"]), str(config["LAYOUT"])) != (cache.page_size, cache.layout):
+        raise ValueError(f"config pages {config['PAGE_SIZE']} {config['LAYOUT']} but the cache has "
+                         f"{cache.page_size} {cache.layout}: choose the config for the cache's layout")
+    batch, num_heads, head_dim = q.shape
+    splits, bn = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
+    grouped = bool(int(config["GQA_GROUPED"]))
+    combine = bool(int(config.get("COMBINE", 0)))
+    stride_page, stride_slot, stride_head = cache.strides()
+    out = torch.empty_like(q) if out is None else out
+    if splits > 1:
+        part_out = torch.empty(batch, num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
+    else:  # never touched: NUM_SPLITS == 1 writes the output directly
+        part_out = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
+    group = num_heads // num_kv_heads
+    # COMBINE: split programs arrived per (sequence, kv head); the combining program resets it to 0
+    arrived = torch.zeros(batch if combine else 1, num_kv_heads if combine else 1, dtype=torch.int32,
+                          device=q.device)
+    args = (
+        q, cache.k_cache, cache.v_cache, cache.block_table, context_lens, out, part_out, part_lse,
+        sm_scale * _LOG2E,
+        q.stride(0), q.stride(1), stride_page, stride_slot, stride_head, cache.block_table.stride(0),
+        out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+    )
+    launch_opts = dict(num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    common = dict(HEAD_DIM=head_dim, PAGE_SIZE=cache.page_size, BLOCK_N=bn, NUM_SPLITS=splits,
+                  NUM_STAGES=int(config["num_stages"]))
+    if grouped:
+        kernel = _decode_grouped_kernel
+        grid = (batch, num_kv_heads, splits)
+        precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+        meta = dict(GROUP=group, GROUP_PAD=group_pad(group), DOT_PRECISION=precision, COMBINE=int(combine),
+                    **common)
+        args = (*args[:8], arrived, *args[8:], arrived.stride(0))
+    else:
+        kernel = _decode_per_head_kernel
+        grid = (batch, num_heads, splits)
+        meta = dict(GROUP=group, **common)
+    combine_args = (
+        part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+    )
+
+    def launch() -> torch.Tensor:
+        kernel[grid](*args, **meta, **launch_opts)
+        if splits > 1 and not combine:
+            _combine_splits_kernel[(batch, num_heads)](*combine_args, HEAD_DIM=head_dim, NUM_SPLITS=splits,
+                                                       num_warps=4)
+        return out
+
+    return launch
+
+
 class DecodeAttentionFamily:
     """KernelFamily for paged GQA decode attention with optional split-KV (see the module docstring)."""
 
@@ -574,59 +635,8 @@ class DecodeAttentionFamily:
                     f"{name} has shape {tuple(x.shape)} strides {x.stride()}; expected {shape} with a contiguous "
                     f"last dim (use make_inputs)"
                 )
-        page_size, layout = int(config["PAGE_SIZE"]), str(config["LAYOUT"])
-        splits, bn = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
-        grouped = bool(int(config["GQA_GROUPED"]))
-        combine = bool(int(config.get("COMBINE", 0)))
-        cache = _paged_cache_memo(inputs, page_size, layout)
-        stride_page, stride_slot, stride_head = cache.strides()
-        q = inputs.q
-        out = torch.empty_like(q)
-        if splits > 1:
-            part_out = torch.empty(w.batch, w.num_heads, splits, w.head_dim, dtype=torch.float32, device=q.device)
-            part_lse = torch.empty(w.batch, w.num_heads, splits, dtype=torch.float32, device=q.device)
-        else:  # never touched: NUM_SPLITS == 1 writes the output directly
-            part_out = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
-            part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
-        group = w.num_heads // w.num_kv_heads
-        # COMBINE: split programs arrived per (sequence, kv head); the combining program resets it to 0
-        arrived = torch.zeros(w.batch if combine else 1, w.num_kv_heads if combine else 1, dtype=torch.int32,
-                              device=q.device)
-        args = (
-            q, cache.k_cache, cache.v_cache, cache.block_table, inputs.context_lens, out, part_out, part_lse,
-            inputs.sm_scale * _LOG2E,
-            q.stride(0), q.stride(1), stride_page, stride_slot, stride_head, cache.block_table.stride(0),
-            out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1),
-        )
-        launch_opts = dict(num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
-        common = dict(HEAD_DIM=w.head_dim, PAGE_SIZE=page_size, BLOCK_N=bn, NUM_SPLITS=splits,
-                      NUM_STAGES=int(config["num_stages"]))
-        if grouped:
-            kernel = _decode_grouped_kernel
-            grid = (w.batch, w.num_kv_heads, splits)
-            precision = "ieee" if w.dtype == "float32" else "tf32"  # tf32 is ignored for 16-bit inputs
-            meta = dict(GROUP=group, GROUP_PAD=group_pad(group), DOT_PRECISION=precision, COMBINE=int(combine),
-                        **common)
-            args = (*args[:8], arrived, *args[8:], arrived.stride(0))
-        else:
-            kernel = _decode_per_head_kernel
-            grid = (w.batch, w.num_heads, splits)
-            meta = dict(GROUP=group, **common)
-        combine_args = (
-            part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-        )
-
-        def launch() -> torch.Tensor:
-            kernel[grid](*args, **meta, **launch_opts)
-            if splits > 1 and not combine:
-                _combine_splits_kernel[(w.batch, w.num_heads)](
-                    *combine_args, HEAD_DIM=w.head_dim, NUM_SPLITS=splits, num_warps=4
-                )
-            return out
-
-        return launch
+        cache = _paged_cache_memo(inputs, int(config["PAGE_SIZE"]), str(config["LAYOUT"]))
+        return paged_launch(inputs.q, cache, inputs.context_lens, config, inputs.sm_scale, w.num_kv_heads)
 
     def reference(self, inputs: DecodeInputs) -> torch.Tensor:
         """fp32 attention of each sequence's query over its whole context, kv heads repeated for GQA: [B, H, D]."""

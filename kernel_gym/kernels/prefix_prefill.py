@@ -508,8 +508,10 @@ class PrefixPrefillFamily:
         return self.prepare_paged(inputs.q, paged, inputs.cu_q, inputs.prefix_lens, w, config, inputs.sm_scale)
 
     def prepare_paged(self, q: torch.Tensor, paged: PagedKV, cu_q: torch.Tensor, prefix_lens: torch.Tensor,
-                      w: PrefixPrefillWorkload, config: Config, sm_scale: float) -> Callable[[], torch.Tensor]:
-        """The launch over an existing paged cache (what a serving loop calls: its cache, block table and chunks)."""
+                      w: PrefixPrefillWorkload, config: Config, sm_scale: float,
+                      out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        """The launch over an existing paged cache (what a serving loop calls: its cache, block table and chunks;
+        `out`, [T, H, D] like q, where it keeps its attention output)."""
         bm, bn, splits = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["NUM_SPLITS"])
         page_size = int(config["PAGE_SIZE"])
         if paged.page_size != page_size or paged.layout != config["LAYOUT"]:
@@ -517,7 +519,7 @@ class PrefixPrefillFamily:
                              f"{config}; page the cache for the config")
         items = work_table(w, bm, splits)
         table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(q.device)
-        o = torch.empty_like(q)
+        o = torch.empty_like(q) if out is None else out
         t, h, d, hkv = w.total_tokens, w.num_heads, w.head_dim, w.num_kv_heads
         if splits > 1:
             part_o = torch.empty(splits, t, h, d, dtype=torch.float32, device=q.device)
