@@ -432,6 +432,33 @@ def test_gpu_fast_configs_and_torch_loop():
     torch.testing.assert_close(moe.torch_loop_moe(inputs).float(), ref, atol=atol, rtol=rtol)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 64, 256])
+def test_gpu_route_in_launch_replays_under_a_cuda_graph(m):
+    """The serving path a live decode step captures: routing and the bounded alignment inside the graph; replayed
+    after new activations and logits are copied in, it matches the fp32 reference of the new inputs (pointer and
+    TMA configs, Mixtral's shape)."""
+    wl = MoEWorkload(m, 8, 2, 4096, 14336, 0.0, "bfloat16")
+    atol, rtol = FAMILY.tolerance("bfloat16")
+    configs = [FAMILY.default_config(wl)]
+    configs += [c for c in FAMILY.space.sample(wl, 40, seed=m) if c.get("TMA_LOADS", 0)][:1]
+    inputs = moe.make_inputs(wl, "cuda", seed=1)
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    for config in configs:
+        launch = moe.prepare_layer(inputs, config, route_in_launch=True)
+        launch()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = launch()
+        for seed in (2, 3):
+            inputs.x.normal_(generator=gen)
+            inputs.router_logits.normal_(std=2.0, generator=gen)
+            graph.replay()
+            torch.testing.assert_close(out.float(), FAMILY.reference(inputs), atol=atol, rtol=rtol,
+                                       msg=lambda e, c=config, r=seed: f"{c} at M={m}, replay {r}: {e}")
+
+
 def test_tiles_must_fit_the_shape():
     """A TP-8 shard with intermediate 64: tiles wider than the gate/up output, and row blocks far beyond the batch's
     token slots, are rejected by the rules (so neither a policy nor tune can pick them); the default stays valid."""
