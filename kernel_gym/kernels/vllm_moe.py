@@ -189,12 +189,13 @@ def _rule_registers(config: Config, workload: MoEWorkload) -> str | None:
 
 
 def _rule_smem_in_flight(config: Config, workload: MoEWorkload) -> str | None:
-    """Shared memory of the K steps Triton's pipeliner keeps in flight: num_stages - 1 of them, at least 2 (the
-    full num_stages estimate, smem_bytes, rejects an entry vLLM 0.33 ships and runs: E=16, N=2048, M=128,
-    16/256/128 with 4 stages). A config this admits and the compiler refuses is recorded as a compile failure, never
-    timed."""
+    """Shared memory of the K steps Triton's pipeliner keeps in flight: num_stages - 1 of them from 4 stages on,
+    all of them below. Both ends are measured on the H200: the full num_stages estimate, smem_bytes, rejects an entry
+    vLLM 0.33 ships and runs (E=16, N=2048, M=128, 16/256/128 with 4 stages: 3 steps fit), and 256/64/128 with 3
+    stages needs all 3 (245,760 B, refused by the compiler). A config this admits and the compiler refuses is
+    recorded as a compile failure, never timed."""
     stages = int(config["num_stages"])
-    steps = min(stages, max(2, stages - 1))
+    steps = stages - 1 if stages >= 4 else stages
     need = smem_bytes(config, workload) // stages * steps
     if need > SHARED_MEMORY_LIMIT:
         return (f"shared memory estimate {need} B for {steps} K steps in flight exceeds "
