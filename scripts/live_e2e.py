@@ -306,9 +306,10 @@ class LiveSimulator(Simulator):
         cfg = self.chooser.choose("fused_moe", self._workload(("fused_moe", round_count(rounded_t), 0.0)),
                                   self.kv_layout)
         wl = MoEWorkload(t, m.num_experts, m.top_k, m.hidden, m.intermediate, 0.0, self.dtype_name)
-        if not fm.SPACE.is_valid(cfg, wl):
+        space = fm.FAMILY.space  # the rules a policy's mask uses (TMA_LOADS configs included)
+        if not space.is_valid(cfg, wl):
             cfg = self.chooser.choose("fused_moe", wl, self.kv_layout)
-            if not fm.SPACE.is_valid(cfg, wl):
+            if not space.is_valid(cfg, wl):
                 cfg = fm.default_config(wl)
             self.config_fallbacks += 1
         return cfg, wl

@@ -36,6 +36,35 @@ def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
         assert not graph_steps
 
 
+def test_a_policys_tma_moe_config_is_run_not_replaced():
+    """The MoE config a policy picks is checked with the family's own rules (TMA_LOADS included), so a table's TMA
+    entry runs as chosen; a config the rules refuse at the exact token count still falls back, counted."""
+    from kernel_gym.kernels import fused_moe as fm
+    from kernel_gym.traffic.traces import Trace
+
+    tma = fm.FAMILY.space.config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4,
+                                  "num_stages": 3, "SPLIT_K": 1, "FUSE_SILU": 1, "FUSE_WEIGHT": 1, "FUSE_SUM": 0,
+                                  "TMA_LOADS": 2})
+
+    class Fixed(le.DefaultChooser):
+        def __init__(self, moe):
+            super().__init__()
+            self.moe = moe
+
+        def choose(self, kernel, workload, kv):
+            return self.moe if kernel == "fused_moe" else super().choose(kernel, workload, kv)
+
+    stack = le.Stack(le.TINY, 8, 32, "cpu", __import__("torch").float32, 16, max_seqs=4, max_context=64)
+    trace = Trace("t", [0.0], [8], [2], "test")
+    kw = dict(gpu_memory_bytes=le.TINY.weight_bytes + 1e6, max_num_batched_tokens=32, max_num_seqs=4)
+    sim = le.LiveSimulator(le.TINY, trace, Fixed(tma), stack, "float32", **kw)
+    assert fm.FAMILY.space.is_valid(tma, fm.MoEWorkload(8, 4, 2, 64, 32, 0.0, "float32"))
+    assert sim._moe_config(8, 8)[0] == tma and sim.config_fallbacks == 0
+    refused = tma.replace(BLOCK_N=256)  # wider than the layer: refused by the family's rules
+    sim = le.LiveSimulator(le.TINY, trace, Fixed(refused), stack, "float32", **kw)
+    assert sim._moe_config(8, 8)[0] != refused and sim.config_fallbacks == 1
+
+
 def test_calibrated_overhead_matches_the_measured_tpot():
     """TPOT grows with the per-step overhead: bisection finds the overhead that reproduces the measured TPOT."""
     calls = []
