@@ -13,7 +13,9 @@ queueing and batching happen against real time. Kernel metadata (work tables, bl
 before each step's timer starts; the MoE routing and alignment run inside it, on the GPU with no host sync
 (fused_moe's route_in_launch). Decode-only steps replay a CUDA graph captured per capture size (vLLM's: 1, 2, 4,
 then multiples of 8; the padded rows read and write a scratch page) and config pair, with the block table, context
-lengths and slots in static buffers; steps with prefill chunks run eagerly (`--graphs off`: every step eager).
+lengths and slots in static buffers; steps with prefill chunks of up to 512 tokens run piecewise graphs (each
+layer's work before and after attention replayed, the attention launched eagerly between), larger ones eagerly
+(`--graphs off`: every step eager).
 
 Per policy: measured tokens/s, TTFT p50, TPOT p50 (and p99s) over the window, the per-step record (step kind,
 tokens, decode batch, measured seconds) in $OUT/<policy>_steps.json. `--predict` (CPU, afterwards) runs the plain
@@ -139,6 +141,9 @@ def make_chooser(spec: str, model: ModelSpec | None = None) -> Any:
 # ---- the model-shaped stack ------------------------------------------------------------------------------------
 
 
+PIECEWISE_MAX_TOKENS = 512  # steps with prefill chunks up to this many tokens run piecewise graphs (vLLM's default)
+
+
 def capture_size(batch: int) -> int:
     """The decode batch a CUDA graph is captured for (vLLM's default capture sizes: 1, 2, 4, then multiples of 8):
     a decode step of `batch` sequences replays the graph of this size, its extra rows on a scratch page."""
@@ -175,10 +180,13 @@ class Stack:
             ))
         self.final_norm = torch.ones(h, device=device, dtype=dtype)
         self.lm_head = rnd(h, vocab, scale=h ** -0.5)
-        self.x0 = rnd(max(max_tokens, capture_size(max_seqs)), h, scale=1.0)  # the step's embedded tokens (random)
+        rows = max(max_tokens, capture_size(max_seqs), PIECEWISE_MAX_TOKENS)
+        self.x0 = rnd(rows, h, scale=1.0)  # the step's embedded tokens (random: the values do not matter)
+        self.x_res = torch.empty_like(self.x0)  # the residual stream, in place (graphs read and write it there)
         self.q_buf = torch.empty(self.x0.shape[0], m.num_heads, d, device=device, dtype=dtype)
-        self.attn = torch.empty(self.x0.shape[0], m.num_heads, d, device=device, dtype=dtype)
-        rows, width = capture_size(max_seqs), -(-max_context // PAGE.page_size)
+        self.attn = torch.zeros(self.x0.shape[0], m.num_heads, d, device=device, dtype=dtype)  # padded rows stay finite
+        rows = max(capture_size(max_seqs), PIECEWISE_MAX_TOKENS)
+        width = -(-max_context // PAGE.page_size)
         self.g_slots = torch.full((rows,), self.scratch_page * PAGE.page_size, dtype=torch.int64, device=device)
         self.g_block_table = torch.full((rows, width), self.scratch_page, dtype=torch.int32, device=device)
         self.g_context = torch.ones(rows, dtype=torch.int32, device=device)
@@ -314,39 +322,60 @@ class LiveSimulator(Simulator):
             self.config_fallbacks += 1
         return cfg, wl
 
-    def _forward(self, t: int, slot_t: Any, launches: list, moe_wl: MoEWorkload, cfg_m: Config, n_logits: int,
-                 check: Any = None) -> Any:
-        """One step's forward pass over t rows (a callable; what a graph captures): per layer norm, QKV, K/V into
-        the cache at slot_t, the step's attention launches, output projection, norm, router, the fused MoE layer
-        routed inside its launch (no host sync); the final norm and LM head on the last n_logits rows."""
+    def _layer_pieces(self, t: int, slot_t: Any, moe_wl: MoEWorkload, cfg_m: Config) -> list[tuple[Any, Any]]:
+        """Per layer, the work before and after its attention over rows [0, t) of the residual stream (the stack's
+        x_res): before, norm, QKV, q into the q buffer, K/V into the cache at slot_t; after, the output projection,
+        norm, router and the fused MoE layer (routed inside its launch, no host sync), each added to the residual in
+        place. The pieces a piecewise graph captures around the attention launches."""
         from kernel_gym.kernels import fused_moe as fm
 
         st, m = self.stack, self.model
         q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-
-        def forward() -> None:
-            x = st.x0[:t]
-            for li, layer in enumerate(st.layers):
-                h = st.rmsnorm(x, layer["norm1"])
-                qkv = h @ layer["wqkv"]
+        x = st.x_res[:t]
+        pieces = []
+        for layer in st.layers:
+            def before(layer: dict = layer) -> None:
+                qkv = st.rmsnorm(x, layer["norm1"]) @ layer["wqkv"]
                 st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
                 layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
                     qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
                 layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
                     qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
+
+            def after(layer: dict = layer) -> None:
+                x.add_(st.attn[:t].reshape(t, q_dim) @ layer["wo"])
+                h = st.rmsnorm(x, layer["norm2"])
+                moe_in = fm.MoEInputs(moe_wl, h.contiguous(), (h @ layer["wr"]).float(), layer["w1"], layer["w2"])
+                x.add_(fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)())
+
+            pieces.append((before, after))
+        return pieces
+
+    def _forward(self, t: int, slot_t: Any, launches: list, moe_wl: MoEWorkload, cfg_m: Config, n_logits: int,
+                 check: Any = None) -> Any:
+        """One step's forward pass over t rows (a callable; what a decode graph captures): the embedded tokens into
+        the residual, each layer's pieces around its attention launches, the final norm and LM head on the last
+        n_logits rows."""
+        st = self.stack
+        pieces = self._layer_pieces(t, slot_t, moe_wl, cfg_m)
+
+        def forward() -> None:
+            st.x_res[:t].copy_(st.x0[:t])
+            for li, (before, after) in enumerate(pieces):
+                before()
                 for per_layer in launches:
                     per_layer[li]()
                 if check is not None and li == 0:
-                    check(layer)
-                x = x + st.attn[:t].reshape(t, q_dim) @ layer["wo"]
-                h = st.rmsnorm(x, layer["norm2"])
-                logits = (h @ layer["wr"]).float()
-                moe_in = fm.MoEInputs(moe_wl, h.contiguous(), logits, layer["w1"], layer["w2"])
-                x = x + fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)()
-            if n_logits:
-                st.rmsnorm(x[-n_logits:], st.final_norm).matmul(st.lm_head).argmax(-1)
+                    check(st.layers[0])
+                after()
+            self._sample(t, n_logits)
 
         return forward
+
+    def _sample(self, t: int, n_logits: int) -> None:
+        st = self.stack
+        if n_logits:
+            st.rmsnorm(st.x_res[t - n_logits:t], st.final_norm).matmul(st.lm_head).argmax(-1)
 
     def _decode_choice(self, dec: list[int], ctx: list[int]) -> Config:
         key = ("decode_attention", round_count(len(dec)), round_log4(float(np.mean(ctx))))
@@ -439,9 +468,16 @@ class LiveSimulator(Simulator):
             bt_d = st.block_table(dec)
             ctx_t = torch.tensor(ctx, dtype=torch.int32, device=dev)
             launches.append([decode_launcher(st, layer, cfg_d, bt_d, ctx_t, tc, len(dec)) for layer in st.layers])
-        cfg_m, moe_wl = self._moe_config(t, t)
+        piecewise = self.cuda_graphs and t <= PIECEWISE_MAX_TOKENS
+        rows = capture_size(t) if piecewise else t
+        cfg_m, moe_wl = self._moe_config(rows, t)
         n_logits = len(dec) + sum(1 for r, c, o in chunks if o + c >= self.target[r])
-        forward = self._forward(t, slot_t, launches, moe_wl, cfg_m, n_logits)
+        if piecewise:
+            st.g_slots[:rows].copy_(torch.tensor(slots + [st.scratch_page * PAGE.page_size] * (rows - t),
+                                                 dtype=torch.int64))
+            forward = self._piecewise(rows, t, launches, moe_wl, cfg_m, n_logits)
+        else:
+            forward = self._forward(t, slot_t, launches, moe_wl, cfg_m, n_logits)
 
         # A config's first launch compiles it (seconds): a step that uses a config not run before runs once untimed
         # first. Re-running a step is harmless: it writes the same K/V to the same slots and recomputes the rest.
@@ -453,8 +489,9 @@ class LiveSimulator(Simulator):
             forward()
             self.compiled |= used
         if self.check:
-            self._forward(t, slot_t, launches, moe_wl, cfg_m, n_logits,
-                          lambda layer: self._count_checked(layer, chunks, dec, ctx))()
+            check = lambda layer: self._count_checked(layer, chunks, dec, ctx)  # noqa: E731
+            (self._piecewise(rows, t, launches, moe_wl, cfg_m, n_logits, check) if piecewise else
+             self._forward(t, slot_t, launches, moe_wl, cfg_m, n_logits, check))()
         torch.cuda.synchronize() if dev == "cuda" else None
         t0 = time.perf_counter()
         forward()
@@ -462,10 +499,54 @@ class LiveSimulator(Simulator):
         seconds = time.perf_counter() - t0
         self.record.append({"t": self.clock, "chunks": [[r, c, o] for r, c, o in chunks], "decode_batch": len(dec),
                             "mean_context": float(np.mean(ctx)) if ctx else 0.0, "tokens": t, "seconds": seconds,
-                            "ran_untimed_first": compiled_first,
+                            "ran_untimed_first": compiled_first, **({"piecewise_rows": rows} if piecewise else {}),
                             "configs": {"prefix_prefill": str(cfg_p) if chunks else None,
                                         "decode_attention": str(cfg_d) if dec else None, "fused_moe": str(cfg_m)}})
         return seconds
+
+    def _piecewise(self, rows: int, t: int, launches: list, moe_wl: MoEWorkload, cfg_m: Config, n_logits: int,
+                   check: Any = None) -> Any:
+        """A step with prefill chunks through piecewise graphs (vLLM's design for mixed batches): each layer's work
+        before and after attention replays a graph captured for `rows` rows (the step's t tokens, then padding on the
+        scratch page; the slots in the static buffer), and the step's attention launches run eagerly between them on
+        its t real rows. The graphs are captured, untimed, the first time a size and MoE config come."""
+        import torch
+
+        st = self.stack
+        key = ("piecewise", rows, str(cfg_m))
+        if key not in st.graphs:
+            pieces = self._layer_pieces(rows, st.g_slots[:rows], moe_wl, cfg_m)
+            graphs = None
+            if st.device == "cuda":
+                if st.graph_pool is None:
+                    st.graph_pool = torch.cuda.graph_pool_handle()
+                graphs = []
+                for before, after in pieces:
+                    pair = []
+                    for piece in (before, after):
+                        piece()  # compiles what is new; the graph then holds launches only
+                        torch.cuda.synchronize()
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g, pool=st.graph_pool):
+                            piece()
+                        pair.append(g.replay)
+                    graphs.append(tuple(pair))
+            st.graphs[key] = (graphs, pieces)
+        graphs, pieces = st.graphs[key]
+        run = graphs if graphs is not None else pieces  # the CPU dry run calls the pieces themselves
+
+        def forward() -> None:
+            st.x_res[:rows].copy_(st.x0[:rows])
+            for li, (before, after) in enumerate(run):
+                before()
+                for per_layer in launches:
+                    per_layer[li]()
+                if check is not None and li == 0:
+                    check(st.layers[0])
+                after()
+            self._sample(t, n_logits)
+
+        return forward
 
 
 # ---- driving ---------------------------------------------------------------------------------------------------
@@ -541,7 +622,7 @@ def run_live(args: Any) -> int:
         results[spec]["graph_steps"] = sum(1 for r in sim.record if "graph_rows" in r)
         results[spec]["graphs_held"] = len(stack.graphs)
         results[spec]["gpu_before"], results[spec]["gpu_after"] = power_before, gpu_state(device)
-        (args.out / f"{spec.replace(':', '_').replace('/', '_')}_steps.json").write_text(json.dumps(sim.record))
+        steps_path(args.out, spec).write_text(json.dumps(sim.record))
         log(f"{spec}: {s['tokens_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_s'] * 1e3:.1f} ms, TPOT p50 "
             f"{s['tpot_p50_s'] * 1e3:.2f} ms, {int(s['finished'])}/{len(trace)} finished, {len(sim.record)} steps")
         write_measured(args, model, trace, device, dtype_name, graphs, results)  # after each policy: a cut-off run
@@ -735,9 +816,47 @@ def run_predict(args: Any) -> int:
         log(f"{spec}: " + ", ".join(f"{k} measured {row['measured'][k]:.4g} predicted {row['predicted'][k]:.4g}"
                                      + (f" (calibrated {cal[k]:.4g})" if cal is not None else "") for k in METRICS))
     summary["step_fit"] = step_fit(args.out, data["measured"])
+    if backend is not None:
+        summary["step_check"] = {spec: step_check(args.out, spec, model, trace, timer, backend, args, meta)
+                                 for spec in data["measured"]}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["policies"], indent=1))
     return 0
+
+
+def steps_path(out: Path, spec: str) -> Path:
+    return out / f"{spec.replace(':', '_').replace('/', '_')}_steps.json"
+
+
+def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
+               meta: dict) -> dict:
+    """Each measured step beside the simulator's price for the same step (its chunks, decode batch and context,
+    tokens: Simulator.price_step plus its step overhead), per kind of step: where the prediction's error comes from,
+    whatever the scheduling did with it afterwards."""
+    from kernel_gym.evaluate.replay import GuardedChooser
+
+    path = steps_path(out, spec)
+    if not path.exists():
+        return {}
+    guard = GuardedChooser(make_chooser(spec, model), backend, model.num_layers)
+    sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
+                           **sim_kwargs(args, model))
+    guard.sim = sim
+    kinds: dict[str, list[tuple[float, float]]] = {"decode_only": [], "with_prefill": []}
+    for r in json.loads(path.read_text()):
+        chunks = [tuple(c) for c in r["chunks"]]
+        completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
+        kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
+                                         [])
+        kinds["with_prefill" if chunks else "decode_only"].append((r["seconds"], kernel_s + dense + sim.overhead_s))
+    check = {}
+    for kind, rows in kinds.items():
+        if rows:
+            m, p = np.array(rows).T
+            check[kind] = {"steps": len(rows), "measured_s": float(m.sum()), "predicted_s": float(p.sum()),
+                           "sum_error": float(p.sum() / m.sum() - 1.0), "median_measured_over_predicted":
+                           float(np.median(m / p))}
+    return check
 
 
 def step_fit(out: Path, measured: dict) -> dict:
@@ -745,7 +864,7 @@ def step_fit(out: Path, measured: dict) -> dict:
     prefill chunk seconds = a + c x tokens (a: the step's fixed cost on this stack)."""
     fits = {}
     for spec in measured:
-        path = out / f"{spec.replace(':', '_').replace('/', '_')}_steps.json"
+        path = steps_path(out, spec)
         if not path.exists():
             continue
         steps = json.loads(path.read_text())

@@ -20,7 +20,8 @@ def test_capture_sizes_are_vllms():
 def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
     """The tiny model's dry run: every request finishes and every attention row of layer 0 matches torch attention
     over the keys gathered back through the page lists; with graphs on, decode-only steps go through the padded
-    static buffers (scratch-page rows included) and still check out."""
+    static buffers of a full graph and steps with chunks through the piecewise pieces (scratch-page rows included),
+    and still check out."""
     assert le.main(["--out", str(tmp_path), "--smoke", "--graphs", graphs]) == 0
     got = json.loads((tmp_path / "measured.json").read_text())
     row = got["measured"]["default"]
@@ -30,10 +31,13 @@ def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
     steps = json.loads((tmp_path / "default_steps.json").read_text())
     graph_steps = [r for r in steps if "graph_rows" in r]
     assert row["graph_steps"] == len(graph_steps)
+    piecewise = [r for r in steps if "piecewise_rows" in r]
     if graphs == "on":
         assert graph_steps and all(r["graph_rows"] >= r["decode_batch"] and not r["chunks"] for r in graph_steps)
+        assert piecewise and all(r["piecewise_rows"] >= r["tokens"] and r["chunks"] for r in piecewise)
+        assert len(graph_steps) + len(piecewise) == len(steps)  # the smoke's steps are all small enough
     else:
-        assert not graph_steps
+        assert not graph_steps and not piecewise
 
 
 def test_a_policys_tma_moe_config_is_run_not_replaced():

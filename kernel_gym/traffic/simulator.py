@@ -612,6 +612,32 @@ class Simulator:
             self._chunk_ok[key] = ok
         return ok
 
+    def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
+                   stall: list) -> tuple[float, float]:
+        """(tuned-kernel seconds over all layers, untuned dense seconds) of one step: its prefill chunks
+        [(request, chunk, offset)], `batch` decodes at mean context `mean_ctx`, the MoE over all its tokens at the
+        routing's skew now, and the dense ops with `n_logits` rows through the LM head (step() charges this, plus the
+        step overhead and stalls)."""
+        num_tokens = batch + sum(c for _, c, _ in chunks)
+        kernel_s = 0.0
+        if chunks:
+            kernel_s += self._chunks_s(chunks, stall)
+        if batch:
+            key = ("decode_attention", round_count(batch), round_log4(mean_ctx))
+            kernel_s += self._kernel_s("decode_attention", key, stall)
+        shares = self.routing.load_shares(self.clock)
+        if shares is not self._route_shares:
+            self._route_shares = shares
+            skew = round(round(self.routing.effective_skew(self.clock) / SKEW_GRID) * SKEW_GRID, 3)
+            self._route_stats = (skew, entropy_norm(shares), float(np.max(shares)))
+        kernel_s += self._kernel_s("fused_moe", ("fused_moe", round_count(num_tokens), self._route_stats[0]), stall)
+        dk = (num_tokens, n_logits)
+        dense = self._dense_memo.get(dk)
+        if dense is None:
+            dense = dense_step_s(self.model, num_tokens, n_logits, self.vocab)
+            self._dense_memo[dk] = dense
+        return kernel_s * self.model.num_layers, dense
+
     def step(self) -> bool:
         """Run one engine step (or jump over an idle gap). False when everything is served."""
         arrival = self.arrival
@@ -676,30 +702,10 @@ class Simulator:
         num_tokens = batch + prefill_tokens
         stall: list[tuple[float, str]] = self._pending_stalls
         self._pending_stalls = []
-        kernel_s = 0.0
-        mean_ctx = 0.0
-        if chunks:
-            kernel_s += self._chunks_s(chunks, stall)
-        if batch:
-            mean_ctx = float(kv[dec].mean()) + 1.0
-            key = ("decode_attention", round_count(batch), round_log4(mean_ctx))
-            kernel_s += self._kernel_s("decode_attention", key, stall)
-        shares = self.routing.load_shares(self.clock)
-        if shares is not self._route_shares:
-            self._route_shares = shares
-            skew = round(round(self.routing.effective_skew(self.clock) / SKEW_GRID) * SKEW_GRID, 3)
-            self._route_stats = (skew, entropy_norm(shares), float(np.max(shares)))
-        skew = self._route_stats[0]
-        kernel_s += self._kernel_s("fused_moe", ("fused_moe", round_count(num_tokens), skew), stall)
-        kernel_s *= self.model.num_layers
-
+        mean_ctx = float(kv[dec].mean()) + 1.0 if batch else 0.0
         completing = [rid for rid, c, _ in chunks if kv[rid] + c >= self.target[rid]]
         n_logits = batch + len(completing)
-        dk = (num_tokens, n_logits)
-        dense = self._dense_memo.get(dk)
-        if dense is None:
-            dense = dense_step_s(self.model, num_tokens, n_logits, self.vocab)
-            self._dense_memo[dk] = dense
+        kernel_s, dense = self.price_step(chunks, batch, mean_ctx, n_logits, stall)
         stall_s = 0.0
         for s, reason in stall:
             stall_s += s
