@@ -50,6 +50,7 @@ from kernel_gym.models import ModelSpec, load_model  # noqa: E402
 from kernel_gym.traffic.simulator import (  # noqa: E402
     KVLayout,
     Simulator,
+    capture_size,
     round_count,
     round_log4,
     round_up16,
@@ -142,12 +143,6 @@ def make_chooser(spec: str, model: ModelSpec | None = None) -> Any:
 
 
 PIECEWISE_MAX_TOKENS = 512  # steps with prefill chunks up to this many tokens run piecewise graphs (vLLM's default)
-
-
-def capture_size(batch: int) -> int:
-    """The decode batch a CUDA graph is captured for (vLLM's default capture sizes: 1, 2, 4, then multiples of 8):
-    a decode step of `batch` sequences replays the graph of this size, its extra rows on a scratch page."""
-    return batch if batch <= 2 else 4 if batch <= 4 else -(-batch // 8) * 8
 
 
 class Stack:
@@ -565,6 +560,11 @@ def pool_memory(model: ModelSpec, kv_gb: float) -> float:
     return (model.weight_bytes + kv_gb * 1e9) / 0.9
 
 
+def graph_kwargs(meta: dict) -> dict:
+    """The prediction of a run with CUDA graphs charges graphed steps at their padded size, as they ran."""
+    return {"cuda_graph_max_tokens": PIECEWISE_MAX_TOKENS if meta.get("cuda_graphs") else 0}
+
+
 def sim_kwargs(args: Any, model: ModelSpec) -> dict:
     return dict(gpu_memory_bytes=pool_memory(model, args.kv_gb), max_num_batched_tokens=args.max_batched_tokens,
                 max_num_seqs=args.max_seqs)
@@ -719,7 +719,7 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
         chooser = guard = GuardedChooser(chooser, backend, model.num_layers)
     extra = {} if overhead_s is None else {"step_overhead_s": overhead_s}
     sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
-                           **extra, **sim_kwargs(args, model))
+                           **extra, **sim_kwargs(args, model), **graph_kwargs(meta))
     if guard is not None:
         guard.sim = sim
     return sim.run().summary, sim, guard
@@ -840,7 +840,7 @@ def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any,
         return {}
     guard = GuardedChooser(make_chooser(spec, model), backend, model.num_layers)
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
-                           **sim_kwargs(args, model))
+                           **sim_kwargs(args, model), **graph_kwargs(meta))
     guard.sim = sim
     kinds: dict[str, list[tuple[float, float]]] = {"decode_only": [], "with_prefill": []}
     for r in json.loads(path.read_text()):
@@ -857,6 +857,33 @@ def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any,
                            "sum_error": float(p.sum() / m.sum() - 1.0), "median_measured_over_predicted":
                            float(np.median(m / p))}
     return check
+
+
+LIVE_CHECK = Path(__file__).resolve().parent.parent / "kernel_gym" / "data" / "live_check.json"
+
+
+def live_check(runs: list[Path]) -> dict:
+    """The plain simulator's error against the live runs with CUDA graphs (their summary.json): per metric the range
+    of relative errors over every policy of every run, with the runs named. `kernel-gym replay` prints it under its
+    table, so each simulated tokens/s, TTFT and TPOT figure comes with how far the simulator was from a real run."""
+    root = LIVE_CHECK.parents[2]
+    rows = []
+    for run in runs:
+        s = json.loads((run / "summary.json").read_text())
+        name = run.resolve().relative_to(root).as_posix() if run.resolve().is_relative_to(root) else str(run)
+        if not s["meta"].get("cuda_graphs"):
+            raise SystemExit(f"{run}: not a CUDA-graph run (meta.cuda_graphs is false); the check compares engines "
+                             "that graph their steps")
+        for spec, row in s["policies"].items():
+            if "relative_error" in row:
+                rows.append({"run": name, "model": s["meta"]["model"], "policy": spec,
+                             "commit": s["meta"].get("commit"), **row["relative_error"]})
+    if not rows:
+        raise SystemExit(f"no predicted policies in {[str(r) for r in runs]}: run --predict on each first")
+    return {"source": "scripts/live_e2e.py --live-check (H200 runs with CUDA graphs, plain simulator)",
+            "runs": sorted({r["run"] for r in rows}), "models": sorted({r["model"] for r in rows}),
+            "rows": sorted(rows, key=lambda r: (r["run"], r["policy"])),
+            "range": {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in METRICS}}
 
 
 def step_fit(out: Path, measured: dict) -> dict:
@@ -884,7 +911,7 @@ def step_fit(out: Path, measured: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="the run's folder (required except with --live-check)")
     p.add_argument("--model", default="mixtral-8x7b", help="a zoo model that fits one GPU with its KV pool")
     p.add_argument("--trace", default="bundled", help="trace name or path (default: the bundled Azure excerpt)")
     p.add_argument("--start-s", type=float, default=0.0)
@@ -904,16 +931,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting policies after this many seconds")
     p.add_argument("--policy-budget-s", type=float, default=150.0, help="wall seconds per policy's replay")
     p.add_argument("--predict", action="store_true", help="CPU: the simulator's prediction beside measured.json")
+    p.add_argument("--live-check", nargs="+", type=Path, metavar="RUN",
+                   help="CPU: the error ranges of these predicted runs into kernel_gym/data/live_check.json")
     p.add_argument("--calibrate", default="", metavar="POLICY",
                    help="with --predict: also fit the per-step overhead on this policy's TPOT, held for the others")
     p.add_argument("--calibration-from", default="", metavar="SUMMARY",
                    help="with --predict: hold the per-step overhead fitted in another run's summary.json")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
     args = p.parse_args(argv)
+    if args.out is None and not args.live_check:
+        p.error("--out is required: the folder the run writes (or --predict reads)")
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.max_batched_tokens, args.kv_gb, args.warmup_steps = 48, 0.002, 0
         args.max_prompt, args.max_output = 60, 3
+    if args.live_check:
+        LIVE_CHECK.write_text(json.dumps(live_check(args.live_check), indent=1) + "\n")
+        log(f"wrote {LIVE_CHECK}")
+        return 0
     if args.predict:
         return run_predict(args)
     return run_live(args)

@@ -103,3 +103,34 @@ def test_committed_summary_holds_measured_predicted_and_errors_per_policy():
             assert m > 0 and row["relative_error"][k] == pytest.approx((p - m) / m)
             assert row["calibrated"]["relative_error"][k] == pytest.approx(
                 (row["calibrated"]["predicted"][k] - m) / m)
+
+
+def test_packaged_live_check_is_what_the_committed_runs_give():
+    """kernel_gym/data/live_check.json (printed under every replay table) is recomputed from the committed runs'
+    summaries: a run re-predicted or added without --live-check fails here."""
+    packaged = json.loads(le.LIVE_CHECK.read_text())
+    root = Path(__file__).resolve().parents[1]
+    assert le.live_check([root / r for r in packaged["runs"]]) == packaged
+    lo, hi = packaged["range"]["tokens_per_s"]
+    assert lo <= hi and len(packaged["rows"]) >= 3
+
+
+def test_live_check_refuses_eager_runs_and_the_replay_note_reads_it(tmp_path):
+    from kernel_gym.evaluate.replay_report import live_check_note
+
+    run = tmp_path / "run"
+    run.mkdir()
+    summary = {"meta": {"cuda_graphs": False, "model": "m"}, "policies": {}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="not a CUDA-graph run"):
+        le.live_check([run])
+    summary["meta"]["cuda_graphs"] = True
+    summary["policies"] = {"p": {"relative_error": {"tokens_per_s": -0.05, "ttft_p50_s": 0.2, "tpot_p50_s": 0.01}}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    check = le.live_check([run])
+    assert check["range"]["ttft_p50_s"] == [0.2, 0.2]
+    (tmp_path / "check.json").write_text(json.dumps(check))
+    note = live_check_note(tmp_path / "check.json")
+    assert "tokens/s -5% to -5%" in note and "TTFT p50 +20% to +20%" in note
+    assert "1 policy runs in 1 live replays" in note
+    assert live_check_note(tmp_path / "absent.json") == ""

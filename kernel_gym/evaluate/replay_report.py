@@ -66,7 +66,29 @@ def markdown(rep: dict[str, Any]) -> str:
     note = estimate_note(rep)
     if note:
         lines += ["", note]
+    live = live_check_note()
+    if live:
+        lines += ["", live]
     return "\n".join(lines) + "\n"
+
+
+LIVE_CHECK = Path(__file__).resolve().parent.parent / "data" / "live_check.json"
+
+
+def live_check_note(path: Path = LIVE_CHECK) -> str:
+    """How far this simulator was from live H200 serving runs (kernel_gym/data/live_check.json, written from the
+    committed runs by scripts/live_e2e.py --live-check): printed under every replay table, beside its figures."""
+    if not path.exists():
+        return ""
+    check = json.loads(path.read_text())
+    ranges = check["range"]
+    span = ", ".join(f"{label} {100 * ranges[k][0]:+.0f}% to {100 * ranges[k][1]:+.0f}%"
+                     for k, label in (("tokens_per_s", "tokens/s"), ("ttft_p50_s", "TTFT p50"),
+                                      ("tpot_p50_s", "TPOT p50")))
+    return (f"Simulator vs live: against {len(check['rows'])} policy runs in {len(check['runs'])} live replays on one "
+            f"H200 ({', '.join(check['models'])}; "
+            f"continuous batching with CUDA graphs, real trace windows) this simulator's predictions were off by "
+            f"{span} (docs/live.md). Read every tokens/s, TTFT and TPOT figure above with that error.")
 
 
 DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (evaluate/replay.py), the demo's and the README figures'

@@ -150,6 +150,12 @@ def round_up16(n: float) -> int:
     return max(16, int(math.ceil(n / 16.0)) * 16)
 
 
+def capture_size(num_tokens: int) -> int:
+    """The rows a CUDA-graphed step of num_tokens runs (vLLM's default capture sizes: 1, 2, 4, then multiples of
+    8); the rows past num_tokens are padding."""
+    return num_tokens if num_tokens <= 2 else 4 if num_tokens <= 4 else -(-num_tokens // 8) * 8
+
+
 def chunk_equivalent_len(chunk: int, offset: int) -> int:
     """Length of a fresh causal sequence with as many (query, key) pairs as a chunk of `chunk` tokens after `offset`
     tokens already in the cache (PrefillWorkload has no prior context), rounded up to a multiple of 16."""
@@ -246,6 +252,9 @@ class Simulator:
     fresh sequences with as many (query, key) pairs (chunk_equivalent_len); "auto" (default): prefix_prefill where
     the timer has a time for it (a timer with an `answers` method, e.g. BackendTimer), else the stand-in, whose
     seconds for chunks with a prefix are summed as estimated in the summary (chunk_attention_estimated_s).
+    cuda_graph_max_tokens: an engine that replays CUDA graphs for steps of up to this many tokens (vLLM's default
+    capture sizes, `capture_size`) runs such a step at its capture size, its extra rows padding: the MoE layer and
+    the dense ops are charged for the padded rows. 0 (default): eager steps, charged for their tokens.
     """
 
     def __init__(
@@ -268,6 +277,7 @@ class Simulator:
         dtype: str = "bfloat16",
         prefix_caching: bool = True,
         chunk_attention: str = "auto",
+        cuda_graph_max_tokens: int = 0,
     ) -> None:
         if chunk_attention not in CHUNK_ATTENTION_MODES:
             raise ValueError(f"chunk_attention {chunk_attention!r} is not one of {CHUNK_ATTENTION_MODES}")
@@ -286,6 +296,7 @@ class Simulator:
         self.max_tokens = int(max_num_batched_tokens)
         self.max_seqs = int(max_num_seqs)
         self.overhead_s = float(step_overhead_s)
+        self.graph_max_tokens = int(cuda_graph_max_tokens)
         self.compile_fn = compile_s
         self.vocab = int(vocab_size)
         self.dtype = dtype
@@ -619,6 +630,8 @@ class Simulator:
         routing's skew now, and the dense ops with `n_logits` rows through the LM head (step() charges this, plus the
         step overhead and stalls)."""
         num_tokens = batch + sum(c for _, c, _ in chunks)
+        if num_tokens <= self.graph_max_tokens:
+            num_tokens = capture_size(num_tokens)
         kernel_s = 0.0
         if chunks:
             kernel_s += self._chunks_s(chunks, stall)
