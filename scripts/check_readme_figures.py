@@ -115,6 +115,8 @@ def noisy_rows(families: tuple[str, ...]) -> float:
 THREE = ("decode_attention", "fused_moe", "prefill_attention")
 GEN = "benchmarks/generalisation.json"
 LIVE = "benchmarks/live_e2e/summary.json"
+GRAPHS = "benchmarks/live_e2e/graphs/window1/summary.json"
+CHECK = "kernel_gym/data/live_check.json"
 LEARNED = "table:benchmarks/live_replay/inputs/dispatch_table.json"
 ZS = ("zero_shot", "kernel")
 N = r"(?P<v>[0-9][0-9,]*(?:\.[0-9]+)?)"  # a number as printed: 142,156 or 0.976
@@ -232,10 +234,19 @@ FIGURES = [
     Figure("far2 vs vLLM's kernel, tune", "docs/generalisation.md", rf"tune's pick {N}x \(worst cell 0.998x\)",
            GEN, at(GEN, "far2_test", "fused_moe", "vs_engine", "tuned_geomean"), 0.0005, "gpu"),
     # ---- the live end-to-end replay (benchmarks/live_e2e: measured on the H200, predicted by --predict) ----
-    Figure("live e2e learned TTFT p50, window 1 (ms)", "README.md", rf"TTFT p50 {N} / 138 / 201 ms", LIVE,
-           at(LIVE, "policies", LEARNED, "measured", "ttft_p50_s", scale=1e3), 0.6, "gpu"),
-    Figure("live e2e learned TPOT p50, window 1 (ms)", "README.md", rf"TPOT p50 {N} / 69.7", LIVE,
-           at(LIVE, "policies", LEARNED, "measured", "tpot_p50_s", scale=1e3), 0.06, "gpu"),
+    Figure("live e2e (graphs) learned TPOT p50, window 1 (ms)", "README.md", rf"TPOT p50 \*\*{N}\*\* / ", GRAPHS,
+           at(GRAPHS, "policies", LEARNED, "measured", "tpot_p50_s", scale=1e3), 0.06, "gpu"),
+    Figure("live e2e (graphs) vllm-table TPOT p50, window 1 (ms)", "README.md",
+           rf"TPOT p50 \*\*[0-9.]+\*\* / {N} / ", GRAPHS,
+           at(GRAPHS, "policies", "vllm-table", "measured", "tpot_p50_s", scale=1e3), 0.06, "gpu"),
+    Figure("live e2e (graphs) learned TTFT p50, window 1 (ms)", "README.md", rf"ms, TTFT p50 {N} / ", GRAPHS,
+           at(GRAPHS, "policies", LEARNED, "measured", "ttft_p50_s", scale=1e3), 0.06, "gpu"),
+    Figure("live e2e (graphs) simulator throughput error, lowest (%)", "README.md",
+           rf"graphed runs: throughput -{N}% to ", CHECK, lambda: -100 * committed(CHECK)["range"]["tokens_per_s"][0],
+           0.06, "gpu"),
+    Figure("live e2e (graphs) simulator TPOT error, highest (%)", "README.md",
+           rf"TPOT -[0-9.]+% to \+{N}% \(within", CHECK, lambda: 100 * committed(CHECK)["range"]["tpot_p50_s"][1],
+           0.06, "gpu"),
     Figure("live e2e learned TPOT calibrated error, window 1 (%)", "docs/live.md",
            rf"learned table \| 160.1 \| 117 \| 67.7 \| [^|]+\| [+-][0-9.]+% / [+-][0-9.]+% / \+{N}%", LIVE,
            at(LIVE, "policies", LEARNED, "calibrated", "relative_error", "tpot_p50_s", scale=100), 0.06, "gpu"),
