@@ -828,6 +828,17 @@ def steps_path(out: Path, spec: str) -> Path:
     return out / f"{spec.replace(':', '_').replace('/', '_')}_steps.json"
 
 
+def read_steps(out: Path, spec: str) -> list[dict] | None:
+    """A policy's step records: <policy>_steps.json as the run wrote it, or gzipped as committed; None if neither."""
+    import gzip
+
+    path = steps_path(out, spec)
+    if path.exists():
+        return json.loads(path.read_text())
+    packed = path.with_suffix(".json.gz")
+    return json.loads(gzip.decompress(packed.read_bytes())) if packed.exists() else None
+
+
 def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
                meta: dict) -> dict:
     """Each measured step beside the simulator's price for the same step (its chunks, decode batch and context,
@@ -835,15 +846,15 @@ def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any,
     whatever the scheduling did with it afterwards."""
     from kernel_gym.evaluate.replay import GuardedChooser
 
-    path = steps_path(out, spec)
-    if not path.exists():
+    steps = read_steps(out, spec)
+    if steps is None:
         return {}
     guard = GuardedChooser(make_chooser(spec, model), backend, model.num_layers)
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            **sim_kwargs(args, model), **graph_kwargs(meta))
     guard.sim = sim
     kinds: dict[str, list[tuple[float, float]]] = {"decode_only": [], "with_prefill": []}
-    for r in json.loads(path.read_text()):
+    for r in steps:
         chunks = [tuple(c) for c in r["chunks"]]
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
@@ -891,10 +902,9 @@ def step_fit(out: Path, measured: dict) -> dict:
     prefill chunk seconds = a + c x tokens (a: the step's fixed cost on this stack)."""
     fits = {}
     for spec in measured:
-        path = steps_path(out, spec)
-        if not path.exists():
+        steps = read_steps(out, spec)
+        if steps is None:
             continue
-        steps = json.loads(path.read_text())
         fit = {}
         for kind, rows, x in (("decode_only", [r for r in steps if not r["chunks"]], "decode_batch"),
                               ("with_prefill", [r for r in steps if r["chunks"]], "tokens")):
