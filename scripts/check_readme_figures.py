@@ -242,7 +242,7 @@ FIGURES = [
     Figure("live e2e (graphs) learned TTFT p50, window 1 (ms)", "README.md", rf"ms, TTFT p50 {N} / ", GRAPHS,
            at(GRAPHS, "policies", LEARNED, "measured", "ttft_p50_s", scale=1e3), 0.06, "gpu"),
     Figure("live e2e (graphs) simulator throughput error, lowest (%)", "README.md",
-           rf"graphed runs: throughput -{N}% to ", CHECK, lambda: -100 * committed(CHECK)["range"]["tokens_per_s"][0],
+           rf"graphed policy runs: throughput -{N}% to ", CHECK, lambda: -100 * committed(CHECK)["range"]["tokens_per_s"][0],
            0.06, "gpu"),
     Figure("live e2e (graphs) simulator TPOT error, highest (%)", "README.md",
            rf"TPOT -[0-9.]+% to \+{N}% \(within", CHECK, lambda: 100 * committed(CHECK)["range"]["tpot_p50_s"][1],
