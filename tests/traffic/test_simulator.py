@@ -19,6 +19,7 @@ from kernel_gym.traffic.simulator import (
     KVLayout,
     Simulator,
     StaticChooser,
+    capture_size,
     chunk_equivalent_len,
     round_count,
     round_log4,
@@ -149,6 +150,33 @@ def test_step_time_is_kernels_times_layers_plus_dense_plus_overhead():
     expect = 2 * (timer.time_s("p", pw, Config()) + timer.time_s("m", mw, Config())) \
         + dense_step_s(TINY, 100, 1) + 0.004
     assert d0 == pytest.approx(expect) and res.summary["stall_s"] == 0
+
+
+def test_graphed_steps_are_charged_at_their_capture_size():
+    """cuda_graph_max_tokens: a step of up to that many tokens runs at its capture size (1, 2, 4, then multiples of
+    8), so the MoE layer and the dense ops are charged for the padded rows; larger steps and the default stay exact."""
+    assert [capture_size(n) for n in (1, 2, 3, 5, 8, 9, 250)] == [1, 2, 4, 8, 8, 16, 256]
+    tr = Trace("three", np.array([0.0, 0.0, 0.0]), np.array([16, 16, 16]), np.array([3, 3, 3]))
+
+    class Recording(AnalyticTimer):
+        def __init__(self):
+            super().__init__()
+            self.moe_tokens = []
+
+        def time_s(self, kernel, workload, config):
+            if isinstance(workload, MoEWorkload):
+                self.moe_tokens.append(workload.num_tokens)
+            return super().time_s(kernel, workload, config)
+
+    graphed, eager = Recording(), Recording()
+    sim(tr, graphed, cuda_graph_max_tokens=512).run()
+    sim(tr, eager).run()
+    assert 3 in eager.moe_tokens and 3 not in graphed.moe_tokens and 4 in graphed.moe_tokens  # 3 decodes
+    assert sorted(set(graphed.moe_tokens) - {4}) == sorted(set(eager.moe_tokens) - {3})  # 48 prompt tokens: a size
+    big = Trace("big", np.array([0.0]), np.array([1000]), np.array([2]))
+    capped = Recording()
+    sim(big, capped, cuda_graph_max_tokens=512).run()
+    assert round_count(1000) in capped.moe_tokens  # above the cap: the step's own tokens
 
 
 def test_decode_config_must_match_kv_layout():
