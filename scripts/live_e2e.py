@@ -24,6 +24,7 @@ policy measured and predicted tokens/s, TTFT p50 and TPOT p50 and their relative
 
     python3 scripts/live_e2e.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
     python3 scripts/live_e2e.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
+    python3 scripts/live_e2e.py --live-check RUN [RUN ...]     # CPU: the error ranges replay prints
     TRITON_INTERPRET=1 python3 scripts/live_e2e.py --out /tmp/e2e --smoke                     # CPU dry run, tiny
 
 Imports only torch, triton, numpy, the standard library and kernel_gym.
