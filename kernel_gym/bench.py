@@ -25,6 +25,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from kernel_gym.kernels import FAMILY_MODULES, get_family, profiles
@@ -425,26 +426,28 @@ def to_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(args: Any) -> int:
-    kernels = [k for k in args.kernels.split(",") if k]
+def bench_and_write(*, out: Path, md: Path | None, kernels: list[str], configs: int, recorded: int,
+                    budget_s: float) -> int:
+    """`kernel-gym bench`: run_bench, the records to `out` (rewritten after each case, so a kill keeps the finished
+    ones), the details beside it and the markdown summary to `md` (default beside `out`; its analysis section is kept).
+    Exit code 1 when a record has no finite time."""
     for k in kernels:
         get_family(k)  # unknown names fail early with the list of families
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = lambda records: args.out.write_text(json.dumps(records, indent=1))  # noqa: E731
-    result = run_bench(kernels, args.configs, args.budget_s, log=log, on_case=partial, n_recorded=args.recorded)
-    args.out.write_text(json.dumps(result["records"], indent=1))
-    details_path = args.out.with_name(args.out.stem + "_details.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = lambda records: out.write_text(json.dumps(records, indent=1))  # noqa: E731
+    result = run_bench(kernels, configs, budget_s, log=log, on_case=partial, n_recorded=recorded)
+    out.write_text(json.dumps(result["records"], indent=1))
+    details_path = out.with_name(out.stem + "_details.json")
     details_path.write_text(json.dumps({"env": result["env"], "details": result["details"]}, indent=1))
-    md = to_markdown(result)
-    args.md = args.md or args.out.with_suffix(".md")
-    if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        prev = args.md.read_text() if args.md.exists() else ""
-        marker = "\n## Analysis"
-        args.md.write_text(md + (prev[prev.index(marker):] if marker in prev else ""))
-    print(md)
+    text = to_markdown(result)
+    md = md or out.with_suffix(".md")
+    md.parent.mkdir(parents=True, exist_ok=True)
+    prev = md.read_text() if md.exists() else ""
+    marker = "\n## Analysis"
+    md.write_text(text + (prev[prev.index(marker):] if marker in prev else ""))
+    print(text)
     missed = [r for r in result["records"] if (r["case"], r["anchor"]) in TARGETS
               and r["ratio_to_anchor"] < TARGETS[(r["case"], r["anchor"])]]
-    print(f"{len(result['records'])} records, {len(missed)} targets missed; wrote {args.out} and {details_path}")
+    print(f"{len(result['records'])} records, {len(missed)} targets missed; wrote {out} and {details_path}")
     return 0 if math.isfinite(sum(r["ms"] for r in result["records"])) else 1

@@ -214,11 +214,10 @@ def main(argv: list[str] | None = None) -> int:
                              float(np.mean(st["running"])), win.duration_s)
                 expert_counts(wdir / "experts.json", routing, int(st["num_tokens"].sum()), 4, seed=100 + i)
                 before = cycle.read_table(cycle.engine_file(cur, "vllm", shape, DEV)[0])
-                a = cycle.build_parser().parse_args([
-                    "--model", model_name, "--engine", "vllm", "--current", str(cur), "--install", "--no-mlflow",
-                    "--traffic", str(wdir / "scrapes"), "--traffic", str(wdir / "experts.json"),
-                    "--report-dir", str(wdir / "report"), "--noise-margin", str(args.noise_margin)])
-                code, rep = cycle.run_cycle(a, rows)
+                code, rep = cycle.run_cycle(
+                    model=model_name, engine="vllm", current=cur, install=True, no_mlflow=True,
+                    traffic=[wdir / "scrapes", wdir / "experts.json"], report_dir=wdir / "report",
+                    noise_margin=args.noise_margin, rows=rows)
                 after = cycle.read_table(cycle.engine_file(cur, "vllm", shape, DEV)[0])
                 if kept_table is None:
                     kept_table = after

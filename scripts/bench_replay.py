@@ -45,12 +45,12 @@ def main() -> int:
                                   model_name=f"kernel-gym-{env_id.split('/')[-1].lower()}-{model}"), backend=backend)
             print(f"{model} {kernel}: {res.model_uri} held-out {res.evaluation.geomean_policy:.3f} "
                   f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-            uris += ["--model-uri", f"{kernel}={res.model_uri}"]
+            uris.append(f"{kernel}={res.model_uri}")
         for trace in args.traces.split(","):
             name = f"{trace}_{model}_{args.routing.replace(':', '')}"
             path = args.out / f"{name}.json"
-            replay.main(["--trace", trace, "--model", model, "--routing", args.routing, "--window", args.window,
-                         "--seed", str(args.seed), "--json", str(path), *uris])
+            replay.run_replay(trace=trace, model=model, routing=args.routing, window=args.window, seed=args.seed,
+                              json_path=path, model_uris=uris)
             reports.append((name, json.loads(path.read_text())))
     summary = args.out / "summary.md"
     summary.write_text(replay_report.summary_markdown(reports))

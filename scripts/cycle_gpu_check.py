@@ -137,11 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         bc.vllm_scrapes(work / "scrapes", st["num_tokens"], win.prompt_tokens, win.output_tokens,
                         float(np.mean(st["running"])), win.duration_s)
         bc.expert_counts(work / "experts.json", routing, int(st["num_tokens"].sum()), 4, seed=7)
-        a = cycle.build_parser().parse_args([
-            "--model", name, "--engine", "vllm", "--current", str(cur), "--no-mlflow", "--gpu",
-            "--top-k", str(args.top_k), "--gpu-budget-s", str(left / (len(models) - i)),
-            "--traffic", str(work / "scrapes"), "--traffic", str(work / "experts.json"),
-            "--report-dir", str(work / "report"), "--out", str(work / "moe.next")])
         if args.dry_run:
             confirmer = DryConfirmer()
         else:
@@ -149,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
 
             confirmer = GpuConfirmer(shape, budget_s=left / (len(models) - i), engine="vllm", rows=rows)
         log(f"{name}: cycling on bundled[300:600] under zipf 1.2 ({len(win)} requests), {origin}")
-        code, rep = cycle.run_cycle(a, rows, confirmer=confirmer)
+        code, rep = cycle.run_cycle(
+            model=name, engine="vllm", current=cur, no_mlflow=True, gpu=True, top_k=args.top_k,
+            gpu_budget_s=left / (len(models) - i), traffic=[work / "scrapes", work / "experts.json"],
+            report_dir=work / "report", out=work / "moe.next", rows=rows, confirmer=confirmer)
         keys = []
         for k in rep["keys"]:
             if not k["moved"]:

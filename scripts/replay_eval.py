@@ -3,7 +3,7 @@
     python scripts/replay_eval.py --trace azure-conv --model mixtral-8x7b --routing zipf:1.2 \
         --policies default,static,vllm-table,autotune,random,tpe,learned,oracle --json out/replay_conv.json
 
-Same arguments as `kernel-gym replay` (kernel_gym/evaluate/replay.py; docs/deployment.md).
+Same arguments as `kernel-gym replay` (kernel_gym/cli/replay.py; docs/deployment.md).
 `python scripts/replay_eval.py --summary OUT.md REPORT.json ...` writes the target check table of several reports.
 """
 
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from kernel_gym.evaluate.replay import main
+from kernel_gym.cli.replay import main
 from kernel_gym.evaluate.replay_report import summary_markdown
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from kernel_gym.train.train import main
+from kernel_gym.cli.train import main
 
 if __name__ == "__main__":
     try:

@@ -1,5 +1,5 @@
 """The `kernel-gym` command: the parser builds, every subcommand answers --help, bad input exits 2 with a message,
-and every delegated subcommand resolves to a module with a main(argv)."""
+and every subcommand resolves to its module kernel_gym/cli/<name>.py with a main(argv)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pytest
 from kernel_gym import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN = ("bench", "data", "ui")  # parsed by cli's own subparsers; the rest by their stage's main(argv)
-COMMANDS = (*OWN, *cli.DELEGATED)
+COMMANDS = tuple(cli.COMMANDS)
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -27,10 +26,13 @@ def test_parser_builds_with_every_subcommand() -> None:
     parser = cli.build_parser()
     assert parser.prog == "kernel-gym"
     assert set(_subcommands(parser)) == set(COMMANDS)
-    args = parser.parse_args(["bench", "--kernels", "fused_moe", "--configs", "7"])
-    assert (args.command, args.kernels, args.configs, args.func) == ("bench", "fused_moe", 7, cli._cmd_bench)
-    assert parser.parse_args(["data", "--json"]).json is True
-    assert parser.parse_args(["ui"]).port == 5000
+    assert parser.parse_args(["bench"]).command == "bench"
+    from kernel_gym.cli import bench, data, ui
+
+    args = bench.build_parser().parse_args(["--kernels", "fused_moe", "--configs", "7"])
+    assert (args.kernels, args.configs) == ("fused_moe", 7)
+    assert data.build_parser().parse_args(["--json"]).json is True
+    assert ui.build_parser().parse_args([]).port == 5000
 
 
 def test_top_level_help_lists_every_subcommand(capsys) -> None:
@@ -49,10 +51,11 @@ def test_every_subcommand_help_exits_0(command: str, capsys) -> None:
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: ")
-    assert f"kernel-gym {command}" in out  # the stage's own parser names itself as the subcommand
+    assert f"kernel-gym {command}" in out  # the subcommand's parser names itself
 
 
-@pytest.mark.parametrize("argv", [["no-such-command"], [], ["bench", "--no-such-flag"], ["ui", "--port", "x"]])
+@pytest.mark.parametrize("argv", [["no-such-command"], [], ["bench", "--no-such-flag"], ["ui", "--port", "x"],
+                                  ["replay", "--json"]])
 def test_bad_commands_and_flags_exit_2(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
@@ -67,41 +70,37 @@ def test_unknown_command_exits_2_from_the_installed_entry_point() -> None:
     assert "invalid choice: 'no-such-command'" in proc.stderr
 
 
-@pytest.mark.parametrize("command", sorted(cli.DELEGATED))
-def test_delegated_commands_resolve_to_a_main(command: str) -> None:
-    module_name, help_text = cli.DELEGATED[command]
-    assert module_name.startswith("kernel_gym.") and help_text
-    module = importlib.import_module(module_name)
-    assert callable(getattr(module, "main", None)), f"{module_name} has no main(argv)"
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_resolves_to_its_cli_module(command: str) -> None:
+    assert cli.COMMANDS[command]
+    module = importlib.import_module(f"kernel_gym.cli.{command}")
+    assert callable(getattr(module, "main", None)), f"kernel_gym.cli.{command} has no main(argv)"
 
 
-def test_delegated_bad_input_prints_the_problem_and_exits_2(capsys) -> None:
+def test_bad_input_from_the_stage_prints_the_problem_and_exits_2(capsys) -> None:
     assert cli.main(["demo", "--timesteps", "10"]) == 2  # ValueError from the stage, before any training
     err = capsys.readouterr().err
     assert err.startswith("kernel-gym demo: error:") and "--timesteps must be >= 512" in err
 
 
-def test_a_leading_double_dash_is_dropped_for_delegated_commands(monkeypatch) -> None:
+def test_a_leading_double_dash_is_dropped(monkeypatch) -> None:
     seen: list[list[str]] = []
-    fake = type(sys)("kernel_gym._fake_stage")
+    fake = type(sys)("kernel_gym.cli.fake")
     fake.main = lambda argv: seen.append(list(argv)) or 0
-    monkeypatch.setitem(sys.modules, "kernel_gym._fake_stage", fake)
-    monkeypatch.setitem(cli.DELEGATED, "fake", ("kernel_gym._fake_stage", "test stage"))
+    monkeypatch.setitem(sys.modules, "kernel_gym.cli.fake", fake)
+    monkeypatch.setitem(cli.COMMANDS, "fake", "test stage")
     assert cli.main(["fake", "--", "--x", "1"]) == 0
     assert cli.main(["fake", "y"]) == 0
     assert seen == [["--x", "1"], ["y"]]
 
 
-def test_a_missing_stage_module_exits_3(monkeypatch, capsys) -> None:
-    monkeypatch.setitem(cli.DELEGATED, "gone", ("kernel_gym.no_such_stage", "a stage this version lacks"))
+def test_a_missing_command_module_exits_3(monkeypatch, capsys) -> None:
+    monkeypatch.setitem(cli.COMMANDS, "gone", "a command this version lacks")
     assert cli.main(["gone"]) == 3
     assert "not available in this version" in capsys.readouterr().err
 
 
-def test_usage_errors_from_own_commands_exit_2(monkeypatch, capsys) -> None:
-    def bad(args: argparse.Namespace) -> int:
-        raise cli.UsageError("--db x.sqlite does not exist: pass a measurement store")
-
-    monkeypatch.setattr(cli, "_cmd_data", bad)
-    assert cli.main(["data"]) == 2
-    assert capsys.readouterr().err == "kernel-gym data: error: --db x.sqlite does not exist: pass a measurement store\n"
+def test_usage_errors_exit_2_with_one_line(capsys) -> None:
+    assert cli.main(["data", "--drop-row", "3"]) == 2
+    assert capsys.readouterr().err == ("kernel-gym data: error: --drop-row ID needs --db STORE.sqlite (the store the "
+                                       "refused row is in)\n")

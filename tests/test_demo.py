@@ -10,6 +10,7 @@ import mlflow
 import pytest
 
 from kernel_gym import demo
+from kernel_gym.cli import demo as demo_cli
 from kernel_gym.evaluate.replay import POLICY_NAMES
 from kernel_gym.traffic.traces import bundled_trace_path
 from tests.fakes.mlflow_store import fresh_store
@@ -18,7 +19,7 @@ REQUESTS = 30
 
 
 def test_parser_defaults_are_the_embedded_main_job() -> None:
-    args = demo.parser().parse_args([])
+    args = demo_cli.build_parser().parse_args([])
     assert (args.trace, args.model, args.timesteps, args.seed) == ("bundled", "mixtral-8x7b", 30_000, 0)
     assert set(demo.KERNEL_ENVS) == {"fused_moe", "decode_attention", "prefill_attention"}
 
@@ -28,7 +29,7 @@ def test_parser_defaults_are_the_embedded_main_job() -> None:
 def test_bad_timesteps_are_refused_before_any_work(argv, match, tmp_path) -> None:
     out = tmp_path / "demo"
     with pytest.raises(ValueError, match=match):
-        demo.main([*argv, "--out", str(out)])
+        demo_cli.main([*argv, "--out", str(out)])
     assert not out.exists()
 
 
@@ -43,7 +44,7 @@ def test_demo_trains_exports_and_replays_every_policy(tmp_path, monkeypatch, cap
     trace.write_text("\n".join(lines[: REQUESTS + 1]) + "\n")
     out = tmp_path / "demo"
 
-    assert demo.main(["--timesteps", "512", "--trace", str(trace), "--out", str(out)]) == 0
+    assert demo.run_demo(timesteps=512, trace=str(trace), out=out) == 0
     assert "done: results in" in capsys.readouterr().out
 
     # 1. one held-out evaluation and one registered model per kernel family

@@ -6,6 +6,9 @@ inside a function) is mapped to its floor and must not be above the importing mo
 bench.py are the cli floor; the package root, models.py, modelspec.py and zoo.py are the bottom "spec" floor that
 every floor may import, and they themselves import only kernels.workloads and each other.
 
+Argument parsing is the command layer's (issue 28): argparse (or optparse, getopt) is imported, and sys.argv read,
+only under kernel_gym/cli/, one module per subcommand; the library functions below take keyword arguments.
+
 No two modules may import each other (in either direction, at any depth of the file: a lazy or TYPE_CHECKING import
 counts too): a pair that needs each other shares a piece that belongs one level down (issue 28). The harnesses
 (scripts/*.py, benchmarks/*/run.py) sit above every floor: each kernel_gym import they make must name a module that
@@ -148,6 +151,54 @@ def test_the_checker_reports_wrong_imports():
     assert violations("from kernel_gym.deploy.export import build_table\n", "kernel_gym/evaluate/x.py") == []
     assert violations("from kernel_gym.evaluate.replay import replay\n", "kernel_gym/deploy/x.py") == []
     assert violations("from kernel_gym.cli import main\n", "kernel_gym/evaluate/x.py")
+
+
+PARSING_MODULES = ("argparse", "optparse", "getopt")
+# Library modules that read sys.argv themselves -> why.
+READS_ARGV = {
+    "kernel_gym/measure/power.py": "`python -m kernel_gym.measure.power [SECONDS]`, the GPU machine's clock and power "
+                                   "check (docs/measurement.md): one optional number, no parser",
+}
+
+
+def argument_parsing(source: str, path: str) -> list[str]:
+    """Every import of an argument parser and every read of sys.argv in a module outside kernel_gym/cli/, as
+    'path:line: message' (the command layer parses; library functions take keyword arguments)."""
+    if path.startswith(f"{PACKAGE}/cli/"):
+        return []
+    problems = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        for name in names:
+            if name.split(".")[0] in PARSING_MODULES:
+                problems.append(f"{path}:{node.lineno}: imports {name}: parse arguments in kernel_gym/cli/<command>.py "
+                                "and call this module with keyword arguments")
+        if (isinstance(node, ast.Attribute) and node.attr == "argv" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys" and path not in READS_ARGV):
+            problems.append(f"{path}:{node.lineno}: reads sys.argv: only kernel_gym/cli/ reads the command line")
+    return problems
+
+
+def test_only_the_command_layer_parses_arguments():
+    problems = []
+    for f in sorted((ROOT / PACKAGE).rglob("*.py")):
+        problems += argument_parsing(f.read_text(), f.relative_to(ROOT).as_posix())
+    assert not problems, "argument parsing outside the command layer:\n" + "\n".join(problems)
+    assert all("sys.argv" in (ROOT / p).read_text() for p in READS_ARGV), "an exception no longer needed"
+
+
+def test_the_parsing_checker_sees_parsers_and_argv():
+    source = ("import argparse\n"
+              "import json\n"
+              "def main():\n"
+              "    from optparse import OptionParser\n"
+              "    import sys\n"
+              "    return sys.argv[1:]\n")
+    found = argument_parsing(source, "kernel_gym/deploy/x.py")
+    assert [p.split(":")[1] for p in found] == ["1", "4", "6"], found
+    assert argument_parsing(source, "kernel_gym/cli/x.py") == []
+    assert argument_parsing("import argparse.x\n", "kernel_gym/kernels/x.py")
 
 
 def import_graph(files: dict[str, str]) -> dict[str, dict[str, int]]:

@@ -32,12 +32,10 @@ line naming the problem and the fix).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -454,7 +452,7 @@ def prev_of(current: Path) -> Path:
     return current.with_name(current.name + ".prev")
 
 
-def install(current: Path, new: Path) -> Path:
+def install_folder(current: Path, new: Path) -> Path:
     """Move `new` into `current`'s place; the old folder becomes `<current>.prev` (an older .prev is dropped)."""
     prev = prev_of(current)
     if prev.exists():
@@ -548,66 +546,37 @@ def log_mlflow(rep: dict[str, Any], files: list[Path], tracking_uri: str | None)
         return run.info.run_id
 
 
-# ---- the command --------------------------------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernel-gym cycle", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="exit codes: 0 no change needed, 10 change proposed and confirmed, 11 proposed "
-                                       "but unconfirmed, 2 error")
-    p.add_argument("--model", help="model spec: a built-in or zoo name, NAME@tpN, or a JSON file")
-    p.add_argument("--engine", choices=("vllm", "sglang"), help="whose fused-MoE config files --current holds")
-    p.add_argument("--current", type=Path, required=True, help="the folder the engine reads its configs from")
-    p.add_argument("--traffic", action="append", default=[], metavar="SOURCE",
-                   help="repeatable: a Prometheus scrape or folder of scrapes, a request log (Azure / Mooncake / "
-                        "BurstGPT), per-expert counts (SGLang recorder dump, vLLM EPLB state, JSON)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (the engine file's N = intermediate/tp)")
-    p.add_argument("--device", default=DEFAULT_DEVICE, help="GPU name as torch.cuda.get_device_name() says")
-    p.add_argument("--gpu", action="store_true", help="time the changed keys on this machine's GPU and keep only the "
-                   "ones a paired round confirms")
-    p.add_argument("--gpu-budget-s", type=float, default=300.0, help="GPU time budget of --gpu")
-    p.add_argument("--top-k", type=int, default=4, help="--gpu: candidates timed per moved key besides the current")
-    p.add_argument("--out", type=Path, default=None, help="the new folder (default <current>.next)")
-    p.add_argument("--install", action="store_true", help="move the new folder into --current's place (the old one "
-                   "becomes <current>.prev)")
-    p.add_argument("--rollback", action="store_true", help="put <current>.prev back and exit")
-    p.add_argument("--report-dir", type=Path, default=Path("."), help="where cycle_report.md/.json go")
-    p.add_argument("--store", action="append", default=[], metavar="PATH",
-                   help="measurement stores with vllm_fused_moe rows (default: the packaged H200 dataset)")
-    p.add_argument("--min-gain", type=float, default=0.01, help="a key changes only if faster by this much")
-    p.add_argument("--noise-margin", type=float, default=NOISE_MARGIN,
-                   help="zero-shot: the lead must also exceed this x the two recorded rows' spreads (0: min-gain only)")
-    p.add_argument("--share-move", type=float, default=SHARE_MOVE, help="share of steps a key must gain or lose")
-    p.add_argument("--skew-move", type=float, default=SKEW_MOVE, help="skew change that moves every key")
-    p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow run")
-    p.add_argument("--tracking-uri", default="", help="MLflow store (default mlruns/ or MLFLOW_TRACKING_URI)")
-    return p
-
-
-def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None) -> tuple[int, dict[str, Any]]:
-    """The cycle without the argument parsing (module docstring); returns (exit code, report)."""
+def run_cycle(*, current: Path, model: str | None = None, engine: str | None = None,
+              traffic: Sequence[str | Path] = (), tp: int = 1, device: str = DEFAULT_DEVICE, gpu: bool = False,
+              gpu_budget_s: float = 300.0, top_k: int = 4, out: Path | None = None, install: bool = False,
+              report_dir: Path = Path("."), stores: Sequence[str | Path] = (), min_gain: float = 0.01,
+              noise_margin: float = NOISE_MARGIN, share_move: float = SHARE_MOVE, skew_move: float = SKEW_MOVE,
+              no_mlflow: bool = False, tracking_uri: str = "", rows: Any = None,
+              confirmer: Any = None) -> tuple[int, dict[str, Any]]:
+    """One cycle on the engine files in `current` (module docstring); returns (exit code, report). `rows` replaces
+    the measured rows (default: `stores`, else the packaged dataset) and `confirmer` the GPU's (tests)."""
     from kernel_gym.deploy import engine_export as ee
     from kernel_gym.models import load_model
 
-    if not args.model or not args.engine:
+    if not model or not engine:
         raise ValueError("--model and --engine are required (except with --rollback)")
-    if not args.current.is_dir():
-        raise FileNotFoundError(f"--current {args.current}: no such folder; pass the folder the engine reads its "
+    if not current.is_dir():
+        raise FileNotFoundError(f"--current {current}: no such folder; pass the folder the engine reads its "
                                 "configs from (VLLM_TUNED_CONFIG_FOLDER / SGLANG_MOE_CONFIG_DIR)")
-    if args.min_gain < 0:
-        raise ValueError(f"--min-gain must be >= 0, got {args.min_gain}")
-    model = load_model(args.model)
-    shape = ee.shard_shape(model, args.tp)
-    path, triton_version = engine_file(args.current, args.engine, shape, args.device)
+    if min_gain < 0:
+        raise ValueError(f"--min-gain must be >= 0, got {min_gain}")
+    spec = load_model(model)
+    shape = ee.shard_shape(spec, tp)
+    path, triton_version = engine_file(current, engine, shape, device)
     table = read_table(path)
-    profile = read_traffic(args.traffic, model, args.engine)
-    before_path = args.current / PROFILE_FILE
+    profile = read_traffic(list(traffic), spec, engine)
+    before_path = current / PROFILE_FILE
     before = load_profile(before_path) if before_path.exists() else None
-    side = args.current / ee.SIDECAR
+    side = current / ee.SIDECAR
     side_note = {}
     if side.exists():
         try:
-            side_note = json.loads(side.read_text()).get("files", {}).get(str(path.relative_to(args.current)), {})
+            side_note = json.loads(side.read_text()).get("files", {}).get(str(path.relative_to(current)), {})
         except (json.JSONDecodeError, AttributeError):
             side_note = {}
     skew_before = before.skew if before and before.skew is not None else side_note.get("skew")
@@ -621,21 +590,21 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
     else:
         skew, skew_source = 0.0, "none given: uniform assumed"
         profile.estimated.append("routing skew not observed: uniform assumed")
-    if rows is None and args.store:
-        rows = ee.measured_rows(args.store)
+    if rows is None and stores:
+        rows = ee.measured_rows(stores)
     if rows is None:
         from kernel_gym.measure.store import PACKAGED_SNAPSHOT
 
         rows = ee.measured_rows([PACKAGED_SNAPSHOT])
-    pricer = Pricer(shape, args.device, rows, args.engine)
-    plans = replan(table, profile, before, skew, skew_before, pricer, args.min_gain, args.share_move, args.skew_move,
-                   args.noise_margin)
+    pricer = Pricer(shape, device, rows, engine)
+    plans = replan(table, profile, before, skew, skew_before, pricer, min_gain, share_move, skew_move,
+                   noise_margin)
     gpu_s = 0.0
-    if args.gpu:
+    if gpu:
         if confirmer is None:
             from kernel_gym.deploy.cycle_gpu import GpuConfirmer
 
-            confirmer = GpuConfirmer(shape, budget_s=args.gpu_budget_s, engine=args.engine, rows=rows,
+            confirmer = GpuConfirmer(shape, budget_s=gpu_budget_s, engine=engine, rows=rows,
                                      keys=sum(kp.moved for kp in plans))
         if hasattr(confirmer, "keys_left"):  # the budget is shared out over the moved keys
             confirmer.keys_left = max(1, sum(kp.moved for kp in plans))
@@ -643,8 +612,8 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
             if not kp.moved:
                 continue
             cands = [c for c in pricer.candidates(kp.key, skew) if str(c) != kp.current]
-            ranked = sorted(cands, key=lambda c: pricer.time(c, kp.key, skew)[0] or math.inf)[: args.top_k]
-            res = confirmer.tune_key(kp.key, skew, Config.parse(kp.current), ranked, args.min_gain)
+            ranked = sorted(cands, key=lambda c: pricer.time(c, kp.key, skew)[0] or math.inf)[: top_k]
+            res = confirmer.tune_key(kp.key, skew, Config.parse(kp.current), ranked, min_gain)
             kp.confirm = res
             if res.get("confirmed"):
                 kp.proposed, kp.confirmed = res["config"], True
@@ -657,12 +626,12 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
     p_new = price(new_table, common, skew, pricer)
     p_orc = price_oracle(common, skew, pricer, [table, new_table])
     changed = [kp for kp in plans if kp.changed]
-    code = NO_CHANGE if not changed else (CONFIRMED if args.gpu and all(kp.confirmed for kp in changed)
+    code = NO_CHANGE if not changed else (CONFIRMED if gpu and all(kp.confirmed for kp in changed)
                                           else UNCONFIRMED)
     rep = {
-        "decision": DECISIONS[code], "exit_code": code, "model": model.name, "tp": args.tp, "engine": args.engine,
-        "device": args.device, "current": str(args.current), "engine_file": str(path.relative_to(args.current)),
-        "gpu": bool(args.gpu), "gpu_s": gpu_s, "skew": skew, "skew_source": skew_source,
+        "decision": DECISIONS[code], "exit_code": code, "model": spec.name, "tp": tp, "engine": engine,
+        "device": device, "current": str(current), "engine_file": str(path.relative_to(current)),
+        "gpu": bool(gpu), "gpu_s": gpu_s, "skew": skew, "skew_source": skew_source,
         "skew_before": skew_before, "profile": profile.to_json(),
         "profile_before": before.to_json() if before else None,
         "price_current": p_cur, "price_new": p_new, "price_oracle": p_orc,
@@ -671,25 +640,25 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
         "confirmed_keys": sum(bool(kp.confirmed) for kp in changed),
         "keys": [asdict(kp) for kp in plans], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    args.report_dir.mkdir(parents=True, exist_ok=True)
+    report_dir.mkdir(parents=True, exist_ok=True)
     md, js = report_md(rep), json.dumps(rep, indent=1, default=str) + "\n"
     new_folder = None
     if changed:
-        out = args.out or args.current.with_name(args.current.name + ".next")
-        rel = path.relative_to(args.current)
+        folder = out or current.with_name(current.name + ".next")
+        rel = path.relative_to(current)
 
         def write(tmp: Path) -> None:
             from kernel_gym.kernels.vllm_moe import to_entry
 
             content = {str(k): to_entry(c) for k, c in sorted(new_table.items())}
-            note = {**{k: v for k, v in side_note.items() if k != "keys"}, "model": model.name, "tp": args.tp,
-                    "shape": shape.__dict__, "device": args.device, "routing": f"skew {skew:.2f}", "skew": skew,
+            note = {**{k: v for k, v in side_note.items() if k != "keys"}, "model": spec.name, "tp": tp,
+                    "shape": shape.__dict__, "device": device, "routing": f"skew {skew:.2f}", "skew": skew,
                     "estimate": code != CONFIRMED, "cycle": {
                         "decision": rep["decision"], "created": rep["created"], "expected_gain": rep["expected_gain"],
-                        "estimated_share": p_new["estimated_share"], "from": str(args.current)},
+                        "estimated_share": p_new["estimated_share"], "from": str(current)},
                     "keys": [{"M": kp.key, "changed": kp.changed, "moved": kp.moved, "confirmed": kp.confirmed,
                               "gain": kp.gain} for kp in plans]}
-            target = ee.write_engine_file(tmp, args.engine, shape, args.device, content, triton_version or "unknown",
+            target = ee.write_engine_file(tmp, engine, shape, device, content, triton_version or "unknown",
                                           note)
             if target.relative_to(tmp) != rel:  # SGLang: keep the folder of the Triton version it runs
                 target.rename(tmp / rel)
@@ -697,44 +666,30 @@ def run_cycle(args: argparse.Namespace, rows: Any = None, confirmer: Any = None)
             (tmp / REPORT_MD).write_text(md)
             (tmp / REPORT_JSON).write_text(js)
 
-        new_folder = write_folder(args.current, out, write)
+        new_folder = write_folder(current, folder, write)
         rep["new_folder"] = str(new_folder)
-        if args.install:
-            rep["previous_folder"] = str(install(args.current.resolve(), new_folder))
-            rep["installed"] = str(args.current)
+        if install:
+            rep["previous_folder"] = str(install_folder(current.resolve(), new_folder))
+            rep["installed"] = str(current)
         js = json.dumps(rep, indent=1, default=str) + "\n"
-    (args.report_dir / REPORT_MD).write_text(md)
-    (args.report_dir / REPORT_JSON).write_text(js)
-    if not args.no_mlflow:
-        prof_path = args.report_dir / PROFILE_FILE
+    (report_dir / REPORT_MD).write_text(md)
+    (report_dir / REPORT_JSON).write_text(js)
+    if not no_mlflow:
+        prof_path = report_dir / PROFILE_FILE
         profile.save(prof_path)
-        rep["mlflow_run_id"] = log_mlflow(rep, [args.report_dir / REPORT_MD, args.report_dir / REPORT_JSON, prof_path],
-                                          args.tracking_uri or None)
+        rep["mlflow_run_id"] = log_mlflow(rep, [report_dir / REPORT_MD, report_dir / REPORT_JSON, prof_path],
+                                          tracking_uri or None)
     return code, rep
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.rollback:
-        undone = rollback(args.current)
-        print(f"[cycle] restored {args.current} from {prev_of(args.current)}; the replaced folder is {undone}")
-        return 0
-    code, rep = run_cycle(args)
-    print(f"[cycle] {rep['model']} {rep['engine']} {rep['engine_file']}: {rep['moved_keys']} keys moved, "
-          f"{rep['changed_keys']} changed; priced fused-MoE time current {rep['price_current']['ms']:.4f} ms -> "
-          f"{rep['price_new']['ms']:.4f} ms: expected gain x{rep['expected_gain']:.4f}, "
-          f"{_pct(rep['price_new']['estimated_share'])} of it on estimated times")
+def summary_lines(code: int, rep: dict[str, Any], report_dir: Path) -> list[str]:
+    """What `kernel-gym cycle` prints after a cycle: the priced change, the new folder, the decision."""
+    lines = [f"[cycle] {rep['model']} {rep['engine']} {rep['engine_file']}: {rep['moved_keys']} keys moved, "
+             f"{rep['changed_keys']} changed; priced fused-MoE time current {rep['price_current']['ms']:.4f} ms -> "
+             f"{rep['price_new']['ms']:.4f} ms: expected gain x{rep['expected_gain']:.4f}, "
+             f"{_pct(rep['price_new']['estimated_share'])} of it on estimated times"]
     if rep.get("new_folder"):
         where = f" installed at {rep['installed']} (previous: {rep['previous_folder']})" if rep.get("installed") else ""
-        print(f"[cycle] new folder {rep['new_folder']}{where}")
-    print(f"[cycle] {rep['decision']} (exit {code}); report {args.report_dir / REPORT_MD}")
-    return code
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"kernel-gym cycle: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-              file=sys.stderr)
-        sys.exit(2)
+        lines.append(f"[cycle] new folder {rep['new_folder']}{where}")
+    lines.append(f"[cycle] {rep['decision']} (exit {code}); report {report_dir / REPORT_MD}")
+    return lines

@@ -38,7 +38,6 @@ Imports only the standard library and kernel_gym's standard-library modules (no 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -456,61 +455,25 @@ def summary_lines(note: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main_from_args(args: Any) -> int:
-    """`kernel-gym export --format vllm|sglang` (export.py's parser; --ep, --engine-version and --confirmations are
-    read when that parser has them)."""
+def export_and_print(*, model: str, fmt: str, out: Path, device: str = "NVIDIA H200", tp: int = 1, ep: int = 1,
+                     routing: str = "", skew: float = 0.0, stores: Sequence[str | Path] = (), force: bool = False,
+                     min_gain: float = DEFAULT_MIN_GAIN, triton_version: str = "", engine_version: str = "",
+                     confirmations: Sequence[str | Path] = ()) -> int:
+    """`kernel-gym export --format vllm|sglang`: `export` for the model spec `model` (routing default: zipf:skew, or
+    uniform at skew 0), the per-key summary on stderr and the result as JSON on stdout."""
     import sys
 
     from kernel_gym.models import load_model
 
-    routing = args.routing or (f"zipf:{args.skew:g}" if args.skew else "uniform")
-    path, note = export(load_model(args.model), args.format, args.out, args.device, args.tp, routing,
-                        args.store, args.force, args.min_gain, args.triton_version, ep=getattr(args, "ep", 1),
-                        engine_version=getattr(args, "engine_version", ""),
-                        confirmations=getattr(args, "confirmations", None) or ())
+    routing = routing or (f"zipf:{skew:g}" if skew else "uniform")
+    path, note = export(load_model(model), fmt, out, device, tp, routing, stores, force, min_gain, triton_version,
+                        ep=ep, engine_version=engine_version, confirmations=confirmations)
     print("\n".join([f"{note['engine']} file {path} ({note['routing']}, {'ESTIMATE: ' + note['why'] if note['estimate'] else 'measured on ' + str(note['measured_on'])}):",  # noqa: E501
                      *summary_lines(note), *([f"WARNING: {note['warning']}"] if note.get("warning") else [])]),
           file=sys.stderr)
-    print(json.dumps({"format": args.format, "engine": note["engine"], "path": str(path),
+    print(json.dumps({"format": fmt, "engine": note["engine"], "path": str(path),
                       "estimate": note["estimate"], "keys": len(note["keys"]), **note["summary"],
                       "keys_changed_from_engine_entry": sum(k["changed"] for k in note["keys"]),
                       "unconfirmed_candidates": len(note["unconfirmed"]),
-                      "sidecar": str(args.out / SIDECAR)}, indent=1))
+                      "sidecar": str(out / SIDECAR)}, indent=1))
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The engine options alone (`python -m kernel_gym.deploy.engine_export`); `kernel-gym export` has the same."""
-    p = argparse.ArgumentParser(prog="kernel-gym export --format vllm|sglang", description=__doc__.splitlines()[0])
-    p.add_argument("--format", choices=FORMATS, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--model", default="mixtral-8x7b")
-    p.add_argument("--device", default="NVIDIA H200")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: N = intermediate // tp")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree: E in the file name = experts // ep")
-    p.add_argument("--routing", default="")
-    p.add_argument("--skew", type=float, default=0.0)
-    p.add_argument("--store", action="append", default=[])
-    p.add_argument("--confirmations", action="append", default=[], metavar="JSON",
-                   help="paired confirmations: bench_vllm_export.json or engine_tune.json (repeatable)")
-    p.add_argument("--force", action="store_true")
-    p.add_argument("--min-gain", type=float, default=DEFAULT_MIN_GAIN)
-    p.add_argument("--engine-version", default="",
-                   help=f"the engine release targeted (default vllm {vllm_tables.DEFAULT_VERSIONS['vllm']}, sglang "
-                        f"{vllm_tables.DEFAULT_VERSIONS['sglang']})")
-    p.add_argument("--triton-version", default="",
-                   help="sglang: the Triton the server runs (default: the one the SGLang version pins)")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if not args.store:
-        from kernel_gym.measure.store import PACKAGED_SNAPSHOT
-
-        args.store = [str(PACKAGED_SNAPSHOT)]
-    return main_from_args(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

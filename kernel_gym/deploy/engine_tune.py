@@ -19,7 +19,6 @@ export --confirmations` reads them), and the engine file with its exact name and
 
     kernel-gym tune --engine vllm --model olmoe-1b-7b --budget-s 60 --out out/tune_olmoe        # GPU
     kernel-gym tune --engine sglang --model spec.json --tp 2 --dry-run --out out/x               # CPU: the plan
-    python3 -m kernel_gym.deploy.engine_tune ...                                                # the same
 
 GPU-side imports: torch, triton, the standard library and kernel_gym (no MLflow, no gymnasium): runs on the GPU
 machine as it is.
@@ -27,13 +26,13 @@ machine as it is.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -111,82 +110,83 @@ def _atomic_json(path: Path, data: Any) -> None:
     ee.write_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernel-gym tune --engine", description=__doc__.splitlines()[0])
-    p.add_argument("--engine", required=True, help="vllm or sglang, optionally with a version: vllm-0.33.0")
-    p.add_argument("--model", required=True, help="model spec: built-in / zoo name or a JSON file")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--routing", default="uniform", help="uniform or zipf:S (the engines key on M only)")
-    p.add_argument("--device", default="", help="the GPU's name as torch reports it (default: this GPU's)")
-    p.add_argument("--triton-version", default="", help="sglang: the Triton its server runs (default: pinned)")
-    p.add_argument("--budget-s", type=float, default=60.0, help="seconds for the whole run (compiles included)")
-    p.add_argument("--min-gain", type=float, default=ee.DEFAULT_MIN_GAIN)
-    p.add_argument("--pair-rounds", type=int, default=6)
-    p.add_argument("--m-keys", default="", help="comma-separated subset of vLLM's M keys (default: all 18)")
-    p.add_argument("--store", action="append", default=[], help="more vllm_fused_moe rows (besides the packaged)")
-    p.add_argument("--no-packaged", action="store_true", help="use only --store rows, not the packaged dataset's")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--resume", action="store_true", help="continue the run in --out (keys already done stay)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (CPU), measure nothing")
-    p.add_argument("--smoke", action="store_true", help="CPU interpreter, a tiny shape: checks the logic")
-    p.add_argument("--seed", type=int, default=0)
-    return p
+@dataclass(frozen=True)
+class EngineTuneOptions:
+    """One `kernel-gym tune --engine` run (module docstring; the options: kernel_gym/cli/tune.py)."""
+
+    engine: str  # vllm or sglang, optionally with a version: vllm-0.33.0
+    model: str  # model spec: built-in / zoo name or a JSON file
+    out: Path
+    tp: int = 1
+    ep: int = 1
+    routing: str = "uniform"  # uniform or zipf:S
+    device: str = ""  # the GPU's name as torch reports it ("": this GPU's)
+    triton_version: str = ""  # sglang: the Triton its server runs ("": pinned)
+    budget_s: float = 60.0  # seconds for the whole run (compiles included)
+    min_gain: float = ee.DEFAULT_MIN_GAIN
+    pair_rounds: int = 6
+    m_keys: str = ""  # comma-separated subset of vLLM's M keys ("": all)
+    stores: tuple[str, ...] = ()  # more vllm_fused_moe rows (besides the packaged)
+    no_packaged: bool = False  # use only `stores`' rows
+    resume: bool = False  # continue the run in `out`
+    dry_run: bool = False  # print the plan (CPU), measure nothing
+    smoke: bool = False  # CPU interpreter, a tiny shape: checks the logic
+    seed: int = 0
 
 
-def _setup(args: argparse.Namespace) -> tuple[Any, ee.MoEShape, vllm_tables.Engine, str, float, tuple[int, ...]]:
+def _setup(opts: EngineTuneOptions) -> tuple[Any, ee.MoEShape, vllm_tables.Engine, str, float, tuple[int, ...]]:
     from kernel_gym.models import load_model
 
-    eng = vllm_tables.parse_engine(args.engine)
-    label, skew = ee.parse_routing(args.routing)
-    if args.smoke:
+    eng = vllm_tables.parse_engine(opts.engine)
+    label, skew = ee.parse_routing(opts.routing)
+    if opts.smoke:
         model, shape = None, SMOKE_SHAPE
         m_keys = SMOKE_M_KEYS
     else:
-        model = load_model(args.model)
-        shape = ee.shard_shape(model, args.tp, ep=args.ep)
+        model = load_model(opts.model)
+        shape = ee.shard_shape(model, opts.tp, ep=opts.ep)
         m_keys = vllm_tables.VLLM_M_KEYS
-    if args.m_keys:
+    if opts.m_keys:
         try:
-            m_keys = tuple(int(x) for x in args.m_keys.split(","))
+            m_keys = tuple(int(x) for x in opts.m_keys.split(","))
         except ValueError:
-            raise ValueError(f"--m-keys {args.m_keys!r}: give comma-separated batch sizes, e.g. 1,16,256") from None
+            raise ValueError(f"--m-keys {opts.m_keys!r}: give comma-separated batch sizes, e.g. 1,16,256") from None
         if any(m < 1 for m in m_keys):
-            raise ValueError(f"--m-keys {args.m_keys!r}: batch sizes are >= 1")
-    if args.budget_s <= 0:
-        raise ValueError(f"--budget-s {args.budget_s}: give the seconds the run may take, e.g. 60")
+            raise ValueError(f"--m-keys {opts.m_keys!r}: batch sizes are >= 1")
+    if opts.budget_s <= 0:
+        raise ValueError(f"--budget-s {opts.budget_s}: give the seconds the run may take, e.g. 60")
     return model, shape, eng, label, skew, m_keys
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def tune_engine(opts: EngineTuneOptions) -> int:
+    """The run (module docstring): --dry-run prints the plan; otherwise the GPU run (or the CPU smoke)."""
     start = time.time()
-    model, shape, eng, label, skew, m_keys = _setup(args)
+    model, shape, eng, label, skew, m_keys = _setup(opts)
     from kernel_gym.measure.store import PACKAGED_SNAPSHOT
 
-    stores = [*args.store, *([] if args.no_packaged else [str(PACKAGED_SNAPSHOT)])]
+    stores = [*opts.stores, *([] if opts.no_packaged else [str(PACKAGED_SNAPSHOT)])]
     rows = ee.measured_rows(stores)
-    device = args.device or ("NVIDIA H200" if args.dry_run or args.smoke else "")
-    tv = vllm_tables.sglang_triton_version(eng, args.triton_version) if eng.name == "sglang" else ""
-    if args.dry_run:
+    device = opts.device or ("NVIDIA H200" if opts.dry_run or opts.smoke else "")
+    tv = vllm_tables.sglang_triton_version(eng, opts.triton_version) if eng.name == "sglang" else ""
+    if opts.dry_run:
         pl = plan(shape, eng.id, device, skew, rows, m_keys, tv)
-        path = ee.engine_path(args.out / "files", eng.name, shape, device, tv or "0.0.0")
-        print(f"plan: {eng.id} file {path} for {args.model} tp{args.tp} ep{args.ep} "
+        path = ee.engine_path(opts.out / "files", eng.name, shape, device, tv or "0.0.0")
+        print(f"plan: {eng.id} file {path} for {opts.model} tp{opts.tp} ep{opts.ep} "
               f"(E={shape.num_experts}, N={shape.n}, H={shape.hidden}, top_k={shape.top_k}), routing {label}, "
-              f"budget {args.budget_s:.0f} s")
+              f"budget {opts.budget_s:.0f} s")
         print("nearest measured shapes (E, top_k, H, N, dtype; unit-cube distance): " + ", ".join(
             f"{tuple(s['shape'][:4])} {s['distance']:.3f}" for s in pl["nearest_shapes"]) or "none")
         for k in pl["keys"]:
             print(f"  M={k['M']:5d}: engine entry ({k['engine_source']}, {k['engine_path']} path; M/N/K/group/"
                   f"warps/stages {','.join(str(v) for v in k['engine_entry'].values())}) + {len(k['seeds'])} "
                   "nearest-shape winners, then one round of its best's neighbours, then paired vs the engine entry")
-        print(f"the run stops at --budget-s {args.budget_s:.0f} s (compiles included); keys it does not reach keep the "
+        print(f"the run stops at --budget-s {opts.budget_s:.0f} s (compiles included); keys it does not reach keep the "
               "engine entry; nothing measured (--dry-run)")
         return 0
-    return _run(args, model, shape, eng, label, skew, m_keys, rows, tv, start)
+    return _run(opts, model, shape, eng, label, skew, m_keys, rows, tv, start)
 
 
-def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tables.Engine, label: str, skew: float,
+def _run(opts: EngineTuneOptions, model: Any, shape: ee.MoEShape, eng: vllm_tables.Engine, label: str, skew: float,
          m_keys: tuple[int, ...], rows: Sequence[ee.Row], tv: str, start: float) -> int:
     """The GPU run (or the CPU smoke): per key sweep, local search, paired confirmation; state after each key."""
     import torch
@@ -197,19 +197,19 @@ def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tab
     from kernel_gym.measure.engine_timing import Timer, gpu_state, log
     from kernel_gym.measure.store import Context, MeasurementStore
 
-    cuda = torch.cuda.is_available() and not args.smoke
-    if not cuda and not args.smoke:
+    cuda = torch.cuda.is_available() and not opts.smoke
+    if not cuda and not opts.smoke:
         raise SystemExit("tune --engine: no CUDA GPU here; run it on the GPU, or pass --dry-run for the plan "
                          "(or --smoke under TRITON_INTERPRET=1 to check the logic)")
     dev = "cuda" if cuda else "cpu"
     gpu = torch.cuda.get_device_name() if cuda else "cpu-interpreter"
-    device = args.device or (gpu if cuda else "NVIDIA H200")
-    out: Path = args.out
+    device = opts.device or (gpu if cuda else "NVIDIA H200")
+    out: Path = opts.out
     out.mkdir(parents=True, exist_ok=True)
-    ident = {"engine": eng.id, "model": args.model, "tp": args.tp, "ep": args.ep, "routing": label,
+    ident = {"engine": eng.id, "model": opts.model, "tp": opts.tp, "ep": opts.ep, "routing": label,
              "shape": shape.describe(), "device": device}
     state: dict[str, Any] = {"ident": ident, "keys": {}}
-    if args.resume and (out / STATE).exists():
+    if opts.resume and (out / STATE).exists():
         old = json.loads((out / STATE).read_text())
         if old.get("ident") != ident:
             raise ValueError(f"--resume: {out / STATE} is another run ({old.get('ident')}); use another --out")
@@ -223,8 +223,8 @@ def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tab
     timer = Timer(cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     near = nearest_shapes(rows, shape, device)
-    log(f"{eng.id} tune: {args.model} E={shape.num_experts} N={shape.n} H={shape.hidden} top_k={shape.top_k} "
-        f"{label} on {gpu}; {len(m_keys)} keys, budget {args.budget_s:.0f} s; nearest measured shapes "
+    log(f"{eng.id} tune: {opts.model} E={shape.num_experts} N={shape.n} H={shape.hidden} top_k={shape.top_k} "
+        f"{label} on {gpu}; {len(m_keys)} keys, budget {opts.budget_s:.0f} s; nearest measured shapes "
         f"{[k[:4] for k, _ in near]}")
     todo = [m for m in m_keys if str(m) not in state["keys"]]
     compiler = None
@@ -241,14 +241,14 @@ def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tab
         compiler = CompilePool(workers, {k: os.environ[k] for k in ("TRITON_CACHE_DIR",) if k in os.environ})
         futures = compiler.submit(vm.FAMILY.name, shape.workload(256, skew).key(), [str(c) for c in likely], chunk=4)
         t0 = time.time()
-        done = compiler.collect(futures, timeout_s=max(5.0, min(60.0, 0.3 * args.budget_s)))
+        done = compiler.collect(futures, timeout_s=max(5.0, min(60.0, 0.3 * opts.budget_s)))
         log(f"compiled {len(done)} of {len(likely)} likely configs ahead in {time.time() - t0:.1f} s "
             f"({workers} processes)")
     weights = None
     if cuda:
-        first = fm.make_inputs(shape.workload(1, skew), dev, args.seed)
+        first = fm.make_inputs(shape.workload(1, skew), dev, opts.seed)
         weights = (first.w1, first.w2)
-    end = start + args.budget_s
+    end = start + opts.budget_s
     for i, m in enumerate(todo):
         if time.time() > end - 2:
             log(f"budget spent: {len(todo) - i} keys left at the engine entry (--resume continues)")
@@ -257,16 +257,16 @@ def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tab
         key_deadline = time.time() + max(1.0, 0.75 * (end - time.time()) / (len(todo) - i))
         wl = shape.workload(m, skew)
         if weights is None:
-            inputs = fm.make_inputs(wl, dev, args.seed)
+            inputs = fm.make_inputs(wl, dev, opts.seed)
         else:
-            gen = torch.Generator(device=dev).manual_seed(args.seed + m)
+            gen = torch.Generator(device=dev).manual_seed(opts.seed + m)
             x = torch.randn(m, shape.hidden, generator=gen, device=dev, dtype=weights[0].dtype)
-            inputs = fm.MoEInputs(wl, x, fm.router_logits(wl, args.seed + m).to(dev), *weights)
+            inputs = fm.MoEInputs(wl, x, fm.router_logits(wl, opts.seed + m).to(dev), *weights)
         ref = vm.FAMILY.reference(inputs)
         base, source = ee.baseline(shape, m, device, eng.id, tv)
         kind = ee.engine_path_kind(shape, m, eng.id)
         before = gpu_state()
-        rec, measured = _tune_key(inputs, ref, base, wl, rows, near, device, timer, sync, eng.id, key_deadline, args)
+        rec, measured = _tune_key(inputs, ref, base, wl, rows, near, device, timer, sync, eng.id, key_deadline, opts)
         rec.update(engine_source=source, engine_path=kind)
         store.put_many(ctxs[kind], measured)
         rec.update(gpu_before=before, gpu_after=gpu_state())
@@ -282,11 +282,11 @@ def _run(args: argparse.Namespace, model: Any, shape: ee.MoEShape, eng: vllm_tab
     store.close()
     if compiler is not None:
         compiler.close()
-    return _finish(args, shape, eng, label, skew, state, device, tv, timer, gpu, start, triton.__version__)
+    return _finish(opts, shape, eng, label, skew, state, device, tv, timer, gpu, start, triton.__version__)
 
 
 def _tune_key(inputs: Any, ref: Any, base: Config, wl: Any, rows: Sequence[ee.Row], near: list, device: str,
-              timer: Any, sync: Any, engine: str, deadline: float, args: argparse.Namespace) -> tuple[dict, list]:
+              timer: Any, sync: Any, engine: str, deadline: float, opts: EngineTuneOptions) -> tuple[dict, list]:
     """One key: the engine entry, the nearest shapes' winners, one local-search round, paired confirmation."""
     from kernel_gym.kernels import vllm_moe as vm
     from kernel_gym.measure.engine_timing import confirm, measure_config
@@ -326,7 +326,7 @@ def _tune_key(inputs: Any, ref: Any, base: Config, wl: Any, rows: Sequence[ee.Ro
                sweep_best_ms=times[best])
     chosen, gain = base, 1.0
     if best != base:  # 4. paired, interleaved against the engine entry
-        kept, t_base, t_pick = confirm(timer, fns[base], fns[best], args.pair_rounds, args.min_gain)
+        kept, t_base, t_pick = confirm(timer, fns[base], fns[best], opts.pair_rounds, opts.min_gain)
         rec.update(paired_engine_ms=t_base, paired_pick_ms=t_pick, pick=dict(best))
         if kept:
             chosen, gain = best, t_base / t_pick
@@ -335,7 +335,7 @@ def _tune_key(inputs: Any, ref: Any, base: Config, wl: Any, rows: Sequence[ee.Ro
     return rec, measured
 
 
-def _finish(args: argparse.Namespace, shape: ee.MoEShape, eng: vllm_tables.Engine, label: str, skew: float,
+def _finish(opts: EngineTuneOptions, shape: ee.MoEShape, eng: vllm_tables.Engine, label: str, skew: float,
             state: dict[str, Any], device: str, tv: str, timer: Any, gpu: str, start: float,
             measured_tv: str) -> int:
     """The engine file over every vLLM key (keys not reached keep the engine entry), its sidecar, engine_tune.json."""
@@ -361,25 +361,25 @@ def _finish(args: argparse.Namespace, shape: ee.MoEShape, eng: vllm_tables.Engin
                        "tuned": rec is not None, "engine_path": ee.engine_path_kind(shape, m, eng.id)})
     summary = {b: sum(k["basis"] == b for k in report) for b in (ee.CONFIRMED, ee.SINGLE, ee.ENGINE)}
     note = {"estimate": False, "why": "", "engine": eng.id, "engine_name": eng.name, "engine_version": eng.version,
-            "model": args.model, "tp": args.tp, "ep": args.ep, "shape": shape.describe(), "device": device,
+            "model": opts.model, "tp": opts.tp, "ep": opts.ep, "shape": shape.describe(), "device": device,
             "measured_on": gpu, "measured_triton_version": measured_tv, "routing": label, "skew": skew,
-            "min_gain": args.min_gain, "summary": summary, "keys": report,
+            "min_gain": opts.min_gain, "summary": summary, "keys": report,
             "source": "kernel-gym tune --engine (kernel_gym/deploy/engine_tune.py)",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if eng.name == "sglang":
         note["triton_version"] = tv
-    path = ee.write_engine_file(args.out / "files", eng.name, shape, device, content, tv or "0.0.0", note)
+    path = ee.write_engine_file(opts.out / "files", eng.name, shape, device, content, tv or "0.0.0", note)
     gpu_s = round(timer.gpu_s, 1)
     wall = round(time.time() - start, 1)
-    result = {"meta": {"engine": eng.id, "model": args.model, "tp": args.tp, "ep": args.ep, "routing": label,
+    result = {"meta": {"engine": eng.id, "model": opts.model, "tp": opts.tp, "ep": opts.ep, "routing": label,
                        "routings": {label: skew}, "device": device, "engine_device_name": device, "gpu": gpu,
-                       "budget_s": args.budget_s, "seconds": wall, "gpu_timing_s": gpu_s,
-                       "keys_tuned": len(state["keys"]), "smoke": args.smoke,
+                       "budget_s": opts.budget_s, "seconds": wall, "gpu_timing_s": gpu_s,
+                       "keys_tuned": len(state["keys"]), "smoke": opts.smoke,
                        "source_hash": vm.store_key(), "small_batch_source_hash": vm.small_batch_store_key()},
-              "file": str(path.relative_to(args.out)), "summary": summary, "keys": state["keys"],
+              "file": str(path.relative_to(opts.out)), "summary": summary, "keys": state["keys"],
               "confirmations": confirmations}
-    _atomic_json(args.out / RESULT, result)
-    print(f"\n{eng.id} {args.model} tp{args.tp} ep{args.ep} {label}: {len(state['keys'])} of "
+    _atomic_json(opts.out / RESULT, result)
+    print(f"\n{eng.id} {opts.model} tp{opts.tp} ep{opts.ep} {label}: {len(state['keys'])} of "
           f"{len(keys)} keys tuned; {summary[ee.CONFIRMED]} changed (paired-confirmed), "
           f"{summary[ee.ENGINE]} keep the engine entry")
     print("    M  path         basis               paired gain  configs")
@@ -388,10 +388,5 @@ def _finish(args: argparse.Namespace, shape: ee.MoEShape, eng: vllm_tables.Engin
         if rec:
             print(f"{m:5d}  {rec['engine_path']:11s}  {rec['basis']:18s}  {rec.get('paired_gain', 1.0):>11.3f}  "
                   f"{rec.get('configs_timed', 0):>7d}")
-    print(f"wrote {path} (+ {ee.SIDECAR}), {args.out / RESULT}; {wall:.0f} s wall, {gpu_s:.0f} GPU-s timing")
+    print(f"wrote {path} (+ {ee.SIDECAR}), {opts.out / RESULT}; {wall:.0f} s wall, {gpu_s:.0f} GPU-s timing")
     return 0
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    raise SystemExit(main())

@@ -18,7 +18,6 @@ benchmarks/generalisation/policies.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import platform
@@ -455,53 +454,6 @@ def write_vllm(table: DispatchTable, out: Path, skew: float = 0.0) -> Path:
     return path
 
 
-# ---- CLI -------------------------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernel-gym export", description=__doc__.splitlines()[0])
-    p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
-                   help="a policy, e.g. models:/kernel-gym-moe-v0-mixtral-8x7b/1 (repeat per kernel); default: the "
-                        "latest "
-                        "registered kernel-gym-<env>-<model> (for --model), else kernel-gym-<env>, in the MLflow store")
-    p.add_argument("--format", choices=("dispatch", "vllm", "sglang"), default="dispatch",
-                   help="dispatch: dispatch_table.json for the Dispatcher; vllm / sglang: the engine's fused-MoE "
-                        "config file from vllm_fused_moe measurements (deploy/engine_export.py; no policy needed)")
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--model", default="mixtral-8x7b", help="model spec (built-in name or JSON file) of the deployment")
-    p.add_argument("--device", default=DEFAULT_DEVICE, help="GPU name as torch reports it (vLLM file name)")
-    p.add_argument("--skew", type=float, default=0.0,
-                   help="vllm: the routing skew (Zipf exponent) the deployment sees; vLLM keys on M only")
-    p.add_argument("--tp", type=int, default=1,
-                   help="tensor-parallel degree: vllm/sglang N = intermediate // tp; dispatch: the table is for one "
-                        "GPU's shard, the same as --model NAME@tpN")
-    p.add_argument("--ep", type=int, default=1,
-                   help="vllm/sglang: expert-parallel degree; the file is named by the local expert count E // ep")
-    p.add_argument("--engine-version", default="",
-                   help="vllm/sglang: the engine release the files target (default vLLM 0.33.0, SGLang 0.5.23)")
-    p.add_argument("--confirmations", action="append", default=[], metavar="JSON",
-                   help="vllm/sglang: paired confirmations (bench_vllm_export.json, engine_tune.json) that let a "
-                        "measured lead change a key")
-    p.add_argument("--policy-dir", type=Path, default=None, metavar="DIR",
-                   help="dispatch: read the policies from bundles KERNEL.json/.npz in DIR instead of MLflow, e.g. "
-                        "benchmarks/generalisation/policies (the model-conditioned zoo policies the repository ships)")
-    p.add_argument("--routing", default="", help="vllm/sglang: uniform or zipf:S (default: from --skew)")
-    p.add_argument("--store", action="append", default=[], metavar="PATH",
-                   help="vllm/sglang: measurement store / snapshot with vllm_fused_moe rows (repeatable; default: "
-                        "the packaged dataset)")
-    p.add_argument("--force", action="store_true",
-                   help="vllm/sglang: write an estimate where --device has no measurements (sidecar says so)")
-    p.add_argument("--min-gain", type=float, default=0.01,
-                   help="vllm/sglang: replace the engine's own entry only if measured this much faster")
-    p.add_argument("--triton-version", default="",
-                   help="sglang: the Triton version the server runs (its configs/triton_X_Y_Z/ folder)")
-    p.add_argument("--kv-layout", default="", metavar="PAGE_SIZE:LAYOUT",
-                   help="decode: KV layout to run with, e.g. 16:NHD (default: the one on which the policy's choices "
-                        "measure best in the recorded data for --device, else the one it picks most often)")
-    p.add_argument("--tracking-uri", default="", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or mlruns/)")
-    return p
-
-
 def parse_kv_layout(text: str) -> tuple[int, str] | None:
     if not text:
         return None
@@ -511,29 +463,37 @@ def parse_kv_layout(text: str) -> tuple[int, str] | None:
     return int(ps), lay
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def export_files(*, out: Path, fmt: str = "dispatch", model: str = "mixtral-8x7b", model_uris: Sequence[str] = (),
+                 device: str = DEFAULT_DEVICE, skew: float = 0.0, tp: int = 1, ep: int = 1, engine_version: str = "",
+                 confirmations: Sequence[str] = (), policy_dir: Path | None = None, routing: str = "",
+                 stores: Sequence[str] = (), force: bool = False, min_gain: float = 0.01, triton_version: str = "",
+                 kv_layout: str = "", tracking_uri: str = "") -> int:
+    """`kernel-gym export` (module docstring): the dispatch table from the policies (`model_uris`, else the latest
+    registered, or the bundles in `policy_dir`), or the engine's file (fmt vllm / sglang: engine_export, from
+    `stores`, default the packaged dataset); prints what each kernel rests on and a JSON summary."""
     from kernel_gym.train.tracking import setup_tracking
 
-    if args.skew < 0:
-        raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {args.skew}")
-    if args.format in ("vllm", "sglang") and args.policy_dir is not None:
-        raise ValueError(f"--policy-dir is for --format dispatch: {args.format} files are chosen among measured "
+    if skew < 0:
+        raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {skew}")
+    if fmt in ("vllm", "sglang") and policy_dir is not None:
+        raise ValueError(f"--policy-dir is for --format dispatch: {fmt} files are chosen among measured "
                          "vllm_fused_moe configs, not by a policy; drop --policy-dir")
-    if args.format in ("vllm", "sglang"):  # measured vllm_fused_moe configs, not a policy (issue 15)
+    if fmt in ("vllm", "sglang"):  # measured vllm_fused_moe configs, not a policy (issue 15)
         from kernel_gym.deploy import engine_export
         from kernel_gym.measure.store import PACKAGED_SNAPSHOT
 
-        args.store = args.store or [str(PACKAGED_SNAPSHOT)]
-        return engine_export.main_from_args(args)
-    if args.policy_dir is None:
-        setup_tracking(args.tracking_uri or None)
-    model = sharded_model(args.model, args.tp)
-    table = table_from_registry(model, args.model_uri, args.device, parse_kv_layout(args.kv_layout), args.policy_dir)
-    if args.format == "dispatch":
-        path = table.save(args.out / TABLE_FILE)
+        return engine_export.export_and_print(
+            model=model, fmt=fmt, out=out, device=device, tp=tp, ep=ep, routing=routing, skew=skew,
+            stores=list(stores) or [str(PACKAGED_SNAPSHOT)], force=force, min_gain=min_gain,
+            triton_version=triton_version, engine_version=engine_version, confirmations=confirmations)
+    if policy_dir is None:
+        setup_tracking(tracking_uri or None)
+    spec = sharded_model(model, tp)
+    table = table_from_registry(spec, model_uris, device, parse_kv_layout(kv_layout), policy_dir)
+    if fmt == "dispatch":
+        path = table.save(out / TABLE_FILE)
     else:
-        path = write_vllm(table, args.out, args.skew)
+        path = write_vllm(table, out, skew)
     rests = table.meta.get("rests_on", {})
     for k, r in rests.items():
         if r["basis"] == "absent":
@@ -545,9 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "fused_moe" in table.kernels and rests.get("fused_moe", {}).get("basis") != "measured":
         from kernel_gym.dispatch.shape_coverage import coverage, trained_shapes
 
-        cov = coverage(model, trained_shapes(table.kernels["fused_moe"].policy))  # how far from what it trained on
+        cov = coverage(spec, trained_shapes(table.kernels["fused_moe"].policy))  # how far from what it trained on
         print(cov.line(), file=sys.stderr)
-    print(json.dumps({"format": args.format, "path": str(path), "model": model.name,
+    print(json.dumps({"format": fmt, "path": str(path), "model": spec.name,
                       **({"fused_moe_coverage": cov.as_dict()} if cov else {}), "kernels": {
         k: {"basis": rests.get(k, {}).get("basis", "?"),
             "policy": t.policy.get("model_uri", "") or t.policy.get("policy_dir", ""), "buckets": len(t.cells),

@@ -16,7 +16,6 @@ from the measured table or, without one, aiconfigurator's labelled prior.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -238,8 +237,9 @@ def load_curve(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, 
     return curve
 
 
-def log_mlflow(args: argparse.Namespace, report: dict[str, Any], curve: dict[str, list]) -> str:
-    """One MLflow run: parameters, predicted goodput and shares, the report JSON and the goodput-vs-load plot."""
+def log_mlflow(params: dict[str, Any], report: dict[str, Any], curve: dict[str, list], tracking_uri: str = "") -> str:
+    """One MLflow run: parameters (model, gpus, engine, trace, slo, rate_scale, train_steps), predicted goodput and
+    shares, the report JSON and the goodput-vs-load plot."""
     try:
         import mlflow
     except ImportError as exc:
@@ -252,11 +252,11 @@ def log_mlflow(args: argparse.Namespace, report: dict[str, Any], curve: dict[str
 
     from kernel_gym.train.tracking import get_or_create_experiment, setup_tracking
 
-    uri = setup_tracking(args.tracking_uri or None)
+    uri = setup_tracking(tracking_uri or None)
     exp = get_or_create_experiment("kernel-gym-plan", uri)
-    with mlflow.start_run(experiment_id=exp, run_name=f"plan-{args.model}-g{args.gpus}-{args.engine}") as run:
-        mlflow.log_params({"model": args.model, "gpus": args.gpus, "engine": args.engine, "trace": args.trace,
-                           "slo": args.slo, "rate_scale": args.rate_scale, "train_steps": args.train_steps})
+    name = f"plan-{params['model']}-g{params['gpus']}-{params['engine']}"
+    with mlflow.start_run(experiment_id=exp, run_name=name) as run:
+        mlflow.log_params(params)
         best = report["recommended"]
         mlflow.log_metrics({"goodput_req_per_s": best["predicted"]["goodput_req_per_s"],
                             "estimated_share": best["predicted"]["estimated_share"],
@@ -268,7 +268,7 @@ def log_mlflow(args: argparse.Namespace, report: dict[str, Any], curve: dict[str
                     label=name)
         ax.set_xlabel("offered load (requests / s)")
         ax.set_ylabel("goodput at the SLO (requests / s)")
-        ax.set_title(f"{args.model} on {args.gpus} H200, {args.engine}, {args.trace}")
+        ax.set_title(f"{params['model']} on {params['gpus']} H200, {params['engine']}, {params['trace']}")
         ax.legend(fontsize=7)
         fig.tight_layout()
         mlflow.log_figure(fig, "goodput_vs_load.png")
@@ -276,64 +276,36 @@ def log_mlflow(args: argparse.Namespace, report: dict[str, Any], curve: dict[str
         return run.info.run_id
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernel-gym plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="model spec: a zoo name (kernel-gym data lists them) or a JSON file")
-    p.add_argument("--gpus", type=int, required=True, help="H200 GPUs of the deployment (1-8)")
-    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
-    p.add_argument("--trace", required=True, help="azure-conv, azure-code, mooncake, burstgpt (KERNEL_GYM_TRACES), "
-                                                  "bundled, or a trace file")
-    p.add_argument("--slo", default="ttft=2,tpot=0.1", help=SLO_HELP)
-    p.add_argument("--rate-scale", type=float, default=1.0, help="compress the trace's time by this factor")
-    p.add_argument("--window-s", type=float, default=60.0, help="simulated seconds per window")
-    p.add_argument("--routing", default="zipf:1.2", help="uniform, zipf:EXPONENT or drift:EXPONENT[:DWELL_S]")
-    p.add_argument("--train-steps", type=int, default=64, help="MaskablePPO environment steps (0: no agent)")
-    p.add_argument("--samples", type=int, default=2, help="policy draws per training window besides the greedy one")
-    p.add_argument("--refine-rounds", type=int, default=1,
-                   help="coordinate-search passes over the knobs from the agent's best proposal (0: none)")
-    p.add_argument("--next", type=int, default=3, help="next-best layouts to list (each at its best knobs)")
-    p.add_argument("--model-id", default="", help="the model name in the launch commands (default: its HF id)")
-    p.add_argument("--json", default="", help="write the plan here")
-    p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow run and its plot")
-    p.add_argument("--tracking-uri", default="")
-    p.add_argument("--seed", type=int, default=0)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"kernel-gym plan: {exc}", file=sys.stderr)
-        return 2
-
-
-def run(args: argparse.Namespace) -> int:
+def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", slo: str = "ttft=2,tpot=0.1",
+                    rate_scale: float = 1.0, window_s: float = 60.0, routing: str = "zipf:1.2", train_steps: int = 64,
+                    samples: int = 2, refine_rounds: int = 1, next_best: int = 3, model_id: str = "",
+                    json_path: str = "", no_mlflow: bool = False, tracking_uri: str = "", seed: int = 0) -> int:
+    """`kernel-gym plan` (module docstring): the recommended deployment and the `next_best` others printed, the plan
+    written to `json_path` (when given) and logged to MLflow (unless `no_mlflow`)."""
     from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.models import load_model
     from kernel_gym.parallel.deploy import ENGINE_VERSIONS, launch_commands
     from kernel_gym.traffic.windows import resolve_trace
 
-    slo = parse_slo(args.slo)
-    if not 1 <= args.gpus <= 8:
-        raise ValueError(f"--gpus {args.gpus}: one H200 host has 1 to 8 GPUs")
-    spec = load_model(args.model)
-    trace = resolve_trace(args.trace)
-    routing = routing_profile(args.routing, spec, args.seed)
-    print(f"[plan] {spec.name} on {args.gpus} H200, {args.engine}, trace {trace.name} x{args.rate_scale:g}, SLO "
-          f"TTFT <= {slo[0]} s TPOT <= {slo[1]} s; training the agent ({args.train_steps} steps)", file=sys.stderr)
-    rec = recommend(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, args.train_steps,
-                    args.samples, seed=args.seed, routing=routing, refine_rounds=args.refine_rounds)
+    limits = parse_slo(slo)
+    if not 1 <= gpus <= 8:
+        raise ValueError(f"--gpus {gpus}: one H200 host has 1 to 8 GPUs")
+    spec = load_model(model)
+    replayed = resolve_trace(trace)
+    profile = routing_profile(routing, spec, seed)
+    print(f"[plan] {spec.name} on {gpus} H200, {engine}, trace {replayed.name} x{rate_scale:g}, SLO "
+          f"TTFT <= {limits[0]} s TPOT <= {limits[1]} s; training the agent ({train_steps} steps)", file=sys.stderr)
+    rec = recommend(spec, gpus, engine, replayed, limits, rate_scale, window_s, train_steps,
+                    samples, seed=seed, routing=profile, refine_rounds=refine_rounds)
     ranked, seen = [], set()
     for r in rec["ranked"]:  # the winner, then the best deployment of each other layout
-        if r["deployment"].layout_name not in seen and len(ranked) <= args.next:
+        if r["deployment"].layout_name not in seen and len(ranked) <= next_best:
             ranked.append(r)
             seen.add(r["deployment"].layout_name)
     deps = [r["deployment"] for r in ranked]
-    held, _ = heldout_replay(spec, args.gpus, args.engine, trace, slo, args.rate_scale, args.window_s, deps, routing,
+    held, _ = heldout_replay(spec, gpus, engine, replayed, limits, rate_scale, window_s, deps, profile,
                              pricer=rec["env"].pricer)
-    model_id = args.model_id or HF_IDS.get(spec.name, spec.name)
+    model_id = model_id or HF_IDS.get(spec.name, spec.name)
     table = rec["env"].table
     entries = []
     for r, h in zip(ranked, held):
@@ -342,16 +314,16 @@ def run(args: argparse.Namespace) -> int:
                         "train_goodput_req_per_s": r["train_goodput_req_per_s"], "from_agent": r["from_agent"],
                         "baseline": r["baseline"], "predicted": {k: v for k, v in h.items() if k != "deployment"},
                         "kernel_config_files": kernel_configs(spec, d, h)})
-    report = {"model": spec.name, "gpus": args.gpus, "engine": args.engine,
-              "engine_version": ENGINE_VERSIONS[args.engine], "trace": trace.name, "rate_scale": args.rate_scale,
-              "slo": {"ttft_s": slo[0], "tpot_s": slo[1]}, "routing": args.routing,
+    report = {"model": spec.name, "gpus": gpus, "engine": engine,
+              "engine_version": ENGINE_VERSIONS[engine], "trace": replayed.name, "rate_scale": rate_scale,
+              "slo": {"ttft_s": limits[0], "tpot_s": limits[1]}, "routing": routing,
               "collectives": {"source": None if table is None else table.source,
                               "prior": None if table is None else (table.prior or {}).get("source")},
               "recommended": entries[0], "next_best": entries[1:], "agent_proposals": rec["agent_proposals"],
               "evaluations": rec["evaluations"], "wall_s": rec["wall_s"]}
     best = entries[0]
     p = best["predicted"]
-    print(f"\nrecommended: {best['deployment']['layout']} ({args.engine} {ENGINE_VERSIONS[args.engine]})")
+    print(f"\nrecommended: {best['deployment']['layout']} ({engine} {ENGINE_VERSIONS[engine]})")
     for cmd in best["launch"]:
         print(f"  {cmd}")
     print(f"  kernel configs: {', '.join(f['file'] for f in best['kernel_config_files'])}")
@@ -365,18 +337,16 @@ def run(args: argparse.Namespace) -> int:
               f"mbt{e['deployment']['max_batched_tokens']} seqs{e['deployment']['max_seqs']} "
               f"graph{e['deployment']['graph_max']}".ljust(58) +
               f" {q['goodput_req_per_s']:>13.2f} {q['estimated_share']:>9.0%} {q['prior_share']:>6.0%}")
-    if not args.no_mlflow:
-        curve = load_curve(spec, args.gpus, args.engine, trace, slo, deps[:3],
-                           [args.rate_scale * f for f in (0.5, 1, 2, 4)], args.window_s, routing,
+    if not no_mlflow:
+        curve = load_curve(spec, gpus, engine, replayed, limits, deps[:3],
+                           [rate_scale * f for f in (0.5, 1, 2, 4)], window_s, profile,
                            pricer=rec["env"].pricer)
         report["goodput_vs_load"] = curve
-        report["mlflow_run_id"] = log_mlflow(args, report, curve)
+        params = {"model": model, "gpus": gpus, "engine": engine, "trace": trace, "slo": slo, "rate_scale": rate_scale,
+                  "train_steps": train_steps}
+        report["mlflow_run_id"] = log_mlflow(params, report, curve, tracking_uri)
         print(f"MLflow run {report['mlflow_run_id']} (experiment kernel-gym-plan): goodput_vs_load.png")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(report, indent=1, default=str) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,9 +22,7 @@ measurement keep the policy's zero-shot choice. Prints the coverage of the spec,
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -191,54 +189,26 @@ def stored_times(db: str, kernel: str, device_name: str) -> dict[tuple[str, str]
         store.close()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernel-gym tune", description=__doc__.split("\n\n")[0],
-                                epilog="With --engine vllm|sglang: the engine's own fused-MoE config file instead, "
-                                       "each key confirmed against the engine's entry (kernel-gym tune --engine "
-                                       "vllm --help)")
-    p.add_argument("--model", required=True, help="model spec: a built-in or zoo name, NAME@tpN, or a JSON file")
-    p.add_argument("--kernels", default=",".join(KERNELS), help="comma list of kernels to tune")
-    p.add_argument("--top-k", type=int, default=4, help="the policy's most preferred configs measured per grid cell")
-    p.add_argument("--budget-s", type=float, default=120.0, help="GPU time budget; a rerun resumes where it stopped")
-    p.add_argument("--db", default="tune.sqlite", help="measurement store (created; resumed when it exists)")
-    p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
-                   help="policy per kernel (default: the latest registered policy for the model, else the "
-                        "model-conditioned one)")
-    p.add_argument("--policy-dir", type=Path, default=None,
-                   help="read the policies from KERNEL.json/.npz here (no MLflow needed: a GPU machine)")
-    p.add_argument("--save-policies", type=Path, default=None,
-                   help="write the MLflow policies to this folder for --policy-dir, print the plan, and exit")
-    p.add_argument("--out", type=Path, default=Path("deploy/tuned_table.json"), help="dispatch table JSON")
-    p.add_argument("--tracking-uri", default="", help="MLflow store holding the policies (default: mlruns/)")
-    p.add_argument("--local", type=int, default=LOCAL_STEPS,
-                   help="one-knob steps measured around each cell's best in round 2 (0: no local search)")
-    p.add_argument("--no-nearest", action="store_true",
-                   help="leave out the nearest measured shapes' winners (only the policy and the engine's entry)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan size and exit (no GPU needed)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the interpreter (tests only)")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv) if argv is not None else sys.argv[1:]
-    if any(a == "--engine" or a.startswith("--engine=") for a in argv):  # the engine's own file: engine_tune.py
-        from kernel_gym.deploy import engine_tune
-
-        return engine_tune.main(argv)
-    args = build_parser().parse_args(argv)
+def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, budget_s: float = 120.0,
+               db: str = "tune.sqlite", model_uris: Sequence[str] = (), policy_dir: Path | None = None,
+               save_policies: Path | None = None, out: Path = Path("deploy/tuned_table.json"),
+               tracking_uri: str = "", local: int = LOCAL_STEPS, no_nearest: bool = False, dry_run: bool = False,
+               device: str = "cuda") -> int:
+    """`kernel-gym tune` (module docstring): the plan for the model spec `model`, measured within `budget_s` into
+    `db` (a rerun resumes), the tuned dispatch table written to `out`. `dry_run` prints the plan size only;
+    `save_policies` writes the MLflow policies there for `policy_dir` on the GPU machine, and stops."""
     from kernel_gym.deploy.export import build_table, check_policy_model
     from kernel_gym.models import load_model
 
-    if args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
-    if args.budget_s <= 0:
-        raise ValueError(f"--budget-s must be > 0, got {args.budget_s}")
-    model = load_model(args.model)
-    if not args.policy_dir:
+    if top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {top_k}")
+    if budget_s <= 0:
+        raise ValueError(f"--budget-s must be > 0, got {budget_s}")
+    spec = load_model(model)
+    if not policy_dir:
         from kernel_gym.train import tracking
 
-        tracking.setup_tracking(args.tracking_uri or None)
-    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+        tracking.setup_tracking(tracking_uri or None)
     bad = [k for k in kernels if k not in KERNELS]
     if bad:
         raise ValueError(f"--kernels: cannot tune {bad}; tune supports {list(KERNELS)}")
@@ -246,16 +216,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     nearest = None
     for kernel in kernels:
         cost = None
-        if args.policy_dir:
+        if policy_dir:
             from kernel_gym.train.bundle import load_cost_model
 
-            meta, params, provenance = load_bundle(args.policy_dir, kernel)
-            cost = load_cost_model(args.policy_dir, kernel)  # fused_moe: ranks round 1 as `export` ranks zero-shot
+            meta, params, provenance = load_bundle(policy_dir, kernel)
+            cost = load_cost_model(policy_dir, kernel)  # fused_moe: ranks round 1 as `export` ranks zero-shot
         else:
             from kernel_gym.deploy.export import latest_model_uris, parse_model_uris
 
-            given = parse_model_uris(args.model_uri)
-            uri = given.get(kernel) or latest_model_uris(model.name).get(kernel)
+            given = parse_model_uris(model_uris)
+            uri = given.get(kernel) or latest_model_uris(spec.name).get(kernel)
             if not uri:
                 raise ValueError(f"no {kernel} policy in the MLflow store: pass --policy-dir "
                                  "benchmarks/generalisation/policies (the zoo policies the repository ships), train "
@@ -265,54 +235,54 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if kernel == cm.KERNEL and provenance.get("model_conditioned"):
                 cost = cm.packaged()  # as `export` re-ranks this policy (export.reranked_zero_shot)
-            if args.save_policies:
-                save_bundle(args.save_policies, kernel, meta, params, provenance, cost_model=cost)
-        print(check_policy_model(kernel, provenance, model), flush=True)
+            if save_policies:
+                save_bundle(save_policies, kernel, meta, params, provenance, cost_model=cost)
+        print(check_policy_model(kernel, provenance, spec), flush=True)
         if kernel == "fused_moe":
             from kernel_gym.dispatch.shape_coverage import coverage, trained_shapes
 
-            print(f"[tune] {coverage(model, trained_shapes(provenance)).line()}", flush=True)
-            if nearest is None and not args.no_nearest:
+            print(f"[tune] {coverage(spec, trained_shapes(provenance)).line()}", flush=True)
+            if nearest is None and not no_nearest:
                 nearest = NearestWinners()
         if cost is not None:
             rank = zero_shot_ranker(kernel, meta, params, cost, nearest)
-            print(f"[tune] {kernel}: round 1 takes the cost model's top {args.top_k} of the whole valid space "
-                  f"(shipped in {args.policy_dir}), as `export --policy-dir` ranks its zero-shot choice", flush=True)
+            print(f"[tune] {kernel}: round 1 takes the cost model's top {top_k} of the whole valid space "
+                  f"(shipped in {policy_dir}), as `export --policy-dir` ranks its zero-shot choice", flush=True)
         else:
             rank = ranker(kernel, meta, params)
         rankers[kernel] = (rank, provenance)
-        plans[kernel] = tune_plan(kernel, model, rankers[kernel][0], args.top_k, nearest)
+        plans[kernel] = tune_plan(kernel, spec, rankers[kernel][0], top_k, nearest)
     total = sum(len(e["configs"]) for p in plans.values() for e in p)
     cells = sum(len(p) for p in plans.values())
-    print(f"[tune] {model.name}: {cells} grid cells, {total} round-1 candidates (the policy's top {args.top_k}, "
-          f"the nearest measured shapes' winners, the engine's own entry; then up to {args.local} one-knob steps "
+    print(f"[tune] {spec.name}: {cells} grid cells, {total} round-1 candidates (the policy's top {top_k}, "
+          f"the nearest measured shapes' winners, the engine's own entry; then up to {local} one-knob steps "
           "around each cell's best)", flush=True)
-    if args.save_policies:
-        print(f"[tune] policies saved to {args.save_policies}: run `kernel-gym tune --model {args.model} "
-              f"--policy-dir {args.save_policies}` on the GPU machine")
-    if args.dry_run or args.save_policies:
+    if save_policies:
+        print(f"[tune] policies saved to {save_policies}: run `kernel-gym tune --model {model} "
+              f"--policy-dir {save_policies}` on the GPU machine")
+    if dry_run or save_policies:
         return 0
     from kernel_gym.measure.collect import CollectOptions, collect
 
-    def run(plan: list[dict[str, Any]], budget_s: float) -> dict[str, Any]:
+    def run(plan: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             plan_path = Path(tmp) / "tune_plan.json"
             plan_path.write_text(json.dumps(plan))
-            return collect(CollectOptions(models=[], kernels=kernels, plan_file=str(plan_path), db=args.db,
-                                          budget_s=budget_s, device=args.device))
+            return collect(CollectOptions(models=[], kernels=list(kernels), plan_file=str(plan_path), db=db,
+                                          budget_s=seconds, device=device))
 
     t0 = time.time()
-    device_name = "cpu-interpreter" if args.device == "cpu" else __import__("torch").cuda.get_device_name(0)
-    res = run([e for p in plans.values() for e in p], args.budget_s)
+    device_name = "cpu-interpreter" if device == "cpu" else __import__("torch").cuda.get_device_name(0)
+    res = run([e for p in plans.values() for e in p], budget_s)
     written = res["written"]
-    left = args.budget_s - (time.time() - t0)
-    if args.local > 0 and left >= ROUND_MIN_S and not res.get("stopped_by_budget"):
-        local = {k: local_plan(k, plans[k], stored_times(args.db, k, device_name), args.local) for k in kernels}
-        n_local = sum(len(e["configs"]) for p in local.values() for e in p)
+    left = budget_s - (time.time() - t0)
+    if local > 0 and left >= ROUND_MIN_S and not res.get("stopped_by_budget"):
+        round2 = {k: local_plan(k, plans[k], stored_times(db, k, device_name), local) for k in kernels}
+        n_local = sum(len(e["configs"]) for p in round2.values() for e in p)
         print(f"[tune] round 2 (local search): {n_local} one-knob steps around the cells' best", flush=True)
-        res = run([e for p in local.values() for e in p], left)
+        res = run([e for p in round2.values() for e in p], left)
         written += res["written"]
-        plans = {k: merge_plans(plans[k], local[k]) for k in kernels}
+        plans = {k: merge_plans(plans[k], round2[k]) for k in kernels}
     res = {**res, "written": written}
     gpu_s = time.time() - t0
     predictors, report = {}, {}
@@ -325,15 +295,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             fam = get_family(kernel)
             return [next(iter(rank(w)), None) or fam.default_config(w) for w in workloads]
 
-        times = stored_times(args.db, kernel, device_name)
+        times = stored_times(db, kernel, device_name)
         predict = tuned_predictor(plans[kernel], times, zero_shot)
-        predictors[kernel] = (predict, {**provenance, "tuned": {"db": args.db, "top_k": args.top_k,
-                                                                 "local": args.local, "gpu_s": round(gpu_s, 1)}})
+        predictors[kernel] = (predict, {**provenance, "tuned": {"db": db, "top_k": top_k,
+                                                                 "local": local, "gpu_s": round(gpu_s, 1)}})
         report[kernel] = {"cells": len(plans[kernel]), "measured_cells": predict.measured_cells}
         if kernel == "fused_moe":
             report[kernel]["engine"] = engine_kept(plans[kernel], times)
-    table = build_table(model, predictors, device_name)
-    path = table.save(args.out)
+    table = build_table(spec, predictors, device_name)
+    path = table.save(out)
     for kernel, r in report.items():
         print(f"[tune] {kernel}: {r['measured_cells']}/{r['cells']} cells tuned on measurements, the rest zero-shot")
         if "engine" in r:
@@ -344,7 +314,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[tune] {res['written']} configs measured in {gpu_s:.0f} GPU-seconds"
           f"{' (budget reached: rerun to resume)' if res.get('stopped_by_budget') else ''}; table -> {path}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -17,7 +17,6 @@ dispatcher would, and is counted in `fallbacks`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -30,7 +29,7 @@ import numpy as np
 
 from kernel_gym.dispatch.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy, make_baselines
 from kernel_gym.dispatch.rules import fastest
-from kernel_gym.evaluate.replay_report import log_mlflow, markdown, write_outputs
+from kernel_gym.evaluate.replay_report import DEFAULT_ROUTING, log_mlflow, markdown, write_outputs
 from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.coverage import CoveredBackend
@@ -348,38 +347,6 @@ def report(trace_name: str, model_name: str, runs: dict[str, PolicyRun], extra: 
                              **{k: v for k, v in r.metrics.items() if k not in METRICS}} for n, r in runs.items()}}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernel-gym replay", description=__doc__.splitlines()[0])
-    p.add_argument("--trace", default="bundled", help="trace name (azure-conv, azure-code, bundled, ...) or path")
-    p.add_argument("--model", default="mixtral-8x7b", help="model spec: built-in name or ModelSpec JSON file")
-    p.add_argument("--policies", default=",".join(POLICY_NAMES),
-                   help=f"comma-separated, from {','.join(POLICY_NAMES)}")
-    p.add_argument("--json", type=Path, required=True, help="results JSON; .md and .png files are written beside it")
-    p.add_argument("--routing", default="zipf:1.2",
-                   help="expert routing: uniform, zipf:EXP, drift:EXP[:DWELL_S] (default zipf:1.2, the skew the demo "
-                        "and the README's replay figures use)")
-    p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
-                   help="learned policy per kernel (repeatable); default: the latest registered "
-                        "kernel-gym-<env>-<model> policies, else kernel-gym-<env>")
-    p.add_argument("--table", default="", help="learned: a dispatch_table.json instead of MLflow models")
-    p.add_argument("--budget", type=int, default=SEARCH_BUDGET, help="random/tpe: measurements per new shape")
-    p.add_argument("--seed", type=int, default=0, help="seed of routing and search baselines")
-    p.add_argument("--window", default="", metavar="START:END", help="replay only arrivals in [START, END) seconds")
-    p.add_argument("--rate-scale", type=float, default=1.0,
-                   help="compress arrival times by this factor (2 = twice the trace's request rate): tokens/s only "
-                        "separates policies when the server is saturated")
-    p.add_argument("--backend", default="recorded", help="recorded (H200 store) or a store path")
-    p.add_argument("--device", default="",
-                   help="the GPU whose rows price the replay (needed when the store holds several devices)")
-    p.add_argument("--steps-json", type=Path, default=None,
-                   help="also write per-step workloads, configs and predicted kernel times of default, learned and "
-                        "oracle (input of scripts/live_replay_check.py)")
-    p.add_argument("--steps", type=int, default=2000, help="--steps-json: steps recorded per policy")
-    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    p.add_argument("--tracking-uri", default="", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or mlruns/)")
-    return p
-
-
 def parse_policies(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in POLICY_NAMES]
@@ -388,85 +355,94 @@ def parse_policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def main(argv: Sequence[str] | None = None, backend: Any = None) -> int:
-    """CLI entry (`kernel-gym replay`); tests pass a Backend object as `backend`."""
-    args = build_parser().parse_args(argv)
+def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral-8x7b",
+               policies: str = ",".join(POLICY_NAMES), routing: str = DEFAULT_ROUTING, model_uris: Sequence[str] = (),
+               table: str = "", budget: int = SEARCH_BUDGET, seed: int = 0, window: str = "", rate_scale: float = 1.0,
+               backend: Any = "recorded", device: str = "", steps_json: Path | None = None, steps: int = 2000,
+               no_mlflow: bool = False, tracking_uri: str = "") -> dict[str, Any]:
+    """`kernel-gym replay` (module docstring): the trace replayed once per policy of the comma list `policies`;
+    writes `json_path` and the .md and .png files beside it, logs to MLflow unless `no_mlflow`, prints the table and
+    returns the report. `backend`: "recorded" (the H200 store), a store path, or a Backend object (tests)."""
     from kernel_gym.models import load_model
     from kernel_gym.traffic.traces import load_trace
 
-    names = parse_policies(args.policies)
-    for flag, path in (("--json", args.json), ("--steps-json", args.steps_json)):  # before the replay runs, not after
+    names = parse_policies(policies)
+    for flag, path in (("--json", json_path), ("--steps-json", steps_json)):  # before the replay runs, not after
         if path is not None and (path.is_dir() or str(path).endswith(("/", "\\"))):
             raise ValueError(f"{flag} {path}: a directory; pass a file name, e.g. {flag} {path / 'replay.json'}")
-    if args.tracking_uri:
+    if tracking_uri:
         from kernel_gym.train.tracking import check_tracking_uri
 
-        check_tracking_uri(args.tracking_uri)
-    if args.budget < 1:
-        raise ValueError(f"--budget must be >= 1, got {args.budget}")
-    model = load_model(args.model)
-    trace = load_trace(args.trace)
-    dropped = {k: v for k, v in trace.repairs.items() if v}
+        check_tracking_uri(tracking_uri)
+    if budget < 1:
+        raise ValueError(f"--budget must be >= 1, got {budget}")
+    params = {"trace": trace, "model": model, "policies": policies, "json": json_path, "routing": routing,
+              "model_uri": list(model_uris), "table": table, "budget": budget, "seed": seed, "window": window,
+              "rate_scale": rate_scale, "device": device, "steps_json": steps_json, "steps": steps,
+              "tracking_uri": tracking_uri,
+              "backend": backend if isinstance(backend, str) else getattr(backend, "name", "")}
+    spec = load_model(model)
+    replayed = load_trace(trace)
+    dropped = {k: v for k, v in replayed.repairs.items() if v}
     if dropped:
         why = {"zero_token_rows_dropped": "zero prompt or output tokens: failed requests, as BurstGPT records them"}
-        print(f"trace {trace.name}: " + ", ".join(f"{v} rows dropped ({why.get(k, k)})" for k, v in dropped.items()),
+        print(f"trace {replayed.name}: " + ", ".join(f"{v} rows dropped ({why.get(k, k)})" for k, v in dropped.items()),
               file=sys.stderr, flush=True)
-    if args.window:
+    if window:
         try:
-            start, end = (float(x) for x in args.window.split(":"))
+            start, end = (float(x) for x in window.split(":"))
         except ValueError as exc:
-            raise ValueError(f"--window {args.window!r}: use START:END in seconds, e.g. 0:300") from exc
-        trace = trace.window(start, end)
-    if args.rate_scale != 1.0:
-        trace = trace.scale_rate(args.rate_scale)
-    if backend is None:
+            raise ValueError(f"--window {window!r}: use START:END in seconds, e.g. 0:300") from exc
+        replayed = replayed.window(start, end)
+    if rate_scale != 1.0:
+        replayed = replayed.scale_rate(rate_scale)
+    if isinstance(backend, str):
         from kernel_gym.measure import make_backend
 
         # Scoring keeps the rows too noisy to rank configs by (recorded.MAX_SPREAD): a noisy median is an upper bound
         # of the kernel's time (host delays only add to it), so scoring a deployed config with it is conservative,
         # while leaving it out would make the replay substitute another config for the one the table deploys.
         backend = make_backend("recorded", max_spread=math.inf,
-                               **({} if args.backend == "recorded" else {"path": args.backend}),
-                               **({"device": args.device} if args.device else {}))
+                               **({} if backend == "recorded" else {"path": backend}),
+                               **({"device": device} if device else {}))
     priced_by = backend.describe() if hasattr(backend, "describe") else {"device": getattr(backend, "device", "?")}
     if hasattr(backend, "describe_line"):
         print(backend.describe_line(), file=sys.stderr, flush=True)
     covered = CoveredBackend(backend)
     factories: dict[str, Callable[[], Any]] = {}
-    base = make_baselines([n for n in names if n in BASELINE_NAMES], covered, model, args.budget, args.seed)
+    base = make_baselines([n for n in names if n in BASELINE_NAMES], covered, spec, budget, seed)
     for n in names:
         if n == "learned":
-            if not args.table:
+            if not table:
                 from kernel_gym.train.tracking import setup_tracking
 
-                setup_tracking(args.tracking_uri or None)
-            disp = learned_policy(model, args.model_uri, args.table or None)
+                setup_tracking(tracking_uri or None)
+            disp = learned_policy(spec, model_uris, table or None)
             factories[n] = lambda disp=disp: _fresh(disp)
         else:
             factories[n] = base[n]
-    routing = routing_profile(args.routing, model, args.seed)
-    print(f"routing profile: {args.routing} ({type(routing).__name__}, {model.num_experts} experts, top-{model.top_k}, "
-          f"seed {args.seed})", file=sys.stderr, flush=True)
-    record = {n: args.steps for n in ("default", "learned", "oracle")} if args.steps_json else {}
-    runs = replay(trace, model, factories, covered, routing, record)
-    rep = report(trace.name, model.name, runs, {"routing": args.routing, "backend": getattr(backend, "name", ""),
-                                                "priced_by": priced_by,
-                                                "proxied_workloads": len(covered.proxied),
-                                                "borrowed_answers": len(covered.borrowed),
-                                                **load_info(trace, args.rate_scale, args.window)})
-    paths = write_outputs(rep, runs, args.json)
-    if args.steps_json:
-        args.steps_json.parent.mkdir(parents=True, exist_ok=True)
-        args.steps_json.write_text(json.dumps({
-            "trace": trace.name, "model": model.name, "num_layers": model.num_layers,
+    profile = routing_profile(routing, spec, seed)
+    print(f"routing profile: {routing} ({type(profile).__name__}, {spec.num_experts} experts, top-{spec.top_k}, "
+          f"seed {seed})", file=sys.stderr, flush=True)
+    record = {n: steps for n in ("default", "learned", "oracle")} if steps_json else {}
+    runs = replay(replayed, spec, factories, covered, profile, record)
+    rep = report(replayed.name, spec.name, runs, {"routing": routing, "backend": getattr(backend, "name", ""),
+                                                  "priced_by": priced_by,
+                                                  "proxied_workloads": len(covered.proxied),
+                                                  "borrowed_answers": len(covered.borrowed),
+                                                  **load_info(replayed, rate_scale, window)})
+    paths = write_outputs(rep, runs, json_path)
+    if steps_json:
+        steps_json.parent.mkdir(parents=True, exist_ok=True)
+        steps_json.write_text(json.dumps({
+            "trace": replayed.name, "model": spec.name, "num_layers": spec.num_layers,
             "policies": {n: runs[n].steps for n in record if n in runs}}))
-        paths.append(args.steps_json)
-    if not args.no_mlflow:
-        params = {k: v for k, v in vars(args).items() if k not in ("no_mlflow",)}
-        run_id = log_mlflow(rep, paths, params, args.tracking_uri or None)
+        paths.append(steps_json)
+    if not no_mlflow:
+        run_id = log_mlflow(rep, paths, params, tracking_uri or None)
         print(f"logged to MLflow run {run_id}")
     print(markdown(rep))
-    return 0
+    return rep
 
 
 def load_info(trace: Any, rate_scale: float = 1.0, window: str = "") -> dict[str, Any]:
@@ -488,5 +464,5 @@ def _fresh(disp: Any) -> Any:
     return Dispatcher(disp.table)
 
 
-__all__ = ["POLICY_NAMES", "GuardedChooser", "PolicyRun", "learned_policy", "main", "replay", "report",
-           "routing_profile", "run_policy"]
+__all__ = ["POLICY_NAMES", "GuardedChooser", "PolicyRun", "learned_policy", "replay", "report", "routing_profile",
+           "run_policy", "run_replay"]

@@ -13,7 +13,6 @@ Imports only torch, triton, numpy and the standard library.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import multiprocessing as mp
@@ -26,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kernel_gym.kernels import profiles
 from kernel_gym.kernels.space import Config, KernelFamily
@@ -52,7 +51,7 @@ class PlanItem:
 
 @dataclass
 class CollectOptions:
-    """Arguments of one collection (also the argparse fields)."""
+    """Arguments of one collection (`kernel-gym collect`'s options: kernel_gym/cli/collect.py)."""
 
     models: list[str] = field(default_factory=lambda: ["mixtral-8x7b", "olmoe-1b-7b"])
     # the kernels a dispatch table serves (profiles with dispatch axes): fused_moe, decode_attention, prefill_attention
@@ -546,91 +545,14 @@ def noise_study(db: str, repeats: int, workloads_per_kernel: int = 12, configs_p
     }
 
 
-# ---- command line ------------------------------------------------------------------------------------------------
-
-
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def parser() -> argparse.ArgumentParser:
-    d = CollectOptions()
-    p = argparse.ArgumentParser(prog="kernel-gym collect", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=",".join(d.models), help="built-in model names or spec JSON paths, comma list")
-    p.add_argument("--kernels", default=",".join(d.kernels), help="kernel names (or module:ATTR families), comma list")
-    p.add_argument("--grid", default=",".join(d.grids), help="shape grids: eval (exhaustive), default (sampled), small")
-    p.add_argument("--configs-per-shape", type=int, default=d.configs_per_shape,
-                   help="sampled valid configs per non-eval shape (the default config is always added)")
-    p.add_argument("--budget-s", type=float, default=0.0, help="stop cleanly after this many seconds (0 = none)")
-    p.add_argument("--db", default=d.db, help="SQLite measurement store (created; resumed when it exists)")
-    p.add_argument("--out", default="", help="export a compressed snapshot (.jsonl.gz) here at the end")
-    p.add_argument("--gpus", type=int, default=0, help="GPUs to use (0 = every visible one; one shard each)")
-    p.add_argument("--compile-workers", type=int, default=-1, help="CPU compile processes (-1 = cores - GPUs)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter, no timings")
-    p.add_argument("--seed", type=int, default=0, help="config sampling seed")
-    p.add_argument("--min-reps", type=int, default=d.timing.min_reps, help="timing samples before the spread test")
-    p.add_argument("--max-reps", type=int, default=d.timing.max_reps, help="timing samples cap")
-    p.add_argument("--dry-run", action="store_true", help="print the plan size and projection, measure nothing")
-    p.add_argument("--remeasure-noisy", action="store_true",
-                   help="instead of the plan: measure again the stored ok rows whose samples spread > 0.5, in place")
-    p.add_argument("--plan", default="", metavar="FILE",
-                   help="measure the (kernel, workload, configs) entries of this JSON file instead of the grids "
-                        "(scripts/plan_coverage.py writes one); stored rows are skipped as usual")
-    p.add_argument("--noise", type=int, default=0, metavar="REPEATS",
-                   help="noise study instead of a collection: re-measure a subset of --db in REPEATS processes")
-    p.add_argument("--noise-out", default="", help="write the noise study's JSON here")
-    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="measure on a Ray cluster, one actor per GPU (kernel_gym.measure.farm; needs "
-                        "pip install 'kernel_gym[ray]'): no ADDRESS starts a local cluster, 'auto' or HOST:PORT joins "
-                        "one started with `ray start --head`; with --noise, the study runs on every GPU")
-    p.add_argument("--allow-open-cluster", action="store_true",
-                   help="--ray without ADDRESS on a Ray older than 2.52: start the local cluster (127.0.0.1) without "
-                        "token authentication")
-    return p
-
-
-def main(argv: list[str] | None = None, farm_main: Callable[[Any, TimingOptions], int] | None = None) -> int:
-    """`kernel-gym collect`; `farm_main(args, timing)` runs --ray (kernel_gym.cli.collect passes farm.py's: farm
-    builds on this module, so this module does not import it)."""
-    args = parser().parse_args(argv)
-    if args.configs_per_shape < 1:
-        raise SystemExit(f"--configs-per-shape must be >= 1, got {args.configs_per_shape}")
-    grids = _csv(args.grid)
-    bad = [g for g in grids if g not in ("eval", "default", "small")]
-    if bad:
-        raise SystemExit(f"--grid: unknown grid(s) {bad}; use eval, default, small")
-    timing = TimingOptions(min_reps=args.min_reps, max_reps=max(args.min_reps, args.max_reps))
-    if args.ray is not None and not args.dry_run:
-        if farm_main is None:
-            print("collect --ray: run it as `kernel-gym collect --ray` (kernel_gym.cli.collect)", file=sys.stderr)
-            return 2
-        return farm_main(args, timing)
-    if args.noise:
-        res = noise_study(args.db, args.noise, device=args.device, seed=args.seed, timing=timing)
-        text = json.dumps(res, indent=2)
-        print(text)
-        if args.noise_out:
-            Path(args.noise_out).write_text(text + "\n")
-        return 0
-    opts = CollectOptions(models=_csv(args.model), kernels=_csv(args.kernels), grids=grids,
-                          configs_per_shape=args.configs_per_shape, budget_s=args.budget_s, db=args.db, out=args.out,
-                          gpus=args.gpus, compile_workers=args.compile_workers, device=args.device, seed=args.seed,
-                          timing=timing, remeasure_noisy=args.remeasure_noisy, plan_file=args.plan)
-    if args.dry_run:
-        plan = load_plan_file(opts.plan_file, opts.kernels) if opts.plan_file else build_plan(opts)
-        n = sum(len(i.configs) for chunks in plan for i in chunks)
-        pool = opts.compile_workers if opts.compile_workers >= 0 else max(0, (os.cpu_count() or 2) - 1)
-        est = estimate_seconds(plan, opts, max(1, opts.gpus), pool)
-        per_kernel: dict[str, int] = {}
-        for chunks in plan:
-            for i in chunks:
-                per_kernel[i.kernel] = per_kernel.get(i.kernel, 0) + len(i.configs)
-        print(json.dumps({"workloads": len(plan), "configs": n, "per_kernel": per_kernel, **est}, indent=2))
-        return 0
-    res = collect(opts)
-    print(json.dumps(res))
-    return 0 if not any(res["shard_exit_codes"]) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def dry_run(opts: CollectOptions) -> dict[str, Any]:
+    """`collect --dry-run`: the plan's size per kernel and the projected time, measuring nothing."""
+    plan = load_plan_file(opts.plan_file, opts.kernels) if opts.plan_file else build_plan(opts)
+    n = sum(len(i.configs) for chunks in plan for i in chunks)
+    pool = opts.compile_workers if opts.compile_workers >= 0 else max(0, (os.cpu_count() or 2) - 1)
+    est = estimate_seconds(plan, opts, max(1, opts.gpus), pool)
+    per_kernel: dict[str, int] = {}
+    for chunks in plan:
+        for i in chunks:
+            per_kernel[i.kernel] = per_kernel.get(i.kernel, 0) + len(i.configs)
+    return {"workloads": len(plan), "configs": n, "per_kernel": per_kernel, **est}

@@ -791,30 +791,3 @@ def validate_results(item: PlanItem, ms: Any, origin: str) -> tuple[list[Measure
         seen.add(m.config)
         good.append(m)
     return good, bad
-
-
-# ---- command line (collect --ray) ---------------------------------------------------------------------------------
-
-
-def main(args: Any, timing: TimingOptions) -> int:
-    """`kernel-gym collect --ray [ADDRESS] ...`: the parsed collect arguments, run on the farm."""
-    import json
-    from pathlib import Path
-
-    from kernel_gym.measure.collect import _csv
-
-    opts = CollectOptions(models=_csv(args.model), kernels=_csv(args.kernels), grids=_csv(args.grid),
-                          configs_per_shape=args.configs_per_shape, budget_s=args.budget_s, db=args.db, out=args.out,
-                          gpus=args.gpus, compile_workers=args.compile_workers, device=args.device, seed=args.seed,
-                          timing=timing, remeasure_noisy=args.remeasure_noisy, plan_file=args.plan)
-    farm = FarmOptions(address=args.ray or None, allow_open_cluster=getattr(args, "allow_open_cluster", False))
-    if args.noise:
-        res = farm_noise_study(opts, args.noise, farm)
-        text = json.dumps(res, indent=2)
-        print(text)
-        if args.noise_out:
-            Path(args.noise_out).write_text(text + "\n")
-        return 0
-    res = collect_farm(opts, farm)
-    print(json.dumps(res))
-    return 0 if not any(res["shard_exit_codes"]) else 1

@@ -14,10 +14,6 @@ Seeded runs on a deterministic (recorded) backend are reproducible.
 
 from __future__ import annotations
 
-import argparse
-import ast
-import dataclasses
-import inspect
 import json
 import math
 import os
@@ -127,12 +123,6 @@ class TrainArgs:
     def __post_init__(self) -> None:
         from kernel_gym.envs import ENV_KERNELS
 
-        if isinstance(self.resume, str):  # --resume DIR
-            if self.checkpoint_dir and self.checkpoint_dir != self.resume:
-                raise ValueError(f"--resume {self.resume} and --checkpoint-dir {self.checkpoint_dir} disagree: "
-                                 "pass one of them")
-            self.checkpoint_dir, self.resume = self.resume, True
-
         if self.env_id not in ENV_KERNELS:
             raise ValueError(f"env_id {self.env_id!r} is not a kernel env; use one of {sorted(ENV_KERNELS)}")
         for name in ("total_timesteps", "n_steps", "n_envs", "batch_size", "n_epochs", "max_catalogue",
@@ -181,37 +171,6 @@ class TrainArgs:
     @property
     def run_label(self) -> str:
         return f"{self.short}-{self.model_label}-seed{self.seed}"
-
-
-def field_help() -> dict[str, str]:
-    """Each TrainArgs field's docstring (cleanrl style), for argparse help."""
-    tree = ast.parse(inspect.getsource(TrainArgs))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    out = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-            out[a.target.id] = str(b.value.value)  # type: ignore[union-attr]
-    return out
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add one --flag per TrainArgs field (--no-flag for booleans); `TrainArgs(**vars(ns))` reads them back."""
-    helps = field_help()
-    for f in dataclasses.fields(TrainArgs):
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default
-        if f.name == "resume":  # --resume [DIR]: DIR is the checkpoint directory of the run to continue
-            parser.add_argument(flag, dest=f.name, nargs="?", const=True, default=False, metavar="DIR",
-                                help=helps.get(f.name, "") + " --resume DIR sets --checkpoint-dir DIR.")
-        elif isinstance(default, bool):
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                                help=helps.get(f.name, ""))
-        elif isinstance(default, tuple):
-            parser.add_argument(flag, dest=f.name, type=int, nargs="+", default=default, help=helps.get(f.name, ""))
-        else:
-            parser.add_argument(flag, dest=f.name, type=type(default), default=default,
-                                help=f"{helps.get(f.name, '')} (default: {default!r})")
-    return parser
 
 
 @dataclass
@@ -686,13 +645,3 @@ def evaluate_logged_policy(
     policy = load_safe_policy(model_uri)  # read as data: no code in the logged model runs
     chosen = {r.key: c for r, c in zip(refs, policy.predict([r.workload for r in refs]))}
     return evaluate_choices(refs, lambda r: chosen[r.key], data.static)
-
-
-def main(argv: Sequence[str] | None = None) -> TrainResult:
-    parser = add_train_arguments(argparse.ArgumentParser(prog="kernel-gym train", allow_abbrev=False,
-                                                         description=__doc__.splitlines()[0]))
-    result = train(TrainArgs(**vars(parser.parse_args(argv))))
-    e = result.evaluation
-    print(json.dumps({"run_id": result.run_id, "model_uri": result.model_uri, "geomean_policy": e.geomean_policy,
-                      "geomean_static": e.geomean_static, "geomean_default": e.geomean_default}, indent=1))
-    return result

@@ -1,5 +1,6 @@
-"""kernel-gym plan (kernel_gym/deploy/plan.py), the aiconfigurator scripts' error paths and answer mapping, and a
-test against aiconfigurator itself that skips when the optional `kernel_gym[aic]` extra is absent (CI)."""
+"""kernel-gym plan (kernel_gym/cli/plan.py, kernel_gym/deploy/plan.py), the aiconfigurator scripts' error paths and
+answer mapping, and a test against aiconfigurator itself that skips when the optional `kernel_gym[aic]` extra is
+absent (CI)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gym.deploy.plan import main, parse_slo
+from kernel_gym.cli.plan import main
+from kernel_gym.deploy.plan import parse_slo
 from kernel_gym.models import load_model
 from kernel_gym.parallel import collectives as coll
 

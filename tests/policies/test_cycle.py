@@ -3,13 +3,13 @@ install and rollback, the GPU confirmation path (a fake confirmer), the diff rep
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kernel_gym.cli.cycle import main as cycle_main
 from kernel_gym.deploy import cycle
 from kernel_gym.deploy import engine_export as ee
 from kernel_gym.kernels.space import Config
@@ -74,14 +74,10 @@ def experts(tmp_path: Path, skew: float) -> Path:
 STEPS = [10, 20, 30, 10, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0]  # M from 1 to 64
 
 
-def args(current: Path, traffic: list[Path], tmp_path: Path, **kw) -> argparse.Namespace:
-    a = cycle.build_parser().parse_args(["--model", "mixtral-8x7b", "--engine", kw.pop("engine", "vllm"),
-                                         "--current", str(current), "--no-mlflow",
-                                         "--report-dir", str(tmp_path / "report"),
-                                         *sum((["--traffic", str(t)] for t in traffic), [])])
-    for k, v in kw.items():
-        setattr(a, k, v)
-    return a
+def cycle_on(current: Path, traffic: list[Path], tmp_path: Path, **kw) -> tuple[int, dict]:
+    """A zero-shot cycle of `current` on ROWS without MLflow (`kw` overrides run_cycle's keyword arguments)."""
+    return cycle.run_cycle(**{"model": "mixtral-8x7b", "engine": "vllm", "current": current, "no_mlflow": True,
+                              "report_dir": tmp_path / "report", "traffic": traffic, "rows": ROWS, **kw})
 
 
 def test_pricer_exact_at_measured_points_estimated_between():
@@ -100,7 +96,7 @@ def test_pricer_exact_at_measured_points_estimated_between():
 def test_skew_shift_proposes_an_unconfirmed_change_written_atomically(tmp_path):
     cur = current_folder(tmp_path)
     before = {p.name: p.read_text() for p in cur.iterdir()}
-    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path), ROWS)
+    code, rep = cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path)
     assert code == cycle.UNCONFIRMED and rep["decision"] == "change proposed, unconfirmed"
     assert rep["skew"] == pytest.approx(1.2, abs=0.1) and rep["skew_source"] == "per-expert counts"
     assert rep["expected_gain"] == pytest.approx(1.2, rel=0.03)
@@ -123,16 +119,16 @@ def test_skew_shift_proposes_an_unconfirmed_change_written_atomically(tmp_path):
 def test_no_change_when_the_traffic_did_not_move(tmp_path):
     cur = current_folder(tmp_path)
     traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)]
-    code, rep = cycle.run_cycle(args(cur, traffic, tmp_path), ROWS)
+    code, rep = cycle_on(cur, traffic, tmp_path)
     assert code == cycle.UNCONFIRMED
-    code2, rep2 = cycle.run_cycle(args(Path(rep["new_folder"]), traffic, tmp_path, out=tmp_path / "again"), ROWS)
+    code2, rep2 = cycle_on(Path(rep["new_folder"]), traffic, tmp_path, out=tmp_path / "again")
     assert code2 == cycle.NO_CHANGE and rep2["moved_keys"] == 0 and "new_folder" not in rep2
     assert not (tmp_path / "again").exists()
 
 
 def test_uniform_traffic_on_uniform_files_needs_no_change(tmp_path):
     cur = current_folder(tmp_path)
-    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 0.0)], tmp_path), ROWS)
+    code, rep = cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 0.0)], tmp_path)
     assert code == cycle.NO_CHANGE
     assert rep["moved_keys"] >= 3 and all(k["why"] in ("no stored profile", "no traffic") for k in rep["keys"])
     assert rep["expected_gain"] == pytest.approx(1.0)
@@ -142,8 +138,8 @@ def test_m_shift_moves_only_the_keys_whose_share_changed(tmp_path):
     cur = current_folder(tmp_path)
     metrics.TrafficProfile("vllm", ["old"], 600, 10, 100, {1: 0.5, 16: 0.5}, {}, {},
                            routing={"skew": 0.0}).save(cur / metrics.PROFILE_FILE)
-    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, [0, 0, 0, 0, 0, 0, 0, 50, 0, 0, 0, 0, 0, 0]),
-                                           experts(tmp_path, 0.0)], tmp_path), ROWS)
+    code, rep = cycle_on(cur, [scrape(tmp_path, [0, 0, 0, 0, 0, 0, 0, 50, 0, 0, 0, 0, 0, 0]),
+                               experts(tmp_path, 0.0)], tmp_path)
     moved = {k["key"]: k["why"] for k in rep["keys"] if k["moved"]}
     assert set(moved) == {256} and moved[256].startswith("share 0.0% -> 100.0%")
     assert code == cycle.NO_CHANGE  # A is already the best at 256 under uniform routing
@@ -162,23 +158,22 @@ def test_gpu_path_keeps_only_confirmed_changes(tmp_path):
     cur = current_folder(tmp_path)
     traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)]
     yes = Fake(True)
-    code, rep = cycle.run_cycle(args(cur, traffic, tmp_path, gpu=True), ROWS, confirmer=yes)
+    code, rep = cycle_on(cur, traffic, tmp_path, gpu=True, confirmer=yes)
     assert code == cycle.CONFIRMED and rep["confirmed_keys"] == rep["changed_keys"] == 3
     assert rep["gpu_s"] == pytest.approx(1.5 * len(yes.calls)) and all(A not in c for _, _, c in yes.calls)
     no = Fake(False)
-    code, rep = cycle.run_cycle(args(cur, traffic, tmp_path, gpu=True, out=tmp_path / "x"), ROWS, confirmer=no)
+    code, rep = cycle_on(cur, traffic, tmp_path, gpu=True, out=tmp_path / "x", confirmer=no)
     assert code == cycle.NO_CHANGE and rep["changed_keys"] == 0 and not (tmp_path / "x").exists()
 
 
 def test_install_then_rollback(tmp_path, capsys):
     cur = current_folder(tmp_path)
     old = (cur / "E=8,N=14336,device_name=NVIDIA_H200.json").read_text()
-    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path,
-                                     install=True), ROWS)
+    code, rep = cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path, install=True)
     assert code == cycle.UNCONFIRMED
     assert (cur / metrics.PROFILE_FILE).exists() and (tmp_path / "moe.prev" / ee.SIDECAR).exists()
     assert (cur / "E=8,N=14336,device_name=NVIDIA_H200.json").read_text() != old
-    assert cycle.main(["--current", str(cur), "--rollback"]) == 0
+    assert cycle_main(["--current", str(cur), "--rollback"]) == 0
     assert (cur / "E=8,N=14336,device_name=NVIDIA_H200.json").read_text() == old
     assert not (cur / metrics.PROFILE_FILE).exists() and (tmp_path / "moe.undone" / metrics.PROFILE_FILE).exists()
     with pytest.raises(FileNotFoundError, match="no previous folder"):
@@ -194,7 +189,7 @@ def test_sglang_folder_keeps_its_triton_version(tmp_path):
     d.mkdir()
     write(d / "0.txt", sglang_scrape([0] * 6, [0] * 5, 0), 100.0)
     write(d / "1.txt", sglang_scrape([10, 10, 0, 0, 0, 0], [20, 0, 0, 0, 0], 8), 400.0)
-    code, rep = cycle.run_cycle(args(cur, [d, experts(tmp_path, 1.2)], tmp_path, engine="sglang"), ROWS)
+    code, rep = cycle_on(cur, [d, experts(tmp_path, 1.2)], tmp_path, engine="sglang")
     assert code == cycle.UNCONFIRMED
     assert rep["engine_file"].startswith("configs/triton_3_8_0/")
     new = Path(rep["new_folder"])
@@ -213,9 +208,9 @@ def test_bad_inputs_get_one_line_errors(tmp_path, capsys):
     cur = current_folder(tmp_path)
     (cur / "E=8,N=14336,device_name=NVIDIA_H200.json").write_text("{not json")
     with pytest.raises(ValueError, match="not an engine fused-MoE config file"):
-        cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS)], tmp_path), ROWS)
+        cycle_on(cur, [scrape(tmp_path, STEPS)], tmp_path)
     with pytest.raises(ValueError, match="--model and --engine are required"):
-        cycle.run_cycle(cycle.build_parser().parse_args(["--current", str(cur)]), ROWS)
+        cycle.run_cycle(current=cur, rows=ROWS)
 
 
 def test_mlflow_run_per_cycle(tmp_path):
@@ -224,8 +219,8 @@ def test_mlflow_run_per_cycle(tmp_path):
 
     uri = fresh_store(tmp_path)
     cur = current_folder(tmp_path)
-    a = args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path, no_mlflow=False, tracking_uri=uri)
-    code, rep = cycle.run_cycle(a, ROWS)
+    code, rep = cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path, no_mlflow=False,
+                         tracking_uri=uri)
     import mlflow
 
     run = mlflow.get_run(rep["mlflow_run_id"])
@@ -242,7 +237,7 @@ def test_rows_too_noisy_to_rank_price_their_config_but_are_never_chosen(tmp_path
     assert p.time(d, 16, 1.2)[0] == pytest.approx(0.01)
     assert d not in p.candidates(16, 1.2) and p.oracle(16, 1.2)[0] > 0.01
     cur = current_folder(tmp_path)
-    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path), noisy)
+    code, rep = cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path, rows=noisy)
     assert code == cycle.UNCONFIRMED and all(k["proposed"] != str(d) for k in rep["keys"])
 
 
@@ -267,7 +262,7 @@ def test_a_noisy_current_entry_is_judged_on_the_candidates_noise_and_said_so(tmp
     noisy = [r if r.config != A else ee.Row(r.device, r.triton_version, r.workload, A, r.median_ms, 0.9, r.path)
              for r in ROWS]
     cur = current_folder(tmp_path)
-    code, rep = cycle.run_cycle(args(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path), noisy)
+    code, rep = cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path, rows=noisy)
     changed = [k for k in rep["keys"] if k["proposed"] != k["current"]]
     assert code == cycle.UNCONFIRMED and changed
     assert all("too noisy to rank" in k["why"] for k in changed)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel_gym.cli import export as export_cli
 from kernel_gym.deploy import engine_export as ee
-from kernel_gym.deploy import export
 from kernel_gym.kernels import vllm_moe as vm
 from kernel_gym.kernels import vllm_tables
 from kernel_gym.measure.store import Context, MeasurementStore
@@ -238,16 +238,16 @@ def test_cli_export_formats(tmp_path, monkeypatch):
     shape = ee.shard_shape(MIXTRAL)
     base, _ = ee.baseline(shape, 4, "NVIDIA H200")
     store = store_with(tmp_path, shape, {(4, 0.0, base): 1.0})
-    assert export.main(["--format", "vllm", "--store", str(store), "--out", str(tmp_path / "v")]) == 0
+    assert export_cli.main(["--format", "vllm", "--store", str(store), "--out", str(tmp_path / "v")]) == 0
     assert (tmp_path / "v" / "E=8,N=14336,device_name=NVIDIA_H200.json").exists()
-    assert export.main(["--format", "sglang", "--store", str(store), "--out", str(tmp_path / "s"),
-                        "--triton-version", "3.4.0"]) == 0
+    assert export_cli.main(["--format", "sglang", "--store", str(store), "--out", str(tmp_path / "s"),
+                            "--triton-version", "3.4.0"]) == 0
     assert os.path.exists(tmp_path / "s/configs/triton_3_4_0/E=8,N=14336,device_name=NVIDIA_H200.json")
-    assert ee.main(["--format", "sglang", "--store", str(store), "--out", str(tmp_path / "e"), "--ep", "2",
-                    "--force"]) == 0
+    assert export_cli.main(["--format", "sglang", "--store", str(store), "--out", str(tmp_path / "e"), "--ep",
+                            "2", "--force"]) == 0
     assert os.path.exists(tmp_path / "e/configs/triton_3_8_0/E=4,N=14336,device_name=NVIDIA_H200.json")
     with pytest.raises(ValueError, match="refusing to export"):
-        export.main(["--format", "vllm", "--store", str(store), "--tp", "2", "--out", str(tmp_path / "x")])
+        export_cli.main(["--format", "vllm", "--store", str(store), "--tp", "2", "--out", str(tmp_path / "x")])
 
 
 def test_a_lead_inside_the_rows_noise_is_not_taken():

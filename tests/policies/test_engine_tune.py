@@ -5,12 +5,12 @@ refusals. Timing is faked here; the GPU path runs in scripts/engine_gpu_run.py."
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
+from kernel_gym.cli.tune import main as tune_main
 from kernel_gym.deploy import engine_export as ee
 from kernel_gym.deploy import engine_tune as et
 from kernel_gym.kernels import vllm_moe as vm
@@ -41,8 +41,8 @@ def test_dry_run_prints_the_plan_and_measures_nothing(tmp_path, capsys):
     slow = win.replace(num_stages=2)
     rows = store(tmp_path, near, {(64, 0.0, win): 0.1, (64, 0.0, slow): 0.2})
     out = tmp_path / "out"
-    assert et.main(["--engine", "vllm", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(out), "--store",
-                    str(rows), "--no-packaged"]) == 0
+    assert tune_main(["--engine", "vllm", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(out), "--store",
+                      str(rows), "--no-packaged"]) == 0
     text = capsys.readouterr().out
     assert "E=64,N=1024,device_name=NVIDIA_H200.json" in text and "vllm-0.33.0" in text
     assert text.count("  M=") == 18 and "small-batch path" in text and "(64, 8, 2048, 1280)" in text
@@ -51,9 +51,9 @@ def test_dry_run_prints_the_plan_and_measures_nothing(tmp_path, capsys):
     assert pl["keys"][1]["seeds"][0] == dict(win)  # the neighbour's winner at its nearest M, fastest first
     assert pl["keys"][0]["engine_entry"] == vllm_tables.default_entry(48, 64)
     with pytest.raises(ValueError, match="--m-keys"):
-        et.main(["--engine", "vllm", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(out), "--m-keys", "a"])
+        tune_main(["--engine", "vllm", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(out), "--m-keys", "a"])
     with pytest.raises(ValueError, match="no tables of vllm-0.2.0"):
-        et.main(["--engine", "vllm-0.2.0", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(out)])
+        tune_main(["--engine", "vllm-0.2.0", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(out)])
 
 
 class FakeTimer:
@@ -77,7 +77,7 @@ def fake_timing(monkeypatch, sweep: dict[Config, float], paired_gain: dict[Confi
     return seen
 
 
-ARGS = argparse.Namespace(pair_rounds=2, min_gain=0.01)
+ARGS = et.EngineTuneOptions(engine="vllm", model="x", out=Path("."), pair_rounds=2, min_gain=0.01)
 
 
 def test_a_sweep_lead_that_does_not_hold_paired_keeps_the_engine_entry(monkeypatch):
@@ -102,7 +102,7 @@ def test_a_paired_lead_is_kept_and_written_with_its_confirmation(monkeypatch, tm
     rec, _ = et._tune_key(None, None, base, wl, [], [], "NVIDIA H200", FakeTimer(), None, "vllm-0.33.0", 1e18, ARGS)
     assert rec["basis"] == ee.CONFIRMED and rec["chosen"] == dict(nb[1]) and rec["paired_gain"] == 1.2
     rec.update(engine_source="default", engine_path=ee.ALIGNED)
-    args = argparse.Namespace(out=tmp_path, model="olmoe-1b-7b", tp=1, ep=1, min_gain=0.01, budget_s=60, smoke=False)
+    args = et.EngineTuneOptions(engine="vllm", model="olmoe-1b-7b", out=tmp_path, min_gain=0.01, budget_s=60)
     eng = vllm_tables.parse_engine("vllm")
     state = {"keys": {"256": rec}}
     assert et._finish(args, shape, eng, "uniform", 0.0, state, "NVIDIA H200", "", FakeTimer(), "NVIDIA H200", 0.0,
@@ -133,6 +133,6 @@ def test_a_failing_engine_entry_is_reported_not_hidden(monkeypatch):
 def test_resume_refuses_another_run(tmp_path):
     (tmp_path / et.STATE).write_text(json.dumps({"ident": {"engine": "sglang-0.5.23"}, "keys": {}}))
     with pytest.raises(ValueError, match="another run"):
-        et.main(["--engine", "vllm", "--model", "x", "--smoke", "--resume", "--out", str(tmp_path), "--no-packaged"])
+        tune_main(["--engine", "vllm", "--model", "x", "--smoke", "--resume", "--out", str(tmp_path), "--no-packaged"])
     with pytest.raises(ValueError, match="pass --resume"):
-        et.main(["--engine", "vllm", "--model", "x", "--smoke", "--out", str(tmp_path), "--no-packaged"])
+        tune_main(["--engine", "vllm", "--model", "x", "--smoke", "--out", str(tmp_path), "--no-packaged"])

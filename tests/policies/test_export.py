@@ -12,6 +12,7 @@ import mlflow
 import numpy as np
 import pytest
 
+from kernel_gym.cli import export as export_cli
 from kernel_gym.deploy import export
 from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
 from kernel_gym.dispatch.observation import feature_names
@@ -64,7 +65,7 @@ def store(tmp_path_factory):
 
 def test_dispatch_export_from_registered_policy(store, tmp_path):
     _, uri = store
-    assert export.main(["--model-uri", uri, "--out", str(tmp_path)]) == 0
+    assert export_cli.main(["--model-uri", uri, "--out", str(tmp_path)]) == 0
     table = DispatchTable.load(tmp_path / export.TABLE_FILE)
     t = table.kernels["fused_moe"]
     assert t.policy["model_uri"] == uri and t.policy["run_id"] == "r1"
@@ -74,7 +75,7 @@ def test_dispatch_export_from_registered_policy(store, tmp_path):
     assert table.model["name"] == "mixtral-8x7b" and table.device == "NVIDIA H200"
     # the default: the latest registered kernel-gym-* policy
     assert export.latest_model_uris() == {"fused_moe": uri}
-    assert export.main(["--out", str(tmp_path / "latest")]) == 0
+    assert export_cli.main(["--out", str(tmp_path / "latest")]) == 0
     assert (tmp_path / "latest" / export.TABLE_FILE).exists()
 
 
@@ -86,7 +87,7 @@ def test_latest_policy_prefers_the_one_trained_for_the_model(store, tmp_path):
     assert export.latest_model_uris("olmoe-1b-7b") == {"fused_moe": own}
     assert export.latest_model_uris("mixtral-8x7b") == {"fused_moe": generic}
     assert export.latest_model_uris() == {"fused_moe": generic}
-    assert export.main(["--model", "olmoe-1b-7b", "--out", str(tmp_path / "o")]) == 0
+    assert export_cli.main(["--model", "olmoe-1b-7b", "--out", str(tmp_path / "o")]) == 0
     table = DispatchTable.load(tmp_path / "o" / export.TABLE_FILE)
     assert table.kernels["fused_moe"].policy["model_uri"] == own
     # a model-conditioned policy (kernel-gym-<env>-conditioned) comes before the bare legacy name
@@ -99,7 +100,7 @@ def test_vllm_export_has_vllm_name_and_schema(store, tmp_path):
     """--format vllm writes vLLM's file from vllm_fused_moe measurements (tests/policies/test_engine_export.py): the
     packaged data holds them for Mixtral-8x7B (H200 run 2), so its file is written from measurements; a spec without
     them is refused, and --force writes vLLM's own entries for it, marked as an estimate."""
-    assert export.main(["--format", "vllm", "--out", str(tmp_path / "mixtral")]) == 0
+    assert export_cli.main(["--format", "vllm", "--out", str(tmp_path / "mixtral")]) == 0
     path = tmp_path / "mixtral" / "E=8,N=14336,device_name=NVIDIA_H200.json"
     data = json.loads(path.read_text())
     keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
@@ -108,8 +109,9 @@ def test_vllm_export_has_vllm_name_and_schema(store, tmp_path):
     sidecar = json.loads((tmp_path / "mixtral" / "kernel_gym_export.json").read_text())
     assert sidecar["files"][path.name]["estimate"] is False
     with pytest.raises(ValueError, match="refusing to export"):
-        export.main(["--format", "vllm", "--model", "phi-3.5-moe", "--out", str(tmp_path / "phi")])
-    assert export.main(["--format", "vllm", "--model", "phi-3.5-moe", "--force", "--out", str(tmp_path / "phi")]) == 0
+        export_cli.main(["--format", "vllm", "--model", "phi-3.5-moe", "--out", str(tmp_path / "phi")])
+    assert export_cli.main(["--format", "vllm", "--model", "phi-3.5-moe", "--force", "--out",
+                            str(tmp_path / "phi")]) == 0
     forced = json.loads((tmp_path / "phi" / "kernel_gym_export.json").read_text())
     assert all(f["estimate"] is True for f in forced["files"].values())
 
@@ -117,11 +119,11 @@ def test_vllm_export_has_vllm_name_and_schema(store, tmp_path):
 def test_export_errors_name_the_fix(store, tmp_path):
     _, uri = store
     with pytest.raises(ValueError, match="is for 'fused_moe', not 'decode_attention'"):
-        export.main(["--model-uri", f"decode_attention={uri}", "--out", str(tmp_path)])
+        export_cli.main(["--model-uri", f"decode_attention={uri}", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="not a kernel"):
         export.parse_model_uris(["moe=models:/x/1"])
     with pytest.raises(ValueError, match="kernel-gym train"):
-        export.main(["--model-uri", "models:/kernel-gym-nothing/1", "--out", str(tmp_path)])
+        export_cli.main(["--model-uri", "models:/kernel-gym-nothing/1", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="PAGE_SIZE:LAYOUT"):
         export.parse_kv_layout("16-NHD")
     table = export.build_table(BUILTIN_MODELS["mixtral-8x7b"], {"prefill_attention": (
@@ -134,7 +136,7 @@ def test_export_errors_name_the_fix(store, tmp_path):
 def test_no_registered_policy_says_run_train(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(ValueError, match="kernel-gym train"):
-        export.main(["--out", str(tmp_path)])
+        export_cli.main(["--out", str(tmp_path)])
 
 
 def test_decode_layout_is_chosen_by_measured_quality_of_the_moved_choices() -> None:
@@ -186,21 +188,21 @@ def test_policy_for_another_model_is_refused_in_one_line(store, tmp_path, capsys
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])  # the module's store (an earlier test switched it)
     olmoe = dataclasses.asdict(BUILTIN_MODELS["olmoe-1b-7b"])
     uri = log_policy(tmp_path, name="kernel-gym-moe-v0-olmoe-1b-7b", extra={"model_specs": [olmoe]})
-    assert export.main(["--model", "olmoe-1b-7b", "--model-uri", uri, "--out", str(tmp_path / "ok")]) == 0
+    assert export_cli.main(["--model", "olmoe-1b-7b", "--model-uri", uri, "--out", str(tmp_path / "ok")]) == 0
     err = capsys.readouterr().err
     version = uri.rsplit("/", 1)[1]
     assert f"policy fused_moe: kernel-gym-moe-v0-olmoe-1b-7b version {version} (model olmoe-1b-7b)" in err
     with pytest.raises(ValueError, match="trained for model olmoe-1b-7b, not mixtral-8x7b: pass --model") as exc:
-        export.main(["--model-uri", uri, "--out", str(tmp_path / "bad")])
+        export_cli.main(["--model-uri", uri, "--out", str(tmp_path / "bad")])
     assert "\n" not in str(exc.value)
     changed = dict(olmoe, num_experts=32)  # same name, other fields: not the same model
     uri2 = log_policy(tmp_path, name="kernel-gym-moe-v0-olmoe-1b-7b", extra={"model_specs": [changed]})
     with pytest.raises(ValueError, match="with other spec fields"):
-        export.main(["--model", "olmoe-1b-7b", "--model-uri", uri2, "--out", str(tmp_path / "bad2")])
+        export_cli.main(["--model", "olmoe-1b-7b", "--model-uri", uri2, "--out", str(tmp_path / "bad2")])
     both = [olmoe, dataclasses.asdict(BUILTIN_MODELS["mixtral-8x7b"])]
     cond = log_policy(tmp_path, name="kernel-gym-moe-v0-conditioned",
                       extra={"model_specs": both, "model_conditioned": True})
-    assert export.main(["--model-uri", cond, "--out", str(tmp_path / "cond")]) == 0
+    assert export_cli.main(["--model-uri", cond, "--out", str(tmp_path / "cond")]) == 0
     assert "(model olmoe-1b-7b,mixtral-8x7b, model-conditioned)" in capsys.readouterr().err
 
 
@@ -228,7 +230,7 @@ def test_policy_dir_table_records_what_each_kernel_rests_on(tmp_path, capsys):
 
     specs = [dataclasses.asdict(load_model(n)) for n in ("mixtral-8x7b", "mixtral-8x7b@tp2")]
     bundle = write_bundle(tmp_path / "bundle", specs)
-    assert export.main(["--model", "olmoe-1b-7b", "--policy-dir", str(bundle), "--out", str(tmp_path / "o")]) == 0
+    assert export_cli.main(["--model", "olmoe-1b-7b", "--policy-dir", str(bundle), "--out", str(tmp_path / "o")]) == 0
     captured = capsys.readouterr()
     table = DispatchTable.load(tmp_path / "o" / export.TABLE_FILE)
     rests = table.meta["rests_on"]
@@ -245,10 +247,10 @@ def test_policy_dir_table_records_what_each_kernel_rests_on(tmp_path, capsys):
     assert summary["kernels"]["fused_moe"]["basis"] == "zero-shot"
     d = Dispatcher(table)
     assert dict(d.moe_config(1)) == A and dict(d.moe_config(4096)) == B  # the bundle's argmax under the rules
-    assert export.main(["--policy-dir", str(bundle), "--out", str(tmp_path / "m")]) == 0  # mixtral: trained on it
+    assert export_cli.main(["--policy-dir", str(bundle), "--out", str(tmp_path / "m")]) == 0  # mixtral: trained on it
     trained = DispatchTable.load(tmp_path / "m" / export.TABLE_FILE).meta["rests_on"]["fused_moe"]
     assert trained["basis"] == "measured"
-    assert export.main(["--policy-dir", str(bundle), "--device", "NVIDIA A100", "--out", str(tmp_path / "a")]) == 0
+    assert export_cli.main(["--policy-dir", str(bundle), "--device", "NVIDIA A100", "--out", str(tmp_path / "a")]) == 0
     other = DispatchTable.load(tmp_path / "a" / export.TABLE_FILE).meta["rests_on"]["fused_moe"]
     assert other["basis"] == "estimate" and "NVIDIA A100" in other["why"]
 
@@ -262,17 +264,17 @@ def test_tp_is_honoured_for_the_dispatch_format_or_refused(tmp_path):
 
     bundle = write_bundle(tmp_path / "bundle", [dataclasses.asdict(load_model(n)) for n in ("mixtral-8x7b",
                                                                                            "olmoe-1b-7b")])
-    assert export.main(["--tp", "2", "--policy-dir", str(bundle), "--out", str(tmp_path / "t")]) == 0
+    assert export_cli.main(["--tp", "2", "--policy-dir", str(bundle), "--out", str(tmp_path / "t")]) == 0
     table = DispatchTable.load(tmp_path / "t" / export.TABLE_FILE)
     assert table.model["name"] == "mixtral-8x7b@tp2" and table.kernels["fused_moe"].fixed["intermediate"] == 7168
     for argv, match in [(["--model", "mixtral-8x7b@tp2", "--tp", "2"], "already names a shard"),
                         (["--tp", "3"], "must divide by tp=3"), (["--tp", "0"], "--tp must be >= 1"),
                         (["--format", "vllm"], "--policy-dir is for --format dispatch")]:
         with pytest.raises(ValueError, match=match) as exc:
-            export.main([*argv, "--policy-dir", str(bundle), "--out", str(tmp_path / "bad")])
+            export_cli.main([*argv, "--policy-dir", str(bundle), "--out", str(tmp_path / "bad")])
         assert "\n" not in str(exc.value)
     with pytest.raises(ValueError, match="benchmarks/generalisation/policies"):
-        export.main(["--policy-dir", str(tmp_path / "nothing"), "--out", str(tmp_path / "bad")])
+        export_cli.main(["--policy-dir", str(tmp_path / "nothing"), "--out", str(tmp_path / "bad")])
 
 
 def test_no_policy_for_an_unseen_model_names_the_real_fixes(tmp_path, monkeypatch):

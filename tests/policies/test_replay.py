@@ -1,5 +1,6 @@
-"""Replay evaluation through the CLI entry `main(argv)`: every policy on a tiny trace over the analytic test backend,
-the JSON schema, markdown and plots beside it, MLflow logging, per-step export for the live check, clear errors."""
+"""Replay evaluation through `run_replay` (what `kernel-gym replay` calls): every policy on a tiny trace over the
+analytic test backend, the JSON schema, markdown and plots beside it, MLflow logging, per-step export for the live
+check, clear errors."""
 
 from __future__ import annotations
 
@@ -41,10 +42,9 @@ def table_path(backend, tmp_path_factory):
 def result(backend, table_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("replay")
     uri = f"sqlite:///{out / 'mlflow.db'}"
-    argv = ["--trace", "bundled", "--window", "0:20", "--policies", ",".join(replay.POLICY_NAMES), "--json",
-            str(out / "replay.json"), "--table", str(table_path), "--routing", "zipf:1.2", "--tracking-uri", uri,
-            "--steps-json", str(out / "steps.json"), "--steps", "50"]
-    assert replay.main(argv, backend=backend) == 0
+    replay.run_replay(trace="bundled", window="0:20", policies=",".join(replay.POLICY_NAMES),
+                      json_path=out / "replay.json", table=str(table_path), routing="zipf:1.2", tracking_uri=uri,
+                      steps_json=out / "steps.json", steps=50, backend=backend)
     return out, uri, json.loads((out / "replay.json").read_text())
 
 
@@ -96,13 +96,13 @@ def test_markdown_plots_steps_and_mlflow(result):
 
 def test_errors_are_clear(backend, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="unknown \\['fastest'\\]"):
-        replay.main(["--policies", "default,fastest", "--json", str(tmp_path / "x.json")], backend=backend)
+        replay.run_replay(policies="default,fastest", json_path=tmp_path / "x.json", backend=backend)
     with pytest.raises(ValueError, match="--routing"):
         replay.routing_profile("pareto:1", MODEL)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(ValueError, match="kernel-gym train"):
-        replay.main(["--policies", "learned", "--window", "0:5", "--json", str(tmp_path / "x.json"), "--no-mlflow"],
-                    backend=backend)
+        replay.run_replay(policies="learned", window="0:5", json_path=tmp_path / "x.json", no_mlflow=True,
+                          backend=backend)
 
 
 def test_learned_table_matching_the_oracle_tracks_it_on_moe(backend, table_path):

@@ -15,8 +15,9 @@ import mlflow
 import numpy as np
 import pytest
 
+from kernel_gym.cli.train import add_arguments, train_args
 from kernel_gym.train import train as train_mod
-from kernel_gym.train.train import TrainArgs, add_train_arguments, train
+from kernel_gym.train.train import TrainArgs, train
 from tests.fakes.analytic_backend import AnalyticBackend
 from tests.fakes.mlflow_store import fresh_store
 
@@ -171,8 +172,8 @@ def test_resume_without_a_checkpoint_is_an_error(store):
         train(args, backend=AnalyticBackend())
     import argparse
 
-    ns = add_train_arguments(argparse.ArgumentParser()).parse_args(["--resume", str(root / "never-written")])
-    parsed = TrainArgs(**vars(ns))
+    ns = add_arguments(argparse.ArgumentParser()).parse_args(["--resume", str(root / "never-written")])
+    parsed = train_args(ns)
     assert parsed.resume is True and parsed.checkpoint_dir == str(root / "never-written")
     with pytest.raises(ValueError, match="--resume: no checkpoint in .*never-written"):
         train(replace(parsed, log_model=False), backend=AnalyticBackend())
@@ -209,14 +210,16 @@ def test_short_training_on_the_real_recorded_data_beats_the_default_on_heldout_w
 def test_argument_parser_round_trips_and_rejects_bad_values():
     import argparse
 
-    parser = add_train_arguments(argparse.ArgumentParser())
+    parser = add_arguments(argparse.ArgumentParser())
     ns = parser.parse_args(["--env-id", "KernelGym/DecodeAttention-v0", "--total-timesteps", "100", "--seed", "3",
                             "--no-progress-bar", "--net-arch", "32", "32"])
-    args = TrainArgs(**vars(ns))
+    args = train_args(ns)
     assert (args.env_id, args.total_timesteps, args.seed, args.progress_bar) == ("KernelGym/DecodeAttention-v0", 100,
                                                                                  3, False)
     assert args.net_arch == (32, 32) and args.kernel == "decode_attention"
     assert "Share of the profile" in parser.format_help()
+    with pytest.raises(ValueError, match="--resume a and --checkpoint-dir b disagree"):
+        train_args(parser.parse_args(["--resume", "a", "--checkpoint-dir", "b"]))
     with pytest.raises(ValueError, match="'KernelGym/Nope-v0' is not a kernel env"):
         TrainArgs(env_id="KernelGym/Nope-v0")
     with pytest.raises(ValueError, match="holdout must be in"):

@@ -9,6 +9,7 @@ import mlflow
 import pytest
 
 from kernel_gym import cli
+from kernel_gym.cli import ui
 from kernel_gym.train import tracking
 from tests.fakes.mlflow_store import fresh_store
 
@@ -20,14 +21,14 @@ def test_runs_pages_tag_experiments_for_the_runs_view(tmp_path):
     empty = tracking.get_or_create_experiment("kernel-gym-empty", uri)
     with mlflow.start_run(experiment_id=train, run_name="moe-v0-mixtral-8x7b-seed0"):
         mlflow.log_metric("x", 1.0)
-    pages = cli.runs_pages(uri)
+    pages = ui.runs_pages(uri)
     assert ("kernel-gym", train, 1) in pages and all(exp_id != empty for _, exp_id, _ in pages)
     client = mlflow.tracking.MlflowClient(uri)
     for exp_id in (train, empty):
-        assert client.get_experiment(exp_id).tags[cli.EXPERIMENT_KIND_TAG] == cli.RUNS_KIND
-    client.set_experiment_tag(empty, cli.EXPERIMENT_KIND_TAG, "genai_development")  # a user's choice is kept
-    cli.runs_pages(uri)
-    assert client.get_experiment(empty).tags[cli.EXPERIMENT_KIND_TAG] == "genai_development"
+        assert client.get_experiment(exp_id).tags[ui.EXPERIMENT_KIND_TAG] == ui.RUNS_KIND
+    client.set_experiment_tag(empty, ui.EXPERIMENT_KIND_TAG, "genai_development")  # a user's choice is kept
+    ui.runs_pages(uri)
+    assert client.get_experiment(empty).tags[ui.EXPERIMENT_KIND_TAG] == "genai_development"
 
 
 def test_type_hint_warning_is_silenced():
