@@ -36,7 +36,7 @@ def parts(out: Path, budget: float) -> list[tuple[str, list[str]]]:
     py = sys.executable
     b = {k: max(20, int(budget * v)) for k, v in SHARES.items()}
     bench = [py, str(ROOT / "scripts" / "bench_vllm_export.py"), "--per-m", "24", "--pool", "24"]
-    tune = [py, "-m", "kernel_gym.deploy.engine_tune", "--engine", "vllm-0.33.0"]
+    tune = [py, "-m", "kernel_gym.cli", "tune", "--engine", "vllm-0.33.0"]
     return [
         ("bench_vllm033", [*bench, "--engine", "vllm-0.33.0", "--models", "olmoe-1b-7b-tp1,mixtral-8x7b-tp1",
                            "--budget-s", str(b["bench_vllm033"]), "--out", str(out / "bench_vllm033")]),

@@ -581,7 +581,7 @@ def report(args: argparse.Namespace) -> int:
                 "keys_tuned": m["keys_tuned"], "keys": len(data["keys"]), "summary": data["summary"],
                 "geomean_paired_gain": _geomean(gains), "min_paired_gain": min(gains, default=float("nan")),
                 "gpu_timing_s": m["gpu_timing_s"], "seconds": m["seconds"], "budget_s": m["budget_s"],
-                "engine": m["engine"], "command": f"python3 -m kernel_gym.deploy.engine_tune --engine {m['engine']} "
+                "engine": m["engine"], "command": f"kernel-gym tune --engine {m['engine']} "
                                                   f"--model {m['model']} --budget-s {m['budget_s']:g} --out OUT"}}
             continue
         out.setdefault("engine_tune", {})[str(path)] = {
