@@ -1,4 +1,4 @@
-"""Replay reporting: what `kernel-gym replay` (kernel_gym/evaluate/replay.py, the harness and CLI) writes from a
+"""Replay reporting: what `kernel-gym replay` (kernel_gym/evaluate/replay.py, the harness) writes from a
 report: the markdown table per policy (`markdown`), the check of the project's targets on a report (`target_checks`,
 `summary_markdown` for benchmarks/replay/summary.md), the plots of tokens/s over time and config switches (`plot`),
 the JSON + .md + .png files beside each other (`write_outputs`) and the MLflow run holding them (`log_mlflow`).
@@ -91,7 +91,7 @@ def live_check_note(path: Path = LIVE_CHECK) -> str:
             f"{span} (docs/live.md). Read every tokens/s, TTFT and TPOT figure above with that error.")
 
 
-DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (evaluate/replay.py), the demo's and the README figures'
+DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (cli/replay.py), the demo's and the README figures'
 
 
 def estimate_note(rep: dict[str, Any]) -> str:
