@@ -1,5 +1,5 @@
 """Convert NVIDIA aiconfigurator's packaged H200 collective tables into kernel_gym's collectives table, as a LABELLED
-PRIOR (kernel_gym/data/collectives/h200_aic_prior.json), until scripts/measure_collectives.py measures our own.
+PRIOR (kernel_gym/data/collectives/h200_aic_prior.json), until benchmarks/multigpu/run_collectives.py measures our own.
 
 Why a prior: no multi-GPU machine has been lent to this project, so without it every multi-GPU step time refuses.
 aiconfigurator (Apache-2.0) ships NCCL all-reduce / all-gather / all-to-all / reduce-scatter latencies on 2, 4 and 8
@@ -101,7 +101,7 @@ def convert(data_root: Path, aic_version: str) -> dict:
                 "the NVSwitch / driver / clock state of the machine that collected them (not this project's H200)",
                 "whether SGLang's custom all-reduce matches vLLM's (the vLLM table prices both engines)",
             ],
-            "replaced_by": "python3 scripts/measure_collectives.py --gpus 8 --out benchmarks/multigpu (our own "
+            "replaced_by": "python3 benchmarks/multigpu/run_collectives.py --gpus 8 --out benchmarks/multigpu (our own "
                            "NCCL measurement; read first whenever present)",
         },
         "results": results,

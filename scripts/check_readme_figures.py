@@ -70,18 +70,19 @@ def zoo_count() -> int:
 @lru_cache(maxsize=None)
 def serving_v0() -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="figures-serving-"))
-    run([PY, "scripts/bench_serving.py", "--timesteps", "400", "--rate-scale", "1.0", "--interval-s", "20.0",
+    run([PY, "benchmarks/serving/run.py", "--timesteps", "400", "--rate-scale", "1.0", "--interval-s", "20.0",
          "--num-intervals", "10", "--windows", "3", "--n-steps", "50", "--threads", "2", "--seed", "0",
-         "--out-dir", str(out), "--no-mlflow"], "scripts/bench_serving.py (Serving-v0)")
+         "--out-dir", str(out), "--no-mlflow"], "benchmarks/serving/run.py (Serving-v0)")
     return json.loads((out / "serving_v0.json").read_text())
 
 
 @lru_cache(maxsize=None)
 def policy_quality(env: str) -> dict[str, Any]:
-    """One env of scripts/bench_policies.py (both built-in models, 30k steps each: ~2-6 min per model on 2 cores)."""
+    """One env of benchmarks/policy_quality/run.py (both built-in models, 30k steps each: ~2-6 min per model on 2
+    cores)."""
     out = Path(tempfile.mkdtemp(prefix="figures-policies-"))
-    run([PY, "scripts/bench_policies.py", "--envs", env, "--out", str(out),
-         "--tracking-uri", f"sqlite:///{out / 'mlflow.db'}"], f"scripts/bench_policies.py --envs {env}")
+    run([PY, "benchmarks/policy_quality/run.py", "--envs", env, "--out", str(out),
+         "--tracking-uri", f"sqlite:///{out / 'mlflow.db'}"], f"benchmarks/policy_quality/run.py --envs {env}")
     return json.loads((out / "policy_quality.json").read_text())
 
 
@@ -161,7 +162,8 @@ FIGURES = [
     *[Figure(f"learned {label}, {model}{' (committed JSON)' if tier == 'json' else ''}", "README.md",
              rf"geomean vs the best measured config: {pre}"
              + (rf"{N} /" if model == "mixtral-8x7b" else rf"[0-9.]+ / {N}"),
-             f"python scripts/bench_policies.py --envs {env}" if tier == "all" else "benchmarks/policy_quality.json",
+             f"python benchmarks/policy_quality/run.py --envs {env}" if tier == "all"
+             else "benchmarks/policy_quality.json",
              (lambda env=env, model=model, tier=tier: policy_geomean(env, model, tier == "all")), 0.0005, tier)
       for tier in ("all", "json")
       for label, env, pre in (("MoE", "KernelGym/MoE-v0", "MoE "),
@@ -170,13 +172,13 @@ FIGURES = [
                                r"MoE [0-9.]+ / [0-9.]+, decode [0-9.]+ / [0-9.]+, prefill "))
       for model in ("mixtral-8x7b", "olmoe-1b-7b")],
     Figure("Serving-v0 agent estimated share", "README.md", rf"Estimated share of\s+tuned-kernel time: agent {N}%",
-           "python scripts/bench_serving.py (benchmarks/serving/serving_v0.md's command)",
+           "python benchmarks/serving/run.py (benchmarks/serving/serving_v0.md's command)",
            lambda: 100 * serving_v0()["agent_estimated_share"], 0.05, "all"),
     Figure("Serving-v0 agent fallback calls", "README.md", rf"its {N} calls whose rule named a config without a time",
-           "python scripts/bench_serving.py (benchmarks/serving/serving_v0.md's command)",
+           "python benchmarks/serving/run.py (benchmarks/serving/serving_v0.md's command)",
            lambda: float(serving_v0()["agent_fallbacks"]), 0.0, "all"),
     Figure("Serving-v0 default estimated share", "README.md", rf"oracle [0-9.]+%, default {N}% \(mostly interpolated",
-           "python scripts/bench_serving.py (benchmarks/serving/serving_v0.md's command)",
+           "python benchmarks/serving/run.py (benchmarks/serving/serving_v0.md's command)",
            lambda: 100 * serving_v0()["default_estimated_share"], 0.05, "all"),
     *[Figure(f"Serving-v0 {who} estimated share (committed JSON)", "README.md", pattern,
              "benchmarks/serving/serving_v0.json", at("benchmarks/serving/serving_v0.json", f"{who}_estimated_share",
@@ -184,7 +186,7 @@ FIGURES = [
       for who, pattern in (("agent", rf"Estimated share of\s+tuned-kernel time: agent {N}%"),
                            ("oracle", rf"tuned-kernel time: agent [0-9.]+%, oracle {N}%"))],
     Figure("Serving-v0 oracle estimated share", "README.md", rf"tuned-kernel time: agent [0-9.]+%, oracle {N}%",
-           "python scripts/bench_serving.py (benchmarks/serving/serving_v0.md's command)",
+           "python benchmarks/serving/run.py (benchmarks/serving/serving_v0.md's command)",
            lambda: 100 * serving_v0()["oracle_estimated_share"], 0.05, "all"),
     # ---- GPU: equal to the committed JSON, to the printed precision ----
     Figure("zero-shot MoE geomean", "README.md", rf"zipf-1\.2\): geomean \*\*{N}\*\*", GEN,

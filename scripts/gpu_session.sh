@@ -98,7 +98,7 @@ for step in $STEPS; do
       cp /tmp/farm_plain.sqlite "$OUT/farm_plain.sqlite"; cp /tmp/farm_b.sqlite "$OUT/farm_b.sqlite" ;;
     recorded)
       log "recorded backend: held-out error, lookups/s"
-      timeout 120 python3 scripts/bench_recorded.py --db "$DB" > "$OUT/recorded.txt" 2>&1
+      timeout 120 python3 benchmarks/recorded_backend/run.py --db "$DB" > "$OUT/recorded.txt" 2>&1
       log "recorded: exit $?" ;;
     live)
       log "live: MaskablePPO on KernelGym/MoE-live-v0"
@@ -107,7 +107,7 @@ for step in $STEPS; do
       log "live: exit $? ($(tail -c 400 "$OUT/live_train.txt" | tr '\n' ' '))" ;;
     livereplay)
       log "livereplay: replayed kernels timed vs the simulator's prediction"
-      timeout "${T_LIVEREPLAY:-240}" python3 scripts/live_replay_check.py \
+      timeout "${T_LIVEREPLAY:-240}" python3 benchmarks/live_replay/run.py \
         --steps benchmarks/live_replay/inputs/steps.json.gz --table benchmarks/live_replay/inputs/dispatch_table.json \
         --out "$OUT/live_replay.json" --max-steps 2000 --budget-s $(( ${T_LIVEREPLAY:-240} - 40 )) \
         > "$OUT/live_replay.txt" 2>&1

@@ -7,7 +7,7 @@ what deployment will pick. The candidate set is the union of the action catalogu
 (both built-in models, depths 1-2: the configs that win somewhere), each workload's default config, and the first
 `--sample` configs of the collection's seeded order of the whole space (what `collect` samples at every shape), so
 the oracle of a zoo shape is the best of several dozen configs that cover the space. Test models' shapes are left out
-(kernel_gym.zoo.TEST_MODELS): they are swept widely and timed live by scripts/zero_shot_live.py instead.
+(kernel_gym.zoo.TEST_MODELS): they are swept widely and timed live by benchmarks/generalisation/run.py instead.
 
     python scripts/plan_zoo.py --kernels fused_moe,decode_attention --out zoo_plan.json.gz
     python3 -m kernel_gym.cli collect --plan zoo_plan.json.gz --kernels fused_moe,decode_attention --db zoo.sqlite

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 bash scripts/setup.sh
 "$VENV/bin/python" -m pip install -q -e ".[ray]"  # the optional Ray extra (an 80 MB wheel): the farm's tests need it
-"$VENV/bin/ruff" check kernel_gym scripts experiments tests
+"$VENV/bin/ruff" check kernel_gym scripts experiments tests benchmarks
 # README/docs figures against the commands next to them (cheap CPU figures + GPU figures vs their committed JSON)
 "$VENV/bin/python" scripts/check_readme_figures.py
 # loadgroup: tests marked xdist_group (the Ray farm's, which share one local cluster) stay on one worker

@@ -11,8 +11,8 @@ only under kernel_gym/cli/, one module per subcommand; the library functions bel
 
 No two modules may import each other (in either direction, at any depth of the file: a lazy or TYPE_CHECKING import
 counts too): a pair that needs each other shares a piece that belongs one level down (issue 28). The harnesses
-(scripts/*.py, benchmarks/*/run.py) sit above every floor: each kernel_gym import they make must name a module that
-exists, they import the test tree only where listed, and the package never imports them.
+(scripts/*.py, benchmarks/<study>/*.py) sit above every floor: each kernel_gym or benchmarks import they make must name
+a module that exists, they never import the test tree, and the package never imports them.
 """
 
 from __future__ import annotations
@@ -238,33 +238,40 @@ def test_the_two_way_checker_sees_lazy_and_relative_imports():
     assert two_way_imports(files) == ["kernel_gym.measure.a:2 <-> kernel_gym.measure.b:1"]
 
 
-# The harnesses outside the package (scripts/, benchmarks/<study>/run.py) sit above every floor: they may import any
-# kernel_gym module, never the test tree (except as listed), and the package never imports them.
-HARNESS_GLOBS = ("scripts/*.py", "benchmarks/*/run.py")
-HARNESS_MAY_IMPORT_TESTS = {
-    "scripts/fault_injection.py": "its GPU check runs the test tree's fault-injecting kernel family (tests/measure)",
-}
+# The harnesses outside the package (scripts/*.py, benchmarks/<study>/*.py) sit above every floor: they may import any
+# kernel_gym module and each other's benchmarks/<study>/*.py, never the test tree, and the package never imports them.
+HARNESS_GLOBS = ("scripts/*.py", "benchmarks/*/*.py")
 
 
 def harness_problems(source: str, path: str, modules: set[str]) -> list[str]:
-    """Every import in a harness (scripts/x.py) of a kernel_gym module that does not exist (a path a move left
-    stale) or of the test tree, as 'path:line: message'. `modules`: every kernel_gym module name."""
+    """Every import in a harness (scripts/x.py, benchmarks/study/x.py) of a kernel_gym or benchmarks module that does
+    not exist (a path a move left stale) or of the test tree, as 'path:line: message'. `modules`: every kernel_gym
+    module name and every harness's under benchmarks/."""
     problems = []
     for line, target in imported_modules(ast.parse(source), path[:-3].replace("/", "."), False):
         if target not in modules and target.rpartition(".")[0] not in modules:  # a module, or a name in one
             problems.append(f"{path}:{line}: imports {target}, which is no kernel_gym module")
     for node in ast.walk(ast.parse(source)):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-        if any(n.split(".")[0] == "tests" for n in names) and path not in HARNESS_MAY_IMPORT_TESTS:
-            problems.append(f"{path}:{node.lineno}: a harness imports the test tree ({names[0]})")
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if top == "tests":
+                problems.append(f"{path}:{node.lineno}: a harness imports the test tree ({name})")
+            elif top == "benchmarks" and name not in modules and name.rpartition(".")[0] not in modules:
+                problems.append(f"{path}:{node.lineno}: imports {name}, which is no harness under benchmarks/")
     return problems
 
 
 def test_harnesses_import_existing_modules_and_not_the_tests():
-    modules = {module_name(f.relative_to(ROOT).as_posix()) for f in (ROOT / PACKAGE).rglob("*.py")}
     harnesses = sorted({f for g in HARNESS_GLOBS for f in ROOT.glob(g)})
     assert len(harnesses) > 20
+    modules = {module_name(f.relative_to(ROOT).as_posix()) for f in (ROOT / PACKAGE).rglob("*.py")}
+    modules |= {module_name(f.relative_to(ROOT).as_posix()) for f in harnesses if f.parts[-3] == "benchmarks"}
     problems = []
     for f in harnesses:
         problems += harness_problems(f.read_text(), f.relative_to(ROOT).as_posix(), modules)
@@ -281,6 +288,8 @@ def test_harnesses_import_existing_modules_and_not_the_tests():
 def test_the_harness_checker_sees_stale_paths_and_test_imports():
     modules = {"kernel_gym", "kernel_gym.deploy", "kernel_gym.deploy.export"}
     assert harness_problems("from kernel_gym.deploy.export import build_table\n", "scripts/x.py", modules) == []
-    found = harness_problems("from kernel_gym.policies.export import build_table\nfrom tests.fakes import y\n",
-                             "scripts/x.py", modules)
-    assert [p.split(":")[1] for p in found] == ["1", "2"], found
+    found = harness_problems("from kernel_gym.policies.export import build_table\nfrom tests.fakes import y\n"
+                             "from benchmarks.cycle import old_name\n", "benchmarks/cycle/x.py", modules)
+    assert [p.split(":")[1] for p in found] == ["1", "2", "3"], found
+    assert harness_problems("from benchmarks.cycle import run\n", "benchmarks/cycle/x.py",
+                            modules | {"benchmarks.cycle.run"}) == []

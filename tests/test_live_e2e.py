@@ -1,14 +1,14 @@
-"""scripts/live_e2e.py's CPU pieces: the whole serving path under the interpreter (eager and through the padded
-static buffers a CUDA graph replays), the calibrated overhead, the step fits, and the committed summary's shape."""
+"""benchmarks/live_e2e/run.py's CPU pieces: the whole serving path under the interpreter (eager and through the
+padded static buffers a CUDA graph replays), the calibrated overhead, the step fits, and the committed summary's
+shape."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.script_module import load_script
+from benchmarks.live_e2e import run as le
 
-le = load_script("live_e2e")
 SUMMARY = Path(__file__).resolve().parents[1] / "benchmarks" / "live_e2e" / "summary.json"
 
 

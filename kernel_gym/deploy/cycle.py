@@ -88,7 +88,7 @@ class Pricer:
         if not self.times:
             raise ValueError(f"no recorded vllm_fused_moe times for E={shape.num_experts}, N={shape.n}, "
                              f"H={shape.hidden}, top_k={shape.top_k} on {device}: measure the shape (python3 "
-                             "scripts/bench_vllm_export.py, or kernel-gym collect --kernels vllm_fused_moe) and "
+                             "benchmarks/vllm_export/run.py, or kernel-gym collect --kernels vllm_fused_moe) and "
                              "pass --store, or run the cycle with --gpu")
         self.skews = sorted({s for _, s in self.times})
         self.ms = {s: sorted(m for m, s2 in self.times if s2 == s) for s in self.skews}

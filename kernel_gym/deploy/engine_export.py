@@ -14,7 +14,7 @@ Keys are vLLM's batch sizes (VLLM_M_KEYS, 1 ... 4096); both engines take the nea
 The engine's own entry per key (kernel_gym.kernels.vllm_tables, for the named engine version: its shipped table's
 nearest-M entry, else its default rule) stays unless a measured config has a CONFIRMED lead over it at that (M,
 routing) on --device (issue 30):
-- measured-confirmed: a paired confirmation (scripts/bench_vllm_export.py or `kernel-gym tune --engine`, passed as
+- measured-confirmed: a paired confirmation (benchmarks/vllm_export/run.py or `kernel-gym tune --engine`, passed as
   --confirmations FILE; the packaged/--store rows are not paired) against this very engine entry, or repeated rows
   agreeing: at least two stored rows of the candidate, every one faster than every row of the engine entry by
   --min-gain (and by the rows' noise: `pick`);
@@ -215,7 +215,8 @@ def times_by_workload(rows: Sequence[Row], shape: MoEShape, device: str,
 
 @dataclass(frozen=True)
 class Confirmation:
-    """A config that beat the engine entry in a paired, interleaved timing (bench_vllm_export / tune --engine)."""
+    """A config that beat the engine entry in a paired, interleaved timing (benchmarks/vllm_export/run.py or tune
+    --engine)."""
 
     fixed_key: tuple
     m: int
@@ -229,7 +230,7 @@ class Confirmation:
 
 
 def load_confirmations(paths: Iterable[str | Path]) -> list[Confirmation]:
-    """Paired confirmations from scripts/bench_vllm_export.py's bench_vllm_export.json (its per-key `exported`
+    """Paired confirmations from benchmarks/vllm_export/run.py's bench_vllm_export.json (its per-key `exported`
     differs from `engine_entry` only where the pick kept its lead paired) or from `kernel-gym tune --engine`'s
     engine_tune.json (`confirmations`)."""
     out: list[Confirmation] = []
@@ -389,7 +390,7 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
         else:
             why = f"no vllm_fused_moe measurements of {shape_desc} at routing {label} on {device!r}"
         if not force:
-            raise ValueError(f"refusing to export: {why}; measure it (python3 scripts/bench_vllm_export.py, or "
+            raise ValueError(f"refusing to export: {why}; measure it (python3 benchmarks/vllm_export/run.py, or "
                              "kernel-gym tune --engine, or kernel-gym collect --kernels vllm_fused_moe), pass --store, "
                              "or --force to write the engine's own entries as an estimate")
         estimate = True

@@ -10,7 +10,7 @@ small-batch path where it applies), per vLLM M key (1 ... 4096) at one routing, 
    their nearest M and routing, kept where the knob rules allow them here;
 3. one local-search round: the valid one-knob neighbours (vllm_moe.neighbours) of the fastest so far;
 4. the fastest is then timed paired and interleaved against the engine entry (kernel_gym.measure.engine_timing, the
-   rule scripts/bench_vllm_export.py applies) and kept only if it still leads by --min-gain; otherwise the key keeps
+   rule benchmarks/vllm_export/run.py applies) and kept only if it still leads by --min-gain; otherwise the key keeps
    the engine entry. So no key is slower than the engine's own entry within that paired measurement.
 Every measurement goes to OUT/vllm_fused_moe.sqlite (joins the dataset), progress to OUT/engine_tune_state.json after
 each key (--resume continues a stopped run), results and paired confirmations to OUT/engine_tune.json (`kernel-gym

@@ -114,7 +114,7 @@ def estimate_note(rep: dict[str, Any]) -> str:
             "mostly outside the measured shapes (for long prompts: MoE over more tokens than the largest measured "
             "M, prefill over longer sequences), so the oracle is only the best config under the same estimates and "
             "the ratios between policies compare estimated times. Read differences of a few percent as unmeasured; "
-            "`--steps-json` and scripts/live_replay_check.py time the chosen kernels on a GPU (docs/simulator.md, "
+            "`--steps-json` and benchmarks/live_replay/run.py time the chosen kernels on a GPU (docs/simulator.md, "
             "'Reading the replay table').")
 
 

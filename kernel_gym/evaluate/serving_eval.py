@@ -1,6 +1,6 @@
 """Serving-v0 evaluation: tokens/s of a policy (a trained agent, a callable or "default") on held-out windows of the
 trace, beside the default rules and the per-workload oracle on the same windows, with stalls, fallbacks, proxied calls
-and the share of tuned-kernel time resting on estimated times (`evaluate_serving`). scripts/bench_serving.py and
+and the share of tuned-kernel time resting on estimated times (`evaluate_serving`). benchmarks/serving/run.py and
 benchmarks/serving/ use it; the environment is kernel_gym/envs/serving.py.
 """
 

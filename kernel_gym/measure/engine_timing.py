@@ -1,6 +1,6 @@
 """Timing the engine's own kernel design (vllm_fused_moe) the way engine-file choices are confirmed: checked against the
 fp32 reference first, CUDA-graph replays (the engines capture decode batches in graphs), and paired, interleaved
-samples for every keep-or-drop decision. Shared by scripts/bench_vllm_export.py and `kernel-gym tune --engine`
+samples for every keep-or-drop decision. Shared by benchmarks/vllm_export/run.py and `kernel-gym tune --engine`
 (kernel_gym/deploy/engine_tune.py), so both decide with the same rule.
 
 On the CPU (smoke runs under TRITON_INTERPRET=1) the same calls use wall clocks: logic only, never a figure.

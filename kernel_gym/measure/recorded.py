@@ -16,7 +16,7 @@ The query must lie inside the measured range on every axis, its bracketing neigh
 every corner of the bracketing cell must be a measured workload, and the config must be measured "ok" at every corner.
 Otherwise the answer is UNAVAILABLE (masked). If the config failed at every corner with the same status, that status
 is returned. Lookups are plain dict and float work with memoised plans (>= 20,000 lookups/s on one core:
-scripts/bench_recorded.py). Imports only numpy and the standard library.
+benchmarks/recorded_backend/run.py). Imports only numpy and the standard library.
 """
 
 from __future__ import annotations

@@ -80,8 +80,8 @@ def family_ref(family: KernelFamily) -> str:
 
 def family_store_key(family: KernelFamily) -> str:
     """The store key of a family's rows: its profile's version ("v<N>", kernels/profiles.py) when the family is
-    registered from this module, else (a family without a profile, such as scripts/fault_injection.py's) a hash of its
-    whole module's source."""
+    registered from this module, else (a family without a profile, such as benchmarks/fault_injection/run.py's) a
+    hash of its whole module's source."""
     from kernel_gym.kernels import profiles
 
     mod = sys.modules[type(family).__module__]

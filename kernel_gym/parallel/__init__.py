@@ -1,6 +1,6 @@
 """Serving one MoE model on several GPUs: tensor and expert parallelism, priced from measurements.
 
-- `collectives.py`: the measured NCCL collectives table (scripts/measure_collectives.py writes it on a multi-GPU
+- `collectives.py`: the measured NCCL collectives table (benchmarks/multigpu/run_collectives.py writes it on a multi-GPU
   machine), log-log interpolation in message size, refusals outside what was measured. Standard library only, so the
   GPU script can import it for the message sizes.
 - `layout.py`: Layout(tp, ep) on G GPUs, its validity rules, the shapes each GPU runs, EP load imbalance from the

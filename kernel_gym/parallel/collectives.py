@@ -1,5 +1,6 @@
 """The measured collectives table: NCCL all-reduce (tensor parallelism) and all-to-all (expert-parallel dispatch and
-combine) times per GPU count and message size, as scripts/measure_collectives.py writes them on a multi-GPU host.
+combine) times per GPU count and message size, as benchmarks/multigpu/run_collectives.py writes them on a multi-GPU
+host.
 
 Why a table and not a formula: NVLink/NVSwitch collectives are latency-bound for small messages and bandwidth-bound
 for large ones, with protocol switches (LL, LL128, Simple) in between; the step times of TP and EP layouts differ by
@@ -46,7 +47,7 @@ from typing import Any
 
 FORMAT = "kernel_gym-collectives"
 VERSION = 1
-OPS = ("all_reduce", "all_to_all")  # what scripts/measure_collectives.py measures
+OPS = ("all_reduce", "all_to_all")  # what benchmarks/multigpu/run_collectives.py measures
 # a prior may carry more: NCCL's own all-reduce beside the engines' custom one, all-reduce outside CUDA graphs, and
 # the all-gather / reduce-scatter pair of data-parallel attention in front of tensor-parallel experts
 PRIOR_OPS = (*OPS, "all_reduce_nccl", "all_reduce_eager", "all_gather", "reduce_scatter")
@@ -56,7 +57,7 @@ DTYPE_BYTES = 2  # bf16 activations
 EXTRAPOLATION = 2.0  # answer up to this factor beyond the measured sizes, refuse further
 TABLE_ENV = "KERNEL_GYM_COLLECTIVES"
 DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "multigpu" / "collectives.json"
-MEASURE_COMMAND = "python3 scripts/measure_collectives.py --gpus 8 --out benchmarks/multigpu"
+MEASURE_COMMAND = "python3 benchmarks/multigpu/run_collectives.py --gpus 8 --out benchmarks/multigpu"
 PRIOR_TABLE = Path(__file__).resolve().parents[1] / "data" / "collectives" / "h200_aic_prior.json"
 PRIOR_COMMAND = "python3 scripts/aic_prior.py (in a venv with kernel_gym[aic])"
 # NVLink multicast (NVLS) stays off: the deployments this models run without it, and it changes all-reduce times.
@@ -164,7 +165,7 @@ class CollectiveTable:
             have = sorted(g for o, g in self.curves if o == op)
             raise CollectivesError(
                 f"collectives table {self.source} has no {op} on {gpus} GPUs (measured: {have or 'none'}); measure "
-                f"that count: python3 scripts/measure_collectives.py --gpus {gpus} --out DIR"
+                f"that count: python3 benchmarks/multigpu/run_collectives.py --gpus {gpus} --out DIR"
             )
         return c
 
@@ -187,7 +188,7 @@ class CollectiveTable:
             raise CollectivesError(
                 f"{op} on {gpus} GPUs: {nbytes:.0f} B is more than {EXTRAPOLATION:g}x outside the measured sizes "
                 f"{math.exp(lo):.0f}..{math.exp(hi):.0f} B of {self.source}; measure sizes that cover it "
-                "(scripts/measure_collectives.py --sizes)"
+                "(benchmarks/multigpu/run_collectives.py --sizes)"
             )
         if x <= lo:
             return math.exp(c.log_s[0])

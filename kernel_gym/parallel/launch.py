@@ -1,4 +1,4 @@
-"""One process per GPU for the multi-GPU scripts (scripts/measure_collectives.py, scripts/live_parallel_check.py):
+"""One process per GPU for the multi-GPU harnesses (benchmarks/multigpu/run_collectives.py and run_live_parallel.py):
 start the ranks, end the whole job when one rank fails or the budget is spent, and time a closure that holds
 collectives the same way on every rank.
 

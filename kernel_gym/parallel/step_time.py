@@ -54,7 +54,7 @@ from kernel_gym.traffic.simulator import (
     Simulator,
 )
 
-PLAN_COMMAND = "python3 scripts/parallel_replay.py plan --model MODEL --gpus G --out plan.json"
+PLAN_COMMAND = "python3 benchmarks/multigpu/run_parallel_replay.py plan --model MODEL --gpus G --out plan.json"
 GRAPH_MODES = ("tokens", "decode")
 # Eager (no CUDA graph) steps: kernel launches per layer (norms, QKV / output GEMMs, rope, attention, router, top-k,
 # MoE align, two expert GEMMs, activation, sum, collectives) and the host's cost per launch. Assumptions, not
@@ -74,7 +74,8 @@ class StepPricer:
     def __init__(self, spec: Any, layout: Layout, backend: Any = "recorded", table: Any = None,
                  estimate_missing: bool = True, dtype: str = "bfloat16", kernels_only: bool = False,
                  roofline_missing: bool = False) -> None:
-        """kernels_only: price kernels without a collectives table (scripts/live_parallel_check.py's plan step).
+        """kernels_only: price kernels without a collectives table (benchmarks/multigpu/run_live_parallel.py's plan
+        step).
         roofline_missing: a shape with no data even at the model's unsharded shape is priced at its roofline time
         (estimated) instead of refused (the deployment plan; `roofline_priced` names the kernels it happened to)."""
         self.roofline_missing = roofline_missing

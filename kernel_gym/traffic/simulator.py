@@ -790,7 +790,7 @@ class Simulator:
         return True
 
     def _step_seconds(self, predicted_s: float, chunks: list[tuple[int, int, int]], dec: np.ndarray) -> float:
-        """The step's duration: the prediction. A live replay (scripts/live_e2e.py) overrides this to execute the
+        """The step's duration: the prediction. A live replay (benchmarks/live_e2e/run.py) overrides this to execute the
         step, chunks [(request, chunk, offset)] and decodes `dec` (their KV before this step's token: self.kv), on a
         GPU and return the measured seconds, so the same scheduler serves the trace in real time."""
         return predicted_s

@@ -1,4 +1,5 @@
-"""scripts/aic_crosscheck.py's CPU pieces: aiconfigurator's routings as re-implemented here, the factor table, and
+"""benchmarks/aic_crosscheck/run.py's CPU pieces: aiconfigurator's routings as re-implemented here, the factor table,
+and
 the committed rows file it reads."""
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.script_module import ROOT, load_script
-
-ac = load_script("aic_crosscheck")
+from benchmarks.aic_crosscheck import run as ac
+from tests.script_module import ROOT
 
 
 def test_balanced_routing_matches_the_collector_rule():

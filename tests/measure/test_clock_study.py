@@ -1,15 +1,13 @@
-"""scripts/clock_study.py's statistics (rank correlation, state comparison, power windows) and timing's warm-up
+"""benchmarks/clocks/run.py's statistics (rank correlation, state comparison, power windows) and timing's warm-up
 switches, on the CPU."""
 
 from __future__ import annotations
 
 import pytest
 
+from benchmarks.clocks import run as cs
 from kernel_gym.measure import power
 from kernel_gym.measure.timing import TimingOptions, keep_hot
-from tests.script_module import load_script
-
-cs = load_script("clock_study")
 
 
 def test_kendall_tau():

@@ -1,15 +1,14 @@
-"""scripts/fault_injection.py on the CPU interpreter: a hang, an illegal address (a segfault under the interpreter) and
-an allocation failure among correct configs are each stored with their reason; the worker restarts; the rest is ok."""
+"""benchmarks/fault_injection/run.py on the CPU interpreter: a hang, an illegal address (a segfault under the
+interpreter) and an allocation failure among correct configs are each stored with their reason; the worker restarts;
+the rest is ok."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from benchmarks.fault_injection import run as fi
 from kernel_gym.measure.types import CRASH, OK, OOM, TIMEOUT
-from tests.script_module import load_script
-
-fi = load_script("fault_injection")
 
 
 def test_faults_are_stored_with_reasons_and_the_rest_is_ok(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def test_real_families_noop_launch_is_wrong_result_under_interpreter(kernel: str
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.workloads import model_workloads
     from kernel_gym.models import BUILTIN_MODELS
-    from tests.measure.fault_family import NoopFamily
+    from tests.measure.noop_family import NoopFamily
 
     fam = get_family(kernel)
     wl = model_workloads(kernel, BUILTIN_MODELS["mixtral-8x7b"], grid="small", dtype="float16")[0]

@@ -11,7 +11,7 @@ from kernel_gym.kernels.workloads import model_workloads
 from kernel_gym.measure.types import OK, WRONG_RESULT
 from kernel_gym.measure.worker import WorkloadRunner
 from kernel_gym.models import BUILTIN_MODELS
-from tests.measure.fault_family import NoopFamily
+from tests.measure.noop_family import NoopFamily
 
 pytestmark = pytest.mark.gpu
 

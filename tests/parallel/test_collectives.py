@@ -49,13 +49,13 @@ def test_refuses_extrapolation_beyond_a_factor_two_and_clamps_below():
 
 def test_refuses_a_gpu_count_the_table_lacks():
     t = table(gpu_counts=(2, 4))
-    with pytest.raises(CollectivesError, match="no all_reduce on 8 GPUs.*measure_collectives.py --gpus 8"):
+    with pytest.raises(CollectivesError, match="no all_reduce on 8 GPUs.*run_collectives.py --gpus 8"):
         t.time_s("all_reduce", 8, 4096)
 
 
 def test_missing_table_names_the_command(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_GYM_COLLECTIVES", str(tmp_path / "absent.json"))
-    with pytest.raises(CollectivesMissing, match="scripts/measure_collectives.py --gpus 8"):
+    with pytest.raises(CollectivesMissing, match="benchmarks/multigpu/run_collectives.py --gpus 8"):
         load_table()
 
 

@@ -57,7 +57,7 @@ def test_prior_is_labelled_and_covers_the_engines_collectives():
 
 def test_measured_table_replaces_the_prior(tmp_path, monkeypatch):
     data = fixture_table()
-    data["backend"] = "nccl"  # as scripts/measure_collectives.py writes it on GPUs
+    data["backend"] = "nccl"  # as benchmarks/multigpu/run_collectives.py writes it on GPUs
     path = tmp_path / "collectives.json"
     path.write_text(json.dumps(data))
     monkeypatch.setenv(coll.TABLE_ENV, str(path))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,7 @@ from kernel_gym.cli.plan import main
 from kernel_gym.deploy.plan import parse_slo
 from kernel_gym.models import load_model
 from kernel_gym.parallel import collectives as coll
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+from tests.script_module import load_script
 
 
 def test_parse_slo_names_the_fix():
@@ -31,8 +28,9 @@ def test_parse_slo_names_the_fix():
 def test_aic_scripts_say_when_aiconfigurator_is_missing(capsys):
     if importlib.util.find_spec("aiconfigurator_core") is not None:
         pytest.skip("aiconfigurator is installed here; the missing-package message cannot be shown")
-    import aic_answers
-    import aic_prior
+    from benchmarks.serving_plan import run_aic_answers as aic_answers
+
+    aic_prior = load_script("aic_prior")
 
     assert aic_prior.main(["--out", "/nonexistent/x.json"]) == 2
     assert aic_answers.main(["--out", "/nonexistent/x.json"]) == 2
@@ -41,7 +39,7 @@ def test_aic_scripts_say_when_aiconfigurator_is_missing(capsys):
 
 
 def test_aic_answer_maps_to_a_deployment():
-    import bench_serving_plan as b
+    from benchmarks.serving_plan import run as b
 
     spec = load_model("mixtral-8x7b")
     answer = {"ranked": [{"tp": "1", "dp": "1", "moe_tp": "1", "moe_ep": "1", "num_total_gpus": "1",
@@ -58,8 +56,9 @@ def test_aic_answer_maps_to_a_deployment():
 
 def test_committed_prior_matches_aiconfigurator():
     pytest.importorskip("aiconfigurator_core", reason="optional kernel_gym[aic] extra not installed (CI skips this)")
-    import aic_prior
     import aiconfigurator_core
+
+    aic_prior = load_script("aic_prior")
 
     root = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / "h200_sxm"
     fresh = aic_prior.convert(root, "0.12.0")
@@ -83,9 +82,9 @@ def test_plan_end_to_end_on_one_gpu(tmp_path, capsys):
 
 
 def test_bench_order_and_windows():
-    import bench_serving_plan as b
     import numpy as np
 
+    from benchmarks.serving_plan import run as b
     from kernel_gym.traffic.traces import Trace
 
     keys = b.priority(["a", "b"], [8, 1], ["conv", "code"], ["saturated", "own"])

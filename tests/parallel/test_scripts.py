@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from kernel_gym.parallel.collectives import NO_MULTICAST_ENV, CollectivesError, CollectiveTable, load_table
-from tests.script_module import ROOT, load_script
+from tests.script_module import ROOT
+
+COLLECTIVES = ROOT / "benchmarks" / "multigpu" / "run_collectives.py"
 
 TOPO = """\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity
 GPU0\t X \tNV18\tNV18\t0-47\t0
@@ -20,8 +22,8 @@ GPU2\tNV18\tNV18\t X \t0-47\t0
 
 
 def test_gloo_dry_run_measures_and_checks_two_processes(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_collectives.py"), "--dry-run", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(COLLECTIVES), "--dry-run", "--out", str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads((tmp_path / "collectives.json").read_text())
     assert data["backend"] == "gloo" and data["gpu_counts"] == [2]
@@ -37,7 +39,7 @@ def test_gloo_dry_run_measures_and_checks_two_processes(tmp_path):
 
 
 def test_gloo_dry_run_stops_together_when_the_budget_is_spent(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_collectives.py"), "--dry-run", "--out",
+    out = subprocess.run([sys.executable, str(COLLECTIVES), "--dry-run", "--out",
                           str(tmp_path), "--budget-s", "0.001"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr[-2000:]
     assert not (tmp_path / "collectives.json").exists()  # nothing measured: no table the simulator could read
@@ -47,23 +49,22 @@ def test_gloo_dry_run_stops_together_when_the_budget_is_spent(tmp_path):
 
 
 def test_topology_parsing():
-    mc = load_script("measure_collectives")
+    from benchmarks.multigpu import run_collectives as mc
     assert mc.parse_topology(TOPO) == {"gpu0_links": {"GPU1": "NV18", "GPU2": "NV18"}, "link_types": ["NV18"]}
 
 
 def test_replay_refuses_without_a_table_or_prior(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KERNEL_GYM_COLLECTIVES", str(tmp_path / "absent.json"))
     monkeypatch.setattr("kernel_gym.parallel.collectives.PRIOR_TABLE", tmp_path / "no_prior.json")
-    pr = load_script("parallel_replay")
+    from benchmarks.multigpu import run_parallel_replay as pr
     assert pr.main(["run", "--traces", "bundled"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "scripts/measure_collectives.py" in err[0]
+    assert len(err) == 1 and "benchmarks/multigpu/run_collectives.py" in err[0]
 
 
 def test_shard_plan_is_a_collect_plan(tmp_path):
+    from benchmarks.multigpu import run_parallel_replay as pr
     from kernel_gym.measure.collect import load_plan_file
-
-    pr = load_script("parallel_replay")
     path = tmp_path / "plan.json"
     assert pr.main(["plan", "--model", "olmoe-1b-7b", "--gpus", "2", "--configs", "2", "--max-tokens", "64",
                     "--out", str(path)]) == 0
@@ -76,7 +77,7 @@ def test_shard_plan_is_a_collect_plan(tmp_path):
 
 
 def test_scaling_budget_compile_pools_and_fresh_caches(tmp_path):
-    fs = load_script("farm_scaling")
+    from benchmarks.multigpu import run_farm_scaling as fs
     runs, agree = fs.split_budget(400, [1, 2, 4, 8])
     assert sum(runs.values()) + agree == pytest.approx(400) and agree == pytest.approx(100)
     assert runs[1] - 30 == pytest.approx(2 * (runs[2] - 30)) == pytest.approx(8 * (runs[8] - 30))  # start-up + 1 / n
@@ -93,7 +94,7 @@ def test_scaling_budget_compile_pools_and_fresh_caches(tmp_path):
 
 
 def test_scaling_idle_share_and_steady_rate():
-    fs = load_script("farm_scaling")
+    from benchmarks.multigpu import run_farm_scaling as fs
     rows = [{"gpu": "0", "created": 110.0}, {"gpu": "0", "created": 200.0}, {"gpu": "1", "created": 150.0}]
     assert fs.idle_share(rows, 100.0, 100.0, 2) == pytest.approx(1 - (100 + 50) / 200)
     assert fs.steady_rate(rows) == pytest.approx(2 / 90) and fs.steady_rate(rows[:1]) is None
@@ -101,9 +102,8 @@ def test_scaling_idle_share_and_steady_rate():
 
 def test_live_check_plan_and_report(tmp_path, capsys):
     """plan on the CPU, then report against a hand-made live result: prediction = L x (kernel + collectives)."""
+    from benchmarks.multigpu import run_live_parallel as lc
     from tests.parallel.fixture_table import fixture_table, fixture_time_s
-
-    lc = load_script("live_parallel_check")
     plan_path = tmp_path / "plan.json"
     assert lc.main(["plan", "--gpus", "2", "--tokens", "64", "--layers", "3", "--out", str(plan_path)]) == 0
     p = json.loads(plan_path.read_text())
@@ -135,4 +135,4 @@ def test_live_check_plan_and_report(tmp_path, capsys):
     capsys.readouterr()
     assert lc.main(args) == 2  # no table: one line naming the command
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "measure_collectives.py" in err[0]
+    assert len(err) == 1 and "benchmarks/multigpu/run_collectives.py" in err[0]

@@ -42,7 +42,7 @@ def test_without_a_measured_table_the_labelled_prior_prices(backend, tmp_path, m
     rep = p.report()
     assert rep["prior_share"] == pytest.approx(rep["all_reduce_s"] / rep["step_parts_s"]) and rep["prior_share"] > 0
     monkeypatch.setattr("kernel_gym.parallel.collectives.PRIOR_TABLE", tmp_path / "no_prior.json")
-    with pytest.raises(CollectivesMissing, match="measure_collectives.py"):
+    with pytest.raises(CollectivesMissing, match="benchmarks/multigpu/run_collectives.py"):
         StepPricer(MIXTRAL, Layout(2, 1), backend)
     StepPricer(MIXTRAL, Layout(1, 1), backend)  # one GPU needs no collectives
     with pytest.raises(Exception, match="no all_to_all on 8 GPUs"):

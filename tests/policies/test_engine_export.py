@@ -115,7 +115,7 @@ def test_a_single_row_lead_keeps_the_engine_entry_and_is_listed_unconfirmed(tmp_
     b = store_with(tmp_path, shape, {(8, 0.0, base): 1.0, (8, 0.0, other): 1.2}, name="y.sqlite", triton="3.5.1")
     _, note2 = ee.export(MIXTRAL, "vllm", tmp_path / "p", "NVIDIA H200", tp=2, stores=[a, b])
     assert next(k for k in note2["keys"] if k["M"] == 8)["basis"] != ee.CONFIRMED
-    # a paired confirmation (bench_vllm_export's JSON) confirms it
+    # a paired confirmation (benchmarks/vllm_export/run.py's JSON) confirms it
     bench = tmp_path / "bench_vllm_export.json"
     bench.write_text(json.dumps({
         "meta": {"engine_device_name": "NVIDIA H200", "routings": {"uniform": 0.0, "zipf-1.2": 1.2}},

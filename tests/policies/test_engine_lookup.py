@@ -9,15 +9,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernel_gym.kernels import vllm_tables
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -48,7 +47,7 @@ def test_engine_lookup_live(engine, tmp_path):
     if wheel is None and importlib.util.find_spec(engine) is None:
         pytest.skip(f"{engine} {vllm_tables.DEFAULT_VERSIONS[engine]} not available: pip install kernel_gym[engines] "
                     "or set KERNEL_GYM_ENGINE_WHEELS to a folder with its wheel")
-    import check_engine_lookup
+    check_engine_lookup = load_script("check_engine_lookup")
 
     res = check_engine_lookup.check(engine, wheel, tmp_path)
     assert res["ok"], res["mismatches"][:3]

@@ -1,7 +1,7 @@
 """`kernel-gym tune --engine` (kernel_gym/deploy/engine_tune.py): the dry-run plan on the CPU, the per-key rule
 (never keep a config the paired timing does not confirm faster than the engine's own entry), the candidates (engine
 entry, nearest measured shapes' winners, one local-search round), the file + confirmations it writes, resume
-refusals. Timing is faked here; the GPU path runs in scripts/engine_gpu_run.py."""
+refusals. Timing is faked here; the GPU path runs in benchmarks/vllm_export/run_engines.py."""
 
 from __future__ import annotations
 

@@ -71,9 +71,8 @@ class TableBackend:
 def test_policy_quality_shares_come_from_the_sources_of_the_scoring_times() -> None:
     """bench_policies: a workload counts as estimated when its oracle or the policy's (fallback) time is estimated; the
     oracle-time share weighs the oracle's milliseconds. A result on measured rows only reports 0.0, computed."""
-    from tests.script_module import load_script
 
-    bench = load_script("bench_policies")
+    from benchmarks.policy_quality import run as bench
     fam = get_family("fused_moe")
     a, b = MoEWorkload(16, 16, 2, 4096, 14336, 0.0, "bfloat16"), MoEWorkload(4096, 16, 2, 4096, 14336, 0.0, "bfloat16")
     ca, cb = fam.default_config(a), fam.default_config(b)
@@ -110,9 +109,8 @@ def test_policy_quality_shares_come_from_the_sources_of_the_scoring_times() -> N
 
 
 def test_serving_summary_cell() -> None:
-    from tests.script_module import load_script
 
-    bench = load_script("bench_serving")
+    from benchmarks.serving import run as bench
     res = {"agent_estimated_share": 0.25, "agent_estimated_share.prefill_attention": 1.0,
            "agent_estimated_share.decode_attention": 0.0, "agent_estimated_share.fused_moe": 0.125}
     assert bench.estimated_cell(res, "agent") == "25.0% (100%/0%/12%)"

@@ -80,7 +80,7 @@ def test_dispatch_export_from_registered_policy(store, tmp_path):
 
 
 def test_latest_policy_prefers_the_one_trained_for_the_model(store, tmp_path):
-    """scripts/bench_replay.py registers kernel-gym-<env>-<model>: `export --model olmoe-1b-7b` (and the replay's
+    """benchmarks/replay/run.py registers kernel-gym-<env>-<model>: `export --model olmoe-1b-7b` (and the replay's
     learned policy) must take that one, and a model without its own policy the generic kernel-gym-<env>."""
     _, generic = store
     own = log_policy(tmp_path, name="kernel-gym-moe-v0-olmoe-1b-7b")

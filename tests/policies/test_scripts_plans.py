@@ -1,5 +1,5 @@
 """The planning halves of two GPU scripts, on the packaged H200 data: scripts/plan_coverage.py (what `collect --plan`
-should measure) and scripts/heldout_live_check.py (which held-out choices to time again, and how a paired round is
+should measure) and benchmarks/heldout_live/run.py (which held-out choices to time again, and how a paired round is
 scored)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_plan_coverage_lists_only_unstored_valid_candidates_in_collects_format(t
 
 
 def test_heldout_live_pairs_rounds_and_plans_every_heldout_workload(tmp_path):
-    ex = load_script("heldout_live_check")
+    from benchmarks.heldout_live import run as ex
     rounds = {"a": [1.0, 2.0, 3.0], "b": [2.0, 1.0, 3.3]}
     assert ex._paired(rounds, "a") == 1.0  # per round: fastest / a = 1, 0.5, 1 -> median 1
     assert ex._paired(rounds, "b") == pytest.approx(3.0 / 3.3)  # 0.5, 1, 0.909 -> median 0.909

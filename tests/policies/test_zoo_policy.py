@@ -61,10 +61,9 @@ def test_tuned_predictor_takes_the_fastest_measured_else_zero_shot():
 
 
 def test_zero_shot_report_scores_paired_rounds(tmp_path):
-    """scripts/zero_shot_live.py report: ratio = best / chosen over paired rounds; a failed choice falls back."""
-    from tests.script_module import load_script
+    """benchmarks/generalisation/run.py report: ratio = best / chosen over paired rounds; a failed choice falls back."""
 
-    zsl = load_script("zero_shot_live")
+    from benchmarks.generalisation import run as zsl
     a, b, d = "A", "B", "D"
     result = {"results": [{"kernel": "fused_moe", "model": "m", "shard": "m", "workload": "w1",
                            "choices": {"0": a, "1": "X"}, "tune": {"0": [a, b], "1": [b]}, "default": d,
@@ -88,9 +87,8 @@ def test_zero_shot_report_scores_paired_rounds(tmp_path):
 
 
 def test_zero_shot_report_takes_each_kernel_from_the_last_run_that_timed_it(tmp_path):
-    from tests.script_module import load_script
 
-    zsl = load_script("zero_shot_live")
+    from benchmarks.generalisation import run as zsl
 
     def run(kernel, ms_a, split="test"):
         return {"results": [{"kernel": kernel, "model": "m", "shard": "m", "workload": "w", "choices": {"0": "A"},
@@ -121,9 +119,8 @@ def test_zero_shot_report_takes_each_kernel_from_the_last_run_that_timed_it(tmp_
 
 def test_zero_shot_report_leaves_a_failed_sweep_out_of_the_score(tmp_path):
     """A workload whose sweep mostly failed (out of memory) has no oracle: it is listed, not scored."""
-    from tests.script_module import load_script
 
-    zsl = load_script("zero_shot_live")
+    from benchmarks.generalisation import run as zsl
     good = {"kernel": "fused_moe", "model": "m", "shard": "m", "workload": "w1", "choices": {"0": "A"},
             "tune": {"0": ["A"]}, "default": "D", "tune_picks": {"0": "A"}, "sweep_ms": {"A": 2.0, "D": 1.0},
             "seconds": {"A": 0.1, "D": 0.1}, "status": {"A": "ok", "D": "ok"}, "round_ms": {"A": [2.0], "D": [1.0]}}

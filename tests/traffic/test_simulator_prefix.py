@@ -248,8 +248,8 @@ def test_backend_timer_answers_from_the_backend_and_auto_never_asks_the_chooser_
 
 
 def test_a_subclass_can_measure_steps_instead_of_predicting_them():
-    """The hook the live replay uses (scripts/live_e2e.py): the step's duration is whatever _step_seconds returns,
-    and it sees the step's chunks and decodes."""
+    """The hook the live replay uses (benchmarks/live_e2e/run.py): the step's duration is whatever _step_seconds
+    returns, and it sees the step's chunks and decodes."""
     seen = []
 
     class Measured(Simulator):

@@ -4,11 +4,16 @@ JSON. Run with the code and data before and after; the two files must be identic
 
     python benchmarks/refactor_check/issue28/recorded_sample.py SNAPSHOT.jsonl.gz OUT.json
 """
-import json, random, sys, dataclasses
-from kernel_gym.measure.recorded import RecordedBackend
+import dataclasses
+import json
+import random
+import sys
+
 from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import model_workloads
+from kernel_gym.measure.recorded import RecordedBackend
 from kernel_gym.models import load_model
+
 b = RecordedBackend(sys.argv[1])
 rng = random.Random(0)
 out = {"describe_rows": {k: v["rows"] for k, v in b.describe()["kernels"].items()}}

@@ -5,7 +5,7 @@ Replays a window of the trace for a model with and without prefix caching under 
 and computes the hit rate of an LRU cache of the pool's size (and of an unbounded one) over the requests in arrival
 order, with no concurrency: the simulator's first-admission hit rate should lie near the former.
 
-    python3 scripts/prefix_cache_replay.py --trace mooncake --window-s 120 --rate-scale 0.1
+    python3 benchmarks/prefix_cache/run.py --trace mooncake --window-s 120 --rate-scale 0.1
     (--trace takes a name read from $KERNEL_GYM_TRACES, or a file path)
 """
 
@@ -18,7 +18,7 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.measure.roofline import RooflineTimer  # noqa: E402

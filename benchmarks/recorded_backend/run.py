@@ -1,8 +1,8 @@
 """Recorded backend: lookups per second on one core, and the interpolation's held-out error, as JSON.
 
-  python3 scripts/bench_recorded.py                 # the packaged H200 dataset
-  python3 scripts/bench_recorded.py --db h200.sqlite --seconds 2
-  python3 scripts/bench_recorded.py --no-heldout --json benchmarks/recorded_lookup_speed.json   # the speed target
+  python3 benchmarks/recorded_backend/run.py                 # the packaged H200 dataset
+  python3 benchmarks/recorded_backend/run.py --db h200.sqlite --seconds 2
+  python3 benchmarks/recorded_backend/run.py --no-heldout --json benchmarks/recorded_lookup_speed.json  # speed target
 The target (formerly a timed test): >= 20,000 warm lookups/s on one core; the JSON records it, the rate and the host.
 Queries mix measured shapes and shapes between them (the traffic grids at other sizes), each with a random
 config of the kernel's space; both a cold pass (plans computed) and a warm pass (memoised) are reported.
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload  # noqa: E402
 from kernel_gym.measure.recorded import RecordedBackend, heldout_error  # noqa: E402

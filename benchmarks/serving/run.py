@@ -3,7 +3,7 @@ windows of the Azure conversation trace against the default configs and the per-
 counted for all three). Writes serving_v0.json, serving_v0.md and serving_v0_curve.png under --out-dir and logs the run
 to MLflow (default store unless MLFLOW_TRACKING_URI is set).
 
-    python scripts/bench_serving.py [--timesteps 400] [--rate-scale 1.0] [--windows 3] [--threads 2]
+    python benchmarks/serving/run.py [--timesteps 400] [--rate-scale 1.0] [--windows 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def main() -> None:
            "", f"Training: {args.timesteps} timesteps in {train_s:.0f} s ({env_steps_s:.2f} s per 20 s interval, "
            f"{args.threads} torch threads); catalogue built in {t_cat:.0f} s. Target agent/oracle >= 0.97 in under "
            f"20 min: {'met' if record['target_met'] else 'missed'}.", "",
-           "Command: `python scripts/bench_serving.py " + " ".join(
+           "Command: `python benchmarks/serving/run.py " + " ".join(
                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                if k not in ("no_mlflow", "out_dir") and (k != "data" or v))
            + "`", "", "![learning curve](serving_v0_curve.png)", ""]

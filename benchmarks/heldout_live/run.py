@@ -1,14 +1,14 @@
 """Is the learned policy's held-out shortfall real? Time its choices against the recorded oracle's, paired, on the GPU.
 
-The held-out score (`scripts/bench_policies.py`) divides the recorded oracle time by the chosen config's recorded
+The held-out score (`benchmarks/policy_quality/run.py`) divides the recorded oracle time by the chosen config's recorded
 time. The oracle is the minimum over hundreds of single measurements taken in different processes, so it is biased
 low by their noise (the winner's curse), and the two times come from different runs. This check removes both: on
 the GPU, for every held-out workload, the policy's choice, the recorded oracle config and the recorded runner-ups are
 timed in the same process, in rounds with a shuffled order, and the ratio is taken within each round.
 
-    python scripts/heldout_live_check.py plan --out benchmarks/heldout_live/plan.json            # CPU: train, choose
-    python3 scripts/heldout_live_check.py time --plan benchmarks/heldout_live/plan.json --out $OUT/heldout_live.json
-    python scripts/heldout_live_check.py report --result benchmarks/heldout_live/heldout_live.json   # table
+    python benchmarks/heldout_live/run.py plan --out benchmarks/heldout_live/plan.json            # CPU: train, choose
+    python3 benchmarks/heldout_live/run.py time --plan benchmarks/heldout_live/plan.json --out $OUT/heldout_live.json
+    python benchmarks/heldout_live/run.py report --result benchmarks/heldout_live/heldout_live.json   # table
 
 `plan` trains each env's policy exactly as bench_policies does (same seed and split); `time` imports only torch,
 triton, numpy and the standard library (the GPU machine has nothing else).
@@ -62,7 +62,7 @@ def make_plan(args: argparse.Namespace) -> int:
                                 "recorded_ratio": row["ratio_policy"], "configs": configs,
                                 "recorded_ms": {c: times.get(c) for c in configs}})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": "python scripts/heldout_live_check.py " + " ".join(sys.argv[1:]),
+    args.out.write_text(json.dumps({"command": "python benchmarks/heldout_live/run.py " + " ".join(sys.argv[1:]),
                                     "entries": entries}, indent=1))
     print(f"wrote {len(entries)} held-out workloads to {args.out}")
     return 0

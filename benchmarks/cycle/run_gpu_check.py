@@ -11,7 +11,7 @@ swept, and the sweep's winner must lead the current entry again in a paired inte
 confirmed key is re-timed against the current entry in a fresh paired round (60 interleaved samples each, new
 inputs seed): `recheck_gain` < 1 would be a confirmed change that is slower.
 
-    python3 scripts/cycle_gpu_check.py --out $OUT/cycle_gpu --budget-s 360
+    python3 benchmarks/cycle/run_gpu_check.py --out $OUT/cycle_gpu --budget-s 360
 
 Writes $OUT/cycle_gpu/cycle_gpu.json (per model: decision, exit code, per-key sweep / paired / re-check times, GPU-s)
 and the cycle's own report and new folder per model. `--dry-run` runs everything but the GPU timing on the CPU (a
@@ -21,7 +21,6 @@ fake confirmer that confirms nothing): the plumbing check. Imports torch, triton
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import statistics
@@ -29,11 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.cycle import run as bc  # noqa: E402
 from kernel_gym.deploy import cycle  # noqa: E402
 from kernel_gym.deploy import engine_export as ee  # noqa: E402
 from kernel_gym.kernels.space import Config  # noqa: E402
@@ -51,13 +51,6 @@ RECHECK_REPS = 60
 
 def log(msg: str) -> None:
     print(f"[cycle_gpu {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def bench_module():
-    spec = importlib.util.spec_from_file_location("bench_cycle", ROOT / "scripts" / "bench_cycle.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class DryConfirmer:
@@ -98,11 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     t_start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    bc = bench_module()
     rows = ee.measured_rows([PACKAGED_SNAPSHOT])
     trace = load_trace("bundled")
     models = [m for m in args.models.split(",") if m]
-    results = {"meta": {"command": "python3 scripts/cycle_gpu_check.py " + " ".join(argv or sys.argv[1:]),
+    results = {"meta": {"command": "python3 benchmarks/cycle/run_gpu_check.py " + " ".join(argv or sys.argv[1:]),
                         "dry_run": args.dry_run, "dataset_sha256_16": bc.sha16(PACKAGED_SNAPSHOT)}, "models": {}}
     if not args.dry_run:
         import torch

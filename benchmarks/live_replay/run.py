@@ -6,8 +6,8 @@ table the learned policy came from (`kernel-gym export --format dispatch`). For 
 real Triton kernel is timed (do_bench median, L2 flushed); the output JSON holds measured vs predicted per step and
 totals per policy and kernel. Imports only torch, triton, numpy, the standard library and kernel_gym's kernels.
 
-    python scripts/live_replay_check.py --steps steps.json --table deploy/dispatch_table.json --out live_check.json
-    python scripts/live_replay_check.py --summarize live_check.json    # (no GPU) the prediction-error table
+    python benchmarks/live_replay/run.py --steps steps.json --table deploy/dispatch_table.json --out live_check.json
+    python benchmarks/live_replay/run.py --summarize live_check.json    # (no GPU) the prediction-error table
 """
 
 from __future__ import annotations

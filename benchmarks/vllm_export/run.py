@@ -41,8 +41,8 @@ argument of the kernels, so one compile per config and shape serves every M.
 Writes $OUT/bench_vllm_export.json: {"models": {NAME: {"rows": [{"M", "routing", "shipped_ms", "exported_ms",
 "speedup"}], "geomean_uniform", "geomean_skew", "min"}}, "meta": {...}, "details": {...}, "kernel_gym_fused_moe": ...}.
 
-    python3 scripts/bench_vllm_export.py --out $OUT --budget-s 330
-    TRITON_INTERPRET=1 python3 scripts/bench_vllm_export.py --out /tmp/smoke --smoke   # CPU: logic only, tiny shapes
+    python3 benchmarks/vllm_export/run.py --out $OUT --budget-s 330
+    TRITON_INTERPRET=1 python3 benchmarks/vllm_export/run.py --out /tmp/smoke --smoke   # CPU: logic only, tiny shapes
 
 Imports only torch, triton, numpy, the standard library and kernel_gym.
 """
@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
@@ -225,7 +225,7 @@ def write_engine_files(out: Path, name: str, shape: ee.MoEShape, device: str, ta
             continue
         full = {str(m): content.get(str(m), vm.to_entry(ee.baseline(shape, m, device, eng.id)[0]))
                 for m in vllm_tables.VLLM_M_KEYS} if m_keys == vllm_tables.VLLM_M_KEYS else content
-        note = {"estimate": False, "model": name, "routing": label, "source": "scripts/bench_vllm_export.py",
+        note = {"estimate": False, "model": name, "routing": label, "source": "benchmarks/vllm_export/run.py",
                 "shape": shape.describe(), "engine": eng.id, "engine_version": eng.version,
                 "measured_triton_version": triton_version}
         p = ee.write_engine_file(out / eng.name / name / label, eng.name, shape, device, full, tv, note)
@@ -239,7 +239,7 @@ def write_engine_files(out: Path, name: str, shape: ee.MoEShape, device: str, ta
 ANCHOR_M = (1, 16, 64, 256, 1024, 4096)
 
 
-POLICY_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "generalisation" / "policies"
+POLICY_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "generalisation" / "policies"
 
 
 def kernel_gym_candidates(shape: ee.MoEShape, m: int, skew: float, k: int = 4,
@@ -345,7 +345,7 @@ def _geo(xs: list[float]) -> float:
 
 def git_commit() -> str:
     try:
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               timeout=10).stdout.strip()
     except Exception:  # noqa: BLE001

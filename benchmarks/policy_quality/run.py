@@ -1,8 +1,8 @@
 """Policy quality benchmark: train each kernel env per built-in model on the recorded H200 data with fixed seeds, and
 score the learned policy on held-out workloads against the oracle, the default config and the best static config.
 
-    python scripts/bench_policies.py                       # all envs x both models, 30k steps each
-    python scripts/bench_policies.py --timesteps 12000 --envs KernelGym/MoE-v0 --models olmoe-1b-7b
+    python benchmarks/policy_quality/run.py                       # all envs x both models, 30k steps each
+    python benchmarks/policy_quality/run.py --timesteps 12000 --envs KernelGym/MoE-v0 --models olmoe-1b-7b
 
 Writes benchmarks/policy_quality.json, benchmarks/policy_quality.md and benchmarks/policy_curves/<env>-<model>.png;
 every run is an MLflow run (experiment kernel-gym-bench) like `kernel-gym train`. Held-out workloads are whole
@@ -14,7 +14,7 @@ than measured at that workload and config; measure.types.is_estimated), computed
 score it: `estimated_workload_share` (held-out workloads whose oracle or policy time is estimated),
 `estimated_oracle_time_share` and `estimated_policy_time_share` (share of the summed oracle / policy milliseconds).
 
-    python scripts/bench_policies.py --annotate benchmarks/policy_quality.json   # add them to an existing result
+    python benchmarks/policy_quality/run.py --annotate benchmarks/policy_quality.json   # add them to an existing result
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             fig.savefig(curves_dir / f"{short}-{model}.png", dpi=80)
             plt.close(fig)
     doc = {
-        "command": "python scripts/bench_policies.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python benchmarks/policy_quality/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "backend": "recorded", "dataset_hash": str(getattr(backend, "dataset_hash", "") or "n/a"),
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "python": platform.python_version()},

@@ -7,7 +7,7 @@ prefill_attention config. This compares it with prefix_prefill measured on the H
 Mixtral's prefix grid (the best of the 7 configs sampled per shape: fewer configs, so these measured times are upper
 bounds of the kernel's best). Writes the JSON given by --out and prints a table; ratio = stand-in / measured.
 
-    python3 scripts/prefix_standin_error.py --out benchmarks/h200_prefix/standin_error.json
+    python3 benchmarks/h200_prefix/run_standin_error.py --out benchmarks/h200_prefix/standin_error.json
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernel_gym.kernels.workloads import PREFILL_TOTALS, PrefillWorkload, workload_from_key  # noqa: E402
 from kernel_gym.measure import make_backend  # noqa: E402
 from kernel_gym.traffic.simulator import chunk_equivalent_len  # noqa: E402
 
-DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "h200_prefix"
+DIR = Path(__file__).resolve().parent  # the study folder
 
 
 def stand_in_ms(backend, w) -> float | None:

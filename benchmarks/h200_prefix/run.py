@@ -17,9 +17,9 @@ Steps, each within its share of --budget-s:
      `kernel-gym data --merge` adds to the dataset.
 Prints progress, then a table of the bench records.
 
-    python3 scripts/prefix_prefill_study.py --out $OUT/prefix --budget-s 330          # GPU
-    python3 scripts/prefix_prefill_study.py --out /tmp/pp_smoke --smoke                 # CPU: interpreter, tiny
-    python3 scripts/prefix_prefill_study.py --out benchmarks/h200_prefix --merge-into benchmarks/h200_kernels.json
+    python3 benchmarks/h200_prefix/run.py --out $OUT/prefix --budget-s 330          # GPU
+    python3 benchmarks/h200_prefix/run.py --out /tmp/pp_smoke --smoke                 # CPU: interpreter, tiny
+    python3 benchmarks/h200_prefix/run.py --out benchmarks/h200_prefix --merge-into benchmarks/h200_kernels.json
 
 Imports only torch, triton, numpy, the standard library and kernel_gym.
 """
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def log(msg: str) -> None:

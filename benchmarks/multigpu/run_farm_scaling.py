@@ -1,8 +1,8 @@
 """Farm scaling: the same fused-MoE plan collected on 1, 2, 4, ... N GPUs of one host; wall time, measurements per
 second, GPU idle share, efficiency, and whether every GPU picks the same winners -> scaling.json.
 
-    python3 scripts/farm_scaling.py --gpus 8 --out benchmarks/multigpu                  # GPU host
-    python3 scripts/farm_scaling.py --gpus 8 --out benchmarks/multigpu --ray            # with Ray installed
+    python3 benchmarks/multigpu/run_farm_scaling.py --gpus 8 --out benchmarks/multigpu          # GPU host
+    python3 benchmarks/multigpu/run_farm_scaling.py --gpus 8 --out benchmarks/multigpu --ray    # with Ray installed
 
 Per GPU count n: a fresh store, the same plan (written once to OUT/plan.json: `collect`'s own plan for --model,
 kernel fused_moe, grid --grid, --configs-per-shape configs), collected with `scripts/collect.py --plan ... --gpus n`
@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 GRACE_S = 120.0  # past a collect run's --budget-s before it is killed (start-up, the store's export)
 STARTUP_S = 30.0  # a collect run's start-up (imports, shard processes, compile pool), given to every run's budget

@@ -1,10 +1,10 @@
 """Ask NVIDIA aiconfigurator for its recommended aggregated deployment of each (model, GPU count, engine, traffic
 profile) the serving-plan benchmark uses, and store its answers as JSON (benchmarks/serving_plan/aic_answers.json),
-so that tests and scripts/bench_serving_plan.py never need aiconfigurator installed.
+so that tests and benchmarks/serving_plan/run.py never need aiconfigurator installed.
 
 Run in a venv with aiconfigurator (kernel_gym[aic]; it pins numpy 2.4 / pandas 3, so keep it apart):
 
-    /tmp/aic/bin/python scripts/aic_answers.py --out benchmarks/serving_plan/aic_answers.json
+    /tmp/aic/bin/python benchmarks/serving_plan/run_aic_answers.py --out benchmarks/serving_plan/aic_answers.json
 
 aiconfigurator takes one input and one output length per query: each trace profile passes its mean prompt and
 output tokens (the traces' SOURCES statistics, PROFILES below). Model configs are aiconfigurator's own packaged

@@ -1,10 +1,11 @@
 """Check the multi-GPU simulator against a live run: a stack of L MoE layers of one zoo model under TP and EP on N
 GPUs, timed end to end, beside the simulator's prediction for the same steps (target: error <= 10%).
 
-    python3 scripts/live_parallel_check.py plan --model mixtral-8x7b --gpus 8 --tokens 1024 --out plan.json  # CPU
-    python3 scripts/live_parallel_check.py run --plan plan.json --out live.json                              # GPUs
-    python3 scripts/live_parallel_check.py report --plan plan.json --live live.json \\
-        --table benchmarks/multigpu/collectives.json                                                         # CPU
+    python3 benchmarks/multigpu/run_live_parallel.py plan --model mixtral-8x7b --gpus 8 --tokens 1024 \\
+        --out plan.json                                                                   # CPU
+    python3 benchmarks/multigpu/run_live_parallel.py run --plan plan.json --out live.json  # GPUs
+    python3 benchmarks/multigpu/run_live_parallel.py report --plan plan.json --live live.json \\
+        --table benchmarks/multigpu/collectives.json                                      # CPU
 
 `plan` (CPU) draws one step's routing (Zipf popularity, Gumbel top-k, seeded), and per layout (TP = N, EP = N) the
 shape every GPU runs and the config the simulator's pricer picks for it, with its predicted kernel time and whether
@@ -31,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernel_gym.parallel.collectives import NO_MULTICAST_ENV  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Measure NCCL all-reduce and all-to-all on 2, 4 and 8 GPUs of one host: the table the multi-GPU simulator reads.
 
-    python3 scripts/measure_collectives.py --gpus 8 --out benchmarks/multigpu     # GPU host; writes collectives.json
-    python3 scripts/measure_collectives.py --dry-run --out /tmp/coll              # CPU: 2 gloo processes, tiny sizes
+    python3 benchmarks/multigpu/run_collectives.py --gpus 8 --out benchmarks/multigpu  # GPU host: collectives.json
+    python3 benchmarks/multigpu/run_collectives.py --dry-run --out /tmp/coll           # CPU: 2 gloo ranks, tiny sizes
 
 One process per GPU (torch.multiprocessing, NCCL, a file:// rendezvous), for every power-of-two GPU count <= --gpus.
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, set here
@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernel_gym.parallel.collectives import FORMAT, NO_MULTICAST_ENV, OPS, VERSION, message_sizes  # noqa: E402
 

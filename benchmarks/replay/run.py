@@ -4,7 +4,7 @@ For each model: train the three kernel policies on the recorded H200 data (regis
 kernel-gym-<env>-<model>), then replay the Azure conversation and code traces (first --window seconds) with every
 policy under skewed routing, and write the target check table.
 
-    python scripts/bench_replay.py --out benchmarks/replay --window 0:1200 --timesteps 30000
+    python benchmarks/replay/run.py --out benchmarks/replay --window 0:1200 --timesteps 30000
 """
 
 from __future__ import annotations

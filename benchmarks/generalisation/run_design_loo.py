@@ -3,7 +3,7 @@ saw, and what do the shape-relative tile rules add?
 
 Two parts (ratio = best recorded config of the workload / the choice's recorded time; a choice without a recorded
 time there is counted and left out, never priced from a neighbour; the design's rows hold ~33 configs per workload,
-an easier bar than the live >= 256-config sweeps of scripts/zero_shot_live.py):
+an easier bar than the live >= 256-config sweeps of benchmarks/generalisation/run.py):
 
 - `--part mask`: the policy bundle given by --policy-dir (default: the shipped one), choosing zero-shot at every design
   workload with two masks: the kernels' launch rules alone (fused_moe.LAUNCH_SPACE, what the mask was before the
@@ -17,9 +17,11 @@ an easier bar than the live >= 256-config sweeps of scripts/zero_shot_live.py):
   rows and lomo_recorded.json's rows: policies that never saw the shape). No fold policy's top 8 (PPO per fold is
   10 CPU-min; the held-out top-1 is what those runs recorded). Also the live far test (run8_far: 276-config sweeps).
 
-    python scripts/design_loo.py --part mask --out benchmarks/generalisation/design_loo.json
-    python scripts/design_loo.py --part folds --folds 2 --out benchmarks/generalisation/design_loo.json  # 10 min/fold
-    python scripts/design_loo.py --part rerank --folds 2 --out benchmarks/generalisation/design_loo.json  # ~3 min
+    python benchmarks/generalisation/run_design_loo.py --part mask --out benchmarks/generalisation/design_loo.json
+    python benchmarks/generalisation/run_design_loo.py --part folds --folds 2 \\
+        --out benchmarks/generalisation/design_loo.json  # 10 min/fold
+    python benchmarks/generalisation/run_design_loo.py --part rerank --folds 2 \\
+        --out benchmarks/generalisation/design_loo.json  # ~3 min
 """
 
 from __future__ import annotations
@@ -291,15 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tracking-uri", default="", help="MLflow store of the fold runs (default: mlruns/)")
     p.add_argument("--checkpoints", type=Path, default=Path("out/checkpoints"))
     p.add_argument("--lomo", type=Path, default=Path("benchmarks/generalisation/lomo_recorded.json"),
-                   help="rerank: leave-one-model-out policy choices to compare with (scripts/lomo_recorded.py)")
+                   help="rerank: leave-one-model-out policy choices to compare with "
+                        "(benchmarks/generalisation/run_lomo.py)")
     p.add_argument("--far", type=Path, default=Path("benchmarks/generalisation/run8_far/live_far.json"),
-                   help="rerank: the live far test's results (scripts/zero_shot_live.py time)")
+                   help="rerank: the live far test's results (benchmarks/generalisation/run.py time)")
     args = p.parse_args(argv)
     from kernel_gym.measure import make_backend
 
     backend = make_backend("recorded")
     out = json.loads(args.out.read_text()) if args.out.exists() else {}
-    out.setdefault("meta", {})[args.part] = {"command": "python scripts/design_loo.py " + " ".join(sys.argv[1:]),
+    command = "python benchmarks/generalisation/run_design_loo.py " + " ".join(sys.argv[1:])
+    out.setdefault("meta", {})[args.part] = {"command": command,
                                              "dataset_sha256": getattr(backend, "dataset_hash", "")}
     {"mask": part_mask, "folds": part_folds, "rerank": part_rerank}[args.part](args, backend, out)
     args.out.parent.mkdir(parents=True, exist_ok=True)

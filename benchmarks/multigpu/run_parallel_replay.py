@@ -1,9 +1,9 @@
 """Replay traces through the multi-GPU simulator under every TP / EP layout on G GPUs: goodput at a TTFT/TPOT SLO,
 with the share of each result resting on estimated times beside it.
 
-    python3 scripts/parallel_replay.py run --model mixtral-8x7b --gpus 8 --traces azure-conv,mooncake \\
+    python3 benchmarks/multigpu/run_parallel_replay.py run --model mixtral-8x7b --gpus 8 --traces azure-conv,mooncake \\
         --duration-s 600 --json benchmarks/multigpu/replay_g8.json          # CPU
-    python3 scripts/parallel_replay.py plan --model mixtral-8x7b --gpus 8 --out plan.json
+    python3 benchmarks/multigpu/run_parallel_replay.py plan --model mixtral-8x7b --gpus 8 --out plan.json
     python3 scripts/collect.py --plan plan.json --kernels fused_moe --db shards.sqlite --out shards.jsonl.gz  # 1 GPU
 
 `run` reads the measured collectives table, else aiconfigurator's labelled prior (kernel_gym/data/collectives/; each
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernel_gym.parallel.collectives import CollectivesError, CollectivesMissing  # noqa: E402
 

@@ -6,7 +6,8 @@ Two steps:
    pandas: `pip install aiconfigurator==0.12.0 aiconfigurator-core==0.12.0` into a venv under /tmp; it pins
    numpy 2.4 / pandas 3) and write the rows of the shapes kernel_gym models (E=8: Mixtral-8x7B and 8x22B, their TP
    shards, EP 1; every M and routing distribution) with what the collector did, to a small committed JSON:
-       /tmp/aicvenv/bin/python scripts/aic_crosscheck.py --extract PARQUET --out benchmarks/aic_crosscheck/aic_rows.json
+       /tmp/aicvenv/bin/python benchmarks/aic_crosscheck/run.py --extract PARQUET \\
+           --out benchmarks/aic_crosscheck/aic_rows.json
 2. GPU: time vllm_fused_moe at those points with the config vLLM runs (its shipped H200 table's nearest-M entry,
    `vllm_moe.default_config`), one factor at a time from kernel_gym's own way of timing (random weights, the
    dataset's Gumbel-uniform routing, alignment inside the timed closure, CUDA-graph replay, L2 flushed before every
@@ -15,8 +16,9 @@ Two steps:
    "balanced" or "power_law_1.01" routing, the whole FusedMoE (routing included) captured in a CUDA graph, 3 warm-up
    replays then 6 back to back with no flush between them, mean; power law: 5 routings in one iteration, 1 + 1 runs,
    divided by 5. Every point is timed cool (after idle) and hot (after the warm-up rule, timing.heat_to_steady).
-       python3 scripts/aic_crosscheck.py --rows benchmarks/aic_crosscheck/aic_rows.json --out $OUT/aic --budget-s 90
-       TRITON_INTERPRET=1 python3 scripts/aic_crosscheck.py --rows ... --out /tmp/aic --smoke   # CPU: logic only
+       python3 benchmarks/aic_crosscheck/run.py --rows benchmarks/aic_crosscheck/aic_rows.json --out $OUT/aic \\
+           --budget-s 90
+       TRITON_INTERPRET=1 python3 benchmarks/aic_crosscheck/run.py --rows ... --out /tmp/aic --smoke   # CPU: logic only
 Writes $OUT/aic_crosscheck.json and prints a table last.
 
 Step 2 imports only torch, triton, numpy, the standard library and kernel_gym.
@@ -34,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 AIC_VERSION = "0.12.0"
 AIC_TABLE = "aiconfigurator_core/systems/data/h200_sxm/moe/vllm/0.24.0/moe_perf.parquet"
@@ -78,7 +80,7 @@ def vllm_tables_of(wheel: Path, shapes: list[dict]) -> dict[str, Any]:
     holds the same file (then the aiconfigurator rows ran exactly the configs `vllm_moe.default_config` gives)."""
     import zipfile
 
-    ours = json.loads((Path(__file__).resolve().parent.parent / "kernel_gym/data/engine_tables/vllm-0.33.0.json")
+    ours = json.loads((Path(__file__).resolve().parents[2] / "kernel_gym/data/engine_tables/vllm-0.33.0.json")
                       .read_text())
     sha33 = {t["file"]: t["sha256"] for t in ours["tables"] if not t.get("down")}
     out = {"wheel": wheel.name, "files": {}}

@@ -1,10 +1,11 @@
 """Fault injection in a real collection (GPU): a hanging kernel, an illegal address and an out-of-memory config among
 correct ones; each failure must be stored with its reason, the worker restarted, every other config stored ok.
 
-  python scripts/fault_injection.py                      # GPU, under ~1 minute; JSON under $OUT (default ./out)
-  python scripts/fault_injection.py --device cpu         # the same under the Triton interpreter (tests)
+  python benchmarks/fault_injection/run.py                      # GPU, under ~1 minute; JSON under $OUT (default ./out)
+  python benchmarks/fault_injection/run.py --device cpu         # the same under the Triton interpreter (tests)
 
-The family is tests.measure.fault_family:FAULTS (test-only): the worker process finds it by that import path.
+The family is benchmarks.fault_injection.fault_family:FAULTS, beside this file: the worker process finds it by that
+import path (run from the repository root, which this file puts on sys.path).
 Measurements go through the live backend's supervised worker (worker.IsolatedRunner) into a SQLite measurement store,
 one put_many per workload as the collector does; the table and the checks are read back from the store.
 """
@@ -20,14 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.measure.types import CRASH, OK, OOM, TIMEOUT  # noqa: E402
 
-FAMILY_REF = "tests.measure.fault_family:FAULTS"
+FAMILY_REF = "benchmarks.fault_injection.fault_family:FAULTS"
 EXPECTED = {"ok": OK, "hang": TIMEOUT, "illegal": CRASH, "oom": OOM}
 # per workload size: (BLOCK, MODE) in measurement order; faults between correct configs, never first (the first
 # config of a workload has the long first-config deadline, which covers building inputs)
@@ -39,10 +40,10 @@ PLAN = {
 
 
 def run(device: str, db: Path, hang_timeout_s: float, modes: tuple[str, ...] = tuple(EXPECTED)) -> dict[str, Any]:
+    from benchmarks.fault_injection.fault_family import FAULTS, FaultWorkload
     from kernel_gym.measure.live import LiveBackend
     from kernel_gym.measure.store import Context, MeasurementStore
     from kernel_gym.measure.worker import family_store_key
-    from tests.measure.fault_family import FAULTS, FaultWorkload
 
     ctx = Context.current(FAULTS.name, family_store_key(FAULTS), device=None if device == "cuda" else "cpu")
     t0 = time.time()

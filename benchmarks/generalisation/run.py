@@ -3,9 +3,9 @@
 What a user gets for a model the project never measured is the policy's choice under the knob-space rules alone
 (`kernel_gym.train.zoo_policy.choose`, the pyfunc model's "rules" mask). This script measures exactly that:
 
-    python scripts/zero_shot_live.py plan --out benchmarks/generalisation/plan.json      # CPU: train 3 seeds, choose
-    python3 scripts/zero_shot_live.py time --plan benchmarks/generalisation/plan.json --out $OUT/live.json   # GPU
-    python scripts/zero_shot_live.py report --result benchmarks/generalisation/live.json  # -> generalisation.json
+    python benchmarks/generalisation/run.py plan --out benchmarks/generalisation/plan.json  # CPU: train 3 seeds, choose
+    python3 benchmarks/generalisation/run.py time --plan benchmarks/generalisation/plan.json --out $OUT/live.json  # GPU
+    python benchmarks/generalisation/run.py report --result benchmarks/generalisation/live.json  # generalisation.json
 
 `plan` trains one model-conditioned policy per kernel and seed on the zoo's training models (never a row of a test
 model's workloads; kernel_gym.zoo.TEST_MODELS), then for each evaluation workload of the test models writes: each
@@ -203,7 +203,7 @@ def make_plan(args: argparse.Namespace) -> int:
                                 "default": str(family.default_config(w)), "sweep": sweep, "configs": configs,
                                 **extra_fields})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
+    args.out.write_text(json.dumps({"command": "python benchmarks/generalisation/run.py " + " ".join(sys.argv[1:]),
                                     "seeds": args.seeds, "timesteps": args.timesteps, "sweep": args.sweep,
                                     "trained": trained, "entries": entries}, indent=1))
     print(f"wrote {len(entries)} workloads, {sum(len(e['configs']) for e in entries)} configs to {args.out}")
@@ -539,7 +539,7 @@ def report(args: argparse.Namespace) -> int:
                      "dataset_sha256": args.dataset_hash[i] if args.dataset_hash else ""})
     by_key = {(r["kernel"], r.get("split", "test")): run for run in runs for r in run["live"]["results"]}
     out: dict = {"zero_shot": {"kernel": {}}, "tuned": {}, "curves": {}, "leave_one_model_out_live": {}, "meta": {
-        "command": "python scripts/zero_shot_live.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/generalisation/run.py " + " ".join(sys.argv[1:]),
         "ratio": "best_ms / chosen_ms: medians over paired samples; best = fastest of (seed choices, tune picks, the "
                  "sweep's 3 fastest, default) in those samples",
         "runs": {f"{kernel}/{split}": {

@@ -6,7 +6,7 @@ answered by measure.coverage.CoveredBackend and counted) or "roofline" (config-b
 Choosers (recorded): "default" (each family's default heuristic) and "oracle" (fastest recorded config per workload;
 its decode KV layout is the one in force, 16/NHD). Writes a JSON record with --out.
 
-    python scripts/bench_replay_speed.py [--backend recorded] [--chooser default oracle] [--out FILE.json]
+    python benchmarks/serving/run_replay_speed.py [--backend recorded] [--chooser default oracle] [--out FILE.json]
 """
 
 from __future__ import annotations

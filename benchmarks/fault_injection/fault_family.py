@@ -1,14 +1,10 @@
-"""Test-only kernel families that misbehave on purpose, importable on the GPU machine (torch, triton, stdlib only).
+"""A kernel family that misbehaves on purpose, importable on the GPU machine (torch, triton, stdlib only).
 
-FAULTS (`tests.measure.fault_family:FAULTS`): out = x * 2 with a MODE knob. MODE=ok is correct; hang launches a
-Triton kernel that spins forever on a flag nobody sets; illegal stores through an out-of-bounds pointer (an illegal
-address, which poisons the CUDA context); oom allocates a buffer far beyond the GPU's memory. Used by
-scripts/fault_injection.py to check that a real collection stores each failure with its reason, restarts its worker
-and stores every other config ok.
-
-NoopFamily(real) wraps a real family: same knobs, inputs and reference, but its launch writes nothing and returns an
-output buffer allocated in `prepare`, as a kernel that forgot its stores would. The reference check must call it
-wrong (tests/measure/test_poisoned_gpu.py).
+FAULTS (`benchmarks.fault_injection.fault_family:FAULTS`): out = x * 2 with a MODE knob. MODE=ok is correct; hang
+launches a Triton kernel that spins forever on a flag nobody sets; illegal stores through an out-of-bounds pointer (an
+illegal address, which poisons the CUDA context); oom allocates a buffer far beyond the GPU's memory. Used by
+benchmarks/fault_injection/run.py to check that a real collection stores each failure with its reason, restarts its
+worker and stores every other config ok.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
 import triton
@@ -119,25 +114,3 @@ class FaultFamily:
 
 
 FAULTS = FaultFamily()
-
-
-class NoopFamily:
-    """A real family whose launch writes nothing: returns a buffer of the output's shape and dtype made in prepare."""
-
-    def __init__(self, real: Any) -> None:
-        self.real, self.name = real, real.name
-        self.space, self.workload_type = real.space, real.workload_type
-
-    def __getattr__(self, attr: str) -> Any:  # default_config, make_inputs, reference, tolerance, flops, ...
-        return getattr(self.real, attr)
-
-    def prepare(self, inputs: Any, config: Config) -> Callable[[], torch.Tensor]:
-        ref = self.real.reference(inputs)
-        dtype = getattr(torch, getattr(inputs.workload, "dtype", "float32"))
-        out = torch.empty(tuple(ref.shape), dtype=dtype, device=ref.device)
-        del ref
-
-        def launch() -> torch.Tensor:
-            return out
-
-        return launch

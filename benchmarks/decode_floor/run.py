@@ -6,7 +6,7 @@ dataset's fastest config there, the default and `--sample` configs drawn from th
 torch reference first, then timed (CUDA events, the dataset's timing options); the floor is
 bytes_moved / COPY_BW + the median time of an empty Triton kernel timed the same way. Target: best / floor <= 1.25.
 
-    python3 scripts/decode_floor.py --out $OUT/decode_floor.json      # GPU; imports torch, triton, numpy, kernel_gym
+    python3 benchmarks/decode_floor/run.py --out $OUT/decode_floor.json  # GPU; imports torch, triton, numpy, kernel_gym
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 TARGET = 1.25
 

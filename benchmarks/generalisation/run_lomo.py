@@ -1,13 +1,13 @@
 """Leave-one-model-out on the recorded zoo data: for each zoo training model, the model-conditioned policy trained
 without any of its rows, choosing zero-shot at its zoo shapes with the knob-space rules as the only mask.
 
-Why recorded: the test models are timed live (scripts/zero_shot_live.py); the other zoo models were measured at the
-same candidate configs at every zoo shape (scripts/plan_zoo.py), so a rules-only choice among the policy's catalogue
+Why recorded: the test models are timed live (benchmarks/generalisation/run.py); the other zoo models were measured at
+the same candidate configs at every zoo shape (scripts/plan_zoo.py), so a rules-only choice among the policy's catalogue
 almost always has a recorded time there. The oracle is the best recorded config of that shape (a few dozen configs,
 not a 256-config sweep: an easier bar than the live one), and a choice without a recorded time is counted and left
 out of the geomean, never priced from a neighbour.
 
-    python scripts/lomo_recorded.py --out benchmarks/generalisation/lomo_recorded.json      # CPU, ~1 min a model
+    python benchmarks/generalisation/run_lomo.py --out benchmarks/generalisation/lomo_recorded.json  # CPU, ~1 min/model
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     backend = make_backend("recorded")
     out = json.loads(args.out.read_text()) if args.out.exists() else {"kernels": {}}
-    out["meta"] = {"command": "python scripts/lomo_recorded.py " + " ".join(sys.argv[1:]),
+    out["meta"] = {"command": "python benchmarks/generalisation/run_lomo.py " + " ".join(sys.argv[1:]),
                    "dataset_sha256": getattr(backend, "dataset_hash", ""), "timesteps": args.timesteps,
                    "seed": args.seed}
     for kernel in args.kernels:

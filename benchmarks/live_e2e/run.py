@@ -22,10 +22,10 @@ tokens, decode batch, measured seconds) in $OUT/<policy>_steps.json. `--predict`
 simulator on the same window with the packaged H200 dataset (BackendTimer(recorded)) and writes summary.json: per
 policy measured and predicted tokens/s, TTFT p50 and TPOT p50 and their relative errors.
 
-    python3 scripts/live_e2e.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
-    python3 scripts/live_e2e.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
-    python3 scripts/live_e2e.py --live-check RUN [RUN ...]     # CPU: the error ranges replay prints
-    TRITON_INTERPRET=1 python3 scripts/live_e2e.py --out /tmp/e2e --smoke                     # CPU dry run, tiny
+    python3 benchmarks/live_e2e/run.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
+    python3 benchmarks/live_e2e/run.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
+    python3 benchmarks/live_e2e/run.py --live-check RUN [RUN ...]     # CPU: the error ranges replay prints
+    TRITON_INTERPRET=1 python3 benchmarks/live_e2e/run.py --out /tmp/e2e --smoke                     # CPU dry run, tiny
 
 Imports only torch, triton, numpy, the standard library and kernel_gym.
 """
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
@@ -871,7 +871,7 @@ def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any,
     return check
 
 
-LIVE_CHECK = Path(__file__).resolve().parent.parent / "kernel_gym" / "data" / "live_check.json"
+LIVE_CHECK = Path(__file__).resolve().parents[2] / "kernel_gym" / "data" / "live_check.json"
 
 
 def live_check(runs: list[Path]) -> dict:

@@ -20,8 +20,8 @@ every config (median, min, max), the shift of every config's paired ratio to the
 - 1), whether the winner changes and what the cool winner costs when run hot, and each state's power summary.
 Writes $OUT/clock_study.json (everything, with the power samples) and prints a table last.
 
-    python3 scripts/clock_study.py --out $OUT/clocks --budget-s 150
-    TRITON_INTERPRET=1 python3 scripts/clock_study.py --out /tmp/clocks --smoke   # CPU: logic only, tiny shapes
+    python3 benchmarks/clocks/run.py --out $OUT/clocks --budget-s 150
+    TRITON_INTERPRET=1 python3 benchmarks/clocks/run.py --out /tmp/clocks --smoke   # CPU: logic only, tiny shapes
 
 Imports only torch, triton, numpy, the standard library and kernel_gym.
 """
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

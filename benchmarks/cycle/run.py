@@ -23,7 +23,7 @@ without a stored profile. Per window:
 `gpu_s` is 0 (no GPU here); `gpu_s_estimate` is what `--gpu` would spend on the moved keys (top-k + 1 configs each:
 0.27 s compile + 15 swept samples, plus 2 x 40 paired samples for a candidate), an estimate, not a measurement.
 
-    KERNEL_GYM_TRACES=/path/to/traces python scripts/bench_cycle.py --out benchmarks/cycle.json --raw benchmarks/cycle
+    KERNEL_GYM_TRACES=/path/to/traces python benchmarks/cycle/run.py --out benchmarks/cycle.json --raw benchmarks/cycle
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "decisions": {d: sum(w["decision"] == d for w in out_windows) for d in cycle.DECISIONS.values()},
     }
     result = {
-        "meta": {"command": "KERNEL_GYM_TRACES=... python scripts/bench_cycle.py " + " ".join(argv or sys.argv[1:]),
+        "meta": {"command": "KERNEL_GYM_TRACES=... python benchmarks/cycle/run.py " + " ".join(argv or sys.argv[1:]),
                  "versions": versions(), "dataset": str(PACKAGED_SNAPSHOT.name),
                  "dataset_sha256_16": sha16(PACKAGED_SNAPSHOT),
                  "traces_sha256_16": {n: sha16(Path(traces_dir) / NAMED_TRACES[n]) for n in traces},

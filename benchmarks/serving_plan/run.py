@@ -4,7 +4,7 @@ recommendation for the same inputs (its stored answers, benchmarks/serving_plan/
 held-out window of each trace by the same simulator, at the trace's own load and compressed until the engine's
 default deployment saturates (SLO attainment below 90%, doubling the rate from 2x).
 
-    KERNEL_GYM_TRACES=DIR python3 scripts/bench_serving_plan.py --out benchmarks/serving_plan.json --budget-s 2400
+    KERNEL_GYM_TRACES=DIR python3 benchmarks/serving_plan/run.py --out benchmarks/serving_plan.json --budget-s 2400
 
 Writes benchmarks/serving_plan.json ({"profiles": [...], "meta": {...}}: the schema of issue 26) after every
 profile, and the raw per-deployment replays under benchmarks/serving_plan/raw/. A profile the budget did not reach
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 AIC_ANSWERS = ROOT / "benchmarks" / "serving_plan" / "aic_answers.json"
 
 
