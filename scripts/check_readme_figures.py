@@ -1,4 +1,5 @@
-"""Check that the figures in README.md and docs/ reproduce with the command next to them.
+"""Check that the figures in README.md, docs/ and the benchmarks index (benchmarks/README.md) reproduce with the
+command or committed results file next to them.
 
 Each checked figure names the file, a pattern of the text that holds it (one number, the group `v`), the command that
 produces it, and a tolerance. CPU figures are recomputed by running that command; GPU figures are checked only
@@ -109,6 +110,29 @@ def at(path: str, *keys: str, scale: float = 1.0) -> Callable[[], float]:
     return get
 
 
+def figure_at(text: str, i: int) -> str:
+    """A pattern of `text`, whose {} stand for printed numbers: the i-th is the figure (the group v)."""
+    return text.format(*[N if k == i else r"[0-9.]+" for k in range(text.count("{}"))])
+
+
+def floor_ratio(pick: Callable[[list[float]], float]) -> float:
+    """The lowest or highest best / floor ratio of the decode-floor run."""
+    return pick([r["ratio_to_floor"] for r in committed(FLOOR)["rows"]])
+
+
+def export_speedups() -> tuple[float, float]:
+    """(lowest speedup of the exported file over the shipped one, keys) over every shape and routing of the export
+    benchmark."""
+    speedups = [r["speedup"] for m in committed(EXPORT)["models"].values() for r in m["rows"]]
+    return min(speedups), float(len(speedups))
+
+
+def replay_wall(backend: str, chooser: str) -> float:
+    """The replay's wall seconds of one backend and chooser in the replay-speed benchmark."""
+    runs = committed(SPEED_REPLAY)["runs"]
+    return next(r["replay_wall_s"] for r in runs if (r["backend"], r["chooser"]) == (backend, chooser))
+
+
 def noisy_rows(families: tuple[str, ...]) -> float:
     return float(sum(data_summary()["kernels"][k]["ok_noisy"] for k in families))
 
@@ -120,6 +144,28 @@ GRAPHS = "benchmarks/live_e2e/graphs/window1/summary.json"
 CHECK = "kernel_gym/data/live_check.json"
 LEARNED = "table:benchmarks/live_replay/inputs/dispatch_table.json"
 ZS = ("zero_shot", "kernel")
+# The benchmarks index (benchmarks/README.md) and the results files its figures come from.
+BENCH = "benchmarks/README.md"
+KERNELS = "benchmarks/h200_kernels.json"
+STANDIN = "benchmarks/h200_prefix/standin_error.json"
+FLOOR = "benchmarks/decode_floor/decode_floor.json"
+LOMO = "benchmarks/generalisation/lomo_recorded.json"
+LOO = "benchmarks/generalisation/design_loo.json"
+EXPORT = "benchmarks/vllm_export.json"
+LOOKUP = "benchmarks/engine_lookup/vllm-0.33.0.json"
+SPEED_LOOKUP = "benchmarks/recorded_lookup_speed.json"
+SPEED_REPLAY = "benchmarks/serving/replay_speed.json"
+LIVE_TRAIN = "benchmarks/h200_run3/live_moe.json"
+SERVING = "benchmarks/serving/serving_v0.json"
+CYCLE = "benchmarks/cycle.json"
+PLAN = "benchmarks/serving_plan.json"
+FAULTS = "benchmarks/generalisation/run3/fault_injection.json"
+# Texts of the index holding several figures: {} are the figures' places, in order.
+STATS = ("median", "min", "max")
+STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
+GEN_TEXT = r"zero-shot MoE geomean {} \(p5 {}\), decode {} \(p5 {}\); the second far split {} \(p5 {}\)"
+LOMO_TEXT = r"\| MoE {} \(p5 {}\), decode {} \(p5 {}\);"
+PQ_TEXT = r"MoE {} / {}, decode {} / {}, prefill {} / {} \(mixtral / olmoe\)"
 N = r"(?P<v>[0-9][0-9,]*(?:\.[0-9]+)?)"  # a number as printed: 142,156 or 0.976
 
 FIGURES = [
@@ -253,6 +299,66 @@ FIGURES = [
     Figure("live e2e learned TPOT calibrated error, window 1 (%)", "docs/live.md",
            rf"learned table \| 160.1 \| 117 \| 67.7 \| [^|]+\| [+-][0-9.]+% / [+-][0-9.]+% / \+{N}%", LIVE,
            at(LIVE, "policies", LEARNED, "calibrated", "relative_error", "tpot_p50_s", scale=100), 0.06, "gpu"),
+    # ---- benchmarks/README.md, the index: each study's headline figure, equal to its committed results file ----
+    Figure("index: h200_kernels records", BENCH, rf"`h200_kernels\.json` \({N} records\)", KERNELS,
+           lambda: float(len(committed(KERNELS))), 0.0, "gpu"),
+    *[Figure(f"index: stand-in {key}", BENCH, figure_at(STANDIN_TEXT, i), STANDIN, at(STANDIN, "bench", key), 0.0005,
+             "json") for i, key in enumerate(STATS)],
+    Figure("index: decode floor lowest", BENCH, rf"best / floor from {N} to", FLOOR, lambda: floor_ratio(min), 0.005,
+           "gpu"),
+    Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),
+           0.005, "gpu"),
+    *[Figure(f"index: {name}", BENCH, figure_at(GEN_TEXT, i), GEN, at(GEN, *keys), 0.0005, "gpu")
+      for i, (name, keys) in enumerate((("zero-shot MoE", (*ZS, "fused_moe", "geomean")),
+                                        ("zero-shot MoE p5", (*ZS, "fused_moe", "p5")),
+                                        ("zero-shot decode", (*ZS, "decode_attention", "geomean")),
+                                        ("zero-shot decode p5", (*ZS, "decode_attention", "p5")),
+                                        ("far2 zero-shot", ("far2_test", "fused_moe", "geomean")),
+                                        ("far2 zero-shot p5", ("far2_test", "fused_moe", "p5"))))],
+    *[Figure(f"index: lomo {kernel} {key}", BENCH, figure_at(LOMO_TEXT, i), LOMO, at(LOMO, "summary", kernel, key),
+             0.0005, "json")
+      for i, (kernel, key) in enumerate((("fused_moe", "geomean"), ("fused_moe", "p5"), ("decode_attention", "geomean"),
+                                         ("decode_attention", "p5")))],
+    Figure("index: design folds", BENCH, rf"folds: geomean {N}", LOO, at(LOO, "folds_summary", "geomean"), 0.0005,
+           "json"),
+    Figure("index: design folds p5", BENCH, rf"folds: geomean [0-9.]+ \(p5 {N}\)", LOO, at(LOO, "folds_summary", "p5"),
+           0.0005, "json"),
+    *[Figure(f"index: policy quality {env} {model}", BENCH, figure_at(PQ_TEXT, i),
+             "benchmarks/policy_quality.json", (lambda env=env, model=model: policy_geomean(env, model, False)), 0.0005,
+             "json")
+      for i, (env, model) in enumerate((env, model) for env in ("KernelGym/MoE-v0", "KernelGym/DecodeAttention-v0",
+                                                                "KernelGym/PrefillAttention-v0")
+                                        for model in ("mixtral-8x7b", "olmoe-1b-7b"))],
+    Figure("index: vllm export lowest speedup", BENCH, rf"over the shipped one {N} in", EXPORT,
+           lambda: export_speedups()[0], 0.0005, "gpu"),
+    Figure("index: vllm export keys", BENCH, rf"over the shipped one [0-9.]+ in {N} keys", EXPORT,
+           lambda: export_speedups()[1], 0.0, "gpu"),
+    Figure("index: engine lookup intended", BENCH, rf"intended entry at {N} of", LOOKUP,
+           at(LOOKUP, "exports_M_intended"), 0.0, "json"),
+    Figure("index: engine lookup checked", BENCH, rf"intended entry at [0-9]+ of {N} exported", LOOKUP,
+           at(LOOKUP, "exports_M_checked"), 0.0, "json"),
+    Figure("index: warm lookups/s", BENCH, rf"{N} warm lookups/s", SPEED_LOOKUP, at(SPEED_LOOKUP, "lookups_per_s_warm"),
+           0.5, "json"),
+    Figure("index: replay speed", BENCH, rf"default configs: {N} s \(met\)", SPEED_REPLAY,
+           lambda: replay_wall("recorded", "default"), 0.05, "json"),
+    Figure("index: live e2e learned TTFT (ms)", BENCH, rf"learned table: TTFT p50 {N} ms", LIVE,
+           at(LIVE, "policies", LEARNED, "measured", "ttft_p50_s", scale=1e3), 0.6, "gpu"),
+    Figure("index: live training held-out", BENCH, rf"the policy's configs at {N} of the recorded oracle", LIVE_TRAIN,
+           at(LIVE_TRAIN, "summary", "heldout_live_geomean_policy_vs_recorded_oracle"), 0.0005, "gpu"),
+    Figure("index: Serving-v0 agent", BENCH, rf"agent at {N} of the oracle's tokens/s", SERVING,
+           at(SERVING, "agent_over_oracle"), 0.0005, "json"),
+    Figure("index: Serving-v0 default", BENCH, rf"oracle's tokens/s \(default {N}\)", SERVING,
+           at(SERVING, "default_over_oracle"), 0.0005, "json"),
+    Figure("index: cycle cycled", BENCH, rf"cycled geomean {N} vs", CYCLE, at(CYCLE, "summary", "cycled_geomean"),
+           0.0005, "json"),
+    Figure("index: cycle kept", BENCH, rf"cycled geomean [0-9.]+ vs {N} for keeping", CYCLE,
+           at(CYCLE, "summary", "kept_geomean"), 0.0005, "json"),
+    Figure("index: cycle windows", BENCH, rf"for keeping the first files, {N} windows", CYCLE,
+           at(CYCLE, "summary", "windows"), 0.0, "json"),
+    Figure("index: serving plan profiles", BENCH, rf"`serving_plan\.json` \({N} profiles\)", PLAN,
+           lambda: float(len(committed(PLAN)["profiles"])), 0.0, "json"),
+    Figure("index: fault injection restarts", BENCH, rf"passed, {N} worker restarts", FAULTS, at(FAULTS, "restarts"),
+           0.0, "gpu"),
 ]
 
 
