@@ -1,4 +1,4 @@
-"""scripts/recheck_stored.py: seeded sampling, the worker re-check, the JSON report and dropping failing rows."""
+"""benchmarks/recheck/run.py: seeded sampling, the worker re-check, the JSON report and dropping failing rows."""
 
 from __future__ import annotations
 
@@ -6,14 +6,12 @@ import gzip
 import json
 from pathlib import Path
 
+from benchmarks.recheck import run as rs
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.workloads import model_workloads
 from kernel_gym.measure.store import Context, MeasurementStore, iter_snapshot
 from kernel_gym.measure.types import OK, WRONG_RESULT, Measurement
 from kernel_gym.models import BUILTIN_MODELS
-from tests.script_module import load_script
-
-rs = load_script("recheck_stored")
 
 
 def _snapshot(tmp_path: Path, rows: list[Measurement], kernel: str = "decode_attention") -> Path:

@@ -5,8 +5,8 @@ caching allocator may hand back holding a previous config's correct values. This
 check that cannot be fooled that way (kernel_gym.measure.worker: NaN-filled buffers, two launches) on a seeded sample
 of ok rows per kernel, and writes JSON: per kernel how many were checked, how many fail and which.
 
-  python scripts/recheck_stored.py --per-kernel 150 --budget-s 400 --json $OUT/recheck.json      # GPU
-  python scripts/recheck_stored.py --drop $OUT/recheck.json                                         # CPU: remove them
+  python benchmarks/recheck/run.py --per-kernel 150 --budget-s 400 --json $OUT/recheck.json      # GPU
+  python benchmarks/recheck/run.py --drop $OUT/recheck.json                                         # CPU: remove them
 
 --drop rewrites the snapshot (default the packaged one, atomically) without the rows the JSON lists as failing.
 Imports only torch, triton, numpy and the standard library on the GPU path.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             report = json.loads(args.drop.read_text())
             keys = failing_keys(report)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"error: {args.drop} is not a recheck_stored.py JSON ({exc}): run recheck_stored.py --json first",
+            print(f"error: {args.drop} is not a benchmarks/recheck/run.py JSON ({exc}): run it with --json first",
                   file=sys.stderr)
             return 2
         res = drop_rows(args.snapshot, keys, args.drop_out or args.snapshot)
