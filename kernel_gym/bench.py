@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from kernel_gym.kernels import FAMILY_MODULES, get_family, profiles
 from kernel_gym.kernels.space import Config
+from kernel_gym.train.measurement_plans import with_new_knobs
 
 MOE_COPY_BOUND_MAX_TOKENS = 256  # below this, MoE is weight-streaming bound: compare with copy bandwidth
 
@@ -74,21 +75,6 @@ def recorded_best(family: Any, workload: Any, n: int) -> list[Config]:
             if m.ok and m.median_ms:
                 timed.append((m.median_ms, str(c), c))
     return [c for _, _, c in sorted(timed)[:n]]
-
-
-def with_new_knobs(space: Any, configs: list[Config], workload: Any) -> list[Config]:
-    """The valid variants of these configs at every other value of the knobs added after they were measured (knobs
-    with a legacy value, e.g. fused MoE's TMA_LOADS): the dataset cannot know those values yet."""
-    out = []
-    for c in configs:
-        for knob in space.knobs:
-            if knob.legacy is None or knob.name in c:
-                continue
-            for v in knob.values:
-                variant = space.config({**c, knob.name: v})
-                if v != knob.legacy and space.is_valid(variant, workload):
-                    out.append(variant)
-    return out
 
 
 def _candidates(family: Any, workload: Any, n_configs: int, seed: int, n_recorded: int = 0) -> list[Config]:

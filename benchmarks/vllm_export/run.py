@@ -249,7 +249,7 @@ def kernel_gym_candidates(shape: ee.MoEShape, m: int, skew: float, k: int = 4,
     routing: what the dispatch table serves a skewed batch that was not measured; where the dataset has neither, the
     shipped zoo policy's top-k, what `kernel-gym export` writes for a shape it never measured), their variants at the
     knob values added after they were measured (TMA loads), and a seeded sample of the valid space."""
-    from kernel_gym.bench import with_new_knobs
+    from kernel_gym.train.measurement_plans import with_new_knobs
 
     fam = fm.FAMILY
     wl = fam_workload(shape, m, skew)

@@ -1,5 +1,6 @@
 """The training job: MaskablePPO on the kernel envs, MLflow tracking and the logged policy model, policies read back
-as data (bundle.py, safe_policy.py) and their candidate rankings (candidates.py), the zoo's model-conditioned policy.
+as data (bundle.py, safe_policy.py) and their candidate rankings (candidates.py), the zoo's model-conditioned policy,
+and the measurement plans that cover what the policies choose (measurement_plans.py).
 
 The top floor is split by job (docs/architecture.md): train is below deploy and evaluate, which share one level (an
 evaluation replays exported tables; a deployment plan is scored by replays) and may import train.

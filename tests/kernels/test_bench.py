@@ -6,6 +6,7 @@ from kernel_gym import bench
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels.fused_moe import bench_cases
 from kernel_gym.measure import make_backend
+from kernel_gym.train.measurement_plans import with_new_knobs
 
 
 def test_candidates_put_the_default_first_then_the_datasets_fastest_then_the_sample():
@@ -45,13 +46,13 @@ def test_candidates_add_the_datasets_best_at_knob_values_added_since():
     recorded = bench.recorded_best(family, workload, 12)
     best = [c for c in recorded if "TMA_LOADS" not in c][:3]
     assert best
-    variants = bench.with_new_knobs(family.space, best, workload)
+    variants = with_new_knobs(family.space, best, workload)
     assert variants and all(family.space.is_valid(v, workload) for v in variants)
     assert {(v["TMA_LOADS"], str(family.space.config({**v, "TMA_LOADS": 0}))) for v in variants} <= {
         (mode, str(c)) for mode in (1, 2) for c in best}
-    assert not bench.with_new_knobs(family.space, [c for c in recorded if "TMA_LOADS" in c], workload)
+    assert not with_new_knobs(family.space, [c for c in recorded if "TMA_LOADS" in c], workload)
     picks = bench._candidates(family, workload, 5, seed=0, n_recorded=12)
-    assert set(bench.with_new_knobs(family.space, recorded, workload)) <= set(picks)
+    assert set(with_new_knobs(family.space, recorded, workload)) <= set(picks)
 
 
 def test_vllm_anchor_checks_then_times_vllms_own_config(monkeypatch):

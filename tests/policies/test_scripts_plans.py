@@ -1,6 +1,6 @@
-"""The planning halves of two GPU scripts, on the packaged H200 data: scripts/plan_coverage.py (what `collect --plan`
-should measure) and benchmarks/heldout_live/run.py (which held-out choices to time again, and how a paired round is
-scored)."""
+"""The measurement plans on the packaged H200 data: scripts/plan_coverage.py and scripts/plan_zoo.py over
+kernel_gym.train.measurement_plans (what `collect --plan` should measure), and benchmarks/heldout_live/run.py's
+planning half (which held-out choices to time again, and how a paired round is scored)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from kernel_gym.train.measurement_plans import neighbours, remaining
 from tests.script_module import load_script
 
 
@@ -77,7 +78,7 @@ def test_plan_coverage_new_shapes_plans_only_the_values_the_grid_gained(tmp_path
     data = prepare_data("decode_attention", backend, "olmoe-1b-7b")
     refs = data.train + data.heldout
     for entry, w in zip(plan, shapes):
-        near = script.neighbours(w, refs)
+        near = neighbours(w, refs)
         below = [r for r in near if r.workload.batch < 96]
         assert near and len(below) <= 1 and len(near) - len(below) <= 1
         assert all(r.workload.context_len == w.context_len for r in near)
@@ -119,14 +120,13 @@ def test_new_shape_plan_finds_the_best_of_a_fully_sampled_shape():
     from kernel_gym.measure.recorded import RecordedBackend
     from kernel_gym.train.train import prepare_data
 
-    script = load_script("plan_coverage")
     backend = RecordedBackend()
     ratios = []
     for model in ("mixtral-8x7b", "olmoe-1b-7b"):
         data = prepare_data("decode_attention", backend, model)
         refs = data.train + data.heldout
         for ref in refs:
-            near = script.neighbours(ref.workload, refs)
+            near = neighbours(ref.workload, refs)
             if len(near) != 2 or ref.workload.batch in (3, 6, 12, 24, 48):  # the new batches were measured this way
                 continue
             plan = {c for n in near for c in sorted(n.times, key=n.times.__getitem__)[:16]}
@@ -141,7 +141,6 @@ def test_plan_zoo_remaining_drops_stored_and_invalid_configs_and_puts_large_m_fi
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import MoEWorkload
 
-    plan_zoo = load_script("plan_zoo")
     space = get_family("fused_moe").space
     small = MoEWorkload(16, 8, 2, 256, 512, 0.0)
     large = MoEWorkload(4096, 8, 2, 256, 512, 0.0)
@@ -159,7 +158,7 @@ def test_plan_zoo_remaining_drops_stored_and_invalid_configs_and_puts_large_m_fi
     large_cfgs = [str(c) for c in space.sample(large, 2, seed=0)]
     plan = [{"kernel": "fused_moe", "workload": small.key(), "configs": valid},
             {"kernel": "fused_moe", "workload": large.key(), "configs": [*large_cfgs, fuse_sum]}]
-    rest = plan_zoo.remaining(plan, Backend())
+    rest = remaining(plan, Backend())
     assert [e["workload"] for e in rest] == [large.key(), small.key()]  # M = 4096 first
     assert rest[0]["configs"] == large_cfgs  # the config the rules now reject is gone
     assert rest[1]["configs"] == valid[1:]  # the stored one is gone
