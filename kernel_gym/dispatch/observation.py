@@ -26,6 +26,8 @@ CLIP = 4.0
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
+# A live Mapping over the profile registry, as kernels.FAMILY_MODULES is (duplicate scan: the same __iter__ and
+# __len__): each maps a profile to a different field, and these are the methods Mapping asks for.
 class _Features(Mapping):
     """kernel -> ((feature name, lo, hi), ...): each profile's `features`, read live (kernels/profiles.py). Order is
     the observation order; bump the env version when it changes."""

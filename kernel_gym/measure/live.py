@@ -125,6 +125,8 @@ class LiveBackend:
             return min(ok, key=lambda x: x[0])[1], ms
         return min(ok2, key=lambda x: x[0])[1], ms + again
 
+    # close, __enter__ and __exit__ have the shape of storetools._Source's (duplicate scan): the context-manager idiom,
+    # each closing its own resources; a shared mixin would save two one-line methods and hide the idiom.
     def close(self) -> None:
         self.runner.close()
         if self.pool is not None:

@@ -154,6 +154,7 @@ class _Source:
     def replicas(self) -> Iterator[dict[str, Any]]:
         return replica_rows(self.conn)
 
+    # Same shape as LiveBackend's close / __enter__ / __exit__ (duplicate scan): the context-manager idiom, on purpose.
     def close(self) -> None:
         self.conn.close()
         if self._tmp is not None:
