@@ -1,5 +1,7 @@
 """Import a file of scripts/ or experiments/ as a module (neither is a package), for the tests that check their
-pieces: `from tests.script_module import load_script, load_experiment`."""
+pieces: `from tests.script_module import load_script, load_experiment`. The study harnesses under benchmarks/ need no
+loader: they import as `benchmarks.<study>.run` (a namespace package from the repository root, which pytest puts on
+sys.path)."""
 
 from __future__ import annotations
 
