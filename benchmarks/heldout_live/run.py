@@ -10,8 +10,8 @@ timed in the same process, in rounds with a shuffled order, and the ratio is tak
     python3 benchmarks/heldout_live/run.py time --plan benchmarks/heldout_live/plan.json --out $OUT/heldout_live.json
     python benchmarks/heldout_live/run.py report --result benchmarks/heldout_live/heldout_live.json   # table
 
-`plan` trains each env's policy exactly as bench_policies does (same seed and split); `time` imports only torch,
-triton, numpy and the standard library (the GPU machine has nothing else).
+`plan` trains each env's policy exactly as benchmarks/policy_quality/run.py does (same seed and split); `time`
+imports only torch, triton, numpy and the standard library (the GPU machine has nothing else).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def main() -> int:
     if not (args.steps and args.table and args.out):
         ap.error("--steps, --table and --out are needed to run the check (or --summarize OUTPUT to read one)")
     if not torch.cuda.is_available():
-        raise SystemExit("live_replay_check.py needs a CUDA GPU")
+        raise SystemExit("benchmarks/live_replay/run.py needs a CUDA GPU")
     raw = args.steps.read_bytes()
     data = json.loads(gzip.decompress(raw) if args.steps.suffix == ".gz" else raw)
     table = json.loads(args.table.read_text())

@@ -309,7 +309,7 @@ def report(args: argparse.Namespace) -> int:
         busiest = lay["ranks"][lay["busiest_rank"]]
         if busiest["predicted_s"] is None:
             print(f"{lay['layout']}: no kernel time for {busiest['priced_workload']} at {busiest['config']}: measure "
-                  "it first (parallel_replay.py plan, collect --plan)", file=sys.stderr)
+                  "it first (benchmarks/multigpu/run_parallel_replay.py plan, collect --plan)", file=sys.stderr)
             return 2
         m = live["results"].get(lay["layout"])
         if m is None:  # the live run ended before this layout (budget or failure): nothing to compare
