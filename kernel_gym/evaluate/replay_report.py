@@ -77,7 +77,7 @@ LIVE_CHECK = Path(__file__).resolve().parent.parent / "data" / "live_check.json"
 
 def live_check_note(path: Path = LIVE_CHECK) -> str:
     """How far this simulator was from live H200 serving runs (kernel_gym/data/live_check.json, written from the
-    committed runs by scripts/live_e2e.py --live-check): printed under every replay table, beside its figures."""
+    committed runs by benchmarks/live_e2e/run.py --live-check): printed under every replay table, beside its figures."""
     if not path.exists():
         return ""
     check = json.loads(path.read_text())
