@@ -892,7 +892,7 @@ def live_check(runs: list[Path]) -> dict:
                              "commit": s["meta"].get("commit"), **row["relative_error"]})
     if not rows:
         raise SystemExit(f"no predicted policies in {[str(r) for r in runs]}: run --predict on each first")
-    return {"source": "benchmarks/live_e2e/run.py --live-check (H200 runs with CUDA graphs, plain simulator)",
+    return {"source": "scripts/live_e2e.py --live-check (H200 runs with CUDA graphs, plain simulator)",
             "runs": sorted({r["run"] for r in rows}), "models": sorted({r["model"] for r in rows}),
             "rows": sorted(rows, key=lambda r: (r["run"], r["policy"])),
             "range": {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in METRICS}}
