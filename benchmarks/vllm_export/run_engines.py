@@ -5,15 +5,16 @@ the file" against vLLM 0.33.0's own entries (its new default rule and small-batc
 Parts (each a subprocess, so one failing part cannot take the others with it; budgets are shares of --budget-s):
 1. benchmarks/vllm_export/run.py --engine vllm-0.33.0 on OLMoE (no shipped table: 0.33's default rule; M = 1, 2 on the
    small-batch path) and Mixtral-8x7B TP1 (shipped table; M = 1 on the small-batch path), both routings, 18 keys;
-2. benchmarks/vllm_export/run.py --engine sglang-0.5.23 on OLMoE (SGLang's default rule = the pre-0.33 vLLM rule of run 6);
+2. benchmarks/vllm_export/run.py --engine sglang-0.5.23 on OLMoE (SGLang's default rule = the pre-0.33 vLLM rule of
+   run 6);
 3. tune --engine vllm on Qwen1.5-MoE-A2.7B (E=60, top_k=4, N=1408: no table in either engine) and on Mixtral-8x7B
    TP2 (vLLM's shipped table), uniform routing.
 Each part writes under --out/<part>/ (bench_vllm_export.json / engine_tune.json, the SQLite rows, the engine files,
 the log); --out/engine_gpu_run.json sums them up. nvidia-smi's clock/power/temperature/throttle state is recorded
 around every cell by the parts.
 
-    python3 benchmarks/vllm_export/run_engines.py --out $OUT/engine_run1 --budget-s 190          # GPU, about 240 s in all
-    python3 benchmarks/vllm_export/run_engines.py --out /tmp/x --budget-s 60 --dry-run             # CPU: the commands only
+    python3 benchmarks/vllm_export/run_engines.py --out $OUT/engine_run1 --budget-s 190  # GPU, about 240 s in all
+    python3 benchmarks/vllm_export/run_engines.py --out /tmp/x --budget-s 60 --dry-run     # CPU: the commands only
 
 Imports only the standard library (the parts import torch, triton, numpy and kernel_gym).
 """
