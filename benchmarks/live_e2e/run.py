@@ -33,6 +33,7 @@ Imports only torch, triton, numpy, the standard library and kernel_gym.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -191,6 +192,19 @@ class Stack:
         # (rows, decode config, MoE config) -> (graph or None on the CPU, forward, launches); one memory pool
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool: Any = None
+
+    def capture(self, fn: Any) -> Any:
+        """fn as a CUDA graph in the stack's one memory pool (run once first, so what is new compiles and the graph
+        holds launches only): the graph's replay."""
+        torch = self.torch
+        fn()
+        torch.cuda.synchronize()
+        if self.graph_pool is None:
+            self.graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graph_pool):
+            fn()
+        return graph.replay
 
     def rmsnorm(self, x: Any, w: Any) -> Any:
         xf = x.float()
@@ -352,11 +366,16 @@ class LiveSimulator(Simulator):
         """One step's forward pass over t rows (a callable; what a decode graph captures): the embedded tokens into
         the residual, each layer's pieces around its attention launches, the final norm and LM head on the last
         n_logits rows."""
+        return self._around_attention(t, t, self._layer_pieces(t, slot_t, moe_wl, cfg_m), launches, n_logits, check)
+
+    def _around_attention(self, rows: int, t: int, pieces: list, launches: list, n_logits: int,
+                          check: Any = None) -> Any:
+        """The step as a callable: the embedded tokens into the residual's first `rows` rows, per layer its piece
+        before attention, the step's attention launches, its piece after; the sample from the last real rows."""
         st = self.stack
-        pieces = self._layer_pieces(t, slot_t, moe_wl, cfg_m)
 
         def forward() -> None:
-            st.x_res[:t].copy_(st.x0[:t])
+            st.x_res[:rows].copy_(st.x0[:rows])
             for li, (before, after) in enumerate(pieces):
                 before()
                 for per_layer in launches:
@@ -393,24 +412,15 @@ class LiveSimulator(Simulator):
             bt, ctx_t = st.g_block_table[:rows], st.g_context[:rows]
             launches = [[decode_launcher(st, layer, cfg_d, bt, ctx_t, 0, rows) for layer in st.layers]]
             forward = self._forward(rows, st.g_slots[:rows], launches, moe_wl, cfg_m, rows)
-            graph = None
-            if st.device == "cuda":
-                forward()  # compiles what is new; the graph then holds launches only
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                if st.graph_pool is None:
-                    st.graph_pool = torch.cuda.graph_pool_handle()
-                with torch.cuda.graph(graph, pool=st.graph_pool):
-                    forward()
-            st.graphs[key] = (graph, forward, launches)
+            st.graphs[key] = (st.capture(forward) if st.device == "cuda" else None, forward, launches)
         graph, forward, launches = st.graphs[key]
         if self.check and graph is None:  # CPU dry run: the padded static-buffer pass, checked on its real rows
             self._forward(rows, st.g_slots[:rows], launches, moe_wl, cfg_m, rows,
-                          lambda layer: self._count_checked(layer, [], dec, ctx))()
+                          functools.partial(self._count_checked, chunks=[], dec=dec, ctx=ctx))()
         if st.device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        graph.replay() if graph is not None else forward()
+        graph() if graph is not None else forward()
         if st.device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0, {"graph_rows": rows, "captured_first": captured_first,
@@ -485,7 +495,7 @@ class LiveSimulator(Simulator):
             forward()
             self.compiled |= used
         if self.check:
-            check = lambda layer: self._count_checked(layer, chunks, dec, ctx)  # noqa: E731
+            check = functools.partial(self._count_checked, chunks=chunks, dec=dec, ctx=ctx)
             (self._piecewise(rows, t, launches, moe_wl, cfg_m, n_logits, check) if piecewise else
              self._forward(t, slot_t, launches, moe_wl, cfg_m, n_logits, check))()
         torch.cuda.synchronize() if dev == "cuda" else None
@@ -506,43 +516,15 @@ class LiveSimulator(Simulator):
         before and after attention replays a graph captured for `rows` rows (the step's t tokens, then padding on the
         scratch page; the slots in the static buffer), and the step's attention launches run eagerly between them on
         its t real rows. The graphs are captured, untimed, the first time a size and MoE config come."""
-        import torch
-
         st = self.stack
         key = ("piecewise", rows, str(cfg_m))
         if key not in st.graphs:
             pieces = self._layer_pieces(rows, st.g_slots[:rows], moe_wl, cfg_m)
-            graphs = None
-            if st.device == "cuda":
-                if st.graph_pool is None:
-                    st.graph_pool = torch.cuda.graph_pool_handle()
-                graphs = []
-                for before, after in pieces:
-                    pair = []
-                    for piece in (before, after):
-                        piece()  # compiles what is new; the graph then holds launches only
-                        torch.cuda.synchronize()
-                        g = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(g, pool=st.graph_pool):
-                            piece()
-                        pair.append(g.replay)
-                    graphs.append(tuple(pair))
+            graphs = [(st.capture(b), st.capture(a)) for b, a in pieces] if st.device == "cuda" else None
             st.graphs[key] = (graphs, pieces)
         graphs, pieces = st.graphs[key]
         run = graphs if graphs is not None else pieces  # the CPU dry run calls the pieces themselves
-
-        def forward() -> None:
-            st.x_res[:rows].copy_(st.x0[:rows])
-            for li, (before, after) in enumerate(run):
-                before()
-                for per_layer in launches:
-                    per_layer[li]()
-                if check is not None and li == 0:
-                    check(st.layers[0])
-                after()
-            self._sample(t, n_logits)
-
-        return forward
+        return self._around_attention(rows, t, run, launches, n_logits, check)
 
 
 # ---- driving ---------------------------------------------------------------------------------------------------
@@ -807,7 +789,9 @@ def run_predict(args: Any) -> int:
                "clamped_workloads": sim.clamped,
                "decode_scaled_estimate_s": sim.scaled_decode_s,
                "predicted_busy_s": pred["busy_s"],
-               "measured_run_complete": measured.get("complete")}
+               "measured_run_complete": measured.get("complete"),
+               # the GPU's clocks, power and throttle reasons around the measured policy (measure/power.py)
+               "gpu_before": measured.get("gpu_before"), "gpu_after": measured.get("gpu_after")}
         if cal is not None:
             row["calibrated"] = {"predicted": {k: cal[k] for k in METRICS},
                                  "relative_error": {k: (cal[k] - measured[k]) / measured[k] for k in METRICS
