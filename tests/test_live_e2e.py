@@ -69,6 +69,47 @@ def test_a_policys_tma_moe_config_is_run_not_replaced():
     assert sim._moe_config(8, 8)[0] != refused and sim.config_fallbacks == 1
 
 
+def test_compile_counter_counts_through_tritons_hook_and_keeps_the_one_before():
+    from triton import knobs
+
+    before, seen = knobs.runtime.jit_post_compile_hook, []
+    try:
+        knobs.runtime.jit_post_compile_hook = lambda *a, **kw: seen.append(kw)
+        counter = le.CompileCounter()
+        assert counter.available and counter.count == 0
+        knobs.runtime.jit_post_compile_hook(key="k", already_compiled=False)
+        assert counter.count == 1 and seen == [{"key": "k", "already_compiled": False}]
+    finally:
+        knobs.runtime.jit_post_compile_hook = before
+
+
+def test_a_step_that_compiles_in_its_timed_run_is_timed_again():
+    """A compile the untimed first run did not trigger (a new integer specialisation) lands in the timed run: the
+    step is timed once more and its record says so, so no compile is counted as serving time."""
+    from kernel_gym.traffic.traces import Trace
+
+    stack = le.Stack(le.TINY, 8, 32, "cpu", __import__("torch").float32, 16, max_seqs=4, max_context=64)
+    trace = Trace("t", [0.0], [8], [3], "test")
+    kw = dict(gpu_memory_bytes=le.TINY.weight_bytes + 1e6, max_num_batched_tokens=32, max_num_seqs=4)
+    sim = le.LiveSimulator(le.TINY, trace, le.DefaultChooser(), stack, "float32", **kw)
+    sim.compiles = type("Counter", (), {"count": 0})()
+    timed, plain = [], sim._timed
+
+    def timed_with_a_compile(forward):
+        t = plain(forward)
+        if not timed:
+            sim.compiles.count += 1  # the first timed run compiles
+        timed.append(t)
+        return t
+
+    sim._timed = timed_with_a_compile
+    sim.step()
+    assert len(timed) == 2 and sim.record[0]["compiled_in_timed_run"] and sim.record[0]["ran_untimed_first"]
+    assert sim.record[0]["seconds"] == timed[1]
+    sim.step()
+    assert len(timed) == 3 and "compiled_in_timed_run" not in sim.record[1]
+
+
 def test_calibrated_overhead_matches_the_measured_tpot():
     """TPOT grows with the per-step overhead: bisection finds the overhead that reproduces the measured TPOT."""
     calls = []

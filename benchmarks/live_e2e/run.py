@@ -297,6 +297,30 @@ def check_attention(st: Stack, layer: dict, chunks: list, dec: list, ctx: list) 
     return checked
 
 
+class CompileCounter:
+    """Counts Triton compiles through triton.knobs' post-compile hook (chained to a hook set before), so a step
+    that compiled inside its timed run (an integer specialisation its untimed first run did not meet) is timed
+    again. `available` is False on a Triton without the hook: such steps are then timed with their compile."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        try:
+            from triton import knobs
+
+            runtime = knobs.runtime
+            prev = runtime.jit_post_compile_hook
+        except (ImportError, AttributeError):
+            self.available = False
+            return
+
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return prev(*args, **kwargs) if prev else None
+
+        runtime.jit_post_compile_hook = hook
+        self.available = True
+
+
 class LiveSimulator(Simulator):
     """The simulator's scheduler with each step executed on the GPU (module docstring). cuda_graphs: a decode-only
     step replays a CUDA graph of its capture size (captured, untimed, the first time a size and config pair comes);
@@ -314,6 +338,8 @@ class LiveSimulator(Simulator):
         self.check, self.checked, self.config_fallbacks = False, 0, 0
         self.compiled: set[tuple] = set()  # (kernel, config, specialisation) already run: compiled (module docstring)
         self.cuda_graphs = cuda_graphs
+        self.compiles: CompileCounter | None = None  # run_live sets it on the GPU
+        self._compiles_seen = 0
 
     def _moe_config(self, t: int, rounded_t: int) -> tuple[Config, MoEWorkload]:
         """The MoE config the policy picks on the simulator's rounded token count, checked on the `t` rows the step
@@ -399,7 +425,6 @@ class LiveSimulator(Simulator):
     def _graph_step(self, dec: list[int], ctx: list[int], slots: list[int]) -> tuple[float, dict]:
         """A decode-only step through the graph of its capture size: fill the static buffers (before the timer, as
         an engine prepares the next step's metadata), replay, time to the sync."""
-        import torch
 
         st, n = self.stack, len(dec)
         rows = capture_size(n)
@@ -417,13 +442,8 @@ class LiveSimulator(Simulator):
         if self.check and graph is None:  # CPU dry run: the padded static-buffer pass, checked on its real rows
             self._forward(rows, st.g_slots[:rows], launches, moe_wl, cfg_m, rows,
                           functools.partial(self._count_checked, chunks=[], dec=dec, ctx=ctx))()
-        if st.device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        graph() if graph is not None else forward()
-        if st.device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0, {"graph_rows": rows, "captured_first": captured_first,
+        return self._timed(graph if graph is not None else forward), {"graph_rows": rows,
+                                                                       "captured_first": captured_first,
                                           "configs": {"decode_attention": str(cfg_d), "fused_moe": str(cfg_m)}}
 
     def _count_checked(self, layer: dict, chunks: list, dec: list, ctx: list) -> None:
@@ -498,17 +518,31 @@ class LiveSimulator(Simulator):
             check = functools.partial(self._count_checked, chunks=chunks, dec=dec, ctx=ctx)
             (self._piecewise(rows, t, launches, moe_wl, cfg_m, n_logits, check) if piecewise else
              self._forward(t, slot_t, launches, moe_wl, cfg_m, n_logits, check))()
-        torch.cuda.synchronize() if dev == "cuda" else None
-        t0 = time.perf_counter()
-        forward()
-        torch.cuda.synchronize() if dev == "cuda" else None
-        seconds = time.perf_counter() - t0
+        seconds, compiled_in_step = self._timed(forward), False
+        if self.compiles is not None and self.compiles.count != self._compiles_seen:  # compiled while timed: again
+            compiled_in_step = True
+            seconds = self._timed(forward)
         self.record.append({"t": self.clock, "chunks": [[r, c, o] for r, c, o in chunks], "decode_batch": len(dec),
                             "mean_context": float(np.mean(ctx)) if ctx else 0.0, "tokens": t, "seconds": seconds,
-                            "ran_untimed_first": compiled_first, **({"piecewise_rows": rows} if piecewise else {}),
+                            "ran_untimed_first": compiled_first or compiled_in_step,
+                            **({"compiled_in_timed_run": True} if compiled_in_step else {}),
+                            **({"piecewise_rows": rows} if piecewise else {}),
                             "configs": {"prefix_prefill": str(cfg_p) if chunks else None,
                                         "decode_attention": str(cfg_d) if dec else None, "fused_moe": str(cfg_m)}})
         return seconds
+
+    def _timed(self, forward: Any) -> float:
+        """Seconds of one run of the step, from a synchronised start to the sync after it (the compile count noted
+        at the start)."""
+        import torch
+
+        cuda = self.stack.device == "cuda"
+        torch.cuda.synchronize() if cuda else None
+        self._compiles_seen = self.compiles.count if self.compiles is not None else 0
+        t0 = time.perf_counter()
+        forward()
+        torch.cuda.synchronize() if cuda else None
+        return time.perf_counter() - t0
 
     def _piecewise(self, rows: int, t: int, launches: list, moe_wl: MoEWorkload, cfg_m: Config, n_logits: int,
                    check: Any = None) -> Any:
@@ -571,7 +605,10 @@ def run_live(args: Any) -> int:
     stack = Stack(model, probe.num_pages, args.max_batched_tokens, device, dtype, args.vocab, args.max_seqs,
                   args.max_prompt + args.max_output + 1)
     graphs = args.graphs == "on"
-    log(f"weights and cache allocated in {time.time() - t_start:.0f} s")
+    compiles = CompileCounter() if device == "cuda" else None
+    log(f"weights and cache allocated in {time.time() - t_start:.0f} s"
+        + ("" if compiles is None or compiles.available else "; this Triton has no post-compile hook: a step that "
+           "compiles inside its timed run is timed with its compile"))
     results = {}
     for spec in args.policies.split(","):
         chooser = make_chooser(spec, model)
@@ -581,6 +618,7 @@ def run_live(args: Any) -> int:
         stack.release_except(set())
         sim = LiveSimulator(model, trace, chooser, stack, dtype_name, graphs, **sim_kwargs(args, model))
         sim.check = bool(args.smoke)
+        sim.compiles = compiles if compiles is not None and compiles.available else None
         power_before = gpu_state(device)
         t0 = time.time()
         if args.warmup_steps:  # compile the first configs before the clock matters: a throwaway replay's first steps
@@ -601,6 +639,7 @@ def run_live(args: Any) -> int:
         results[spec]["complete"] = bool(sim.done)
         results[spec]["attention_rows_checked"] = sim.checked
         results[spec]["config_fallbacks"] = sim.config_fallbacks
+        results[spec]["steps_compiled_in_timed_run"] = sum(1 for r in sim.record if r.get("compiled_in_timed_run"))
         results[spec]["wall_s"] = time.time() - t0
         results[spec]["graph_steps"] = sum(1 for r in sim.record if "graph_rows" in r)
         results[spec]["graphs_held"] = len(stack.graphs)
@@ -771,9 +810,11 @@ def run_predict(args: Any) -> int:
         summary["calibration"] = {"policy": args.calibrate, "step_overhead_s": overhead, "num_layers": model.num_layers,
                                   "note": "fitted on this policy's measured TPOT p50; held for the other policies"}
         log(f"calibrated step overhead on {args.calibrate}: {overhead * 1e3:.1f} ms per step")
+    guards: list = []  # every prediction's chooser: their untimed choices become untimed_plan.json
     for spec, measured in data["measured"].items():
         try:
             pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
+            guards.append(guard)
             cal = _predict_one(spec, model, trace, timer, backend, args, meta, overhead)[0] if args.calibrate else None
         except (LookupError, RuntimeError) as exc:  # the dataset cannot time some step: say so, keep the others
             summary["policies"][spec] = {"measured": {k: measured[k] for k in METRICS},
@@ -802,8 +843,11 @@ def run_predict(args: Any) -> int:
                                      + (f" (calibrated {cal[k]:.4g})" if cal is not None else "") for k in METRICS))
     summary["step_fit"] = step_fit(args.out, data["measured"])
     if backend is not None:
-        summary["step_check"] = {spec: step_check(args.out, spec, model, trace, timer, backend, args, meta)
+        summary["step_check"] = {spec: step_check(args.out, spec, model, trace, timer, backend, args, meta, guards)
                                  for spec in data["measured"]}
+        from kernel_gym.evaluate.replay import write_untimed_plan
+
+        write_untimed_plan(guards, backend, args.out / "untimed_plan.json")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["policies"], indent=1))
     return 0
@@ -825,7 +869,7 @@ def read_steps(out: Path, spec: str) -> list[dict] | None:
 
 
 def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
-               meta: dict) -> dict:
+               meta: dict, guards: list | None = None) -> dict:
     """Each measured step beside the simulator's price for the same step (its chunks, decode batch and context,
     tokens: Simulator.price_step plus its step overhead), per kind of step: where the prediction's error comes from,
     whatever the scheduling did with it afterwards."""
@@ -838,6 +882,8 @@ def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any,
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            **sim_kwargs(args, model), **graph_kwargs(meta))
     guard.sim = sim
+    if guards is not None:
+        guards.append(guard)
     kinds: dict[str, list[tuple[float, float]]] = {"decode_only": [], "with_prefill": []}
     for r in steps:
         chunks = [tuple(c) for c in r["chunks"]]

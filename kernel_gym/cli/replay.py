@@ -37,8 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the GPU whose rows price the replay (needed when the store holds several devices)")
     p.add_argument("--steps-json", type=Path, default=None,
                    help="also write per-step workloads, configs and predicted kernel times of default, learned and "
-                        "oracle (input of scripts/live_replay_check.py)")
+                        "oracle (input of benchmarks/live_replay/run.py)")
     p.add_argument("--steps", type=int, default=2000, help="--steps-json: steps recorded per policy")
+    p.add_argument("--untimed-plan", type=Path, default=None, metavar="FILE",
+                   help="also write the configs the policies chose that the data could not time (each fell back) as "
+                        "a measurement plan: measure it on the GPU with `kernel-gym collect --plan FILE`, merge the "
+                        "rows (`kernel-gym data --merge`), replay again")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--tracking-uri", default="", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or mlruns/)")
     return p
@@ -51,5 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_replay(json_path=args.json, trace=args.trace, model=args.model, policies=args.policies, routing=args.routing,
                model_uris=args.model_uri, table=args.table, budget=args.budget, seed=args.seed, window=args.window,
                rate_scale=args.rate_scale, backend=args.backend, device=args.device, steps_json=args.steps_json,
-               steps=args.steps, no_mlflow=args.no_mlflow, tracking_uri=args.tracking_uri)
+               steps=args.steps, no_mlflow=args.no_mlflow, tracking_uri=args.tracking_uri,
+               untimed_plan=args.untimed_plan)
     return 0

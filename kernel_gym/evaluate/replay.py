@@ -87,6 +87,9 @@ class GuardedChooser:
         self.estimated_s = dict.fromkeys(CHOSEN_KERNELS, 0.0)  # the part of kernel_s whose times are not measured ones
         self.standin_s = 0.0  # prefill_attention seconds standing in for chunks with a prefix (all in estimated_s)
         self.calls: dict[tuple[str, Any], int] = {}
+        # (kernel, workload key) -> (workload, configs): valid choices the backend could not time (each fell back);
+        # measurement_plans.untimed_plan turns them into a `collect --plan`
+        self.untimed: dict[tuple[str, str], tuple[Any, set[str]]] = {}
         self.record_steps = record_steps
         self.steps: list[dict[str, Any]] = []
         self.sim: Any = None
@@ -166,6 +169,7 @@ class GuardedChooser:
         out = cfg
         if t is None:
             self.fallbacks += 1
+            self._note_untimed(kernel, workload, cfg)
             from kernel_gym.dispatch.rules import fallback_config
 
             def time_of(c: Config) -> float | None:
@@ -182,6 +186,14 @@ class GuardedChooser:
             t = time_of(out)
         source = self.backend.measure(kernel, workload, out).source
         return out, t * 1e-3, is_estimated(source)
+
+    def _note_untimed(self, kernel: str, workload: Any, cfg: Config) -> None:
+        """Keep a choice the data cannot time, when the family's rules accept it there (a refused one is no
+        measurement to make)."""
+        from kernel_gym.kernels import get_family
+
+        if get_family(kernel).space.is_valid(cfg, workload):
+            self.untimed.setdefault((kernel, workload.key()), (workload, set()))[1].add(str(cfg))
 
     @staticmethod
     def _default(kernel: str, workload: Any, kv: KVLayout) -> Config:
@@ -359,7 +371,7 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
                policies: str = ",".join(POLICY_NAMES), routing: str = DEFAULT_ROUTING, model_uris: Sequence[str] = (),
                table: str = "", budget: int = SEARCH_BUDGET, seed: int = 0, window: str = "", rate_scale: float = 1.0,
                backend: Any = "recorded", device: str = "", steps_json: Path | None = None, steps: int = 2000,
-               no_mlflow: bool = False, tracking_uri: str = "") -> dict[str, Any]:
+               no_mlflow: bool = False, tracking_uri: str = "", untimed_plan: Path | None = None) -> dict[str, Any]:
     """`kernel-gym replay` (module docstring): the trace replayed once per policy of the comma list `policies`;
     writes `json_path` and the .md and .png files beside it, logs to MLflow unless `no_mlflow`, prints the table and
     returns the report. `backend`: "recorded" (the H200 store), a store path, or a Backend object (tests)."""
@@ -367,7 +379,8 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     from kernel_gym.traffic.traces import load_trace
 
     names = parse_policies(policies)
-    for flag, path in (("--json", json_path), ("--steps-json", steps_json)):  # before the replay runs, not after
+    for flag, path in (("--json", json_path), ("--steps-json", steps_json), ("--untimed-plan", untimed_plan)):
+        # before the replay runs, not after
         if path is not None and (path.is_dir() or str(path).endswith(("/", "\\"))):
             raise ValueError(f"{flag} {path}: a directory; pass a file name, e.g. {flag} {path / 'replay.json'}")
     if tracking_uri:
@@ -438,11 +451,28 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
             "trace": replayed.name, "model": spec.name, "num_layers": spec.num_layers,
             "policies": {n: runs[n].steps for n in record if n in runs}}))
         paths.append(steps_json)
+    if untimed_plan is not None:
+        paths.append(write_untimed_plan([r.guard for r in runs.values()], backend, untimed_plan))
     if not no_mlflow:
         run_id = log_mlflow(rep, paths, params, tracking_uri or None)
         print(f"logged to MLflow run {run_id}")
     print(markdown(rep))
     return rep
+
+
+def write_untimed_plan(guards: Sequence[GuardedChooser | None], backend: Any, path: Path) -> Path:
+    """Write the guards' untimed choices as a `collect --plan` (measurement_plans.untimed_plan); say what it holds."""
+    from kernel_gym.train.measurement_plans import untimed_plan, write_plan
+
+    plan, counts = untimed_plan([g for g in guards if g is not None], backend)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_plan(plan, path)
+    print(f"untimed choices: {counts['calls']} calls the data could not time -> {path}: {counts['configs']} configs "
+          f"at {counts['workloads']} stored shapes" + (f" ({counts['unbracketed']} calls outside the measured grid "
+                                                       "left out)" if counts["unbracketed"] else "")
+          + ("; measure them with `kernel-gym collect --plan " + str(path) + "` on the GPU" if plan else ""),
+          file=sys.stderr, flush=True)
+    return path
 
 
 def load_info(trace: Any, rate_scale: float = 1.0, window: str = "") -> dict[str, Any]:

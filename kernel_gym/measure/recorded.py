@@ -339,6 +339,13 @@ class RecordedBackend:
         return Measurement(kernel, wkey, cfg, UNAVAILABLE, source="recorded-interpolated",
                            reason=f"bracketing workloads disagree ({sorted(statuses)})")
 
+    def answer_workloads(self, kernel: str, workload: Any) -> list[str]:
+        """The stored workload keys an answer for `workload` reads: its own when stored, else the bracketing
+        workloads interpolation weighs; [] when the data cannot bracket it. A config measured at all of them is
+        answered there (what `measurement_plans.untimed_plan` plans)."""
+        plan = self._plan(kernel, workload)
+        return [key for key, _ in plan.corners] if plan is not None else []
+
     def stored_keys(self, kernel: str) -> set[tuple[str, str]]:
         """Every (workload key, config) stored for the kernel's context, whatever its status or spread: what a
         collection in the same context (device, torch, triton, kernel source hash) would skip."""

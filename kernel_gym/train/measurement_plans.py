@@ -9,6 +9,8 @@ are their command lines; their docstrings say why each plan is made.
 - `new_knobs_plan`: at every measured shape, the values of knobs added after its rows were stored.
 - `zoo_plan`: the same candidate configs at every training shape of every zoo model (or of the shape-space design).
 - `remaining`: the part of an earlier plan that the dataset does not hold yet, in priority order.
+- `untimed_plan`: the configs a replay's policies chose that the data could not time (each fell back), at the stored
+  shapes their answers read, so that the next replay prices what the policies deploy.
 
 Imports of the training stack stay inside the functions: `with_new_knobs`, which `kernel-gym bench` uses on the GPU
 machine, needs only the knob space.
@@ -282,3 +284,31 @@ def remaining(plan: list[dict], backend: Any) -> list[dict]:
         return 0 if w["num_tokens"] >= 4096 else 2 if w.get("skew", 0.0) > 0 else 1
 
     return sorted(rest, key=priority)  # stable: plan order within a priority
+
+
+def untimed_plan(guards: Any, backend: Any) -> tuple[list[dict], dict[str, int]]:
+    """A `collect --plan` of the choices `guards` (replay's GuardedChoosers) could not time, and its counts.
+
+    Each config goes to the stored workloads an answer for its call reads (the call's own when stored, else the
+    workloads interpolation brackets it with: RecordedBackend.answer_workloads), never to a new shape: a shape
+    stored with a few configs would stand in the way of the interpolation every other config gets there. Calls no
+    stored shape brackets are counted as `unbracketed` and left out (collect that grid region first)."""
+    inner = getattr(backend, "inner", backend)  # a CoveredBackend answers through the recorded one
+    answer_workloads = getattr(inner, "answer_workloads", None)
+    entries: dict[tuple[str, str], set[str]] = {}
+    counts = {"calls": 0, "configs": 0, "unbracketed": 0}
+    for guard in guards:
+        for (kernel, _), (workload, configs) in guard.untimed.items():
+            counts["calls"] += 1
+            reads = answer_workloads(kernel, workload) if callable(answer_workloads) else []
+            if not reads:
+                counts["unbracketed"] += 1
+                continue
+            for wkey in reads:
+                entries.setdefault((kernel, wkey), set()).update(configs)
+    plan = [{"kernel": k, "workload": w, "configs": sorted(c)} for (k, w), c in sorted(entries.items())]
+    if hasattr(inner, "stored_keys"):
+        plan = remaining(plan, inner)  # what is stored there already (with any status) is not measured again
+    counts["configs"] = sum(len(e["configs"]) for e in plan)
+    counts["workloads"] = len(plan)
+    return plan, counts
