@@ -1,5 +1,5 @@
 """benchmarks/live_e2e/run.py's CPU pieces: the whole serving path under the interpreter (eager and through the
-padded static buffers a CUDA graph replays), the calibrated overhead, the step fits, and the committed summary's
+padded static buffers a CUDA graph replays), the calibrated step overheads, the step fits, and the committed summary's
 shape."""
 
 import json
@@ -110,16 +110,17 @@ def test_a_step_that_compiles_in_its_timed_run_is_timed_again():
     assert len(timed) == 3 and "compiled_in_timed_run" not in sim.record[1]
 
 
-def test_calibrated_overhead_matches_the_measured_tpot():
-    """TPOT grows with the per-step overhead: bisection finds the overhead that reproduces the measured TPOT."""
-    calls = []
-
-    def predict(overhead_s):
-        calls.append(overhead_s)
-        return {"tpot_p50_s": 0.020 + 1.5 * overhead_s}
-
-    got = le.calibrate_overhead("p", {"tpot_p50_s": 0.080}, predict)
-    assert got == pytest.approx(0.040, abs=1e-4) and len(calls) >= 10
+def test_fit_overheads_takes_each_kinds_median_left_over_and_never_below_zero():
+    """Per kind of step, the fixed cost the kernel table leaves out is the median of measured - priced: an outlier
+    step (a compile) does not move it, and a kind the table over-prices gets 0, not a negative cost."""
+    priced = [("graph", False, 0.010 + 0.003, 0.010)] * 9 + [("graph", False, 0.9, 0.010)]  # one 0.9 s outlier
+    priced += [("piecewise", True, 0.050, 0.040 - d) for d in (0.0, 0.001, 0.002)]
+    priced += [("eager", True, 0.100, 0.120)]
+    fit = le.fit_overheads(priced)
+    assert fit["graph"] == {"overhead_s": pytest.approx(0.003), "steps": 10}
+    assert fit["piecewise"]["overhead_s"] == pytest.approx(0.011)
+    assert fit["eager"]["overhead_s"] == 0.0
+    assert le.fit_overheads([]) == {}
 
 
 def test_step_fit_recovers_fixed_cost_and_slope(tmp_path):

@@ -20,7 +20,9 @@ layer's work before and after attention replayed, the attention launched eagerly
 Per policy: measured tokens/s, TTFT p50, TPOT p50 (and p99s) over the window, the per-step record (step kind,
 tokens, decode batch, measured seconds) in $OUT/<policy>_steps.json. `--predict` (CPU, afterwards) runs the plain
 simulator on the same window with the packaged H200 dataset (BackendTimer(recorded)) and writes summary.json: per
-policy measured and predicted tokens/s, TTFT p50 and TPOT p50 and their relative errors.
+policy measured and predicted tokens/s, TTFT p50 and TPOT p50 and their relative errors (with --calibrate, also a
+prediction with step overheads fitted on one policy's step records); and untimed_plan.json, the policies' choices
+the dataset could not time, for `kernel-gym collect --plan` on the GPU.
 
     python3 benchmarks/live_e2e/run.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
     python3 benchmarks/live_e2e/run.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
@@ -50,6 +52,8 @@ from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.kernels.workloads import MoEWorkload, PrefixPrefillWorkload  # noqa: E402
 from kernel_gym.models import ModelSpec, load_model  # noqa: E402
 from kernel_gym.traffic.simulator import (  # noqa: E402
+    STEP_KINDS,
+    STEP_OVERHEAD_S,
     KVLayout,
     Simulator,
     capture_size,
@@ -731,40 +735,40 @@ class PredictSimulator(Simulator):
 
 
 def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any, meta: dict,
-                 overhead_s: float | None = None) -> tuple[dict, Any, Any]:
-    """The plain simulator's summary for one policy on the window (step_overhead_s = overhead_s where given)."""
+                 overheads: dict[str, float] | None = None) -> tuple[dict, Any, Any]:
+    """The plain simulator's summary for one policy on the window (with these per-kind step overheads, where
+    given: a calibration)."""
     chooser: Any = make_chooser(spec, model)
     guard = None
     if backend is not None:  # as `kernel-gym replay`: a config the dataset cannot time falls back, counted
         from kernel_gym.evaluate.replay import GuardedChooser
 
         chooser = guard = GuardedChooser(chooser, backend, model.num_layers)
-    extra = {} if overhead_s is None else {"step_overhead_s": overhead_s}
     sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
-                           **extra, **sim_kwargs(args, model), **graph_kwargs(meta))
+                           step_overheads=overheads, **sim_kwargs(args, model), **graph_kwargs(meta))
     if guard is not None:
         guard.sim = sim
     return sim.run().summary, sim, guard
 
 
-def calibrate_overhead(spec: str, measured: dict, predict: Any) -> float:
-    """The per-step fixed cost (s) at which the simulator's TPOT p50 matches the measured one for `spec`: bisection
-    (TPOT grows with the overhead). The live stack's steps carry host work a kernel table does not see (eager
-    launches, fused_moe's host-side alignment per layer); one number fitted on one policy, then held for the others."""
-    lo, hi = 0.0, 0.5
-    for _ in range(14):
-        mid = (lo + hi) / 2
-        if predict(mid)["tpot_p50_s"] < measured["tpot_p50_s"]:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+def fit_overheads(priced: list[tuple[str, bool, float, float]]) -> dict[str, dict]:
+    """Per kind of step (Simulator.step_kind), the fixed cost the kernel table leaves out: the median of (measured
+    seconds - the simulator's kernel and dense seconds for the same step) over one policy's timed steps, never below
+    0. The host work of launching a step (a graph replay, the eager attention launches between piecewise graphs,
+    every launch of an eager step) is what it holds; fitted on one policy, then held for the others and other runs."""
+    out = {}
+    for kind in STEP_KINDS:
+        rest = [m - p for k, _, m, p in priced if k == kind]
+        if rest:
+            out[kind] = {"overhead_s": max(0.0, float(np.median(rest))), "steps": len(rest)}
+    return out
 
 
 def run_predict(args: Any) -> int:
     """CPU: the plain simulator on the measured run's window with the packaged dataset, beside the measurements; with
-    --calibrate POLICY also a second prediction whose per-step overhead is fitted on that policy's TPOT and held for
-    the others (their errors are out of sample; the fitted policy's TPOT error is 0 by construction)."""
+    --calibrate POLICY also a second prediction whose step overheads per kind of step are fitted on that policy's
+    step records (fit_overheads) and held for the others (their errors are out of sample), or with
+    --calibration-from those of another run. The choices the data could not time go to untimed_plan.json."""
     from kernel_gym.measure import make_backend
     from kernel_gym.traffic.simulator import BackendTimer
 
@@ -790,32 +794,39 @@ def run_predict(args: Any) -> int:
     if args.calibrate and not args.calibration_from and args.calibrate not in data["measured"]:
         raise SystemExit(f"--calibrate {args.calibrate!r}: not a measured policy; measured: {list(data['measured'])}")
     summary: dict = {"meta": meta, "policies": {}}
-    overhead = None
-    if args.calibration_from:  # an overhead fitted on another run: every policy here is out of sample
+    if backend is not None:  # what priced the prediction: the code and the dataset (meta is the measured run's)
+        from kernel_gym.train.tracking import git_commit
+
+        summary["prediction"] = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}
+    overheads = None
+    if args.calibration_from:  # overheads fitted on another run: every policy here is out of sample
         fitted = json.loads(Path(args.calibration_from).read_text()).get("calibration")
-        if not fitted:
-            raise SystemExit(f"--calibration-from {args.calibration_from}: no 'calibration' entry (run --predict "
-                             "--calibrate POLICY on that run first)")
-        overhead = float(fitted["step_overhead_s"])
+        if not fitted or "step_overheads_s" not in fitted:
+            raise SystemExit(f"--calibration-from {args.calibration_from}: no step-overhead calibration there (run "
+                             "--predict --calibrate POLICY on that run first)")
         layers = int(fitted.get("num_layers") or model.num_layers)
-        if layers != model.num_layers:  # the host work is per layer (launches, MoE alignment): scale by the depth
-            overhead *= model.num_layers / layers
-        summary["calibration"] = {**fitted, "from": str(args.calibration_from), "applied_step_overhead_s": overhead,
+        # the host work is per layer (launches, graph nodes): scaled by the depth
+        overheads = {k: v * model.num_layers / layers for k, v in fitted["step_overheads_s"].items()}
+        summary["calibration"] = {**fitted, "from": str(args.calibration_from), "applied_step_overheads_s": overheads,
                                   "scaled_by_layers": [layers, model.num_layers]}
         args.calibrate = args.calibrate or "(another run)"
     elif args.calibrate:
-        overhead = calibrate_overhead(args.calibrate, data["measured"][args.calibrate],
-                                      lambda o: _predict_one(args.calibrate, model, trace, timer, backend, args, meta,
-                                                             o)[0])
-        summary["calibration"] = {"policy": args.calibrate, "step_overhead_s": overhead, "num_layers": model.num_layers,
-                                  "note": "fitted on this policy's measured TPOT p50; held for the other policies"}
-        log(f"calibrated step overhead on {args.calibrate}: {overhead * 1e3:.1f} ms per step")
+        fit = fit_overheads(priced_steps(args.out, args.calibrate, model, trace, timer, backend, args, meta))
+        if not fit:
+            raise SystemExit(f"--calibrate {args.calibrate}: no step records of that policy in {args.out}")
+        overheads = {k: v["overhead_s"] for k, v in fit.items()}
+        summary["calibration"] = {"policy": args.calibrate, "step_overheads_s": overheads,
+                                  "num_layers": model.num_layers, "steps": {k: v["steps"] for k, v in fit.items()},
+                                  "note": "per kind of step, the median of measured - priced seconds over this "
+                                          "policy's steps; held for the other policies"}
+        log(f"calibrated step overheads on {args.calibrate}: "
+            + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in overheads.items()))
     guards: list = []  # every prediction's chooser: their untimed choices become untimed_plan.json
     for spec, measured in data["measured"].items():
         try:
             pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
             guards.append(guard)
-            cal = _predict_one(spec, model, trace, timer, backend, args, meta, overhead)[0] if args.calibrate else None
+            cal = _predict_one(spec, model, trace, timer, backend, args, meta, overheads)[0] if overheads else None
         except (LookupError, RuntimeError) as exc:  # the dataset cannot time some step: say so, keep the others
             summary["policies"][spec] = {"measured": {k: measured[k] for k in METRICS},
                                          "prediction_error": f"{type(exc).__name__}: {exc}"[:400]}
@@ -843,8 +854,9 @@ def run_predict(args: Any) -> int:
                                      + (f" (calibrated {cal[k]:.4g})" if cal is not None else "") for k in METRICS))
     summary["step_fit"] = step_fit(args.out, data["measured"])
     if backend is not None:
-        summary["step_check"] = {spec: step_check(args.out, spec, model, trace, timer, backend, args, meta, guards)
-                                 for spec in data["measured"]}
+        plain = dict.fromkeys(STEP_KINDS, STEP_OVERHEAD_S)
+        summary["step_check"] = {spec: step_check(priced_steps(args.out, spec, model, trace, timer, backend, args,
+                                                               meta, guards), plain) for spec in data["measured"]}
         from kernel_gym.evaluate.replay import write_untimed_plan
 
         write_untimed_plan(guards, backend, args.out / "untimed_plan.json")
@@ -868,29 +880,39 @@ def read_steps(out: Path, spec: str) -> list[dict] | None:
     return json.loads(gzip.decompress(packed.read_bytes())) if packed.exists() else None
 
 
-def step_check(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
-               meta: dict, guards: list | None = None) -> dict:
-    """Each measured step beside the simulator's price for the same step (its chunks, decode batch and context,
-    tokens: Simulator.price_step plus its step overhead), per kind of step: where the prediction's error comes from,
-    whatever the scheduling did with it afterwards."""
+def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
+                 meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float]]:
+    """A policy's measured steps, each as (its kind: Simulator.step_kind, whether it has prefill chunks, measured
+    seconds, the simulator's kernel and dense seconds for the same step: its chunks, decode batch and context,
+    tokens); [] without step records. The pricing chooser goes to `guards` (its untimed choices are planned too)."""
     from kernel_gym.evaluate.replay import GuardedChooser
 
     steps = read_steps(out, spec)
     if steps is None:
-        return {}
+        return []
     guard = GuardedChooser(make_chooser(spec, model), backend, model.num_layers)
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            **sim_kwargs(args, model), **graph_kwargs(meta))
     guard.sim = sim
     if guards is not None:
         guards.append(guard)
-    kinds: dict[str, list[tuple[float, float]]] = {"decode_only": [], "with_prefill": []}
+    priced = []
     for r in steps:
         chunks = [tuple(c) for c in r["chunks"]]
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
                                          [])
-        kinds["with_prefill" if chunks else "decode_only"].append((r["seconds"], kernel_s + dense + sim.overhead_s))
+        priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense))
+    return priced
+
+
+def step_check(priced: list[tuple[str, bool, float, float]], overheads: dict[str, float]) -> dict:
+    """Each measured step beside the simulator's price for it (priced_steps plus its kind's overhead), decode-only
+    steps apart from steps with prefill chunks: where the prediction's error comes from, whatever the scheduling did
+    with it afterwards."""
+    kinds: dict[str, list[tuple[float, float]]] = {"decode_only": [], "with_prefill": []}
+    for kind, has_chunks, measured, price in priced:
+        kinds["with_prefill" if has_chunks else "decode_only"].append((measured, price + overheads[kind]))
     check = {}
     for kind, rows in kinds.items():
         if rows:
@@ -922,7 +944,7 @@ def live_check(runs: list[Path]) -> dict:
                              "commit": s["meta"].get("commit"), **row["relative_error"]})
     if not rows:
         raise SystemExit(f"no predicted policies in {[str(r) for r in runs]}: run --predict on each first")
-    return {"source": "scripts/live_e2e.py --live-check (H200 runs with CUDA graphs, plain simulator)",
+    return {"source": "benchmarks/live_e2e/run.py --live-check (H200 runs with CUDA graphs, plain simulator)",
             "runs": sorted({r["run"] for r in rows}), "models": sorted({r["model"] for r in rows}),
             "rows": sorted(rows, key=lambda r: (r["run"], r["policy"])),
             "range": {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in METRICS}}
@@ -975,9 +997,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--live-check", nargs="+", type=Path, metavar="RUN",
                    help="CPU: the error ranges of these predicted runs into kernel_gym/data/live_check.json")
     p.add_argument("--calibrate", default="", metavar="POLICY",
-                   help="with --predict: also fit the per-step overhead on this policy's TPOT, held for the others")
+                   help="with --predict: also fit the step overheads per kind of step (graph, piecewise, eager) on "
+                        "this policy's step records, held for the others")
     p.add_argument("--calibration-from", default="", metavar="SUMMARY",
-                   help="with --predict: hold the per-step overhead fitted in another run's summary.json")
+                   help="with --predict: hold the step overheads fitted in another run's summary.json (scaled by "
+                        "the depth)")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
     args = p.parse_args(argv)
     if args.out is None and not args.live_check:

@@ -468,8 +468,10 @@ def write_untimed_plan(guards: Sequence[GuardedChooser | None], backend: Any, pa
     path.parent.mkdir(parents=True, exist_ok=True)
     write_plan(plan, path)
     print(f"untimed choices: {counts['calls']} calls the data could not time -> {path}: {counts['configs']} configs "
-          f"at {counts['workloads']} stored shapes" + (f" ({counts['unbracketed']} calls outside the measured grid "
-                                                       "left out)" if counts["unbracketed"] else "")
+          f"at {counts['workloads']} stored shapes"
+          + (f"; {counts['unbracketed']} calls outside the measured grid left out" if counts["unbracketed"] else "")
+          + (f"; {counts['stored_not_ok']} configs already stored there as failed or too noisy to rank"
+             if counts["stored_not_ok"] else "")
           + ("; measure them with `kernel-gym collect --plan " + str(path) + "` on the GPU" if plan else ""),
           file=sys.stderr, flush=True)
     return path

@@ -33,6 +33,11 @@ COMPILE_S_DEFAULT = 0.27  # docs/architecture.md: Triton compile on first call, 
 # Fixed host-side cost of one engine step (scheduling, input preparation, kernel launches, sampling bookkeeping).
 # An assumption, not a measurement from this project: see docs/simulator.md; pass step_overhead_s= to change it.
 STEP_OVERHEAD_S = 2e-3
+# How an engine with CUDA graphs runs a step (vLLM's full-and-piecewise mode), the kinds `step_overheads` is keyed by:
+# "graph" a decode-only step replayed as one graph; "piecewise" a step with prefill chunks within the graph size (the
+# layers' work replays graphs, attention launches eagerly between them); "eager" a larger step, or every step of an
+# engine without graphs (cuda_graph_max_tokens = 0).
+STEP_KINDS = ("graph", "piecewise", "eager")
 SKEW_GRID = 0.05  # effective skew is rounded to this grid before building MoEWorkload (memo hits)
 CHUNK_ATTENTION_MODES = ("auto", "prefix", "equivalent")  # how prefill chunks are charged (see Simulator)
 OVERLOAD_UTILISATION = 0.97  # busy fraction of the arrival window above which a growing queue means overload
@@ -255,6 +260,8 @@ class Simulator:
     cuda_graph_max_tokens: an engine that replays CUDA graphs for steps of up to this many tokens (vLLM's default
     capture sizes, `capture_size`) runs such a step at its capture size, its extra rows padding: the MoE layer and
     the dense ops are charged for the padded rows. 0 (default): eager steps, charged for their tokens.
+    step_overheads: the fixed host cost per kind of step (STEP_KINDS: {"graph": s, "piecewise": s, "eager": s}), for
+    an engine whose launches cost differently by how the step runs; a kind left out costs step_overhead_s.
     """
 
     def __init__(
@@ -278,6 +285,7 @@ class Simulator:
         prefix_caching: bool = True,
         chunk_attention: str = "auto",
         cuda_graph_max_tokens: int = 0,
+        step_overheads: dict[str, float] | None = None,
     ) -> None:
         if chunk_attention not in CHUNK_ATTENTION_MODES:
             raise ValueError(f"chunk_attention {chunk_attention!r} is not one of {CHUNK_ATTENTION_MODES}")
@@ -296,6 +304,10 @@ class Simulator:
         self.max_tokens = int(max_num_batched_tokens)
         self.max_seqs = int(max_num_seqs)
         self.overhead_s = float(step_overhead_s)
+        unknown = set(step_overheads or ()) - set(STEP_KINDS)
+        if unknown:
+            raise ValueError(f"step_overheads: unknown step kinds {sorted(unknown)}; the kinds are {STEP_KINDS}")
+        self.overheads = {k: float((step_overheads or {}).get(k, self.overhead_s)) for k in STEP_KINDS}
         self.graph_max_tokens = int(cuda_graph_max_tokens)
         self.compile_fn = compile_s
         self.vocab = int(vocab_size)
@@ -623,6 +635,12 @@ class Simulator:
             self._chunk_ok[key] = ok
         return ok
 
+    def step_kind(self, has_chunks: bool, num_tokens: int) -> str:
+        """How the engine runs a step of `num_tokens` tokens (STEP_KINDS)."""
+        if num_tokens > self.graph_max_tokens:
+            return "eager"
+        return "piecewise" if has_chunks else "graph"
+
     def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
                    stall: list) -> tuple[float, float]:
         """(tuned-kernel seconds over all layers, untuned dense seconds) of one step: its prefill chunks
@@ -723,7 +741,8 @@ class Simulator:
         for s, reason in stall:
             stall_s += s
             self.stalls.append((self.clock, s, reason))
-        duration = self._step_seconds(kernel_s + dense + self.overhead_s + stall_s, chunks, dec)
+        overhead = self.overheads[self.step_kind(bool(chunks), num_tokens)]
+        duration = self._step_seconds(kernel_s + dense + overhead + stall_s, chunks, dec)
         t_start = self.clock
         waiting_n = len(self.waiting)
         running_n = batch + len(self.pref)

@@ -292,7 +292,8 @@ def untimed_plan(guards: Any, backend: Any) -> tuple[list[dict], dict[str, int]]
     Each config goes to the stored workloads an answer for its call reads (the call's own when stored, else the
     workloads interpolation brackets it with: RecordedBackend.answer_workloads), never to a new shape: a shape
     stored with a few configs would stand in the way of the interpolation every other config gets there. Calls no
-    stored shape brackets are counted as `unbracketed` and left out (collect that grid region first)."""
+    stored shape brackets are counted as `unbracketed` and left out (collect that grid region first); configs stored
+    there with another status (failed, too noisy to rank) as `stored_not_ok`."""
     inner = getattr(backend, "inner", backend)  # a CoveredBackend answers through the recorded one
     answer_workloads = getattr(inner, "answer_workloads", None)
     entries: dict[tuple[str, str], set[str]] = {}
@@ -307,8 +308,10 @@ def untimed_plan(guards: Any, backend: Any) -> tuple[list[dict], dict[str, int]]
             for wkey in reads:
                 entries.setdefault((kernel, wkey), set()).update(configs)
     plan = [{"kernel": k, "workload": w, "configs": sorted(c)} for (k, w), c in sorted(entries.items())]
+    planned = sum(len(e["configs"]) for e in plan)
     if hasattr(inner, "stored_keys"):
-        plan = remaining(plan, inner)  # what is stored there already (with any status) is not measured again
+        plan = remaining(plan, inner)  # stored there already (failed, or too noisy to rank): not measured again
     counts["configs"] = sum(len(e["configs"]) for e in plan)
+    counts["stored_not_ok"] = planned - counts["configs"]
     counts["workloads"] = len(plan)
     return plan, counts

@@ -44,7 +44,7 @@ def test_untimed_choice_is_planned_at_the_bracketing_shapes_and_priced_once_meas
     assert guard.choose("fused_moe", BETWEEN, KV) != cfg and guard.fallbacks == 1  # untimed: it fell back
 
     plan, counts = untimed_plan([guard], backend)
-    assert counts == {"calls": 1, "configs": 2, "unbracketed": 0, "workloads": 2}
+    assert counts == {"calls": 1, "configs": 2, "unbracketed": 0, "workloads": 2, "stored_not_ok": 0}
     assert sorted(e["workload"] for e in plan) == sorted(corners)
     assert all(e["kernel"] == "fused_moe" and e["configs"] == [str(cfg)] for e in plan)
     path = write_untimed_plan([guard, None], backend, tmp_path / "plan.json")

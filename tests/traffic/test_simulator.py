@@ -137,6 +137,32 @@ def test_single_request_timeline_and_chunked_prefill():
     assert res.e2e_s[0] == pytest.approx(res.step_column("duration_s").sum())
 
 
+def test_each_kind_of_step_pays_its_own_overhead():
+    """With CUDA graphs, decode-only steps within the graph size pay the "graph" overhead, steps with chunks there
+    "piecewise", larger steps "eager"; a kind left out pays step_overhead_s; an unknown kind is refused."""
+    from kernel_gym.traffic.simulator import STEP_KINDS
+
+    tr = Trace("one", np.array([0.0]), np.array([600]), np.array([3]))
+    timer = AnalyticTimer()
+    pre = {(k, c) for k, c in chooser().configs.items()}
+    base = sim(tr, timer, chooser(), step_overhead_s=0.0, precompiled=pre, cuda_graph_max_tokens=512,
+               max_num_batched_tokens=512).run()
+    costs = {"graph": 0.01, "piecewise": 0.1, "eager": 1.0}
+    got = sim(tr, timer, chooser(), step_overhead_s=0.0, precompiled=pre, cuda_graph_max_tokens=512,
+              max_num_batched_tokens=512, step_overheads=costs).run()
+    extra = got.step_column("duration_s") - base.step_column("duration_s")
+    prefill = got.step_column("prefill_tokens")  # chunks of 512 then 88 tokens, then 2 decode-only steps
+    assert list(prefill) == [512, 88, 0, 0]
+    assert extra == pytest.approx([0.1, 0.1, 0.01, 0.01])
+    eager = sim(tr, timer, chooser(), step_overhead_s=0.5, precompiled=pre, max_num_batched_tokens=512,
+                step_overheads={"graph": 0.01}).run()  # no graphs: every step eager, at step_overhead_s
+    plain = sim(tr, timer, chooser(), step_overhead_s=0.0, precompiled=pre, max_num_batched_tokens=512).run()
+    assert eager.step_column("duration_s") - plain.step_column("duration_s") == pytest.approx([0.5] * 4)
+    assert set(STEP_KINDS) == set(costs)
+    with pytest.raises(ValueError, match="unknown step kinds"):
+        sim(tr, timer, step_overheads={"warm": 0.1})
+
+
 def test_step_time_is_kernels_times_layers_plus_dense_plus_overhead():
     tr = Trace("one", np.array([0.0]), np.array([100]), np.array([2]))
     timer = AnalyticTimer()
