@@ -48,9 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-knobs", action="store_true", help="plan the values of knobs added since, at stored shapes")
     p.add_argument("--configs-per-shape", type=int, default=48, help="--new-shapes: collect's seeded sample size")
     p.add_argument("--neighbour-top", type=int, default=16, help="--new-shapes: fastest configs of each neighbour")
+    p.add_argument("--fill", action="store_true",
+                   help="--new-shapes: every grid shape without rows, also at values other stored shapes have (the "
+                        "holes that keep interpolation from bracketing the shapes around them)")
     args = p.parse_args(argv)
     if args.depth < 1 or args.top < 0 or args.neighbour_top < 0 or args.configs_per_shape < 0:
         p.error("--depth must be >= 1; --top, --neighbour-top and --configs-per-shape >= 0")
+    if args.fill and not args.new_shapes:
+        p.error("--fill goes with --new-shapes")
     if args.new_shapes and args.new_knobs:
         p.error("--new-shapes and --new-knobs make separate plans: give one")
 
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     if args.new_shapes:
         plan, summary = plans.new_shapes_plan(backend, kernels, models, args.configs_per_shape, args.neighbour_top,
-                                              log)
+                                              log, fill=args.fill)
     elif args.new_knobs:
         plan, summary = plans.new_knobs_plan(backend, kernels, models, args.top, log)
     else:

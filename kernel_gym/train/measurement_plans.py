@@ -82,9 +82,12 @@ def coverage_plan(backend: Any, kernels: list[str], models: list[str], depth: in
 
 
 def new_shapes_plan(backend: Any, kernels: list[str], models: list[str], per_shape: int, neighbour_top: int,
-                    log: Log = print) -> tuple[list[dict], dict]:
+                    log: Log = print, fill: bool = False) -> tuple[list[dict], dict]:
     """Per grid shape without stored rows: collect's seeded sample, the default, the training catalogue, and the
-    fastest stored configs of its nearest measured neighbours below and above along the first feature axis."""
+    fastest stored configs of its nearest measured neighbours below and above along the first feature axis.
+    fill: every such grid shape; else only those at first-axis values no stored shape has (the values the grid
+    gained). Filling matters where interpolation needs the holes: it brackets a shape only when every corner of
+    the grid cell around it is stored (decode at 64-256 sequences and short contexts, where a loaded server runs)."""
     from kernel_gym.dispatch.catalogue import primary_value
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
@@ -111,7 +114,8 @@ def new_shapes_plan(backend: Any, kernels: list[str], models: list[str], per_sha
         # unmeasured at old values (sampled out, or cut by a collection's budget) stay as they were.
         old_values = {primary_value(workload_from_key(kernel, w)) for w in stored_shapes}
         new = {w: workload_from_key(kernel, w) for w in sampled}
-        new = {w: wl for w, wl in new.items() if primary_value(wl) not in old_values}
+        if not fill:
+            new = {w: wl for w, wl in new.items() if primary_value(wl) not in old_values}
         n = 0
         # Smallest values first (a collection cut by its budget keeps those: where decode's winners change fastest).
         for wkey, workload in sorted(new.items(), key=lambda kv: (primary_value(kv[1]), kv[0])):
@@ -261,8 +265,8 @@ def zoo_plan(kernel: str, backend: Any, sample: int, max_candidates: int, design
 
 
 def remaining(plan: list[dict], backend: Any) -> list[dict]:
-    """The entries of `plan` not yet in the backend's data and still valid: largest-M MoE cells first, then the other
-    uniform MoE cells, then skewed ones, then the other kernels (plan order within each)."""
+    """The entries of `plan` not yet in the backend's data and still valid: largest-M MoE cells first (of any MoE
+    family), then the other uniform MoE cells, then skewed ones, then the other kernels (plan order within each)."""
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.measure.worker import workload_from_key
@@ -279,7 +283,7 @@ def remaining(plan: list[dict], backend: Any) -> list[dict]:
 
     def priority(e: dict) -> int:
         w = json.loads(e["workload"])
-        if e["kernel"] != "fused_moe":
+        if "num_tokens" not in w:  # not an MoE workload (its token count and routing skew order the cells)
             return 3
         return 0 if w["num_tokens"] >= 4096 else 2 if w.get("skew", 0.0) > 0 else 1
 
