@@ -17,7 +17,7 @@ SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_
 OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim")
 
 
-# Its int field list has the shape of prefill_gluon's GluonConfig (duplicate scan): unrelated records.
+# Its int field list has the shape of prefill_gluon's GluonVariant (duplicate scan): unrelated records.
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape-defining numbers of a Mixture-of-Experts decoder."""

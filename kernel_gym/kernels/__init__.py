@@ -11,6 +11,8 @@ from kernel_gym.kernels import profiles as _profiles
 from kernel_gym.kernels.space import Config, KernelFamily, Knob, KnobSpace
 
 
+# Same methods as dispatch/observation.py's live Mappings (duplicate scan): that file is bundled without kernel_gym
+# beside a logged model, so it cannot import this one; the methods are the ones Mapping asks for.
 class _FamilyModules(Mapping[str, str]):
     """kernel -> import path of its module, read live from the registered profiles."""
 

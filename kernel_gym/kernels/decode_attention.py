@@ -36,7 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
+from kernel_gym.kernels import attention
+from kernel_gym.kernels.attention import LAYOUTS, PagedKV, load_rows
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace  # noqa: F401 (tests read it here)
 from kernel_gym.kernels.workloads import DecodeWorkload
 
 NUM_SMS = 132  # H200 streaming multiprocessors
@@ -47,15 +49,15 @@ MIN_TILE_PER_THREAD = 32  # with 8 warps, fewer tile elements per thread than th
 MAX_STATE_PER_THREAD = 128  # fp32 accumulator + score elements per thread for the grouped (tl.dot) path
 MAX_PAGES_PER_BLOCK = 2  # BLOCK_N may span at most this many pages (one block-table gather per token)
 MIN_BLOCK_FRACTION = 2  # BLOCK_N must cover at least PAGE_SIZE / this (smaller blocks only add loop iterations)
-LAYOUTS = ("NHD", "HND")
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_LOG2E = 1.4426950408889634
+_DTYPE_BYTES = attention.DTYPE_BYTES
+_LOG2E = attention.LOG2E
 
 
 # ---- kernels ----------------------------------------------------------------------------------------------------
 
 
+# Same shape as prefix_prefill's _kv_rows (duplicate scan): both look pages up once per block or per token, but this
+# one returns element offsets of one kv head (page and slot strides), that one rows of the cache's 2-D TMA view.
 @triton.jit
 def _kv_offsets(bt_row, tok0, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE: tl.constexpr,
                 BLOCK_N: tl.constexpr):
@@ -77,11 +79,8 @@ def _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scal
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     kv_offs = offs[:, None] + offs_d[None, :]
-    if MASKED:
-        in_seq = (tok0 + offs_n) < seq_len
-        k = tl.load(k_head + kv_offs, mask=in_seq[:, None], other=0.0)
-    else:
-        k = tl.load(k_head + kv_offs)
+    in_seq = (tok0 + offs_n) < seq_len  # read only when MASKED
+    k = load_rows(k_head + kv_offs, in_seq, MASKED)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         s = tl.where(in_seq[None, :], s, float("-inf"))
@@ -89,10 +88,7 @@ def _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scal
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED:
-        v = tl.load(v_head + kv_offs, mask=in_seq[:, None], other=0.0)
-    else:
-        v = tl.load(v_head + kv_offs)
+    v = load_rows(v_head + kv_offs, in_seq, MASKED)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
@@ -105,11 +101,8 @@ def _per_head_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_sca
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     kv_offs = offs[:, None] + offs_d[None, :]
-    if MASKED:
-        in_seq = (tok0 + offs_n) < seq_len
-        k = tl.load(k_head + kv_offs, mask=in_seq[:, None], other=0.0)
-    else:
-        k = tl.load(k_head + kv_offs)
+    in_seq = (tok0 + offs_n) < seq_len  # read only when MASKED
+    k = load_rows(k_head + kv_offs, in_seq, MASKED)
     s = tl.sum(k.to(tl.float32) * q[None, :], 1) * qk_scale
     if MASKED:
         s = tl.where(in_seq, s, float("-inf"))
@@ -117,10 +110,7 @@ def _per_head_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_sca
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(s - m_new)
     l_i = l_i * alpha + tl.sum(p, 0)
-    if MASKED:
-        v = tl.load(v_head + kv_offs, mask=in_seq[:, None], other=0.0)
-    else:
-        v = tl.load(v_head + kv_offs)
+    v = load_rows(v_head + kv_offs, in_seq, MASKED)
     acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
     return acc, l_i, m_new
 
@@ -136,6 +126,8 @@ def _split_range(ContextLens, pid_b, pid_s, NUM_SPLITS: tl.constexpr, BLOCK_N: t
     return seq_len, start, end, n_full
 
 
+# Opens as _decode_per_head_kernel does (duplicate scan: the same asserts, program ids and split range): two
+# kernels, not one with a constexpr path, so each compiles and is named on its own; the bodies differ from there.
 @triton.jit
 def _decode_grouped_kernel(
     Q, K, V, BlockTable, ContextLens, Out, PartOut, PartLse, Arrived,
@@ -319,13 +311,6 @@ def _shared_memory_bytes(config: Config, workload: DecodeWorkload) -> int:
     return need
 
 
-def _rule_head_dim(config: Config, workload: DecodeWorkload) -> str | None:
-    d = workload.head_dim
-    if d < 16 or d > 256 or d & (d - 1):
-        return f"head_dim {d} must be a power of two in [16, 256] (tl.arange and tl.dot tile shapes); pad the heads"
-    return None
-
-
 def _rule_block_vs_page(config: Config, workload: DecodeWorkload) -> str | None:
     bn, page = int(config["BLOCK_N"]), int(config["PAGE_SIZE"])
     if bn > MAX_PAGES_PER_BLOCK * page:
@@ -380,13 +365,7 @@ def _rule_combine(config: Config, workload: DecodeWorkload) -> str | None:
 
 def _rule_shared_memory(config: Config, workload: DecodeWorkload) -> str | None:
     need = _shared_memory_bytes(config, workload)
-    if need > SHARED_MEMORY_LIMIT:
-        return (
-            f"shared memory estimate {need} B exceeds the H200's {SHARED_MEMORY_LIMIT} B per block "
-            f"(BLOCK_N={config['BLOCK_N']}, num_stages={config['num_stages']}, head_dim={workload.head_dim}, "
-            f"{workload.dtype}); lower num_stages or BLOCK_N"
-        )
-    return None
+    return attention.shared_memory_reason(need, config, workload, ("BLOCK_N", "num_stages"))
 
 
 def _rule_registers(config: Config, workload: DecodeWorkload) -> str | None:
@@ -428,7 +407,8 @@ SPACE = KnobSpace(
         Knob("GQA_GROUPED", (0, 1), "1 = one program per kv head holds all its q heads (K/V read once)"),
         Knob("COMBINE", (0, 1), "1 = the last split program combines the splits (one launch, not two)", legacy=0),
     ],
-    rules=[_rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_combine, _rule_shared_memory, _rule_registers],
+    rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_combine, _rule_shared_memory,
+           _rule_registers],
 )
 
 
@@ -450,65 +430,17 @@ class DecodeInputs:
     seed: int
 
 
-@dataclass(eq=False)
-class PagedCache:
-    """A paged copy of the KV of DecodeInputs for one PAGE_SIZE and LAYOUT (built by page_kv_cache)."""
-
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_table: torch.Tensor  # [B, max_pages] int32; entries past a sequence's last page are 0 and never read
-    page_size: int
-    layout: str
-
-    def strides(self) -> tuple[int, int, int]:
-        """(page, slot, kv head) element strides of the cache; the head-dim stride is 1."""
-        c = self.k_cache
-        if self.layout == "NHD":
-            return c.stride(0), c.stride(1), c.stride(2)
-        return c.stride(0), c.stride(2), c.stride(1)
+PagedCache = PagedKV  # a paged copy of the KV of DecodeInputs (page_kv_cache), the class prefix_prefill reads too
 
 
 def _check_workload(workload: object) -> DecodeWorkload:
-    if not isinstance(workload, DecodeWorkload):
-        raise TypeError(f"decode_attention needs a DecodeWorkload, got {type(workload).__name__}: {workload!r}")
-    reason = _rule_head_dim(Config(), workload)
-    if reason:
-        raise ValueError(reason)
-    return workload
+    return attention.check_workload(workload, DecodeWorkload, "decode_attention")
 
 
 def page_kv_cache(inputs: DecodeInputs, page_size: int, layout: str) -> PagedCache:
-    """Scatter the contiguous K/V into shuffled physical pages (plus ~1/8 spare pages that no sequence uses)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout {layout!r} is not supported; use one of {LAYOUTS}")
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    w = inputs.workload
-    device = inputs.k.device
-    lens = w.context_lens()
-    pages_per_seq = [triton.cdiv(n, page_size) for n in lens]
-    used = sum(pages_per_seq)
-    num_pages = used + max(1, used // 8)
-    gen = torch.Generator(device="cpu").manual_seed(inputs.seed * 1009 + page_size)
-    physical = torch.randperm(num_pages, generator=gen)[:used].to(torch.int32)
-    block_table = torch.zeros(w.batch, max(pages_per_seq), dtype=torch.int32)
-    for b, chunk in enumerate(torch.split(physical, pages_per_seq)):
-        block_table[b, : len(chunk)] = chunk
-    block_table = block_table.to(device)
-
-    lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
-    seq_of_token = torch.repeat_interleave(torch.arange(w.batch, device=device), lens_t)
-    pos = torch.arange(int(lens_t.sum()), device=device) - inputs.cu_context[:-1][seq_of_token]
-    page = block_table[seq_of_token, pos // page_size].long()
-    slot = pos % page_size
-
-    def paged(x: torch.Tensor) -> torch.Tensor:
-        cache = torch.full((num_pages, page_size, w.num_kv_heads, w.head_dim), float("nan"), dtype=x.dtype,
-                           device=device)
-        cache[page, slot] = x
-        return cache if layout == "NHD" else cache.permute(0, 2, 1, 3).contiguous()
-
-    return PagedCache(paged(inputs.k), paged(inputs.v), block_table, page_size, layout)
+    """Scatter the contiguous K/V into shuffled physical pages (plus ~1/8 spare pages that no sequence uses; slots
+    past a sequence's end NaN): attention.page_kv, as the prefix_prefill family pages its contexts."""
+    return attention.page_kv(inputs.k, inputs.v, inputs.workload.context_lens(), page_size, layout, inputs.seed)
 
 
 _last_paged: list = []  # [(inputs, page_size, layout, PagedCache)]: one entry, so memory stays bounded
@@ -517,12 +449,8 @@ _last_paged: list = []  # [(inputs, page_size, layout, PagedCache)]: one entry, 
 def _paged_cache_memo(inputs: DecodeInputs, page_size: int, layout: str) -> PagedCache:
     """page_kv_cache, reusing the last result when consecutive configs share inputs, page size and layout (collection
     orders each workload's configs by page size and layout, so paging is done once per layout, not once per config)."""
-    if _last_paged and _last_paged[0][0] is inputs and _last_paged[0][1:3] == (page_size, layout):
-        return _last_paged[0][3]
-    _last_paged.clear()
-    cache = page_kv_cache(inputs, page_size, layout)
-    _last_paged.append((inputs, page_size, layout, cache))
-    return cache
+    return attention.reuse_last(_last_paged, inputs, page_size, layout,
+                                lambda: page_kv_cache(inputs, page_size, layout))
 
 
 def paged_launch(q: torch.Tensor, cache: PagedCache, context_lens: torch.Tensor, config: Config, sm_scale: float,
@@ -606,13 +534,11 @@ class DecodeAttentionFamily:
         """q scaled by 2 so softmax is peaked (outputs of order 0.1-1, not ~1/sqrt(context)): errors stay visible."""
         workload = _check_workload(workload)
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        dtype = _TORCH_DTYPES[workload.dtype]
         lens = workload.context_lens()
         total, d = sum(lens), workload.head_dim
 
         def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-            x = torch.randn(*shape, generator=gen, dtype=torch.float32) * scale
-            return x.to(device=device, dtype=dtype)
+            return attention.randn(gen, shape, device, workload.dtype, scale)
 
         q = randn(workload.batch, workload.num_heads, d, scale=2.0)
         k = randn(total, workload.num_kv_heads, d)
@@ -625,16 +551,11 @@ class DecodeAttentionFamily:
         w = _check_workload(inputs.workload)
         self.space.check(config, w)
         total = sum(w.context_lens())
-        for name, x, shape in (
+        attention.check_shapes((
             ("q", inputs.q, (w.batch, w.num_heads, w.head_dim)),
             ("k", inputs.k, (total, w.num_kv_heads, w.head_dim)),
             ("v", inputs.v, (total, w.num_kv_heads, w.head_dim)),
-        ):
-            if tuple(x.shape) != shape or x.stride(-1) != 1:
-                raise ValueError(
-                    f"{name} has shape {tuple(x.shape)} strides {x.stride()}; expected {shape} with a contiguous "
-                    f"last dim (use make_inputs)"
-                )
+        ))
         cache = _paged_cache_memo(inputs, int(config["PAGE_SIZE"]), str(config["LAYOUT"]))
         return paged_launch(inputs.q, cache, inputs.context_lens, config, inputs.sm_scale, w.num_kv_heads)
 
@@ -655,9 +576,7 @@ class DecodeAttentionFamily:
         """fp32: IEEE dots, only summation order differs; fp16/bf16: P rounded to the input type before P@V and the
         output rounded once."""
         table = {"float32": (1e-4, 1e-4), "float16": (4e-3, 4e-3), "bfloat16": (2e-2, 2e-2)}
-        if dtype not in table:
-            raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(table)}")
-        return table[dtype]
+        return attention.tolerance(table, dtype)
 
     def flops(self, workload: DecodeWorkload) -> float:
         """4 * sum(context_lens) * D * H: QK^T and PV, 2 flops per multiply-add."""

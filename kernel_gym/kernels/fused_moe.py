@@ -140,6 +140,8 @@ def _gate_up_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=slot_mask[:, None] & (offs_n[None, :] < n_out))
 
 
+# Its K loop and weight epilogue have the shape of vllm_moe._gemm_block's (duplicate scan): that is vLLM's kernel as
+# published (no EVEN_K, no split-K, no fused sum), this kernel_gym's own; each family's rows time its own kernel.
 @triton.jit(do_not_specialize=["num_valid_slots", "num_m_blocks"])
 def _down_kernel(
     act_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr,
@@ -291,6 +293,8 @@ def _gate_up_tma_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=slot_mask[:, None])
 
 
+# Opens as _gate_up_tma_kernel does (duplicate scan: tile ids, expert, early exit, slots): the exit must stay in
+# each kernel body (a row block past the routed ones returns before its slots are loaded), so they stay inline.
 @triton.jit
 def _down_tma_kernel(
     act, w_desc, y_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_valid_slots, num_m_blocks, N, K,

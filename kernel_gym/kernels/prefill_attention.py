@@ -38,18 +38,28 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
+from kernel_gym.kernels import attention
+from kernel_gym.kernels.attention import load_rows, online_softmax
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace  # noqa: F401 (tests read it here)
 from kernel_gym.kernels.workloads import PrefillWorkload
 
-MAX_STATE_PER_THREAD = 160  # fp32 acc + score elements per thread; above it ptxas (sm_90) spills >100 B per thread
 HEAD_DIMS = (64, 128)  # head dims the kernel is built and tested for (also any power of two >= 16 up to 256)
 L2_SECTION = 8  # (sequence, kv head) pairs whose tiles run together (see the module docstring)
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_LOG2E = 1.4426950408889634
+_DTYPE_BYTES = attention.DTYPE_BYTES
+_LOG2E = attention.LOG2E
 
 
 # ---- kernels ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_kv(X, row, col, cols, stride_t, offs_d, seq_len, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """One K or V block: a TMA descriptor block at [row, col], or pointer rows `cols` (masked past seq_len)."""
+    if USE_TMA:
+        x = X.load([row, col])
+    else:
+        x = load_rows(X + cols[:, None] * stride_t + offs_d[None, :], cols < seq_len, MASKED)
+    return x
 
 
 @triton.jit
@@ -63,40 +73,20 @@ def _attn_inner(
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if USE_TMA:
-            k = K.load([kv_row0 + start_n, kv_col])
-        else:
-            k_ptrs = K + cols[:, None] * stride_kt + offs_d[None, :]
-            if MASKED:
-                k = tl.load(k_ptrs, mask=(cols < seq_len)[:, None], other=0.0)
-            else:
-                k = tl.load(k_ptrs)
+        k = _load_kv(K, kv_row0 + start_n, kv_col, cols, stride_kt, offs_d, seq_len, MASKED, USE_TMA)
         qk = tl.dot(q, tl.trans(k))
         if MASKED:
             keep = offs_m[:, None] >= cols[None, :]
             qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e6)
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_ij[:, None]
-        else:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_ij[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if USE_TMA:
-            v = V.load([kv_row0 + start_n, kv_col])
-        else:
-            v_ptrs = V + cols[:, None] * stride_vt + offs_d[None, :]
-            if MASKED:
-                v = tl.load(v_ptrs, mask=(cols < seq_len)[:, None], other=0.0)
-            else:
-                v = tl.load(v_ptrs)
+        p, m_ij, l_i, acc = online_softmax(qk, m_i, l_i, acc, qk_scale, MASKED)
+        v = _load_kv(V, kv_row0 + start_n, kv_col, cols, stride_vt, offs_d, seq_len, MASKED, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_ij
     return acc, l_i, m_i
 
 
+# Reads its work item as prefill_gluon._attn_fwd does (duplicate scan: the same table and cu_seqlens loads): that is
+# a Gluon kernel, which cannot call a Triton @jit helper, so each dialect keeps its few lines.
 @triton.jit
 def _prefill_fwd(
     Q, K, V, O, CU_SEQLENS, W_SEQ, W_BLOCK, W_HEAD,
@@ -165,34 +155,9 @@ def _shared_memory_bytes(config: Config, workload: PrefillWorkload) -> int:
     return b * (bm * d + stages * 2 * bn * d) + 1024
 
 
-def _rule_head_dim(config: Config, workload: PrefillWorkload) -> str | None:
-    d = workload.head_dim
-    if d < 16 or d > 256 or d & (d - 1):
-        return f"head_dim {d} must be a power of two in [16, 256] (tl.arange and tl.dot tile shapes); pad the heads"
-    return None
-
-
 def _rule_shared_memory(config: Config, workload: PrefillWorkload) -> str | None:
     need = _shared_memory_bytes(config, workload)
-    if need > SHARED_MEMORY_LIMIT:
-        return (
-            f"shared memory estimate {need} B exceeds the H200's {SHARED_MEMORY_LIMIT} B per block "
-            f"(BLOCK_M={config['BLOCK_M']}, BLOCK_N={config['BLOCK_N']}, num_stages={config['num_stages']}, "
-            f"head_dim={workload.head_dim}, {workload.dtype}); lower num_stages or BLOCK_N"
-        )
-    return None
-
-
-def _rule_registers(config: Config, workload: PrefillWorkload) -> str | None:
-    bm, bn, warps = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_warps"])
-    per_thread = bm * (workload.head_dim + bn) // (32 * warps)
-    if per_thread > MAX_STATE_PER_THREAD:
-        return (
-            f"register pressure: {per_thread} fp32 accumulator+score elements per thread "
-            f"(BLOCK_M*(head_dim+BLOCK_N)/(32*num_warps)) exceeds {MAX_STATE_PER_THREAD}; "
-            "use more warps or smaller blocks"
-        )
-    return None
+    return attention.shared_memory_reason(need, config, workload, ("BLOCK_M", "BLOCK_N", "num_stages"))
 
 
 SPACE = KnobSpace(
@@ -202,7 +167,7 @@ SPACE = KnobSpace(
         Knob("num_warps", (4, 8), "warps per program"),
         Knob("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
     ],
-    rules=[_rule_head_dim, _rule_shared_memory, _rule_registers],
+    rules=[attention.rule_head_dim, _rule_shared_memory, attention.rule_tile_registers],
 )
 
 # The IMPL knob came after the Triton kernel's rows were stored: "triton" (its legacy value, left out of configs, so
@@ -253,12 +218,7 @@ class PrefillInputs:
 
 
 def _check_workload(workload: object) -> PrefillWorkload:
-    if not isinstance(workload, PrefillWorkload):
-        raise TypeError(f"prefill_attention needs a PrefillWorkload, got {type(workload).__name__}: {workload!r}")
-    reason = _rule_head_dim(Config(), workload)
-    if reason:
-        raise ValueError(reason)
-    return workload
+    return attention.check_workload(workload, PrefillWorkload, "prefill_attention")
 
 
 def work_table(seq_lens: tuple[int, ...], num_heads: int, num_kv_heads: int, block_m: int,
@@ -280,43 +240,35 @@ def work_table(seq_lens: tuple[int, ...], num_heads: int, num_kv_heads: int, blo
     return [item for _, item in keyed]
 
 
-def use_tma(device: torch.device) -> bool:
-    """TMA descriptors on Hopper and newer GPUs and under the interpreter (which emulates them); pointers elsewhere."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device)[0] >= 9
-    return True
+use_tma = attention.has_tma  # TMA descriptors on sm_90+ and under the interpreter; pointers elsewhere
 
 
-class PrefillAttentionFamily:
+# Same shape as PrefixPrefillFamily (duplicate scan): the KernelFamily protocol's attributes and methods; what the two
+# share is in attention.py (TiledAttentionFamily, checks, randn, shrink_until_valid), the rest is each family's own.
+class PrefillAttentionFamily(attention.TiledAttentionFamily):
     """KernelFamily for causal GQA varlen prefill attention (see the module docstring)."""
 
     name = "prefill_attention"
     space = SPACE
     workload_type = PrefillWorkload
+    # fp32 allows for TF32 dots on the GPU; fp16/bf16 for P rounded to the input type before the PV dot
+    tolerances = {"float32": (5e-3, 5e-3), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}
 
     def default_config(self, workload: PrefillWorkload) -> Config:
         """Tutorial-06 heuristic: 128x64 tiles, 4 warps for D <= 64 else 8, 3 stages; halved until the rules pass."""
         workload = _check_workload(workload)
         config = Config(BLOCK_M=128, BLOCK_N=64, num_warps=4 if workload.head_dim <= 64 else 8, num_stages=3)
-        while not self.space.is_valid(config, workload):
-            if int(config["num_stages"]) > 2:
-                config = config.replace(num_stages=int(config["num_stages"]) - 1)
-            elif int(config["BLOCK_N"]) > 16:
-                config = config.replace(BLOCK_N=int(config["BLOCK_N"]) // 2)
-            elif int(config["BLOCK_M"]) > 16:
-                config = config.replace(BLOCK_M=int(config["BLOCK_M"]) // 2)
-            else:
-                self.space.check(config, workload)  # raises with the reason
-        return config
+        steps = (("num_stages", 2, attention.one_less), ("BLOCK_N", 16, attention.half),
+                 ("BLOCK_M", 16, attention.half))
+        return attention.shrink_until_valid(self.space, config, workload, steps)
 
     def make_inputs(self, workload: PrefillWorkload, device: str, seed: int = 0) -> PrefillInputs:
         workload = _check_workload(workload)
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        dtype = _TORCH_DTYPES[workload.dtype]
         t, d = workload.total_tokens, workload.head_dim
 
         def randn(heads: int) -> torch.Tensor:
-            return torch.randn(t, heads, d, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+            return attention.randn(gen, (t, heads, d), device, workload.dtype)
 
         q, k, v = randn(workload.num_heads), randn(workload.num_kv_heads), randn(workload.num_kv_heads)
         cu = torch.tensor([0, *itertools.accumulate(workload.seq_lens)], dtype=torch.int32, device=device)
@@ -326,12 +278,9 @@ class PrefillAttentionFamily:
         w = _check_workload(inputs.workload)
         self.space.check(config, w)
         q, k, v = inputs.q, inputs.k, inputs.v
-        for name, x, heads in (("q", q, w.num_heads), ("k", k, w.num_kv_heads), ("v", v, w.num_kv_heads)):
-            if tuple(x.shape) != (w.total_tokens, heads, w.head_dim) or x.stride(-1) != 1:
-                raise ValueError(
-                    f"{name} has shape {tuple(x.shape)} strides {x.stride()}; expected "
-                    f"({w.total_tokens}, {heads}, {w.head_dim}) with a contiguous last dim (use make_inputs)"
-                )
+        attention.check_shapes((name, x, (w.total_tokens, heads, w.head_dim))
+                               for name, x, heads in (("q", q, w.num_heads), ("k", k, w.num_kv_heads),
+                                                      ("v", v, w.num_kv_heads)))
         bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
         items = work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm)
         table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(q.device)
@@ -374,23 +323,9 @@ class PrefillAttentionFamily:
             q = inputs.q[a:b].float().transpose(0, 1)  # [H, n, D]
             k = inputs.k[a:b].float().repeat_interleave(group, dim=1).transpose(0, 1)
             v = inputs.v[a:b].float().repeat_interleave(group, dim=1).transpose(0, 1)
-            scores = (q @ k.transpose(1, 2)) * inputs.sm_scale
-            n = b - a
-            causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
-            scores = scores.masked_fill(~causal, float("-inf"))
-            out[a:b] = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1)
+            causal = torch.ones(b - a, b - a, dtype=torch.bool, device=out.device).tril()
+            out[a:b] = attention.reference_attend(q, k, v, inputs.sm_scale, causal).transpose(0, 1)
         return out
-
-    def tolerance(self, dtype: str) -> tuple[float, float]:
-        """fp32 allows for TF32 dots on the GPU; fp16/bf16 for P rounded to the input type before the PV dot."""
-        table = {"float32": (5e-3, 5e-3), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}
-        if dtype not in table:
-            raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(table)}")
-        return table[dtype]
-
-    def flops(self, workload: PrefillWorkload) -> float:
-        """4 * causal pairs * D * H: two matmuls, 2 flops per multiply-add, causal pairs only (as FlashAttention)."""
-        return 4.0 * workload.causal_pairs() * workload.head_dim * workload.num_heads
 
     def bytes_moved(self, workload: PrefillWorkload) -> float:
         """Bytes of q, k, v read and o written once."""

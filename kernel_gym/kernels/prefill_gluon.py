@@ -368,6 +368,8 @@ def _attn_fwd(
 # ---- variants ---------------------------------------------------------------------------------------------------
 
 
+# A frozen record of int fields that checks itself in __post_init__, as modelspec.ModelSpec and parallel.Layout are
+# (duplicate scan: the same shape); unrelated records, nothing to share.
 @dataclass(frozen=True)
 class GluonVariant:
     """One compile-time configuration of _attn_fwd (the IMPL knob picks one per config; scripts/exp_prefill_gluon.py

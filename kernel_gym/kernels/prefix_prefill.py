@@ -39,18 +39,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
+from kernel_gym.kernels import attention
+from kernel_gym.kernels.attention import LAYOUTS, PagedKV, load_rows, online_softmax
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace  # noqa: F401 (tests read it here)
 from kernel_gym.kernels.workloads import PrefixPrefillWorkload
 
 NUM_SMS = 132  # H200 streaming multiprocessors
-MAX_STATE_PER_THREAD = 160  # fp32 acc + score elements per thread (the prefill family's ptxas spill bound)
 SPLIT_COUNTS = (1, 2, 4, 8)
 SPLIT_MIN_KEYS = 2  # each split must cover at least this many BLOCK_N blocks of the longest context
 L2_SECTION = 8  # (request, kv head) pairs whose tiles run together
-LAYOUTS = ("NHD", "HND")
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_LOG2E = 1.4426950408889634
+_DTYPE_BYTES = attention.DTYPE_BYTES
+_LOG2E = attention.LOG2E
 _MASKED = tl.constexpr(-1.0e30)  # a masked pair's score: finite, so a row with no visible key in a block stays finite
 
 
@@ -101,32 +100,18 @@ def _attend(acc, l_i, m_i, q, K, V, bt_row, kv_col, head_row, rows_per_page, str
             k = K.load([row0, kv_col])
         else:
             kv_ptrs = rows[:, None] * stride_row + offs_d[None, :]
-            if MASKED:
-                k = tl.load(K + kv_ptrs, mask=in_ctx[:, None], other=0.0)
-            else:
-                k = tl.load(K + kv_ptrs)
+            k = load_rows(K + kv_ptrs, in_ctx, MASKED)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if MASKED:
             keep = (cols[None, :] <= q_pos[:, None]) & in_ctx[None, :]
             qk = tl.where(keep, qk * qk_scale, _MASKED)
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_ij[:, None]
-        else:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_ij[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        p, m_ij, l_i, acc = online_softmax(qk, m_i, l_i, acc, qk_scale, MASKED)
         if USE_TMA:
             v = V.load([row0, kv_col])
             if MASKED:
                 v = tl.where(in_ctx[:, None], v, 0.0)  # NaN slots past the context's end
         else:
-            if MASKED:
-                v = tl.load(V + kv_ptrs, mask=in_ctx[:, None], other=0.0)
-            else:
-                v = tl.load(V + kv_ptrs)
+            v = load_rows(V + kv_ptrs, in_ctx, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_ij
         rows = rows_next
@@ -259,13 +244,6 @@ def _shared_memory_bytes(config: Config, workload: PrefixPrefillWorkload) -> int
     return b * (bm * d + stages * 2 * bn * d) + 1024 + 128
 
 
-def _rule_head_dim(config: Config, workload: PrefixPrefillWorkload) -> str | None:
-    d = workload.head_dim
-    if d < 16 or d > 256 or d & (d - 1):
-        return f"head_dim {d} must be a power of two in [16, 256] (tl.arange and tl.dot tile shapes); pad the heads"
-    return None
-
-
 def _rule_block_vs_page(config: Config, workload: PrefixPrefillWorkload) -> str | None:
     bn, page = int(config["BLOCK_N"]), int(config["PAGE_SIZE"])
     if bn > 4 * page:
@@ -291,25 +269,7 @@ def _rule_splits(config: Config, workload: PrefixPrefillWorkload) -> str | None:
 
 def _rule_shared_memory(config: Config, workload: PrefixPrefillWorkload) -> str | None:
     need = _shared_memory_bytes(config, workload)
-    if need > SHARED_MEMORY_LIMIT:
-        return (
-            f"shared memory estimate {need} B exceeds the H200's {SHARED_MEMORY_LIMIT} B per block "
-            f"(BLOCK_M={config['BLOCK_M']}, BLOCK_N={config['BLOCK_N']}, num_stages={config['num_stages']}, "
-            f"head_dim={workload.head_dim}, {workload.dtype}); lower num_stages or BLOCK_N"
-        )
-    return None
-
-
-def _rule_registers(config: Config, workload: PrefixPrefillWorkload) -> str | None:
-    bm, bn, warps = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_warps"])
-    per_thread = bm * (workload.head_dim + bn) // (32 * warps)
-    if per_thread > MAX_STATE_PER_THREAD:
-        return (
-            f"register pressure: {per_thread} fp32 accumulator+score elements per thread "
-            f"(BLOCK_M*(head_dim+BLOCK_N)/(32*num_warps)) exceeds {MAX_STATE_PER_THREAD}; "
-            "use more warps or smaller blocks"
-        )
-    return None
+    return attention.shared_memory_reason(need, config, workload, ("BLOCK_M", "BLOCK_N", "num_stages"))
 
 
 SPACE = KnobSpace(
@@ -322,7 +282,8 @@ SPACE = KnobSpace(
         Knob("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
         Knob("NUM_SPLITS", SPLIT_COUNTS, "slices of each tile's keys run by separate programs (1 = single pass)"),
     ],
-    rules=[_rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_shared_memory, _rule_registers],
+    rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_shared_memory,
+           attention.rule_tile_registers],
 )
 
 
@@ -345,62 +306,11 @@ class PrefixInputs:
     seed: int
 
 
-@dataclass(eq=False)
-class PagedKV:
-    """The contexts' K/V in shuffled physical pages for one PAGE_SIZE and LAYOUT (see page_context)."""
-
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_table: torch.Tensor  # [S, max_pages] int32; entries past a context's last page are 0 and never read
-    page_size: int
-    layout: str
-
-    def view_2d(self, x: torch.Tensor) -> torch.Tensor:
-        """The [rows, cols] view the kernel indexes: NHD [pages * page, Hkv * D]; HND [pages * Hkv * page, D]."""
-        if self.layout == "NHD":
-            return x.view(x.shape[0] * x.shape[1], x.shape[2] * x.shape[3])
-        return x.view(x.shape[0] * x.shape[1] * x.shape[2], x.shape[3])
-
-    def geometry(self, num_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
-        """(rows per page, rows per kv head within a page, columns per kv head) of view_2d."""
-        if self.layout == "NHD":
-            return self.page_size, 0, head_dim
-        return num_kv_heads * self.page_size, self.page_size, 0
-
-
 def page_context(k: torch.Tensor, v: torch.Tensor, context_lens: tuple[int, ...], page_size: int, layout: str,
                  seed: int = 0) -> PagedKV:
     """Scatter contiguous per-request K/V ([sum(context_lens), Hkv, D]) into shuffled physical pages (plus ~1/8 spare
-    pages no request uses); slots past a context's end are NaN."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout {layout!r} is not supported; use one of {LAYOUTS}")
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    device = k.device
-    n_seq = len(context_lens)
-    pages_per_seq = [max(1, triton.cdiv(n, page_size)) for n in context_lens]
-    used = sum(pages_per_seq)
-    num_pages = used + max(1, used // 8)
-    gen = torch.Generator(device="cpu").manual_seed(seed * 1009 + page_size)
-    physical = torch.randperm(num_pages, generator=gen)[:used].to(torch.int32)
-    block_table = torch.zeros(n_seq, max(pages_per_seq), dtype=torch.int32)
-    for s, chunk in enumerate(torch.split(physical, pages_per_seq)):
-        block_table[s, : len(chunk)] = chunk
-    block_table = block_table.to(device)
-    lens_t = torch.tensor(context_lens, dtype=torch.int64, device=device)
-    starts = torch.cumsum(lens_t, 0) - lens_t
-    seq_of_token = torch.repeat_interleave(torch.arange(n_seq, device=device), lens_t)
-    pos = torch.arange(int(lens_t.sum()), device=device) - starts[seq_of_token]
-    page = block_table[seq_of_token, pos // page_size].long()
-    slot = pos % page_size
-    hkv, d = k.shape[1], k.shape[2]
-
-    def paged(x: torch.Tensor) -> torch.Tensor:
-        cache = torch.full((num_pages, page_size, hkv, d), float("nan"), dtype=x.dtype, device=device)
-        cache[page, slot] = x
-        return cache if layout == "NHD" else cache.permute(0, 2, 1, 3).contiguous()
-
-    return PagedKV(paged(k), paged(v), block_table, page_size, layout)
+    pages no request uses); slots past a context's end are NaN (attention.page_kv, as the decode family pages)."""
+    return attention.page_kv(k, v, context_lens, page_size, layout, seed)
 
 
 _last_paged: list = []  # [(inputs, page_size, layout, PagedKV)]: one entry, so memory stays bounded
@@ -409,22 +319,12 @@ _last_paged: list = []  # [(inputs, page_size, layout, PagedKV)]: one entry, so 
 def _paged_memo(inputs: PrefixInputs, page_size: int, layout: str) -> PagedKV:
     """page_context, reused while consecutive configs share inputs, page size and layout (collection orders a
     workload's configs by PAGE_SIZE and LAYOUT)."""
-    if _last_paged and _last_paged[0][0] is inputs and _last_paged[0][1:3] == (page_size, layout):
-        return _last_paged[0][3]
-    _last_paged.clear()
-    w = inputs.workload
-    paged = page_context(inputs.k, inputs.v, w.context_lens(), page_size, layout, inputs.seed)
-    _last_paged.append((inputs, page_size, layout, paged))
-    return paged
+    return attention.reuse_last(_last_paged, inputs, page_size, layout, lambda: page_context(
+        inputs.k, inputs.v, inputs.workload.context_lens(), page_size, layout, inputs.seed))
 
 
 def _check_workload(workload: object) -> PrefixPrefillWorkload:
-    if not isinstance(workload, PrefixPrefillWorkload):
-        raise TypeError(f"prefix_prefill needs a PrefixPrefillWorkload, got {type(workload).__name__}: {workload!r}")
-    reason = _rule_head_dim(Config(), workload)
-    if reason:
-        raise ValueError(reason)
-    return workload
+    return attention.check_workload(workload, PrefixPrefillWorkload, "prefix_prefill")
 
 
 def work_table(workload: PrefixPrefillWorkload, block_m: int, splits: int,
@@ -450,42 +350,33 @@ def work_table(workload: PrefixPrefillWorkload, block_m: int, splits: int,
 
 def use_tma(device: torch.device, block_n: int, page_size: int) -> bool:
     """TMA loads when a key block lies in one page, on Hopper and newer GPUs and under the interpreter."""
-    if block_n > page_size:
-        return False
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device)[0] >= 9
-    return True
+    return block_n <= page_size and attention.has_tma(device)
 
 
-class PrefixPrefillFamily:
+class PrefixPrefillFamily(attention.TiledAttentionFamily):
     """KernelFamily for chunked prefill over a paged KV prefix (see the module docstring)."""
 
     name = "prefix_prefill"
     space = SPACE
     workload_type = PrefixPrefillWorkload
+    # fp32: IEEE dots; fp16/bf16: P rounded to the input type before the PV dot, the output rounded once
+    tolerances = {"float32": (2e-4, 2e-4), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}
 
     def default_config(self, workload: PrefixPrefillWorkload) -> Config:
         """vLLM-like: 16-token NHD pages, 64 query rows and 32-key tiles (two pages, as vLLM's prefill tile), 4 warps,
         3 stages, one pass; shrunk until the rules pass."""
         workload = _check_workload(workload)
         config = Config(PAGE_SIZE=16, LAYOUT="NHD", BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3, NUM_SPLITS=1)
-        while not self.space.is_valid(config, workload):
-            if int(config["num_stages"]) > 1:
-                config = config.replace(num_stages=int(config["num_stages"]) - 1)
-            elif int(config["BLOCK_M"]) > 16:
-                config = config.replace(BLOCK_M=int(config["BLOCK_M"]) // 2)
-            else:
-                self.space.check(config, workload)  # raises with the reason
-        return config
+        steps = (("num_stages", 1, attention.one_less), ("BLOCK_M", 16, attention.half))
+        return attention.shrink_until_valid(self.space, config, workload, steps)
 
     def make_inputs(self, workload: PrefixPrefillWorkload, device: str, seed: int = 0) -> PrefixInputs:
         workload = _check_workload(workload)
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        dtype = _TORCH_DTYPES[workload.dtype]
         d, ctx = workload.head_dim, sum(workload.context_lens())
 
         def randn(n: int, heads: int) -> torch.Tensor:
-            return torch.randn(n, heads, d, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+            return attention.randn(gen, (n, heads, d), device, workload.dtype)
 
         q = randn(workload.total_tokens, workload.num_heads)
         k, v = randn(ctx, workload.num_kv_heads), randn(ctx, workload.num_kv_heads)
@@ -498,12 +389,9 @@ class PrefixPrefillFamily:
         w = _check_workload(inputs.workload)
         self.space.check(config, w)
         ctx = sum(w.context_lens())
-        for name, x, shape in (("q", inputs.q, (w.total_tokens, w.num_heads, w.head_dim)),
-                               ("k", inputs.k, (ctx, w.num_kv_heads, w.head_dim)),
-                               ("v", inputs.v, (ctx, w.num_kv_heads, w.head_dim))):
-            if tuple(x.shape) != shape or x.stride(-1) != 1:
-                raise ValueError(f"{name} has shape {tuple(x.shape)} strides {x.stride()}; expected {shape} with a "
-                                 "contiguous last dim (use make_inputs)")
+        attention.check_shapes((("q", inputs.q, (w.total_tokens, w.num_heads, w.head_dim)),
+                                ("k", inputs.k, (ctx, w.num_kv_heads, w.head_dim)),
+                                ("v", inputs.v, (ctx, w.num_kv_heads, w.head_dim))))
         paged = _paged_memo(inputs, int(config["PAGE_SIZE"]), str(config["LAYOUT"]))
         return self.prepare_paged(inputs.q, paged, inputs.cu_q, inputs.prefix_lens, w, config, inputs.sm_scale)
 
@@ -581,21 +469,8 @@ class PrefixPrefillFamily:
                 kv_heads = torch.arange(h0, h1, device=out.device) // group
                 k = inputs.k[ka:kb].float()[:, kv_heads].transpose(0, 1)  # [h, m, D]
                 v = inputs.v[ka:kb].float()[:, kv_heads].transpose(0, 1)
-                scores = (q @ k.transpose(1, 2)) * inputs.sm_scale
-                scores = scores.masked_fill(~visible, float("-inf"))
-                out[a:b, h0:h1] = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1)
+                out[a:b, h0:h1] = attention.reference_attend(q, k, v, inputs.sm_scale, visible).transpose(0, 1)
         return out
-
-    def tolerance(self, dtype: str) -> tuple[float, float]:
-        """fp32: IEEE dots; fp16/bf16: P rounded to the input type before the PV dot, the output rounded once."""
-        table = {"float32": (2e-4, 2e-4), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}
-        if dtype not in table:
-            raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(table)}")
-        return table[dtype]
-
-    def flops(self, workload: PrefixPrefillWorkload) -> float:
-        """4 * attended pairs * D * H (QK^T and PV, 2 flops per multiply-add, visible pairs only)."""
-        return 4.0 * workload.causal_pairs() * workload.head_dim * workload.num_heads
 
     def bytes_moved(self, workload: PrefixPrefillWorkload) -> float:
         """q read and o written once, every context's K and V read once per kv head."""

@@ -266,6 +266,8 @@ MOE_INTERPOLATION = Interpolation(
     at_coords=lambda w, c: replace(w, num_tokens=max(1, round(2 ** float(c[0]))), skew=float(c[1])))
 
 # Registration order is the order tables list kernels in (dispatch tables: MoE, decode, prefill).
+# The registrations below have the same shape (duplicate scan): one KernelProfile record per family, field by field;
+# what they share is already factored out above (features, grids, interpolations), the values are each family's own.
 register(KernelProfile(
     name="fused_moe",
     module="kernel_gym.kernels.fused_moe",

@@ -74,22 +74,25 @@ def _moe_gemm_kernel(
 
     A: [rows, K]; B: [E, N, K]; C: [num_valid_tokens, N]. Row block pid_m covers sorted positions
     [pid_m * BLOCK_SIZE_M, +BLOCK_SIZE_M); blocks at or past num_tokens_post_padded do nothing."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    in_group = GROUP_SIZE_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_SIZE_M
-    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_SIZE_M)
-    pid_m = first_m + (pid % in_group) % rows_in_group
-    pid_n = (pid % in_group) // rows_in_group
-
+    pid_m, pid_n = _fm._tile_ids(tl.program_id(0), tl.cdiv(EM, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
     if pid_m * BLOCK_SIZE_M >= tl.load(num_post_padded_ptr):
         return
     tokens = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
     token_mask = tokens < num_valid_tokens
     a_rows = tl.where(token_mask, tokens // TOP_K, 0).to(tl.int64)
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    _gemm_block(a_ptr, b_ptr, c_ptr, topk_weights_ptr, tokens, token_mask, a_rows, expert, pid_n, N, K,
+                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                MUL_ROUTED_WEIGHT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
+
+@triton.jit
+def _gemm_block(a_ptr, b_ptr, c_ptr, topk_weights_ptr, tokens, token_mask, a_rows, expert, pid_n, N, K,
+                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                MUL_ROUTED_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                BLOCK_SIZE_K: tl.constexpr):
+    """What both row-block assignments run once a block's slots (`tokens`, masked past the valid ones), A rows and
+    expert are known: C[tokens, pid_n's columns] = A[a_rows] @ B[expert].T (times the routing weight)."""
     offs_bn = ((pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
@@ -255,43 +258,45 @@ def _check_workload(workload: object) -> MoEWorkload:
     return workload
 
 
-def prepare(inputs: _fm.MoEInputs, config: Config, align_in_closure: bool = True) -> Callable[[], torch.Tensor]:
-    """Routing and workspaces (not timed; the workspaces start NaN-filled, so a kernel that skips an element cannot
-    pass the reference check); returns the closure: alignment, w13 GEMM, silu-and-mul, w2 GEMM, top-k sum.
-    align_in_closure=False aligns once here instead (prepare_kernels_only)."""
+def _routed(inputs: _fm.MoEInputs, config: Config) -> tuple[MoEWorkload, torch.Tensor, torch.Tensor]:
+    """Checks and routing, before either path's closure: (workload, flat routing weights, top-k expert ids)."""
     wl = _check_workload(inputs.workload)
     SPACE.check(config, wl)
+    weights, ids = _fm.route(inputs.router_logits.to(inputs.x.device), wl.top_k)
+    return wl, weights.flatten().contiguous(), ids
+
+
+def _layer(inputs: _fm.MoEInputs, config: Config, gemm: Any, em: int, flat_weights: torch.Tensor,
+           row_blocks: Callable[[], tuple]) -> Callable[[], torch.Tensor]:
+    """The closure both paths time, around their GEMM kernel `gemm`: w13 GEMM, silu-and-mul, w2 GEMM, top-k sum, on
+    workspaces that start NaN-filled (a kernel that skips an element cannot pass the reference check). em: padded
+    slots the grids cover; row_blocks(), called first in the closure: the kernel's row-block arguments."""
+    wl = inputs.workload
     bm, bn, bk = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]), int(config["BLOCK_SIZE_K"])
     meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=int(config["GROUP_SIZE_M"]),
                 num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
     x, w1, w2 = inputs.x, inputs.w1, inputs.w2
-    m, e, hidden, inter, top_k = wl.num_tokens, wl.num_experts, wl.hidden, wl.intermediate, wl.top_k
+    m, hidden, inter, top_k = wl.num_tokens, wl.hidden, wl.intermediate, wl.top_k
     dev, n_slots = x.device, m * top_k
-    weights, ids = _fm.route(inputs.router_logits.to(dev), top_k)
-    flat_weights = weights.flatten().contiguous()
-    aligned = None if align_in_closure else moe_align_block_size(ids, e, bm)
     nan = float("nan")
     cache1 = torch.full((n_slots, 2 * inter), nan, dtype=x.dtype, device=dev)
     cache2 = torch.full((n_slots, inter), nan, dtype=x.dtype, device=dev)
     cache3 = torch.full((n_slots, hidden), nan, dtype=x.dtype, device=dev)
     out = torch.full((m, hidden), nan, dtype=x.dtype, device=dev)
-    em = max_padded_slots(n_slots, e, bm)
     grid1 = (triton.cdiv(em, bm) * triton.cdiv(2 * inter, bn),)
     grid2 = (triton.cdiv(em, bm) * triton.cdiv(hidden, bn),)
     grid_act = (triton.cdiv(n_slots * inter, SILU_BLOCK),)
 
     def launch() -> torch.Tensor:
-        al = moe_align_block_size(ids, e, bm) if aligned is None else aligned
-        _moe_gemm_kernel[grid1](
-            x, w1, cache1, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
-            2 * inter, hidden, em, n_slots,
+        blocks = row_blocks()
+        gemm[grid1](
+            x, w1, cache1, flat_weights, *blocks, 2 * inter, hidden, em, n_slots,
             x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), cache1.stride(0), cache1.stride(1),
             TOP_K=top_k, MUL_ROUTED_WEIGHT=False, **meta,
         )
         _silu_and_mul_kernel[grid_act](cache1, cache2, n_slots * inter, inter, BLOCK=SILU_BLOCK)
-        _moe_gemm_kernel[grid2](
-            cache2, w2, cache3, flat_weights, al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded,
-            hidden, inter, em, n_slots,
+        gemm[grid2](
+            cache2, w2, cache3, flat_weights, *blocks, hidden, inter, em, n_slots,
             cache2.stride(0), cache2.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), cache3.stride(0),
             cache3.stride(1),
             TOP_K=1, MUL_ROUTED_WEIGHT=True, **meta,
@@ -300,6 +305,21 @@ def prepare(inputs: _fm.MoEInputs, config: Config, align_in_closure: bool = True
         return out
 
     return launch
+
+
+def prepare(inputs: _fm.MoEInputs, config: Config, align_in_closure: bool = True) -> Callable[[], torch.Tensor]:
+    """Routing and workspaces (not timed); returns the closure: alignment, w13 GEMM, silu-and-mul, w2 GEMM, top-k sum
+    (`_layer`). align_in_closure=False aligns once here instead (prepare_kernels_only)."""
+    wl, flat_weights, ids = _routed(inputs, config)
+    e, bm = wl.num_experts, int(config["BLOCK_SIZE_M"])
+    aligned = None if align_in_closure else moe_align_block_size(ids, e, bm)
+
+    def row_blocks() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        al = moe_align_block_size(ids, e, bm) if aligned is None else aligned
+        return al.sorted_token_ids, al.expert_ids, al.num_tokens_post_padded
+
+    em = max_padded_slots(wl.num_tokens * wl.top_k, e, bm)
+    return _layer(inputs, config, _moe_gemm_kernel, em, flat_weights, row_blocks)
 
 
 def prepare_kernels_only(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
@@ -326,15 +346,7 @@ def _moe_gemm_slot_kernel(
     """vLLM 0.33's `naive_block_assignment` path: row block pid_m is slot pid_m alone (row 0 of the tile; the other
     BLOCK_SIZE_M - 1 rows are masked but still go through the dot, as in vLLM), expert = topk_ids.flatten()[pid_m].
     EM = num_valid_tokens * BLOCK_SIZE_M, so there is one row block per slot."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    in_group = GROUP_SIZE_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_SIZE_M
-    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_SIZE_M)
-    pid_m = first_m + (pid % in_group) % rows_in_group
-    pid_n = (pid % in_group) // rows_in_group
-
+    pid_m, pid_n = _fm._tile_ids(tl.program_id(0), tl.cdiv(EM, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
     if pid_m * BLOCK_SIZE_M >= tl.load(num_post_padded_ptr):
         return
     offs = tl.arange(0, BLOCK_SIZE_M)
@@ -342,71 +354,20 @@ def _moe_gemm_slot_kernel(
     token_mask = tokens < num_valid_tokens
     a_rows = tl.where(token_mask, tokens // TOP_K, 0)
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-
-    offs_bn = ((pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
-    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-        k_left = K - k * BLOCK_SIZE_K
-        a = tl.load(a_ptrs, mask=token_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_SIZE_K * stride_ak
-        b_ptrs += BLOCK_SIZE_K * stride_bk
-    if MUL_ROUTED_WEIGHT:
-        w = tl.load(topk_weights_ptr + tokens, mask=token_mask, other=0.0)
-        acc = acc * w[:, None]
-    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    c_rows = tl.where(token_mask, tokens, 0)
-    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & (offs_cn[None, :] < N))
+    _gemm_block(a_ptr, b_ptr, c_ptr, topk_weights_ptr, tokens, token_mask, a_rows, expert, pid_n, N, K,
+                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                MUL_ROUTED_WEIGHT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
 def prepare_small_batch(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     """vLLM 0.33's launch when M * top_k * 4 <= E (`_prepare_expert_assignment`): no moe_align_block_size; the
     expert ids are topk_ids.flatten() and num_tokens_post_padded = M * top_k * BLOCK_SIZE_M (a device constant).
-    Everything else as prepare(): NaN-filled workspaces, w13 GEMM, silu-and-mul, w2 GEMM, top-k sum."""
-    wl = _check_workload(inputs.workload)
-    SPACE.check(config, wl)
-    bm, bn, bk = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]), int(config["BLOCK_SIZE_K"])
-    meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=int(config["GROUP_SIZE_M"]),
-                num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
-    x, w1, w2 = inputs.x, inputs.w1, inputs.w2
-    m, hidden, inter, top_k = wl.num_tokens, wl.hidden, wl.intermediate, wl.top_k
-    dev, n_slots = x.device, m * top_k
-    weights, ids = _fm.route(inputs.router_logits.to(dev), top_k)
-    flat_weights = weights.flatten().contiguous()
+    Everything else as prepare() (`_layer`): NaN-filled workspaces, w13 GEMM, silu-and-mul, w2 GEMM, top-k sum."""
+    wl, flat_weights, ids = _routed(inputs, config)
+    em = wl.num_tokens * wl.top_k * int(config["BLOCK_SIZE_M"])  # one row block per slot
     expert_ids = ids.flatten().to(torch.int32).contiguous()
-    post_padded = torch.full((1,), n_slots * bm, dtype=torch.int32, device=dev)
-    nan = float("nan")
-    cache1 = torch.full((n_slots, 2 * inter), nan, dtype=x.dtype, device=dev)
-    cache2 = torch.full((n_slots, inter), nan, dtype=x.dtype, device=dev)
-    cache3 = torch.full((n_slots, hidden), nan, dtype=x.dtype, device=dev)
-    out = torch.full((m, hidden), nan, dtype=x.dtype, device=dev)
-    em = n_slots * bm
-    grid1 = (n_slots * triton.cdiv(2 * inter, bn),)
-    grid2 = (n_slots * triton.cdiv(hidden, bn),)
-    grid_act = (triton.cdiv(n_slots * inter, SILU_BLOCK),)
-
-    def launch() -> torch.Tensor:
-        _moe_gemm_slot_kernel[grid1](
-            x, w1, cache1, flat_weights, expert_ids, post_padded, 2 * inter, hidden, em, n_slots,
-            x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), cache1.stride(0), cache1.stride(1),
-            TOP_K=top_k, MUL_ROUTED_WEIGHT=False, **meta,
-        )
-        _silu_and_mul_kernel[grid_act](cache1, cache2, n_slots * inter, inter, BLOCK=SILU_BLOCK)
-        _moe_gemm_slot_kernel[grid2](
-            cache2, w2, cache3, flat_weights, expert_ids, post_padded, hidden, inter, em, n_slots,
-            cache2.stride(0), cache2.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), cache3.stride(0),
-            cache3.stride(1),
-            TOP_K=1, MUL_ROUTED_WEIGHT=True, **meta,
-        )
-        torch.sum(cache3.view(m, top_k, hidden), dim=1, out=out)
-        return out
-
-    return launch
+    post_padded = torch.full((1,), em, dtype=torch.int32, device=inputs.x.device)
+    return _layer(inputs, config, _moe_gemm_slot_kernel, em, flat_weights, lambda: (expert_ids, post_padded))
 
 
 def uses_small_batch_path(workload: MoEWorkload, engine: str = vllm_tables.DEFAULT_ENGINE, ep: int = 1) -> bool:

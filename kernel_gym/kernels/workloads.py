@@ -196,6 +196,8 @@ class PrefixPrefillWorkload:
         """(query, key) pairs attended: every chunk token sees the whole prefix and the chunk causally."""
         return sum(c * p + c * (c + 1) // 2 for c, p in zip(self.chunk_lens, self.prefix_lens))
 
+    # Same shape as PrefillWorkload.features (duplicate scan): the same features of the chunks, named for this
+    # workload's fields (log2_max_chunk), plus the prefix; each dict is its observation's own, name by name.
     def features(self) -> dict[str, float]:
         return {
             "log2_total_tokens": math.log2(self.total_tokens),

@@ -31,7 +31,7 @@ from kernel_gym.zoo import shard
 
 
 # A frozen record that checks itself in __post_init__ and derives sizes in properties, as prefill_gluon's
-# GluonConfig does (duplicate scan: the same shape); nothing else in common.
+# GluonVariant does (duplicate scan: the same shape); nothing else in common.
 @dataclass(frozen=True, order=True)
 class Layout:
     """MoE tensor-parallel degree x expert-parallel degree; attention is TP within each of the ep data-parallel
