@@ -372,8 +372,7 @@ def _attn_fwd(
 # (duplicate scan: the same shape); unrelated records, nothing to share.
 @dataclass(frozen=True)
 class GluonVariant:
-    """One compile-time configuration of _attn_fwd (the IMPL knob picks one per config; scripts/exp_prefill_gluon.py
-    sweeps more)."""
+    """One compile-time configuration of _attn_fwd (the IMPL knob picks one per config)."""
 
     ws: int
     num_wg: int

@@ -325,7 +325,7 @@ def prepare(inputs: _fm.MoEInputs, config: Config, align_in_closure: bool = True
 def prepare_kernels_only(inputs: _fm.MoEInputs, config: Config) -> Callable[[], torch.Tensor]:
     """prepare() with the alignment done once before the closure: the timing scope of kernel_gym's own fused_moe
     (whose alignment runs in its prepare), so that the two kernels are compared on the same work. Used only for that
-    comparison (scripts/bench_vllm_export.py); configs are still measured and exported with prepare()."""
+    comparison (benchmarks/vllm_export/run.py); configs are still measured and exported with prepare()."""
     return prepare(inputs, config, align_in_closure=False)
 
 

@@ -89,6 +89,31 @@ def test_plan_coverage_new_shapes_plans_only_the_values_the_grid_gained(tmp_path
     load_plan_file(str(out), ["decode_attention"])  # collect accepts it: every config valid there
 
 
+def test_plan_coverage_fill_plans_the_grids_holes_at_old_values(tmp_path):
+    """--new-shapes --fill: every default-grid shape without rows (holes at batch values other shapes have), none
+    stored, each with the default config; without --fill the same grid plans nothing."""
+    from kernel_gym.kernels import get_family, workloads
+    from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.models import load_model
+
+    out = tmp_path / "plan.json"
+    args = ["--kernels", "decode_attention", "--models", "olmoe-1b-7b", "--new-shapes", "--fill", "--neighbour-top",
+            "2", "--configs-per-shape", "2", "--out", str(out)]
+    assert load_script("plan_coverage").main(args) == 0
+    plan = json.loads(out.read_text())
+    stored = {w for w, _ in RecordedBackend().stored_keys("decode_attention")}
+    grid = {w.key() for w in workloads.model_workloads("decode_attention", load_model("olmoe-1b-7b"))}
+    assert plan and {e["workload"] for e in plan} == grid - stored
+    batches = {workloads.workload_from_key("decode_attention", e["workload"]).batch for e in plan}
+    assert batches <= set(workloads.DECODE_BATCHES)  # values the grid had: holes, not new values
+    family = get_family("decode_attention")
+    for e in plan:
+        w = workloads.workload_from_key("decode_attention", e["workload"])
+        assert str(family.default_config(w)) in e["configs"]
+    with pytest.raises(SystemExit):
+        load_script("plan_coverage").main(["--fill", "--out", str(out)])
+
+
 def test_plan_coverage_new_knobs_lists_unstored_configs_that_set_a_new_knob(tmp_path):
     """--new-knobs: prefill's IMPL values were all measured in session 5, so nothing is left; any MoE entry sets
     TMA_LOADS, is valid and is not stored."""
