@@ -429,7 +429,6 @@ class LiveSimulator(Simulator):
     def _graph_step(self, dec: list[int], ctx: list[int], slots: list[int]) -> tuple[float, dict]:
         """A decode-only step through the graph of its capture size: fill the static buffers (before the timer, as
         an engine prepares the next step's metadata), replay, time to the sync."""
-
         st, n = self.stack, len(dec)
         rows = capture_size(n)
         cfg_d = self._decode_choice(dec, ctx)
