@@ -44,8 +44,19 @@ def result(backend, table_path, tmp_path_factory):
     uri = f"sqlite:///{out / 'mlflow.db'}"
     replay.run_replay(trace="bundled", window="0:20", policies=",".join(replay.POLICY_NAMES),
                       json_path=out / "replay.json", table=str(table_path), routing="zipf:1.2", tracking_uri=uri,
-                      steps_json=out / "steps.json", steps=50, backend=backend)
+                      steps_json=out / "steps.json", steps=50, backend=backend, untimed_plan=out / "untimed.json")
     return out, uri, json.loads((out / "replay.json").read_text())
+
+
+def test_untimed_plan_is_written_for_collect(result):
+    """--untimed-plan: a plan `collect --plan` accepts (possibly empty: every choice timed), beside the JSON."""
+    from kernel_gym.measure.collect import load_plan_file
+
+    out, _, _ = result
+    plan = json.loads((out / "untimed.json").read_text())
+    assert isinstance(plan, list)
+    kernels = sorted({e["kernel"] for e in plan})
+    assert len(load_plan_file(str(out / "untimed.json"), kernels)) == len(plan)
 
 
 def test_json_has_every_policy_and_metric(result):
