@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kernel_gym.dispatch.baselines import BASELINE_NAMES, SEARCH_BUDGET, Policy, make_baselines
+from kernel_gym.dispatch.baselines import BASELINE_NAMES, SEARCH_BUDGET, OraclePolicy, Policy, make_baselines
 from kernel_gym.dispatch.rules import fastest
 from kernel_gym.evaluate.replay_report import DEFAULT_ROUTING, log_mlflow, markdown, write_outputs
 from kernel_gym.kernels import profiles
@@ -358,9 +358,9 @@ def _priced(run: PolicyRun, calls: dict[tuple[str, Any], int]) -> float | None:
     if run.guard is None:
         return None
     kv = run.kv or DEFAULT_KV
-    if run.name != "oracle":
+    if not isinstance(run.guard.policy, OraclePolicy):
         return run.guard.price(calls, kv)
-    oracle = run.guard._oracle
+    oracle = run.guard.policy.oracle
     layouts = {kv} | {KVLayout(int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for (k, w) in calls if profiles.follows_kv(k)
                       for c in oracle.candidates(k, w)}
     prices = [t for t in (run.guard.price(calls, lay) for lay in sorted(layouts, key=str)) if t is not None]

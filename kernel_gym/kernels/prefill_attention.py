@@ -40,7 +40,7 @@ import triton.language as tl
 
 from kernel_gym.kernels import attention
 from kernel_gym.kernels.attention import load_rows, online_softmax
-from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace  # noqa: F401 (tests read it here)
+from kernel_gym.kernels.space import Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefillWorkload
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is built and tested for (also any power of two >= 16 up to 256)

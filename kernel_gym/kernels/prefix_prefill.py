@@ -41,7 +41,7 @@ import triton.language as tl
 
 from kernel_gym.kernels import attention
 from kernel_gym.kernels.attention import LAYOUTS, PagedKV, load_rows, online_softmax
-from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace  # noqa: F401 (tests read it here)
+from kernel_gym.kernels.space import Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefixPrefillWorkload
 
 NUM_SMS = 132  # H200 streaming multiprocessors

@@ -10,7 +10,7 @@ import torch
 
 from kernel_gym.kernels import decode_attention as da
 from kernel_gym.kernels import get_family
-from kernel_gym.kernels.space import Config, InvalidConfig
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, InvalidConfig
 from kernel_gym.kernels.workloads import DecodeWorkload, model_workloads
 from kernel_gym.models import BUILTIN_MODELS
 
@@ -216,7 +216,7 @@ def test_rules_reject_with_reason(config, workload, words):
 def test_shared_memory_estimate_is_conservative_and_within_limit_for_valid_configs():
     for workload in (MIXTRAL_B64, DecodeWorkload(16, 16, 128, 2, 4096, dtype="float32")):
         for config in SPACE.valid_configs(workload):
-            assert da._shared_memory_bytes(config, workload) <= da.SHARED_MEMORY_LIMIT
+            assert da._shared_memory_bytes(config, workload) <= SHARED_MEMORY_LIMIT
             # at least num_stages buffers of the K and V tiles
             tile = int(config["BLOCK_N"]) * workload.head_dim * da._DTYPE_BYTES[workload.dtype]
             assert da._shared_memory_bytes(config, workload) >= int(config["num_stages"]) * 2 * tile

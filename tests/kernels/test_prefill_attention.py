@@ -13,7 +13,7 @@ import torch
 
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels import prefill_attention as pa
-from kernel_gym.kernels.space import Config, InvalidConfig
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, InvalidConfig
 from kernel_gym.kernels.workloads import PrefillWorkload, model_workloads, prefill_seq_lens
 from kernel_gym.models import BUILTIN_MODELS
 
@@ -279,7 +279,7 @@ def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
     assert len(shared) == len(picks) == len(pa.IMPLS) + 1
     for config, used in zip(picks, shared):
         estimate = pa._shared_memory_bytes(Config.parse(config), w)
-        assert used <= estimate <= pa.SHARED_MEMORY_LIMIT, (config, used, estimate)
+        assert used <= estimate <= SHARED_MEMORY_LIMIT, (config, used, estimate)
 
 
 # ---- (c) GPU: bf16, every valid config on Mixtral shapes ---------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 from kernel_gym.kernels import get_family
 from kernel_gym.kernels import prefill_attention as pa
 from kernel_gym.kernels import prefix_prefill as pp
-from kernel_gym.kernels.space import Config, InvalidConfig
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, InvalidConfig
 from kernel_gym.kernels.workloads import (
     PrefillWorkload,
     PrefixPrefillWorkload,
@@ -252,7 +252,7 @@ def test_tma_and_pointer_paths_compile_for_sm90_within_the_estimate() -> None:
     meta = json.loads(done.stdout.strip().splitlines()[-1])
     assert [m["tma"] for m in meta] == [1, 0]
     for config, m in zip(picks, meta):
-        assert m["shared"] <= pp._shared_memory_bytes(Config.parse(config), w) <= pp.SHARED_MEMORY_LIMIT, (config, m)
+        assert m["shared"] <= pp._shared_memory_bytes(Config.parse(config), w) <= SHARED_MEMORY_LIMIT, (config, m)
 
 
 # ---- (c) GPU: bf16 --------------------------------------------------------------------------------------------
