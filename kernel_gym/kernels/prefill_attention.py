@@ -172,8 +172,9 @@ SPACE = KnobSpace(
 
 # The IMPL knob came after the Triton kernel's rows were stored: "triton" (its legacy value, left out of configs, so
 # every stored config string and the Triton path's source hash stay as they were) or one of the Gluon schedules of
-# kernels/prefill_gluon.py (sm_90 only). The family's space is SPACE plus IMPL.
-IMPLS = ("triton", "gluon_overlap", "gluon_ws", "gluon_pingpong")
+# kernels/prefill_gluon.py (sm_90 only); "_persistent" runs that schedule in resident programs looping over the work
+# items (for short sequences). The family's space is SPACE plus IMPL.
+IMPLS = ("triton", "gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent")
 
 
 def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
@@ -191,8 +192,8 @@ def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
         return f"IMPL={impl} runs one warpgroup per 64 query rows: num_warps must be {4 * bm // 64} for BLOCK_M={bm}"
     if stages < 2:
         return f"IMPL={impl} needs num_stages >= 2 (the K/V ring must hold the block in use and the next one)"
-    if impl == "gluon_pingpong" and bm != 128:
-        return "IMPL=gluon_pingpong splits a 128-row tile between two warpgroups: BLOCK_M must be 128"
+    if impl.startswith("gluon_pingpong") and bm != 128:
+        return f"IMPL={impl} splits a 128-row tile between two warpgroups: BLOCK_M must be 128"
     return None
 
 

@@ -17,6 +17,10 @@ at 0.86-0.87 of torch SDPA on the H200 (docs/benchmarks.md); this one adds:
 - WS=1: gl.warp_specialize with a 1-warp load partition (24 registers) and the consumer warpgroup(s). SPLIT=1: two
   consumer warpgroups as separate partitions, each owning 64 rows of a 128-row tile; PINGPONG=1 adds FA3's ping-pong:
   a pair of "turn" mbarriers makes them take turns issuing wgmmas, so one's softmax runs under the other's GEMMs.
+- Persistent (_attn_persistent, IMPL=gluon_*_persistent): the WS schedules in as many programs as the SMs hold,
+  each looping over work items; the load partition keeps one K/V ring across tiles and loads the next tile's q once
+  the consumers release the current one, so short sequences (tiles of 1-4 key blocks, where a one-tile program
+  waits on its first loads and stores its output with the tensor cores idle) overlap those phases across tiles.
 
 Runs only on sm_90 GPUs (Gluon has no interpreter); `compile_sm90` builds it for sm_90 on a CPU machine (the tests
 check its shared memory against the knob space's estimate that way).
@@ -57,6 +61,8 @@ def _tma_compat() -> Any:
 tma = _tma_compat()
 
 _LOG2E = 1.4426950408889634
+SM_SHARED_BYTES = 233472  # shared memory per SM on sm_90 (228 KiB)
+SM_REGISTERS = 65536  # 32-bit registers per SM
 _GL_DTYPES = {"bfloat16": gl.bfloat16, "float16": gl.float16}
 _SIG_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -126,12 +132,19 @@ def _turn_pass(turn_bars, PART: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn_bars,
               k_desc, v_desc, O, out_row0, out_col, stride_ot, kv_row0, kv_col,
-              row0, seq_len, n_full, n_blocks, qk_scale,
+              row0, seq_len, n_full, n_blocks, qk_scale, it0, q_phase, t, q_empty,
               PART: gl.constexpr, NW: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, PINGPONG: gl.constexpr,
-              OVERLAP: gl.constexpr):
+              OVERLAP: gl.constexpr, RELEASE_Q: gl.constexpr):
     """Attention of ROWS query rows (sequence rows row0 .. row0 + ROWS - 1) over key blocks [0, n_blocks), run by NW
-    warps (NW // 4 warpgroups, ROWS // (NW // 4) rows each). Blocks [0, n_full) are unmasked, the rest masked."""
+    warps (NW // 4 warpgroups, ROWS // (NW // 4) rows each). Blocks [0, n_full) are unmasked, the rest masked.
+
+    A persistent program's tiles share one K/V ring, so a tile's block j sits at ring position it0 + j (its slot and
+    mbarrier phase); the q tile is on its q_phase-th fill and, with RELEASE_Q, handed back through q_empty once the
+    tile's last wgmma is done (the load partition then fetches the next tile's q under this tile's epilogue). The
+    step helpers index by ring position: the block indices they see are shifted by it0, and the query rows and the
+    K/V origin by it0 * BLOCK_N with them, so their causal masks and addresses stay those of the tile. t counts the
+    ping-pong turns taken so far and is returned. it0 = 0, q_phase = 0, t = 0: one tile per program."""
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -142,42 +155,47 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn_ba
     col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
     orow_l: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    rows = row0 + gl.arange(0, ROWS, layout=row_l)
+    shift = it0 * BLOCK_N
+    rows = row0 + shift + gl.arange(0, ROWS, layout=row_l)  # shifted with the block indices (see above)
     offs_n = gl.arange(0, BLOCK_N, layout=col_l)
+    kv_row_s = kv_row0 - shift
+    full_s = it0 + n_full
+    end_s = it0 + n_blocks
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_l)
     l_i = gl.zeros([ROWS], gl.float32, layout=row_l)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
 
-    mbarrier.wait(q_bar, 0)
-    t = 0  # ping-pong turns taken
+    mbarrier.wait(q_bar, q_phase)
 
     # Block 0 (peeled: nothing to overlap with yet).
-    mbarrier.wait(k_ready.index(0), 0)
+    first = it0 % STAGES
+    first_phase = (it0 // STAGES) & 1
+    mbarrier.wait(k_ready.index(first), first_phase)
     _turn_wait(turn_bars, t, PART, PINGPONG)
-    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_smem, k_bufs.index(first).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _turn_pass(turn_bars, PART, PINGPONG)
     t += 1
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     if n_full > 0:
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, rows, offs_n, qk_scale, False)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, rows, shift + offs_n, qk_scale, False)
     else:
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, rows, offs_n, qk_scale, True)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, rows, shift + offs_n, qk_scale, True)
 
     if OVERLAP:
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-        for j in range(1, n_full):
+        for j in range(it0 + 1, full_s):
             p_op, acc, m_i, l_i, t = _overlap_step(
                 j, p_op, acc, m_i, l_i, t, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn_bars,
-                k_desc, v_desc, kv_row0, kv_col, n_blocks, rows, offs_n, s_zero, qk_scale,
+                k_desc, v_desc, kv_row_s, kv_col, end_s, rows, offs_n, s_zero, qk_scale,
                 False, PART, BLOCK_N, STAGES, WS, PINGPONG, p_layout, orow_l)
-        for j in range(gl.maximum(n_full, 1), n_blocks):
+        for j in range(gl.maximum(full_s, it0 + 1), end_s):
             p_op, acc, m_i, l_i, t = _overlap_step(
                 j, p_op, acc, m_i, l_i, t, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn_bars,
-                k_desc, v_desc, kv_row0, kv_col, n_blocks, rows, offs_n, s_zero, qk_scale,
+                k_desc, v_desc, kv_row_s, kv_col, end_s, rows, offs_n, s_zero, qk_scale,
                 True, PART, BLOCK_N, STAGES, WS, PINGPONG, p_layout, orow_l)
         # PV of the last block.
-        last = n_blocks - 1
+        last = end_s - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         _turn_wait(turn_bars, t, PART, PINGPONG)
         acc = warpgroup_mma(p_op, v_bufs.index(last % STAGES), acc, is_async=True)
@@ -188,21 +206,23 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn_ba
     else:
         # Block 0's PV, then plain blocks.
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_ready.index(0), 0)
-        acc = warpgroup_mma(p_op, v_bufs.index(0), acc, is_async=True)
+        mbarrier.wait(v_ready.index(first), first_phase)
+        acc = warpgroup_mma(p_op, v_bufs.index(first), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        _release(0, k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_row0, kv_col, n_blocks,
+        _release(it0, k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_row_s, kv_col, end_s,
                  BLOCK_N, STAGES, WS)
-        for j in range(1, n_full):
+        for j in range(it0 + 1, full_s):
             acc, m_i, l_i, t = _plain_step(
                 j, acc, m_i, l_i, t, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn_bars,
-                k_desc, v_desc, kv_row0, kv_col, n_blocks, rows, offs_n, s_zero, qk_scale,
+                k_desc, v_desc, kv_row_s, kv_col, end_s, rows, offs_n, s_zero, qk_scale,
                 False, PART, BLOCK_N, STAGES, WS, PINGPONG, p_layout, orow_l)
-        for j in range(gl.maximum(n_full, 1), n_blocks):
+        for j in range(gl.maximum(full_s, it0 + 1), end_s):
             acc, m_i, l_i, t = _plain_step(
                 j, acc, m_i, l_i, t, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn_bars,
-                k_desc, v_desc, kv_row0, kv_col, n_blocks, rows, offs_n, s_zero, qk_scale,
+                k_desc, v_desc, kv_row_s, kv_col, end_s, rows, offs_n, s_zero, qk_scale,
                 True, PART, BLOCK_N, STAGES, WS, PINGPONG, p_layout, orow_l)
+    if RELEASE_Q:
+        mbarrier.arrive(q_empty, count=1)
 
     # Epilogue: normalise and store the rows inside the sequence.
     l_o = gl.convert_layout(l_i, orow_l)
@@ -213,6 +233,7 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn_ba
             + gl.expand_dims(out_col + ocols, 0))
     mask = gl.expand_dims(orows < seq_len, 1) & gl.expand_dims(ocols < HEAD_DIM, 0)
     gl.store(O + offs, out, mask=mask)
+    return t
 
 
 @gluon.jit
@@ -269,6 +290,21 @@ def _plain_step(j, acc, m_i, l_i, t, q_smem, k_bufs, v_bufs, k_ready, v_ready, k
 
 
 @gluon.jit
+def _work_item(W_SEQ, W_BLOCK, W_HEAD, CU_SEQLENS, w, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Work item w of the table: (first row of its sequence, sequence length, the tile's first query row, q and kv
+    column of its heads in the 2-D views, unmasked key blocks, key blocks)."""
+    seq = gl.load(W_SEQ + w)
+    start_m = gl.load(W_BLOCK + w) * BLOCK_M
+    head = gl.load(W_HEAD + w)
+    seq_start = gl.load(CU_SEQLENS + seq)
+    seq_len = gl.load(CU_SEQLENS + seq + 1) - seq_start
+    n_full = start_m // BLOCK_N  # key blocks ending at or before the tile's first query row: no mask
+    n_blocks = gl.cdiv(gl.minimum(start_m + BLOCK_M, seq_len), BLOCK_N)
+    return seq_start, seq_len, start_m, head * HEAD_DIM, (head // GROUP) * HEAD_DIM, n_full, n_blocks
+
+
+@gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
                     q_row, q_col, kv_row0, kv_col, n_blocks,
                     NUM_Q: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
@@ -280,6 +316,56 @@ def _load_partition(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, k_rea
         slot = j % STAGES
         mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)
         _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_row0, kv_col, j, n_blocks, BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _load_persistent(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, kv_empty,
+                     CU_SEQLENS, W_SEQ, W_BLOCK, W_HEAD, num_items,
+                     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_Q: gl.constexpr,
+                     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Persistent producer: the program's work items pid, pid + programs, ...; per tile its q once the consumers
+    handed the previous one back, then its K/V blocks into the shared ring (ring position it0 + j, see _consumer),
+    so the next tile's loads run under this tile's last blocks and epilogue."""
+    it0 = 0
+    tile = 0
+    for w in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        seq_start, seq_len, start_m, q_col, kv_col, n_full, n_blocks = _work_item(
+            W_SEQ, W_BLOCK, W_HEAD, CU_SEQLENS, w, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N)
+        mbarrier.wait(q_empty, (tile & 1) ^ 1)
+        mbarrier.expect(q_bar, NUM_Q * q_desc.block_type.nbytes)
+        for g in gl.static_range(NUM_Q):
+            tma.async_copy_global_to_shared(q_desc, [seq_start + start_m + g * ROWS, q_col], q_bar, q_bufs.index(g))
+        kv_row_s = seq_start - it0 * BLOCK_N
+        for j in range(it0, it0 + n_blocks):
+            slot = j % STAGES
+            mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)
+            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_row_s, kv_col, j, it0 + n_blocks,
+                      BLOCK_N, STAGES)
+        it0 += n_blocks
+        tile += 1
+
+
+@gluon.jit
+def _consumer_persistent(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, kv_empty, turn_bars,
+                         k_desc, v_desc, O, stride_ot, CU_SEQLENS, W_SEQ, W_BLOCK, W_HEAD, num_items, qk_scale,
+                         ROW_OFF: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
+                         PART: gl.constexpr, NW: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                         OVERLAP: gl.constexpr):
+    """Persistent consumer: the same work items as _load_persistent, each tile's ROWS rows from ROW_OFF on (the
+    ping-pong warpgroups own one half each), ring positions and ping-pong turns carried from tile to tile."""
+    it0 = 0
+    tile = 0
+    t = 0
+    for w in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        seq_start, seq_len, start_m, q_col, kv_col, n_full, n_blocks = _work_item(
+            W_SEQ, W_BLOCK, W_HEAD, CU_SEQLENS, w, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N)
+        t = _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn_bars,
+                      k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
+                      start_m + ROW_OFF, seq_len, n_full, n_blocks, qk_scale, it0, tile & 1, t, q_empty,
+                      PART, NW, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, PINGPONG, OVERLAP, True)
+        it0 += n_blocks
+        tile += 1
 
 
 @gluon.jit
@@ -332,12 +418,12 @@ def _attn_fwd(
             gl.warp_specialize([
                 (_consumer, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
                              k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
-                             start_m, seq_len, n_full, n_blocks, qk_scale,
-                             0, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP)),
+                             start_m, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
+                             0, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP, False)),
                 (_consumer, (q_bufs.index(1), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
                              k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
-                             start_m + ROWS_PER_WG, seq_len, n_full, n_blocks, qk_scale,
-                             1, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP)),
+                             start_m + ROWS_PER_WG, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
+                             1, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP, False)),
                 (_load_partition, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready,
                                    kv_empty, seq_start + start_m, q_col, seq_start, kv_col, n_blocks,
                                    NUM_Q, Q_ROWS, BLOCK_N, STAGES)),
@@ -346,8 +432,8 @@ def _attn_fwd(
             gl.warp_specialize([
                 (_consumer, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
                              k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
-                             start_m, seq_len, n_full, n_blocks, qk_scale,
-                             0, 4 * NUM_WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WS, False, OVERLAP)),
+                             start_m, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
+                             0, 4 * NUM_WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WS, False, OVERLAP, False)),
                 (_load_partition, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready,
                                    kv_empty, seq_start + start_m, q_col, seq_start, kv_col, n_blocks,
                                    NUM_Q, Q_ROWS, BLOCK_N, STAGES)),
@@ -361,8 +447,74 @@ def _attn_fwd(
                       BLOCK_N, STAGES)
         _consumer(q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
                   k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
-                  start_m, seq_len, n_full, n_blocks, qk_scale,
-                  0, 4 * NUM_WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WS, False, OVERLAP)
+                  start_m, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
+                  0, 4 * NUM_WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WS, False, OVERLAP, False)
+
+
+@gluon.jit
+def _attn_persistent(
+    q_desc, k_desc, v_desc, O, CU_SEQLENS, W_SEQ, W_BLOCK, W_HEAD, qk_scale, stride_ot, num_items,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    NUM_WG: gl.constexpr, ROWS_PER_WG: gl.constexpr, SPLIT: gl.constexpr, PINGPONG: gl.constexpr,
+    OVERLAP: gl.constexpr,
+):
+    """The warp-specialized schedules in resident programs: program pid runs work items pid, pid + programs, ...
+    (num_items of them); its load partition fetches a tile's q once the consumers hand the previous one back
+    (q_empty) and streams every tile's K/V through one ring, so a tile's first loads run under the previous tile's
+    last blocks and epilogue. Buffers as _attn_fwd's, plus q_empty."""
+    BLOCK_M: gl.constexpr = NUM_WG * ROWS_PER_WG
+    NUM_Q: gl.constexpr = 2 if SPLIT else 1
+    Q_ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    gl.static_assert(Q_ROWS * NUM_Q == BLOCK_M, "q descriptor block rows must be BLOCK_M / (SPLIT ? 2 : 1)")
+    dtype: gl.constexpr = q_desc.dtype
+
+    # Duplicate scan: the same buffers and barriers as _attn_fwd's; they stay spelled out in both kernels so that the
+    # one-tile kernel compiles to the code its stored rows measured (a shared allocation helper reorders it).
+    q_bufs = gl.allocate_shared_memory(dtype, [NUM_Q, Q_ROWS, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], bar_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    mbarrier.init(q_bar.index(0), count=1)
+    mbarrier.init(q_empty.index(0), count=NUM_Q)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=NUM_Q)
+    for i in gl.static_range(2):
+        mbarrier.init(turn_bars.index(i), count=1)
+    fence_async_shared()
+
+    # (Gluon's frontend has no *args: every partition's arguments are spelled out)
+    if SPLIT:
+        gl.warp_specialize([
+            (_consumer_persistent, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), q_empty.index(0), k_ready,
+                                    v_ready, kv_empty, turn_bars, k_desc, v_desc, O, stride_ot, CU_SEQLENS,
+                                    W_SEQ, W_BLOCK, W_HEAD, num_items, qk_scale, 0, GROUP, BLOCK_M,
+                                    0, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, PINGPONG, OVERLAP)),
+            (_consumer_persistent, (q_bufs.index(1), k_bufs, v_bufs, q_bar.index(0), q_empty.index(0), k_ready,
+                                    v_ready, kv_empty, turn_bars, k_desc, v_desc, O, stride_ot, CU_SEQLENS,
+                                    W_SEQ, W_BLOCK, W_HEAD, num_items, qk_scale, ROWS_PER_WG, GROUP, BLOCK_M,
+                                    1, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, PINGPONG, OVERLAP)),
+            (_load_persistent, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar.index(0), q_empty.index(0),
+                                k_ready, v_ready, kv_empty, CU_SEQLENS, W_SEQ, W_BLOCK, W_HEAD, num_items,
+                                GROUP, HEAD_DIM, BLOCK_M, NUM_Q, Q_ROWS, BLOCK_N, STAGES)),
+        ], [4, 1], [240, 24])
+    else:
+        gl.warp_specialize([
+            (_consumer_persistent, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), q_empty.index(0), k_ready,
+                                    v_ready, kv_empty, turn_bars, k_desc, v_desc, O, stride_ot, CU_SEQLENS,
+                                    W_SEQ, W_BLOCK, W_HEAD, num_items, qk_scale, 0, GROUP, BLOCK_M,
+                                    0, 4 * NUM_WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False, OVERLAP)),
+            (_load_persistent, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar.index(0), q_empty.index(0),
+                                k_ready, v_ready, kv_empty, CU_SEQLENS, W_SEQ, W_BLOCK, W_HEAD, num_items,
+                                GROUP, HEAD_DIM, BLOCK_M, NUM_Q, Q_ROWS, BLOCK_N, STAGES)),
+        ], [1], [24])
 
 
 # ---- variants ---------------------------------------------------------------------------------------------------
@@ -383,12 +535,15 @@ class GluonVariant:
     pingpong: int = 0
     rows_per_wg: int = 64
     maxnreg: int = 0  # 0: compiler default
+    persistent: int = 0  # one program per resident slot looping over the work items (needs ws)
 
     def __post_init__(self) -> None:
         if self.split and not (self.ws and self.num_wg == 2):
             raise ValueError(f"split needs ws=1 and num_wg=2: {self}")
         if self.pingpong and not self.split:
             raise ValueError(f"pingpong needs split=1: {self}")
+        if self.persistent and not self.ws:
+            raise ValueError(f"persistent needs ws=1 (its load partition runs ahead across tiles): {self}")
 
     @property
     def block_m(self) -> int:
@@ -413,12 +568,32 @@ class GluonVariant:
     def label(self) -> str:
         s = (f"{self.family()} wg{self.num_wg} {self.block_m}x{self.block_n} s{self.stages} "
              f"ov{self.overlap}")
-        return s + (f" r{self.maxnreg}" if self.maxnreg else "")
+        return s + (f" r{self.maxnreg}" if self.maxnreg else "") + (" persistent" if self.persistent else "")
+
+    @property
+    def kernel(self) -> Any:
+        """The @gluon.jit kernel this variant launches."""
+        return _attn_persistent if self.persistent else _attn_fwd
 
     def constexprs(self, group: int, head_dim: int) -> dict[str, Any]:
-        return dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, NUM_WG=self.num_wg,
-                    ROWS_PER_WG=self.rows_per_wg, WS=self.ws, SPLIT=self.split, PINGPONG=self.pingpong,
-                    OVERLAP=self.overlap)
+        c = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, NUM_WG=self.num_wg,
+                 ROWS_PER_WG=self.rows_per_wg, WS=self.ws, SPLIT=self.split, PINGPONG=self.pingpong,
+                 OVERLAP=self.overlap)
+        if self.persistent:
+            del c["WS"]  # always warp-specialized
+        return c
+
+    def shared_bytes(self, head_dim: int, dtype_bytes: int = 2) -> int:
+        """The q tile and the K/V ring, plus 1 KiB for barriers (the prefill family's estimate)."""
+        return dtype_bytes * (self.block_m * head_dim + self.stages * 2 * self.block_n * head_dim) + 1024
+
+    def resident_programs(self, sm_count: int, head_dim: int) -> int:
+        """How many programs the GPU holds at once (a persistent launch's grid): per SM as many as its shared
+        memory and registers fit (255 registers a thread where maxnreg leaves the compiler free)."""
+        threads = 32 * (self.num_warps + (4 if self.split else 0) + (1 if self.ws else 0))
+        by_regs = SM_REGISTERS // (threads * (self.maxnreg or 255))
+        by_smem = SM_SHARED_BYTES // (self.shared_bytes(head_dim) + 1024)  # + the 1 KiB each block reserves
+        return sm_count * max(1, min(by_regs, by_smem))
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = dict(num_warps=self.num_warps, num_stages=1)
@@ -464,12 +639,19 @@ def prepare_gluon(inputs: Any, variant: GluonVariant, table: torch.Tensor, num_i
 
     qx, kx, vx = desc(inputs.q, h, variant.q_rows), desc(inputs.k, hkv, variant.block_n), desc(inputs.v, hkv,
                                                                                             variant.block_n)
-    grid = (num_items,)
+    programs = num_items
+    if variant.persistent:
+        sms = torch.cuda.get_device_properties(inputs.q.device).multi_processor_count
+        programs = min(num_items, variant.resident_programs(sms, d))
+    grid = (programs,)
     meta = variant.constexprs(h // hkv, d) | variant.options()
     args = (qx, kx, vx, o, inputs.cu_seqlens, table[0], table[1], table[2], inputs.sm_scale * _LOG2E, o.stride(0))
+    if variant.persistent:
+        args += (num_items,)
+    kernel = variant.kernel
 
     def launch() -> torch.Tensor:
-        _attn_fwd[grid](*args, **meta)
+        kernel[grid](*args, **meta)
         return o
 
     return launch
@@ -488,29 +670,37 @@ def compile_sm90(variant: GluonVariant, head_dim: int = 128, dtype: str = "bfloa
     signature = {"q_desc": desc(variant.q_rows), "k_desc": desc(variant.block_n), "v_desc": desc(variant.block_n),
                  "O": f"*{ty}", "CU_SEQLENS": "*i32", "W_SEQ": "*i32", "W_BLOCK": "*i32", "W_HEAD": "*i32",
                  "qk_scale": "fp32", "stride_ot": "i32"}
+    if variant.persistent:
+        signature["num_items"] = "i32"
     constexprs = variant.constexprs(group, head_dim)
     signature |= {n: "constexpr" for n in constexprs}
-    names = _attn_fwd.arg_names
+    names = variant.kernel.arg_names
     attrs = {(names.index(n),): [["tt.divisibility", 16]]
              for n in ("O", "CU_SEQLENS", "W_SEQ", "W_BLOCK", "W_HEAD", "stride_ot")}
-    src = GluonASTSource(_attn_fwd, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
+    src = GluonASTSource(variant.kernel, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=variant.options())
 
 
 # The prefill family's IMPL knob values and the variant each one launches (the fastest of the sweep's schedules on
 # the H200; the maxnreg caps are the sweep's: 128 lets two 1-warpgroup programs share an SM, 168 fits ping-pong).
-IMPLS = ("gluon_overlap", "gluon_ws", "gluon_pingpong")
+# "_persistent": the same schedule in resident programs that loop over the work items, for short sequences whose
+# tiles visit few key blocks (a tile's q load and first K/V blocks then run under the previous tile's epilogue).
+IMPLS = ("gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent")
+PERSISTENT_SUFFIX = "_persistent"
 
 
 def variant_for(impl: str, block_m: int, block_n: int, stages: int) -> GluonVariant:
     """The GluonVariant of a prefill config (IMPL, BLOCK_M, BLOCK_N, num_stages); the knob space's rules have already
     checked the combination."""
     wg = block_m // 64
+    base = impl.removesuffix(PERSISTENT_SUFFIX)
+    persistent = int(impl != base)
     if impl == "gluon_overlap":
         return GluonVariant(ws=0, num_wg=wg, block_n=block_n, stages=stages, overlap=1)
-    if impl == "gluon_ws":
-        return GluonVariant(ws=1, num_wg=wg, block_n=block_n, stages=stages, overlap=1, maxnreg=128 if wg == 1 else 0)
-    if impl == "gluon_pingpong":
+    if impl in IMPLS and base == "gluon_ws":
+        return GluonVariant(ws=1, num_wg=wg, block_n=block_n, stages=stages, overlap=1, maxnreg=128 if wg == 1 else 0,
+                            persistent=persistent)
+    if impl in IMPLS and base == "gluon_pingpong":
         return GluonVariant(ws=1, num_wg=2, block_n=block_n, stages=stages, overlap=1, split=1, pingpong=1,
-                            maxnreg=168)
+                            maxnreg=168, persistent=persistent)
     raise ValueError(f"unknown Gluon IMPL {impl!r}; use one of {IMPLS}")

@@ -153,9 +153,13 @@ def test_gluon_impl_rules() -> None:
     w = PrefillWorkload(32, 8, 128, (2048,))
     gluon = [c for c in FAMILY.space.valid_configs(w) if "IMPL" in c]
     impls = {c["IMPL"] for c in gluon}
-    assert impls == {"gluon_overlap", "gluon_ws", "gluon_pingpong"}
+    assert impls == {"gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent"}
     assert all(int(c["num_warps"]) == 4 * int(c["BLOCK_M"]) // 64 for c in gluon)
-    assert all(int(c["BLOCK_M"]) == 128 for c in gluon if c["IMPL"] == "gluon_pingpong")
+    assert all(int(c["BLOCK_M"]) == 128 for c in gluon if c["IMPL"].startswith("gluon_pingpong"))
+    # each persistent schedule is valid exactly where its one-tile schedule is
+    for impl in ("gluon_ws", "gluon_pingpong"):
+        one_tile = {str(c.replace(IMPL=impl + "_persistent")) for c in gluon if c["IMPL"] == impl}
+        assert one_tile == {str(c) for c in gluon if c["IMPL"] == impl + "_persistent"}
     ws = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, IMPL="gluon_ws")
     assert FAMILY.space.is_valid(ws, w)
     assert "num_warps must be 4" in FAMILY.space.why_invalid(ws.replace(num_warps=8), w)
@@ -167,6 +171,27 @@ def test_gluon_impl_rules() -> None:
     # the Triton kernel's configs are written without the knob, as they were stored
     assert "leaving the knob out" in FAMILY.space.why_invalid(ws.replace(IMPL="triton", num_warps=8), w)
     assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w) if "IMPL" not in c)
+
+
+def test_persistent_variants_fill_the_gpu_once() -> None:
+    """A persistent launch runs as many programs as the SMs hold at once: two 64-row programs per SM where their
+    shared memory and registers fit, one ping-pong program (9 warps at 168 registers) per SM; unknown IMPLs say
+    which exist."""
+    from kernel_gym.kernels import prefill_gluon as pg
+
+    small = pg.variant_for("gluon_ws_persistent", 64, 64, 2)
+    assert small.persistent and small.ws and small.kernel is pg._attn_persistent
+    assert small.resident_programs(132, 128) == 2 * 132
+    assert pg.variant_for("gluon_ws_persistent", 64, 128, 2).resident_programs(132, 128) == 132  # 145 KiB each
+    pingpong = pg.variant_for("gluon_pingpong_persistent", 128, 128, 2)
+    assert pingpong.pingpong and pingpong.resident_programs(132, 128) == 132
+    one_tile = pg.variant_for("gluon_pingpong", 128, 128, 2)
+    assert not one_tile.persistent and one_tile.kernel is pg._attn_fwd
+    assert "WS" in one_tile.constexprs(4, 128) and "WS" not in pingpong.constexprs(4, 128)
+    with pytest.raises(ValueError, match="persistent needs ws=1"):
+        pg.GluonVariant(ws=0, num_wg=1, block_n=64, stages=2, overlap=1, persistent=1)
+    with pytest.raises(ValueError, match="use one of"):
+        pg.variant_for("gluon_overlap_persistent", 64, 64, 2)
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the message given where the Gluon kernel cannot run")
