@@ -387,9 +387,14 @@ def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:
 
 
 def bench_cases() -> list[tuple[str, PrefillWorkload]]:
-    """Benchmark shapes (compare against torch SDPA on [B, H, N, D], causal)."""
+    """Benchmark shapes (compare against torch SDPA on [B, H, N, D], causal); the last four are many short sequences
+    (issue 29), where one sequence gives few query tiles per head."""
     return [
         ("prefill_b4_h32_n2048_d128", PrefillWorkload(32, 32, 128, (2048,) * 4)),
         ("prefill_b1_h32_n8192_d128", PrefillWorkload(32, 32, 128, (8192,))),
         ("prefill_b4_h32kv8_n2048_d128", PrefillWorkload(32, 8, 128, (2048,) * 4)),
+        ("prefill_b16_h32kv8_n512_d128", PrefillWorkload(32, 8, 128, (512,) * 16)),
+        ("prefill_b64_h32kv8_n128_d128", PrefillWorkload(32, 8, 128, (128,) * 64)),
+        ("prefill_b16_h32kv4_n512_d128", PrefillWorkload(32, 4, 128, (512,) * 16)),
+        ("prefill_b64_h32kv4_n128_d128", PrefillWorkload(32, 4, 128, (128,) * 64)),
     ]

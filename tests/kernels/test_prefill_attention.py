@@ -264,6 +264,11 @@ def test_bench_cases() -> None:
     assert cases["prefill_b4_h32_n2048_d128"] == PrefillWorkload(32, 32, 128, (2048,) * 4)
     assert cases["prefill_b1_h32_n8192_d128"] == PrefillWorkload(32, 32, 128, (8192,))
     assert cases["prefill_b4_h32kv8_n2048_d128"].num_kv_heads == 8
+    # issue 29's short prefills: many short sequences, GQA 32/8 and 32/4
+    for kv in (8, 4):
+        assert cases[f"prefill_b16_h32kv{kv}_n512_d128"] == PrefillWorkload(32, kv, 128, (512,) * 16)
+        assert cases[f"prefill_b64_h32kv{kv}_n128_d128"] == PrefillWorkload(32, kv, 128, (128,) * 64)
+    assert len(cases) == 7
     for w in cases.values():
         assert FAMILY.space.is_valid(FAMILY.default_config(w), w)
 
