@@ -369,6 +369,21 @@ def _consumer_persistent(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_read
 
 
 @gluon.jit
+def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn_bars,
+                        k_desc, v_desc, O, out_row0, out_col, stride_ot, kv_row0, kv_col,
+                        row0, seq_len, n_full, n_blocks, qk_scale, it0, q_phase, t, q_empty,
+                        PART: gl.constexpr, NW: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, PINGPONG: gl.constexpr,
+                        OVERLAP: gl.constexpr, RELEASE_Q: gl.constexpr):
+    """_consumer as a warp_specialize partition of the one-tile kernel: triton 3.6 rejects a partition that returns
+    a value (its turn count), so this one drops it."""
+    _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn_bars,
+              k_desc, v_desc, O, out_row0, out_col, stride_ot, kv_row0, kv_col,
+              row0, seq_len, n_full, n_blocks, qk_scale, it0, q_phase, t, q_empty,
+              PART, NW, ROWS, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP, RELEASE_Q)
+
+
+@gluon.jit
 def _attn_fwd(
     q_desc, k_desc, v_desc, O, CU_SEQLENS, W_SEQ, W_BLOCK, W_HEAD, qk_scale, stride_ot,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -416,11 +431,11 @@ def _attn_fwd(
     if WS:
         if SPLIT:
             gl.warp_specialize([
-                (_consumer, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
+                (_consumer_partition, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
                              k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
                              start_m, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
                              0, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP, False)),
-                (_consumer, (q_bufs.index(1), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
+                (_consumer_partition, (q_bufs.index(1), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
                              k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
                              start_m + ROWS_PER_WG, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
                              1, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP, False)),
@@ -430,7 +445,7 @@ def _attn_fwd(
             ], [4, 1], [240, 24])
         else:
             gl.warp_specialize([
-                (_consumer, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
+                (_consumer_partition, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
                              k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
                              start_m, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
                              0, 4 * NUM_WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WS, False, OVERLAP, False)),
