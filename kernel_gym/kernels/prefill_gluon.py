@@ -431,12 +431,12 @@ def _attn_fwd(
     if WS:
         if SPLIT:
             gl.warp_specialize([
-                (_consumer_partition, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
-                             k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
+                (_consumer_partition, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready,
+                             kv_empty, turn_bars, k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
                              start_m, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
                              0, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP, False)),
-                (_consumer_partition, (q_bufs.index(1), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
-                             k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
+                (_consumer_partition, (q_bufs.index(1), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready,
+                             kv_empty, turn_bars, k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
                              start_m + ROWS_PER_WG, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
                              1, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, WS, PINGPONG, OVERLAP, False)),
                 (_load_partition, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready,
@@ -445,8 +445,8 @@ def _attn_fwd(
             ], [4, 1], [240, 24])
         else:
             gl.warp_specialize([
-                (_consumer_partition, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready, kv_empty, turn_bars,
-                             k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
+                (_consumer_partition, (q_bufs.index(0), k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready,
+                             kv_empty, turn_bars, k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
                              start_m, seq_len, n_full, n_blocks, qk_scale, 0, 0, 0, q_bar.index(0),
                              0, 4 * NUM_WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WS, False, OVERLAP, False)),
                 (_load_partition, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bar.index(0), k_ready, v_ready,
