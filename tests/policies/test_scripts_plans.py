@@ -115,8 +115,8 @@ def test_plan_coverage_fill_plans_the_grids_holes_at_old_values(tmp_path):
 
 
 def test_plan_coverage_new_knobs_lists_unstored_configs_that_set_a_new_knob(tmp_path):
-    """--new-knobs: prefill's IMPL values were all measured in session 5, so nothing is left; any MoE entry sets
-    TMA_LOADS, is valid and is not stored."""
+    """--new-knobs: prefill's IMPL values of session 5 were all measured, so its entries are the persistent
+    schedules added after (no stored row); any MoE entry sets TMA_LOADS; nothing listed is stored."""
     from kernel_gym.measure.collect import load_plan_file
     from kernel_gym.measure.recorded import RecordedBackend
 
@@ -125,10 +125,17 @@ def test_plan_coverage_new_knobs_lists_unstored_configs_that_set_a_new_knob(tmp_
             "--out", str(out)]
     assert load_script("plan_coverage").main(args) == 0
     plan = json.loads(out.read_text())
-    assert not [e for e in plan if e["kernel"] == "prefill_attention"]
-    stored = RecordedBackend().stored_keys("fused_moe")
+    backend = RecordedBackend()
+    prefill = [e for e in plan if e["kernel"] == "prefill_attention"]
+    assert prefill, "the persistent Gluon schedules have no stored rows: --new-knobs must list them"
+    stored = backend.stored_keys("prefill_attention")
+    for e in prefill:
+        assert all(json.loads(c).get("IMPL", "").endswith("_persistent") and (e["workload"], c) not in stored
+                   for c in e["configs"])
+    stored = backend.stored_keys("fused_moe")
     for e in plan:
-        assert all("TMA_LOADS" in json.loads(c) and (e["workload"], c) not in stored for c in e["configs"])
+        if e["kernel"] == "fused_moe":
+            assert all("TMA_LOADS" in json.loads(c) and (e["workload"], c) not in stored for c in e["configs"])
     load_plan_file(str(out), ["prefill_attention", "fused_moe"])
     with pytest.raises(SystemExit):
         load_script("plan_coverage").main([*args, "--new-shapes"])
