@@ -98,6 +98,11 @@ def committed(path: str) -> dict[str, Any]:
     return json.loads((ROOT / path).read_text())
 
 
+def prefill_ratio(pick: Callable[[dict[str, Any]], bool], agg: Callable[..., float] = max) -> float:
+    """best / SDPA of the short-prefill run's records that pick selects (agg over them)."""
+    return agg(r["ratio_to_anchor"] for r in committed(SHORT_PREFILL) if pick(r))
+
+
 def at(path: str, *keys: str, scale: float = 1.0) -> Callable[[], float]:
     """The number at keys in a committed JSON file (times scale: 100 for a share printed in %)."""
 
@@ -160,6 +165,7 @@ SERVING = "benchmarks/serving/serving_v0.json"
 CYCLE = "benchmarks/cycle.json"
 PLAN = "benchmarks/serving_plan.json"
 FAULTS = "benchmarks/generalisation/run3/fault_injection.json"
+SHORT_PREFILL = "benchmarks/short_prefill/run2_bb6853d/prefill.json"
 # Texts of the index holding several figures: {} are the figures' places, in order.
 STATS = ("median", "min", "max")
 STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
@@ -317,6 +323,11 @@ FIGURES = [
            lambda: float(len(committed(KERNELS))), 0.0, "gpu"),
     *[Figure(f"index: stand-in {key}", BENCH, figure_at(STANDIN_TEXT, i), STANDIN, at(STANDIN, "bench", key), 0.0005,
              "json") for i, key in enumerate(STATS)],
+    Figure("index: short-prefill bench best / SDPA at B1 N8192", BENCH, rf"best / SDPA {N} at B1 N8192", SHORT_PREFILL,
+           lambda: prefill_ratio(lambda r: r["case"] == "prefill_b1_h32_n8192_d128"), 0.0005, "json"),
+    Figure("index: short-prefill bench, short cases' highest", BENCH, rf"0\.8[0-9]-{N} at the short cases",
+           SHORT_PREFILL, lambda: prefill_ratio(lambda r: "n512" in r["case"] or "n128" in r["case"], max), 0.005,
+           "json"),
     Figure("index: decode floor lowest", BENCH, rf"best / floor from {N} to", FLOOR, lambda: floor_ratio(min), 0.005,
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),
