@@ -306,10 +306,11 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
         raise ValueError("`kernel-gym bench` needs a CUDA GPU; run it on the GPU machine (README: The GPU parts)")
     import os
 
+    from kernel_gym.measure.engine_timing import gpu_state
     from kernel_gym.measure.live import LiveBackend
     from kernel_gym.measure.timing import TimingOptions
 
-    start = time.time()
+    start, gpu_before = time.time(), gpu_state()  # the anchors' times carry no power state of their own
     # Each compile process holds a CUDA context and one workload's inputs (2.8 GB for Mixtral's experts): a pool per
     # core filled the H200's memory (benchmarks/h200_run3/bench_full_attempt.txt), so it is capped.
     live = LiveBackend(timing=TimingOptions(**BENCH_TIMING_KW),
@@ -386,7 +387,7 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
     env = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "copy_bandwidth_tbs": copy_tbs, "copy_ms": copy_t.ms,
-        "seconds": time.time() - start,
+        "seconds": time.time() - start, "gpu_before": gpu_before, "gpu_after": gpu_state(),
     }
     return {"records": records, "env": env, "details": details}
 

@@ -325,9 +325,10 @@ FIGURES = [
              "json") for i, key in enumerate(STATS)],
     Figure("index: short-prefill bench best / SDPA at B1 N8192", BENCH, rf"best / SDPA {N} at B1 N8192", SHORT_PREFILL,
            lambda: prefill_ratio(lambda r: r["case"] == "prefill_b1_h32_n8192_d128"), 0.0005, "json"),
-    Figure("index: short-prefill bench, short cases' highest", BENCH, rf"0\.8[0-9]-{N} at the short cases",
-           SHORT_PREFILL, lambda: prefill_ratio(lambda r: "n512" in r["case"] or "n128" in r["case"], max), 0.005,
-           "json"),
+    *[Figure(f"index: short-prefill bench, short cases' {name}", BENCH, pattern, SHORT_PREFILL,
+             (lambda agg=agg: prefill_ratio(lambda r: "n512" in r["case"] or "n128" in r["case"], agg)), 0.005, "json")
+      for name, pattern, agg in (("lowest", rf"{N}-[0-9.]+ at the short cases", min),
+                                 ("highest", rf"[0-9.]+-{N} at the short cases", max))],
     Figure("index: decode floor lowest", BENCH, rf"best / floor from {N} to", FLOOR, lambda: floor_ratio(min), 0.005,
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),
