@@ -7,6 +7,9 @@ torch reference first, then timed (CUDA events, the dataset's timing options); t
 bytes_moved / COPY_BW + the median time of an empty Triton kernel timed the same way. Target: best / floor <= 1.25.
 
     python3 benchmarks/decode_floor/run.py --out $OUT/decode_floor.json  # GPU; imports torch, triton, numpy, kernel_gym
+
+`--grid` times, instead of a sample, every valid grouped split config (NUM_SPLITS >= 8, pages of 32-128 tokens) and
+keeps each config's time in the output (`times`), so split counts can be compared config by config.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ def _empty_kernel():
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    import triton
 
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.workloads import DecodeWorkload
@@ -50,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--sample", type=int, default=48,
                    help="valid configs sampled per workload (besides the recorded best)")
+    p.add_argument("--grid", action="store_true",
+                   help="every valid grouped config with NUM_SPLITS >= 8 and PAGE_SIZE >= 32 instead of a sample")
     args = p.parse_args(argv)
 
     _empty = _empty_kernel()
@@ -71,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append(best_c if not isinstance(best_c, str) else __import__(
                     "kernel_gym.kernels.space", fromlist=["Config"]).Config.parse(best_c))
             configs.append(fam.default_config(w))
-            configs += list(fam.space.sample(w, args.sample, seed=0))
+            if args.grid:
+                configs += [c for c in fam.space.valid_configs(w) if int(c["GQA_GROUPED"])
+                            and int(c["NUM_SPLITS"]) >= 8 and int(c["PAGE_SIZE"]) >= 32]
+            else:
+                configs += list(fam.space.sample(w, args.sample, seed=0))
             # every split config's one-launch twin (COMBINE=1: the last split program combines), so the two
             # combine paths are timed on the same tiles
             configs += [t for c in configs if int(fam.space.value(c, "COMBINE")) == 0
@@ -106,19 +114,43 @@ def main(argv: list[str] | None = None) -> int:
                          "wrong_after_timing": wrong_after_timing,
                          "best_two_launch_ms": min(two.values(), default=None),
                          "best_one_launch_ms": min(one.values(), default=None),
-                         "power_before": dataclasses.asdict(power) if power is not None else None})
+                         "power_before": dataclasses.asdict(power) if power is not None else None,
+                         **({"times": times} if args.grid else {})})
             t2, t1 = (min(d.values(), default=float("nan")) * 1e3 for d in (two, one))
             print(f"batch {batch} context {context}: best {best * 1e3:.1f} us (two launches {t2:.1f}, one {t1:.1f}), "
                   f"floor {floor_ms * 1e3:.1f} us "
                   f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor_ms:.2f} ({len(times)} ok configs, "
                   f"{time.time() - t0:.0f} s)", flush=True)
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "copy_bw": COPY_BW, "empty_launch_ms": empty_ms, "target_ratio": TARGET, "rows": rows,
-           "met": all(r["ratio_to_floor"] <= TARGET for r in rows)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=1))
+            if args.grid:  # the best config of each split count: does a count beyond 16 pay off?
+                by_split: dict[int, float] = {}
+                for c, t in times.items():
+                    n = json.loads(c)["NUM_SPLITS"]
+                    by_split[n] = min(t, by_split.get(n, t))
+                best_by = ", ".join(f"{n}: {t * 1e3:.1f} us" for n, t in sorted(by_split.items()))
+                print(f"  best by NUM_SPLITS: {best_by}", flush=True)
+            _write(args.out, rows, empty_ms)  # after every workload: a run cut off keeps what finished
+    _write(args.out, rows, empty_ms)
     print(f"{sum(r['ratio_to_floor'] <= TARGET for r in rows)} of {len(rows)} workloads within {TARGET}x of the floor")
     return 0
+
+
+def _write(out: Path, rows: list[dict], empty_ms: float) -> None:
+    import subprocess
+
+    import torch
+    import triton
+
+    from kernel_gym.measure.roofline import COPY_BW
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        commit = ""
+    res = {"commit": commit or None, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": triton.__version__, "copy_bw": COPY_BW, "empty_launch_ms": empty_ms, "target_ratio": TARGET,
+           "rows": rows, "met": all(r["ratio_to_floor"] <= TARGET for r in rows)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

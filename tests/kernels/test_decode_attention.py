@@ -70,7 +70,10 @@ def test_every_layout_split_count_page_size_and_path():
         cases[dtype] = (workload, inputs, FAMILY.reference(inputs), _cheap_valid(workload, budget=320))
     rng = random.Random(7)
     seen_pages, seen_grouped = set(), set()
-    for i, (splits, layout) in enumerate((s, lay) for s in da.SPLIT_COUNTS for lay in da.LAYOUTS):
+    # counts whose 16-token slices fit the ragged context (32 and 64: test_split_counts_beyond_16_...)
+    counts = [s for s in da.SPLIT_COUNTS if s * 16 <= RAGGED[4]]
+    assert counts == [1, 2, 4, 8, 16]
+    for i, (splits, layout) in enumerate((s, lay) for s in counts for lay in da.LAYOUTS):
         workload, inputs, reference, valid = cases[CPU_DTYPES[(i + i // 2) % 2]]
         pool = [c for c in valid if c["NUM_SPLITS"] == splits and c["LAYOUT"] == layout]
         assert pool, f"no cheap valid NUM_SPLITS={splits} LAYOUT={layout} config on {workload}"
@@ -80,6 +83,33 @@ def test_every_layout_split_count_page_size_and_path():
         seen_grouped.add(config["GQA_GROUPED"])
         _check(workload, config, inputs, reference)
     assert seen_pages == {16, 32, 64, 128} and seen_grouped == {0, 1}
+
+
+@pytest.mark.parametrize("splits", [32, 64])
+def test_split_counts_beyond_16_on_both_paths_and_both_combines(splits):
+    """32 and 64 splits (batch 1-4 at long contexts): a ragged batch whose shorter sequence leaves the last splits
+    empty, the per-head path, the two-launch combine and the one-launch combine all match the reference."""
+    workload = DecodeWorkload(4, 2, 32, 2, 1100, dtype="float32")
+    inputs = FAMILY.make_inputs(workload, DEVICE, seed=11)
+    reference = FAMILY.reference(inputs)
+    for grouped, combine, layout in ((1, 0, "HND"), (1, 1, "NHD"), (0, 0, "HND")):
+        config = SPACE.config(dict(PAGE_SIZE=16, LAYOUT=layout, NUM_SPLITS=splits, BLOCK_N=16, num_warps=4,
+                                   num_stages=2, GQA_GROUPED=grouped, COMBINE=combine))
+        assert SPACE.is_valid(config, workload), SPACE.why_invalid(config, workload)
+        _check(workload, config, inputs, reference)
+
+
+def test_splits_beyond_16_leave_the_double_rule_as_it_was():
+    """16 splits at batch 1 (128 programs, under one wave) stay valid beside 32: the stored rows of the counts up to
+    16 keep their validity; 8 is still pruned in favour of 16 there."""
+    workload = DecodeWorkload(32, 8, 128, 1, 4096)
+    base = dict(PAGE_SIZE=64, LAYOUT="HND", BLOCK_N=64, num_warps=4, num_stages=2, GQA_GROUPED=1)
+    assert SPACE.is_valid(SPACE.config({**base, "NUM_SPLITS": 16}), workload)
+    assert SPACE.is_valid(SPACE.config({**base, "NUM_SPLITS": 32}), workload)
+    assert "use NUM_SPLITS=16" in (SPACE.why_invalid(SPACE.config({**base, "NUM_SPLITS": 8}), workload) or "")
+    # 64 splits x 8 kv heads x batch 4 is 2,048 programs: past MAX_WAVES waves
+    assert "waves" in (SPACE.why_invalid(SPACE.config({**base, "NUM_SPLITS": 64}),
+                                         DecodeWorkload(32, 8, 128, 4, 16384)) or "")
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
