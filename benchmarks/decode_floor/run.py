@@ -9,7 +9,8 @@ bytes_moved / COPY_BW + the median time of an empty Triton kernel timed the same
     python3 benchmarks/decode_floor/run.py --out $OUT/decode_floor.json  # GPU; imports torch, triton, numpy, kernel_gym
 
 `--grid` times, instead of a sample, every valid grouped split config (NUM_SPLITS >= 8, pages of 32-128 tokens) and
-keeps each config's time in the output (`times`), so split counts can be compared config by config.
+keeps each config's time in the output (`times`), so split counts can be compared config by config. The tree's commit
+is read from KERNEL_GYM_COMMIT (the device machine's copy has no history).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from kernel_gym.kernels import get_family
+    from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
     from kernel_gym.measure import make_backend
+    from kernel_gym.measure.compiler import CompilePool
     from kernel_gym.measure.power import read_once
     from kernel_gym.measure.roofline import COPY_BW
     from kernel_gym.measure.timing import time_launch
@@ -54,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="valid configs sampled per workload (besides the recorded best)")
     p.add_argument("--grid", action="store_true",
                    help="every valid grouped config with NUM_SPLITS >= 8 and PAGE_SIZE >= 32 instead of a sample")
+    p.add_argument("--batches", default="1,2,4", help="comma-separated batch sizes")
+    p.add_argument("--contexts", default="1024,4096,16384", help="comma-separated context lengths")
+    p.add_argument("--compile-workers", type=int, default=12,
+                   help="CPU processes compiling the configs ahead of the timing (0: compile on first call)")
     args = p.parse_args(argv)
 
     _empty = _empty_kernel()
@@ -63,17 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     empty_ms = time_launch(lambda: _empty[(1,)](dummy)).median_ms
     fam = get_family("decode_attention")
     backend = make_backend("recorded")
-    rows = []
-    for batch in (1, 2, 4):
-        for context in (1024, 4096, 16384):
+    plan = []  # (workload, recorded rows, configs)
+    for batch in (int(b) for b in args.batches.split(",")):
+        for context in (int(c) for c in args.contexts.split(",")):
             w = DecodeWorkload(32, 8, 128, batch, context)
             recorded = {c: m for c, m in backend.rows("decode_attention").get(w.key(), {}).items()
                         if m.status == "ok" and m.median_ms}
             configs = []
             if recorded:
                 best_c = min(recorded, key=lambda c: recorded[c].median_ms)
-                configs.append(best_c if not isinstance(best_c, str) else __import__(
-                    "kernel_gym.kernels.space", fromlist=["Config"]).Config.parse(best_c))
+                configs.append(best_c if not isinstance(best_c, str) else Config.parse(best_c))
             configs.append(fam.default_config(w))
             if args.grid:
                 configs += [c for c in fam.space.valid_configs(w) if int(c["GQA_GROUPED"])
@@ -84,69 +92,80 @@ def main(argv: list[str] | None = None) -> int:
             # combine paths are timed on the same tiles
             configs += [t for c in configs if int(fam.space.value(c, "COMBINE")) == 0
                         for t in [fam.space.config({**dict(c), "COMBINE": 1})] if fam.space.is_valid(t, w)]
-            power = read_once()  # the clock state each workload was timed in (the H200 throttles under load)
-            inputs = fam.make_inputs(w, "cuda")
-            ref = fam.reference(inputs)
-            times, wrong_after_timing = {}, []
-            t0 = time.time()
-            for c in dict.fromkeys(configs):
-                try:
-                    fn = fam.prepare(inputs, c)
-                    out = fn()
-                    torch.cuda.synchronize()
-                    if compare(fam, out, ref, w.dtype) is not None:
-                        continue
-                    t = time_launch(fn).median_ms
-                    if compare(fam, fn(), ref, w.dtype) is not None:  # right again after hundreds of launches
-                        wrong_after_timing.append(str(c))
-                        continue
-                    times[str(c)] = t
-                except Exception:  # noqa: BLE001 - a config that fails to compile or run is skipped, counted below
+            plan.append((w, recorded, list(dict.fromkeys(configs))))
+    pool = None
+    if args.compile_workers > 0:  # compile everything ahead (a cold compile is 0.5-2 s; timing a config ~50 ms)
+        os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="decode_floor_triton_"))
+        pool = CompilePool(args.compile_workers, {"TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]})
+        pending = [pool.submit("decode_attention", w.key(), [str(c) for c in configs], chunk=4)
+                   for w, _, configs in plan]
+    rows = []
+    for i, (w, recorded, configs) in enumerate(plan):
+        batch, context = w.batch, w.context_len
+        t_compile = time.time()
+        if pool is not None:
+            CompilePool.collect(pending[i])
+        t_compile = time.time() - t_compile
+        power = read_once()  # the clock state each workload was timed in (the H200 throttles under load)
+        inputs = fam.make_inputs(w, "cuda")
+        ref = fam.reference(inputs)
+        times, wrong_after_timing = {}, []
+        t0 = time.time()
+        for c in configs:
+            try:
+                fn = fam.prepare(inputs, c)
+                out = fn()
+                torch.cuda.synchronize()
+                if compare(fam, out, ref, w.dtype) is not None:
                     continue
-            best = min(times.values())
-            one = {c: t for c, t in times.items() if '"COMBINE":1' in c}
-            two = {c: t for c, t in times.items() if c not in one}
-            floor_ms = fam.bytes_moved(w) / COPY_BW * 1e3 + empty_ms
-            rows.append({"batch": batch, "context": context, "configs_ok": len(times), "configs_tried": len(configs),
-                         "best_ms": best, "best_config": min(times, key=times.get), "floor_ms": floor_ms,
-                         "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor_ms,
-                         "recorded_best_ms": min((m.median_ms for m in recorded.values()), default=None),
-                         "wrong_after_timing": wrong_after_timing,
-                         "best_two_launch_ms": min(two.values(), default=None),
-                         "best_one_launch_ms": min(one.values(), default=None),
-                         "power_before": dataclasses.asdict(power) if power is not None else None,
-                         **({"times": times} if args.grid else {})})
-            t2, t1 = (min(d.values(), default=float("nan")) * 1e3 for d in (two, one))
-            print(f"batch {batch} context {context}: best {best * 1e3:.1f} us (two launches {t2:.1f}, one {t1:.1f}), "
-                  f"floor {floor_ms * 1e3:.1f} us "
-                  f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor_ms:.2f} ({len(times)} ok configs, "
-                  f"{time.time() - t0:.0f} s)", flush=True)
-            if args.grid:  # the best config of each split count: does a count beyond 16 pay off?
-                by_split: dict[int, float] = {}
-                for c, t in times.items():
-                    n = json.loads(c)["NUM_SPLITS"]
-                    by_split[n] = min(t, by_split.get(n, t))
-                best_by = ", ".join(f"{n}: {t * 1e3:.1f} us" for n, t in sorted(by_split.items()))
-                print(f"  best by NUM_SPLITS: {best_by}", flush=True)
-            _write(args.out, rows, empty_ms)  # after every workload: a run cut off keeps what finished
+                t = time_launch(fn).median_ms
+                if compare(fam, fn(), ref, w.dtype) is not None:  # right again after hundreds of launches
+                    wrong_after_timing.append(str(c))
+                    continue
+                times[str(c)] = t
+            except Exception:  # noqa: BLE001 - a config that fails to compile or run is skipped, counted below
+                continue
+        best = min(times.values())
+        one = {c: t for c, t in times.items() if '"COMBINE":1' in c}
+        two = {c: t for c, t in times.items() if c not in one}
+        floor_ms = fam.bytes_moved(w) / COPY_BW * 1e3 + empty_ms
+        rows.append({"batch": batch, "context": context, "configs_ok": len(times), "configs_tried": len(configs),
+                     "best_ms": best, "best_config": min(times, key=times.get), "floor_ms": floor_ms,
+                     "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor_ms,
+                     "recorded_best_ms": min((m.median_ms for m in recorded.values()), default=None),
+                     "wrong_after_timing": wrong_after_timing,
+                     "best_two_launch_ms": min(two.values(), default=None),
+                     "best_one_launch_ms": min(one.values(), default=None),
+                     "power_before": dataclasses.asdict(power) if power is not None else None,
+                     **({"times": times} if args.grid else {})})
+        t2, t1 = (min(d.values(), default=float("nan")) * 1e3 for d in (two, one))
+        print(f"batch {batch} context {context}: best {best * 1e3:.1f} us (two launches {t2:.1f}, one {t1:.1f}), "
+              f"floor {floor_ms * 1e3:.1f} us "
+              f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor_ms:.2f} ({len(times)} ok configs, "
+              f"{time.time() - t0:.0f} s timing, {t_compile:.0f} s waiting for compiles)", flush=True)
+        if args.grid:  # the best config of each split count: does a count beyond 16 pay off?
+            by_split: dict[int, float] = {}
+            for c, t in times.items():
+                n = json.loads(c)["NUM_SPLITS"]
+                by_split[n] = min(t, by_split.get(n, t))
+            best_by = ", ".join(f"{n}: {t * 1e3:.1f} us" for n, t in sorted(by_split.items()))
+            print(f"  best by NUM_SPLITS: {best_by}", flush=True)
+        _write(args.out, rows, empty_ms)  # after every workload: a run cut off keeps what finished
+    if pool is not None:
+        pool.close()
     _write(args.out, rows, empty_ms)
     print(f"{sum(r['ratio_to_floor'] <= TARGET for r in rows)} of {len(rows)} workloads within {TARGET}x of the floor")
     return 0
 
 
 def _write(out: Path, rows: list[dict], empty_ms: float) -> None:
-    import subprocess
-
     import torch
     import triton
 
     from kernel_gym.measure.roofline import COPY_BW
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        commit = ""
-    res = {"commit": commit or None, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    res = {"commit": os.environ.get("KERNEL_GYM_COMMIT"), "device": torch.cuda.get_device_name(),
+           "torch": torch.__version__,
            "triton": triton.__version__, "copy_bw": COPY_BW, "empty_launch_ms": empty_ms, "target_ratio": TARGET,
            "rows": rows, "met": all(r["ratio_to_floor"] <= TARGET for r in rows)}
     out.parent.mkdir(parents=True, exist_ok=True)
