@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-workers", type=int, default=12,
                    help="CPU processes compiling the configs ahead of the timing (0: compile on first call)")
     args = p.parse_args(argv)
+    if args.compile_workers > 0:  # one cache for the compile pool and this process, set before the first compile
+        os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="decode_floor_triton_"))
 
     _empty = _empty_kernel()
     dummy = torch.empty(1, device="cuda")
@@ -95,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
             plan.append((w, recorded, list(dict.fromkeys(configs))))
     pool = None
     if args.compile_workers > 0:  # compile everything ahead (a cold compile is 0.5-2 s; timing a config ~50 ms)
-        os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="decode_floor_triton_"))
         pool = CompilePool(args.compile_workers, {"TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]})
         pending = [pool.submit("decode_attention", w.key(), [str(c) for c in configs], chunk=4)
                    for w, _, configs in plan]
