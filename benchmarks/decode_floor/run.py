@@ -8,9 +8,11 @@ bytes_moved / COPY_BW + the median time of an empty Triton kernel timed the same
 
     python3 benchmarks/decode_floor/run.py --out $OUT/decode_floor.json  # GPU; imports torch, triton, numpy, kernel_gym
 
-`--grid` times, instead of a sample, every valid grouped split config (NUM_SPLITS >= 8, pages of 32-128 tokens) and
-keeps each config's time in the output (`times`), so split counts can be compared config by config. The tree's commit
-is read from KERNEL_GYM_COMMIT (the device machine's copy has no history).
+`--grid` times, instead of a sample, every valid grouped config with pages of 32-128 tokens and keeps each config's
+time in the output (`times`), so knob values (split counts, PRELOAD_PAGES) can be compared config by config. Beside the
+floor, each workload also times a device-to-device copy of the same bytes (half read, half written) the same way
+(`copy_ms`): what the floor's bandwidth gives at that size. The tree's commit is read from KERNEL_GYM_COMMIT (the
+device machine's copy has no history).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=48,
                    help="valid configs sampled per workload (besides the recorded best)")
     p.add_argument("--grid", action="store_true",
-                   help="every valid grouped config with NUM_SPLITS >= 8 and PAGE_SIZE >= 32 instead of a sample")
+                   help="every valid grouped config with PAGE_SIZE >= 32 instead of a sample")
     p.add_argument("--batches", default="1,2,4", help="comma-separated batch sizes")
     p.add_argument("--contexts", default="1024,4096,16384", help="comma-separated context lengths")
     p.add_argument("--compile-workers", type=int, default=12,
@@ -86,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append(best_c if not isinstance(best_c, str) else Config.parse(best_c))
             configs.append(fam.default_config(w))
             if args.grid:
-                configs += [c for c in fam.space.valid_configs(w) if int(c["GQA_GROUPED"])
-                            and int(c["NUM_SPLITS"]) >= 8 and int(c["PAGE_SIZE"]) >= 32]
+                configs += [c for c in fam.space.valid_configs(w)
+                            if int(c["GQA_GROUPED"]) and int(c["PAGE_SIZE"]) >= 32]
             else:
                 configs += list(fam.space.sample(w, args.sample, seed=0))
             # every split config's one-launch twin (COMBINE=1: the last split program combines), so the two
@@ -126,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
                 times[str(c)] = t
             except Exception:  # noqa: BLE001 - a config that fails to compile or run is skipped, counted below
                 continue
+        copy_ms = _copy_ms(int(fam.bytes_moved(w)), time_launch)
         best = min(times.values())
         one = {c: t for c, t in times.items() if '"COMBINE":1' in c}
         two = {c: t for c, t in times.items() if c not in one}
         floor_ms = fam.bytes_moved(w) / COPY_BW * 1e3 + empty_ms
         rows.append({"batch": batch, "context": context, "configs_ok": len(times), "configs_tried": len(configs),
                      "best_ms": best, "best_config": min(times, key=times.get), "floor_ms": floor_ms,
-                     "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor_ms,
+                     "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor_ms, "copy_ms": copy_ms,
                      "recorded_best_ms": min((m.median_ms for m in recorded.values()), default=None),
                      "wrong_after_timing": wrong_after_timing,
                      "best_two_launch_ms": min(two.values(), default=None),
@@ -141,22 +144,32 @@ def main(argv: list[str] | None = None) -> int:
                      **({"times": times} if args.grid else {})})
         t2, t1 = (min(d.values(), default=float("nan")) * 1e3 for d in (two, one))
         print(f"batch {batch} context {context}: best {best * 1e3:.1f} us (two launches {t2:.1f}, one {t1:.1f}), "
-              f"floor {floor_ms * 1e3:.1f} us "
+              f"floor {floor_ms * 1e3:.1f} us, same-size copy {copy_ms * 1e3:.1f} us "
               f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor_ms:.2f} ({len(times)} ok configs, "
               f"{time.time() - t0:.0f} s timing, {t_compile:.0f} s waiting for compiles)", flush=True)
-        if args.grid:  # the best config of each split count: does a count beyond 16 pay off?
-            by_split: dict[int, float] = {}
-            for c, t in times.items():
-                n = json.loads(c)["NUM_SPLITS"]
-                by_split[n] = min(t, by_split.get(n, t))
-            best_by = ", ".join(f"{n}: {t * 1e3:.1f} us" for n, t in sorted(by_split.items()))
-            print(f"  best by NUM_SPLITS: {best_by}", flush=True)
+        if args.grid:  # the best config of each split count and PRELOAD_PAGES value
+            for knob in ("NUM_SPLITS", "PRELOAD_PAGES"):
+                by: dict[int, float] = {}
+                for c, t in times.items():
+                    n = json.loads(c).get(knob, 0)
+                    by[n] = min(t, by.get(n, t))
+                best_by = ", ".join(f"{n}: {t * 1e3:.1f} us" for n, t in sorted(by.items()))
+                print(f"  best by {knob}: {best_by}", flush=True)
         _write(args.out, rows, empty_ms)  # after every workload: a run cut off keeps what finished
     if pool is not None:
         pool.close()
     _write(args.out, rows, empty_ms)
     print(f"{sum(r['ratio_to_floor'] <= TARGET for r in rows)} of {len(rows)} workloads within {TARGET}x of the floor")
     return 0
+
+
+def _copy_ms(nbytes: int, time_launch) -> float:
+    """A device-to-device copy moving nbytes (half read, half written), timed as the configs are."""
+    import torch
+
+    src = torch.randn(nbytes // 4, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return time_launch(lambda: dst.copy_(src)).median_ms
 
 
 def _write(out: Path, rows: list[dict], empty_ms: float) -> None:

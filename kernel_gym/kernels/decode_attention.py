@@ -48,6 +48,7 @@ SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 # batch 1-4 at long contexts (docs/benchmarks.md, "Decode at batch 1-4"), do not prune smaller counts: stored rows of
 # 16 splits at batch 1 stay valid, and the grids of 32 and 64 splits are more than one wave there anyway.
 DOUBLE_RULE_MAX = 16
+PRELOAD_BLOCKS = tl.constexpr(32)  # PRELOAD_PAGES=1: page ids read per group of blocks, before that group's loop
 MAX_TILE_PER_THREAD = 64  # elements of one loaded K/V tile per thread above which the per-head path spills
 MIN_TILE_PER_THREAD = 32  # with 8 warps, fewer tile elements per thread than this leave lanes idle
 MAX_STATE_PER_THREAD = 128  # fp32 accumulator + score elements per thread for the grouped (tl.dot) path
@@ -140,7 +141,7 @@ def _decode_grouped_kernel(
     stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ab,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    COMBINE: tl.constexpr = 0,
+    COMBINE: tl.constexpr = 0, PRELOAD_PAGES: tl.constexpr = 0,
 ):
     """One program = all GROUP q heads sharing one kv head, for one sequence and one split."""
     tl.static_assert(GROUP_PAD >= 16, "tl.dot needs >= 16 rows: pad the group")
@@ -166,15 +167,34 @@ def _decode_grouped_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    # Page offsets are computed one block ahead and carried: the K/V loads then depend on no load of their own
-    # iteration, so the pipeliner gives them all num_stages - 1 buffers (an in-loop block-table load halves that).
-    offs = _kv_offsets(bt_row, start, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
-    for i in tl.range(0, n_full, num_stages=NUM_STAGES):
-        tok0 = start + i * BLOCK_N
-        offs_next = _kv_offsets(bt_row, tok0 + BLOCK_N, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
-        acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
-                                      HEAD_DIM, BLOCK_N, DOT_PRECISION, False)
-        offs = offs_next
+    if PRELOAD_PAGES:
+        # The page ids of PRELOAD_BLOCKS blocks are read before their loop, so no K/V address depends on a load
+        # inside it and the pipeliner keeps num_stages - 1 blocks of K/V in flight. With the block-table read in
+        # the loop (below), the sm_90 code waits for every copy right after issuing it (async_wait 0): one block at
+        # a time, three memory latencies each (table, K, V). Needs BLOCK_N <= PAGE_SIZE: one page per block.
+        offs_b = tl.arange(0, PRELOAD_BLOCKS)
+        for g in range(0, n_full, PRELOAD_BLOCKS):
+            blk = g + offs_b
+            pages = tl.load(bt_row + (start + blk * BLOCK_N) // PAGE_SIZE, mask=blk < n_full, other=0).to(tl.int64)
+            for j in tl.range(0, tl.minimum(PRELOAD_BLOCKS, n_full - g), num_stages=NUM_STAGES):
+                tok0 = start + (g + j) * BLOCK_N
+                page = tl.sum(tl.where(offs_b == j, pages, 0))
+                offs = page * stride_page + (tok0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_slot
+                acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
+                                              HEAD_DIM, BLOCK_N, DOT_PRECISION, False)
+        offs = _kv_offsets(bt_row, start + n_full * BLOCK_N, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE,
+                           BLOCK_N)
+    else:
+        # Page offsets are computed one block ahead and carried: the K/V loads then depend on no load of their own
+        # iteration (PRELOAD_PAGES=0, the code the stored rows timed).
+        offs = _kv_offsets(bt_row, start, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+        for i in tl.range(0, n_full, num_stages=NUM_STAGES):
+            tok0 = start + i * BLOCK_N
+            offs_next = _kv_offsets(bt_row, tok0 + BLOCK_N, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE,
+                                    BLOCK_N)
+            acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
+                                          HEAD_DIM, BLOCK_N, DOT_PRECISION, False)
+            offs = offs_next
     tail = start + n_full * BLOCK_N
     if tail < end:
         acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tail, seq_len, qk_scale,
@@ -367,6 +387,15 @@ def _rule_combine(config: Config, workload: DecodeWorkload) -> str | None:
     return None
 
 
+def _rule_preload(config: Config, workload: DecodeWorkload) -> str | None:
+    """Page ids are read ahead on the grouped path only, one per block: the block must lie in one page."""
+    if int(config.get("PRELOAD_PAGES", 0)) and (not int(config["GQA_GROUPED"])
+                                                 or int(config["BLOCK_N"]) > int(config["PAGE_SIZE"])):
+        return ("PRELOAD_PAGES=1 needs GQA_GROUPED=1 and BLOCK_N <= PAGE_SIZE (one page id per block, read ahead "
+                "by the grouped kernel)")
+    return None
+
+
 def _rule_shared_memory(config: Config, workload: DecodeWorkload) -> str | None:
     need = _shared_memory_bytes(config, workload)
     return attention.shared_memory_reason(need, config, workload, ("BLOCK_N", "num_stages"))
@@ -410,9 +439,11 @@ SPACE = KnobSpace(
         Knob("num_stages", (2, 4), "software-pipelining depth of the K/V loads"),
         Knob("GQA_GROUPED", (0, 1), "1 = one program per kv head holds all its q heads (K/V read once)"),
         Knob("COMBINE", (0, 1), "1 = the last split program combines the splits (one launch, not two)", legacy=0),
+        Knob("PRELOAD_PAGES", (0, 1), "1 = page ids read before the loop, so K/V loads pipeline num_stages deep",
+             legacy=0),
     ],
-    rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_combine, _rule_shared_memory,
-           _rule_registers],
+    rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_combine, _rule_preload,
+           _rule_shared_memory, _rule_registers],
 )
 
 
@@ -497,7 +528,7 @@ def paged_launch(q: torch.Tensor, cache: PagedCache, context_lens: torch.Tensor,
         grid = (batch, num_kv_heads, splits)
         precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
         meta = dict(GROUP=group, GROUP_PAD=group_pad(group), DOT_PRECISION=precision, COMBINE=int(combine),
-                    **common)
+                    PRELOAD_PAGES=int(config.get("PRELOAD_PAGES", 0)), **common)
         args = (*args[:8], arrived, *args[8:], arrived.stride(0))
     else:
         kernel = _decode_per_head_kernel
