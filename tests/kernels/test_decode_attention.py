@@ -99,6 +99,35 @@ def test_split_counts_beyond_16_on_both_paths_and_both_combines(splits):
         _check(workload, config, inputs, reference)
 
 
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_preloaded_page_ids_match_the_reference_across_preload_groups(dtype):
+    """PRELOAD_PAGES=1: page ids read PRELOAD_BLOCKS blocks at a time before their loop. A context of 2,300 tokens in
+    16-token blocks spans five such groups (the last one partial) plus a masked tail; with and without splits and
+    with the one-launch combine; the result equals the PRELOAD_PAGES=0 kernel's up to summation order (none)."""
+    workload = DecodeWorkload(4, 1, 32, 2, 2300, dtype=dtype)
+    inputs = FAMILY.make_inputs(workload, DEVICE, seed=13)
+    reference = FAMILY.reference(inputs)
+    assert workload.context_len // 16 > 4 * da.PRELOAD_BLOCKS
+    for splits, combine, layout, page in ((1, 0, "HND", 16), (16, 1, "NHD", 32), (64, 0, "HND", 16)):
+        base = SPACE.config(dict(PAGE_SIZE=page, LAYOUT=layout, NUM_SPLITS=splits, BLOCK_N=16, num_warps=4,
+                                 num_stages=4, GQA_GROUPED=1, COMBINE=combine))
+        preload = base.replace(PRELOAD_PAGES=1)
+        assert SPACE.is_valid(preload, workload), SPACE.why_invalid(preload, workload)
+        _check(workload, preload, inputs, reference)
+        same = torch.equal(FAMILY.prepare(inputs, preload)(), FAMILY.prepare(inputs, base)())
+        assert same, f"{preload}: not bit-identical to the in-loop table read"
+
+
+def test_preload_pages_needs_the_grouped_path_and_one_page_per_block():
+    workload = DecodeWorkload(32, 8, 128, 1, 4096)
+    ok = dict(PAGE_SIZE=64, LAYOUT="HND", NUM_SPLITS=16, BLOCK_N=64, num_warps=4, num_stages=4, GQA_GROUPED=1,
+              PRELOAD_PAGES=1)
+    assert SPACE.is_valid(SPACE.config(ok), workload)
+    for bad in (dict(GQA_GROUPED=0), dict(BLOCK_N=128)):
+        why = SPACE.why_invalid(SPACE.config({**ok, **bad}), workload) or ""
+        assert "PRELOAD_PAGES=1 needs" in why, (bad, why)
+
+
 def test_splits_beyond_16_leave_the_double_rule_as_it_was():
     """16 splits at batch 1 (128 programs, under one wave) stay valid beside 32: the stored rows of the counts up to
     16 keep their validity; 8 is still pruned in favour of 16 there."""
@@ -259,8 +288,9 @@ def test_default_config_valid_and_space_size_bounded_on_every_default_workload()
                 default = FAMILY.default_config(workload)
                 assert SPACE.is_valid(default, workload), SPACE.why_invalid(default, workload)
                 n = len(SPACE.valid_configs(workload))
-                # COMBINE=1 twins of the grouped split configs add up to about a quarter (500 before them)
-                assert 50 <= n <= 650, f"{n} valid configs on {workload}"
+                # COMBINE=1 twins of the grouped split configs, 32 and 64 splits and the PRELOAD_PAGES=1 twins of
+                # the grouped one-page-per-block configs: up to 808 (500 before them)
+                assert 50 <= n <= 850, f"{n} valid configs on {workload}"
 
 
 def test_default_is_vllm_like():
