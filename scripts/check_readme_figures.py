@@ -120,9 +120,12 @@ def figure_at(text: str, i: int) -> str:
     return text.format(*[N if k == i else r"[0-9.]+" for k in range(text.count("{}"))])
 
 
-def floor_ratio(pick: Callable[[list[float]], float]) -> float:
-    """The lowest or highest best / floor ratio of the decode-floor run."""
-    return pick([r["ratio_to_floor"] for r in committed(FLOOR)["rows"]])
+def floor_ratio(pick: Callable[[list[float]], float], path: str = "", batches: tuple[int, int] = (1, 1 << 30),
+                key: str = "ratio_to_floor") -> float:
+    """The lowest or highest best / floor ratio of a decode-floor run (run 1 by default), over workloads whose batch
+    lies in `batches` (inclusive); key="copy_ms" gives the same-size copy's time / floor instead."""
+    rows = [r for r in committed(path or FLOOR)["rows"] if batches[0] <= r["batch"] <= batches[1]]
+    return pick([r[key] / r["floor_ms"] if key == "copy_ms" else r[key] for r in rows])
 
 
 def export_speedups() -> tuple[float, float]:
@@ -154,6 +157,7 @@ BENCH = "benchmarks/README.md"
 KERNELS = "benchmarks/h200_kernels.json"
 STANDIN = "benchmarks/h200_prefix/standin_error.json"
 FLOOR = "benchmarks/decode_floor/decode_floor.json"
+FLOOR4 = "benchmarks/decode_floor/run4_preload/decode_floor.json"
 LOMO = "benchmarks/generalisation/lomo_recorded.json"
 LOO = "benchmarks/generalisation/design_loo.json"
 EXPORT = "benchmarks/vllm_export.json"
@@ -333,6 +337,15 @@ FIGURES = [
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),
            0.005, "gpu"),
+    *[Figure(f"index: decode floor run 4 {name}", BENCH, pattern, FLOOR4,
+             (lambda pick=pick, batches=batches, key=key: floor_ratio(pick, FLOOR4, batches, key)), 0.005, "gpu")
+      for name, pattern, pick, batches, key in (
+          ("batch 1-4 lowest", rf"run 4: {N}-[0-9.]+ at batch 1-4", min, (1, 4), "ratio_to_floor"),
+          ("batch 1-4 highest", rf"run 4: [0-9.]+-{N} at batch 1-4", max, (1, 4), "ratio_to_floor"),
+          ("copy lowest", rf"copy alone is {N}-[0-9.]+x the floor", min, (1, 4), "copy_ms"),
+          ("copy highest", rf"copy alone is [0-9.]+-{N}x the floor", max, (1, 4), "copy_ms"),
+          ("batch 16-64 lowest", rf"{N}-[0-9.]+ at batch 16-64", min, (16, 64), "ratio_to_floor"),
+          ("batch 16-64 highest", rf"[0-9.]+-{N} at batch 16-64", max, (16, 64), "ratio_to_floor"))],
     *[Figure(f"index: {name}", BENCH, figure_at(GEN_TEXT, i), GEN, at(GEN, *keys), 0.0005, "gpu")
       for i, (name, keys) in enumerate((("zero-shot MoE", (*ZS, "fused_moe", "geomean")),
                                         ("zero-shot MoE p5", (*ZS, "fused_moe", "p5")),

@@ -20,6 +20,10 @@ Kernel design (flash-decoding on a paged cache):
   nothing.
 - Inner loop: full blocks run without masks; only the block containing the sequence end is masked. A block within one
   page (BLOCK_N <= PAGE_SIZE) looks up its page once; a block spanning pages looks up one page per token.
+  PRELOAD_PAGES=1 (grouped path, one page per block) reads the page ids of up to PRELOAD_BLOCKS blocks before their
+  loop: no K/V address then waits on a load of the loop, and the loads pipeline num_stages - 1 blocks deep (with the
+  table read in the loop, Triton's sm_90 code waits on each copy as soon as it is issued). On the H200 it is the best
+  config at 12 of 15 small-to-mid-batch workloads, by 0-5% (docs/benchmarks.md, "Decode at batch 1-4").
 - Softmax in base 2 with sm_scale * log2(e) applied to the fp32 scores; fp32 accumulation.
 
 Imports only torch, triton and the standard library: this module runs on the GPU machine.
