@@ -91,25 +91,41 @@ def test_plan_coverage_new_shapes_plans_only_the_values_the_grid_gained(tmp_path
 
 def test_plan_coverage_fill_plans_the_grids_holes_at_old_values(tmp_path):
     """--new-shapes --fill: every default-grid shape without rows (holes at batch values other shapes have), none
-    stored, each with the default config; without --fill the same grid plans nothing."""
+    stored, each with the default config; without --fill the same grid plans nothing. The packaged data's OLMoE
+    decode grid has no hole since the fills of benchmarks/live_e2e/graphs/ were merged, so the holes here are made:
+    a store of the packaged decode rows less those of four grid shapes."""
     from kernel_gym.kernels import get_family, workloads
     from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.measure.store import PACKAGED_SNAPSHOT, MeasurementStore, load_rows
     from kernel_gym.models import load_model
 
+    grid = {w.key() for w in workloads.model_workloads("decode_attention", load_model("olmoe-1b-7b"))}
+    holes = {w for w in grid if workloads.workload_from_key("decode_attention", w).batch in (128, 256)
+             and workloads.workload_from_key("decode_attention", w).context_len in (1024, 4096)}
+    data = tmp_path / "holes.sqlite"
+    with MeasurementStore(data) as store:
+        for ctx, rows in load_rows(PACKAGED_SNAPSHOT):
+            if ctx.kernel == "decode_attention":
+                store.put_many(ctx, [m for m in rows if m.workload not in holes])
+    stored = {w for w, _ in RecordedBackend(data).stored_keys("decode_attention")}
+    assert len(holes) == 4 and not holes & stored and {w for w, _ in RecordedBackend().stored_keys(
+        "decode_attention")} >= holes  # each made hole is stored in the packaged data
     out = tmp_path / "plan.json"
     args = ["--kernels", "decode_attention", "--models", "olmoe-1b-7b", "--new-shapes", "--fill", "--neighbour-top",
-            "2", "--configs-per-shape", "2", "--out", str(out)]
-    assert load_script("plan_coverage").main(args) == 0
+            "2", "--configs-per-shape", "2"]
+    assert load_script("plan_coverage").main(args + ["--data", str(data), "--out", str(out)]) == 0
     plan = json.loads(out.read_text())
-    stored = {w for w, _ in RecordedBackend().stored_keys("decode_attention")}
-    grid = {w.key() for w in workloads.model_workloads("decode_attention", load_model("olmoe-1b-7b"))}
-    assert plan and {e["workload"] for e in plan} == grid - stored
+    assert {e["workload"] for e in plan} == grid - stored >= holes
     batches = {workloads.workload_from_key("decode_attention", e["workload"]).batch for e in plan}
     assert batches <= set(workloads.DECODE_BATCHES)  # values the grid had: holes, not new values
     family = get_family("decode_attention")
     for e in plan:
         w = workloads.workload_from_key("decode_attention", e["workload"])
         assert str(family.default_config(w)) in e["configs"]
+    # on the packaged data: exactly the grid's unstored shapes (none left for OLMoE's decode grid)
+    assert load_script("plan_coverage").main(args + ["--out", str(tmp_path / "packaged.json")]) == 0
+    assert {e["workload"] for e in json.loads((tmp_path / "packaged.json").read_text())} == grid - {
+        w for w, _ in RecordedBackend().stored_keys("decode_attention")}
     with pytest.raises(SystemExit):
         load_script("plan_coverage").main(["--fill", "--out", str(out)])
 
