@@ -128,6 +128,18 @@ def floor_ratio(pick: Callable[[list[float]], float], path: str = "", batches: t
     return pick([r[key] / r["floor_ms"] if key == "copy_ms" else r[key] for r in rows])
 
 
+def floor4_figures(label: str, where: str, patterns: tuple[str, ...]) -> list:
+    """The decode-floor run 4 figures as `where` words them: the lowest and highest best / floor at batch 1-4, the
+    same-size copy / floor there, and best / floor at batch 16-64, in that order of `patterns`."""
+    picks = (("batch 1-4 lowest", min, (1, 4), "ratio_to_floor"), ("batch 1-4 highest", max, (1, 4), "ratio_to_floor"),
+             ("copy lowest", min, (1, 4), "copy_ms"), ("copy highest", max, (1, 4), "copy_ms"),
+             ("batch 16-64 lowest", min, (16, 64), "ratio_to_floor"),
+             ("batch 16-64 highest", max, (16, 64), "ratio_to_floor"))
+    return [Figure(f"{label}decode floor run 4 {name}", where, pattern, FLOOR4,
+                   (lambda pick=pick, batches=batches, key=key: floor_ratio(pick, FLOOR4, batches, key)), 0.005, "gpu")
+            for pattern, (name, pick, batches, key) in zip(patterns, picks, strict=True)]
+
+
 def export_speedups() -> tuple[float, float]:
     """(lowest speedup of the exported file over the shipped one, keys) over every shape and routing of the export
     benchmark."""
@@ -337,15 +349,16 @@ FIGURES = [
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),
            0.005, "gpu"),
-    *[Figure(f"index: decode floor run 4 {name}", BENCH, pattern, FLOOR4,
-             (lambda pick=pick, batches=batches, key=key: floor_ratio(pick, FLOOR4, batches, key)), 0.005, "gpu")
-      for name, pattern, pick, batches, key in (
-          ("batch 1-4 lowest", rf"run 4: {N}-[0-9.]+ at batch 1-4", min, (1, 4), "ratio_to_floor"),
-          ("batch 1-4 highest", rf"run 4: [0-9.]+-{N} at batch 1-4", max, (1, 4), "ratio_to_floor"),
-          ("copy lowest", rf"copy alone is {N}-[0-9.]+x the floor", min, (1, 4), "copy_ms"),
-          ("copy highest", rf"copy alone is [0-9.]+-{N}x the floor", max, (1, 4), "copy_ms"),
-          ("batch 16-64 lowest", rf"{N}-[0-9.]+ at batch 16-64", min, (16, 64), "ratio_to_floor"),
-          ("batch 16-64 highest", rf"[0-9.]+-{N} at batch 16-64", max, (16, 64), "ratio_to_floor"))],
+    *floor4_figures("index: ", BENCH, (rf"run 4: {N}-[0-9.]+ at batch 1-4", rf"run 4: [0-9.]+-{N} at batch 1-4",
+                                       rf"copy alone is {N}-[0-9.]+x the floor",
+                                       rf"copy alone is [0-9.]+-{N}x the floor",
+                                       rf"{N}-[0-9.]+ at batch 16-64", rf"[0-9.]+-{N} at batch 16-64")),
+    *floor4_figures("", "README.md", (rf"empty launch\): {N}-[0-9.]+ at batch 1-4",
+                                      rf"empty launch\): [0-9.]+-{N} at batch 1-4",
+                                      rf"bytes alone takes {N}-[0-9.]+x that floor",
+                                      rf"bytes alone takes [0-9.]+-{N}x that floor",
+                                      rf"short programs\), {N}-[0-9.]+ at batch 16-64",
+                                      rf"short programs\), [0-9.]+-{N} at batch 16-64")),
     *[Figure(f"index: {name}", BENCH, figure_at(GEN_TEXT, i), GEN, at(GEN, *keys), 0.0005, "gpu")
       for i, (name, keys) in enumerate((("zero-shot MoE", (*ZS, "fused_moe", "geomean")),
                                         ("zero-shot MoE p5", (*ZS, "fused_moe", "p5")),
