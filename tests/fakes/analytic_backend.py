@@ -14,6 +14,12 @@ from kernel_gym.kernels import get_family
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.types import COMPILE_ERROR, INVALID, OK, Measurement
 
+# Knob values added after the behaviour tests' expectations were set. They are left out of the sampled pool, so the
+# pool stays the sample those tests were written against, as a recorded store holds no rows at values added later.
+# Without this, decode's 32/64 splits and PRELOAD_PAGES=1 tripled its space and left the 160-config sample without a
+# config at the serving env's 64-token NHD pages for some shapes.
+LATER_VALUES = {"decode_attention": {"NUM_SPLITS": (32, 64), "PRELOAD_PAGES": (1,)}}
+
 
 class AnalyticBackend:
     """Deterministic: time = base(size) * (1 + sum_i w_i (position of knob i - target_i(workload))^2).
@@ -33,7 +39,9 @@ class AnalyticBackend:
     def _configs(self, kernel: str) -> list[Config]:
         if kernel not in self._pool:
             family = get_family(kernel)
-            everything = list(family.space.all_configs())
+            later = LATER_VALUES.get(kernel, {})
+            everything = [c for c in family.space.all_configs()
+                          if not any(family.space.value(c, k) in v for k, v in later.items())]
             rng = random.Random(self.seed)
             self._pool[kernel] = everything if len(everything) <= self.sample else rng.sample(everything, self.sample)
         return self._pool[kernel]
