@@ -175,7 +175,8 @@ def _decode_grouped_kernel(
         # The page ids of PRELOAD_BLOCKS blocks are read before their loop, so no K/V address depends on a load
         # inside it and the pipeliner keeps num_stages - 1 blocks of K/V in flight. With the block-table read in
         # the loop (below), the sm_90 code waits for every copy right after issuing it (async_wait 0): one block at
-        # a time, three memory latencies each (table, K, V). Needs BLOCK_N <= PAGE_SIZE: one page per block.
+        # a time, three memory latencies each (table, K, V); seen in the sm_90 code triton 3.9 compiles on the CPU.
+        # Needs BLOCK_N <= PAGE_SIZE: one page per block.
         offs_b = tl.arange(0, PRELOAD_BLOCKS)
         for g in range(0, n_full, PRELOAD_BLOCKS):
             blk = g + offs_b
