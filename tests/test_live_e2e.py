@@ -123,6 +123,20 @@ def test_fit_overheads_takes_each_kinds_median_left_over_and_never_below_zero():
     assert le.fit_overheads([]) == {}
 
 
+def test_step_check_sums_by_group_and_splits_the_residual_into_fixed_and_per_sequence():
+    """Decode-only steps leave 1 ms + 0.2 ms per sequence unpriced, steps with chunks exactly the kind's overhead: the
+    residual fit recovers both, and the sums compare the price plus the overhead with what was measured."""
+    priced = [("graph", False, 0.020 + 0.002 + 0.001 + 0.0002 * b, 0.020, b) for b in range(1, 33)]
+    priced += [("piecewise", True, 0.050 + 0.004, 0.050, b) for b in (4, 8, 12)]
+    check = le.step_check(priced, {"graph": 0.002, "piecewise": 0.004, "eager": 0.03})
+    dec, pre = check["decode_only"], check["with_prefill"]
+    assert dec["steps"] == 32 and pre["steps"] == 3
+    assert dec["residual_fit"]["fixed_s"] == pytest.approx(0.001)
+    assert dec["residual_fit"]["per_sequence_s"] == pytest.approx(0.0002)
+    assert pre["residual_fit"]["fixed_s"] == pytest.approx(0.0, abs=1e-12)
+    assert pre["sum_error"] == pytest.approx(0.0, abs=1e-12) and dec["sum_error"] < 0
+
+
 def test_step_fit_recovers_fixed_cost_and_slope(tmp_path):
     steps = [{"chunks": [], "decode_batch": b, "tokens": b, "seconds": 0.05 + 0.002 * b} for b in range(1, 30)]
     steps += [{"chunks": [[0, t, 0]], "decode_batch": 0, "tokens": t, "seconds": 0.07 + 1e-4 * t}

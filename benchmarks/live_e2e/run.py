@@ -750,14 +750,14 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
     return sim.run().summary, sim, guard
 
 
-def fit_overheads(priced: list[tuple[str, bool, float, float]]) -> dict[str, dict]:
+def fit_overheads(priced: list[tuple]) -> dict[str, dict]:
     """Per kind of step (Simulator.step_kind), the fixed cost the kernel table leaves out: the median of (measured
     seconds - the simulator's kernel and dense seconds for the same step) over one policy's timed steps, never below
     0. The host work of launching a step (a graph replay, the eager attention launches between piecewise graphs,
     every launch of an eager step) is what it holds; fitted on one policy, then held for the others and other runs."""
     out = {}
     for kind in STEP_KINDS:
-        rest = [m - p for k, _, m, p in priced if k == kind]
+        rest = [r[2] - r[3] for r in priced if r[0] == kind]
         if rest:
             out[kind] = {"overhead_s": max(0.0, float(np.median(rest))), "steps": len(rest)}
     return out
@@ -882,10 +882,11 @@ def read_steps(out: Path, spec: str) -> list[dict] | None:
 
 
 def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
-                 meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float]]:
+                 meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float, int]]:
     """A policy's measured steps, each as (its kind: Simulator.step_kind, whether it has prefill chunks, measured
     seconds, the simulator's kernel and dense seconds for the same step: its chunks, decode batch and context,
-    tokens); [] without step records. The pricing chooser goes to `guards` (its untimed choices are planned too)."""
+    tokens; the step's decode batch); [] without step records. The pricing chooser goes to `guards` (its untimed
+    choices are planned too)."""
     from kernel_gym.evaluate.replay import GuardedChooser
 
     steps = read_steps(out, spec)
@@ -903,24 +904,30 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
                                          [])
-        priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense))
+        priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense,
+                       r["decode_batch"]))
     return priced
 
 
-def step_check(priced: list[tuple[str, bool, float, float]], overheads: dict[str, float]) -> dict:
+def step_check(priced: list[tuple[str, bool, float, float, int]], overheads: dict[str, float]) -> dict:
     """Each measured step beside the simulator's price for it (priced_steps plus its kind's overhead), decode-only
     steps apart from steps with prefill chunks: where the prediction's error comes from, whatever the scheduling did
-    with it afterwards."""
-    kinds: dict[str, list[tuple[float, float]]] = {"decode_only": [], "with_prefill": []}
-    for kind, has_chunks, measured, price in priced:
-        kinds["with_prefill" if has_chunks else "decode_only"].append((measured, price + overheads[kind]))
+    with it afterwards. `residual_fit`: least squares of measured - price = fixed + per_sequence x decode batch, which
+    tells a fixed cost per step (host work the table leaves out) from one that grows with the batch (a kernel price,
+    or host work per sequence, that the data gets wrong)."""
+    kinds: dict[str, list[tuple[float, float, int]]] = {"decode_only": [], "with_prefill": []}
+    for kind, has_chunks, measured, price, batch in priced:
+        kinds["with_prefill" if has_chunks else "decode_only"].append((measured, price + overheads[kind], batch))
     check = {}
     for kind, rows in kinds.items():
         if rows:
-            m, p = np.array(rows).T
+            m, p, b = np.array(rows).T
             check[kind] = {"steps": len(rows), "measured_s": float(m.sum()), "predicted_s": float(p.sum()),
                            "sum_error": float(p.sum() / m.sum() - 1.0), "median_measured_over_predicted":
                            float(np.median(m / p))}
+            if len(set(b.tolist())) > 1:
+                (fixed, per_seq), *_ = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, m - p, rcond=None)
+                check[kind]["residual_fit"] = {"fixed_s": float(fixed), "per_sequence_s": float(per_seq)}
     return check
 
 
