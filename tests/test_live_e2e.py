@@ -125,9 +125,12 @@ def test_fit_overheads_takes_each_kinds_median_left_over_and_never_below_zero():
 
 def test_step_check_sums_by_group_and_splits_the_residual_into_fixed_and_per_sequence():
     """Decode-only steps leave 1 ms + 0.2 ms per sequence unpriced, steps with chunks exactly the kind's overhead: the
-    residual fit recovers both, and the sums compare the price plus the overhead with what was measured."""
-    priced = [("graph", False, 0.020 + 0.002 + 0.001 + 0.0002 * b, 0.020, b) for b in range(1, 33)]
-    priced += [("piecewise", True, 0.050 + 0.004, 0.050, b) for b in (4, 8, 12)]
+    residual fit recovers both, the sums compare the price plus the overhead with what was measured, and the price's
+    shares by family add up over each group's steps."""
+    priced = [("graph", False, 0.020 + 0.002 + 0.001 + 0.0002 * b, 0.020, b,
+               {"fused_moe": 0.015, "decode_attention": 0.004, "dense": 0.001}) for b in range(1, 33)]
+    priced += [("piecewise", True, 0.050 + 0.004, 0.050, b, {"fused_moe": 0.040, "prefix_prefill": 0.010})
+               for b in (4, 8, 12)]
     check = le.step_check(priced, {"graph": 0.002, "piecewise": 0.004, "eager": 0.03})
     dec, pre = check["decode_only"], check["with_prefill"]
     assert dec["steps"] == 32 and pre["steps"] == 3
@@ -135,6 +138,8 @@ def test_step_check_sums_by_group_and_splits_the_residual_into_fixed_and_per_seq
     assert dec["residual_fit"]["per_sequence_s"] == pytest.approx(0.0002)
     assert pre["residual_fit"]["fixed_s"] == pytest.approx(0.0, abs=1e-12)
     assert pre["sum_error"] == pytest.approx(0.0, abs=1e-12) and dec["sum_error"] < 0
+    assert dec["price_shares"] == pytest.approx({"decode_attention": 0.2, "dense": 0.05, "fused_moe": 0.75})
+    assert pre["price_shares"] == pytest.approx({"fused_moe": 0.8, "prefix_prefill": 0.2})
 
 
 def test_step_fit_recovers_fixed_cost_and_slope(tmp_path):

@@ -882,11 +882,11 @@ def read_steps(out: Path, spec: str) -> list[dict] | None:
 
 
 def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
-                 meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float, int]]:
+                 meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float, int, dict]]:
     """A policy's measured steps, each as (its kind: Simulator.step_kind, whether it has prefill chunks, measured
     seconds, the simulator's kernel and dense seconds for the same step: its chunks, decode batch and context,
-    tokens; the step's decode batch); [] without step records. The pricing chooser goes to `guards` (its untimed
-    choices are planned too)."""
+    tokens; the step's decode batch; those seconds by kernel family and "dense"); [] without step records. The
+    pricing chooser goes to `guards` (its untimed choices are planned too)."""
     from kernel_gym.evaluate.replay import GuardedChooser
 
     steps = read_steps(out, spec)
@@ -902,22 +902,29 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     for r in steps:
         chunks = [tuple(c) for c in r["chunks"]]
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
+        before = dict(guard.kernel_s)  # the guard books each family's seconds (all layers) as it is asked
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
                                          [])
+        parts = {k: v - before.get(k, 0.0) for k, v in guard.kernel_s.items() if v != before.get(k, 0.0)}
         priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense,
-                       r["decode_batch"]))
+                       r["decode_batch"], {**parts, "dense": dense}))
     return priced
 
 
-def step_check(priced: list[tuple[str, bool, float, float, int]], overheads: dict[str, float]) -> dict:
+def step_check(priced: list[tuple[str, bool, float, float, int, dict]], overheads: dict[str, float]) -> dict:
     """Each measured step beside the simulator's price for it (priced_steps plus its kind's overhead), decode-only
     steps apart from steps with prefill chunks: where the prediction's error comes from, whatever the scheduling did
     with it afterwards. `residual_fit`: least squares of measured - price = fixed + per_sequence x decode batch, which
     tells a fixed cost per step (host work the table leaves out) from one that grows with the batch (a kernel price,
-    or host work per sequence, that the data gets wrong)."""
+    or host work per sequence, that the data gets wrong). `price_shares`: each kernel family's and the dense ops'
+    share of the price (overheads left out), so an error can be weighed against the part it can come from."""
     kinds: dict[str, list[tuple[float, float, int]]] = {"decode_only": [], "with_prefill": []}
-    for kind, has_chunks, measured, price, batch in priced:
-        kinds["with_prefill" if has_chunks else "decode_only"].append((measured, price + overheads[kind], batch))
+    parts: dict[str, dict[str, float]] = {"decode_only": {}, "with_prefill": {}}
+    for kind, has_chunks, measured, price, batch, step_parts in priced:
+        group = "with_prefill" if has_chunks else "decode_only"
+        kinds[group].append((measured, price + overheads[kind], batch))
+        for name, seconds in step_parts.items():
+            parts[group][name] = parts[group].get(name, 0.0) + seconds
     check = {}
     for kind, rows in kinds.items():
         if rows:
@@ -928,6 +935,9 @@ def step_check(priced: list[tuple[str, bool, float, float, int]], overheads: dic
             if len(set(b.tolist())) > 1:
                 (fixed, per_seq), *_ = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, m - p, rcond=None)
                 check[kind]["residual_fit"] = {"fixed_s": float(fixed), "per_sequence_s": float(per_seq)}
+            total = sum(parts[kind].values())
+            if total > 0:
+                check[kind]["price_shares"] = {k: v / total for k, v in sorted(parts[kind].items())}
     return check
 
 
