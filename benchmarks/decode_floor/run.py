@@ -112,22 +112,24 @@ def main(argv: list[str] | None = None) -> int:
         power = read_once()  # the clock state each workload was timed in (the H200 throttles under load)
         inputs = fam.make_inputs(w, "cuda")
         ref = fam.reference(inputs)
-        times, wrong_after_timing = {}, []
+        times, wrong_after_timing, failed = {}, [], {}
         t0 = time.time()
         for c in configs:
             try:
                 fn = fam.prepare(inputs, c)
                 out = fn()
                 torch.cuda.synchronize()
-                if compare(fam, out, ref, w.dtype) is not None:
+                wrong = compare(fam, out, ref, w.dtype)
+                if wrong is not None:
+                    failed[str(c)] = f"wrong: {wrong}"
                     continue
                 t = time_launch(fn).median_ms
                 if compare(fam, fn(), ref, w.dtype) is not None:  # right again after hundreds of launches
                     wrong_after_timing.append(str(c))
                     continue
                 times[str(c)] = t
-            except Exception:  # noqa: BLE001 - a config that fails to compile or run is skipped, counted below
-                continue
+            except Exception as exc:  # noqa: BLE001 - a config that fails to compile or run is kept with its reason
+                failed[str(c)] = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
         copy_ms = _copy_ms(int(fam.bytes_moved(w)), time_launch)
         best = min(times.values())
         one = {c: t for c, t in times.items() if '"COMBINE":1' in c}
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                      "best_ms": best, "best_config": min(times, key=times.get), "floor_ms": floor_ms,
                      "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor_ms, "copy_ms": copy_ms,
                      "recorded_best_ms": min((m.median_ms for m in recorded.values()), default=None),
-                     "wrong_after_timing": wrong_after_timing,
+                     "wrong_after_timing": wrong_after_timing, "failed": failed,
                      "best_two_launch_ms": min(two.values(), default=None),
                      "best_one_launch_ms": min(one.values(), default=None),
                      "power_before": dataclasses.asdict(power) if power is not None else None,
@@ -158,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out, rows, empty_ms)  # after every workload: a run cut off keeps what finished
     if pool is not None:
         pool.close()
-    _write(args.out, rows, empty_ms)
     print(f"{sum(r['ratio_to_floor'] <= TARGET for r in rows)} of {len(rows)} workloads within {TARGET}x of the floor")
     return 0
 
