@@ -175,7 +175,8 @@ def _decode_grouped_kernel(
         # The page ids of PRELOAD_BLOCKS blocks are read before their loop, so no K/V address depends on a load
         # inside it and the pipeliner keeps num_stages - 1 blocks of K/V in flight. With the block-table read in
         # the loop (below), the sm_90 code waits for every copy right after issuing it (async_wait 0): one block at
-        # a time, three memory latencies each (table, K, V); seen in the sm_90 code triton 3.9 compiles on the CPU.
+        # a time, three memory latencies each (table, K, V); seen in the sm_90 code triton 3.9 compiles on the CPU
+        # (compile_sm90).
         # Needs BLOCK_N <= PAGE_SIZE: one page per block.
         offs_b = tl.arange(0, PRELOAD_BLOCKS)
         for g in range(0, n_full, PRELOAD_BLOCKS):
@@ -629,6 +630,44 @@ class DecodeAttentionFamily:
 
 
 FAMILY = DecodeAttentionFamily()
+
+
+def compile_sm90(config: Config, workload: DecodeWorkload) -> dict[str, int | list[int]]:
+    """Compile the grouped kernel for sm_90 without a GPU (not under TRITON_INTERPRET) and return {"shared": bytes,
+    "async_waits": the depth of each async_wait in the TTGIR}: a wait of depth n leaves n copy groups in flight, so
+    this shows on a CPU machine whether the K/V loads pipeline (PRELOAD_PAGES=1) or wait as soon as issued."""
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    _check_workload(workload)
+    if not int(config["GQA_GROUPED"]):
+        raise ValueError(f"{config}: compile_sm90 builds the grouped kernel; use GQA_GROUPED=1")
+    ty = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[workload.dtype]
+    names = _decode_grouped_kernel.arg_names
+    signature = {n: f"*{ty}" for n in ("Q", "K", "V", "Out")}
+    signature |= {"PartOut": "*fp32", "PartLse": "*fp32", "BlockTable": "*i32", "ContextLens": "*i32",
+                  "Arrived": "*i32", "qk_scale": "fp32"}
+    signature |= {n: "i32" for n in names if n.startswith("stride")}
+    group = workload.num_heads // workload.num_kv_heads
+    constexprs = dict(GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=workload.head_dim,
+                      PAGE_SIZE=int(config["PAGE_SIZE"]), BLOCK_N=int(config["BLOCK_N"]),
+                      NUM_SPLITS=int(config["NUM_SPLITS"]), NUM_STAGES=int(config["num_stages"]),
+                      DOT_PRECISION="ieee" if workload.dtype == "float32" else "tf32",
+                      COMBINE=int(config.get("COMBINE", 0)), PRELOAD_PAGES=int(config.get("PRELOAD_PAGES", 0)))
+    signature |= {n: "constexpr" for n in constexprs}
+    # what the launcher's specialisation gives real launches: 16-byte aligned pointers, cache strides divisible by 16
+    aligned = ("stride_page", "stride_slot", "stride_head", "stride_qb", "stride_qh")
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
+             if t.startswith("*") or n in aligned}
+    kernel = triton.compile(
+        ASTSource(_decode_grouped_kernel, signature, constexprs, attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"])),
+    )
+    waits = [int(n) for n in re.findall(r"async_wait[^{\n]*\{num = ([0-9]+)", kernel.asm["ttgir"])]
+    return {"shared": int(kernel.metadata.shared), "async_waits": waits}
 
 
 def bench_cases() -> list[tuple[str, DecodeWorkload]]:
