@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from kernel_gym.kernels import FAMILY_MODULES, get_family, profiles
 from kernel_gym.kernels.space import Config
@@ -249,15 +249,14 @@ BENCH_TIMING_KW = dict(min_reps=10, max_reps=40, round_reps=10, target_spread=0.
 BENCH_COMPILE_WORKERS = 8  # compile processes (see run_bench)
 
 
-def bench_case(live: Any, family_name: str, case: str, workload: Any, n_configs: int, seed: int,
-               log: Callable, n_recorded: int = 0) -> dict:
-    """Time default + the dataset's best + sampled configs on one case in the live backend's isolated worker (each
-    checked against the reference first); near-ties are re-measured by pick_winner. Returns the best, the default's
-    time, all tried."""
+def bench_case(live: Any, family_name: str, case: str, workload: Any, configs: list[Config], log: Callable,
+               seed: int = 0) -> dict:
+    """Time `configs` (the default first: the dataset's best and a sample, _candidates) on one case in the live
+    backend's isolated worker (each checked against the reference first); near-ties are re-measured by pick_winner.
+    Returns the best, the default's time, all tried."""
     from kernel_gym.measure.timing import TimingOptions
 
     family = get_family(family_name)
-    configs = _candidates(family, workload, n_configs, seed, n_recorded)
     winner, measurements = live.pick_winner(family_name, workload, configs,
                                             confirm=TimingOptions(**{**BENCH_TIMING_KW, "min_reps": 20}))
     by_config: dict[str, Any] = {}
@@ -296,9 +295,13 @@ def vllm_anchor(inputs: Any) -> dict:
 
 
 def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0, log: Callable = print,
-              on_case: Callable[[list[dict]], None] | None = None, n_recorded: int = 0) -> dict:
-    """Every case of every family; `on_case(records so far)` after each case, so a crash or timeout keeps what was
-    measured. A case that raises (e.g. out of memory) is logged, kept in details with its error, and skipped."""
+              on_case: Callable[[list[dict]], None] | None = None, n_recorded: int = 0,
+              cases: Sequence[str] | None = None,
+              candidates: Callable[[Any, Any], list[Config]] | None = None) -> dict:
+    """Every case of every family (or only those named in `cases`); `on_case(records so far)` after each case, so a
+    crash or timeout keeps what was measured. A case that raises (e.g. out of memory) is logged, kept in details with
+    its error, and skipped. `candidates(family, workload)`, when given, replaces the configs timed per case (a study
+    of some knob, benchmarks/short_prefill/pack_gqa.py); the default config is always timed first."""
     import torch
     import triton
 
@@ -321,17 +324,21 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
     details: dict[str, Any] = {}
     for family_name in kernels:
         family = get_family(family_name)
-        cases = importlib.import_module(FAMILY_MODULES[family_name]).bench_cases()
-        candidates = {case: _candidates(family, workload, n_configs, seed, n_recorded) for case, workload in cases}
-        for case, workload in cases:  # compile every case's candidates on CPU cores while the GPU times
-            live.prefetch(family_name, workload, candidates[case])
-        for case, workload in cases:
+        family_cases = importlib.import_module(FAMILY_MODULES[family_name]).bench_cases()
+        if cases is not None:
+            family_cases = [(c, w) for c, w in family_cases if c in cases]
+        picks = {case: (list(dict.fromkeys([family.default_config(workload), *candidates(family, workload)]))
+                        if candidates else _candidates(family, workload, n_configs, seed, n_recorded))
+                 for case, workload in family_cases}
+        for case, workload in family_cases:  # compile every case's candidates on CPU cores while the GPU times
+            live.prefetch(family_name, workload, picks[case])
+        for case, workload in family_cases:
             if time.time() - start > budget_s:
                 log(f"budget of {budget_s:.0f} s spent: skipping {case}")
                 continue
-            log(f"{family_name} / {case}: timing {len(candidates[case])} configs")
+            log(f"{family_name} / {case}: timing {len(picks[case])} configs")
             try:
-                res = bench_case(live, family_name, case, workload, n_configs, seed, log, n_recorded)
+                res = bench_case(live, family_name, case, workload, picks[case], log, seed)
             except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
                 details[case] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
                 log(f"  {case}: FAILED {details[case]['error']}")

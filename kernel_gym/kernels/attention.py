@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, KnobSpace
+from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -88,6 +88,27 @@ def rule_tile_registers(config: Config, workload: Any) -> str | None:
             f"(BLOCK_M*(head_dim+BLOCK_N)/(32*num_warps)) exceeds {MAX_STATE_PER_THREAD}; "
             "use more warps or smaller blocks"
         )
+    return None
+
+
+# Prefill and prefix prefill: PACK_GQA=1 runs the q heads that share a kv head in one program, a tile's BLOCK_M rows
+# being BLOCK_M / group tokens x the group's heads. Each K/V block then feeds the whole group (read once, not group
+# times) and the causal diagonal is cut group times finer, which is what short sequences lack (flash-attention 3's
+# PackGQA). A knob added after rows were stored: 0, the kernel before it, is its legacy value.
+PACK_GQA = Knob("PACK_GQA", (0, 1), "1: one program per kv head, its q heads packed into the tile's rows", legacy=0)
+
+
+def pack_gqa_reason(pack: int, block_m: int, workload: Any) -> str | None:
+    """Why PACK_GQA=pack cannot run BLOCK_M=block_m on this workload (None when it can)."""
+    if not int(pack):
+        return None
+    group = workload.num_heads // workload.num_kv_heads
+    if group == 1:
+        return ("PACK_GQA=1 packs the q heads that share a kv head into one tile; this workload has one q head per kv "
+                "head: use PACK_GQA=0 (leave it out)")
+    if block_m % group:
+        return (f"PACK_GQA=1 gives each token {group} rows (its GQA group's q heads): BLOCK_M={block_m} must be a "
+                f"multiple of {group}")
     return None
 
 

@@ -93,33 +93,46 @@ def _prefill_fwd(
     qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
 ):
-    """One program = work item program_id: one BLOCK_M tile of queries of one sequence, for one q head."""
+    """One program = work item program_id: one BLOCK_M tile of queries of one sequence, for one q head; with
+    PACK_GQA, BLOCK_M // GROUP tokens of one sequence for every q head of one kv head (row r: token r // GROUP, q head
+    kv_head * GROUP + r % GROUP), so each K/V block feeds GROUP heads and the causal diagonal is GROUP times finer."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs BLOCK_M >= 16")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs BLOCK_N >= 16")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs HEAD_DIM >= 16")
     w = tl.program_id(0)
     seq = tl.load(W_SEQ + w)
-    start_m = tl.load(W_BLOCK + w) * BLOCK_M
-    head = tl.load(W_HEAD + w)
-    kv_head = head // GROUP
+    head = tl.load(W_HEAD + w)  # PACK_GQA: the kv head
     seq_start = tl.load(CU_SEQLENS + seq)
     seq_len = tl.load(CU_SEQLENS + seq + 1) - seq_start
     s64 = seq_start.to(tl.int64)
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
+    if PACK_GQA:
+        tile_m = BLOCK_M // GROUP  # tokens per tile
+        start_m = tl.load(W_BLOCK + w) * tile_m
+        kv_head = head
+        rows = tl.arange(0, BLOCK_M)
+        offs_m = start_m + rows // GROUP  # each row's token
+        q_heads = head * GROUP + rows % GROUP
+    else:
+        tile_m = BLOCK_M
+        start_m = tl.load(W_BLOCK + w) * BLOCK_M
+        kv_head = head // GROUP
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
     row_in_seq = offs_m < seq_len
     if USE_TMA:
-        q = Q.load([seq_start + start_m, head * HEAD_DIM])
         k_src, v_src, kv_row0, kv_col = K, V, seq_start, kv_head * HEAD_DIM
     else:
-        q_ptrs = Q + s64 * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=row_in_seq[:, None], other=0.0)
         k_src = K + s64 * stride_kt + kv_head * stride_kh
         v_src = V + s64 * stride_vt + kv_head * stride_vh
         kv_row0, kv_col = 0, 0
+    if USE_TMA and not PACK_GQA:
+        q = Q.load([seq_start + start_m, head * HEAD_DIM])
+    else:  # PACK_GQA: rows of GROUP heads per token, gathered by pointers (Q is the tensor)
+        q_ptrs = Q + s64 * stride_qt + offs_m[:, None] * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_in_seq[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -132,14 +145,14 @@ def _prefill_fwd(
         offs_m, offs_d, 0, full_hi, seq_len, qk_scale, BLOCK_N, False, USE_TMA,
     )
     # Key blocks crossing the diagonal (or the sequence end): causal (and bounds) masks.
-    diag_hi = tl.minimum(start_m + BLOCK_M, seq_len)
+    diag_hi = tl.minimum(start_m + tile_m, seq_len)
     acc, l_i, m_i = _attn_inner(
         acc, l_i, m_i, q, k_src, v_src, kv_row0, kv_col, stride_kt, stride_vt,
         offs_m, offs_d, full_hi, diag_hi, seq_len, qk_scale, BLOCK_N, True, USE_TMA,
     )
 
     acc = acc / l_i[:, None]
-    o_ptrs = O + s64 * stride_ot + head * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
+    o_ptrs = O + s64 * stride_ot + offs_m[:, None] * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_in_seq[:, None])
 
 
@@ -173,7 +186,7 @@ SPACE = KnobSpace(
 # The IMPL knob came after the Triton kernel's rows were stored: "triton" (its legacy value, left out of configs, so
 # every stored config string and the Triton path's source hash stay as they were) or one of the Gluon schedules of
 # kernels/prefill_gluon.py (sm_90 only); "_persistent" runs that schedule in resident programs looping over the work
-# items (for short sequences). The family's space is SPACE plus IMPL.
+# items (for short sequences). The family's space is SPACE plus IMPL and PACK_GQA (attention.PACK_GQA, Triton only).
 IMPLS = ("triton", "gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent")
 
 
@@ -197,9 +210,18 @@ def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
     return None
 
 
+def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
+    pack = int(GLUON_SPACE.value(config, "PACK_GQA"))
+    impl = GLUON_SPACE.value(config, "IMPL")
+    if pack and impl != "triton":
+        return f"PACK_GQA=1 is a mode of the Triton kernel; IMPL={impl} runs one q head per program: use PACK_GQA=0"
+    return attention.pack_gqa_reason(pack, int(config["BLOCK_M"]), workload)
+
+
 GLUON_SPACE = KnobSpace(
-    knobs=[*SPACE.knobs, Knob("IMPL", IMPLS, "kernel: Triton, or a Gluon schedule for sm_90", legacy="triton")],
-    rules=[*SPACE.rules, _rule_gluon],
+    knobs=[*SPACE.knobs, Knob("IMPL", IMPLS, "kernel: Triton, or a Gluon schedule for sm_90", legacy="triton"),
+           attention.PACK_GQA],
+    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa],
 )
 
 
@@ -223,20 +245,24 @@ def _check_workload(workload: object) -> PrefillWorkload:
 
 
 def work_table(seq_lens: tuple[int, ...], num_heads: int, num_kv_heads: int, block_m: int,
-               section: int = L2_SECTION) -> list[tuple[int, int, int]]:
-    """(sequence, q block, q head) of every program. The (sequence, kv head) pairs are cut into sections of `section`
-    pairs that run one after another; within a section tiles run heaviest first (most keys to visit), then by
-    sequence, kv head, q block and q head, so the q heads of one GQA group run side by side."""
+               section: int = L2_SECTION, pack_gqa: bool = False) -> list[tuple[int, int, int]]:
+    """(sequence, q block, q head) of every program; with pack_gqa (sequence, block of block_m // group tokens, kv
+    head). The (sequence, kv head) pairs are cut into sections of `section` pairs that run one after another; within
+    a section tiles run heaviest first (most keys to visit), then by sequence, kv head, q block and q head, so the q
+    heads of one GQA group run side by side."""
     if section < 1:
         raise ValueError(f"section must be >= 1 (sequence, kv head) pair, got {section}")
     group = num_heads // num_kv_heads
+    tile = block_m // group if pack_gqa else block_m
+    heads = range(num_kv_heads) if pack_gqa else range(num_heads)
     keyed = []
     for s, n in enumerate(seq_lens):
-        for b in range(triton.cdiv(n, block_m)):
-            weight = min((b + 1) * block_m, n)
-            for h in range(num_heads):
-                pair = s * num_kv_heads + h // group
-                keyed.append(((pair // section, -weight, s, h // group, b, h), (s, b, h)))
+        for b in range(triton.cdiv(n, tile)):
+            weight = min((b + 1) * tile, n)
+            for h in heads:
+                kv_head = h if pack_gqa else h // group
+                pair = s * num_kv_heads + kv_head
+                keyed.append(((pair // section, -weight, s, kv_head, b, h), (s, b, h)))
     keyed.sort()
     return [item for _, item in keyed]
 
@@ -283,7 +309,8 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
                                for name, x, heads in (("q", q, w.num_heads), ("k", k, w.num_kv_heads),
                                                       ("v", v, w.num_kv_heads)))
         bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
-        items = work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm)
+        pack = bool(int(self.space.value(config, "PACK_GQA"))) if "PACK_GQA" in self.space.names else False
+        items = work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm, pack_gqa=pack)
         table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(q.device)
         o = torch.empty_like(q)
         tma = use_tma(q.device) and all(x.is_contiguous() for x in (q, k, v))  # descriptors view [T, heads * D]
@@ -291,7 +318,8 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             t, d = w.total_tokens, w.head_dim
-            qx = TensorDescriptor.from_tensor(q.reshape(t, w.num_heads * d), [bm, d])
+            # PACK_GQA gathers q's rows (GROUP heads per token) by pointers
+            qx = q if pack else TensorDescriptor.from_tensor(q.reshape(t, w.num_heads * d), [bm, d])
             kx = TensorDescriptor.from_tensor(k.reshape(t, w.num_kv_heads * d), [bn, d])
             vx = TensorDescriptor.from_tensor(v.reshape(t, w.num_kv_heads * d), [bn, d])
         else:
@@ -304,7 +332,7 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
         )
         meta = dict(
             GROUP=w.num_heads // w.num_kv_heads, HEAD_DIM=w.head_dim, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
-            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+            PACK_GQA=pack, num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
         )
 
         def launch() -> torch.Tensor:
@@ -365,19 +393,20 @@ def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:
     _check_workload(workload)
     bm, bn, d = int(config["BLOCK_M"]), int(config["BLOCK_N"]), workload.head_dim
     ty = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[workload.dtype]
-    signature = {"Q": f"tensordesc<{ty}[{bm}, {d}]>", "K": f"tensordesc<{ty}[{bn}, {d}]>",
+    pack = bool(int(GLUON_SPACE.value(config, "PACK_GQA")))
+    signature = {"Q": f"*{ty}" if pack else f"tensordesc<{ty}[{bm}, {d}]>", "K": f"tensordesc<{ty}[{bn}, {d}]>",
                  "V": f"tensordesc<{ty}[{bn}, {d}]>", "O": f"*{ty}"}
     signature |= {n: "*i32" for n in ("CU_SEQLENS", "W_SEQ", "W_BLOCK", "W_HEAD")}
     signature["qk_scale"] = "fp32"
     for n in ("q", "k", "v", "o"):
         signature |= {f"stride_{n}t": "i32", f"stride_{n}h": "i32"}
     constexprs = dict(GROUP=workload.num_heads // workload.num_kv_heads, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-                      USE_TMA=True)
+                      USE_TMA=True, PACK_GQA=pack)
     signature |= {n: "constexpr" for n in constexprs}
     names = _prefill_fwd.arg_names
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, strides divisible by 16
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
-             if t == "*i32" or n == "O" or (n.startswith("stride") and n.endswith("t"))}
+             if t.startswith("*") or (n.startswith("stride") and n.endswith("t"))}
     kernel = triton.compile(
         ASTSource(_prefill_fwd, signature, constexprs, attrs),
         target=GPUTarget("cuda", 90, 32),

@@ -126,37 +126,51 @@ def _prefix_fwd(
     stride_ls, stride_lt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_TMA: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PACK_GQA: tl.constexpr,
 ):
-    """One program = work item program_id: one BLOCK_M tile of one request's chunk, one q head, one KV split."""
+    """One program = work item program_id: one BLOCK_M tile of one request's chunk, one q head, one KV split; with
+    PACK_GQA, BLOCK_M // GROUP tokens for every q head of one kv head (row r: token r // GROUP, q head
+    kv_head * GROUP + r % GROUP)."""
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs BLOCK_M >= 16")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs BLOCK_N >= 16")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs HEAD_DIM >= 16")
     tl.static_assert(PAGE_SIZE % BLOCK_N == 0 or BLOCK_N % PAGE_SIZE == 0, "BLOCK_N and PAGE_SIZE must nest")
     w = tl.program_id(0)
     seq = tl.load(W_SEQ + w)
-    start_m = tl.load(W_BLOCK + w) * BLOCK_M
-    head = tl.load(W_HEAD + w)
+    head = tl.load(W_HEAD + w)  # PACK_GQA: the kv head
     split = tl.load(W_SPLIT + w)
-    kv_head = head // GROUP
     q_start = tl.load(CU_Q + seq)
     q_len = tl.load(CU_Q + seq + 1) - q_start
     prefix = tl.load(PREFIX + seq)
     kv_len = prefix + q_len
     q64 = q_start.to(tl.int64)
 
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    if PACK_GQA:
+        tile_m = BLOCK_M // GROUP  # tokens per tile
+        start_m = tl.load(W_BLOCK + w) * tile_m
+        kv_head = head
+        rows = tl.arange(0, BLOCK_M)
+        offs_m = start_m + rows // GROUP  # each row's token in the chunk
+        q_heads = head * GROUP + rows % GROUP
+    else:
+        tile_m = BLOCK_M
+        start_m = tl.load(W_BLOCK + w) * BLOCK_M
+        kv_head = head // GROUP
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
     offs_d = tl.arange(0, HEAD_DIM)
     row_in_chunk = offs_m < q_len
     q_pos = prefix + offs_m  # absolute position of each query row: it sees keys [0, q_pos]
-    if USE_TMA:
+    if USE_TMA and not PACK_GQA:
         q = Q.load([q_start + start_m, head * HEAD_DIM])
+    else:  # PACK_GQA: rows of GROUP heads per token, gathered by pointers (Q is the tensor)
+        q_ptrs = Q + q64 * stride_qt + offs_m[:, None] * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_in_chunk[:, None], other=0.0)
+    if USE_TMA:
         k_src, v_src = K, V
         kv_col = kv_head * head_cols
         head_row = kv_head * head_rows
     else:
-        q_ptrs = Q + q64 * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=row_in_chunk[:, None], other=0.0)
         k_src = K + kv_head * head_rows * stride_row + kv_head * head_cols
         v_src = V + kv_head * head_rows * stride_row + kv_head * head_cols
         kv_col = 0
@@ -164,7 +178,7 @@ def _prefix_fwd(
     bt_row = BlockTable + seq * stride_bt
 
     # this tile's keys: [0, hi); this split's slice [lo, hi_s); keys below full_hi are visible to every row
-    hi = tl.minimum(prefix + start_m + BLOCK_M, kv_len)
+    hi = tl.minimum(prefix + start_m + tile_m, kv_len)
     full_hi = ((prefix + start_m + 1) // BLOCK_N) * BLOCK_N
     if NUM_SPLITS == 1:
         lo = 0
@@ -189,16 +203,16 @@ def _prefix_fwd(
     )
 
     if NUM_SPLITS == 1:
-        o_ptrs = O + q64 * stride_ot + head * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
+        o_ptrs = O + q64 * stride_ot + q_heads[:, None] * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
         tl.store(o_ptrs, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=row_in_chunk[:, None])
     else:
         # an empty split (past a short tile's keys) has l = 0: it writes zeros and lse = -inf, weighing nothing
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
         tok = q64 + offs_m
-        p_ptrs = PartO + split * stride_ps + tok[:, None] * stride_pt + head * stride_ph + offs_d[None, :]
+        p_ptrs = PartO + split * stride_ps + tok[:, None] * stride_pt + q_heads[:, None] * stride_ph + offs_d[None, :]
         tl.store(p_ptrs, acc / l_safe[:, None], mask=row_in_chunk[:, None])
-        tl.store(PartLse + split * stride_ls + tok * stride_lt + head, lse, mask=row_in_chunk)
+        tl.store(PartLse + split * stride_ls + tok * stride_lt + q_heads, lse, mask=row_in_chunk)
 
 
 @triton.jit
@@ -235,6 +249,14 @@ def _tiles(workload: PrefixPrefillWorkload, block_m: int) -> int:
     return sum(triton.cdiv(c, block_m) for c in workload.chunk_lens)
 
 
+def _programs(config: Config, workload: PrefixPrefillWorkload) -> int:
+    """Programs of one split: tiles x q heads, or with PACK_GQA tiles of BLOCK_M / group tokens x kv heads."""
+    bm = int(config["BLOCK_M"])
+    if int(SPACE.value(config, "PACK_GQA")):
+        return _tiles(workload, bm * workload.num_kv_heads // workload.num_heads) * workload.num_kv_heads
+    return _tiles(workload, bm) * workload.num_heads
+
+
 def _shared_memory_bytes(config: Config, workload: PrefixPrefillWorkload) -> int:
     """The q tile plus num_stages buffers of the K and V tiles, plus 1 KiB of barriers and 128 B of scratch (the
     prefill family's model; the sm_90 compiler took 24 B above 1 KiB for split configs: checked by
@@ -253,10 +275,10 @@ def _rule_block_vs_page(config: Config, workload: PrefixPrefillWorkload) -> str 
 
 
 def _rule_splits(config: Config, workload: PrefixPrefillWorkload) -> str | None:
-    splits, bn, bm = int(config["NUM_SPLITS"]), int(config["BLOCK_N"]), int(config["BLOCK_M"])
+    splits, bn = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
     if splits == 1:
         return None
-    programs = _tiles(workload, bm) * workload.num_heads
+    programs = _programs(config, workload)
     if programs >= 2 * NUM_SMS:
         return (f"NUM_SPLITS={splits}: {programs} tiles x heads already fill two waves of {NUM_SMS} SMs; splitting "
                 "the keys only adds partial outputs to combine: use NUM_SPLITS=1")
@@ -272,6 +294,10 @@ def _rule_shared_memory(config: Config, workload: PrefixPrefillWorkload) -> str 
     return attention.shared_memory_reason(need, config, workload, ("BLOCK_M", "BLOCK_N", "num_stages"))
 
 
+def _rule_pack_gqa(config: Config, workload: PrefixPrefillWorkload) -> str | None:
+    return attention.pack_gqa_reason(SPACE.value(config, "PACK_GQA"), int(config["BLOCK_M"]), workload)
+
+
 SPACE = KnobSpace(
     knobs=[
         Knob("PAGE_SIZE", (16, 32, 64, 128), "tokens per KV-cache page (a deployment choice: re-layout to change)"),
@@ -281,8 +307,9 @@ SPACE = KnobSpace(
         Knob("num_warps", (4, 8), "warps per program"),
         Knob("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
         Knob("NUM_SPLITS", SPLIT_COUNTS, "slices of each tile's keys run by separate programs (1 = single pass)"),
+        attention.PACK_GQA,
     ],
-    rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_shared_memory,
+    rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_pack_gqa, _rule_splits, _rule_shared_memory,
            attention.rule_tile_registers],
 )
 
@@ -328,22 +355,25 @@ def _check_workload(workload: object) -> PrefixPrefillWorkload:
 
 
 def work_table(workload: PrefixPrefillWorkload, block_m: int, splits: int,
-               section: int = L2_SECTION) -> list[tuple[int, int, int, int]]:
-    """(request, q block, q head, split) of every program. (request, kv head) pairs are cut into sections of
-    `section` pairs run one after another; within a section the tiles with most keys to visit run first, the q heads
-    of one GQA group side by side."""
+               section: int = L2_SECTION, pack_gqa: bool = False) -> list[tuple[int, int, int, int]]:
+    """(request, q block, q head, split) of every program; with pack_gqa (request, block of block_m // group tokens,
+    kv head, split). (request, kv head) pairs are cut into sections of `section` pairs run one after another; within
+    a section the tiles with most keys to visit run first, the q heads of one GQA group side by side."""
     if section < 1:
         raise ValueError(f"section must be >= 1 (request, kv head) pair, got {section}")
     w = workload
     group = w.num_heads // w.num_kv_heads
+    tile = block_m // group if pack_gqa else block_m
+    heads = range(w.num_kv_heads) if pack_gqa else range(w.num_heads)
     keyed = []
     for s, (c, p) in enumerate(zip(w.chunk_lens, w.prefix_lens)):
-        for b in range(triton.cdiv(c, block_m)):
-            weight = min(p + (b + 1) * block_m, p + c)
-            for h in range(w.num_heads):
-                pair = s * w.num_kv_heads + h // group
+        for b in range(triton.cdiv(c, tile)):
+            weight = min(p + (b + 1) * tile, p + c)
+            for h in heads:
+                kv_head = h if pack_gqa else h // group
+                pair = s * w.num_kv_heads + kv_head
                 for sp in range(splits):
-                    keyed.append(((pair // section, -weight, s, h // group, b, h, sp), (s, b, h, sp)))
+                    keyed.append(((pair // section, -weight, s, kv_head, b, h, sp), (s, b, h, sp)))
     keyed.sort()
     return [item for _, item in keyed]
 
@@ -405,7 +435,8 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
         if paged.page_size != page_size or paged.layout != config["LAYOUT"]:
             raise ValueError(f"the cache has PAGE_SIZE={paged.page_size} LAYOUT={paged.layout}, the config "
                              f"{config}; page the cache for the config")
-        items = work_table(w, bm, splits)
+        pack = bool(int(self.space.value(config, "PACK_GQA")))
+        items = work_table(w, bm, splits, pack_gqa=pack)
         table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(q.device)
         o = torch.empty_like(q) if out is None else out
         t, h, d, hkv = w.total_tokens, w.num_heads, w.head_dim, w.num_kv_heads
@@ -421,7 +452,8 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
         if tma:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            qx = TensorDescriptor.from_tensor(q.reshape(t, h * d), [bm, d])
+            # PACK_GQA gathers q's rows (GROUP heads per token) by pointers
+            qx = q if pack else TensorDescriptor.from_tensor(q.reshape(t, h * d), [bm, d])
             kx = TensorDescriptor.from_tensor(k2, [bn, d])
             vx = TensorDescriptor.from_tensor(v2, [bn, d])
         else:
@@ -434,7 +466,7 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
             part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         )
         meta = dict(GROUP=h // hkv, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=splits,
-                    USE_TMA=tma, DOT_PRECISION=precision, num_warps=int(config["num_warps"]),
+                    USE_TMA=tma, DOT_PRECISION=precision, PACK_GQA=pack, num_warps=int(config["num_warps"]),
                     num_stages=int(config["num_stages"]))
         grid = (len(items),)
         block_t = 16
@@ -512,9 +544,10 @@ def compile_sm90(config: Config, workload: PrefixPrefillWorkload) -> dict[str, i
     _check_workload(workload)
     bm, bn, d = int(config["BLOCK_M"]), int(config["BLOCK_N"]), workload.head_dim
     tma = int(config["BLOCK_N"]) <= int(config["PAGE_SIZE"])
+    pack = bool(int(SPACE.value(config, "PACK_GQA")))
     ty = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[workload.dtype]
     if tma:
-        signature = {"Q": f"tensordesc<{ty}[{bm}, {d}]>", "K": f"tensordesc<{ty}[{bn}, {d}]>",
+        signature = {"Q": f"*{ty}" if pack else f"tensordesc<{ty}[{bm}, {d}]>", "K": f"tensordesc<{ty}[{bn}, {d}]>",
                      "V": f"tensordesc<{ty}[{bn}, {d}]>"}
     else:
         signature = {"Q": f"*{ty}", "K": f"*{ty}", "V": f"*{ty}"}
@@ -527,7 +560,7 @@ def compile_sm90(config: Config, workload: PrefixPrefillWorkload) -> dict[str, i
     constexprs = dict(GROUP=workload.num_heads // workload.num_kv_heads, HEAD_DIM=d,
                       PAGE_SIZE=int(config["PAGE_SIZE"]), BLOCK_M=bm, BLOCK_N=bn,
                       NUM_SPLITS=int(config["NUM_SPLITS"]), USE_TMA=tma,
-                      DOT_PRECISION="ieee" if workload.dtype == "float32" else "tf32")
+                      DOT_PRECISION="ieee" if workload.dtype == "float32" else "tf32", PACK_GQA=pack)
     signature |= {n: "constexpr" for n in constexprs}
     names = _prefix_fwd.arg_names
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, integers divisible by 16
