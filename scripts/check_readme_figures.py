@@ -103,6 +103,12 @@ def prefill_ratio(pick: Callable[[dict[str, Any]], bool], agg: Callable[..., flo
     return agg(r["ratio_to_anchor"] for r in committed(SHORT_PREFILL) if pick(r))
 
 
+def pack_ratio(key: str, agg: Callable[..., float]) -> float:
+    """best / SDPA without (pack0_ratio) or with (pack1_ratio) PACK_GQA at the four short prefill cases."""
+    return agg(r[key] for r in committed(PACK) if r["case"].startswith("prefill_") and
+               ("n512" in r["case"] or "n128" in r["case"]))
+
+
 def at(path: str, *keys: str, scale: float = 1.0) -> Callable[[], float]:
     """The number at keys in a committed JSON file (times scale: 100 for a share printed in %)."""
 
@@ -182,6 +188,7 @@ CYCLE = "benchmarks/cycle.json"
 PLAN = "benchmarks/serving_plan.json"
 FAULTS = "benchmarks/generalisation/run3/fault_injection.json"
 SHORT_PREFILL = "benchmarks/short_prefill/run2_bb6853d/prefill.json"
+PACK = "benchmarks/short_prefill/run3_pack/compare.json"
 # Texts of the index holding several figures: {} are the figures' places, in order.
 STATS = ("median", "min", "max")
 STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
@@ -345,6 +352,13 @@ FIGURES = [
              (lambda agg=agg: prefill_ratio(lambda r: "n512" in r["case"] or "n128" in r["case"], agg)), 0.005, "json")
       for name, pattern, agg in (("lowest", rf"{N}-[0-9.]+ at the short cases", min),
                                  ("highest", rf"[0-9.]+-{N} at the short cases", max))],
+    *[Figure(f"index: packed GQA, short prefill cases' {name}", BENCH, pattern, PACK,
+             (lambda key=key, agg=agg: pack_ratio(key, agg)), 0.0005, "json")
+      for name, key, pattern, agg in (
+          ("packed lowest", "pack1_ratio", rf"packed best / SDPA {N}-[0-9.]+ at the short", min),
+          ("packed highest", "pack1_ratio", rf"packed best / SDPA [0-9.]+-{N} at the short", max),
+          ("unpacked lowest", "pack0_ratio", rf"\(unpacked {N}-[0-9.]+\)", min),
+          ("unpacked highest", "pack0_ratio", rf"\(unpacked [0-9.]+-{N}\)", max))],
     Figure("index: decode floor lowest", BENCH, rf"best / floor from {N} to", FLOOR, lambda: floor_ratio(min), 0.005,
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),

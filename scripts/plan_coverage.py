@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="plan JSON (.json or .json.gz) for `collect --plan`")
     p.add_argument("--new-shapes", action="store_true", help="plan the grid shapes with no stored rows instead")
     p.add_argument("--new-knobs", action="store_true", help="plan the values of knobs added since, at stored shapes")
+    p.add_argument("--variants-only", action="store_true",
+                   help="--new-knobs: every family, prefill too, gets only the new-knob variants of each shape's "
+                        "--top fastest stored configs (prefill otherwise gets every valid config: a plan cut to fit "
+                        "a GPU budget)")
     p.add_argument("--configs-per-shape", type=int, default=48, help="--new-shapes: collect's seeded sample size")
     p.add_argument("--neighbour-top", type=int, default=16, help="--new-shapes: fastest configs of each neighbour")
     p.add_argument("--fill", action="store_true",
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--depth must be >= 1; --top, --neighbour-top and --configs-per-shape >= 0")
     if args.fill and not args.new_shapes:
         p.error("--fill goes with --new-shapes")
+    if args.variants_only and not args.new_knobs:
+        p.error("--variants-only goes with --new-knobs")
     if args.new_shapes and args.new_knobs:
         p.error("--new-shapes and --new-knobs make separate plans: give one")
 
@@ -70,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         plan, summary = plans.new_shapes_plan(backend, kernels, models, args.configs_per_shape, args.neighbour_top,
                                               log, fill=args.fill)
     elif args.new_knobs:
-        plan, summary = plans.new_knobs_plan(backend, kernels, models, args.top, log)
+        plan, summary = plans.new_knobs_plan(backend, kernels, models, args.top, log,
+                                             exhaustive=not args.variants_only)
     else:
         plan, summary = plans.coverage_plan(backend, kernels, models, args.depth, args.top, log)
     plans.write_plan(plan, args.out)

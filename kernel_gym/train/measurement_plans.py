@@ -147,10 +147,11 @@ def with_new_knobs(space: Any, configs: list[Any], workload: Any) -> list[Any]:
 
 
 def new_knobs_plan(backend: Any, kernels: list[str], models: list[str], top: int,
-                   log: Log = print) -> tuple[list[dict], dict]:
+                   log: Log = print, exhaustive: bool = True) -> tuple[list[dict], dict]:
     """Per measured shape, the configs that set a knob added after its rows were stored: for the families the
-    benchmark searches exhaustively (prefill) every valid one, for the others each shape's `top` fastest stored
-    configs at every new value (with_new_knobs, what `kernel-gym bench` times too)."""
+    benchmark searches exhaustively (prefill) every valid one (unless `exhaustive` is False: a plan cut to fit a
+    budget), for the others each shape's `top` fastest stored configs at every new value (with_new_knobs, what
+    `kernel-gym bench` times too)."""
     from kernel_gym.kernels import get_family, profiles
     from kernel_gym.train.train import prepare_data
 
@@ -162,10 +163,14 @@ def new_knobs_plan(backend: Any, kernels: list[str], models: list[str], top: int
         n = 0
         refs = {}
         for model in models:
-            data = prepare_data(kernel, backend, model)
+            try:
+                data = prepare_data(kernel, backend, model)
+            except ValueError as exc:  # no measured shape of this model: nothing to vary
+                log(f"{kernel}: {model} skipped ({exc})")
+                continue
             refs.update({r.key: r for r in data.train + data.heldout})
         for wkey, ref in sorted(refs.items()):
-            if profiles.PROFILES[kernel].bench_exhaustive:
+            if exhaustive and profiles.PROFILES[kernel].bench_exhaustive:
                 configs = [c for c in space.valid_configs(ref.workload) if any(k in c for k in added)]
             else:
                 fastest = sorted(ref.times, key=ref.times.__getitem__)[:top]

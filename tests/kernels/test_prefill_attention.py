@@ -141,6 +141,45 @@ def test_work_table_covers_every_tile_once_heaviest_first_per_section() -> None:
         pa.work_table(lens, heads, kv_heads, 32, section=0)
 
 
+@pytest.mark.parametrize("workload", [
+    PrefillWorkload(8, 2, 128, (129, 1, 16), "float32"),  # GQA 4: 16-token tiles at BLOCK_M=64
+    PrefillWorkload(8, 1, 64, (33, 7), "float16"),  # GQA 8, a sequence shorter than a tile
+    PrefillWorkload(4, 2, 64, (37, 100), "float32"),  # GQA 2
+], ids=lambda w: f"{w.dtype}-g{w.num_heads // w.num_kv_heads}-{w.seq_lens}")
+def test_pack_gqa_matches_reference_and_the_unpacked_kernel(workload: PrefillWorkload) -> None:
+    """PACK_GQA=1: one program per (token tile, kv head), rows = tokens x the group's q heads."""
+    failures = []
+    inputs = FAMILY.make_inputs(workload, DEVICE, seed=7)
+    for bm, bn in ((16, 16), (64, 32), (32, 64)):
+        config = Config(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2)
+        packed = Config({**config, "PACK_GQA": 1})
+        if not FAMILY.space.is_valid(packed, workload):
+            continue
+        failures += [msg for msg in [_check(workload, packed, seed=7)] if msg]
+        torch.testing.assert_close(FAMILY.prepare(inputs, packed)(), FAMILY.prepare(inputs, config)(),
+                                   atol=1e-5, rtol=1e-5)
+    assert not failures, "\n".join(failures)
+
+
+def test_pack_gqa_rules_and_work_table() -> None:
+    packed = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=1)
+    assert "one q head per kv head" in FAMILY.space.why_invalid(packed, PrefillWorkload(8, 8, 64, (10,)))
+    gluon = Config({**packed, "IMPL": "gluon_ws"})
+    assert "mode of the Triton kernel" in FAMILY.space.why_invalid(gluon, PrefillWorkload(32, 8, 128, (10,)))
+    mqa = PrefillWorkload(32, 1, 128, (10,))
+    assert "must be a multiple of 32" in FAMILY.space.why_invalid(Config({**packed, "BLOCK_M": 16}), mqa)
+    assert FAMILY.space.is_valid(packed, PrefillWorkload(32, 8, 128, (10,)))
+    lens = (33, 100, 5)
+    items = pa.work_table(lens, 8, 2, 32, section=2, pack_gqa=True)  # group 4: 8 tokens per tile
+    expected = [(s, b, h) for s, n in enumerate(lens) for b in range(-(-n // 8)) for h in range(2)]
+    assert sorted(items) == sorted(expected)
+    pair = [(s * 2 + h) // 2 for s, _, h in items]
+    assert pair == sorted(pair)  # sections run one after another
+    for sec in set(pair):
+        work = [min((b + 1) * 8, lens[s]) for (s, b, _), p in zip(items, pair) if p == sec]
+        assert work == sorted(work, reverse=True)
+
+
 # ---- (b) knob space ---------------------------------------------------------------------------------------------
 
 
@@ -170,7 +209,7 @@ def test_gluon_impl_rules() -> None:
         Config(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4, IMPL="gluon_ws"), w)
     # the Triton kernel's configs are written without the knob, as they were stored
     assert "leaving the knob out" in FAMILY.space.why_invalid(ws.replace(IMPL="triton", num_warps=8), w)
-    assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w) if "IMPL" not in c)
+    assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w) if "IMPL" not in c and "PACK_GQA" not in c)
 
 
 def test_persistent_variants_fill_the_gpu_once() -> None:
@@ -297,6 +336,7 @@ def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
     valid = sorted(FAMILY.space.valid_configs(w), key=lambda c: pa._shared_memory_bytes(c, w))
     picks = [str([c for c in valid if pa.GLUON_SPACE.value(c, "IMPL") == impl][-1]) for impl in pa.IMPLS]
     picks.append(str(FAMILY.default_config(w)))
+    picks.append(str([c for c in valid if "PACK_GQA" in c][-1]))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
@@ -306,7 +346,7 @@ def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     shared = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(shared) == len(picks) == len(pa.IMPLS) + 1
+    assert len(shared) == len(picks) == len(pa.IMPLS) + 2
     for config, used in zip(picks, shared):
         estimate = pa._shared_memory_bytes(Config.parse(config), w)
         assert used <= estimate <= SHARED_MEMORY_LIMIT, (config, used, estimate)

@@ -168,6 +168,37 @@ def test_default_config_valid_on_default_grid(model: str) -> None:
         assert FAMILY.space.is_valid(FAMILY.default_config(w), w)
 
 
+@pytest.mark.parametrize("config", [
+    pytest.param(cfg(ps=32, layout="NHD", bm=32, bn=32), id="tma-nhd"),
+    pytest.param(cfg(ps=16, layout="HND", bm=16, bn=64), id="pointers-hnd"),
+    pytest.param(cfg(ps=32, layout="HND", bm=32, bn=16, splits=2), id="splits-2"),
+])
+def test_pack_gqa_matches_reference_and_the_unpacked_kernel(config: Config) -> None:
+    """PACK_GQA=1 (a tile's rows = BLOCK_M / group tokens x the group's q heads) on requests with and without a
+    prefix, GQA 2 and 4, against the reference and against the same config unpacked."""
+    packed = Config({**config, "PACK_GQA": 1})
+    for w in (MIXED, PrefixPrefillWorkload(8, 2, 64, (1, 40, 9), (70, 3, 0), "float32")):
+        assert FAMILY.space.is_valid(packed, w), FAMILY.space.why_invalid(packed, w)
+        assert (msg := _check(w, packed, seed=2)) is None, msg
+        inputs = FAMILY.make_inputs(w, DEVICE, seed=2)
+        torch.testing.assert_close(FAMILY.prepare(inputs, packed)(), FAMILY.prepare(inputs, config)(),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_pack_gqa_rules_and_work_table() -> None:
+    mha = PrefixPrefillWorkload(4, 4, 64, (20,), (0,))
+    assert "one q head per kv head" in FAMILY.space.why_invalid(Config({**cfg(), "PACK_GQA": 1}), mha)
+    group8 = PrefixPrefillWorkload(16, 2, 64, (20,), (0,))
+    assert "must be a multiple of 8" not in (FAMILY.space.why_invalid(Config({**cfg(bm=32), "PACK_GQA": 1}),
+                                                                      group8) or "")
+    w = PrefixPrefillWorkload(8, 2, 64, (70, 5), (0, 300))
+    items = pp.work_table(w, 32, 2, section=100, pack_gqa=True)  # 8 tokens per tile, one program per kv head
+    expected = {(s, b, h, sp) for s, n in enumerate(w.chunk_lens) for b in range(-(-n // 8))
+                for h in range(2) for sp in range(2)}
+    assert len(items) == len(expected) and set(items) == expected
+    assert items[0][0] == 1  # the heaviest tile first: request 1's (305 keys)
+
+
 def test_rules_name_the_problem() -> None:
     big = PrefixPrefillWorkload(32, 8, 128, (4096,), (0,))
     assert "fill two waves" in FAMILY.space.why_invalid(cfg(ps=64, bm=64, bn=64, splits=2), big)
@@ -237,12 +268,13 @@ print(json.dumps([pp.compile_sm90(Config.parse(c), w) for c in json.loads(sys.ar
 
 @pytest.mark.slow
 def test_tma_and_pointer_paths_compile_for_sm90_within_the_estimate() -> None:
-    """The largest valid TMA config and the default (pointers) compile for sm_90 (no GPU needed, outside the
+    """The largest valid TMA config, the default (pointers) and the largest PACK_GQA config compile for sm_90 (no GPU needed, outside the
     interpreter), within the shared-memory estimate and the H200's limit."""
     w = PrefixPrefillWorkload(32, 8, 128, (512,), (2048,))
     valid = sorted(FAMILY.space.valid_configs(w), key=lambda c: pp._shared_memory_bytes(c, w))
     tma = [c for c in valid if int(c["BLOCK_N"]) <= int(c["PAGE_SIZE"])]
-    picks = [str(tma[-1]), str(FAMILY.default_config(w))]
+    packed = [c for c in tma if "PACK_GQA" in c]  # q gathered by pointers, K/V through TMA
+    picks = [str(tma[-1]), str(FAMILY.default_config(w)), str(packed[-1])]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
@@ -250,7 +282,7 @@ def test_tma_and_pointer_paths_compile_for_sm90_within_the_estimate() -> None:
                           timeout=600, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     meta = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [m["tma"] for m in meta] == [1, 0]
+    assert [m["tma"] for m in meta] == [1, 0, 1]
     for config, m in zip(picks, meta):
         assert m["shared"] <= pp._shared_memory_bytes(Config.parse(config), w) <= SHARED_MEMORY_LIMIT, (config, m)
 
