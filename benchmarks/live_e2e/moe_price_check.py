@@ -479,6 +479,44 @@ def print_table(doc: dict) -> None:
 # ---- entry ---------------------------------------------------------------------------------------------------------
 
 
+ROUTING_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192)
+ROUTING_BLOCK_M = (16, 32, 64, 128)
+
+
+def routing_table(models: list[str], out_path: Path, tokens: tuple[int, ...] = ROUTING_TOKENS,
+                  block_ms: tuple[int, ...] = ROUTING_BLOCK_M) -> dict:
+    """GPU: D alone over a grid, the table `run.py --predict` charges per MoE call (`moe_routing_ms`): the live
+    stack's routing and bounded alignment (`fused_moe._route_and_align(..., bounded=True)`) captured in a CUDA graph,
+    as its decode graphs and piecewise graphs replay it, timed without the L2 flush (the inputs are the router's
+    logits, a few KB, which the step has just written), per model (its experts and top-k), BLOCK_M and token count."""
+    import torch
+
+    from kernel_gym.kernels import fused_moe as fm
+    from kernel_gym.kernels.workloads import MoEWorkload
+    from kernel_gym.models import load_model
+
+    meas = Measurer(torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1")
+    device = "cuda" if meas.cuda else "cpu"
+    doc = {"meta": {"what": "fused_moe._route_and_align(bounded=True) in a CUDA graph, no L2 flush, ms per call",
+                    "gpu_before": _gpu_state(meas.cuda), "torch": torch.__version__}, "models": {}}
+    for name in models:
+        m = load_model(name)
+        table: dict[str, dict[str, dict]] = {}
+        for bm in block_ms:
+            for t in tokens:
+                wl = MoEWorkload(t, m.num_experts, m.top_k, m.hidden, m.intermediate, 0.0, "bfloat16")
+                logits = fm.router_logits(wl, seed=0).to(device)
+                inputs = fm.MoEInputs(wl, torch.empty(t, 1, device=device), logits, None, None)
+                fn = meas.graph(lambda inputs=inputs, bm=bm: fm._route_and_align(inputs, bm, bounded=True))
+                table.setdefault(str(bm), {})[str(t)] = meas.time(fn, flush=False)
+            log(f"routing {name} BLOCK_M={bm}: " + " ".join(f"{t}:{table[str(bm)][str(t)]['ms']:.4f}" for t in tokens))
+        doc["models"][name] = {"num_experts": m.num_experts, "top_k": m.top_k, "ms": table}
+    doc["meta"]["gpu_after"] = _gpu_state(meas.cuda)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plan", type=Path, default=None,
@@ -493,7 +531,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true",
                    help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan (T=4, 8; default and learned "
                         "table) written to --out and measured there (no graphs, wall clocks)")
+    p.add_argument("--routing-table", type=Path, default=None, metavar="JSON",
+                   help="GPU: time only the routing and alignment over token counts and BLOCK_M for --models, "
+                        "into this file (what run.py --predict --moe-routing charges per MoE call)")
+    p.add_argument("--models", default="mixtral-8x7b,olmoe-1b-7b", help="--routing-table: zoo models")
     args = p.parse_args(argv)
+    if args.routing_table is not None:
+        routing_table([m for m in args.models.split(",") if m], args.routing_table)
+        return 0
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         if args.out is None:
