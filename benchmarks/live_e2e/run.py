@@ -22,7 +22,9 @@ tokens, decode batch, measured seconds) in $OUT/<policy>_steps.json. `--predict`
 simulator on the same window with the packaged H200 dataset (BackendTimer(recorded)) and writes summary.json: per
 policy measured and predicted tokens/s, TTFT p50 and TPOT p50 and their relative errors (with --calibrate, also a
 prediction with step overheads fitted on one policy's step records); and untimed_plan.json, the policies' choices
-the dataset could not time, for `kernel-gym collect --plan` on the GPU.
+the dataset could not time, for `kernel-gym collect --plan` on the GPU. The prediction charges the live fused MoE's
+in-launch routing and alignment per MoE call x layers from a measured table (`--moe-routing`, default
+moe_price_check_run1/moe_routing.json; `none`: off), which the dataset's rows exclude.
 
     python3 benchmarks/live_e2e/run.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
     python3 benchmarks/live_e2e/run.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
@@ -695,13 +697,62 @@ MIN_PREFILL_TOKENS = 128  # the dataset's smallest prefill shape (PREFILL_TOTALS
 MIN_DECODE_CONTEXT = 128
 
 
+MOE_ROUTING_TABLE = Path(__file__).resolve().parent / "moe_price_check_run1" / "moe_routing.json"
+
+
+class MoERouting:
+    """Seconds per fused-MoE call of the live stack's routing and alignment (`fused_moe._route_and_align(...,
+    bounded=True)`, on the GPU inside the launch: what the dataset's rows leave out), for a step's token count:
+    linear in log2(tokens) between the measured points, clamped at the table's ends."""
+
+    def __init__(self, points: dict[int, float], source: str = "") -> None:
+        if not points:
+            raise ValueError("MoERouting: no points")
+        self.tokens = np.array(sorted(points), dtype=float)
+        self.seconds = np.array([points[int(t)] for t in self.tokens], dtype=float)
+        self.source = source
+
+    @classmethod
+    def from_table(cls, path: Path | str, model: str) -> MoERouting | None:
+        """The model's entry of a moe_price_check routing table ({"models": {MODEL: {"ms": {BLOCK_M: {TOKENS:
+        {"ms": ...}}}}}}), averaged over BLOCK_M (the routing does not depend on it); None if the model has none."""
+        entry = json.loads(Path(path).read_text()).get("models", {}).get(model)
+        if not entry or not entry.get("ms"):
+            return None
+        by_tokens: dict[int, list[float]] = {}
+        for per_tokens in entry["ms"].values():
+            for tokens, row in per_tokens.items():
+                by_tokens.setdefault(int(tokens), []).append(float(row["ms"]) * 1e-3)
+        return cls({t: float(np.mean(v)) for t, v in by_tokens.items()}, str(path))
+
+    def __call__(self, tokens: int) -> float:
+        x = math.log2(max(int(tokens), 1))
+        return float(np.interp(x, np.log2(self.tokens), self.seconds))
+
+
 class PredictSimulator(Simulator):
     """The plain simulator, with workloads below the dataset's smallest shapes raised to them (prefill steps of
     fewer than 128 tokens timed as one 128-token sequence, decode contexts below 128 as 128: upper bounds, counted in
-    `clamped`), so a replay with short chunks can be predicted from the packaged data at all."""
+    `clamped`), so a replay with short chunks can be predicted from the packaged data at all. `moe_routing_s`
+    (tokens -> seconds per MoE call, e.g. MoERouting): the live stack's in-launch routing, charged per step as
+    kernel time (measured) at the step's MoE token count x the model's layers, summed in `moe_routing_charged_s`."""
 
     clamped = 0
     scaled_decode_s = 0.0
+    moe_routing_s: Any = None
+    moe_routing_charged_s = 0.0
+
+    def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
+                   stall: list) -> tuple[float, float]:
+        kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall)
+        if self.moe_routing_s is None:
+            return kernel_s, dense
+        num_tokens = batch + sum(c for _, c, _ in chunks)  # the MoE's rows, as Simulator.price_step charges them
+        if num_tokens <= self.graph_max_tokens:
+            num_tokens = capture_size(num_tokens)
+        extra = float(self.moe_routing_s(num_tokens)) * self.model.num_layers
+        self.moe_routing_charged_s += extra
+        return kernel_s + extra, dense
 
     def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
         """Decode at a batch the dataset has no row for (it stops at 64 below 2048 tokens of context): the time at
@@ -745,6 +796,7 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
         chooser = guard = GuardedChooser(chooser, backend, model.num_layers)
     sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            step_overheads=overheads, **sim_kwargs(args, model), **graph_kwargs(meta))
+    sim.moe_routing_s = getattr(args, "moe_routing_s", None)
     if guard is not None:
         guard.sim = sim
     return sim.run().summary, sim, guard
@@ -792,6 +844,7 @@ def run_predict(args: Any) -> int:
         # bound: host delays only add), where leaving them out would put another config in its place
         backend = make_backend("recorded", max_spread=math.inf)
         timer = BackendTimer(backend)
+    routing_note = moe_routing_setup(args, model)
     if args.calibrate and not args.calibration_from and args.calibrate not in data["measured"]:
         raise SystemExit(f"--calibrate {args.calibrate!r}: not a measured policy; measured: {list(data['measured'])}")
     summary: dict = {"meta": meta, "policies": {}}
@@ -799,6 +852,7 @@ def run_predict(args: Any) -> int:
         from kernel_gym.train.tracking import git_commit
 
         summary["prediction"] = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}
+    summary.setdefault("prediction", {})["moe_routing"] = routing_note
     overheads = None
     if args.calibration_from:  # overheads fitted on another run: every policy here is out of sample
         fitted = json.loads(Path(args.calibration_from).read_text()).get("calibration")
@@ -836,8 +890,11 @@ def run_predict(args: Any) -> int:
         row = {"measured": {k: measured[k] for k in METRICS}, "predicted": {k: pred[k] for k in METRICS},
                "relative_error": {k: (pred[k] - measured[k]) / measured[k] for k in METRICS if measured[k]},
                "chunk_attention_estimated_s": pred["chunk_attention_estimated_s"],
-               "estimated_share": (sum(guard.estimated_s.values()) / max(sum(guard.kernel_s.values()), 1e-12)
+               # the routing charge is measured time: in the denominator, not the estimated part
+               "estimated_share": (sum(guard.estimated_s.values())
+                                   / max(sum(guard.kernel_s.values()) + sim.moe_routing_charged_s, 1e-12)
                                    if guard is not None else None),
+               "moe_routing_charged_s": sim.moe_routing_charged_s,
                "fallbacks": guard.fallbacks if guard is not None else None,
                "clamped_workloads": sim.clamped,
                "decode_scaled_estimate_s": sim.scaled_decode_s,
@@ -853,6 +910,9 @@ def run_predict(args: Any) -> int:
         summary["policies"][spec] = row
         log(f"{spec}: " + ", ".join(f"{k} measured {row['measured'][k]:.4g} predicted {row['predicted'][k]:.4g}"
                                      + (f" (calibrated {cal[k]:.4g})" if cal is not None else "") for k in METRICS))
+    if isinstance(routing_note, dict):
+        routing_note["charged_s"] = {spec: row["moe_routing_charged_s"] for spec, row in summary["policies"].items()
+                                     if "moe_routing_charged_s" in row}
     summary["step_fit"] = step_fit(args.out, data["measured"])
     if backend is not None:
         plain = dict.fromkeys(STEP_KINDS, STEP_OVERHEAD_S)
@@ -864,6 +924,29 @@ def run_predict(args: Any) -> int:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["policies"], indent=1))
     return 0
+
+
+def moe_routing_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.moe_routing (a routing table's path, or "none") -> args.moe_routing_s (MoERouting or None) and the note
+    summary.json's prediction carries: the table, the model's points; or why nothing is charged."""
+    choice = str(getattr(args, "moe_routing", None) or "none")
+    args.moe_routing_s = None
+    if choice == "none":
+        return "none: --moe-routing none"
+    path = Path(choice)
+    if not path.exists():
+        raise SystemExit(f"--moe-routing {choice}: no such file (a moe_price_check routing table, or none)")
+    routing = MoERouting.from_table(path, model.name)
+    if routing is None:
+        return f"none: no measured table for {model.name} in {choice}"
+    args.moe_routing_s = routing
+    root = Path(__file__).resolve().parents[2]
+    shown = path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else str(path)
+    return {"table": shown, "model": model.name, "per_call_ms": {int(t): round(s * 1e3, 5) for t, s in
+                                                                   zip(routing.tokens, routing.seconds)},
+            "note": "the live fused MoE's in-launch routing and alignment, seconds per MoE call at the step's MoE "
+                    "token count (linear in log2 tokens, clamped) x num_layers, charged as measured kernel time; "
+                    "charged_s: the plain prediction's total per policy"}
 
 
 def steps_path(out: Path, spec: str) -> Path:
@@ -895,6 +978,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     guard = GuardedChooser(make_chooser(spec, model), backend, model.num_layers)
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            **sim_kwargs(args, model), **graph_kwargs(meta))
+    sim.moe_routing_s = getattr(args, "moe_routing_s", None)
     guard.sim = sim
     if guards is not None:
         guards.append(guard)
@@ -903,9 +987,12 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         chunks = [tuple(c) for c in r["chunks"]]
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
         before = dict(guard.kernel_s)  # the guard books each family's seconds (all layers) as it is asked
+        routed = sim.moe_routing_charged_s
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
                                          [])
         parts = {k: v - before.get(k, 0.0) for k, v in guard.kernel_s.items() if v != before.get(k, 0.0)}
+        if sim.moe_routing_charged_s != routed:
+            parts["moe_routing"] = sim.moe_routing_charged_s - routed
         priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense,
                        r["decode_batch"], {**parts, "dense": dense}))
     return priced
@@ -1020,6 +1107,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-from", default="", metavar="SUMMARY",
                    help="with --predict: hold the step overheads fitted in another run's summary.json (scaled by "
                         "the depth)")
+    p.add_argument("--moe-routing", default=str(MOE_ROUTING_TABLE), metavar="TABLE.json",
+                   help="with --predict: charge the live fused MoE's in-launch routing per MoE call from this "
+                        "measured table (moe_price_check.py's moe_routing.json; default: the committed one) x layers; "
+                        "'none': no charge")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
     args = p.parse_args(argv)
     if args.out is None and not args.live_check:
