@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", nargs="+", default=None, metavar="STORE",
                    help="merge these stores (.sqlite/.db or .jsonl.gz snapshots) into --into, deduplicated by key")
     p.add_argument("--into", default=None, metavar="DB", help="the store --merge writes (created when missing)")
+    p.add_argument("--prefer-steadier", action="store_true",
+                   help="with --merge: an ok row replaces a stored ok row of the same key whose samples spread more "
+                        "(a re-timing of a noisy row); the stored one is kept as a replica")
     p.add_argument("--drop-row", type=int, action="append", default=[], metavar="ID",
                    help="with --db: delete the row with this id (one a reader refused as implausible); repeatable")
     return p
@@ -39,10 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--merge STORE... needs --into NEW.db (and --into needs --merge)")
         from kernel_gym.measure.storetools import merge_stores
 
-        report = merge_stores(args.merge, args.into)
+        report = merge_stores(args.merge, args.into, prefer_steadier=args.prefer_steadier)
         print(json.dumps(report, indent=2) if args.json else
               "\n".join([f"{src}: {c['rows']} rows, {c['inserted']} new, {c['duplicates']} already there "
-                          f"({c['replicas']} kept as replicas)" for src, c in report["sources"].items()]
+                          f"({c['replicas']} kept as replicas"
+                          + (f"; {c['replaced']} replaced by a steadier re-timing" if c.get("replaced") else "")
+                          + ")" for src, c in report["sources"].items()]
                          + [f"{report['into']}: {report['rows']} rows, integrity {report['integrity']}"]))
         return 0
     from kernel_gym.measure import summary

@@ -170,9 +170,17 @@ class _Source:
 # ---- merge ---------------------------------------------------------------------------------------------------------
 
 
-def _merge_batch(conn: sqlite3.Connection, rows: list[dict[str, Any]], run: str, counts: dict[str, int]) -> None:
+# the stored row's replica fields (its run named "superseded") when a steadier re-timing takes its place
+_SUPERSEDED = ("SELECT " + ",".join("'superseded'" if f == "run" else f for f in REPLICA_FIELDS[len(KEY_FIELDS):])
+               + " FROM measurements WHERE ")
+
+
+def _merge_batch(conn: sqlite3.Connection, rows: list[dict[str, Any]], run: str, counts: dict[str, int],
+                 prefer_steadier: bool = False) -> None:
     """Insert rows in one transaction; a row whose key is stored already goes to replicas unless it is the same
-    measurement (same status, median, spread and samples: the same store merged twice, or a snapshot of it)."""
+    measurement (same status, median, spread and samples: the same store merged twice, or a snapshot of it).
+    prefer_steadier: an ok row whose stored ok row spread more takes its place (a re-timing of a noisy row), and the
+    stored measurement goes to replicas instead (counted as `replaced`)."""
     cols = (*COLUMNS, *ORIGIN_COLUMNS, POWER_COLUMN)  # the GPU's power state travels with its row
     insert = (f"INSERT INTO measurements ({','.join(cols)}) VALUES ({','.join('?' * len(cols))}) "
               "ON CONFLICT DO NOTHING")
@@ -187,6 +195,17 @@ def _merge_batch(conn: sqlite3.Connection, rows: list[dict[str, Any]], run: str,
                 continue
             counts["duplicates"] += 1
             stored = conn.execute(existing, [r[k] for k in KEY_FIELDS]).fetchone()
+            if (prefer_steadier and stored is not None and stored[0] == r["status"] == OK
+                    and r["spread"] is not None and stored[2] is not None and r["spread"] < stored[2]):
+                old = conn.execute(_SUPERSEDED + " AND ".join(f"{k}=?" for k in KEY_FIELDS),
+                                   [r[k] for k in KEY_FIELDS]).fetchone()
+                replicas.append((*[r[k] for k in KEY_FIELDS], *old))
+                keep = [c for c in cols if c not in KEY_FIELDS]
+                conn.execute(f"UPDATE measurements SET {','.join(f'{c}=?' for c in keep)} WHERE "
+                             + " AND ".join(f"{k}=?" for k in KEY_FIELDS),
+                             [r[c] for c in keep] + [r[k] for k in KEY_FIELDS])
+                counts["replaced"] = counts.get("replaced", 0) + 1
+                continue
             if stored != (r["status"], r["median_ms"], r["spread"], r["repeats"]):
                 replicas.append((*[r[k] for k in KEY_FIELDS], r["host"], r["gpu"], run, r["status"], r["median_ms"],
                                  r["spread"], r["repeats"], r["reason"], r["source"], r["created"]))
@@ -199,9 +218,11 @@ def _merge_batch(conn: sqlite3.Connection, rows: list[dict[str, Any]], run: str,
         raise
 
 
-def merge_stores(sources: list[str | Path], into: str | Path, batch: int = 5000) -> dict[str, Any]:
+def merge_stores(sources: list[str | Path], into: str | Path, batch: int = 5000,
+                 prefer_steadier: bool = False) -> dict[str, Any]:
     """Merge sources into `into` (created when missing), deduplicating by the store's key; per source: rows read,
     rows inserted, duplicates, and how many duplicates were kept as replicas (measured elsewhere or at another time).
+    prefer_steadier: a source's ok row replaces a stored ok row that spread more (see _merge_batch).
     A kill leaves every committed batch; a rerun inserts nothing twice."""
     report: dict[str, Any] = {"into": str(into), "sources": {}}
     for src_path in sources:
@@ -226,10 +247,10 @@ def merge_stores(sources: list[str | Path], into: str | Path, batch: int = 5000)
                     counts["rows"] += 1
                     pending.append(r)
                     if len(pending) >= batch:
-                        _merge_batch(dest.conn, pending, run, counts)
+                        _merge_batch(dest.conn, pending, run, counts, prefer_steadier)
                         pending = []
                 if pending:
-                    _merge_batch(dest.conn, pending, run, counts)
+                    _merge_batch(dest.conn, pending, run, counts, prefer_steadier)
                 copied = [tuple(r[f] for f in REPLICA_FIELDS) for r in src.replicas()]
                 counts["replicas"] += _insert_replicas(dest.conn, copied)
             report["sources"][str(src_path)] = counts

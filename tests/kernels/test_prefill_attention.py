@@ -209,7 +209,8 @@ def test_gluon_impl_rules() -> None:
         Config(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4, IMPL="gluon_ws"), w)
     # the Triton kernel's configs are written without the knob, as they were stored
     assert "leaving the knob out" in FAMILY.space.why_invalid(ws.replace(IMPL="triton", num_warps=8), w)
-    assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w) if "IMPL" not in c and "PACK_GQA" not in c)
+    assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w)
+               if "IMPL" not in c and "PACK_GQA" not in c)
 
 
 def test_persistent_variants_fill_the_gpu_once() -> None:

@@ -268,8 +268,8 @@ print(json.dumps([pp.compile_sm90(Config.parse(c), w) for c in json.loads(sys.ar
 
 @pytest.mark.slow
 def test_tma_and_pointer_paths_compile_for_sm90_within_the_estimate() -> None:
-    """The largest valid TMA config, the default (pointers) and the largest PACK_GQA config compile for sm_90 (no GPU needed, outside the
-    interpreter), within the shared-memory estimate and the H200's limit."""
+    """The largest valid TMA config, the default (pointers) and the largest PACK_GQA config compile for sm_90 (no
+    GPU needed, outside the interpreter), within the shared-memory estimate and the H200's limit."""
     w = PrefixPrefillWorkload(32, 8, 128, (512,), (2048,))
     valid = sorted(FAMILY.space.valid_configs(w), key=lambda c: pp._shared_memory_bytes(c, w))
     tma = [c for c in valid if int(c["BLOCK_N"]) <= int(c["PAGE_SIZE"])]

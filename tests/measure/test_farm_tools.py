@@ -249,3 +249,30 @@ def test_merge_keeps_each_rows_power_state(tmp_path: Path) -> None:
     with MeasurementStore(into) as s:
         got = {r["workload"]: r["power"] for r in s.rows(origin=True)}
     assert got == {J["w1"]: power, J["w2"]: ""}
+
+
+def test_merge_prefer_steadier_replaces_a_noisier_ok_row_and_keeps_it_as_a_replica(tmp_path: Path) -> None:
+    """A re-timing of a noisy row (data --merge --prefer-steadier) takes its place; a noisier or failed re-timing
+    does not, and without the flag the stored row stays (the re-timing goes to replicas)."""
+    old_rows = [_m(J["w1"], J["c1"], 3.0, spread=0.4), _m(J["w1"], J["c2"], 1.0), _m(J["w2"], J["c1"], 2.0, spread=0.3)]
+    new_rows = [_m(J["w1"], J["c1"], 1.9, spread=0.01), _m(J["w1"], J["c2"], 0.5, spread=0.2),
+                _m(J["w2"], J["c1"], None, CRASH)]
+    old = _store(tmp_path / "old.sqlite", old_rows, ("hA", "0"))
+    new = _store(tmp_path / "new.sqlite", new_rows, ("hB", "0"))
+    plain = tmp_path / "plain.sqlite"
+    merge_stores([old], plain)
+    merge_stores([new], plain)
+    with MeasurementStore(plain) as s:
+        assert {r["median_ms"] for r in s.rows() if r["workload"] == J["w1"] and r["config"] == J["c1"]} == {3.0}
+    into = tmp_path / "into.sqlite"
+    merge_stores([old], into)
+    rep = merge_stores([new], into, prefer_steadier=True)
+    assert rep["sources"][str(new)]["replaced"] == 1
+    with MeasurementStore(into) as s:
+        rows = {(r["workload"], r["config"]): r for r in s.rows(origin=True)}
+        reps = list(replica_rows(s.conn))
+    assert rows[(J["w1"], J["c1"])]["median_ms"] == 1.9 and rows[(J["w1"], J["c1"])]["host"] == "hB"
+    assert rows[(J["w1"], J["c2"])]["median_ms"] == 1.0  # the re-timing spread more: the stored row stays
+    assert rows[(J["w2"], J["c1"])]["status"] == OK  # a failed re-timing never replaces an ok row
+    superseded = [r for r in reps if r["run"] == "superseded"]
+    assert [(r["config"], r["median_ms"], r["host"]) for r in superseded] == [(J["c1"], 3.0, "hA")]

@@ -132,7 +132,9 @@ def test_plan_coverage_fill_plans_the_grids_holes_at_old_values(tmp_path):
 
 def test_plan_coverage_new_knobs_lists_unstored_configs_that_set_a_new_knob(tmp_path):
     """--new-knobs: prefill's IMPL values of session 5 were all measured, so its entries are the persistent
-    schedules added after (no stored row); any MoE entry sets TMA_LOADS; nothing listed is stored."""
+    schedules or PACK_GQA configs, added after (no stored row; PACK_GQA's top variants were measured since, not every
+    valid one); any MoE entry sets TMA_LOADS; nothing listed is stored. --variants-only plans fewer prefill configs,
+    each a stored config with one new knob set."""
     from kernel_gym.measure.collect import load_plan_file
     from kernel_gym.measure.recorded import RecordedBackend
 
@@ -146,8 +148,13 @@ def test_plan_coverage_new_knobs_lists_unstored_configs_that_set_a_new_knob(tmp_
     assert prefill, "the persistent Gluon schedules have no stored rows: --new-knobs must list them"
     stored = backend.stored_keys("prefill_attention")
     for e in prefill:
-        assert all(json.loads(c).get("IMPL", "").endswith("_persistent") and (e["workload"], c) not in stored
-                   for c in e["configs"])
+        assert all((json.loads(c).get("IMPL", "").endswith("_persistent") or "PACK_GQA" in json.loads(c))
+                   and (e["workload"], c) not in stored for c in e["configs"])
+    cut = tmp_path / "cut.json"
+    assert load_script("plan_coverage").main([*args[:-1], str(cut), "--variants-only"]) == 0
+    cut_prefill = [c for e in json.loads(cut.read_text()) if e["kernel"] == "prefill_attention" for c in e["configs"]]
+    assert 0 < len(cut_prefill) < sum(len(e["configs"]) for e in prefill)
+    assert all(sum(k in json.loads(c) for k in ("IMPL", "PACK_GQA")) == 1 for c in cut_prefill)
     stored = backend.stored_keys("fused_moe")
     for e in plan:
         if e["kernel"] == "fused_moe":
