@@ -251,7 +251,7 @@ BENCH_COMPILE_WORKERS = 8  # compile processes (see run_bench)
 
 def bench_case(live: Any, family_name: str, case: str, workload: Any, configs: list[Config], log: Callable,
                seed: int = 0) -> dict:
-    """Time `configs` (the default first: the dataset's best and a sample, _candidates) on one case in the live
+    """Time `configs` (the default config first; run_bench passes _candidates' or a study's) on one case in the live
     backend's isolated worker (each checked against the reference first); near-ties are re-measured by pick_winner.
     Returns the best, the default's time, all tried."""
     from kernel_gym.measure.timing import TimingOptions
