@@ -53,7 +53,8 @@ def on_layout(cfg: Config, workload: Any, page_size: int, layout: str, kernel: s
     valid = [c for c in space.valid_configs(workload) if c["PAGE_SIZE"] == page_size and c["LAYOUT"] == layout]
     if not valid:
         raise ValueError(f"no decode config is valid for {workload} with PAGE_SIZE={page_size} LAYOUT={layout}")
-    return min(valid, key=lambda c: sum(c[k] != moved[k] for k in moved))
+    # knobs at their legacy value are left out of a config (KnobSpace.config): compare values, not keys
+    return min(valid, key=lambda c: sum(space.value(c, k.name) != space.value(moved, k.name) for k in space.knobs))
 
 
 def follow_kv(kernel: str, cfg: Config, workload: Any, kv: Any) -> Config:

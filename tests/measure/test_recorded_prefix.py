@@ -92,7 +92,8 @@ def packaged() -> RecordedBackend:
 
 def test_packaged_data_answers_prefix_prefill(packaged: RecordedBackend) -> None:
     assert "prefix_prefill" in packaged.kernels() and len(packaged.workloads("prefix_prefill")) == 44
-    assert packaged.describe()["kernels"]["prefix_prefill"]["rows"] == 308 - packaged.noisy["prefix_prefill"]
+    # 308 rows of benchmarks/h200_prefix/, 88 PACK_GQA rows of benchmarks/new_knob_rows/
+    assert packaged.describe()["kernels"]["prefix_prefill"]["rows"] == 396 - packaged.noisy["prefix_prefill"]
     lo, hi, mid = _wl(512, 2048), _wl(1024, 2048), _wl(768, 2048)
     shared = set(packaged.rows("prefix_prefill")[lo.key()]) & set(packaged.rows("prefix_prefill")[hi.key()])
     assert shared
@@ -137,9 +138,9 @@ def test_packaged_snapshot_holds_every_collected_prefix_row_as_collected() -> No
     packaged = {(ctx, m.workload, m.config): m for ctx, ms in iter_snapshot(PACKAGED_SNAPSHOT) for m in ms
                 if ctx.kernel == "prefix_prefill"}
     rows = [(ctx, m) for ctx, ms in iter_snapshot(collected) for m in ms]
-    assert len(rows) == 308 == len(packaged)
+    assert len(rows) == 308 and len(packaged) == 396  # and 88 PACK_GQA rows (benchmarks/new_knob_rows/)
     for ctx, m in rows:
         assert packaged[(ctx, m.workload, m.config)] == m and m.power
     info = dataset_summary(coverage=False)
-    assert info["kernels"]["prefix_prefill"]["rows"] == 308 and info["kernels"]["prefix_prefill"]["shapes"] == 44
+    assert info["kernels"]["prefix_prefill"]["rows"] == 396 and info["kernels"]["prefix_prefill"]["shapes"] == 44
     assert info["rows"] >= 152_758 + 308  # the rows before the merge, and these
