@@ -710,6 +710,7 @@ class MoERouting:
             raise ValueError("MoERouting: no points")
         self.tokens = np.array(sorted(points), dtype=float)
         self.seconds = np.array([points[int(t)] for t in self.tokens], dtype=float)
+        self._log2_tokens = np.log2(self.tokens)  # __call__ runs once per priced step
         self.source = source
 
     @classmethod
@@ -727,7 +728,7 @@ class MoERouting:
 
     def __call__(self, tokens: int) -> float:
         x = math.log2(max(int(tokens), 1))
-        return float(np.interp(x, np.log2(self.tokens), self.seconds))
+        return float(np.interp(x, self._log2_tokens, self.seconds))
 
 
 class PredictSimulator(Simulator):

@@ -112,6 +112,7 @@ def compare(result: dict) -> list[dict]:
             row[f"pack{pack}_ms"] = best["median_ms"] if best else None
             row[f"pack{pack}_config"] = best["config"] if best else None
             row[f"pack{pack}_ratio"] = (anchor["ms"] / best["median_ms"]) if best and anchor.get("ms") else None
+            row[f"pack{pack}_power"] = best.get("power") if best else None  # the GPU's state while it was timed
         rows.append(row)
     return rows
 

@@ -98,6 +98,25 @@ def rule_tile_registers(config: Config, workload: Any) -> str | None:
 PACK_GQA = Knob("PACK_GQA", (0, 1), "1: one program per kv head, its q heads packed into the tile's rows", legacy=0)
 
 
+@triton.jit
+def tile_rows(block, head, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, PACK_GQA: tl.constexpr):
+    """A prefill work item's query rows: (first token, kv head, each row's token, each row's q head). `block` is the
+    item's query block, `head` its q head, or with PACK_GQA its kv head, whose GROUP q heads share the tile (row r:
+    token r // GROUP, q head kv_head * GROUP + r % GROUP; BLOCK_M // GROUP tokens a tile)."""
+    if PACK_GQA:
+        start_m = block * (BLOCK_M // GROUP)
+        kv_head = head
+        rows = tl.arange(0, BLOCK_M)
+        offs_m = start_m + rows // GROUP
+        q_heads = head * GROUP + rows % GROUP
+    else:
+        start_m = block * BLOCK_M
+        kv_head = head // GROUP
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
+    return start_m, kv_head, offs_m, q_heads
+
+
 def pack_gqa_reason(pack: int, block_m: int, workload: Any) -> str | None:
     """Why PACK_GQA=pack cannot run BLOCK_M=block_m on this workload (None when it can)."""
     if not int(pack):

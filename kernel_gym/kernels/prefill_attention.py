@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import attention
-from kernel_gym.kernels.attention import load_rows, online_softmax
+from kernel_gym.kernels.attention import load_rows, online_softmax, tile_rows
 from kernel_gym.kernels.space import Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefillWorkload
 
@@ -108,19 +108,8 @@ def _prefill_fwd(
     seq_len = tl.load(CU_SEQLENS + seq + 1) - seq_start
     s64 = seq_start.to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM)
-    if PACK_GQA:
-        tile_m = BLOCK_M // GROUP  # tokens per tile
-        start_m = tl.load(W_BLOCK + w) * tile_m
-        kv_head = head
-        rows = tl.arange(0, BLOCK_M)
-        offs_m = start_m + rows // GROUP  # each row's token
-        q_heads = head * GROUP + rows % GROUP
-    else:
-        tile_m = BLOCK_M
-        start_m = tl.load(W_BLOCK + w) * BLOCK_M
-        kv_head = head // GROUP
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
+    start_m, kv_head, offs_m, q_heads = tile_rows(tl.load(W_BLOCK + w), head, GROUP, BLOCK_M, PACK_GQA)
+    tile_m: tl.constexpr = BLOCK_M // GROUP if PACK_GQA else BLOCK_M  # tokens per tile
     row_in_seq = offs_m < seq_len
     if USE_TMA:
         k_src, v_src, kv_row0, kv_col = K, V, seq_start, kv_head * HEAD_DIM

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import attention
-from kernel_gym.kernels.attention import LAYOUTS, PagedKV, load_rows, online_softmax
+from kernel_gym.kernels.attention import LAYOUTS, PagedKV, load_rows, online_softmax, tile_rows
 from kernel_gym.kernels.space import Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefixPrefillWorkload
 
@@ -145,19 +145,8 @@ def _prefix_fwd(
     kv_len = prefix + q_len
     q64 = q_start.to(tl.int64)
 
-    if PACK_GQA:
-        tile_m = BLOCK_M // GROUP  # tokens per tile
-        start_m = tl.load(W_BLOCK + w) * tile_m
-        kv_head = head
-        rows = tl.arange(0, BLOCK_M)
-        offs_m = start_m + rows // GROUP  # each row's token in the chunk
-        q_heads = head * GROUP + rows % GROUP
-    else:
-        tile_m = BLOCK_M
-        start_m = tl.load(W_BLOCK + w) * BLOCK_M
-        kv_head = head // GROUP
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
+    start_m, kv_head, offs_m, q_heads = tile_rows(tl.load(W_BLOCK + w), head, GROUP, BLOCK_M, PACK_GQA)
+    tile_m: tl.constexpr = BLOCK_M // GROUP if PACK_GQA else BLOCK_M  # tokens per tile
     offs_d = tl.arange(0, HEAD_DIM)
     row_in_chunk = offs_m < q_len
     q_pos = prefix + offs_m  # absolute position of each query row: it sees keys [0, q_pos]
