@@ -128,8 +128,8 @@ def test_step_check_sums_by_group_and_splits_the_residual_into_fixed_and_per_seq
     residual fit recovers both, the sums compare the price plus the overhead with what was measured, and the price's
     shares by family add up over each group's steps."""
     priced = [("graph", False, 0.020 + 0.002 + 0.001 + 0.0002 * b, 0.020, b,
-               {"fused_moe": 0.015, "decode_attention": 0.004, "dense": 0.001}) for b in range(1, 33)]
-    priced += [("piecewise", True, 0.050 + 0.004, 0.050, b, {"fused_moe": 0.040, "prefix_prefill": 0.010})
+               {"fused_moe": 0.015, "decode_attention": 0.004, "dense": 0.001}, None) for b in range(1, 33)]
+    priced += [("piecewise", True, 0.050 + 0.004, 0.050, b, {"fused_moe": 0.040, "prefix_prefill": 0.010}, None)
                for b in (4, 8, 12)]
     check = le.step_check(priced, {"graph": 0.002, "piecewise": 0.004, "eager": 0.03})
     dec, pre = check["decode_only"], check["with_prefill"]
@@ -140,6 +140,30 @@ def test_step_check_sums_by_group_and_splits_the_residual_into_fixed_and_per_seq
     assert pre["sum_error"] == pytest.approx(0.0, abs=1e-12) and dec["sum_error"] < 0
     assert dec["price_shares"] == pytest.approx({"decode_attention": 0.2, "dense": 0.05, "fused_moe": 0.75})
     assert pre["price_shares"] == pytest.approx({"fused_moe": 0.8, "prefix_prefill": 0.2})
+
+
+def test_profile_check_sets_each_parts_measured_kernels_beside_its_price():
+    """Two profiled decode-only steps: the MoE's kernels (its scope) against the fused_moe row plus the routing
+    charge, the norms and projections (several scopes) against the dense price; the step's time beyond its kernels
+    is the idle share. Steps without a profile, or whose profile failed, are left out."""
+    prof = {"busy_us": 9000.0, "by_scope_us": {"moe": 6000.0, "decode_attention": 1000.0, "attn_in": 800.0,
+                                               "attn_out": 700.0, "embed": 100.0, "sample": 300.0,
+                                               "unattributed": 100.0}}
+    parts = {"fused_moe": 0.005, "moe_routing": 0.0004, "decode_attention": 0.0012, "dense": 0.001}
+    priced = [("graph", False, 0.010, 0.0076, 8, parts, prof)] * 2
+    priced += [("graph", False, 0.5, 0.0076, 8, parts, None), ("graph", False, 0.5, 0.0076, 8, parts,
+                                                               {"error": "RuntimeError: no CUPTI"})]
+    check = le.profile_check(priced)
+    assert check["steps"] == 2 and check["measured_step_s"] == pytest.approx(0.020)
+    assert check["kernel_busy_s"] == pytest.approx(0.018) and check["idle_share"] == pytest.approx(0.1)
+    moe, dense = check["parts"]["moe"], check["parts"]["dense"]
+    assert moe["measured_s"] == pytest.approx(0.012) and moe["priced_s"] == pytest.approx(0.0108)
+    assert moe["priced_over_measured"] == pytest.approx(0.9)
+    assert dense["measured_s"] == pytest.approx(0.004) and dense["priced_over_measured"] == pytest.approx(0.5)
+    assert check["parts"]["decode_attention"]["priced_over_measured"] == pytest.approx(1.2)
+    assert "prefix_prefill" not in check["parts"]
+    assert le.profile_check(priced[2:]) == {}
+    assert le.step_check(priced, dict.fromkeys(le.STEP_KINDS, 0.0))["decode_only"]["profile"] == check
 
 
 def test_step_fit_recovers_fixed_cost_and_slope(tmp_path):

@@ -37,6 +37,7 @@ Imports only torch, triton, numpy, the standard library and kernel_gym.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -198,6 +199,12 @@ class Stack:
         # (rows, decode config, MoE config) -> (graph or None on the CPU, forward, launches); one memory pool
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool: Any = None
+        self.profiling = False  # LiveSimulator._maybe_profile sets it around a profiled run
+
+    def scope(self, name: str) -> Any:
+        """A profiler scope while a step is profiled (profile_kernels), else nothing: timed steps and graph captures
+        run bare. The stack holds the flag: the pieces its graphs keep are shared by every policy's simulator."""
+        return self.torch.profiler.record_function(name) if self.profiling else contextlib.nullcontext()
 
     def capture(self, fn: Any) -> Any:
         """fn as a CUDA graph in the stack's one memory pool (run once first, so what is new compiles and the graph
@@ -254,15 +261,14 @@ class Stack:
         self.g_context[:rows].copy_(torch.tensor(context + [1] * (rows - n), dtype=torch.int32))
 
 
-def prefix_launcher(stack: Stack, layer: dict, wl: PrefixPrefillWorkload, config: Config, bt: Any, cu_q: Any,
-                    prefix_t: Any) -> Any:
+def prefix_launcher(stack: Stack, layer: dict, wl: PrefixPrefillWorkload, config: Config, bt: Any) -> Any:
     """prefix_prefill over the stack's cache for this layer (PrefixPrefillFamily.prepare_paged on the layer's pages;
     the step's chunks are the first T rows of the stack's q and attention buffers)."""
     from kernel_gym.kernels import prefix_prefill as pp
 
     t = wl.total_tokens
     paged = pp.PagedKV(layer["k_cache"], layer["v_cache"], bt, PAGE.page_size, PAGE.layout)
-    return pp.FAMILY.prepare_paged(stack.q_buf[:t], paged, cu_q, prefix_t, wl, config,
+    return pp.FAMILY.prepare_paged(stack.q_buf[:t], paged, wl, config,
                                    1.0 / math.sqrt(stack.m.head_dim), out=stack.attn[:t])
 
 
@@ -327,6 +333,44 @@ class CompileCounter:
         self.available = True
 
 
+# What a profiled step's kernels are charged to (profile_kernels): the stack's scopes, and attention by kernel name
+PROFILE_SCOPES = ("kg:embed", "kg:attn_in", "kg:attention", "kg:attn_out", "kg:moe", "kg:sample")
+PREFIX_KERNELS = ("_prefix_fwd", "_combine_splits")  # prefix_prefill's; decode_attention's are the others
+
+
+def profile_kernels(forward: Any) -> dict:
+    """One eager run of a step under torch's profiler: its GPU kernels' summed durations (us) by the stack's scopes
+    (`kg:*`, set while profiling), attention split by kernel name into prefix_prefill and decode_attention, and in
+    total (`busy_us`). A graph replays the same kernels; what the step's measured seconds hold beyond `busy_us` is
+    time the GPU sat idle (launch gaps, host work, the sync)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        forward()
+        torch.cuda.synchronize()
+    events = prof.events()
+    busy = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)
+
+    def subtree(ev: Any) -> list:
+        return [*ev.kernels, *(k for c in ev.cpu_children for k in subtree(c))]
+
+    by_scope: dict[str, float] = {}
+    for e in events:
+        if e.device_type == DeviceType.CPU and e.name in PROFILE_SCOPES:
+            for k in subtree(e):
+                name = e.name[3:]
+                if name == "attention":
+                    name = "prefix_prefill" if k.name in PREFIX_KERNELS else "decode_attention"
+                by_scope[name] = by_scope.get(name, 0.0) + float(k.duration)
+    attributed = sum(by_scope.values())
+    if busy > attributed:
+        by_scope["unattributed"] = float(busy - attributed)
+    return {"busy_us": float(busy), "by_scope_us": {k: round(v, 2) for k, v in sorted(by_scope.items())}}
+
+
 class LiveSimulator(Simulator):
     """The simulator's scheduler with each step executed on the GPU (module docstring). cuda_graphs: a decode-only
     step replays a CUDA graph of its capture size (captured, untimed, the first time a size and config pair comes);
@@ -346,6 +390,21 @@ class LiveSimulator(Simulator):
         self.cuda_graphs = cuda_graphs
         self.compiles: CompileCounter | None = None  # run_live sets it on the GPU
         self._compiles_seen = 0
+        self.profile_every = 0  # > 0: every that many timed steps, one more eager run under the profiler (GPU)
+
+    def _maybe_profile(self, record: dict, eager: Any) -> None:
+        """Profile every profile_every-th step (not one that compiled or captured first): its eager forward's kernel
+        times by scope go into the step's record (`kernels`)."""
+        if (not self.profile_every or self.stack.device != "cuda" or record.get("ran_untimed_first")
+                or len(self.record) % self.profile_every):
+            return
+        self.stack.profiling = True
+        try:
+            record["kernels"] = profile_kernels(eager)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: the replay goes on without it
+            record["kernels"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        finally:
+            self.stack.profiling = False
 
     def _moe_config(self, t: int, rounded_t: int) -> tuple[Config, MoEWorkload]:
         """The MoE config the policy picks on the simulator's rounded token count, checked on the `t` rows the step
@@ -377,18 +436,22 @@ class LiveSimulator(Simulator):
         pieces = []
         for layer in st.layers:
             def before(layer: dict = layer) -> None:
-                qkv = st.rmsnorm(x, layer["norm1"]) @ layer["wqkv"]
-                st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
-                layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
-                    qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
-                layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
-                    qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
+                with st.scope("kg:attn_in"):
+                    qkv = st.rmsnorm(x, layer["norm1"]) @ layer["wqkv"]
+                    st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
+                    layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+                        qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
+                    layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+                        qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
 
             def after(layer: dict = layer) -> None:
-                x.add_(st.attn[:t].reshape(t, q_dim) @ layer["wo"])
-                h = st.rmsnorm(x, layer["norm2"])
-                moe_in = fm.MoEInputs(moe_wl, h.contiguous(), (h @ layer["wr"]).float(), layer["w1"], layer["w2"])
-                x.add_(fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)())
+                with st.scope("kg:attn_out"):
+                    x.add_(st.attn[:t].reshape(t, q_dim) @ layer["wo"])
+                    h = st.rmsnorm(x, layer["norm2"])
+                    moe_in = fm.MoEInputs(moe_wl, h.contiguous(), (h @ layer["wr"]).float(), layer["w1"],
+                                          layer["w2"])
+                with st.scope("kg:moe"):
+                    x.add_(fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)())
 
             pieces.append((before, after))
         return pieces
@@ -407,15 +470,18 @@ class LiveSimulator(Simulator):
         st = self.stack
 
         def forward() -> None:
-            st.x_res[:rows].copy_(st.x0[:rows])
+            with st.scope("kg:embed"):
+                st.x_res[:rows].copy_(st.x0[:rows])
             for li, (before, after) in enumerate(pieces):
                 before()
-                for per_layer in launches:
-                    per_layer[li]()
+                with st.scope("kg:attention"):
+                    for per_layer in launches:
+                        per_layer[li]()
                 if check is not None and li == 0:
                     check(st.layers[0])
                 after()
-            self._sample(t, n_logits)
+            with st.scope("kg:sample"):
+                self._sample(t, n_logits)
 
         return forward
 
@@ -449,7 +515,8 @@ class LiveSimulator(Simulator):
                           functools.partial(self._count_checked, chunks=[], dec=dec, ctx=ctx))()
         return self._timed(graph if graph is not None else forward), {"graph_rows": rows,
                                                                        "captured_first": captured_first,
-                                          "configs": {"decode_attention": str(cfg_d), "fused_moe": str(cfg_m)}}
+                                          "configs": {"decode_attention": str(cfg_d), "fused_moe": str(cfg_m)},
+                                                                       "eager": forward}
 
     def _count_checked(self, layer: dict, chunks: list, dec: list, ctx: list) -> None:
         self.checked += check_attention(self.stack, layer, chunks, dec, ctx)
@@ -474,9 +541,11 @@ class LiveSimulator(Simulator):
         t = tc + len(dec)
         if self.cuda_graphs and not chunks:
             seconds, extra = self._graph_step(dec, ctx, slots)
+            eager = extra.pop("eager")
             self.record.append({"t": self.clock, "chunks": [], "decode_batch": len(dec),
                                 "mean_context": float(np.mean(ctx)), "tokens": t, "seconds": seconds,
                                 "ran_untimed_first": extra["captured_first"], **extra})
+            self._maybe_profile(self.record[-1], eager)
             return seconds
         dev = st.device
         slot_t = torch.tensor(slots, dtype=torch.int64, device=dev)
@@ -491,9 +560,7 @@ class LiveSimulator(Simulator):
                 cfg_p = pp.FAMILY.default_config(wl)
                 self.config_fallbacks += 1
             bt_p = st.block_table([r for r, _, _ in chunks])
-            cu_q = torch.tensor([0, *np.cumsum([c for _, c, _ in chunks]).tolist()], dtype=torch.int32, device=dev)
-            prefix_t = torch.tensor([o for _, _, o in chunks], dtype=torch.int32, device=dev)
-            launches.append([prefix_launcher(st, layer, wl, cfg_p, bt_p, cu_q, prefix_t) for layer in st.layers])
+            launches.append([prefix_launcher(st, layer, wl, cfg_p, bt_p) for layer in st.layers])
         if dec:
             cfg_d = self._decode_choice(dec, ctx)
             bt_d = st.block_table(dec)
@@ -534,6 +601,12 @@ class LiveSimulator(Simulator):
                             **({"piecewise_rows": rows} if piecewise else {}),
                             "configs": {"prefix_prefill": str(cfg_p) if chunks else None,
                                         "decode_attention": str(cfg_d) if dec else None, "fused_moe": str(cfg_m)}})
+        if piecewise:  # the same kernels as the step's graphs, launched eagerly
+            eager = self._around_attention(rows, t, self.stack.graphs[("piecewise", rows, str(cfg_m))][1], launches,
+                                           n_logits)
+        else:
+            eager = forward
+        self._maybe_profile(self.record[-1], eager)
         return seconds
 
     def _timed(self, forward: Any) -> float:
@@ -624,6 +697,7 @@ def run_live(args: Any) -> int:
         sim = LiveSimulator(model, trace, chooser, stack, dtype_name, graphs, **sim_kwargs(args, model))
         sim.check = bool(args.smoke)
         sim.compiles = compiles if compiles is not None and compiles.available else None
+        sim.profile_every = args.profile_every
         power_before = gpu_state(device)
         t0 = time.time()
         if args.warmup_steps:  # compile the first configs before the clock matters: a throwaway replay's first steps
@@ -648,6 +722,7 @@ def run_live(args: Any) -> int:
         results[spec]["wall_s"] = time.time() - t0
         results[spec]["graph_steps"] = sum(1 for r in sim.record if "graph_rows" in r)
         results[spec]["graphs_held"] = len(stack.graphs)
+        results[spec]["profiled_steps"] = sum(1 for r in sim.record if "kernels" in r)
         results[spec]["gpu_before"], results[spec]["gpu_after"] = power_before, gpu_state(device)
         steps_path(args.out, spec).write_text(json.dumps(sim.record))
         log(f"{spec}: {s['tokens_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_s'] * 1e3:.1f} ms, TPOT p50 "
@@ -966,10 +1041,11 @@ def read_steps(out: Path, spec: str) -> list[dict] | None:
 
 
 def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
-                 meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float, int, dict]]:
+                 meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float, int, dict, Any]]:
     """A policy's measured steps, each as (its kind: Simulator.step_kind, whether it has prefill chunks, measured
     seconds, the simulator's kernel and dense seconds for the same step: its chunks, decode batch and context,
-    tokens; the step's decode batch; those seconds by kernel family and "dense"); [] without step records. The
+    tokens; the step's decode batch; those seconds by kernel family and "dense"; the step's kernel profile or None:
+    --profile-every); [] without step records. The
     pricing chooser goes to `guards` (its untimed choices are planned too)."""
     from kernel_gym.evaluate.replay import GuardedChooser
 
@@ -995,20 +1071,21 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         if sim.moe_routing_charged_s != routed:
             parts["moe_routing"] = sim.moe_routing_charged_s - routed
         priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense,
-                       r["decode_batch"], {**parts, "dense": dense}))
+                       r["decode_batch"], {**parts, "dense": dense}, r.get("kernels")))
     return priced
 
 
-def step_check(priced: list[tuple[str, bool, float, float, int, dict]], overheads: dict[str, float]) -> dict:
+def step_check(priced: list[tuple[str, bool, float, float, int, dict, Any]], overheads: dict[str, float]) -> dict:
     """Each measured step beside the simulator's price for it (priced_steps plus its kind's overhead), decode-only
     steps apart from steps with prefill chunks: where the prediction's error comes from, whatever the scheduling did
     with it afterwards. `residual_fit`: least squares of measured - price = fixed + per_sequence x decode batch, which
     tells a fixed cost per step (host work the table leaves out) from one that grows with the batch (a kernel price,
     or host work per sequence, that the data gets wrong). `price_shares`: each kernel family's and the dense ops'
-    share of the price (overheads left out), so an error can be weighed against the part it can come from."""
+    share of the price (overheads left out), so an error can be weighed against the part it can come from.
+    `profile`: over the profiled steps (profile_check), each part's measured kernel time beside its price."""
     kinds: dict[str, list[tuple[float, float, int]]] = {"decode_only": [], "with_prefill": []}
     parts: dict[str, dict[str, float]] = {"decode_only": {}, "with_prefill": {}}
-    for kind, has_chunks, measured, price, batch, step_parts in priced:
+    for kind, has_chunks, measured, price, batch, step_parts, _ in priced:
         group = "with_prefill" if has_chunks else "decode_only"
         kinds[group].append((measured, price + overheads[kind], batch))
         for name, seconds in step_parts.items():
@@ -1026,7 +1103,40 @@ def step_check(priced: list[tuple[str, bool, float, float, int, dict]], overhead
             total = sum(parts[kind].values())
             if total > 0:
                 check[kind]["price_shares"] = {k: v / total for k, v in sorted(parts[kind].items())}
+            profiled = profile_check([r for r in priced if ("with_prefill" if r[1] else "decode_only") == kind])
+            if profiled:
+                check[kind]["profile"] = profiled
     return check
+
+
+# a profiled step's scopes (profile_kernels) -> the price parts (priced_steps) that charge the same kernels
+PROFILE_PARTS = {"moe": ("fused_moe", "moe_routing"), "decode_attention": ("decode_attention",),
+                 "prefix_prefill": ("prefix_prefill", "prefill_attention"),
+                 "dense": ("dense",)}
+PROFILE_DENSE_SCOPES = ("embed", "attn_in", "attn_out", "sample", "unattributed")
+
+
+def profile_check(priced: list[tuple]) -> dict:
+    """Over the steps with a kernel profile: per part (PROFILE_PARTS) the kernels' measured seconds (the eager run's
+    durations) beside the price's, and the steps' measured seconds beside the kernels' busy seconds (the rest: GPU
+    idle within the step). Which part of the price is off, and by how much, on the steps themselves."""
+    rows = [r for r in priced if r[6] and "busy_us" in r[6]]
+    if not rows:
+        return {}
+    measured = dict.fromkeys(PROFILE_PARTS, 0.0)
+    price = dict.fromkeys(PROFILE_PARTS, 0.0)
+    for r in rows:
+        for scope, us in r[6]["by_scope_us"].items():
+            measured["dense" if scope in PROFILE_DENSE_SCOPES else scope] += us * 1e-6
+        for part, names in PROFILE_PARTS.items():
+            price[part] += sum(r[5].get(n, 0.0) for n in names)
+    step_s = sum(r[2] for r in rows)
+    busy_s = sum(r[6]["busy_us"] for r in rows) * 1e-6
+    return {"steps": len(rows), "measured_step_s": step_s, "kernel_busy_s": busy_s,
+            "idle_share": 1.0 - busy_s / step_s if step_s else None,
+            "parts": {p: {"measured_s": measured[p], "priced_s": price[p],
+                          "priced_over_measured": price[p] / measured[p] if measured[p] else None}
+                      for p in PROFILE_PARTS if measured[p] or price[p]}}
 
 
 LIVE_CHECK = Path(__file__).resolve().parents[2] / "kernel_gym" / "data" / "live_check.json"
@@ -1099,6 +1209,9 @@ def main(argv: list[str] | None = None) -> int:
                         "uncaptured); off: every step eager")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting policies after this many seconds")
     p.add_argument("--policy-budget-s", type=float, default=150.0, help="wall seconds per policy's replay")
+    p.add_argument("--profile-every", type=int, default=0, metavar="N",
+                   help="GPU: every N-th timed step, run it once more eagerly under torch's profiler and keep its "
+                        "kernel time by part in the step record (the timed run is untouched); 0: off")
     p.add_argument("--predict", action="store_true", help="CPU: the simulator's prediction beside measured.json")
     p.add_argument("--live-check", nargs="+", type=Path, metavar="RUN",
                    help="CPU: the error ranges of these predicted runs into kernel_gym/data/live_check.json")

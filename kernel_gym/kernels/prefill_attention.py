@@ -85,11 +85,9 @@ def _attn_inner(
     return acc, l_i, m_i
 
 
-# Reads its work item as prefill_gluon._attn_fwd does (duplicate scan: the same table and cu_seqlens loads): that is
-# a Gluon kernel, which cannot call a Triton @jit helper, so each dialect keeps its few lines.
 @triton.jit
 def _prefill_fwd(
-    Q, K, V, O, CU_SEQLENS, W_SEQ, W_BLOCK, W_HEAD,
+    Q, K, V, O, W_START, W_LEN, W_BLOCK, W_HEAD,
     qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -102,10 +100,11 @@ def _prefill_fwd(
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs BLOCK_N >= 16")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs HEAD_DIM >= 16")
     w = tl.program_id(0)
-    seq = tl.load(W_SEQ + w)
+    # the item carries its sequence's start and length: one memory round trip before the q and K loads, not two
+    # (a table load, then cu_seqlens at the loaded index), which short sequences' short programs feel
+    seq_start = tl.load(W_START + w)
+    seq_len = tl.load(W_LEN + w)
     head = tl.load(W_HEAD + w)  # PACK_GQA: the kv head
-    seq_start = tl.load(CU_SEQLENS + seq)
-    seq_len = tl.load(CU_SEQLENS + seq + 1) - seq_start
     s64 = seq_start.to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM)
     start_m, kv_head, offs_m, q_heads = tile_rows(tl.load(W_BLOCK + w), head, GROUP, BLOCK_M, PACK_GQA)
@@ -256,6 +255,14 @@ def work_table(seq_lens: tuple[int, ...], num_heads: int, num_kv_heads: int, blo
     return [item for _, item in keyed]
 
 
+def item_table(seq_lens: tuple[int, ...], items: list[tuple[int, int, int]], device: torch.device) -> torch.Tensor:
+    """The Triton kernel's work items as int32 rows (sequence start, sequence length, block, head), one column per
+    program: the start and length are looked up here, on the host, not by each program."""
+    starts = [0, *itertools.accumulate(seq_lens)]
+    rows = [(starts[s], seq_lens[s], b, h) for s, b, h in items]
+    return torch.tensor(rows, dtype=torch.int32).reshape(-1, 4).t().contiguous().to(device)
+
+
 use_tma = attention.has_tma  # TMA descriptors on sm_90+ and under the interpreter; pointers elsewhere
 
 
@@ -299,8 +306,8 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
                                                       ("v", v, w.num_kv_heads)))
         bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
         pack = bool(int(self.space.value(config, "PACK_GQA"))) if "PACK_GQA" in self.space.names else False
-        items = work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm, pack_gqa=pack)
-        table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(q.device)
+        table = item_table(w.seq_lens, work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm, pack_gqa=pack),
+                           q.device)
         o = torch.empty_like(q)
         tma = use_tma(q.device) and all(x.is_contiguous() for x in (q, k, v))  # descriptors view [T, heads * D]
         if tma:
@@ -313,10 +320,10 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
             vx = TensorDescriptor.from_tensor(v.reshape(t, w.num_kv_heads * d), [bn, d])
         else:
             qx, kx, vx = q, k, v
-        grid = (len(items),)
+        grid = (table.shape[1],)
         qk_scale = inputs.sm_scale * _LOG2E
         args = (
-            qx, kx, vx, o, inputs.cu_seqlens, table[0], table[1], table[2], qk_scale,
+            qx, kx, vx, o, table[0], table[1], table[2], table[3], qk_scale,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
         )
         meta = dict(
@@ -385,7 +392,7 @@ def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:
     pack = bool(int(GLUON_SPACE.value(config, "PACK_GQA")))
     signature = {"Q": f"*{ty}" if pack else f"tensordesc<{ty}[{bm}, {d}]>", "K": f"tensordesc<{ty}[{bn}, {d}]>",
                  "V": f"tensordesc<{ty}[{bn}, {d}]>", "O": f"*{ty}"}
-    signature |= {n: "*i32" for n in ("CU_SEQLENS", "W_SEQ", "W_BLOCK", "W_HEAD")}
+    signature |= {n: "*i32" for n in ("W_START", "W_LEN", "W_BLOCK", "W_HEAD")}
     signature["qk_scale"] = "fp32"
     for n in ("q", "k", "v", "o"):
         signature |= {f"stride_{n}t": "i32", f"stride_{n}h": "i32"}

@@ -120,7 +120,7 @@ def _attend(acc, l_i, m_i, q, K, V, bt_row, kv_col, head_row, rows_per_page, str
 
 @triton.jit
 def _prefix_fwd(
-    Q, K, V, O, PartO, PartLse, BlockTable, CU_Q, PREFIX, W_SEQ, W_BLOCK, W_HEAD, W_SPLIT,
+    Q, K, V, O, PartO, PartLse, BlockTable, W_SEQ, W_QSTART, W_QLEN, W_PREFIX, W_BLOCK, W_HEAD, W_SPLIT,
     qk_scale, rows_per_page, head_rows, head_cols,
     stride_qt, stride_qh, stride_row, stride_bt, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt,
@@ -139,9 +139,11 @@ def _prefix_fwd(
     seq = tl.load(W_SEQ + w)
     head = tl.load(W_HEAD + w)  # PACK_GQA: the kv head
     split = tl.load(W_SPLIT + w)
-    q_start = tl.load(CU_Q + seq)
-    q_len = tl.load(CU_Q + seq + 1) - q_start
-    prefix = tl.load(PREFIX + seq)
+    # the item carries its request's chunk start, chunk length and prefix: one memory round trip before the q and
+    # K loads, not two (a table load, then cu_q and the prefix at the loaded index)
+    q_start = tl.load(W_QSTART + w)
+    q_len = tl.load(W_QLEN + w)
+    prefix = tl.load(W_PREFIX + w)
     kv_len = prefix + q_len
     q64 = q_start.to(tl.int64)
 
@@ -367,6 +369,19 @@ def work_table(workload: PrefixPrefillWorkload, block_m: int, splits: int,
     return [item for _, item in keyed]
 
 
+ITEM_FIELDS = ("W_SEQ", "W_QSTART", "W_QLEN", "W_PREFIX", "W_BLOCK", "W_HEAD", "W_SPLIT")  # the kernel's item rows
+
+
+def item_table(workload: PrefixPrefillWorkload, items: list[tuple[int, int, int, int]],
+               device: torch.device) -> torch.Tensor:
+    """The work items as int32 rows (ITEM_FIELDS: request, its chunk's first row, chunk length, prefix length, q
+    block, head, split), one column per program: the chunk's start, length and prefix are looked up here, on the
+    host, not by each program."""
+    starts = [0, *itertools.accumulate(workload.chunk_lens)]
+    rows = [(s, starts[s], workload.chunk_lens[s], workload.prefix_lens[s], b, h, sp) for s, b, h, sp in items]
+    return torch.tensor(rows, dtype=torch.int32).reshape(-1, len(ITEM_FIELDS)).t().contiguous().to(device)
+
+
 def use_tma(device: torch.device, block_n: int, page_size: int) -> bool:
     """TMA loads when a key block lies in one page, on Hopper and newer GPUs and under the interpreter."""
     return block_n <= page_size and attention.has_tma(device)
@@ -412,11 +427,10 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
                                 ("k", inputs.k, (ctx, w.num_kv_heads, w.head_dim)),
                                 ("v", inputs.v, (ctx, w.num_kv_heads, w.head_dim))))
         paged = _paged_memo(inputs, int(config["PAGE_SIZE"]), str(config["LAYOUT"]))
-        return self.prepare_paged(inputs.q, paged, inputs.cu_q, inputs.prefix_lens, w, config, inputs.sm_scale)
+        return self.prepare_paged(inputs.q, paged, w, config, inputs.sm_scale)
 
-    def prepare_paged(self, q: torch.Tensor, paged: PagedKV, cu_q: torch.Tensor, prefix_lens: torch.Tensor,
-                      w: PrefixPrefillWorkload, config: Config, sm_scale: float,
-                      out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+    def prepare_paged(self, q: torch.Tensor, paged: PagedKV, w: PrefixPrefillWorkload, config: Config,
+                      sm_scale: float, out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
         """The launch over an existing paged cache (what a serving loop calls: its cache, block table and chunks;
         `out`, [T, H, D] like q, where it keeps its attention output)."""
         bm, bn, splits = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["NUM_SPLITS"])
@@ -425,8 +439,7 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
             raise ValueError(f"the cache has PAGE_SIZE={paged.page_size} LAYOUT={paged.layout}, the config "
                              f"{config}; page the cache for the config")
         pack = bool(int(self.space.value(config, "PACK_GQA")))
-        items = work_table(w, bm, splits, pack_gqa=pack)
-        table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(q.device)
+        table = item_table(w, work_table(w, bm, splits, pack_gqa=pack), q.device)
         o = torch.empty_like(q) if out is None else out
         t, h, d, hkv = w.total_tokens, w.num_heads, w.head_dim, w.num_kv_heads
         if splits > 1:
@@ -449,15 +462,15 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
             qx, kx, vx = q, k2, v2
         precision = "ieee" if w.dtype == "float32" else "tf32"  # tf32 is ignored for 16-bit inputs
         args = (
-            qx, kx, vx, o, part_o, part_lse, paged.block_table, cu_q, prefix_lens, table[0], table[1], table[2],
-            table[3], sm_scale * _LOG2E, rows_per_page, head_rows, head_cols,
+            qx, kx, vx, o, part_o, part_lse, paged.block_table, *table, sm_scale * _LOG2E,
+            rows_per_page, head_rows, head_cols,
             q.stride(0), q.stride(1), k2.stride(0), paged.block_table.stride(0), o.stride(0), o.stride(1),
             part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         )
         meta = dict(GROUP=h // hkv, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=splits,
                     USE_TMA=tma, DOT_PRECISION=precision, PACK_GQA=pack, num_warps=int(config["num_warps"]),
                     num_stages=int(config["num_stages"]))
-        grid = (len(items),)
+        grid = (table.shape[1],)
         block_t = 16
         combine_grid = (triton.cdiv(t, block_t), h)
         combine_args = (part_o, part_lse, o, t, part_o.stride(0), part_o.stride(1), part_o.stride(2),
@@ -541,7 +554,7 @@ def compile_sm90(config: Config, workload: PrefixPrefillWorkload) -> dict[str, i
     else:
         signature = {"Q": f"*{ty}", "K": f"*{ty}", "V": f"*{ty}"}
     signature |= {"O": f"*{ty}", "PartO": "*fp32", "PartLse": "*fp32"}
-    signature |= {n: "*i32" for n in ("BlockTable", "CU_Q", "PREFIX", "W_SEQ", "W_BLOCK", "W_HEAD", "W_SPLIT")}
+    signature |= {n: "*i32" for n in ("BlockTable", *ITEM_FIELDS)}
     signature |= {"qk_scale": "fp32", "rows_per_page": "i32", "head_rows": "i32", "head_cols": "i32"}
     for n in ("stride_qt", "stride_qh", "stride_row", "stride_bt", "stride_ot", "stride_oh", "stride_ps", "stride_pt",
               "stride_ph", "stride_ls", "stride_lt"):

@@ -133,7 +133,7 @@ def test_prepare_rejects_invalid_config_bad_inputs_and_a_mismatched_cache() -> N
         FAMILY.prepare(inputs, cfg(bm=24))
     paged = pp.page_context(inputs.k, inputs.v, w.context_lens(), 16, "NHD")
     with pytest.raises(ValueError, match="page the cache for the config"):
-        FAMILY.prepare_paged(inputs.q, paged, inputs.cu_q, inputs.prefix_lens, w, cfg(ps=32), inputs.sm_scale)
+        FAMILY.prepare_paged(inputs.q, paged, w, cfg(ps=32), inputs.sm_scale)
     inputs.k = inputs.k[:-1]
     with pytest.raises(ValueError, match=r"k has shape \(40, 2, 64\)"):
         FAMILY.prepare(inputs, cfg())
