@@ -352,7 +352,11 @@ def profile_kernels(forward: Any) -> dict:
         forward()
         torch.cuda.synchronize()
     events = prof.events()
-    busy = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)
+    by_name: dict[str, float] = {}
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+    busy = sum(by_name.values())
 
     def subtree(ev: Any) -> list:
         return [*ev.kernels, *(k for c in ev.cpu_children for k in subtree(c))]
@@ -368,7 +372,8 @@ def profile_kernels(forward: Any) -> dict:
     attributed = sum(by_scope.values())
     if busy > attributed:
         by_scope["unattributed"] = float(busy - attributed)
-    return {"busy_us": float(busy), "by_scope_us": {k: round(v, 2) for k, v in sorted(by_scope.items())}}
+    return {"busy_us": float(busy), "by_scope_us": {k: round(v, 2) for k, v in sorted(by_scope.items())},
+            "by_name_us": by_name}
 
 
 class LiveSimulator(Simulator):
@@ -391,6 +396,7 @@ class LiveSimulator(Simulator):
         self.compiles: CompileCounter | None = None  # run_live sets it on the GPU
         self._compiles_seen = 0
         self.profile_every = 0  # > 0: every that many timed steps, one more eager run under the profiler (GPU)
+        self.profiled_names_us: dict[str, float] = {}  # the profiled runs' kernel time by kernel name, summed
 
     def _maybe_profile(self, record: dict, eager: Any) -> None:
         """Profile every profile_every-th step (not one that compiled or captured first): its eager forward's kernel
@@ -401,6 +407,8 @@ class LiveSimulator(Simulator):
         self.stack.profiling = True
         try:
             record["kernels"] = profile_kernels(eager)
+            for name, us in record["kernels"].pop("by_name_us").items():
+                self.profiled_names_us[name] = self.profiled_names_us.get(name, 0.0) + us
         except Exception as exc:  # noqa: BLE001 - a diagnostic: the replay goes on without it
             record["kernels"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         finally:
@@ -723,6 +731,8 @@ def run_live(args: Any) -> int:
         results[spec]["graph_steps"] = sum(1 for r in sim.record if "graph_rows" in r)
         results[spec]["graphs_held"] = len(stack.graphs)
         results[spec]["profiled_steps"] = sum(1 for r in sim.record if "kernels" in r)
+        if sim.profiled_names_us:
+            results[spec]["profiled_kernels_us"] = dict(sorted(sim.profiled_names_us.items(), key=lambda kv: -kv[1]))
         results[spec]["gpu_before"], results[spec]["gpu_after"] = power_before, gpu_state(device)
         steps_path(args.out, spec).write_text(json.dumps(sim.record))
         log(f"{spec}: {s['tokens_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_s'] * 1e3:.1f} ms, TPOT p50 "
