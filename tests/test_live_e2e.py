@@ -142,13 +142,29 @@ def test_step_check_sums_by_group_and_splits_the_residual_into_fixed_and_per_seq
     assert pre["price_shares"] == pytest.approx({"fused_moe": 0.8, "prefix_prefill": 0.2})
 
 
+def test_kernel_part_names_each_profiled_kernel_by_the_price_part_that_charges_it():
+    """kernel_gym's Triton kernels by their JIT names, the routing's torch sorts and top-k by the words in theirs,
+    the rest (cuBLAS, norms, copies) dense; the first runs' `kg:*` annotation spans are no kernels."""
+    assert le.kernel_part("_gate_up_tma_kernel") == "fused_moe" and le.kernel_part("_silu_mul_kernel") == "fused_moe"
+    assert le.kernel_part("_decode_grouped_kernel") == "decode_attention"
+    assert le.kernel_part("_combine_splits_kernel") == "decode_attention"
+    assert le.kernel_part("_combine_splits") == "prefix_prefill" and le.kernel_part("_prefix_fwd") == "prefix_prefill"
+    assert le.kernel_part("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>(...)") == "moe_routing"
+    assert le.kernel_part("void at::native::radixSortKVInPlace<-2, -1, 16, 2, long>(...)") == "moe_routing"
+    assert le.kernel_part("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_NNT") == "dense"
+    assert le.kernel_part("void at::native::reduce_kernel<512, 1, MeanOps>(...)") == "dense"
+    assert le.kernel_part("kg:moe") is None
+    assert le.parts_us({"kg:moe": 900.0, "_down_kernel": 40.0, "_gate_up_kernel": 60.0, "Memcpy DtoD": 5.0}) == {
+        "fused_moe": 100.0, "dense": 5.0}
+
+
 def test_profile_check_sets_each_parts_measured_kernels_beside_its_price():
-    """Two profiled decode-only steps: the MoE's kernels (its scope) against the fused_moe row plus the routing
-    charge, the norms and projections (several scopes) against the dense price; the step's time beyond its kernels
-    is the idle share. Steps without a profile, or whose profile failed, are left out."""
-    prof = {"busy_us": 9000.0, "by_scope_us": {"moe": 6000.0, "decode_attention": 1000.0, "attn_in": 800.0,
-                                               "attn_out": 700.0, "embed": 100.0, "sample": 300.0,
-                                               "unattributed": 100.0}}
+    """Two profiled decode-only steps: the MoE's kernels against the fused_moe row, the routing's against its
+    charge, the norms and projections against the dense price; the step's time beyond its kernels is the idle share.
+    Steps without a profile, or whose profile failed, are left out. Given the policy's kernel time by name, the
+    measured parts come from those names instead."""
+    prof = {"busy_us": 9000.0, "by_part_us": {"fused_moe": 5600.0, "moe_routing": 400.0, "decode_attention": 1000.0,
+                                              "dense": 2000.0}}
     parts = {"fused_moe": 0.005, "moe_routing": 0.0004, "decode_attention": 0.0012, "dense": 0.001}
     priced = [("graph", False, 0.010, 0.0076, 8, parts, prof)] * 2
     priced += [("graph", False, 0.5, 0.0076, 8, parts, None), ("graph", False, 0.5, 0.0076, 8, parts,
@@ -156,14 +172,23 @@ def test_profile_check_sets_each_parts_measured_kernels_beside_its_price():
     check = le.profile_check(priced)
     assert check["steps"] == 2 and check["measured_step_s"] == pytest.approx(0.020)
     assert check["kernel_busy_s"] == pytest.approx(0.018) and check["idle_share"] == pytest.approx(0.1)
-    moe, dense = check["parts"]["moe"], check["parts"]["dense"]
-    assert moe["measured_s"] == pytest.approx(0.012) and moe["priced_s"] == pytest.approx(0.0108)
-    assert moe["priced_over_measured"] == pytest.approx(0.9)
+    moe, dense = check["parts"]["fused_moe"], check["parts"]["dense"]
+    assert moe["measured_s"] == pytest.approx(0.0112) and moe["priced_s"] == pytest.approx(0.010)
+    assert moe["priced_over_measured"] == pytest.approx(0.010 / 0.0112)
+    assert check["parts"]["moe_routing"]["priced_over_measured"] == pytest.approx(1.0)
     assert dense["measured_s"] == pytest.approx(0.004) and dense["priced_over_measured"] == pytest.approx(0.5)
     assert check["parts"]["decode_attention"]["priced_over_measured"] == pytest.approx(1.2)
     assert "prefix_prefill" not in check["parts"]
     assert le.profile_check(priced[2:]) == {}
     assert le.step_check(priced, dict.fromkeys(le.STEP_KINDS, 0.0))["decode_only"]["profile"] == check
+    old = {"busy_us": 9000.0, "by_scope_us": {"moe": 6000.0}}  # the first runs' format: no parts per step
+    old_rows = [("graph", False, 0.010, 0.0076, 8, parts, old)] * 2
+    assert le.profile_check(old_rows) == {}
+    by_name = le.profile_check(old_rows, {"kg:moe": 12000.0, "_gate_up_kernel": 8000.0, "_down_kernel": 4000.0,
+                                          "nvjet_sm90_tst": 2000.0})
+    assert by_name["kernel_busy_s"] == pytest.approx(0.014) and by_name["idle_share"] == pytest.approx(0.3)
+    assert by_name["parts"]["fused_moe"]["priced_over_measured"] == pytest.approx(0.010 / 0.012)
+    assert by_name["parts"]["moe_routing"]["measured_s"] == 0.0
 
 
 def test_step_fit_recovers_fixed_cost_and_slope(tmp_path):

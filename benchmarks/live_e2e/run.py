@@ -37,7 +37,6 @@ Imports only torch, triton, numpy, the standard library and kernel_gym.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import math
@@ -199,12 +198,6 @@ class Stack:
         # (rows, decode config, MoE config) -> (graph or None on the CPU, forward, launches); one memory pool
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool: Any = None
-        self.profiling = False  # LiveSimulator._maybe_profile sets it around a profiled run
-
-    def scope(self, name: str) -> Any:
-        """A profiler scope while a step is profiled (profile_kernels), else nothing: timed steps and graph captures
-        run bare. The stack holds the flag: the pieces its graphs keep are shared by every policy's simulator."""
-        return self.torch.profiler.record_function(name) if self.profiling else contextlib.nullcontext()
 
     def capture(self, fn: Any) -> Any:
         """fn as a CUDA graph in the stack's one memory pool (run once first, so what is new compiles and the graph
@@ -333,46 +326,59 @@ class CompileCounter:
         self.available = True
 
 
-# What a profiled step's kernels are charged to (profile_kernels): the stack's scopes, and attention by kernel name
-PROFILE_SCOPES = ("kg:embed", "kg:attn_in", "kg:attention", "kg:attn_out", "kg:moe", "kg:sample")
-PREFIX_KERNELS = ("_prefix_fwd", "_combine_splits")  # prefix_prefill's; decode_attention's are the others
+# A profiled kernel's part of the step price (kernel_part), by its name: kernel_gym's Triton kernels by their JIT
+# function names, the MoE routing's torch kernels (top-k, sorts, scans, softmax, scatter) by the words in theirs;
+# everything else (cuBLAS projections, norms, copies, the KV writes, elementwise ops) is "dense". The routing's few
+# elementwise kernels land in "dense" too: their names do not tell them apart.
+KERNEL_PARTS = {
+    "fused_moe": ("_gate_up_kernel", "_down_kernel", "_gate_up_tma_kernel", "_down_tma_kernel", "_silu_mul_kernel",
+                  "_scale_rows_kernel", "_topk_sum_kernel", "_finalize_kernel"),
+    "decode_attention": ("_decode_grouped_kernel", "_decode_per_head_kernel", "_combine_splits_kernel"),
+    "prefix_prefill": ("_prefix_fwd", "_combine_splits"),
+}
+ROUTING_WORDS = ("topk", "sort", "scan", "softmax", "scatter")
+ANNOTATION_PREFIX = "kg:"  # the scopes of the first profiled runs (tree b563b8d): GPU annotation spans, not kernels
+
+
+def kernel_part(name: str) -> str | None:
+    """The price part (priced_steps' keys) that charges a profiled GPU kernel; None for an annotation span."""
+    if name.startswith(ANNOTATION_PREFIX):
+        return None
+    for part, names in KERNEL_PARTS.items():
+        if name in names:
+            return part
+    low = name.lower()
+    return "moe_routing" if any(w in low for w in ROUTING_WORDS) else "dense"
+
+
+def parts_us(names_us: dict[str, float]) -> dict[str, float]:
+    """Kernel time by name -> by price part (kernel_part), annotation spans dropped."""
+    parts: dict[str, float] = {}
+    for name, us in names_us.items():
+        part = kernel_part(name)
+        if part is not None:
+            parts[part] = parts.get(part, 0.0) + us
+    return parts
 
 
 def profile_kernels(forward: Any) -> dict:
-    """One eager run of a step under torch's profiler: its GPU kernels' summed durations (us) by the stack's scopes
-    (`kg:*`, set while profiling), attention split by kernel name into prefix_prefill and decode_attention, and in
-    total (`busy_us`). A graph replays the same kernels; what the step's measured seconds hold beyond `busy_us` is
-    time the GPU sat idle (launch gaps, host work, the sync)."""
+    """One eager run of a step under torch's profiler: its GPU kernels' summed durations (us) by name and by price
+    part (kernel_part), and in total (`busy_us`). A graph replays the same kernels; what the step's measured seconds
+    hold beyond `busy_us` is time the GPU sat idle (launch gaps, host work, the sync)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         forward()
         torch.cuda.synchronize()
-    events = prof.events()
     by_name: dict[str, float] = {}
-    for e in events:
-        if e.device_type == DeviceType.CUDA:
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA and not e.name.startswith(ANNOTATION_PREFIX):
             by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
-    busy = sum(by_name.values())
-
-    def subtree(ev: Any) -> list:
-        return [*ev.kernels, *(k for c in ev.cpu_children for k in subtree(c))]
-
-    by_scope: dict[str, float] = {}
-    for e in events:
-        if e.device_type == DeviceType.CPU and e.name in PROFILE_SCOPES:
-            for k in subtree(e):
-                name = e.name[3:]
-                if name == "attention":
-                    name = "prefix_prefill" if k.name in PREFIX_KERNELS else "decode_attention"
-                by_scope[name] = by_scope.get(name, 0.0) + float(k.duration)
-    attributed = sum(by_scope.values())
-    if busy > attributed:
-        by_scope["unattributed"] = float(busy - attributed)
-    return {"busy_us": float(busy), "by_scope_us": {k: round(v, 2) for k, v in sorted(by_scope.items())},
+    by_part = parts_us(by_name)
+    return {"busy_us": float(sum(by_part.values())), "by_part_us": {k: round(v, 2) for k, v in sorted(by_part.items())},
             "by_name_us": by_name}
 
 
@@ -400,19 +406,16 @@ class LiveSimulator(Simulator):
 
     def _maybe_profile(self, record: dict, eager: Any) -> None:
         """Profile every profile_every-th step (not one that compiled or captured first): its eager forward's kernel
-        times by scope go into the step's record (`kernels`)."""
+        times by part go into the step's record (`kernels`), by name into the policy's sum (profiled_names_us)."""
         if (not self.profile_every or self.stack.device != "cuda" or record.get("ran_untimed_first")
                 or len(self.record) % self.profile_every):
             return
-        self.stack.profiling = True
         try:
             record["kernels"] = profile_kernels(eager)
             for name, us in record["kernels"].pop("by_name_us").items():
                 self.profiled_names_us[name] = self.profiled_names_us.get(name, 0.0) + us
         except Exception as exc:  # noqa: BLE001 - a diagnostic: the replay goes on without it
             record["kernels"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        finally:
-            self.stack.profiling = False
 
     def _moe_config(self, t: int, rounded_t: int) -> tuple[Config, MoEWorkload]:
         """The MoE config the policy picks on the simulator's rounded token count, checked on the `t` rows the step
@@ -444,22 +447,18 @@ class LiveSimulator(Simulator):
         pieces = []
         for layer in st.layers:
             def before(layer: dict = layer) -> None:
-                with st.scope("kg:attn_in"):
-                    qkv = st.rmsnorm(x, layer["norm1"]) @ layer["wqkv"]
-                    st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
-                    layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
-                        qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
-                    layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
-                        qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
+                qkv = st.rmsnorm(x, layer["norm1"]) @ layer["wqkv"]
+                st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
+                layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+                    qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
+                layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+                    qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
 
             def after(layer: dict = layer) -> None:
-                with st.scope("kg:attn_out"):
-                    x.add_(st.attn[:t].reshape(t, q_dim) @ layer["wo"])
-                    h = st.rmsnorm(x, layer["norm2"])
-                    moe_in = fm.MoEInputs(moe_wl, h.contiguous(), (h @ layer["wr"]).float(), layer["w1"],
-                                          layer["w2"])
-                with st.scope("kg:moe"):
-                    x.add_(fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)())
+                x.add_(st.attn[:t].reshape(t, q_dim) @ layer["wo"])
+                h = st.rmsnorm(x, layer["norm2"])
+                moe_in = fm.MoEInputs(moe_wl, h.contiguous(), (h @ layer["wr"]).float(), layer["w1"], layer["w2"])
+                x.add_(fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)())
 
             pieces.append((before, after))
         return pieces
@@ -478,18 +477,15 @@ class LiveSimulator(Simulator):
         st = self.stack
 
         def forward() -> None:
-            with st.scope("kg:embed"):
-                st.x_res[:rows].copy_(st.x0[:rows])
+            st.x_res[:rows].copy_(st.x0[:rows])
             for li, (before, after) in enumerate(pieces):
                 before()
-                with st.scope("kg:attention"):
-                    for per_layer in launches:
-                        per_layer[li]()
+                for per_layer in launches:
+                    per_layer[li]()
                 if check is not None and li == 0:
                     check(st.layers[0])
                 after()
-            with st.scope("kg:sample"):
-                self._sample(t, n_logits)
+            self._sample(t, n_logits)
 
         return forward
 
@@ -1002,8 +998,12 @@ def run_predict(args: Any) -> int:
     summary["step_fit"] = step_fit(args.out, data["measured"])
     if backend is not None:
         plain = dict.fromkeys(STEP_KINDS, STEP_OVERHEAD_S)
-        summary["step_check"] = {spec: step_check(priced_steps(args.out, spec, model, trace, timer, backend, args,
-                                                               meta, guards), plain) for spec in data["measured"]}
+        summary["step_check"] = {}
+        for spec, measured in data["measured"].items():
+            priced = priced_steps(args.out, spec, model, trace, timer, backend, args, meta, guards)
+            summary["step_check"][spec] = step_check(priced, plain)
+            if measured.get("profiled_kernels_us"):  # every profiled step, by kernel name
+                summary["step_check"][spec]["profile"] = profile_check(priced, measured["profiled_kernels_us"])
         from kernel_gym.evaluate.replay import write_untimed_plan
 
         write_untimed_plan(guards, backend, args.out / "untimed_plan.json")
@@ -1119,34 +1119,34 @@ def step_check(priced: list[tuple[str, bool, float, float, int, dict, Any]], ove
     return check
 
 
-# a profiled step's scopes (profile_kernels) -> the price parts (priced_steps) that charge the same kernels
-PROFILE_PARTS = {"moe": ("fused_moe", "moe_routing"), "decode_attention": ("decode_attention",),
-                 "prefix_prefill": ("prefix_prefill", "prefill_attention"),
-                 "dense": ("dense",)}
-PROFILE_DENSE_SCOPES = ("embed", "attn_in", "attn_out", "sample", "unattributed")
+PROFILE_PARTS = ("fused_moe", "moe_routing", "decode_attention", "prefix_prefill", "dense")  # kernel_part's
+PRICE_ALIASES = {"prefix_prefill": ("prefix_prefill", "prefill_attention")}  # the price parts a profiled part meets
 
 
-def profile_check(priced: list[tuple]) -> dict:
-    """Over the steps with a kernel profile: per part (PROFILE_PARTS) the kernels' measured seconds (the eager run's
+def profile_check(priced: list[tuple], names_us: dict[str, float] | None = None) -> dict:
+    """Over the steps with a kernel profile: per part (kernel_part) the kernels' measured seconds (the eager run's
     durations) beside the price's, and the steps' measured seconds beside the kernels' busy seconds (the rest: GPU
-    idle within the step). Which part of the price is off, and by how much, on the steps themselves."""
-    rows = [r for r in priced if r[6] and "busy_us" in r[6]]
+    idle within the step). Which part of the price is off, and by how much, on the steps themselves. The measured
+    parts come from each step's `by_part_us`, or, given `names_us` (a policy's profiled kernel time by name over all
+    its profiled steps: `profiled_kernels_us`), from those names."""
+    rows = [r for r in priced if r[6] and "busy_us" in r[6] and (names_us is not None or "by_part_us" in r[6])]
     if not rows:
         return {}
-    measured = dict.fromkeys(PROFILE_PARTS, 0.0)
-    price = dict.fromkeys(PROFILE_PARTS, 0.0)
-    for r in rows:
-        for scope, us in r[6]["by_scope_us"].items():
-            measured["dense" if scope in PROFILE_DENSE_SCOPES else scope] += us * 1e-6
-        for part, names in PROFILE_PARTS.items():
-            price[part] += sum(r[5].get(n, 0.0) for n in names)
+    if names_us is not None:
+        measured = {p: us * 1e-6 for p, us in parts_us(names_us).items()}
+    else:
+        measured = {}
+        for r in rows:
+            for part, us in r[6]["by_part_us"].items():
+                measured[part] = measured.get(part, 0.0) + us * 1e-6
+    price = {p: sum(r[5].get(n, 0.0) for r in rows for n in PRICE_ALIASES.get(p, (p,))) for p in PROFILE_PARTS}
     step_s = sum(r[2] for r in rows)
-    busy_s = sum(r[6]["busy_us"] for r in rows) * 1e-6
+    busy_s = sum(measured.values())
     return {"steps": len(rows), "measured_step_s": step_s, "kernel_busy_s": busy_s,
             "idle_share": 1.0 - busy_s / step_s if step_s else None,
-            "parts": {p: {"measured_s": measured[p], "priced_s": price[p],
-                          "priced_over_measured": price[p] / measured[p] if measured[p] else None}
-                      for p in PROFILE_PARTS if measured[p] or price[p]}}
+            "parts": {p: {"measured_s": measured.get(p, 0.0), "priced_s": price[p],
+                          "priced_over_measured": price[p] / measured[p] if measured.get(p) else None}
+                      for p in PROFILE_PARTS if measured.get(p) or price[p]}}
 
 
 LIVE_CHECK = Path(__file__).resolve().parents[2] / "kernel_gym" / "data" / "live_check.json"
