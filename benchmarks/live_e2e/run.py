@@ -254,6 +254,36 @@ class Stack:
         self.g_context[:rows].copy_(torch.tensor(context + [1] * (rows - n), dtype=torch.int32))
 
 
+# The dense pieces of a layer (everything but attention and the fused MoE), shared by the live steps and by
+# dense_price_check.py, which times them to price the dense ops as this stack runs them.
+def attn_in(st: Stack, layer: dict, t: int, slot_t: Any) -> None:
+    """Norm, fused QKV projection, q into the q buffer, K/V into the paged cache at slot_t, over rows [0, t)."""
+    m = st.m
+    q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    qkv = st.rmsnorm(st.x_res[:t], layer["norm1"]) @ layer["wqkv"]
+    st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
+    layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+        qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
+    layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
+        qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
+
+
+def attn_out(st: Stack, layer: dict, t: int, moe_wl: MoEWorkload) -> Any:
+    """The output projection added to the residual, the second norm and the router: the MoE layer's inputs."""
+    from kernel_gym.kernels import fused_moe as fm
+
+    m, x = st.m, st.x_res[:t]
+    x.add_(st.attn[:t].reshape(t, m.num_heads * m.head_dim) @ layer["wo"])
+    h = st.rmsnorm(x, layer["norm2"])
+    return fm.MoEInputs(moe_wl, h.contiguous(), (h @ layer["wr"]).float(), layer["w1"], layer["w2"])
+
+
+def sample(st: Stack, t: int, n_logits: int) -> None:
+    """The final norm, LM head and greedy pick on the last n_logits of rows [0, t)."""
+    if n_logits:
+        st.rmsnorm(st.x_res[t - n_logits:t], st.final_norm).matmul(st.lm_head).argmax(-1)
+
+
 def prefix_launcher(stack: Stack, layer: dict, wl: PrefixPrefillWorkload, config: Config, bt: Any) -> Any:
     """prefix_prefill over the stack's cache for this layer (PrefixPrefillFamily.prepare_paged on the layer's pages;
     the step's chunks are the first T rows of the stack's q and attention buffers)."""
@@ -436,29 +466,19 @@ class LiveSimulator(Simulator):
 
     def _layer_pieces(self, t: int, slot_t: Any, moe_wl: MoEWorkload, cfg_m: Config) -> list[tuple[Any, Any]]:
         """Per layer, the work before and after its attention over rows [0, t) of the residual stream (the stack's
-        x_res): before, norm, QKV, q into the q buffer, K/V into the cache at slot_t; after, the output projection,
-        norm, router and the fused MoE layer (routed inside its launch, no host sync), each added to the residual in
-        place. The pieces a piecewise graph captures around the attention launches."""
+        x_res): before, attn_in; after, attn_out and the fused MoE layer (routed inside its launch, no host sync)
+        added to the residual in place. The pieces a piecewise graph captures around the attention launches."""
         from kernel_gym.kernels import fused_moe as fm
 
-        st, m = self.stack, self.model
-        q_dim, kv_dim = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-        x = st.x_res[:t]
+        st = self.stack
         pieces = []
         for layer in st.layers:
             def before(layer: dict = layer) -> None:
-                qkv = st.rmsnorm(x, layer["norm1"]) @ layer["wqkv"]
-                st.q_buf[:t].copy_(qkv[:, :q_dim].view(t, m.num_heads, m.head_dim))
-                layer["k_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
-                    qkv[:, q_dim:q_dim + kv_dim].view(t, m.num_kv_heads, m.head_dim)
-                layer["v_cache"].view(-1, m.num_kv_heads, m.head_dim)[slot_t] = \
-                    qkv[:, q_dim + kv_dim:].view(t, m.num_kv_heads, m.head_dim)
+                attn_in(st, layer, t, slot_t)
 
             def after(layer: dict = layer) -> None:
-                x.add_(st.attn[:t].reshape(t, q_dim) @ layer["wo"])
-                h = st.rmsnorm(x, layer["norm2"])
-                moe_in = fm.MoEInputs(moe_wl, h.contiguous(), (h @ layer["wr"]).float(), layer["w1"], layer["w2"])
-                x.add_(fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)())
+                moe_in = attn_out(st, layer, t, moe_wl)
+                st.x_res[:t].add_(fm.prepare_layer(moe_in, cfg_m, route_in_launch=True)())
 
             pieces.append((before, after))
         return pieces
@@ -490,9 +510,7 @@ class LiveSimulator(Simulator):
         return forward
 
     def _sample(self, t: int, n_logits: int) -> None:
-        st = self.stack
-        if n_logits:
-            st.rmsnorm(st.x_res[t - n_logits:t], st.final_norm).matmul(st.lm_head).argmax(-1)
+        sample(self.stack, t, n_logits)
 
     def _decode_choice(self, dec: list[int], ctx: list[int]) -> Config:
         key = ("decode_attention", round_count(len(dec)), round_log4(float(np.mean(ctx))))
