@@ -244,3 +244,55 @@ def test_live_check_refuses_eager_runs_and_the_replay_note_reads_it(tmp_path):
     assert "tokens/s -5% to -5%" in note and "TTFT p50 +20% to +20%" in note
     assert "1 policy runs in 1 live replays" in note
     assert live_check_note(tmp_path / "absent.json") == ""
+
+
+class _PagesOnly:
+    """The stack's page bookkeeping alone (Stack.ensure_pages, release, release_except), for the scheduling tests."""
+
+    def __init__(self, num_pages: int) -> None:
+        self.free, self.pages = list(range(num_pages - 1, -1, -1)), {}
+
+    ensure_pages = le.Stack.ensure_pages
+    release = le.Stack.release
+    release_except = le.Stack.release_except
+
+
+def _pages_only_run(sim_class: type, preempt_free: bool) -> int:
+    """A pool small enough that long prompts preempt one another; each step does the live stack's page bookkeeping.
+    Returns the preemptions."""
+    import numpy as np
+
+    from kernel_gym.traffic.traces import Trace
+
+    n = 40
+    trace = Trace("preempting", np.linspace(0.0, 0.2, n), np.full(n, 600), np.full(n, 40), "test")
+    kw = dict(gpu_memory_bytes=le.pool_memory(le.TINY, 48 * 16 * le.TINY.kv_bytes_per_token / 1e9),
+              max_num_batched_tokens=256, max_num_seqs=16)  # 48 pages of 16 tokens; a request needs 40
+
+    class Bookkeeping(sim_class):
+        def _step_seconds(self, predicted_s, chunks, dec):
+            st = self.stack
+            st.release_except({int(r) for r in dec} | set(self.pref) | {r for r, _, _ in chunks})
+            for rid, c, o in chunks:
+                st.ensure_pages(rid, o + c)
+            for rid in dec:
+                st.ensure_pages(int(rid), int(self.kv[rid]) + 1)
+            return 0.01 + 1e-4 * sum(c for _, c, _ in chunks)
+
+        if not preempt_free:
+            def _preempt(self, rid):  # the run before the fix: the stack kept a preempted request's pages
+                le.Simulator._preempt(self, rid)
+
+    sim = Bookkeeping(le.TINY, trace, le.DefaultChooser(), None, "float32", True, **kw)
+    sim.stack = _PagesOnly(sim.num_pages)
+    while sim.step():
+        pass
+    return sim.num_preemptions
+
+
+def test_a_preempted_requests_pages_go_back_to_the_stack_at_once():
+    """Recompute preemption drops a request's KV; re-admitted in the same step, it must not keep its old pages in the
+    stack while the simulator counts them free (a loaded Mixtral window exhausted the stack's pool so)."""
+    assert _pages_only_run(le.LiveSimulator, preempt_free=True) > 0
+    with pytest.raises(RuntimeError, match="page pool exhausted"):
+        _pages_only_run(le.LiveSimulator, preempt_free=False)

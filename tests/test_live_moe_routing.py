@@ -26,7 +26,7 @@ def table(models: dict[str, dict[int, float]], block_ms: tuple[int, ...] = (16, 
 def test_interpolation_is_linear_in_log2_tokens_and_clamped(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(table({"m": POINTS})))
-    r = le.MoERouting.from_table(path, "m")
+    r = le.TokenTable.from_routing_table(path, "m")
     avg = 1.01  # the two BLOCK_Ms averaged
     for t, s in POINTS.items():  # at the points
         assert r(t) == pytest.approx(s * avg)
@@ -34,14 +34,14 @@ def test_interpolation_is_linear_in_log2_tokens_and_clamped(tmp_path):
     assert r(8) == pytest.approx((2e-4 + 4e-4 * 0.5) * avg)  # halfway in log2 between 4 and 16, not linear (3.33e-4)
     assert r(0) == r(1) == pytest.approx(1e-4 * avg)  # clamped below
     assert r(10_000) == pytest.approx(6e-4 * avg)  # clamped above
-    assert le.MoERouting.from_table(path, "other") is None
+    assert le.TokenTable.from_routing_table(path, "other") is None
 
 
 def test_committed_table_gives_the_diagnostics_figures():
-    r = le.MoERouting.from_table(le.MOE_ROUTING_TABLE, "mixtral-8x7b")
+    r = le.TokenTable.from_routing_table(le.MOE_ROUTING_TABLE, "mixtral-8x7b")
     assert 0.060e-3 < r(32) < 0.068e-3 and 0.085e-3 < r(128) < 0.095e-3 and 0.14e-3 < r(4096) < 0.16e-3
-    assert le.MoERouting.from_table(le.MOE_ROUTING_TABLE, "olmoe-1b-7b")(1024) == pytest.approx(0.15e-3, rel=0.01)
-    assert le.MoERouting.from_table(le.MOE_ROUTING_TABLE, "tiny-moe") is None
+    assert le.TokenTable.from_routing_table(le.MOE_ROUTING_TABLE, "olmoe-1b-7b")(1024) == pytest.approx(0.15e-3, rel=0.01)
+    assert le.TokenTable.from_routing_table(le.MOE_ROUTING_TABLE, "tiny-moe") is None
 
 
 def _sim(routing, graphs=True):
@@ -56,7 +56,7 @@ def _sim(routing, graphs=True):
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_charge_is_per_moe_call_times_layers_at_the_steps_moe_rows(graphs):
-    routing = le.MoERouting(POINTS)
+    routing = le.TokenTable(POINTS)
     plain, routed = _sim(None, graphs), _sim(routing, graphs)
     for chunks, batch in (([], 3), ([(0, 20, 0)], 5), ([(1, 40, 16)], 0)):
         a = plain.price_step(chunks, batch, 200.0, batch, [])
@@ -132,7 +132,7 @@ def test_priced_steps_carry_the_routing_as_its_own_part(smoke_run, monkeypatch):
     meta = json.loads((smoke_run / "measured.json").read_text())["meta"]
     trace = le.window_trace(meta["trace"], *meta["window"], meta["max_prompt"], meta["max_output"])
     trace = trace.head(le.SMOKE_REQUESTS)
-    routing = le.MoERouting(POINTS)
+    routing = le.TokenTable(POINTS)
     priced = {}
     for name, r in (("plain", None), ("routed", routing)):
         args = Args()

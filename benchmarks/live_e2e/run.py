@@ -24,7 +24,10 @@ policy measured and predicted tokens/s, TTFT p50 and TPOT p50 and their relative
 prediction with step overheads fitted on one policy's step records); and untimed_plan.json, the policies' choices
 the dataset could not time, for `kernel-gym collect --plan` on the GPU. The prediction charges the live fused MoE's
 in-launch routing and alignment per MoE call x layers from a measured table (`--moe-routing`, default
-moe_price_check_run1/moe_routing.json; `none`: off), which the dataset's rows exclude.
+moe_price_check_run1/moe_routing.json; `none`: off), which the dataset's rows exclude, and the dense ops (norms,
+projections, KV writes, adds, LM head) from the stack's own timed table (`--dense-ops`, default
+dense_217cbde/dense_ops.json from dense_price_check.py; `none`: the simulator's roofline, which kernel profiles of
+live steps found 4-9x too low).
 
     python3 benchmarks/live_e2e/run.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
     python3 benchmarks/live_e2e/run.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
@@ -225,6 +228,9 @@ class Stack:
         for _ in range(max(0, need)):
             have.append(self.free.pop())
         return have
+
+    def release(self, rid: int) -> None:
+        self.free.extend(self.pages.pop(rid, []))
 
     def release_except(self, running: set[int]) -> None:
         for rid in [r for r in self.pages if r not in running]:
@@ -446,6 +452,14 @@ class LiveSimulator(Simulator):
                 self.profiled_names_us[name] = self.profiled_names_us.get(name, 0.0) + us
         except Exception as exc:  # noqa: BLE001 - a diagnostic: the replay goes on without it
             record["kernels"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+    def _preempt(self, rid: int) -> None:
+        """The simulator's preemption (recompute: its KV is dropped) frees the request's pages in the stack too, at
+        once: re-admitted in the same step, it would otherwise keep its stale pages while the simulator's pool counts
+        them free (the page pool exhausted on a loaded window, tree 217cbde)."""
+        super()._preempt(rid)
+        if self.stack is not None:
+            self.stack.release(rid)
 
     def _moe_config(self, t: int, rounded_t: int) -> tuple[Config, MoEWorkload]:
         """The MoE config the policy picks on the simulator's rounded token count, checked on the `t` rows the step
@@ -799,21 +813,21 @@ MIN_DECODE_CONTEXT = 128
 MOE_ROUTING_TABLE = Path(__file__).resolve().parent / "moe_price_check_run1" / "moe_routing.json"
 
 
-class MoERouting:
-    """Seconds per fused-MoE call of the live stack's routing and alignment (`fused_moe._route_and_align(...,
-    bounded=True)`, on the GPU inside the launch: what the dataset's rows leave out), for a step's token count:
-    linear in log2(tokens) between the measured points, clamped at the table's ends."""
+class TokenTable:
+    """Measured seconds by token count, linear in log2(tokens) between the points, clamped at the table's ends: the
+    live stack's costs the dataset's rows leave out, per call (from_routing_table: the fused MoE's in-launch routing
+    and alignment, `fused_moe._route_and_align(..., bounded=True)`; DenseOps: the dense ops)."""
 
     def __init__(self, points: dict[int, float], source: str = "") -> None:
         if not points:
-            raise ValueError("MoERouting: no points")
+            raise ValueError("TokenTable: no points")
         self.tokens = np.array(sorted(points), dtype=float)
         self.seconds = np.array([points[int(t)] for t in self.tokens], dtype=float)
         self._log2_tokens = np.log2(self.tokens)  # __call__ runs once per priced step
         self.source = source
 
     @classmethod
-    def from_table(cls, path: Path | str, model: str) -> MoERouting | None:
+    def from_routing_table(cls, path: Path | str, model: str) -> TokenTable | None:
         """The model's entry of a moe_price_check routing table ({"models": {MODEL: {"ms": {BLOCK_M: {TOKENS:
         {"ms": ...}}}}}}), averaged over BLOCK_M (the routing does not depend on it); None if the model has none."""
         entry = json.loads(Path(path).read_text()).get("models", {}).get(model)
@@ -830,26 +844,61 @@ class MoERouting:
         return float(np.interp(x, self._log2_tokens, self.seconds))
 
 
+DENSE_OPS_TABLE = Path(__file__).resolve().parent / "dense_217cbde" / "dense_ops.json"
+
+
+class DenseOps:
+    """Seconds of a step's dense ops as the live stack runs them (dense_price_check.py's table): per layer at the
+    step's token count, x the layers, plus the final norm, LM head and pick over the rows that sample."""
+
+    def __init__(self, layer: TokenTable, sample: TokenTable, source: str = "") -> None:
+        self.layer, self.sample, self.source = layer, sample, source
+
+    @classmethod
+    def from_table(cls, path: Path | str, model: str) -> DenseOps | None:
+        """The model's entry of a dense_price_check table; None if the model has none."""
+        entry = json.loads(Path(path).read_text()).get("models", {}).get(model)
+        if not entry or not entry.get("layer_ms") or not entry.get("sample_ms"):
+            return None
+        layer, sample = ({int(k): float(v["ms"]) * 1e-3 for k, v in entry[key].items()}
+                         for key in ("layer_ms", "sample_ms"))
+        return cls(TokenTable(layer, str(path)), TokenTable(sample, str(path)), str(path))
+
+    def __call__(self, tokens: int, n_logits: int, num_layers: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        return self.layer(tokens) * num_layers + (self.sample(n_logits) if n_logits > 0 else 0.0)
+
+
 class PredictSimulator(Simulator):
     """The plain simulator, with workloads below the dataset's smallest shapes raised to them (prefill steps of
     fewer than 128 tokens timed as one 128-token sequence, decode contexts below 128 as 128: upper bounds, counted in
     `clamped`), so a replay with short chunks can be predicted from the packaged data at all. `moe_routing_s`
-    (tokens -> seconds per MoE call, e.g. MoERouting): the live stack's in-launch routing, charged per step as
-    kernel time (measured) at the step's MoE token count x the model's layers, summed in `moe_routing_charged_s`."""
+    (tokens -> seconds per MoE call, e.g. a TokenTable): the live stack's in-launch routing, charged per step as
+    kernel time (measured) at the step's MoE token count x the model's layers, summed in `moe_routing_charged_s`.
+    `dense_ops` (a DenseOps): the dense ops priced from the stack's measured table instead of the roofline (both
+    summed: `dense_charged_s`, `dense_roofline_s`)."""
 
     clamped = 0
     scaled_decode_s = 0.0
     moe_routing_s: Any = None
     moe_routing_charged_s = 0.0
+    dense_ops: DenseOps | None = None
+    dense_charged_s = 0.0
+    dense_roofline_s = 0.0
 
     def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
                    stall: list) -> tuple[float, float]:
         kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall)
-        if self.moe_routing_s is None:
-            return kernel_s, dense
-        num_tokens = batch + sum(c for _, c, _ in chunks)  # the MoE's rows, as Simulator.price_step charges them
+        num_tokens = batch + sum(c for _, c, _ in chunks)  # the step's rows, as Simulator.price_step charges them
         if num_tokens <= self.graph_max_tokens:
             num_tokens = capture_size(num_tokens)
+        self.dense_roofline_s += dense
+        if self.dense_ops is not None:
+            dense = self.dense_ops(num_tokens, n_logits, self.model.num_layers)
+        self.dense_charged_s += dense
+        if self.moe_routing_s is None:
+            return kernel_s, dense
         extra = float(self.moe_routing_s(num_tokens)) * self.model.num_layers
         self.moe_routing_charged_s += extra
         return kernel_s + extra, dense
@@ -897,6 +946,7 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
     sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            step_overheads=overheads, **sim_kwargs(args, model), **graph_kwargs(meta))
     sim.moe_routing_s = getattr(args, "moe_routing_s", None)
+    sim.dense_ops = getattr(args, "dense_ops_s", None)
     if guard is not None:
         guard.sim = sim
     return sim.run().summary, sim, guard
@@ -945,6 +995,7 @@ def run_predict(args: Any) -> int:
         backend = make_backend("recorded", max_spread=math.inf)
         timer = BackendTimer(backend)
     routing_note = moe_routing_setup(args, model)
+    dense_note = dense_ops_setup(args, model)
     if args.calibrate and not args.calibration_from and args.calibrate not in data["measured"]:
         raise SystemExit(f"--calibrate {args.calibrate!r}: not a measured policy; measured: {list(data['measured'])}")
     summary: dict = {"meta": meta, "policies": {}}
@@ -953,6 +1004,7 @@ def run_predict(args: Any) -> int:
 
         summary["prediction"] = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}
     summary.setdefault("prediction", {})["moe_routing"] = routing_note
+    summary["prediction"]["dense_ops"] = dense_note
     overheads = None
     if args.calibration_from:  # overheads fitted on another run: every policy here is out of sample
         fitted = json.loads(Path(args.calibration_from).read_text()).get("calibration")
@@ -995,6 +1047,7 @@ def run_predict(args: Any) -> int:
                                    / max(sum(guard.kernel_s.values()) + sim.moe_routing_charged_s, 1e-12)
                                    if guard is not None else None),
                "moe_routing_charged_s": sim.moe_routing_charged_s,
+               "dense_charged_s": sim.dense_charged_s, "dense_roofline_s": sim.dense_roofline_s,
                "fallbacks": guard.fallbacks if guard is not None else None,
                "clamped_workloads": sim.clamped,
                "decode_scaled_estimate_s": sim.scaled_decode_s,
@@ -1031,7 +1084,7 @@ def run_predict(args: Any) -> int:
 
 
 def moe_routing_setup(args: Any, model: ModelSpec) -> dict | str:
-    """args.moe_routing (a routing table's path, or "none") -> args.moe_routing_s (MoERouting or None) and the note
+    """args.moe_routing (a routing table's path, or "none") -> args.moe_routing_s (TokenTable or None) and the note
     summary.json's prediction carries: the table, the model's points; or why nothing is charged."""
     choice = str(getattr(args, "moe_routing", None) or "none")
     args.moe_routing_s = None
@@ -1040,7 +1093,7 @@ def moe_routing_setup(args: Any, model: ModelSpec) -> dict | str:
     path = Path(choice)
     if not path.exists():
         raise SystemExit(f"--moe-routing {choice}: no such file (a moe_price_check routing table, or none)")
-    routing = MoERouting.from_table(path, model.name)
+    routing = TokenTable.from_routing_table(path, model.name)
     if routing is None:
         return f"none: no measured table for {model.name} in {choice}"
     args.moe_routing_s = routing
@@ -1051,6 +1104,28 @@ def moe_routing_setup(args: Any, model: ModelSpec) -> dict | str:
             "note": "the live fused MoE's in-launch routing and alignment, seconds per MoE call at the step's MoE "
                     "token count (linear in log2 tokens, clamped) x num_layers, charged as measured kernel time; "
                     "charged_s: the plain prediction's total per policy"}
+
+
+def dense_ops_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.dense_ops (a dense_price_check table's path, or "none") -> args.dense_ops_s (DenseOps or None, then the
+    roofline prices the dense ops) and the note summary.json's prediction carries."""
+    choice = str(getattr(args, "dense_ops", None) or "none")
+    args.dense_ops_s = None
+    if choice == "none":
+        return "none: --dense-ops none (the roofline prices the dense ops)"
+    path = Path(choice)
+    if not path.exists():
+        raise SystemExit(f"--dense-ops {choice}: no such file (a dense_price_check.py table, or none)")
+    dense = DenseOps.from_table(path, model.name)
+    if dense is None:
+        return f"none: no measured table for {model.name} in {choice} (the roofline prices the dense ops)"
+    args.dense_ops_s = dense
+    root = Path(__file__).resolve().parents[2]
+    shown = path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else str(path)
+    return {"table": shown, "model": model.name,
+            "note": "the stack's dense ops (norms, projections, KV writes, adds; LM head) timed per layer by token "
+                    "count in CUDA graphs, x num_layers, plus the sample over the rows that sample, instead of the "
+                    "roofline: dense_charged_s and dense_roofline_s per policy"}
 
 
 def steps_path(out: Path, spec: str) -> Path:
@@ -1084,6 +1159,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            **sim_kwargs(args, model), **graph_kwargs(meta))
     sim.moe_routing_s = getattr(args, "moe_routing_s", None)
+    sim.dense_ops = getattr(args, "dense_ops_s", None)
     guard.sim = sim
     if guards is not None:
         guards.append(guard)
@@ -1249,6 +1325,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-from", default="", metavar="SUMMARY",
                    help="with --predict: hold the step overheads fitted in another run's summary.json (scaled by "
                         "the depth)")
+    p.add_argument("--dense-ops", default=str(DENSE_OPS_TABLE), metavar="TABLE.json",
+                   help="--predict: price the dense ops from this dense_price_check.py table (default: the committed "
+                        "one); none: by the roofline")
     p.add_argument("--moe-routing", default=str(MOE_ROUTING_TABLE), metavar="TABLE.json",
                    help="with --predict: charge the live fused MoE's in-launch routing per MoE call from this "
                         "measured table (moe_price_check.py's moe_routing.json; default: the committed one) x layers; "
