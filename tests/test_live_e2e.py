@@ -235,7 +235,9 @@ def test_live_check_refuses_eager_runs_and_the_replay_note_reads_it(tmp_path):
     with pytest.raises(SystemExit, match="not a CUDA-graph run"):
         le.live_check([run])
     summary["meta"]["cuda_graphs"] = True
-    summary["policies"] = {"p": {"relative_error": {"tokens_per_s": -0.05, "ttft_p50_s": 0.2, "tpot_p50_s": 0.01}}}
+    summary["policies"] = {"p": {"relative_error": {"tokens_per_s": -0.05, "ttft_p50_s": 0.2, "tpot_p50_s": 0.01}},
+                           "cut": {"relative_error": {"tokens_per_s": 0.9, "ttft_p50_s": 0.9, "tpot_p50_s": 0.9},
+                                   "measured_run_complete": False}}  # its budget cut it: not comparable
     (run / "summary.json").write_text(json.dumps(summary))
     check = le.live_check([run])
     assert check["range"]["ttft_p50_s"] == [0.2, 0.2]

@@ -1248,7 +1248,7 @@ LIVE_CHECK = Path(__file__).resolve().parents[2] / "kernel_gym" / "data" / "live
 
 def live_check(runs: list[Path]) -> dict:
     """The plain simulator's error against the live runs with CUDA graphs (their summary.json): per metric the range
-    of relative errors over every policy of every run, with the runs named. `kernel-gym replay` prints it under its
+    of relative errors over every policy of every run that finished its window, with the runs named. `kernel-gym replay` prints it under its
     table, so each simulated tokens/s, TTFT and TPOT figure comes with how far the simulator was from a real run."""
     root = LIVE_CHECK.parents[2]
     rows = []
@@ -1259,7 +1259,8 @@ def live_check(runs: list[Path]) -> dict:
             raise SystemExit(f"{run}: not a CUDA-graph run (meta.cuda_graphs is false); the check compares engines "
                              "that graph their steps")
         for spec, row in s["policies"].items():
-            if "relative_error" in row:
+            # a policy its budget cut before the window ended served other requests than its prediction: left out
+            if "relative_error" in row and row.get("measured_run_complete") is not False:
                 rows.append({"run": name, "model": s["meta"]["model"], "policy": spec,
                              "commit": s["meta"].get("commit"), **row["relative_error"]})
     if not rows:
