@@ -20,7 +20,7 @@ timeout 260 python3 benchmarks/live_e2e/run.py --out "$E/window4_rep2" --start-s
 log "window 4 run 2: exit $? $(grep -a 'tok/s' "$E/window4_rep2.log" | tr '\n' ' ')"
 log "OLMoE window 3 x1.5, $(left) s left"
 timeout $(( $(left) - 5 )) python3 benchmarks/live_e2e/run.py --out "$E/olmoe_w3" --model olmoe-1b-7b --vocab 50304 \
-  --start-s 60 --seconds 120 --rate 1.5 --budget-s 60 --policy-budget-s $(( ($(left) - 40) / 2 )) \
+  --start-s 60 --seconds 120 --rate 1.5 --budget-s $(( $(left) / 2 + 20 )) --policy-budget-s $(( ($(left) - 40) / 2 )) \
   --policies vllm-table,default > "$E/olmoe_w3.log" 2>&1
 log "OLMoE window 3: exit $? $(grep -a 'tok/s' "$E/olmoe_w3.log" | tr '\n' ' ')"
 kill $smi 2>/dev/null
