@@ -92,9 +92,6 @@ def time_model(model: Any, vocab: int, layers: int, tokens: list[int], logits: l
     for n in logits:
         ms, spread = timed(lambda n=n: le.sample(st, n, n))
         sample_ms[n] = {"ms": ms, "spread": spread}
-    del st
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return {"layers_timed": layers, "vocab": vocab, "layer_ms": layer_ms, "sample_ms": sample_ms}
 
 
@@ -124,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             model = load_model(name)
             table["models"][name] = time_model(model, VOCAB.get(name, 32000), args.layers, list(TOKENS),
                                                list(LOGITS), device, torch.bfloat16)
+            torch.cuda.empty_cache()  # the model's stack is gone: its memory back before the next one
             log(f"{name}: {time.time() - t0:.0f} s")
         table["gpu_after"] = le.gpu_state(device)
     args.out.parent.mkdir(parents=True, exist_ok=True)

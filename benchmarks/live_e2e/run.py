@@ -1248,8 +1248,9 @@ LIVE_CHECK = Path(__file__).resolve().parents[2] / "kernel_gym" / "data" / "live
 
 def live_check(runs: list[Path]) -> dict:
     """The plain simulator's error against the live runs with CUDA graphs (their summary.json): per metric the range
-    of relative errors over every policy of every run that finished its window, with the runs named. `kernel-gym replay` prints it under its
-    table, so each simulated tokens/s, TTFT and TPOT figure comes with how far the simulator was from a real run."""
+    of relative errors over every policy of every run that finished its window, with the runs named. `kernel-gym
+    replay` prints it under its table, so each simulated tokens/s, TTFT and TPOT figure comes with how far the
+    simulator was from a real run."""
     root = LIVE_CHECK.parents[2]
     rows = []
     for run in runs:
