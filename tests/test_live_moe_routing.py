@@ -149,3 +149,28 @@ def test_priced_steps_carry_the_routing_as_its_own_part(smoke_run, monkeypatch):
     check = le.step_check(priced["routed"], dict.fromkeys(le.STEP_KINDS, 0.0))
     assert all(g["price_shares"]["moe_routing"] > 0 for g in check.values())
     assert np.isfinite([b[3] for b in priced["routed"]]).all()
+
+
+def test_dense_ops_table_prices_each_steps_dense_ops_instead_of_the_roofline(tmp_path):
+    """--dense-ops: a step's dense ops cost the table's per-layer time at its rows (its padded rows when graphed) x
+    layers plus the sample at its sampling rows; the roofline's price is kept beside it. The committed table gives
+    the H200 figures docs/live.md quotes, and a model without an entry is refused (None)."""
+    layer, sample = {1: 1e-4, 16: 2e-4}, {1: 5e-5, 4: 8e-5}
+    path = tmp_path / "dense.json"
+    path.write_text(json.dumps({"models": {"tiny-moe": {
+        "layer_ms": {str(t): {"ms": s * 1e3} for t, s in layer.items()},
+        "sample_ms": {str(n): {"ms": s * 1e3} for n, s in sample.items()}}}}))
+    dense = le.DenseOps.from_table(path, "tiny-moe")
+    assert dense(4, 2, 3) == pytest.approx(1.5e-4 * 3 + 6.5e-5) and dense(4, 0, 3) == pytest.approx(4.5e-4)
+    assert dense(0, 1, 3) == 0.0 and le.DenseOps.from_table(path, "other") is None
+    plain, priced = _sim(None), _sim(None)
+    priced.dense_ops = dense
+    for chunks, batch, n_logits in (([], 3, 3), ([(0, 20, 0)], 5, 6)):
+        a = plain.price_step(chunks, batch, 200.0, n_logits, [])
+        b = priced.price_step(chunks, batch, 200.0, n_logits, [])
+        rows = capture_size(batch + sum(c for _, c, _ in chunks))
+        assert b[0] == a[0] and b[1] == pytest.approx(dense(rows, n_logits, le.TINY.num_layers))
+    assert priced.dense_roofline_s == pytest.approx(plain.dense_charged_s) and priced.dense_charged_s > 0
+    mixtral = le.DenseOps.from_table(le.DENSE_OPS_TABLE, "mixtral-8x7b")
+    assert 77e-6 < mixtral.layer(1) < 78e-6 and 101e-6 < mixtral.layer(32) < 103e-6
+    assert le.DenseOps.from_table(le.DENSE_OPS_TABLE, "tiny-moe") is None

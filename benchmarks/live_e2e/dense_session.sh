@@ -5,19 +5,7 @@
 # same window at 1.5x, and last a short profiled run (every 50th step) of Mixtral's window 1 under the vllm-table,
 # the kernel-name attribution's first GPU run. Everything under $OUT comes back as a tarball and the log.
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/dense_session.sh
-set -u
-OUT=${OUT:?set OUT}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/kernel_gym_triton_cache KERNEL_GYM_HEAT=0
-start=$(date +%s)
-log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/session.log"; }
-left() { echo $(( 575 - ($(date +%s) - start) )); }
-E=$OUT/e2e
-mkdir -p "$E"
-{ nvidia-smi; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
-  > "$E/machine.txt" 2>&1
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-  --format=csv -l 1 > "$E/power.csv" 2>&1 &
-smi=$!
+source benchmarks/live_e2e/session_common.sh
 log "dense ops table"
 timeout 150 python3 benchmarks/live_e2e/dense_price_check.py --out "$E/dense_ops.json" > "$E/dense.log" 2>&1
 log "dense: exit $? $(tail -c 400 "$E/dense.log" | tr '\n' ' ')"
@@ -38,6 +26,4 @@ if [ "$(left)" -gt 60 ]; then
     > "$E/window1_prof.log" 2>&1
   log "profiled: exit $? $(grep -a 'tok/s' "$E/window1_prof.log" | tr '\n' ' ')"
 fi
-kill $smi 2>/dev/null
-tar czf "$OUT/e2e.tar.gz" -C "$OUT" e2e && rm -rf "$E"
-log "done"
+finish

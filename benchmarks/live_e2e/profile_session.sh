@@ -4,17 +4,8 @@
 # of the live end-to-end replay (Mixtral, three policies) and OLMoE's window with every 25th / 50th step profiled
 # (run.py --profile-every). Everything under $OUT comes back as three tarballs and the log.
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/profile_session.sh
-set -u
-OUT=${OUT:?set OUT}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/kernel_gym_triton_cache KERNEL_GYM_HEAT=0
-start=$(date +%s)
-log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/session.log"; }
-mkdir -p "$OUT/pack" "$OUT/e2e"
-{ nvidia-smi; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
-  > "$OUT/e2e/machine.txt" 2>&1
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-  --format=csv -l 1 > "$OUT/e2e/power.csv" 2>&1 &
-smi=$!
+source benchmarks/live_e2e/session_common.sh
+mkdir -p "$OUT/pack"
 log "pack_gqa (work items with start and length)"
 timeout 150 python3 benchmarks/short_prefill/pack_gqa.py --out "$OUT/pack" --budget-s 120 --compile-workers 12 \
   > "$OUT/pack/run.log" 2>&1
@@ -35,6 +26,4 @@ if [ "$left" -gt 100 ]; then
 else
   log "OLMoE skipped: $left s left"
 fi
-kill $smi 2>/dev/null
-tar czf "$OUT/e2e.tar.gz" -C "$OUT" e2e && rm -rf "$OUT/e2e"
-log "done"
+finish

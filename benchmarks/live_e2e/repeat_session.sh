@@ -2,17 +2,7 @@
 # One H200 command (session 41): Mixtral window 4 a second time (vllm-table, learned table: the run-to-run spread on
 # a loaded window), then OLMoE over window 3 (60-180 s of the trace at 1.5x), which no OLMoE run had served.
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/repeat_session.sh
-set -u
-OUT=${OUT:?set OUT}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/kernel_gym_triton_cache KERNEL_GYM_HEAT=0
-start=$(date +%s)
-log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/session.log"; }
-left() { echo $(( 575 - ($(date +%s) - start) )); }
-E=$OUT/e2e
-mkdir -p "$E"
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-  --format=csv -l 1 > "$E/power.csv" 2>&1 &
-smi=$!
+source benchmarks/live_e2e/session_common.sh
 log "Mixtral window 4, run 2"
 timeout 260 python3 benchmarks/live_e2e/run.py --out "$E/window4_rep2" --start-s 200 --seconds 30 --rate 1.0 \
   --budget-s 150 --policy-budget-s 100 \
@@ -23,6 +13,4 @@ timeout $(( $(left) - 5 )) python3 benchmarks/live_e2e/run.py --out "$E/olmoe_w3
   --start-s 60 --seconds 120 --rate 1.5 --budget-s $(( $(left) / 2 + 20 )) --policy-budget-s $(( ($(left) - 40) / 2 )) \
   --policies vllm-table,default > "$E/olmoe_w3.log" 2>&1
 log "OLMoE window 3: exit $? $(grep -a 'tok/s' "$E/olmoe_w3.log" | tr '\n' ' ')"
-kill $smi 2>/dev/null
-tar czf "$OUT/e2e.tar.gz" -C "$OUT" e2e && rm -rf "$E"
-log "done"
+finish

@@ -1083,22 +1083,29 @@ def run_predict(args: Any) -> int:
     return 0
 
 
+def _measured_table(choice: str, flag: str, what: str, load: Any, model: ModelSpec) -> tuple[Any, str]:
+    """A --predict table option (a path, or "none") -> (the model's entry, loaded by `load(path, model name)`, and
+    the path as summary.json shows it) or (None, why nothing is charged)."""
+    if choice == "none":
+        return None, f"none: {flag} none"
+    path = Path(choice)
+    if not path.exists():
+        raise SystemExit(f"{flag} {choice}: no such file ({what}, or none)")
+    table = load(path, model.name)
+    if table is None:
+        return None, f"none: no measured table for {model.name} in {choice}"
+    root = Path(__file__).resolve().parents[2]
+    return table, path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else str(path)
+
+
 def moe_routing_setup(args: Any, model: ModelSpec) -> dict | str:
     """args.moe_routing (a routing table's path, or "none") -> args.moe_routing_s (TokenTable or None) and the note
     summary.json's prediction carries: the table, the model's points; or why nothing is charged."""
-    choice = str(getattr(args, "moe_routing", None) or "none")
-    args.moe_routing_s = None
-    if choice == "none":
-        return "none: --moe-routing none"
-    path = Path(choice)
-    if not path.exists():
-        raise SystemExit(f"--moe-routing {choice}: no such file (a moe_price_check routing table, or none)")
-    routing = TokenTable.from_routing_table(path, model.name)
-    if routing is None:
-        return f"none: no measured table for {model.name} in {choice}"
+    routing, shown = _measured_table(str(getattr(args, "moe_routing", None) or "none"), "--moe-routing",
+                                     "a moe_price_check routing table", TokenTable.from_routing_table, model)
     args.moe_routing_s = routing
-    root = Path(__file__).resolve().parents[2]
-    shown = path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else str(path)
+    if routing is None:
+        return shown
     return {"table": shown, "model": model.name, "per_call_ms": {int(t): round(s * 1e3, 5) for t, s in
                                                                    zip(routing.tokens, routing.seconds)},
             "note": "the live fused MoE's in-launch routing and alignment, seconds per MoE call at the step's MoE "
@@ -1109,19 +1116,11 @@ def moe_routing_setup(args: Any, model: ModelSpec) -> dict | str:
 def dense_ops_setup(args: Any, model: ModelSpec) -> dict | str:
     """args.dense_ops (a dense_price_check table's path, or "none") -> args.dense_ops_s (DenseOps or None, then the
     roofline prices the dense ops) and the note summary.json's prediction carries."""
-    choice = str(getattr(args, "dense_ops", None) or "none")
-    args.dense_ops_s = None
-    if choice == "none":
-        return "none: --dense-ops none (the roofline prices the dense ops)"
-    path = Path(choice)
-    if not path.exists():
-        raise SystemExit(f"--dense-ops {choice}: no such file (a dense_price_check.py table, or none)")
-    dense = DenseOps.from_table(path, model.name)
-    if dense is None:
-        return f"none: no measured table for {model.name} in {choice} (the roofline prices the dense ops)"
+    dense, shown = _measured_table(str(getattr(args, "dense_ops", None) or "none"), "--dense-ops",
+                                   "a dense_price_check.py table", DenseOps.from_table, model)
     args.dense_ops_s = dense
-    root = Path(__file__).resolve().parents[2]
-    shown = path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else str(path)
+    if dense is None:
+        return f"{shown} (the roofline prices the dense ops)"
     return {"table": shown, "model": model.name,
             "note": "the stack's dense ops (norms, projections, KV writes, adds; LM head) timed per layer by token "
                     "count in CUDA graphs, x num_layers, plus the sample over the rows that sample, instead of the "

@@ -2,17 +2,7 @@
 # One H200 command (session 41): window 4 (200-230 s of the trace) again after the preemption fix, Mixtral with three
 # policies, then OLMoE's vllm-table over the same window at 1.5x with the budget to finish it.
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/window4_session.sh
-set -u
-OUT=${OUT:?set OUT}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/kernel_gym_triton_cache KERNEL_GYM_HEAT=0
-start=$(date +%s)
-log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/session.log"; }
-left() { echo $(( 575 - ($(date +%s) - start) )); }
-E=$OUT/e2e
-mkdir -p "$E"
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-  --format=csv -l 1 > "$E/power.csv" 2>&1 &
-smi=$!
+source benchmarks/live_e2e/session_common.sh
 log "Mixtral window 4 (200-230 s)"
 timeout 420 python3 benchmarks/live_e2e/run.py --out "$E/window4" --start-s 200 --seconds 30 --rate 1.0 \
   --budget-s 300 --policy-budget-s 110 \
@@ -24,6 +14,4 @@ if [ "$(left)" -gt 90 ]; then
     --policies vllm-table > "$E/olmoe_w4_vllm.log" 2>&1
   log "OLMoE vllm-table: exit $? $(grep -a 'tok/s' "$E/olmoe_w4_vllm.log" | tr '\n' ' ')"
 fi
-kill $smi 2>/dev/null
-tar czf "$OUT/e2e.tar.gz" -C "$OUT" e2e && rm -rf "$E"
-log "done"
+finish
