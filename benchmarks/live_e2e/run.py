@@ -439,6 +439,7 @@ class LiveSimulator(Simulator):
         self._compiles_seen = 0
         self.profile_every = 0  # > 0: every that many timed steps, one more eager run under the profiler (GPU)
         self.profiled_names_us: dict[str, float] = {}  # the profiled runs' kernel time by kernel name, summed
+        self.last_gpu_s: float | None = None  # _timed's CUDA-event span of the step just run (None on the CPU)
 
     def _maybe_profile(self, record: dict, eager: Any) -> None:
         """Profile every profile_every-th step (not one that compiled or captured first): its eager forward's kernel
@@ -579,7 +580,8 @@ class LiveSimulator(Simulator):
             seconds, extra = self._graph_step(dec, ctx, slots)
             eager = extra.pop("eager")
             self.record.append({"t": self.clock, "chunks": [], "decode_batch": len(dec),
-                                "mean_context": float(np.mean(ctx)), "tokens": t, "seconds": seconds,
+                                "mean_context": float(np.mean(ctx)), "max_context": max(ctx), "tokens": t,
+                                "seconds": seconds, "gpu_s": self.last_gpu_s,
                                 "ran_untimed_first": extra["captured_first"], **extra})
             self._maybe_profile(self.record[-1], eager)
             return seconds
@@ -631,7 +633,8 @@ class LiveSimulator(Simulator):
             compiled_in_step = True
             seconds = self._timed(forward)
         self.record.append({"t": self.clock, "chunks": [[r, c, o] for r, c, o in chunks], "decode_batch": len(dec),
-                            "mean_context": float(np.mean(ctx)) if ctx else 0.0, "tokens": t, "seconds": seconds,
+                            "mean_context": float(np.mean(ctx)) if ctx else 0.0, "max_context": max(ctx, default=0),
+                            "tokens": t, "seconds": seconds, "gpu_s": self.last_gpu_s,
                             "ran_untimed_first": compiled_first or compiled_in_step,
                             **({"compiled_in_timed_run": True} if compiled_in_step else {}),
                             **({"piecewise_rows": rows} if piecewise else {}),
@@ -653,10 +656,18 @@ class LiveSimulator(Simulator):
         cuda = self.stack.device == "cuda"
         torch.cuda.synchronize() if cuda else None
         self._compiles_seen = self.compiles.count if self.compiles is not None else 0
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
+        start.record() if cuda else None
         forward()
+        end.record() if cuda else None
         torch.cuda.synchronize() if cuda else None
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        # the GPU's span of the step (first to last work on the stream): seconds - gpu_s is the host's part, the
+        # launch and the sync, which a graphed step's price holds as its step overhead
+        self.last_gpu_s = start.elapsed_time(end) * 1e-3 if cuda else None
+        return seconds
 
     def _piecewise(self, rows: int, t: int, launches: list, moe_wl: MoEWorkload, cfg_m: Config, n_logits: int,
                    check: Any = None) -> Any:

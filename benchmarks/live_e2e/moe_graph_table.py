@@ -1,0 +1,244 @@
+"""The live stack's MoE layer as its CUDA graphs run it: a table `run.py --predict --moe-graph` prices graphed steps by.
+
+The packaged dataset times each fused-MoE row as collection does: an eager launch after an L2 flush, routing and
+alignment prepared outside the timed closure. A graphed step runs it otherwise: routing and alignment inside the
+launch (`fused_moe.prepare_layer(..., route_in_launch=True)`), the layers' calls back to back with no launch gaps and
+no flush. `moe_price_check.py` measured both ways at 8-128 tokens (its C: 0.93-1.15x the dataset path, with the
+routing inside), so a price built from the dataset's row plus a separately timed routing is off by up to 15% per
+call, one way at small token counts and the other at larger ones. This script times C over the graphs' whole range:
+
+- the plan (CPU, `--plan FILE`): per model, the MoE config each live policy runs at every decode-graph capture size
+  up to 512 rows (run.py's `LiveSimulator._moe_config`, the config the prediction charges there too), and the grid
+  points GRID that bracket each capture size, so the prediction can interpolate a config between two points where
+  that config was timed;
+- the timings (GPU, `--out DIR`): per model, `--layers` layers with distinct expert weights and routings, their live
+  calls captured in one graph and replayed without the L2 flush (DEFAULT_TIMING's repeats), each config first
+  checked against the fp32 reference on layer 0 (before and after the capture), per layer the total divided by the
+  layers. One JSON file, moe_graph.json; a short table last.
+
+    python3 benchmarks/live_e2e/moe_graph_table.py --plan benchmarks/live_e2e/moe_graph_plan.json    # CPU
+    python3 benchmarks/live_e2e/moe_graph_table.py --out $OUT/moe_graph                              # GPU (~4 min)
+    TRITON_INTERPRET=1 python3 benchmarks/live_e2e/moe_graph_table.py --smoke --out /tmp/mgt          # CPU dry run
+
+The GPU mode imports only torch, triton, numpy, the standard library and kernel_gym.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.live_e2e.moe_price_check import TABLE_POLICY, Measurer, _checked, _gpu_state, live_config  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PLAN_PATH = HERE / "moe_graph_plan.json"
+OUT_NAME = "moe_graph.json"
+GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # capture sizes timed; the rest interpolate
+MODEL_POLICIES = {"mixtral-8x7b": ("default", "vllm-table", TABLE_POLICY), "olmoe-1b-7b": ("default", "vllm-table")}
+SMOKE_GRID = (4, 8)
+
+
+def log(msg: str) -> None:
+    print(f"[moe_graph_table {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def bracket(t: int, grid: tuple[int, ...]) -> tuple[int, int]:
+    """The grid points at or below and at or above t (the same point when t is on the grid)."""
+    if not grid[0] <= t <= grid[-1]:
+        raise ValueError(f"{t} rows is outside the grid {grid[0]}..{grid[-1]}")
+    return max(g for g in grid if g <= t), min(g for g in grid if g >= t)
+
+
+def build_plan(model_policies: dict[str, tuple[str, ...]], grid: tuple[int, ...] = GRID, smoke: bool = False) -> dict:
+    """Per model: the (T, config) points to time: for every capture size up to the grid's last point and every
+    policy, the config the live run executes there at its two bracketing grid points (configs the family's rules
+    refuse at a grid point are left out there: the prediction falls back where it cannot interpolate)."""
+    from benchmarks.live_e2e import run as le
+    from benchmarks.live_e2e.moe_price_check import _live_simulator
+    from kernel_gym.kernels import fused_moe as fm
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.kernels.workloads import MoEWorkload
+    from kernel_gym.models import load_model
+    from kernel_gym.traffic.simulator import capture_size
+
+    dtype = "float32" if smoke else "bfloat16"
+    caps = sorted({capture_size(n) for n in range(grid[0], grid[-1] + 1)})
+    plan: dict[str, Any] = {"grid": list(grid), "dtype": dtype, "models": {}}
+    for name, policies in model_policies.items():
+        model = le.TINY if smoke else load_model(name)
+        points: dict[int, set[str]] = {}
+        for spec in policies:
+            sim = _live_simulator(model, spec, dtype)
+            for cs in caps:
+                cfg = live_config(sim, cs, cs)
+                for g in set(bracket(cs, grid)):
+                    wl = MoEWorkload(g, model.num_experts, model.top_k, model.hidden, model.intermediate, 0.0, dtype)
+                    if fm.FAMILY.space.is_valid(Config.parse(cfg), wl):
+                        points.setdefault(g, set()).add(cfg)
+        from dataclasses import asdict
+
+        plan["models"][model.name] = {"model_spec": asdict(model), "policies": list(policies),
+                                      "points": {str(g): sorted(points[g]) for g in sorted(points)}}
+        log(f"{model.name}: {sum(len(v) for v in points.values())} points, "
+            f"{len(set().union(*points.values()))} configs")
+    return plan
+
+
+def measure_model(meas: Measurer, spec: dict, points: dict[str, list[str]], dtype: str, device: str, layers: int,
+                  deadline: float) -> tuple[dict, list[int]]:
+    """{config: {T: timing per layer}} for one model (errors in place of a timing), and the T left by the deadline."""
+    import torch
+
+    from kernel_gym.kernels import fused_moe as fm
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.kernels.workloads import MoEWorkload
+
+    e, k, hidden, inter = spec["num_experts"], spec["top_k"], spec["hidden"], spec["intermediate"]
+    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    gen = torch.Generator(device=device).manual_seed(1234)
+    weights = [(torch.randn(e, 2 * inter, hidden, generator=gen, device=device, dtype=torch_dtype)
+                .mul_(hidden ** -0.5),
+                torch.randn(e, hidden, inter, generator=gen, device=device, dtype=torch_dtype).mul_(inter ** -0.5))
+               for _ in range(layers)]
+    table: dict[str, dict[str, Any]] = {}
+    skipped = []
+    for t_s in sorted(points, key=int):
+        t = int(t_s)
+        if time.monotonic() > deadline:
+            skipped.append(t)
+            continue
+        wl = MoEWorkload(t, e, k, hidden, inter, 0.0, dtype)
+        x = torch.randn(t, hidden, generator=gen, device=device, dtype=torch_dtype)
+        inputs = [fm.MoEInputs(wl, x, fm.router_logits(wl, seed=1 + i).to(device), w1, w2)
+                  for i, (w1, w2) in enumerate(weights)]
+        ref0 = fm.FAMILY.reference(inputs[0])
+        for cfg_s in points[t_s]:
+            c0 = time.monotonic()
+            try:
+                res = time_layers(meas, inputs, ref0, Config.parse(cfg_s), dtype)
+            except Exception as exc:  # noqa: BLE001 - a failing config is reported, the others still run
+                res = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+            res["seconds"] = round(time.monotonic() - c0, 2)
+            table.setdefault(cfg_s, {})[t_s] = res
+            log(f"T={t} {cfg_s}: " + (res["error"] if "error" in res else f"{res['ms']:.4f} ms per layer")
+                + f" ({res['seconds']} s)")
+        if meas.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    return table, skipped
+
+
+def time_layers(meas: Measurer, inputs: list, ref0: Any, cfg: Any, dtype: str) -> dict:
+    """The layers' live calls (routing and alignment inside each launch) in one graph, replayed unflushed; layer 0
+    checked against the reference eagerly and through the replay. ms per layer, with the whole graph's timing."""
+    from kernel_gym.kernels import fused_moe as fm
+
+    calls = [fm.prepare_layer(li, cfg, route_in_launch=True) for li in inputs]
+    out0, wrong = _checked(calls[0], ref0, dtype)
+    if wrong:
+        return {"error": f"layer 0: {wrong}"}
+    for call in calls[1:]:
+        call()  # compiled and warm before the capture
+
+    def stack() -> Any:
+        return [call() for call in calls][0]
+
+    graph = meas.graph(stack)
+    _, wrong = _checked(graph, ref0, dtype, out0)
+    if wrong:
+        return {"error": f"graph replay, layer 0: {wrong}"}
+    whole = meas.time(graph, flush=False)
+    return {**whole, "ms": whole["ms"] / len(calls), "layers": len(calls), "total_ms": whole["ms"]}
+
+
+def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False) -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available() and not smoke and os.environ.get("TRITON_INTERPRET") != "1"
+    if not cuda and not smoke:
+        raise SystemExit("no CUDA device (or TRITON_INTERPRET=1): the timings need the GPU; --smoke is the CPU dry run")
+    device, dtype = ("cuda", plan["dtype"]) if cuda else ("cpu", "float32")
+    meas = Measurer(cuda)
+    start = time.monotonic()
+    doc: dict[str, Any] = {"meta": {
+        "what": "fused_moe.prepare_layer(route_in_launch=True) for `layers` layers with distinct weights in one CUDA "
+                "graph, no L2 flush; ms per layer (the graph's median / layers)",
+        "layers": layers, "grid": plan["grid"], "dtype": dtype, "budget_s": budget_s,
+        "device": torch.cuda.get_device_name() if cuda else "cpu-interpreter", "torch": torch.__version__,
+        "triton": __import__("triton").__version__, "commit": os.environ.get("KERNEL_GYM_COMMIT"),
+        "gpu_before": _gpu_state(cuda)}, "models": {}}
+    share = budget_s / max(1, len(plan["models"]))
+    for i, (name, entry) in enumerate(plan["models"].items()):
+        deadline = start + share * (i + 1)
+        table, skipped = measure_model(meas, entry["model_spec"], entry["points"], dtype, device, layers, deadline)
+        doc["models"][name] = {"policies": entry["policies"], "ms": table, "skipped_T": skipped}
+        log(f"{name} done ({time.monotonic() - start:.0f} s so far; skipped T {skipped})")
+    doc["meta"]["gpu_after"] = _gpu_state(cuda)
+    doc["meta"]["wall_s"] = round(time.monotonic() - start, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / OUT_NAME).write_text(json.dumps(doc, indent=1))
+    log(f"wrote {out_dir / OUT_NAME} ({doc['meta']['wall_s']} s)")
+    print_table(doc)
+    return doc
+
+
+def print_table(doc: dict) -> None:
+    """Per model and T: how many configs were timed, and their per-layer ms range."""
+    for name, entry in doc["models"].items():
+        by_t: dict[int, list[float]] = {}
+        errors = 0
+        for per_t in entry["ms"].values():
+            for t, res in per_t.items():
+                if "ms" in res:
+                    by_t.setdefault(int(t), []).append(res["ms"])
+                else:
+                    errors += 1
+        print(f"{name}: {sum(len(v) for v in by_t.values())} timed, {errors} failed, skipped T {entry['skipped_T']}")
+        for t in sorted(by_t):
+            print(f"  T={t:>4}: {len(by_t[t])} configs, {min(by_t[t]):.4f}-{max(by_t[t]):.4f} ms per layer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plan", type=Path, default=None,
+                   help="without --out: write the plan here (CPU); with --out: the plan to read (default: the "
+                        "committed benchmarks/live_e2e/moe_graph_plan.json)")
+    p.add_argument("--out", type=Path, default=None, help="GPU: time the plan, write DIR/moe_graph.json")
+    p.add_argument("--layers", type=int, default=4, help="layers with distinct weights captured back to back")
+    p.add_argument("--budget-s", type=float, default=300.0, help="GPU: start no new T after this many seconds "
+                   "(shared evenly by the plan's models)")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan (T=4, 8), wall clocks")
+    args = p.parse_args(argv)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        if args.out is None:
+            p.error("--smoke needs --out")
+        plan = build_plan({"tiny-moe": ("default", TABLE_POLICY)}, SMOKE_GRID, smoke=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
+        run_measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
+        return 0
+    if args.out is None:
+        if args.plan is None:
+            p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
+        plan = build_plan(MODEL_POLICIES)
+        args.plan.write_text(json.dumps(plan, indent=1) + "\n")
+        log(f"wrote {args.plan}")
+        return 0
+    plan_path = args.plan or PLAN_PATH
+    if not plan_path.exists():
+        raise SystemExit(f"{plan_path}: no plan; write one on the CPU first (--plan {plan_path})")
+    run_measure(json.loads(plan_path.read_text()), args.out, args.layers, args.budget_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
