@@ -855,6 +855,62 @@ class TokenTable:
         return float(np.interp(x, self._log2_tokens, self.seconds))
 
 
+MOE_GRAPH_TABLE = Path(__file__).resolve().parent / "graph_5ebaec4" / "moe_graph" / "moe_graph.json"
+
+
+class MoEGraphTable:
+    """Seconds per layer of the live MoE call (its routing and alignment inside the launch) as a graph replays it,
+    by config and rows (moe_graph_table.py): a config's time at a capture size between two rows it was timed at is
+    linear in log2(rows) between them; None where the config was not timed on both sides (the caller falls back to
+    the dataset's row plus the routing table)."""
+
+    def __init__(self, points: dict[str, dict[int, float]], source: str = "") -> None:
+        self.points = {cfg: (np.log2(sorted(per)), np.array([per[t] for t in sorted(per)]))
+                       for cfg, per in points.items() if per}
+        self.source = source
+
+    @classmethod
+    def from_table(cls, path: Path | str, model: str) -> MoEGraphTable | None:
+        entry = json.loads(Path(path).read_text()).get("models", {}).get(model)
+        if not entry or not entry.get("ms"):
+            return None
+        return cls({cfg: {int(t): float(r["ms"]) * 1e-3 for t, r in per.items() if "ms" in r}
+                    for cfg, per in entry["ms"].items()}, str(path))
+
+    def __call__(self, config: str, rows: int) -> float | None:
+        hit = self.points.get(config)
+        if hit is None:
+            return None
+        xs, ys = hit
+        x = math.log2(max(int(rows), 1))
+        if not xs[0] - 1e-9 <= x <= xs[-1] + 1e-9:
+            return None
+        return float(np.interp(x, xs, ys))
+
+
+# the live stack's steps: seconds - gpu_s (the host's part outside the step's GPU span, the launch and the sync) per
+# kind of step, measured on these runs' records (graph_session.sh); what --predict charges as the step overhead
+STEP_HOST_RUNS = tuple(Path(__file__).resolve().parent / "graph_5ebaec4" / r for r in ("window1_g", "olmoe_g"))
+
+
+def measured_step_host(runs: tuple[Path, ...] | list[Path]) -> dict:
+    """Per kind of step (STEP_KINDS), the median over every policy's timed steps in these runs of the step's seconds
+    minus its GPU span (records with `gpu_s`), with the step count: {"graph": {"overhead_s": s, "steps": n}, ...}."""
+    host: dict[str, list[float]] = {k: [] for k in STEP_KINDS}
+    for run in runs:
+        for spec in json.loads((Path(run) / "measured.json").read_text())["measured"]:
+            for r in read_steps(Path(run), spec) or []:
+                if r.get("gpu_s") is None or r["ran_untimed_first"]:
+                    continue
+                kind = "graph" if "graph_rows" in r else "piecewise" if "piecewise_rows" in r else "eager"
+                host[kind].append(r["seconds"] - r["gpu_s"])
+    missing = [k for k, v in host.items() if not v]
+    if missing:
+        raise SystemExit(f"--step-host: no timed {missing} steps with a GPU span (gpu_s) in {[str(r) for r in runs]}; "
+                         "give runs made at tree 5ebaec4 or later, or --step-host assumed")
+    return {k: {"overhead_s": float(np.median(v)), "steps": len(v)} for k, v in host.items()}
+
+
 DENSE_OPS_TABLE = Path(__file__).resolve().parent / "dense_217cbde" / "dense_ops.json"
 
 
@@ -897,18 +953,30 @@ class PredictSimulator(Simulator):
     dense_ops: DenseOps | None = None
     dense_charged_s = 0.0
     dense_roofline_s = 0.0
+    moe_graph: MoEGraphTable | None = None
+    moe_graph_charged_s = 0.0  # the graph table's seconds charged (all layers), routing inside
+    moe_graph_replaced_s = 0.0  # the dataset's seconds those calls would have cost (the routing charge left out too)
+    moe_graph_steps = 0
+    moe_graph_missed = 0  # graphed steps whose MoE config the table could not answer (dataset + routing charged)
+    _graph_rows = 0  # the capture size of the step being priced (0: an eager step)
+    _moe_from_graph = False
 
     def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
-                   stall: list) -> tuple[float, float]:
-        kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall)
+                   stall: list, max_ctx: float | None = None) -> tuple[float, float]:
         num_tokens = batch + sum(c for _, c, _ in chunks)  # the step's rows, as Simulator.price_step charges them
         if num_tokens <= self.graph_max_tokens:
             num_tokens = capture_size(num_tokens)
+            self._graph_rows = num_tokens
+        self._moe_from_graph = False
+        try:
+            kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx)
+        finally:
+            self._graph_rows = 0
         self.dense_roofline_s += dense
         if self.dense_ops is not None:
             dense = self.dense_ops(num_tokens, n_logits, self.model.num_layers)
         self.dense_charged_s += dense
-        if self.moe_routing_s is None:
+        if self.moe_routing_s is None or self._moe_from_graph:  # the graph table's time holds the routing
             return kernel_s, dense
         extra = float(self.moe_routing_s(num_tokens)) * self.model.num_layers
         self.moe_routing_charged_s += extra
@@ -917,9 +985,11 @@ class PredictSimulator(Simulator):
     def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
         """Decode at a batch the dataset has no row for (it stops at 64 below 2048 tokens of context): the time at
         the largest batch it answers (halving), scaled by the batch ratio (decode reads KV: time ~ batch x context).
-        An estimate, summed in scaled_decode_s."""
+        An estimate, summed in scaled_decode_s. The MoE of a graphed step: the graph table's time for the config
+        chosen, where it answers (moe_graph)."""
         try:
-            return super()._kernel_s(kernel, key, stall)
+            t = super()._kernel_s(kernel, key, stall)
+            return self._graph_moe(t) if kernel == "fused_moe" else t
         except LookupError:
             if kernel != "decode_attention" or key[1] <= 1:
                 raise
@@ -933,6 +1003,22 @@ class PredictSimulator(Simulator):
             self.scaled_decode_s += t * self.model.num_layers
             return t
         raise LookupError(f"no decode time at any batch <= {batch} for context {key[2]}")
+
+    def _graph_moe(self, t: float) -> float:
+        """The dataset's MoE seconds `t` for the config just chosen, or the graph table's for it at the step's
+        capture size (noted in the counters) where the step is graphed and the table answers."""
+        if self.moe_graph is None or not self._graph_rows:
+            return t
+        g = self.moe_graph(str(self._last_cfg["fused_moe"]), self._graph_rows)
+        if g is None:
+            self.moe_graph_missed += 1
+            return t
+        layers = self.model.num_layers
+        self.moe_graph_charged_s += g * layers
+        self.moe_graph_replaced_s += t * layers
+        self.moe_graph_steps += 1
+        self._moe_from_graph = True
+        return g
 
     def _workload(self, key: tuple) -> Any:
         if key[0] == "prefill_attention" and sum(key[1]) < MIN_PREFILL_TOKENS:
@@ -954,10 +1040,14 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
         from kernel_gym.evaluate.replay import GuardedChooser
 
         chooser = guard = GuardedChooser(chooser, backend, model.num_layers)
+    plain = getattr(args, "step_host_s", None)  # the measured host part per kind of step; None: the assumption
+    # compile_s 0: the live run compiles each config (and captures each graph) untimed, the first time it comes
     sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
-                           step_overheads=overheads, **sim_kwargs(args, model), **graph_kwargs(meta))
+                           step_overheads=overheads if overheads is not None else plain, **sim_kwargs(args, model),
+                           compile_s=lambda kernel, config: 0.0, **graph_kwargs(meta))
     sim.moe_routing_s = getattr(args, "moe_routing_s", None)
     sim.dense_ops = getattr(args, "dense_ops_s", None)
+    sim.moe_graph = getattr(args, "moe_graph_s", None)
     if guard is not None:
         guard.sim = sim
     return sim.run().summary, sim, guard
@@ -1007,6 +1097,8 @@ def run_predict(args: Any) -> int:
         timer = BackendTimer(backend)
     routing_note = moe_routing_setup(args, model)
     dense_note = dense_ops_setup(args, model)
+    graph_note = moe_graph_setup(args, model)
+    host_note = step_host_setup(args)
     if args.calibrate and not args.calibration_from and args.calibrate not in data["measured"]:
         raise SystemExit(f"--calibrate {args.calibrate!r}: not a measured policy; measured: {list(data['measured'])}")
     summary: dict = {"meta": meta, "policies": {}}
@@ -1016,6 +1108,8 @@ def run_predict(args: Any) -> int:
         summary["prediction"] = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}
     summary.setdefault("prediction", {})["moe_routing"] = routing_note
     summary["prediction"]["dense_ops"] = dense_note
+    summary["prediction"]["moe_graph"] = graph_note
+    summary["prediction"]["step_overheads"] = host_note
     overheads = None
     if args.calibration_from:  # overheads fitted on another run: every policy here is out of sample
         fitted = json.loads(Path(args.calibration_from).read_text()).get("calibration")
@@ -1059,9 +1153,12 @@ def run_predict(args: Any) -> int:
                                    if guard is not None else None),
                "moe_routing_charged_s": sim.moe_routing_charged_s,
                "dense_charged_s": sim.dense_charged_s, "dense_roofline_s": sim.dense_roofline_s,
+               "moe_graph": {"charged_s": sim.moe_graph_charged_s, "dataset_s": sim.moe_graph_replaced_s,
+                             "steps": sim.moe_graph_steps, "missed_steps": sim.moe_graph_missed},
                "fallbacks": guard.fallbacks if guard is not None else None,
                "clamped_workloads": sim.clamped,
                "decode_scaled_estimate_s": sim.scaled_decode_s,
+               "decode_longest_s": sim.decode_longest_s,
                "predicted_busy_s": pred["busy_s"],
                "measured_run_complete": measured.get("complete"),
                # the GPU's clocks, power and throttle reasons around the measured policy (measure/power.py)
@@ -1079,7 +1176,7 @@ def run_predict(args: Any) -> int:
                                      if "moe_routing_charged_s" in row}
     summary["step_fit"] = step_fit(args.out, data["measured"])
     if backend is not None:
-        plain = dict.fromkeys(STEP_KINDS, STEP_OVERHEAD_S)
+        plain = getattr(args, "step_host_s", None) or dict.fromkeys(STEP_KINDS, STEP_OVERHEAD_S)
         summary["step_check"] = {}
         for spec, measured in data["measured"].items():
             priced = priced_steps(args.out, spec, model, trace, timer, backend, args, meta, guards)
@@ -1138,6 +1235,41 @@ def dense_ops_setup(args: Any, model: ModelSpec) -> dict | str:
                     "roofline: dense_charged_s and dense_roofline_s per policy"}
 
 
+def moe_graph_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.moe_graph (a moe_graph_table.py table's path, or "none") -> args.moe_graph_s (MoEGraphTable or None) and
+    the note summary.json's prediction carries."""
+    table, shown = _measured_table(str(getattr(args, "moe_graph", None) or "none"), "--moe-graph",
+                                   "a moe_graph_table.py table", MoEGraphTable.from_table, model)
+    args.moe_graph_s = table
+    if table is None:
+        return f"{shown} (graphed steps' MoE priced by the dataset's row plus the routing table)"
+    return {"table": shown, "model": model.name, "configs": len(table.points),
+            "note": "the MoE of graphed steps (decode graphs, piecewise graphs) at the step's capture size from the "
+                    "live call timed as a graph replays it, routing inside (no routing charge on those steps), "
+                    "where the table times the config chosen on both sides of the capture size; else the dataset's "
+                    "row plus the routing table (missed_steps per policy)"}
+
+
+def step_host_setup(args: Any) -> dict | str:
+    """args.step_host ("assumed", or run folders with gpu_s in their step records) -> args.step_host_s (the step
+    overhead per kind of step, or None: the simulator's assumed STEP_OVERHEAD_S) and the note for summary.json."""
+    choice = str(getattr(args, "step_host", None) or "assumed")
+    if choice == "assumed":
+        args.step_host_s = None
+        return f"assumed: {STEP_OVERHEAD_S * 1e3:g} ms per step (the simulator's STEP_OVERHEAD_S)"
+    runs = [Path(r) for r in choice.split(",")]
+    for r in runs:
+        if not (r / "measured.json").exists():
+            raise SystemExit(f"--step-host {choice}: {r} holds no measured.json (a live run's folder), or 'assumed'")
+    host = measured_step_host(runs)
+    args.step_host_s = {k: v["overhead_s"] for k, v in host.items()}
+    root = Path(__file__).resolve().parents[2]
+    return {"runs": [r.resolve().relative_to(root).as_posix() if r.resolve().is_relative_to(root) else str(r)
+                     for r in runs], "per_kind": host,
+            "note": "median of a step's measured seconds minus its GPU span (CUDA events around the step) per kind "
+                    "of step: the host's part the step's timer holds (the replay or launches, the sync)"}
+
+
 def steps_path(out: Path, spec: str) -> Path:
     return out / f"{spec.replace(':', '_').replace('/', '_')}_steps.json"
 
@@ -1170,6 +1302,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
                            **sim_kwargs(args, model), **graph_kwargs(meta))
     sim.moe_routing_s = getattr(args, "moe_routing_s", None)
     sim.dense_ops = getattr(args, "dense_ops_s", None)
+    sim.moe_graph = getattr(args, "moe_graph_s", None)
     guard.sim = sim
     if guards is not None:
         guards.append(guard)
@@ -1178,12 +1311,18 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         chunks = [tuple(c) for c in r["chunks"]]
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
         before = dict(guard.kernel_s)  # the guard books each family's seconds (all layers) as it is asked
-        routed = sim.moe_routing_charged_s
+        routed, graphed, replaced = sim.moe_routing_charged_s, sim.moe_graph_charged_s, sim.moe_graph_replaced_s
+        longest = sim.decode_longest_s
+        # records before tree 5ebaec4 carry no max_context: their decode is priced at the mean context alone
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
-                                         [])
+                                         [], r.get("max_context"))
         parts = {k: v - before.get(k, 0.0) for k, v in guard.kernel_s.items() if v != before.get(k, 0.0)}
         if sim.moe_routing_charged_s != routed:
             parts["moe_routing"] = sim.moe_routing_charged_s - routed
+        if sim.moe_graph_charged_s != graphed:  # the guard booked the dataset's row; the graph table's was charged
+            parts["fused_moe"] += (sim.moe_graph_charged_s - graphed) - (sim.moe_graph_replaced_s - replaced)
+        if sim.decode_longest_s != longest:  # the guard booked the mean context's time; the longest sequence's too
+            parts["decode_attention"] += sim.decode_longest_s - longest
         priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense,
                        r["decode_batch"], {**parts, "dense": dense}, r.get("kernels")))
     return priced
@@ -1344,6 +1483,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --predict: charge the live fused MoE's in-launch routing per MoE call from this "
                         "measured table (moe_price_check.py's moe_routing.json; default: the committed one) x layers; "
                         "'none': no charge")
+    p.add_argument("--moe-graph", default=str(MOE_GRAPH_TABLE), metavar="TABLE.json",
+                   help="--predict: price graphed steps' MoE (routing inside) from this moe_graph_table.py table "
+                        "(default: the committed one); none: the dataset's row plus --moe-routing")
+    p.add_argument("--step-host", default=",".join(str(r) for r in STEP_HOST_RUNS), metavar="RUN[,RUN]",
+                   help="--predict: the step overhead per kind of step, measured on these live runs' records (seconds "
+                        "minus the GPU span; default: the committed graph_5ebaec4 runs); assumed: the simulator's "
+                        f"{STEP_OVERHEAD_S * 1e3:g} ms")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
     args = p.parse_args(argv)
     if args.out is None and not args.live_check:

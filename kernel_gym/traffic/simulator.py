@@ -387,6 +387,7 @@ class Simulator:
         self.prefill_tokens_total = 0
         self.recomputed_tokens = 0
         self.tuned_kernel_total = 0.0
+        self.decode_longest_s = 0.0  # decode seconds charged above the mean context's for the longest sequence
         self.stall_total = 0.0
         self.num_preemptions = 0
 
@@ -597,6 +598,32 @@ class Simulator:
             self._memo[mk] = t
         return t
 
+    def _decode_s(self, batch: int, mean_ctx: float, max_ctx: float | None, stall: list) -> float:
+        """Seconds per layer of the decode batch: the chosen config's time at the batch's mean context (its total
+        KV read), but no less than the same config's time for the longest sequence alone (batch 1 at `max_ctx`).
+        A ragged batch waits for its longest sequence's programs; the data's rows spread contexts only over 0.5-1.5x
+        their mean (DecodeWorkload.context_lens). Kernel profiles of live steps found the mean alone priced decode at
+        0.5-0.8 of its time (docs/live.md). The extra seconds are summed in decode_longest_s (all layers). Not for a
+        config a guarding chooser served as a fallback (`last_fallback`): its time is already a stand-in."""
+        t = self._kernel_s("decode_attention", ("decode_attention", round_count(batch), round_log4(mean_ctx)), stall)
+        if batch == 1 or max_ctx is None or max_ctx <= 1.5 * mean_ctx:  # within the rows' own spread
+            return t
+        if getattr(self.chooser, "last_fallback", {}).get("decode_attention"):
+            return t  # a fallback stands in for an untimed choice: its own longest-sequence time says nothing of it
+        cfg = self._last_cfg["decode_attention"]
+        mk = (("decode_attention", 1, round_log4(max_ctx)), cfg)
+        longest = self._memo.get(mk)
+        if longest is None:
+            try:
+                longest = float(self.timer.time_s("decode_attention", self._workload(mk[0]), cfg))
+            except (LookupError, RuntimeError, ValueError):
+                longest = 0.0  # the data cannot time the config alone at that context: the mean's time stands
+            self._memo[mk] = longest
+        if longest > t:
+            self.decode_longest_s += (longest - t) * self.model.num_layers
+            return longest
+        return t
+
     def _chunks_s(self, chunks: list[tuple[int, int, int]], stall: list) -> float:
         """Seconds per layer of this step's prefill chunks [(request, chunk, offset)] (see chunk_attention)."""
         if self.chunk_mode != "equivalent":
@@ -642,11 +669,11 @@ class Simulator:
         return "piecewise" if has_chunks else "graph"
 
     def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
-                   stall: list) -> tuple[float, float]:
+                   stall: list, max_ctx: float | None = None) -> tuple[float, float]:
         """(tuned-kernel seconds over all layers, untuned dense seconds) of one step: its prefill chunks
-        [(request, chunk, offset)], `batch` decodes at mean context `mean_ctx`, the MoE over all its tokens at the
-        routing's skew now, and the dense ops with `n_logits` rows through the LM head (step() charges this, plus the
-        step overhead and stalls)."""
+        [(request, chunk, offset)], `batch` decodes at mean context `mean_ctx` (the longest `max_ctx`, where
+        known: _decode_s), the MoE over all its tokens at the routing's skew now, and the dense ops with `n_logits`
+        rows through the LM head (step() charges this, plus the step overhead and stalls)."""
         num_tokens = batch + sum(c for _, c, _ in chunks)
         if num_tokens <= self.graph_max_tokens:
             num_tokens = capture_size(num_tokens)
@@ -654,8 +681,7 @@ class Simulator:
         if chunks:
             kernel_s += self._chunks_s(chunks, stall)
         if batch:
-            key = ("decode_attention", round_count(batch), round_log4(mean_ctx))
-            kernel_s += self._kernel_s("decode_attention", key, stall)
+            kernel_s += self._decode_s(batch, mean_ctx, max_ctx, stall)
         shares = self.routing.load_shares(self.clock)
         if shares is not self._route_shares:
             self._route_shares = shares
@@ -734,9 +760,10 @@ class Simulator:
         stall: list[tuple[float, str]] = self._pending_stalls
         self._pending_stalls = []
         mean_ctx = float(kv[dec].mean()) + 1.0 if batch else 0.0
+        max_ctx = float(kv[dec].max()) + 1.0 if batch else 0.0
         completing = [rid for rid, c, _ in chunks if kv[rid] + c >= self.target[rid]]
         n_logits = batch + len(completing)
-        kernel_s, dense = self.price_step(chunks, batch, mean_ctx, n_logits, stall)
+        kernel_s, dense = self.price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx)
         stall_s = 0.0
         for s, reason in stall:
             stall_s += s
@@ -932,6 +959,7 @@ class Simulator:
             "e2e_p99_s": q(e2e, 99),
             "e2e_mean_s": float(e2e.mean()) if len(e2e) else float("nan"),
             "tuned_kernel_s": float(self.tuned_kernel_total),
+            "decode_longest_s": float(self.decode_longest_s),
             "stall_s": float(self.stall_total),
             "busy_s": busy,
             "configs_used": float(sum(len(v) for v in r.configs_used.values())),

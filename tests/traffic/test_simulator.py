@@ -340,3 +340,31 @@ def test_idle_gaps_jump_time():
     res = sim(tr).run()
     assert res.first_token_s[1] > 100.0 and res.e2e_s[1] < 1.0
     assert len(res.steps) == 6
+
+
+def test_a_ragged_decode_batch_costs_no_less_than_its_longest_sequence_alone():
+    """Decode is priced at the batch's mean context, but no less than the same config's time for the longest sequence
+    alone (batch 1 at max_ctx): a ragged batch waits for its longest sequence. Within the rows' own spread (max up to
+    1.5x the mean) and without a max the mean stands; so does a config a guarding chooser served as a fallback."""
+    tr = Trace("one", np.array([0.0]), np.array([16]), np.array([3]))
+    timer = AnalyticTimer()
+    s = sim(tr, timer)
+    dec = lambda mean, mx: s._decode_s(4, mean, mx, [])  # noqa: E731
+    at_mean = dec(200.0, None)
+    cfg = s._last_cfg["decode_attention"]
+    alone = timer.time_s("decode_attention", s._workload(("decode_attention", 1, round_log4(1000.0))), cfg)
+    assert alone > at_mean  # the analytic timer: 1 x 1000 tokens read alone takes longer than 4 x 200 together
+    assert dec(200.0, 250.0) == at_mean and s.decode_longest_s == 0.0  # within the rows' spread
+    assert dec(200.0, 1000.0) == pytest.approx(alone)
+    assert s.decode_longest_s == pytest.approx((alone - at_mean) * TINY.num_layers)
+    kernel_s, _ = s.price_step([], 4, 200.0, 4, [], 1000.0)  # price_step passes the longest context on
+    assert kernel_s > s.price_step([], 4, 200.0, 4, [])[0]
+
+    class Guarded:  # a chooser that reports its last decode choice as a fallback (replay's GuardedChooser)
+        last_fallback = {"decode_attention": True}
+
+        def choose(self, kernel, workload, kv):
+            return chooser().choose(kernel, workload, kv)
+
+    g = sim(tr, AnalyticTimer(), ch=Guarded())
+    assert g._decode_s(4, 200.0, 1000.0, []) == pytest.approx(at_mean) and g.decode_longest_s == 0.0

@@ -1,0 +1,109 @@
+"""benchmarks/live_e2e/run.py --predict's prices for graphed steps (session 42): the MoE layer from the table of the
+live call timed as its graphs run it (--moe-graph, moe_graph_table.py), the step overhead from the live runs' own
+records (--step-host: seconds minus the GPU span), and no compile stalls (the live run compiles untimed)."""
+
+import json
+
+import pytest
+
+from benchmarks.live_e2e import run as le
+from kernel_gym.measure.roofline import RooflineTimer
+from kernel_gym.traffic.simulator import capture_size
+
+
+def graph_table(model: str, points: dict[str, dict[int, float]]) -> dict:
+    """A moe_graph_table.py table: {models: {MODEL: {ms: {CONFIG: {T: {"ms": ...}}}}}}."""
+    return {"meta": {}, "models": {model: {"ms": {cfg: {str(t): {"ms": s * 1e3} for t, s in per.items()}
+                                                 for cfg, per in points.items()}}}}
+
+
+def test_graph_table_interpolates_a_config_between_its_timed_rows_and_answers_none_elsewhere(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(graph_table("m", {"A": {8: 1e-4, 32: 3e-4}, "B": {16: 5e-4}})))
+    g = le.MoEGraphTable.from_table(path, "m")
+    assert g("A", 8) == pytest.approx(1e-4) and g("A", 32) == pytest.approx(3e-4)
+    assert g("A", 16) == pytest.approx(2e-4)  # halfway in log2 rows between 8 and 32
+    assert g("A", 4) is None and g("A", 64) is None  # outside the rows the config was timed at: not clamped
+    assert g("B", 16) == pytest.approx(5e-4) and g("B", 24) is None
+    assert g("C", 16) is None  # a config never timed
+    assert le.MoEGraphTable.from_table(path, "other") is None
+
+
+def _sim(graphs=True):
+    trace = le.window_trace("bundled", 0.0, 30.0, 1.0, 60, 3).head(le.SMOKE_REQUESTS)
+    return le.PredictSimulator(le.TINY, trace, RooflineTimer(0.5), le.DefaultChooser(), None, kv_layout=le.PAGE,
+                               dtype="float32", gpu_memory_bytes=le.pool_memory(le.TINY, 0.002),
+                               max_num_batched_tokens=48, max_num_seqs=256,
+                               **le.graph_kwargs({"cuda_graphs": graphs}))
+
+
+def test_graphed_steps_moe_comes_from_the_graph_table_with_the_routing_inside():
+    """Where the table times the chosen config at the step's capture size, the step's MoE costs the table's time x
+    layers and no routing charge (the table's call routes inside); the dataset's time is kept beside it. A step the
+    table cannot answer (a config it never timed) keeps the dataset's row plus the routing charge."""
+    probe = _sim()
+    probe.price_step([], 3, 200.0, 3, [])
+    cfg = str(probe._last_cfg["fused_moe"])  # the default chooser's MoE config for the tiny model
+    rows = capture_size(3)
+    routing = le.TokenTable({1: 1e-5, 64: 2e-5})
+    plain, graphed = _sim(), _sim()
+    for s in (plain, graphed):
+        s.moe_routing_s = routing
+    graphed.moe_graph = le.MoEGraphTable({cfg: {rows: 7e-4}})
+    a = plain.price_step([], 3, 200.0, 3, [])
+    b = graphed.price_step([], 3, 200.0, 3, [])
+    dataset_moe = graphed.moe_graph_replaced_s / le.TINY.num_layers
+    assert graphed.moe_graph_steps == 1 and graphed.moe_graph_charged_s == pytest.approx(7e-4 * le.TINY.num_layers)
+    assert b[0] - a[0] == pytest.approx((7e-4 - dataset_moe) * le.TINY.num_layers - routing(rows) * le.TINY.num_layers)
+    assert graphed.moe_routing_charged_s == 0.0 and plain.moe_routing_charged_s > 0
+    missed = _sim()
+    missed.moe_routing_s = routing
+    missed.moe_graph = le.MoEGraphTable({"another config": {rows: 7e-4}})
+    assert missed.price_step([], 3, 200.0, 3, []) == pytest.approx(a)
+    assert missed.moe_graph_missed == 1 and missed.moe_graph_steps == 0
+    eager = _sim(graphs=False)  # an eager step is not a graph replay: the dataset prices it
+    eager.moe_graph = le.MoEGraphTable({cfg: {3: 7e-4}})
+    eager.price_step([], 3, 200.0, 3, [])
+    assert eager.moe_graph_steps == 0
+
+
+def _records(path, steps: list[dict]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "measured.json").write_text(json.dumps({"measured": {"default": {}}}))
+    (path / "default_steps.json").write_text(json.dumps(steps))
+
+
+def test_step_host_is_the_median_of_seconds_minus_gpu_span_per_kind_of_step(tmp_path):
+    run = tmp_path / "run"
+    step = {"chunks": [], "ran_untimed_first": False}
+    _records(run, [{**step, "graph_rows": 8, "seconds": 0.010, "gpu_s": 0.0099},
+                   {**step, "graph_rows": 8, "seconds": 0.010, "gpu_s": 0.0098},
+                   {**step, "graph_rows": 8, "seconds": 0.010, "gpu_s": 0.0097},
+                   {**step, "graph_rows": 8, "seconds": 1.0, "gpu_s": 0.5, "ran_untimed_first": True},  # compiled
+                   {**step, "piecewise_rows": 16, "seconds": 0.02, "gpu_s": 0.0195},
+                   {**step, "seconds": 0.1, "gpu_s": 0.099}])
+    host = le.measured_step_host([run])
+    assert host["graph"] == {"overhead_s": pytest.approx(2e-4), "steps": 3}
+    assert host["piecewise"]["overhead_s"] == pytest.approx(5e-4) and host["eager"]["overhead_s"] == pytest.approx(1e-3)
+    old = tmp_path / "old"  # records from before the GPU span was kept: refused with the way out
+    _records(old, [{**step, "graph_rows": 8, "seconds": 0.01}])
+    with pytest.raises(SystemExit, match="gpu_s.*assumed"):
+        le.measured_step_host([old])
+
+
+def test_committed_step_host_runs_measure_a_graph_replay_far_below_the_assumed_2_ms():
+    host = le.measured_step_host(le.STEP_HOST_RUNS)
+    assert set(host) == set(le.STEP_KINDS) and all(v["steps"] > 50 for v in host.values())
+    assert all(0 < v["overhead_s"] < 2e-4 for v in host.values())
+
+
+def test_prediction_charges_no_compile_stall(tmp_path):
+    """The live run compiles each config and captures each graph untimed: its prediction must not charge them."""
+    import argparse
+
+    args = argparse.Namespace(kv_gb=0.002, max_batched_tokens=48, max_seqs=256)
+    trace = le.window_trace("bundled", 0.0, 30.0, 1.0, 60, 3).head(le.SMOKE_REQUESTS)
+    summary, sim, _ = le._predict_one("default", le.TINY, trace, RooflineTimer(0.5), None, args,
+                                      {"cuda_graphs": True, "dtype": "float32"})
+    assert sim.stalls and all(s == 0.0 for _, s, _ in sim.stalls)  # first uses still noted, at no cost
+    assert summary["stall_s"] == 0.0
