@@ -440,6 +440,7 @@ class LiveSimulator(Simulator):
         self.profile_every = 0  # > 0: every that many timed steps, one more eager run under the profiler (GPU)
         self.profiled_names_us: dict[str, float] = {}  # the profiled runs' kernel time by kernel name, summed
         self.last_gpu_s: float | None = None  # _timed's CUDA-event span of the step just run (None on the CPU)
+        self.last_issue_s = 0.0  # _timed's host seconds to issue the step (an eager step's launches), before the sync
 
     def _maybe_profile(self, record: dict, eager: Any) -> None:
         """Profile every profile_every-th step (not one that compiled or captured first): its eager forward's kernel
@@ -581,7 +582,7 @@ class LiveSimulator(Simulator):
             eager = extra.pop("eager")
             self.record.append({"t": self.clock, "chunks": [], "decode_batch": len(dec),
                                 "mean_context": float(np.mean(ctx)), "max_context": max(ctx), "tokens": t,
-                                "seconds": seconds, "gpu_s": self.last_gpu_s,
+                                "seconds": seconds, "gpu_s": self.last_gpu_s, "issue_s": self.last_issue_s,
                                 "ran_untimed_first": extra["captured_first"], **extra})
             self._maybe_profile(self.record[-1], eager)
             return seconds
@@ -634,7 +635,7 @@ class LiveSimulator(Simulator):
             seconds = self._timed(forward)
         self.record.append({"t": self.clock, "chunks": [[r, c, o] for r, c, o in chunks], "decode_batch": len(dec),
                             "mean_context": float(np.mean(ctx)) if ctx else 0.0, "max_context": max(ctx, default=0),
-                            "tokens": t, "seconds": seconds, "gpu_s": self.last_gpu_s,
+                            "tokens": t, "seconds": seconds, "gpu_s": self.last_gpu_s, "issue_s": self.last_issue_s,
                             "ran_untimed_first": compiled_first or compiled_in_step,
                             **({"compiled_in_timed_run": True} if compiled_in_step else {}),
                             **({"piecewise_rows": rows} if piecewise else {}),
@@ -662,6 +663,7 @@ class LiveSimulator(Simulator):
         start.record() if cuda else None
         forward()
         end.record() if cuda else None
+        self.last_issue_s = time.perf_counter() - t0  # the host's time to launch the step's work (no sync yet)
         torch.cuda.synchronize() if cuda else None
         seconds = time.perf_counter() - t0
         # the GPU's span of the step (first to last work on the stream): seconds - gpu_s is the host's part, the
