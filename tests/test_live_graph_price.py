@@ -107,3 +107,42 @@ def test_prediction_charges_no_compile_stall(tmp_path):
                                       {"cuda_graphs": True, "dtype": "float32"})
     assert sim.stalls and all(s == 0.0 for _, s, _ in sim.stalls)  # first uses still noted, at no cost
     assert summary["stall_s"] == 0.0
+
+
+def test_eager_issue_is_measured_on_host_bound_eager_steps_and_floors_an_eager_steps_price(tmp_path):
+    """--eager-issue: the host's issue seconds per layer, the median over eager steps the GPU waited on (issue_s at
+    least 0.95 of the step; GPU-bound steps, whose issue time holds the launch queue's back-pressure, and graphed
+    steps left out); an eager step then costs no less than that x layers, the wait kept apart (host_bound_s)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "measured.json").write_text(json.dumps({"meta": {"smoke": True}, "measured": {"default": {}}}))
+    layers = le.TINY.num_layers
+    eager = {"chunks": [[0, 600, 0]], "ran_untimed_first": False}
+    steps = [{**eager, "seconds": 0.010, "issue_s": 0.0099},  # host-bound: 4.95 ms per layer
+             {**eager, "seconds": 0.012, "issue_s": 0.0118},  # host-bound: 5.9 ms per layer
+             {**eager, "seconds": 0.050, "issue_s": 0.020},  # GPU-bound: left out
+             {**eager, "piecewise_rows": 512, "seconds": 0.01, "issue_s": 0.01},  # piecewise: left out
+             {"chunks": [], "graph_rows": 8, "ran_untimed_first": False, "seconds": 0.01, "issue_s": 0.01}]
+    (run / "default_steps.json").write_text(json.dumps(steps))
+    issue = le.measured_eager_issue([run])
+    assert issue["steps"] == 2 and issue["of_eager_steps"] == 3
+    assert issue["per_layer_s"] == pytest.approx((0.0099 + 0.0118) / 2 / layers)
+    (run / "default_steps.json").write_text(json.dumps(steps[2:]))
+    with pytest.raises(SystemExit, match="no host-bound eager steps.*none"):
+        le.measured_eager_issue([run])
+
+    plain, floored = _sim(graphs=False), _sim(graphs=False)
+    floored.eager_issue_per_layer_s = 1.0  # far above any tiny step's kernels: every eager step is host-bound
+    a = plain.price_step([(0, 20, 0)], 3, 200.0, 3, [])
+    b = floored.price_step([(0, 20, 0)], 3, 200.0, 3, [])
+    assert b[0] == a[0] and sum(b) == pytest.approx(1.0 * layers)
+    assert floored.host_bound_s == pytest.approx(1.0 * layers - sum(a))
+    graphed = _sim(graphs=True)  # a graphed step is replayed, not issued launch by launch: no floor
+    graphed.eager_issue_per_layer_s = 1.0
+    graphed.price_step([(0, 20, 0)], 3, 200.0, 3, [])
+    assert graphed.host_bound_s == 0.0
+
+
+def test_committed_eager_issue_run_gives_about_a_millisecond_per_layer():
+    issue = le.measured_eager_issue(le.EAGER_ISSUE_RUNS)
+    assert 0.9e-3 < issue["per_layer_s"] < 1.3e-3 and issue["steps"] > 50

@@ -35,7 +35,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.live_e2e.moe_price_check import TABLE_POLICY, Measurer, _checked, _gpu_state, live_config  # noqa: E402
+from benchmarks.live_e2e.moe_price_check import (  # noqa: E402
+    TABLE_POLICY,
+    Measurer,
+    _gpu_state,
+    graph_layers,
+    live_config,
+)
 
 HERE = Path(__file__).resolve().parent
 PLAN_PATH = HERE / "moe_graph_plan.json"
@@ -122,7 +128,7 @@ def measure_model(meas: Measurer, spec: dict, points: dict[str, list[str]], dtyp
         for cfg_s in points[t_s]:
             c0 = time.monotonic()
             try:
-                res = time_layers(meas, inputs, ref0, Config.parse(cfg_s), dtype)
+                res = graph_layers(meas, inputs, ref0, Config.parse(cfg_s), dtype)
             except Exception as exc:  # noqa: BLE001 - a failing config is reported, the others still run
                 res = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
             res["seconds"] = round(time.monotonic() - c0, 2)
@@ -133,29 +139,6 @@ def measure_model(meas: Measurer, spec: dict, points: dict[str, list[str]], dtyp
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
     return table, skipped
-
-
-def time_layers(meas: Measurer, inputs: list, ref0: Any, cfg: Any, dtype: str) -> dict:
-    """The layers' live calls (routing and alignment inside each launch) in one graph, replayed unflushed; layer 0
-    checked against the reference eagerly and through the replay. ms per layer, with the whole graph's timing."""
-    from kernel_gym.kernels import fused_moe as fm
-
-    calls = [fm.prepare_layer(li, cfg, route_in_launch=True) for li in inputs]
-    out0, wrong = _checked(calls[0], ref0, dtype)
-    if wrong:
-        return {"error": f"layer 0: {wrong}"}
-    for call in calls[1:]:
-        call()  # compiled and warm before the capture
-
-    def stack() -> Any:
-        return [call() for call in calls][0]
-
-    graph = meas.graph(stack)
-    _, wrong = _checked(graph, ref0, dtype, out0)
-    if wrong:
-        return {"error": f"graph replay, layer 0: {wrong}"}
-    whole = meas.time(graph, flush=False)
-    return {**whole, "ms": whole["ms"] / len(calls), "layers": len(calls), "total_ms": whole["ms"]}
 
 
 def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False) -> dict:

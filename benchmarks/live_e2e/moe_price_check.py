@@ -274,22 +274,10 @@ def measure_config(meas: Measurer, runner: Any, real: Any, real_ref: Any, layers
         plain_a()
         res["B_over_A_paired"] = meas.paired_ratio(plain_a, graph_b)
 
-    calls = [fm.prepare_layer(li, cfg, route_in_launch=True) for li in layers]
-    out0, wrong = _checked(calls[0], layer0_ref, dtype)
-    if wrong:
-        return {**res, "error": f"C (layer 0): {wrong}"}
-    for call in calls[1:]:
-        call()  # compiled and warm before the capture
-
-    def stack() -> Any:
-        return [call() for call in calls][0]
-
-    graph_c = meas.graph(stack)
-    _, wrong = _checked(graph_c, layer0_ref, dtype, out0)
-    if wrong:
-        return {**res, "error": f"C (graph replay, layer 0): {wrong}"}
-    whole = meas.time(graph_c, flush=False)
-    res["C"] = {**whole, "ms": whole["ms"] / len(calls), "layers": len(calls), "total_ms": whole["ms"]}
+    c = graph_layers(meas, layers, layer0_ref, cfg, dtype)
+    if "error" in c:
+        return {**res, "error": f"C ({c['error']})"}
+    res["C"] = c
 
     plain = fm.FAMILY.prepare(real, cfg)
     _, wrong = _checked(plain, real_ref, dtype)
@@ -306,6 +294,30 @@ def measure_config(meas: Measurer, runner: Any, real: Any, real_ref: Any, layers
         return {**res, "error": f"E_B (real router, graph): {wrong}"}
     res["E_B"] = meas.time(live_real)
     return res
+
+
+def graph_layers(meas: Measurer, inputs: list, ref0: Any, cfg: Any, dtype: str) -> dict:
+    """C: the layers' live calls (routing and alignment inside each launch) captured back to back in one graph and
+    replayed without the L2 flush; layer 0 checked against the reference eagerly and through the replay. ms per layer
+    (the graph's median / layers), with the whole graph's timing; or {"error": why}."""
+    from kernel_gym.kernels import fused_moe as fm
+
+    calls = [fm.prepare_layer(li, cfg, route_in_launch=True) for li in inputs]
+    out0, wrong = _checked(calls[0], ref0, dtype)
+    if wrong:
+        return {"error": f"layer 0: {wrong}"}
+    for call in calls[1:]:
+        call()  # compiled and warm before the capture
+
+    def stack() -> Any:
+        return [call() for call in calls][0]
+
+    graph = meas.graph(stack)
+    _, wrong = _checked(graph, ref0, dtype, out0)
+    if wrong:
+        return {"error": f"graph replay, layer 0: {wrong}"}
+    whole = meas.time(graph, flush=False)
+    return {**whole, "ms": whole["ms"] / len(calls), "layers": len(calls), "total_ms": whole["ms"]}
 
 
 def _gpu_state(cuda: bool) -> dict | None:

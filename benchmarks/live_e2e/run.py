@@ -895,6 +895,33 @@ class MoEGraphTable:
 STEP_HOST_RUNS = tuple(Path(__file__).resolve().parent / "graph_5ebaec4" / r for r in ("window1_g", "olmoe_g"))
 
 
+# an eager step's host issue time per layer, measured on the host-bound eager steps of this run (issue_s: the host's
+# seconds to launch the step, before its sync; host-bound: the GPU's span no longer than that)
+EAGER_ISSUE_RUNS = (Path(__file__).resolve().parent / "window5_f269e69" / "olmoe_w5",)
+
+
+def measured_eager_issue(runs: tuple[Path, ...] | list[Path]) -> dict:
+    """The host's seconds per layer to issue an eager step (the stack's Python and torch launches): the median of
+    issue_s / the model's layers over the timed eager steps whose issue time is at least 0.95 of the step (the GPU
+    waited on the host). On GPU-bound steps the issue time also holds the launch queue's back-pressure, so they are
+    left out. {"per_layer_s": s, "steps": n, "of_eager_steps": m}."""
+    per_layer, eager = [], 0
+    for run in runs:
+        data = json.loads((Path(run) / "measured.json").read_text())
+        layers = TINY.num_layers if data["meta"].get("smoke") else load_model(data["meta"]["model"]).num_layers
+        for spec in data["measured"]:
+            for r in read_steps(Path(run), spec) or []:
+                if not r["chunks"] or "piecewise_rows" in r or r["ran_untimed_first"] or r.get("issue_s") is None:
+                    continue
+                eager += 1
+                if r["issue_s"] >= 0.95 * r["seconds"]:
+                    per_layer.append(r["issue_s"] / layers)
+    if not per_layer:
+        raise SystemExit(f"--eager-issue: no host-bound eager steps with issue_s in {[str(r) for r in runs]}; give "
+                         "runs made at tree f269e69 or later whose eager steps waited on the host, or none")
+    return {"per_layer_s": float(np.median(per_layer)), "steps": len(per_layer), "of_eager_steps": eager}
+
+
 def measured_step_host(runs: tuple[Path, ...] | list[Path]) -> dict:
     """Per kind of step (STEP_KINDS), the median over every policy's timed steps in these runs of the step's seconds
     minus its GPU span (records with `gpu_s`), with the step count: {"graph": {"overhead_s": s, "steps": n}, ...}."""
@@ -962,6 +989,8 @@ class PredictSimulator(Simulator):
     moe_graph_missed = 0  # graphed steps whose MoE config the table could not answer (dataset + routing charged)
     _graph_rows = 0  # the capture size of the step being priced (0: an eager step)
     _moe_from_graph = False
+    eager_issue_per_layer_s = 0.0  # > 0: an eager step costs no less than this x layers (the host issues it)
+    host_bound_s = 0.0  # seconds eager steps were charged above their kernels and dense ops for that
 
     def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
                    stall: list, max_ctx: float | None = None) -> tuple[float, float]:
@@ -978,6 +1007,12 @@ class PredictSimulator(Simulator):
         if self.dense_ops is not None:
             dense = self.dense_ops(num_tokens, n_logits, self.model.num_layers)
         self.dense_charged_s += dense
+        if num_tokens > self.graph_max_tokens and self.eager_issue_per_layer_s:  # an eager step: the host issues it
+            floor = self.eager_issue_per_layer_s * self.model.num_layers
+            routing = self.moe_routing_s(num_tokens) * self.model.num_layers if self.moe_routing_s is not None else 0.0
+            if kernel_s + routing + dense < floor:
+                self.host_bound_s += floor - (kernel_s + routing + dense)
+                dense = floor - kernel_s - routing  # the untuned part of the step is the host's wait
         if self.moe_routing_s is None or self._moe_from_graph:  # the graph table's time holds the routing
             return kernel_s, dense
         extra = float(self.moe_routing_s(num_tokens)) * self.model.num_layers
@@ -1050,6 +1085,7 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
     sim.moe_routing_s = getattr(args, "moe_routing_s", None)
     sim.dense_ops = getattr(args, "dense_ops_s", None)
     sim.moe_graph = getattr(args, "moe_graph_s", None)
+    sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
     if guard is not None:
         guard.sim = sim
     return sim.run().summary, sim, guard
@@ -1101,6 +1137,7 @@ def run_predict(args: Any) -> int:
     dense_note = dense_ops_setup(args, model)
     graph_note = moe_graph_setup(args, model)
     host_note = step_host_setup(args)
+    issue_note = eager_issue_setup(args)
     if args.calibrate and not args.calibration_from and args.calibrate not in data["measured"]:
         raise SystemExit(f"--calibrate {args.calibrate!r}: not a measured policy; measured: {list(data['measured'])}")
     summary: dict = {"meta": meta, "policies": {}}
@@ -1112,6 +1149,7 @@ def run_predict(args: Any) -> int:
     summary["prediction"]["dense_ops"] = dense_note
     summary["prediction"]["moe_graph"] = graph_note
     summary["prediction"]["step_overheads"] = host_note
+    summary["prediction"]["eager_issue"] = issue_note
     overheads = None
     if args.calibration_from:  # overheads fitted on another run: every policy here is out of sample
         fitted = json.loads(Path(args.calibration_from).read_text()).get("calibration")
@@ -1161,6 +1199,7 @@ def run_predict(args: Any) -> int:
                "clamped_workloads": sim.clamped,
                "decode_scaled_estimate_s": sim.scaled_decode_s,
                "decode_longest_s": sim.decode_longest_s,
+               "host_bound_s": sim.host_bound_s,
                "predicted_busy_s": pred["busy_s"],
                "measured_run_complete": measured.get("complete"),
                # the GPU's clocks, power and throttle reasons around the measured policy (measure/power.py)
@@ -1252,6 +1291,17 @@ def moe_graph_setup(args: Any, model: ModelSpec) -> dict | str:
                     "row plus the routing table (missed_steps per policy)"}
 
 
+def _live_runs(choice: str, flag: str, off: str) -> tuple[list[Path], list[str]]:
+    """A comma list of live run folders (each with its measured.json) -> (the paths, as summary.json shows them)."""
+    runs = [Path(r) for r in choice.split(",")]
+    for r in runs:
+        if not (r / "measured.json").exists():
+            raise SystemExit(f"{flag} {choice}: {r} holds no measured.json (a live run's folder), or '{off}'")
+    root = Path(__file__).resolve().parents[2]
+    return runs, [r.resolve().relative_to(root).as_posix() if r.resolve().is_relative_to(root) else str(r)
+                  for r in runs]
+
+
 def step_host_setup(args: Any) -> dict | str:
     """args.step_host ("assumed", or run folders with gpu_s in their step records) -> args.step_host_s (the step
     overhead per kind of step, or None: the simulator's assumed STEP_OVERHEAD_S) and the note for summary.json."""
@@ -1259,17 +1309,28 @@ def step_host_setup(args: Any) -> dict | str:
     if choice == "assumed":
         args.step_host_s = None
         return f"assumed: {STEP_OVERHEAD_S * 1e3:g} ms per step (the simulator's STEP_OVERHEAD_S)"
-    runs = [Path(r) for r in choice.split(",")]
-    for r in runs:
-        if not (r / "measured.json").exists():
-            raise SystemExit(f"--step-host {choice}: {r} holds no measured.json (a live run's folder), or 'assumed'")
+    runs, shown = _live_runs(choice, "--step-host", "assumed")
     host = measured_step_host(runs)
     args.step_host_s = {k: v["overhead_s"] for k, v in host.items()}
-    root = Path(__file__).resolve().parents[2]
-    return {"runs": [r.resolve().relative_to(root).as_posix() if r.resolve().is_relative_to(root) else str(r)
-                     for r in runs], "per_kind": host,
+    return {"runs": shown, "per_kind": host,
             "note": "median of a step's measured seconds minus its GPU span (CUDA events around the step) per kind "
                     "of step: the host's part the step's timer holds (the replay or launches, the sync)"}
+
+
+def eager_issue_setup(args: Any) -> dict | str:
+    """args.eager_issue ("none", or run folders with issue_s in their step records) -> args.eager_issue_s (the host's
+    seconds per layer to issue an eager step, or 0.0: none) and the note for summary.json."""
+    choice = str(getattr(args, "eager_issue", None) or "none")
+    if choice == "none":
+        args.eager_issue_s = 0.0
+        return "none: eager steps cost their kernels and dense ops"
+    runs, shown = _live_runs(choice, "--eager-issue", "none")
+    issue = measured_eager_issue(runs)
+    args.eager_issue_s = issue["per_layer_s"]
+    return {"runs": shown, **issue,
+            "note": "an eager step (over the graphs' largest size) costs no less than the host's time to issue it: "
+                    "per_layer_s x layers, the median over the host-bound eager steps of those runs (host_bound_s "
+                    "per policy: the seconds charged above the kernels and dense ops for it)"}
 
 
 def steps_path(out: Path, spec: str) -> Path:
@@ -1305,6 +1366,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     sim.moe_routing_s = getattr(args, "moe_routing_s", None)
     sim.dense_ops = getattr(args, "dense_ops_s", None)
     sim.moe_graph = getattr(args, "moe_graph_s", None)
+    sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
     guard.sim = sim
     if guards is not None:
         guards.append(guard)
@@ -1314,7 +1376,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
         before = dict(guard.kernel_s)  # the guard books each family's seconds (all layers) as it is asked
         routed, graphed, replaced = sim.moe_routing_charged_s, sim.moe_graph_charged_s, sim.moe_graph_replaced_s
-        longest = sim.decode_longest_s
+        longest, waited = sim.decode_longest_s, sim.host_bound_s
         # records before tree 5ebaec4 carry no max_context: their decode is priced at the mean context alone
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
                                          [], r.get("max_context"))
@@ -1325,8 +1387,11 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
             parts["fused_moe"] += (sim.moe_graph_charged_s - graphed) - (sim.moe_graph_replaced_s - replaced)
         if sim.decode_longest_s != longest:  # the guard booked the mean context's time; the longest sequence's too
             parts["decode_attention"] += sim.decode_longest_s - longest
+        if sim.host_bound_s != waited:  # an eager step the host's issue time prices: that wait apart from the dense ops
+            parts["host_bound"] = sim.host_bound_s - waited
         priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense,
-                       r["decode_batch"], {**parts, "dense": dense}, r.get("kernels")))
+                       r["decode_batch"], {**parts, "dense": dense - parts.get("host_bound", 0.0)},
+                       r.get("kernels")))
     return priced
 
 
@@ -1492,6 +1557,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="--predict: the step overhead per kind of step, measured on these live runs' records (seconds "
                         "minus the GPU span; default: the committed graph_5ebaec4 runs); assumed: the simulator's "
                         f"{STEP_OVERHEAD_S * 1e3:g} ms")
+    p.add_argument("--eager-issue", default=",".join(str(r) for r in EAGER_ISSUE_RUNS), metavar="RUN[,RUN]",
+                   help="--predict: an eager step costs no less than the host's issue time per layer measured on "
+                        "these live runs' host-bound eager steps (default: the committed window5_f269e69/olmoe_w5); "
+                        "none: off")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
     args = p.parse_args(argv)
     if args.out is None and not args.live_check:

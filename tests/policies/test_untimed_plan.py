@@ -42,6 +42,7 @@ def test_untimed_choice_is_planned_at_the_bracketing_shapes_and_priced_once_meas
     cfg = _unstored_config(backend, corners)
     guard = GuardedChooser(Fixed(cfg), backend, num_layers=32)
     assert guard.choose("fused_moe", BETWEEN, KV) != cfg and guard.fallbacks == 1  # untimed: it fell back
+    assert guard.last_fallback["fused_moe"]  # the simulator reads this (Simulator._decode_s)
 
     plan, counts = untimed_plan([guard], backend)
     assert counts == {"calls": 1, "configs": 2, "unbracketed": 0, "workloads": 2, "stored_not_ok": 0}
@@ -59,6 +60,7 @@ def test_untimed_choice_is_planned_at_the_bracketing_shapes_and_priced_once_meas
     measured = RecordedBackend(groups=groups)
     again = GuardedChooser(Fixed(cfg), measured, num_layers=32)
     assert again.choose("fused_moe", BETWEEN, KV) == cfg and again.fallbacks == 0
+    assert again.last_fallback["fused_moe"] is False
     assert 2.0 < again.kernel_s["fused_moe"] / 32 * 1e3 < 8.0  # interpolated between the two measured corners
     assert untimed_plan([again], measured)[0] == []
 
