@@ -27,7 +27,10 @@ in-launch routing and alignment per MoE call x layers from a measured table (`--
 moe_price_check_run1/moe_routing.json; `none`: off), which the dataset's rows exclude, and the dense ops (norms,
 projections, KV writes, adds, LM head) from the stack's own timed table (`--dense-ops`, default
 dense_217cbde/dense_ops.json from dense_price_check.py; `none`: the simulator's roofline, which kernel profiles of
-live steps found 4-9x too low).
+live steps found 4-9x too low). A graphed step's MoE is priced from the live call timed as its graphs run it
+(`--moe-graph`, moe_graph_table.py; routing inside), each step's host overhead from the host's part measured in live
+runs' records (`--step-host`: seconds minus the GPU span), an eager step no lower than the host's measured issue time
+(`--eager-issue`), and no compile stalls: the live run compiles and captures untimed.
 
     python3 benchmarks/live_e2e/run.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
     python3 benchmarks/live_e2e/run.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
@@ -973,7 +976,10 @@ class PredictSimulator(Simulator):
     (tokens -> seconds per MoE call, e.g. a TokenTable): the live stack's in-launch routing, charged per step as
     kernel time (measured) at the step's MoE token count x the model's layers, summed in `moe_routing_charged_s`.
     `dense_ops` (a DenseOps): the dense ops priced from the stack's measured table instead of the roofline (both
-    summed: `dense_charged_s`, `dense_roofline_s`)."""
+    summed: `dense_charged_s`, `dense_roofline_s`). `moe_graph` (a MoEGraphTable): a graphed step's MoE, routing
+    inside, from the live call timed as graphs run it, where it answers (`moe_graph_charged_s` beside the dataset's
+    `moe_graph_replaced_s`). `eager_issue_per_layer_s`: an eager step costs no less than that x layers (the host's
+    issue time; `host_bound_s`)."""
 
     clamped = 0
     scaled_decode_s = 0.0
