@@ -610,7 +610,9 @@ class Simulator:
             return t
         if getattr(self.chooser, "last_fallback", {}).get("decode_attention"):
             return t  # a fallback stands in for an untimed choice: its own longest-sequence time says nothing of it
-        cfg = self._last_cfg["decode_attention"]
+        cfg = self._last_cfg.get("decode_attention")
+        if cfg is None:  # a subclass that prices kernels its own way (parallel.ParallelSimulator's pricer)
+            return t
         mk = (("decode_attention", 1, round_log4(max_ctx)), cfg)
         longest = self._memo.get(mk)
         if longest is None:
