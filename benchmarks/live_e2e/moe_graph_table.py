@@ -17,7 +17,7 @@ call, one way at small token counts and the other at larger ones. This script ti
   layers. One JSON file, moe_graph.json; a short table last.
 
     python3 benchmarks/live_e2e/moe_graph_table.py --plan benchmarks/live_e2e/moe_graph_plan.json    # CPU
-    python3 benchmarks/live_e2e/moe_graph_table.py --out $OUT/moe_graph                              # GPU (~4 min)
+    python3 benchmarks/live_e2e/moe_graph_table.py --out $OUT/moe_graph                        # GPU (32 s on the H200)
     TRITON_INTERPRET=1 python3 benchmarks/live_e2e/moe_graph_table.py --smoke --out /tmp/mgt          # CPU dry run
 
 The GPU mode imports only torch, triton, numpy, the standard library and kernel_gym.
