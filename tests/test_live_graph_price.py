@@ -146,3 +146,12 @@ def test_eager_issue_is_measured_on_host_bound_eager_steps_and_floors_an_eager_s
 def test_committed_eager_issue_run_gives_about_a_millisecond_per_layer():
     issue = le.measured_eager_issue(le.EAGER_ISSUE_RUNS)
     assert 0.9e-3 < issue["per_layer_s"] < 1.3e-3 and issue["steps"] > 50
+
+
+def test_live_check_plot_draws_every_run_against_its_target(tmp_path):
+    check = {"models": ["m"], "rows": [
+        {"model": "m", "policy": "default", "tokens_per_s": 0.01, "ttft_p50_s": -0.2, "tpot_p50_s": 0.03},
+        {"model": "m", "policy": "table:x.json", "tokens_per_s": -0.02, "ttft_p50_s": 0.05, "tpot_p50_s": 0.2}]}
+    path = le.plot_live_check(check, tmp_path / "sub" / "check.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    assert set(le.TARGETS) == set(le.METRICS)  # a panel per metric the check holds

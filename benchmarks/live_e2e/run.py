@@ -1494,6 +1494,44 @@ def live_check(runs: list[Path]) -> dict:
             "range": {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in METRICS}}
 
 
+LIVE_CHECK_PLOT = Path(__file__).resolve().parent / "live_check.png"
+TARGETS = {"tokens_per_s": 0.05, "ttft_p50_s": 0.10, "tpot_p50_s": 0.05}  # issue 29's error targets
+
+
+def plot_live_check(check: dict, path: Path) -> Path:
+    """One panel per metric: each policy run's relative error (%) of the plain simulator, runs in the check's order,
+    coloured by model, the target band shaded; how far the simulator is from every live run, at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = check["rows"]
+    colours = dict(zip(check["models"], ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    markers = {"default": "s", "vllm-table": "o"}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), sharex=True)
+    for ax, (metric, target) in zip(axes, TARGETS.items()):
+        ax.axhspan(-100 * target, 100 * target, color="0.9", zorder=0, label=f"target +-{100 * target:g}%")
+        ax.axhline(0.0, color="0.5", lw=0.8)
+        for i, r in enumerate(rows):
+            ax.scatter(i, 100 * r[metric], color=colours[r["model"]], marker=markers.get(r["policy"], "^"), s=28)
+        within = sum(abs(r[metric]) <= target for r in rows)
+        name = {"tokens_per_s": "tokens/s", "ttft_p50_s": "TTFT p50", "tpot_p50_s": "TPOT p50"}[metric]
+        ax.set_title(f"{name}: {within} of {len(rows)} within target")
+        ax.set_xlabel("policy run (check order)")
+        ax.set_ylabel("simulator error, % (+ = predicts more)")
+    handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=m) for m, c in colours.items()]
+    handles += [plt.Line2D([], [], color="k", marker=mk, ls="", label=p) for p, mk in
+                (("default configs", "s"), ("vllm-table", "o"), ("learned table", "^"))]
+    axes[0].legend(handles=handles, fontsize=8, loc="lower left")
+    fig.suptitle(f"Plain simulator vs {len(rows)} live policy runs on one H200 (CUDA graphs)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def step_fit(out: Path, measured: dict) -> dict:
     """Per policy, least squares over its measured steps: decode-only seconds = a + b x batch, and steps with a
     prefill chunk seconds = a + c x tokens (a: the step's fixed cost on this stack)."""
@@ -1576,8 +1614,9 @@ def main(argv: list[str] | None = None) -> int:
         args.max_batched_tokens, args.kv_gb, args.warmup_steps = 48, 0.002, 0
         args.max_prompt, args.max_output = 60, 3
     if args.live_check:
-        LIVE_CHECK.write_text(json.dumps(live_check(args.live_check), indent=1) + "\n")
-        log(f"wrote {LIVE_CHECK}")
+        check = live_check(args.live_check)
+        LIVE_CHECK.write_text(json.dumps(check, indent=1) + "\n")
+        log(f"wrote {LIVE_CHECK} and {plot_live_check(check, LIVE_CHECK_PLOT)}")
         return 0
     if args.predict:
         return run_predict(args)
