@@ -903,22 +903,30 @@ STEP_HOST_RUNS = tuple(Path(__file__).resolve().parent / "graph_5ebaec4" / r for
 EAGER_ISSUE_RUNS = (Path(__file__).resolve().parent / "window5_f269e69" / "olmoe_w5",)
 
 
+def timed_records(runs: tuple[Path, ...] | list[Path]) -> Any:
+    """(the run's meta, a step record) for every timed step (not run untimed first) of every policy in these live run
+    folders."""
+    for run in runs:
+        data = json.loads((Path(run) / "measured.json").read_text())
+        for spec in data["measured"]:
+            for r in read_steps(Path(run), spec) or []:
+                if not r["ran_untimed_first"]:
+                    yield data.get("meta", {}), r
+
+
 def measured_eager_issue(runs: tuple[Path, ...] | list[Path]) -> dict:
     """The host's seconds per layer to issue an eager step (the stack's Python and torch launches): the median of
     issue_s / the model's layers over the timed eager steps whose issue time is at least 0.95 of the step (the GPU
     waited on the host). On GPU-bound steps the issue time also holds the launch queue's back-pressure, so they are
     left out. {"per_layer_s": s, "steps": n, "of_eager_steps": m}."""
     per_layer, eager = [], 0
-    for run in runs:
-        data = json.loads((Path(run) / "measured.json").read_text())
-        layers = TINY.num_layers if data["meta"].get("smoke") else load_model(data["meta"]["model"]).num_layers
-        for spec in data["measured"]:
-            for r in read_steps(Path(run), spec) or []:
-                if not r["chunks"] or "piecewise_rows" in r or r["ran_untimed_first"] or r.get("issue_s") is None:
-                    continue
-                eager += 1
-                if r["issue_s"] >= 0.95 * r["seconds"]:
-                    per_layer.append(r["issue_s"] / layers)
+    for meta, r in timed_records(runs):
+        if not r["chunks"] or "piecewise_rows" in r or r.get("issue_s") is None:
+            continue
+        eager += 1
+        if r["issue_s"] >= 0.95 * r["seconds"]:
+            model = TINY if meta.get("smoke") else load_model(meta["model"])
+            per_layer.append(r["issue_s"] / model.num_layers)
     if not per_layer:
         raise SystemExit(f"--eager-issue: no host-bound eager steps with issue_s in {[str(r) for r in runs]}; give "
                          "runs made at tree f269e69 or later whose eager steps waited on the host, or none")
@@ -929,13 +937,10 @@ def measured_step_host(runs: tuple[Path, ...] | list[Path]) -> dict:
     """Per kind of step (STEP_KINDS), the median over every policy's timed steps in these runs of the step's seconds
     minus its GPU span (records with `gpu_s`), with the step count: {"graph": {"overhead_s": s, "steps": n}, ...}."""
     host: dict[str, list[float]] = {k: [] for k in STEP_KINDS}
-    for run in runs:
-        for spec in json.loads((Path(run) / "measured.json").read_text())["measured"]:
-            for r in read_steps(Path(run), spec) or []:
-                if r.get("gpu_s") is None or r["ran_untimed_first"]:
-                    continue
-                kind = "graph" if "graph_rows" in r else "piecewise" if "piecewise_rows" in r else "eager"
-                host[kind].append(r["seconds"] - r["gpu_s"])
+    for _, r in timed_records(runs):
+        if r.get("gpu_s") is not None:
+            kind = "graph" if "graph_rows" in r else "piecewise" if "piecewise_rows" in r else "eager"
+            host[kind].append(r["seconds"] - r["gpu_s"])
     missing = [k for k, v in host.items() if not v]
     if missing:
         raise SystemExit(f"--step-host: no timed {missing} steps with a GPU span (gpu_s) in {[str(r) for r in runs]}; "
@@ -1013,17 +1018,16 @@ class PredictSimulator(Simulator):
         if self.dense_ops is not None:
             dense = self.dense_ops(num_tokens, n_logits, self.model.num_layers)
         self.dense_charged_s += dense
+        if self.moe_routing_s is not None and not self._moe_from_graph:  # the graph table's time holds the routing
+            routing = float(self.moe_routing_s(num_tokens)) * self.model.num_layers
+            self.moe_routing_charged_s += routing
+            kernel_s += routing
         if num_tokens > self.graph_max_tokens and self.eager_issue_per_layer_s:  # an eager step: the host issues it
             floor = self.eager_issue_per_layer_s * self.model.num_layers
-            routing = self.moe_routing_s(num_tokens) * self.model.num_layers if self.moe_routing_s is not None else 0.0
-            if kernel_s + routing + dense < floor:
-                self.host_bound_s += floor - (kernel_s + routing + dense)
-                dense = floor - kernel_s - routing  # the untuned part of the step is the host's wait
-        if self.moe_routing_s is None or self._moe_from_graph:  # the graph table's time holds the routing
-            return kernel_s, dense
-        extra = float(self.moe_routing_s(num_tokens)) * self.model.num_layers
-        self.moe_routing_charged_s += extra
-        return kernel_s + extra, dense
+            if kernel_s + dense < floor:
+                self.host_bound_s += floor - (kernel_s + dense)
+                dense = floor - kernel_s  # the untuned part of the step is the host's wait
+        return kernel_s, dense
 
     def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
         """Decode at a batch the dataset has no row for (it stops at 64 below 2048 tokens of context): the time at

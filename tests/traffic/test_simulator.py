@@ -349,7 +349,10 @@ def test_a_ragged_decode_batch_costs_no_less_than_its_longest_sequence_alone():
     tr = Trace("one", np.array([0.0]), np.array([16]), np.array([3]))
     timer = AnalyticTimer()
     s = sim(tr, timer)
-    dec = lambda mean, mx: s._decode_s(4, mean, mx, [])  # noqa: E731
+
+    def dec(mean, mx):
+        return s._decode_s(4, mean, mx, [])
+
     at_mean = dec(200.0, None)
     cfg = s._last_cfg["decode_attention"]
     alone = timer.time_s("decode_attention", s._workload(("decode_attention", 1, round_log4(1000.0))), cfg)
