@@ -90,17 +90,15 @@ class GuardedChooser:
         # (kernel, workload key) -> (workload, configs): valid choices the backend could not time (each fell back);
         # measurement_plans.untimed_plan turns them into a `collect --plan`
         self.untimed: dict[tuple[str, str], tuple[Any, set[str]]] = {}
-        # per kernel, whether the last call chosen was served a fallback (the policy's config untimed there): the
+        # per kernel, whether the last call resolved was served a fallback (the policy's config untimed there): the
         # simulator then prices no more than the fallback's time (Simulator._decode_s)
         self.last_fallback: dict[str, bool] = {}
-        self._last_resolved_fallback = False
         self.record_steps = record_steps
         self.steps: list[dict[str, Any]] = []
         self.sim: Any = None
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
         hit = self.resolve(kernel, workload, kv)
-        self.last_fallback[kernel] = self._last_resolved_fallback
         self.kernel_s[kernel] += hit[1] * self.layers
         if hit[2]:
             self.estimated_s[kernel] += hit[1] * self.layers
@@ -153,7 +151,7 @@ class GuardedChooser:
     def resolve(self, kernel: str, workload: Any, kv: KVLayout) -> tuple[Config, float, bool]:
         """(config served, its time in s, whether that time is estimated rather than measured): the policy's choice
         (inside the available configs when the policy takes a mask), or the fallback when the backend cannot time it."""
-        self._last_resolved_fallback = False
+        self.last_fallback[kernel] = False
         if _stands_in(kernel):
             return self._resolve_stand_in(kernel, workload, kv)
         if self._within is not None:
@@ -166,7 +164,7 @@ class GuardedChooser:
             if self._within is not None and self.policy.choose(kernel, workload, kv) != cfg:
                 self.snapped += 1
             hit = self._ok[key] = self._timed(kernel, workload, kv, cfg)
-        self._last_resolved_fallback = hit[0] != cfg
+        self.last_fallback[kernel] = hit[0] != cfg
         return hit
 
     def _timed(self, kernel: str, workload: Any, kv: KVLayout, cfg: Config) -> tuple[Config, float, bool]:

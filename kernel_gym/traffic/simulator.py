@@ -603,7 +603,7 @@ class Simulator:
         KV read), but no less than the same config's time for the longest sequence alone (batch 1 at `max_ctx`).
         A ragged batch waits for its longest sequence's programs; the data's rows spread contexts only over 0.5-1.5x
         their mean (DecodeWorkload.context_lens). Kernel profiles of live steps found the mean alone priced decode at
-        0.5-0.8 of its time (docs/live.md). The extra seconds are summed in decode_longest_s (all layers). Not for a
+        0.57-0.88 of its time (docs/live.md). The extra seconds are summed in decode_longest_s (all layers). Not for a
         config a guarding chooser served as a fallback (`last_fallback`): its time is already a stand-in."""
         t = self._kernel_s("decode_attention", ("decode_attention", round_count(batch), round_log4(mean_ctx)), stall)
         if batch == 1 or max_ctx is None or max_ctx <= 1.5 * mean_ctx:  # within the rows' own spread
