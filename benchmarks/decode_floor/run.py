@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
               f"floor {floor_ms * 1e3:.1f} us, same-size copy {copy_ms * 1e3:.1f} us "
               f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor_ms:.2f} ({len(times)} ok configs, "
               f"{time.time() - t0:.0f} s timing, {t_compile:.0f} s waiting for compiles)", flush=True)
-        if args.grid:  # the best config of each split count and PRELOAD_PAGES value
-            for knob in ("NUM_SPLITS", "PRELOAD_PAGES"):
+        if args.grid:  # the best config of each split count, PRELOAD_PAGES and KV_TMA value
+            for knob in ("NUM_SPLITS", "PRELOAD_PAGES", "KV_TMA"):
                 by: dict[int, float] = {}
                 for c, t in times.items():
                     n = json.loads(c).get(knob, 0)

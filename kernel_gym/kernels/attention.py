@@ -57,6 +57,15 @@ def online_softmax(qk, m_i, l_i, acc, qk_scale, SCALED: tl.constexpr):
     return p, m_ij, l_i, acc
 
 
+@triton.jit
+def block_row(bt_row, tok0, kv_len, rows_per_page, PAGE_SIZE: tl.constexpr):
+    """Row of token tok0 in a paged cache's 2-D view (PagedKV.view_2d) when its key block lies in one page: physical
+    page * rows_per_page + slot (scalar, int64). A block-table read past the context's end is masked (page 0), so
+    looking one block ahead is always safe. The row a TMA load of the block starts at (prefix prefill, decode)."""
+    page = tl.load(bt_row + tok0 // PAGE_SIZE, mask=tok0 < kv_len, other=0).to(tl.int64)
+    return page * rows_per_page + tok0 % PAGE_SIZE
+
+
 # ---- rules and checks -------------------------------------------------------------------------------------------
 
 

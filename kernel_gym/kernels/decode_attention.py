@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import attention
-from kernel_gym.kernels.attention import LAYOUTS, PagedKV, load_rows
+from kernel_gym.kernels.attention import LAYOUTS, PagedKV, block_row, load_rows
 from kernel_gym.kernels.space import Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import DecodeWorkload
 
@@ -82,14 +82,31 @@ def _kv_offsets(bt_row, tok0, offs_n, seq_len, stride_page, stride_slot, PAGE_SI
 
 
 @triton.jit
-def _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr):
-    """One BLOCK_N step of online softmax for all q heads of a group: [GROUP_PAD, D] x [D, BLOCK_N] tl.dot."""
+def _block_offsets(bt_row, tok0, offs_n, seq_len, stride_page, stride_slot, rows_per_page, head_row,
+                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_TMA: tl.constexpr):
+    """Where the grouped path's block at tok0 lies: each token's element offset (_kv_offsets), or with KV_TMA the
+    block's first row in the cache's 2-D view (the block lies in one page)."""
+    if KV_TMA:
+        offs = block_row(bt_row, tok0, seq_len, rows_per_page, PAGE_SIZE) + head_row
+    else:
+        offs = _kv_offsets(bt_row, tok0, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+    return offs
+
+
+@triton.jit
+def _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale, kv_col,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                  KV_TMA: tl.constexpr = 0):
+    """One BLOCK_N step of online softmax for all q heads of a group: [GROUP_PAD, D] x [D, BLOCK_N] tl.dot. K/V:
+    pointers (k_head, v_head: the kv head's base; offs: each token's element offset), or with KV_TMA descriptors over
+    the cache's 2-D view (offs: the block's first row, scalar; kv_col: the kv head's column)."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    kv_offs = offs[:, None] + offs_d[None, :]
     in_seq = (tok0 + offs_n) < seq_len  # read only when MASKED
-    k = load_rows(k_head + kv_offs, in_seq, MASKED)
+    if KV_TMA:
+        k = k_head.load([offs.to(tl.int32), kv_col])
+    else:
+        kv_offs = offs[:, None] + tl.arange(0, HEAD_DIM)[None, :]
+        k = load_rows(k_head + kv_offs, in_seq, MASKED)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         s = tl.where(in_seq[None, :], s, float("-inf"))
@@ -97,7 +114,12 @@ def _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scal
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = load_rows(v_head + kv_offs, in_seq, MASKED)
+    if KV_TMA:
+        v = v_head.load([offs.to(tl.int32), kv_col])
+        if MASKED:
+            v = tl.where(in_seq[:, None], v, 0.0)  # the page's slots past the sequence's end hold NaN
+    else:
+        v = load_rows(v_head + kv_offs, in_seq, MASKED)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
@@ -143,11 +165,13 @@ def _decode_grouped_kernel(
     qk_scale,
     stride_qb, stride_qh, stride_page, stride_slot, stride_head, stride_bt,
     stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ab,
+    rows_per_page, head_rows, head_cols,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    COMBINE: tl.constexpr = 0, PRELOAD_PAGES: tl.constexpr = 0,
+    COMBINE: tl.constexpr = 0, PRELOAD_PAGES: tl.constexpr = 0, KV_TMA: tl.constexpr = 0,
 ):
-    """One program = all GROUP q heads sharing one kv head, for one sequence and one split."""
+    """One program = all GROUP q heads sharing one kv head, for one sequence and one split. KV_TMA: K and V are TMA
+    descriptors over the cache's 2-D view (PagedKV.view_2d; rows_per_page, head_rows, head_cols its geometry)."""
     tl.static_assert(GROUP_PAD >= 16, "tl.dot needs >= 16 rows: pad the group")
     tl.static_assert(GROUP_PAD >= GROUP, "GROUP_PAD must hold the whole group")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs BLOCK_N >= 16")
@@ -165,8 +189,15 @@ def _decode_grouped_kernel(
     row_ok = offs_g < GROUP
     q = tl.load(Q + pid_b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     bt_row = BlockTable + pid_b * stride_bt
-    k_head = K + pid_kv * stride_head
-    v_head = V + pid_kv * stride_head
+    if KV_TMA:  # descriptors; a block's rows start at page * rows_per_page + head_row + slot, column kv_col
+        k_head, v_head = K, V
+        head_row = pid_kv * head_rows
+        kv_col = pid_kv * head_cols
+    else:
+        k_head = K + pid_kv * stride_head
+        v_head = V + pid_kv * stride_head
+        head_row = 0
+        kv_col = 0
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -185,26 +216,30 @@ def _decode_grouped_kernel(
             for j in tl.range(0, tl.minimum(PRELOAD_BLOCKS, n_full - g), num_stages=NUM_STAGES):
                 tok0 = start + (g + j) * BLOCK_N
                 page = tl.sum(tl.where(offs_b == j, pages, 0))
-                offs = page * stride_page + (tok0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_slot
+                if KV_TMA:
+                    offs = page * rows_per_page + head_row + tok0 % PAGE_SIZE
+                else:
+                    offs = page * stride_page + (tok0 % PAGE_SIZE + offs_n).to(tl.int64) * stride_slot
                 acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
-                                              HEAD_DIM, BLOCK_N, DOT_PRECISION, False)
-        offs = _kv_offsets(bt_row, start + n_full * BLOCK_N, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE,
-                           BLOCK_N)
+                                              kv_col, HEAD_DIM, BLOCK_N, DOT_PRECISION, False, KV_TMA)
+        offs = _block_offsets(bt_row, start + n_full * BLOCK_N, offs_n, seq_len, stride_page, stride_slot,
+                              rows_per_page, head_row, PAGE_SIZE, BLOCK_N, KV_TMA)
     else:
         # Page offsets are computed one block ahead and carried: the K/V loads then depend on no load of their own
         # iteration (PRELOAD_PAGES=0, the code the stored rows timed).
-        offs = _kv_offsets(bt_row, start, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+        offs = _block_offsets(bt_row, start, offs_n, seq_len, stride_page, stride_slot, rows_per_page, head_row,
+                              PAGE_SIZE, BLOCK_N, KV_TMA)
         for i in tl.range(0, n_full, num_stages=NUM_STAGES):
             tok0 = start + i * BLOCK_N
-            offs_next = _kv_offsets(bt_row, tok0 + BLOCK_N, offs_n, seq_len, stride_page, stride_slot, PAGE_SIZE,
-                                    BLOCK_N)
+            offs_next = _block_offsets(bt_row, tok0 + BLOCK_N, offs_n, seq_len, stride_page, stride_slot,
+                                       rows_per_page, head_row, PAGE_SIZE, BLOCK_N, KV_TMA)
             acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scale,
-                                          HEAD_DIM, BLOCK_N, DOT_PRECISION, False)
+                                          kv_col, HEAD_DIM, BLOCK_N, DOT_PRECISION, False, KV_TMA)
             offs = offs_next
     tail = start + n_full * BLOCK_N
     if tail < end:
         acc, l_i, m_i = _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tail, seq_len, qk_scale,
-                                      HEAD_DIM, BLOCK_N, DOT_PRECISION, True)
+                                      kv_col, HEAD_DIM, BLOCK_N, DOT_PRECISION, True, KV_TMA)
 
     if NUM_SPLITS == 1:
         o_ptrs = Out + pid_b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
@@ -338,6 +373,8 @@ def _shared_memory_bytes(config: Config, workload: DecodeWorkload) -> int:
     if int(config["GQA_GROUPED"]):
         g = group_pad(workload.num_heads // workload.num_kv_heads)
         need += g * d * b + g * bn * b
+    if int(config.get("KV_TMA", 0)):
+        need += 1024  # the TMA copies' barriers (the prefill families' allowance)
     return need
 
 
@@ -402,6 +439,15 @@ def _rule_preload(config: Config, workload: DecodeWorkload) -> str | None:
     return None
 
 
+def _rule_kv_tma(config: Config, workload: DecodeWorkload) -> str | None:
+    """A TMA load is one box of consecutive rows of the cache's 2-D view: one page per block, grouped path."""
+    if int(config.get("KV_TMA", 0)) and (not int(config["GQA_GROUPED"])
+                                          or int(config["BLOCK_N"]) > int(config["PAGE_SIZE"])):
+        return ("KV_TMA=1 needs GQA_GROUPED=1 and BLOCK_N <= PAGE_SIZE (a TMA box is one block of consecutive rows "
+                "within a page)")
+    return None
+
+
 def _rule_shared_memory(config: Config, workload: DecodeWorkload) -> str | None:
     need = _shared_memory_bytes(config, workload)
     return attention.shared_memory_reason(need, config, workload, ("BLOCK_N", "num_stages"))
@@ -447,8 +493,9 @@ SPACE = KnobSpace(
         Knob("COMBINE", (0, 1), "1 = the last split program combines the splits (one launch, not two)", legacy=0),
         Knob("PRELOAD_PAGES", (0, 1), "1 = page ids read before the loop, so K/V loads pipeline num_stages deep",
              legacy=0),
+        Knob("KV_TMA", (0, 1), "1 = each K/V block is one TMA copy (Hopper+; pointers on GPUs without TMA)", legacy=0),
     ],
-    rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_combine, _rule_preload,
+    rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_splits, _rule_combine, _rule_preload, _rule_kv_tma,
            _rule_shared_memory, _rule_registers],
 )
 
@@ -516,11 +563,19 @@ def paged_launch(q: torch.Tensor, cache: PagedCache, context_lens: torch.Tensor,
         part_out = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
     group = num_heads // num_kv_heads
+    tma = grouped and bool(int(config.get("KV_TMA", 0))) and attention.has_tma(q.device)
+    k_src, v_src = cache.k_cache, cache.v_cache
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_src = TensorDescriptor.from_tensor(cache.view_2d(cache.k_cache), [bn, head_dim])
+        v_src = TensorDescriptor.from_tensor(cache.view_2d(cache.v_cache), [bn, head_dim])
+    rows_per_page, head_rows, head_cols = cache.geometry(num_kv_heads, head_dim)
     # COMBINE: split programs arrived per (sequence, kv head); the combining program resets it to 0
     arrived = torch.zeros(batch if combine else 1, num_kv_heads if combine else 1, dtype=torch.int32,
                           device=q.device)
     args = (
-        q, cache.k_cache, cache.v_cache, cache.block_table, context_lens, out, part_out, part_lse,
+        q, k_src, v_src, cache.block_table, context_lens, out, part_out, part_lse,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), stride_page, stride_slot, stride_head, cache.block_table.stride(0),
         out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
@@ -534,8 +589,8 @@ def paged_launch(q: torch.Tensor, cache: PagedCache, context_lens: torch.Tensor,
         grid = (batch, num_kv_heads, splits)
         precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
         meta = dict(GROUP=group, GROUP_PAD=group_pad(group), DOT_PRECISION=precision, COMBINE=int(combine),
-                    PRELOAD_PAGES=int(config.get("PRELOAD_PAGES", 0)), **common)
-        args = (*args[:8], arrived, *args[8:], arrived.stride(0))
+                    PRELOAD_PAGES=int(config.get("PRELOAD_PAGES", 0)), KV_TMA=int(tma), **common)
+        args = (*args[:8], arrived, *args[8:], arrived.stride(0), rows_per_page, head_rows, head_cols)
     else:
         kernel = _decode_per_head_kernel
         grid = (batch, num_heads, splits)
@@ -646,19 +701,25 @@ def compile_sm90(config: Config, workload: DecodeWorkload) -> dict[str, int | li
         raise ValueError(f"{config}: compile_sm90 builds the grouped kernel; use GQA_GROUPED=1")
     ty = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[workload.dtype]
     names = _decode_grouped_kernel.arg_names
+    tma = int(config.get("KV_TMA", 0))
     signature = {n: f"*{ty}" for n in ("Q", "K", "V", "Out")}
+    if tma:
+        signature |= {n: f"tensordesc<{ty}[{int(config['BLOCK_N'])}, {workload.head_dim}]>" for n in ("K", "V")}
     signature |= {"PartOut": "*fp32", "PartLse": "*fp32", "BlockTable": "*i32", "ContextLens": "*i32",
                   "Arrived": "*i32", "qk_scale": "fp32"}
     signature |= {n: "i32" for n in names if n.startswith("stride")}
+    signature |= {n: "i32" for n in ("rows_per_page", "head_rows", "head_cols")}
     group = workload.num_heads // workload.num_kv_heads
     constexprs = dict(GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=workload.head_dim,
                       PAGE_SIZE=int(config["PAGE_SIZE"]), BLOCK_N=int(config["BLOCK_N"]),
                       NUM_SPLITS=int(config["NUM_SPLITS"]), NUM_STAGES=int(config["num_stages"]),
                       DOT_PRECISION="ieee" if workload.dtype == "float32" else "tf32",
-                      COMBINE=int(config.get("COMBINE", 0)), PRELOAD_PAGES=int(config.get("PRELOAD_PAGES", 0)))
+                      COMBINE=int(config.get("COMBINE", 0)), PRELOAD_PAGES=int(config.get("PRELOAD_PAGES", 0)),
+                      KV_TMA=tma)
     signature |= {n: "constexpr" for n in constexprs}
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, cache strides divisible by 16
-    aligned = ("stride_page", "stride_slot", "stride_head", "stride_qb", "stride_qh")
+    aligned = ("stride_page", "stride_slot", "stride_head", "stride_qb", "stride_qh", "rows_per_page", "head_rows",
+               "head_cols")
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
              if t.startswith("*") or n in aligned}
     kernel = triton.compile(

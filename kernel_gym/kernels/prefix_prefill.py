@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import attention
-from kernel_gym.kernels.attention import LAYOUTS, PagedKV, load_rows, online_softmax, tile_rows
+from kernel_gym.kernels.attention import LAYOUTS, PagedKV, block_row, load_rows, online_softmax, tile_rows
 from kernel_gym.kernels.space import Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefixPrefillWorkload
 
@@ -69,13 +69,6 @@ def _kv_rows(bt_row, tok0, offs_n, kv_len, rows_per_page, PAGE_SIZE: tl.constexp
 
 
 @triton.jit
-def _block_row(bt_row, tok0, kv_len, rows_per_page, PAGE_SIZE: tl.constexpr):
-    """Row of token tok0 in the cache's [rows, ...] view when its block lies in one page (scalar, int64)."""
-    page = tl.load(bt_row + tok0 // PAGE_SIZE, mask=tok0 < kv_len, other=0).to(tl.int64)
-    return page * rows_per_page + tok0 % PAGE_SIZE
-
-
-@triton.jit
 def _attend(acc, l_i, m_i, q, K, V, bt_row, kv_col, head_row, rows_per_page, stride_row,
             q_pos, kv_len, lo, hi, qk_scale,
             HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
@@ -85,12 +78,12 @@ def _attend(acc, l_i, m_i, q, K, V, bt_row, kv_col, head_row, rows_per_page, str
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     if USE_TMA:  # the block lies in one page: one row, its rows are consecutive
-        rows = _block_row(bt_row, lo, kv_len, rows_per_page, PAGE_SIZE)
+        rows = block_row(bt_row, lo, kv_len, rows_per_page, PAGE_SIZE)
     else:
         rows = _kv_rows(bt_row, lo, offs_n, kv_len, rows_per_page, PAGE_SIZE, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         if USE_TMA:
-            rows_next = _block_row(bt_row, start_n + BLOCK_N, kv_len, rows_per_page, PAGE_SIZE)
+            rows_next = block_row(bt_row, start_n + BLOCK_N, kv_len, rows_per_page, PAGE_SIZE)
         else:
             rows_next = _kv_rows(bt_row, start_n + BLOCK_N, offs_n, kv_len, rows_per_page, PAGE_SIZE, BLOCK_N)
         cols = start_n + offs_n

@@ -132,6 +132,36 @@ def test_preload_pages_needs_the_grouped_path_and_one_page_per_block():
         assert "PRELOAD_PAGES=1 needs" in why, (bad, why)
 
 
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_tma_blocks_match_the_reference_and_the_pointer_loads(dtype):
+    """KV_TMA=1: each K/V block one TMA copy at its page's row of the cache's 2-D view (both layouts, with and
+    without read-ahead page ids, splits and the one-launch combine, a ragged batch whose masked tails end mid-page
+    beside NaN slots); the result equals the pointer path's up to summation order (none)."""
+    workload = DecodeWorkload(8, 2, 32, 3, 700, dtype=dtype)
+    inputs = FAMILY.make_inputs(workload, DEVICE, seed=17)
+    reference = FAMILY.reference(inputs)
+    assert len(set(workload.context_lens())) > 1 and any(n % 16 for n in workload.context_lens())
+    for splits, combine, preload, layout, page, bn in ((1, 0, 0, "NHD", 16, 16), (16, 1, 1, "HND", 32, 16),
+                                                       (16, 0, 1, "NHD", 32, 32), (16, 1, 0, "HND", 64, 32)):
+        base = SPACE.config(dict(PAGE_SIZE=page, LAYOUT=layout, NUM_SPLITS=splits, BLOCK_N=bn, num_warps=4,
+                                 num_stages=2, GQA_GROUPED=1, COMBINE=combine, PRELOAD_PAGES=preload))
+        tma = base.replace(KV_TMA=1)
+        assert SPACE.is_valid(tma, workload), SPACE.why_invalid(tma, workload)
+        _check(workload, tma, inputs, reference)
+        same = torch.equal(FAMILY.prepare(inputs, tma)(), FAMILY.prepare(inputs, base)())
+        assert same, f"{tma}: not bit-identical to the pointer loads"
+
+
+def test_kv_tma_needs_the_grouped_path_and_one_page_per_block():
+    workload = DecodeWorkload(32, 8, 128, 1, 4096)
+    ok = dict(PAGE_SIZE=64, LAYOUT="NHD", NUM_SPLITS=16, BLOCK_N=64, num_warps=4, num_stages=4, GQA_GROUPED=1,
+              KV_TMA=1)
+    assert SPACE.is_valid(SPACE.config(ok), workload)
+    for bad in (dict(GQA_GROUPED=0), dict(BLOCK_N=128)):
+        why = SPACE.why_invalid(SPACE.config({**ok, **bad}), workload) or ""
+        assert "KV_TMA=1 needs" in why, (bad, why)
+
+
 _SM90 = """
 import json, sys
 from kernel_gym.kernels import decode_attention as da
