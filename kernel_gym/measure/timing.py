@@ -33,6 +33,11 @@ from typing import Any
 import numpy as np
 
 FLUSH_BYTES = 256 * 1024 * 1024
+# How the L2 is emptied before a sample. "write" (what every stored row was timed with): the buffer is zeroed, so the
+# L2 starts full of dirty lines, and a launch that reads more than the L2 holds also pays their write-back (up to
+# ~50 MB, ~12 us on the H200: benchmarks/decode_floor/run5_tma). "clean": the buffer is read, so the L2 starts cold
+# and clean, the state a bytes / bandwidth floor assumes (and Nsight Compute's cache control gives).
+FLUSH_MODES = ("write", "clean")
 SPIN_CYCLES = 400_000  # GPU busy-wait before each start event: ~0.2 ms at the H200's 1.98 GHz boost clock
 _flush_buffers: dict[int, Any] = {}
 
@@ -47,6 +52,7 @@ class TimingOptions:
     target_spread: float = 0.04  # stop once (p90 - p10) / median is this small
     max_time_s: float = 0.4  # stop adding rounds once the samples so far took this long
     flush: bool = True
+    flush_mode: str = "write"  # FLUSH_MODES
     heat_max_s: float = 30.0  # keep_hot before each batch: at most this long (0: time the GPU in whatever state)
 
     def __post_init__(self) -> None:
@@ -54,6 +60,8 @@ class TimingOptions:
             raise ValueError(f"need 1 <= min_reps ({self.min_reps}) <= max_reps ({self.max_reps})")
         if self.target_spread <= 0:
             raise ValueError(f"target_spread must be > 0, got {self.target_spread}")
+        if self.flush_mode not in FLUSH_MODES:
+            raise ValueError(f"flush_mode {self.flush_mode!r} is not one of {FLUSH_MODES}")
         if self.heat_max_s < 0:
             raise ValueError(f"heat_max_s must be >= 0 (0: no warm-up), got {self.heat_max_s}")
 
@@ -93,6 +101,16 @@ def _flush_buffer(device: Any) -> Any:
     return _flush_buffers[index]
 
 
+def flush_l2(buf: Any, mode: str) -> None:
+    """Enqueue the L2 flush of one sample (FLUSH_MODES): zero the buffer, or read it (a reduction to one value)."""
+    if mode == "write":
+        buf.zero_()
+    elif mode == "clean":
+        buf.max()
+    else:
+        raise ValueError(f"flush mode {mode!r} is not one of {FLUSH_MODES}")
+
+
 def time_launch(fn: Callable[[], Any], options: TimingOptions | None = None, device: str = "cuda") -> Timing:
     """Time `fn` (a prepared launch closure, already run once: compiled and warm) with CUDA events."""
     import torch
@@ -108,7 +126,7 @@ def time_launch(fn: Callable[[], Any], options: TimingOptions | None = None, dev
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         for i in range(n):
             if buf is not None:
-                buf.zero_()
+                flush_l2(buf, options.flush_mode)
             torch.cuda._sleep(SPIN_CYCLES)
             starts[i].record()
             fn()
@@ -160,11 +178,12 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def time_interleaved(fns: list[Callable[[], Any]], reps: int, device: str = "cuda",
-                     heat: bool = True) -> list[list[float]]:
+                     heat: bool = True, flush_mode: str = "write") -> list[list[float]]:
     """Per closure, `reps` samples (ms) taken in turn: a b c, then c b a, ... each after an L2 flush and a spin. A
     slow drift of the GPU's clocks (power or temperature: a minute of large-M MoE on the H200 moved one config's time
     by 25% between two rounds) then falls on every closure alike, so their ratio holds where separate rounds do not.
-    heat=False skips the warm-up rule (keep_hot), for studies that set the GPU's state themselves."""
+    heat=False skips the warm-up rule (keep_hot), for studies that set the GPU's state themselves; flush_mode is
+    TimingOptions.flush_mode's."""
     import torch
 
     if heat:
@@ -175,7 +194,7 @@ def time_interleaved(fns: list[Callable[[], Any]], reps: int, device: str = "cud
     for r in range(reps):
         order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
         for i in order:
-            buf.zero_()
+            flush_l2(buf, flush_mode)
             torch.cuda._sleep(SPIN_CYCLES)
             start, end = events[i][r]
             start.record()
