@@ -12,7 +12,7 @@ is no work of its own; a bytes / copy-bandwidth floor assumes none. Cases:
   flush mode).
 Every closure is checked against its family's fp32 reference before it is timed.
 
-    python3 benchmarks/flush_mode/run.py --floor benchmarks/decode_floor/run5_tma/decode_floor.json \\
+    python3 benchmarks/flush_mode/run.py --floor benchmarks/decode_floor/run5_tma/decode_floor.json.gz \\
         --out $OUT/flush_mode.json  # GPU; imports torch, triton, numpy, kernel_gym
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import os
 import statistics
@@ -66,7 +67,10 @@ def decode_rows(floor_path: Path, reps: int, log) -> list[dict]:
     dummy = torch.empty(1, device="cuda")
     fam = get_family("decode_attention")
     rows = []
-    for r in json.loads(floor_path.read_text())["rows"]:
+    opener = gzip.open if floor_path.suffix == ".gz" else open
+    with opener(floor_path, "rt") as f:
+        floor_rows = json.load(f)["rows"]
+    for r in floor_rows:
         times = r.get("times") or {}
         if not times:
             continue
