@@ -146,6 +146,28 @@ def floor4_figures(label: str, where: str, patterns: tuple[str, ...]) -> list:
             for pattern, (name, pick, batches, key) in zip(patterns, picks, strict=True)]
 
 
+def flush_figures(where: str, patterns: tuple[str, ...]) -> list:
+    """The flush-mode run's figures as `where` words them: best / floor at batch 1-4 after a clean L2 flush (lowest,
+    highest), after the dataset's write flush (lowest, highest), and how many of the 9 are within the target clean."""
+    def ratios(mode: str) -> list[float]:
+        return [r[mode]["ratio_to_floor"] for r in committed(FLUSH)["decode"] if r["batch"] <= 4]
+
+    values = ((lambda: min(ratios("clean"))), (lambda: max(ratios("clean"))), (lambda: min(ratios("write"))),
+              (lambda: max(ratios("write"))), (lambda: float(sum(x <= 1.25 for x in ratios("clean")))))
+    names = ("clean lowest", "clean highest", "write lowest", "write highest", "clean within 1.25")
+    return [Figure(f"decode floor, flush modes: {name} ({where})", where, pattern, FLUSH, value, 0.005, "gpu")
+            for pattern, name, value in zip(patterns, names[:len(patterns)], values)]
+
+
+def flush_gain(pick: Callable[[list[float]], float], as_ratio: bool) -> float:
+    """The flush-mode run's best decode time at batch 1-16, clean against write: microseconds taken off, or the
+    ratio clean / write (pick: min or max)."""
+    rows = committed(FLUSH)["decode"]
+    if as_ratio:
+        return pick([r["clean"]["best_ms"] / r["write"]["best_ms"] for r in rows])
+    return pick([(r["write"]["best_ms"] - r["clean"]["best_ms"]) * 1e3 for r in rows])
+
+
 def export_speedups() -> tuple[float, float]:
     """(lowest speedup of the exported file over the shipped one, keys) over every shape and routing of the export
     benchmark."""
@@ -176,6 +198,7 @@ KERNELS = "benchmarks/h200_kernels.json"
 STANDIN = "benchmarks/h200_prefix/standin_error.json"
 FLOOR = "benchmarks/decode_floor/decode_floor.json"
 FLOOR4 = "benchmarks/decode_floor/run4_preload/decode_floor.json"
+FLUSH = "benchmarks/flush_mode/run1_cf0ac05/flush_mode.json"
 LOMO = "benchmarks/generalisation/lomo_recorded.json"
 LOO = "benchmarks/generalisation/design_loo.json"
 EXPORT = "benchmarks/vllm_export.json"
@@ -382,6 +405,22 @@ FIGURES = [
                                       rf"bytes alone takes [0-9.]+-{N}x that floor",
                                       rf"short programs\), {N}-[0-9.]+ at batch 16-64",
                                       rf"short programs\), [0-9.]+-{N} at batch 16-64")),
+    Figure("index: clean flush, us off (lowest)", BENCH, rf"the clean flush takes {N}-[0-9.]+ us off", FLUSH,
+           lambda: flush_gain(min, False), 0.05, "gpu"),
+    Figure("index: clean flush, us off (highest)", BENCH, rf"the clean flush takes [0-9.]+-{N} us off", FLUSH,
+           lambda: flush_gain(max, False), 0.05, "gpu"),
+    Figure("index: clean flush / write (lowest)", BENCH, rf"the best time \({N}-[0-9.]+x\)", FLUSH,
+           lambda: flush_gain(min, True), 0.005, "gpu"),
+    Figure("index: clean flush / write (highest)", BENCH, rf"the best time \([0-9.]+-{N}x\)", FLUSH,
+           lambda: flush_gain(max, True), 0.005, "gpu"),
+    *flush_figures(BENCH, (rf"best / floor at batch 1-4 {N}-[0-9.]+ clean",
+                           rf"best / floor at batch 1-4 [0-9.]+-{N} clean",
+                           rf"clean against {N}-[0-9.]+ written", rf"clean against [0-9.]+-{N} written")),
+    *flush_figures("README.md", (rf"clean L2 flush[^|]*?: {N}-[0-9.]+ at batch 1-4",
+                                 rf"clean L2 flush[^|]*?: [0-9.]+-{N} at batch 1-4",
+                                 rf"with the dataset's write flush {N}-[0-9.]+\)",
+                                 rf"with the dataset's write flush [0-9.]+-{N}\)",
+                                 rf"within 1\.25 at {N} of the 9")),
     *[Figure(f"index: {name}", BENCH, figure_at(GEN_TEXT, i), GEN, at(GEN, *keys), 0.0005, "gpu")
       for i, (name, keys) in enumerate((("zero-shot MoE", (*ZS, "fused_moe", "geomean")),
                                         ("zero-shot MoE p5", (*ZS, "fused_moe", "p5")),

@@ -24,6 +24,10 @@ Kernel design (flash-decoding on a paged cache):
   loop: no K/V address then waits on a load of the loop, and the loads pipeline num_stages - 1 blocks deep (with the
   table read in the loop, Triton's sm_90 code waits on each copy as soon as it is issued). On the H200 it is the best
   config at 12 of 15 small-to-mid-batch workloads, by 0-5% (docs/benchmarks.md, "Decode at batch 1-4").
+- KV_TMA=1 (grouped path, one page per block; Hopper and newer, pointers elsewhere) loads each K/V block with one TMA
+  copy at its page's row of the cache's 2-D view (PagedKV.view_2d, as prefix_prefill reads the cache), instead of
+  per-thread pointer loads; the masked tail zeroes V past the sequence's end (those slots hold NaN). On the H200 it is
+  the fastest config at all 12 batch 1-16 workloads of benchmarks/decode_floor/run5_tma, by 0.6-8%.
 - Softmax in base 2 with sm_scale * log2(e) applied to the fp32 scores; fp32 accumulation.
 
 Imports only torch, triton and the standard library: this module runs on the GPU machine.
