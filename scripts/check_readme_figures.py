@@ -156,7 +156,7 @@ def flush_figures(where: str, patterns: tuple[str, ...]) -> list:
               (lambda: max(ratios("write"))), (lambda: float(sum(x <= 1.25 for x in ratios("clean")))))
     names = ("clean lowest", "clean highest", "write lowest", "write highest", "clean within 1.25")
     return [Figure(f"decode floor, flush modes: {name} ({where})", where, pattern, FLUSH, value, 0.005, "gpu")
-            for pattern, name, value in zip(patterns, names[:len(patterns)], values)]
+            for pattern, name, value in zip(patterns, names, values)]  # the first len(patterns)
 
 
 def flush_gain(pick: Callable[[list[float]], float], as_ratio: bool) -> float:

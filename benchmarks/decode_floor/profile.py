@@ -2,8 +2,9 @@
 (DRAM throughput against its peak, achieved occupancy, warp stall reasons), which CUDA events cannot say.
 
 Per workload named (batch:context), the fastest config overall, the fastest with KV_TMA=1 and the fastest with
-KV_TMA=0 in the file's `times`: each is checked against the torch reference, then launched twice (compile, then the
-profiled launch). Run under ncu, which selects the grouped decode kernel's launches:
+KV_TMA=0 in the file's `times` (a --grid decode_floor.json, plain or .gz): each is checked against the torch reference,
+then launched once more. Run under ncu, which profiles every launch of the grouped decode kernel (both launches of each
+config):
 
     ncu --clock-control none --kernel-name regex:_decode_grouped_kernel --launch-skip 0 ... \\
         python3 benchmarks/decode_floor/profile.py --floor decode_floor.json --workloads 1:16384,4:1024
@@ -35,6 +36,7 @@ def picks(times: dict[str, float]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from benchmarks.decode_floor.run import read_floor
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="1:16384,1:1024,4:4096", help="batch:context, comma-separated")
     p.add_argument("--out", type=Path, required=True, help="JSON list of the configs launched, in order")
     args = p.parse_args(argv)
-    rows = {(r["batch"], r["context"]): r for r in json.loads(args.floor.read_text())["rows"]}
+    rows = {(r["batch"], r["context"]): r for r in read_floor(args.floor)["rows"]}
     fam = get_family("decode_attention")
     launched = []
     for item in args.workloads.split(","):

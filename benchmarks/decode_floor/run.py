@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 import sys
@@ -29,6 +30,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 TARGET = 1.25
+
+
+def read_floor(path: Path) -> dict:
+    """A decode_floor.json as written, plain or gzipped (the committed grids are .json.gz)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
 
 
 def _empty_kernel():

@@ -10,7 +10,6 @@ write L2 flush (benchmarks/flush_mode). Launched through decode_attention.paged_
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -19,20 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-def _flush_mode_module():
-    """benchmarks/flush_mode/run.py (its interleaved two-flush timing), loaded by path."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "flush_mode" / "run.py"
-    spec = importlib.util.spec_from_file_location("flush_mode_run", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from benchmarks.decode_floor.run import read_floor
+    from benchmarks.flush_mode.run import MODES, interleaved_medians
     from kernel_gym.kernels import decode_attention as da
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
@@ -44,10 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reps", type=int, default=24)
     args = p.parse_args(argv)
-    flush_mode = _flush_mode_module()
-    MODES, interleaved_medians = flush_mode.MODES, flush_mode.interleaved_medians
-    with gzip.open(args.floor, "rt") as f:
-        floor_rows = [r for r in json.load(f)["rows"] if r["batch"] <= 4]
+    floor_rows = [r for r in read_floor(args.floor)["rows"] if r["batch"] <= 4]
     fam = da.FAMILY
     rows = []
     for r in floor_rows:

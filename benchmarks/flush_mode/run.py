@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
 import json
 import os
 import statistics
@@ -52,30 +51,24 @@ def interleaved_medians(fns: list, reps: int) -> dict[str, list[float]]:
 
 def decode_rows(floor_path: Path, reps: int, log) -> list[dict]:
     import torch
-    import triton
 
+    from benchmarks.decode_floor.run import _empty_kernel, read_floor
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
     from kernel_gym.measure.roofline import COPY_BW
     from kernel_gym.measure.worker import compare
 
-    @triton.jit
-    def empty(x):  # one launch's fixed cost (decode_floor's floor term)
-        pass
-
+    empty = _empty_kernel()  # one launch's fixed cost: the floor's launch term, as decode_floor times it
     dummy = torch.empty(1, device="cuda")
     fam = get_family("decode_attention")
     rows = []
-    opener = gzip.open if floor_path.suffix == ".gz" else open
-    with opener(floor_path, "rt") as f:
-        floor_rows = json.load(f)["rows"]
-    for r in floor_rows:
+    for r in read_floor(floor_path)["rows"]:
         times = r.get("times") or {}
         if not times:
             continue
         ranked = sorted(times, key=times.get)
-        picks = ranked[:4] + [min((c for c in ranked if '"KV_TMA":1' not in c), key=times.get)]
+        picks = ranked[:4] + [min((c for c in ranked if not json.loads(c).get("KV_TMA")), key=times.get)]
         picks = list(dict.fromkeys(picks))
         w = DecodeWorkload(32, 8, 128, r["batch"], r["context"])
         inputs = fam.make_inputs(w, "cuda")
@@ -134,12 +127,8 @@ def attention_rows(reps: int, log) -> list[dict]:
             wrong = compare(fam, fn(), ref, w.dtype)
             if wrong is not None:
                 raise SystemExit(f"{kernel} {name} {rec['config']} is wrong: {wrong}")
-            if kernel == "prefill_attention":
-                b, n = len(w.seq_lens), w.seq_lens[0]
-                q, k, v = (bench._heads_first(x, b, n) for x in (inputs.q, inputs.k, inputs.v))
-            else:
-                b, n = len(w.chunk_lens), w.chunk_lens[0]
-                q, k, v = (bench._heads_first(x, b, n) for x in (inputs.q, inputs.k, inputs.v))
+            lens = w.seq_lens if kernel == "prefill_attention" else w.chunk_lens  # no prefix: keys = queries
+            q, k, v = (bench._heads_first(x, len(lens), lens[0]) for x in (inputs.q, inputs.k, inputs.v))
             causal = {"is_causal": True}
             specs = {"cudnn_causal": (SDPBackend.CUDNN_ATTENTION, causal),
                      "flash_causal": (SDPBackend.FLASH_ATTENTION, causal), "default_causal": (None, causal)}

@@ -26,8 +26,10 @@ Kernel design (flash-decoding on a paged cache):
   config at 12 of 15 small-to-mid-batch workloads, by 0-5% (docs/benchmarks.md, "Decode at batch 1-4").
 - KV_TMA=1 (grouped path, one page per block; Hopper and newer, pointers elsewhere) loads each K/V block with one TMA
   copy at its page's row of the cache's 2-D view (PagedKV.view_2d, as prefix_prefill reads the cache), instead of
-  per-thread pointer loads; the masked tail zeroes V past the sequence's end (those slots hold NaN). On the H200 it is
-  the fastest config at all 12 batch 1-16 workloads of benchmarks/decode_floor/run5_tma, by 0.6-8%.
+  per-thread pointer loads; the masked tail zeroes V past the sequence's end (a masked p of 0 times a stale NaN or
+  inf there would still be NaN). On the H200 a KV_TMA config is the fastest at all 12 batch 1-16 workloads of
+  benchmarks/decode_floor/run5_tma, by 0.6-8%; over the dataset's 365 pairs its row takes 0.997x its pointer twin's
+  time (median; p10 0.94, p90 1.06): a small gain where the fastest configs run, no general one.
 - Softmax in base 2 with sm_scale * log2(e) applied to the fp32 scores; fp32 accumulation.
 
 Imports only torch, triton and the standard library: this module runs on the GPU machine.
@@ -121,7 +123,7 @@ def _grouped_step(acc, l_i, m_i, q, k_head, v_head, offs, tok0, seq_len, qk_scal
     if KV_TMA:
         v = v_head.load([offs.to(tl.int32), kv_col])
         if MASKED:
-            v = tl.where(in_seq[:, None], v, 0.0)  # the page's slots past the sequence's end hold NaN
+            v = tl.where(in_seq[:, None], v, 0.0)  # slots past the end may hold NaN or inf: 0 * NaN is NaN
     else:
         v = load_rows(v_head + kv_offs, in_seq, MASKED)
     acc = acc * alpha[:, None]
@@ -567,7 +569,9 @@ def paged_launch(q: torch.Tensor, cache: PagedCache, context_lens: torch.Tensor,
         part_out = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
     group = num_heads // num_kv_heads
-    tma = grouped and bool(int(config.get("KV_TMA", 0))) and attention.has_tma(q.device)
+    # TMA where the config asks for it and it can run: one page per block, a contiguous cache (its 2-D view)
+    tma = (grouped and bool(int(config.get("KV_TMA", 0))) and bn <= cache.page_size
+           and cache.k_cache.is_contiguous() and cache.v_cache.is_contiguous() and attention.has_tma(q.device))
     k_src, v_src = cache.k_cache, cache.v_cache
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -694,7 +698,8 @@ FAMILY = DecodeAttentionFamily()
 def compile_sm90(config: Config, workload: DecodeWorkload) -> dict[str, int | list[int]]:
     """Compile the grouped kernel for sm_90 without a GPU (not under TRITON_INTERPRET) and return {"shared": bytes,
     "async_waits": the depth of each async_wait in the TTGIR}: a wait of depth n leaves n copy groups in flight, so
-    this shows on a CPU machine whether the K/V loads pipeline (PRELOAD_PAGES=1) or wait as soon as issued."""
+    this shows on a CPU machine whether the pointer loads pipeline (PRELOAD_PAGES=1) or wait as soon as issued.
+    KV_TMA=1 copies wait on barriers instead, so its async_waits say nothing about its pipelining."""
     import re
 
     from triton.backends.compiler import GPUTarget

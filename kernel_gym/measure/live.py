@@ -34,6 +34,10 @@ class LiveBackend:
                  cache_dir: str | None = None, extra_env: dict[str, str] | None = None) -> None:
         if device not in ("cuda", "cpu"):
             raise ValueError(f"device must be 'cuda' or 'cpu' (interpreter), got {device!r}")
+        if timing.flush_mode != "write":  # a row does not record its flush: every stored row has the write flush
+            raise ValueError(f"flush_mode={timing.flush_mode!r}: stored rows are all timed after the write flush, and "
+                             "a row does not say which flush it had; time clean-flush studies with timing.time_launch "
+                             "or time_interleaved (benchmarks/flush_mode/run.py), not through the store")
         env = {"TRITON_CACHE_DIR": cache_dir or os.environ.get("TRITON_CACHE_DIR", DEFAULT_CACHE_DIR)}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)

@@ -34,9 +34,10 @@ import numpy as np
 
 FLUSH_BYTES = 256 * 1024 * 1024
 # How the L2 is emptied before a sample. "write" (what every stored row was timed with): the buffer is zeroed, so the
-# L2 starts full of dirty lines, and a launch that reads more than the L2 holds also pays their write-back (up to
-# ~50 MB, ~12 us on the H200: benchmarks/decode_floor/run5_tma). "clean": the buffer is read, so the L2 starts cold
-# and clean, the state a bytes / bandwidth floor assumes (and Nsight Compute's cache control gives).
+# L2 starts full of dirty lines, and a launch evicts them as it reads, paying their write-back (0.6-9.7 us of decode
+# at batch 1-16 on the H200, the more the more it reads: benchmarks/flush_mode/run1_cf0ac05). "clean": the buffer is
+# read, so the L2 starts cold and clean, the state a bytes / bandwidth floor assumes (and Nsight Compute's cache
+# control gives). LiveBackend, which stores rows, refuses "clean": a row does not record its flush.
 FLUSH_MODES = ("write", "clean")
 SPIN_CYCLES = 400_000  # GPU busy-wait before each start event: ~0.2 ms at the H200's 1.98 GHz boost clock
 _flush_buffers: dict[int, Any] = {}

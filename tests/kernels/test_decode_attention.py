@@ -175,12 +175,13 @@ print(json.dumps([da.compile_sm90(Config.parse(c), w) for c in json.loads(sys.ar
 @pytest.mark.slow
 def test_preloaded_page_ids_let_the_sm90_loads_pipeline_within_the_estimate():
     """Compiled for sm_90 (no GPU, outside the interpreter): with PRELOAD_PAGES=1 and 4 stages the TTGIR keeps copies
-    in flight (an async_wait deeper than 0), and both variants stay within the shared-memory estimate. This is the
-    compiler fact docs/benchmarks.md states for the knob (the in-loop table read's waits are all 0 on triton 3.9)."""
+    in flight (an async_wait deeper than 0), and every variant, KV_TMA's too, builds within the shared-memory estimate.
+    This is the compiler fact docs/benchmarks.md states for the knob (the in-loop table read's waits are all 0 on
+    triton 3.9)."""
     w = DecodeWorkload(32, 8, 128, 1, 4096)
     base = SPACE.config(dict(PAGE_SIZE=64, LAYOUT="HND", NUM_SPLITS=16, BLOCK_N=64, num_warps=4, num_stages=4,
                              GQA_GROUPED=1))
-    picks = [base, base.replace(PRELOAD_PAGES=1)]
+    picks = [base, base.replace(PRELOAD_PAGES=1), base.replace(KV_TMA=1, PRELOAD_PAGES=1)]
     assert all(SPACE.is_valid(c, w) for c in picks)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -188,9 +189,9 @@ def test_preloaded_page_ids_let_the_sm90_loads_pipeline_within_the_estimate():
     done = subprocess.run([sys.executable, "-c", _SM90, json.dumps([str(c) for c in picks])], capture_output=True,
                           text=True, env=env, timeout=600, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
-    old, preload = json.loads(done.stdout.strip().splitlines()[-1])
+    old, preload, tma = json.loads(done.stdout.strip().splitlines()[-1])
     assert max(preload["async_waits"]) > 0, preload
-    for config, meta in zip(picks, (old, preload)):
+    for config, meta in zip(picks, (old, preload, tma), strict=True):  # KV_TMA=1 builds for sm_90 too
         assert meta["shared"] <= da._shared_memory_bytes(config, w) <= SHARED_MEMORY_LIMIT, (config, meta)
 
 
