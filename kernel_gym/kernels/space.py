@@ -86,6 +86,9 @@ class InvalidConfig(ValueError):
     """A config that the knob space's rules reject for a workload (named rule, never compiled)."""
 
 
+VALID_CACHE_WORKLOADS = 4096  # workloads whose valid configs a space remembers (then it starts over)
+
+
 class KnobSpace:
     """The product of a family's knobs, restricted by validity rules.
 
@@ -97,6 +100,7 @@ class KnobSpace:
         self.knobs = tuple(knobs)
         self.rules = tuple(rules)
         self.names = tuple(k.name for k in self.knobs)
+        self._valid: dict[Any, tuple[Config, ...]] = {}  # valid_configs per workload
 
     def __len__(self) -> int:
         n = 1
@@ -151,7 +155,19 @@ class KnobSpace:
             raise InvalidConfig(f"{config} is invalid for {workload}: {reason}")
 
     def valid_configs(self, workload: Any) -> list[Config]:
-        return [c for c in self.all_configs() if self.is_valid(c, workload)]
+        """Every valid config, in all_configs' order. Remembered per workload (workloads are frozen and hashable;
+        knobs, rules and Configs are immutable): a space of ~10^4 combinations takes a fraction of a second through
+        its rules, and export, tune, the envs and the planners ask for the same workloads many times."""
+        try:
+            cached = self._valid.get(workload)
+        except TypeError:  # an unhashable workload: enumerated each time
+            return [c for c in self.all_configs() if self.is_valid(c, workload)]
+        if cached is None:
+            cached = tuple(c for c in self.all_configs() if self.is_valid(c, workload))
+            if len(self._valid) >= VALID_CACHE_WORKLOADS:
+                self._valid.clear()
+            self._valid[workload] = cached
+        return list(cached)
 
     def sample(self, workload: Any, n: int, seed: int = 0) -> list[Config]:
         """Up to n distinct valid configs, drawn uniformly without replacement (deterministic per seed)."""

@@ -64,3 +64,26 @@ def test_workload_semantics():
         MoEWorkload(8, 4, 5, 64, 64)
     with pytest.raises(ValueError, match="dtype"):
         DecodeWorkload(4, 2, 64, 1, 1, dtype="int8")
+
+
+def test_valid_configs_are_remembered_per_workload_and_stay_right():
+    """The cached answer is the enumeration's, per workload; a caller changing its list changes nothing stored; an
+    unhashable workload is enumerated each time."""
+    calls = []
+
+    def small_m(config, workload):
+        calls.append(workload)
+        return None if config["BLOCK_M"] <= workload else "too big"
+
+    space = KnobSpace([Knob("BLOCK_M", (16, 32, 64)), Knob("num_warps", (4, 8))], rules=[small_m])
+    first = space.valid_configs(32)
+    assert [c["BLOCK_M"] for c in first] == [16, 16, 32, 32] and len(calls) == 6
+    first.clear()
+    assert space.valid_configs(32) == [c for c in space.all_configs() if c["BLOCK_M"] <= 32]
+    assert len(calls) == 6, "the second call for the same workload must not run the rules again"
+    assert [c["BLOCK_M"] for c in space.valid_configs(64)] == [16, 16, 32, 32, 64, 64]
+
+    class Unhashable(int):
+        __hash__ = None
+
+    assert len(space.valid_configs(Unhashable(16))) == 2
