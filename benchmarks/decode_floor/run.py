@@ -32,6 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 TARGET = 1.25
 
 
+def floor_ms(family, workload, empty_ms: float) -> float:
+    """The target's floor: the bytes one call must move over COPY_BW, plus one empty launch (ms)."""
+    from kernel_gym.measure.roofline import COPY_BW
+
+    return family.bytes_moved(workload) / COPY_BW * 1e3 + empty_ms
+
+
 def read_floor(path: Path) -> dict:
     """A decode_floor.json as written, plain or gzipped (the committed grids are .json.gz)."""
     opener = gzip.open if str(path).endswith(".gz") else open
@@ -59,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_gym.measure import make_backend
     from kernel_gym.measure.compiler import CompilePool
     from kernel_gym.measure.power import read_once
-    from kernel_gym.measure.roofline import COPY_BW
     from kernel_gym.measure.timing import time_launch
     from kernel_gym.measure.worker import compare
 
@@ -142,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         best = min(times.values())
         one = {c: t for c, t in times.items() if '"COMBINE":1' in c}
         two = {c: t for c, t in times.items() if c not in one}
-        floor_ms = fam.bytes_moved(w) / COPY_BW * 1e3 + empty_ms
+        floor = floor_ms(fam, w, empty_ms)
         rows.append({"batch": batch, "context": context, "configs_ok": len(times), "configs_tried": len(configs),
-                     "best_ms": best, "best_config": min(times, key=times.get), "floor_ms": floor_ms,
-                     "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor_ms, "copy_ms": copy_ms,
+                     "best_ms": best, "best_config": min(times, key=times.get), "floor_ms": floor,
+                     "bytes": fam.bytes_moved(w), "ratio_to_floor": best / floor, "copy_ms": copy_ms,
                      "recorded_best_ms": min((m.median_ms for m in recorded.values()), default=None),
                      "wrong_after_timing": wrong_after_timing, "failed": failed,
                      "best_two_launch_ms": min(two.values(), default=None),
@@ -154,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                      **({"times": times} if args.grid else {})})
         t2, t1 = (min(d.values(), default=float("nan")) * 1e3 for d in (two, one))
         print(f"batch {batch} context {context}: best {best * 1e3:.1f} us (two launches {t2:.1f}, one {t1:.1f}), "
-              f"floor {floor_ms * 1e3:.1f} us, same-size copy {copy_ms * 1e3:.1f} us "
-              f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor_ms:.2f} ({len(times)} ok configs, "
+              f"floor {floor * 1e3:.1f} us, same-size copy {copy_ms * 1e3:.1f} us "
+              f"(empty launch {empty_ms * 1e3:.1f} us), ratio {best / floor:.2f} ({len(times)} ok configs, "
               f"{time.time() - t0:.0f} s timing, {t_compile:.0f} s waiting for compiles)", flush=True)
         if args.grid:  # the best config of each split count, PRELOAD_PAGES and KV_TMA value
             for knob in ("NUM_SPLITS", "PRELOAD_PAGES", "KV_TMA"):

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_gym.kernels import decode_attention as da
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
+    from kernel_gym.measure.power import read_once
     from kernel_gym.measure.roofline import COPY_BW
     from kernel_gym.measure.worker import compare
 
@@ -71,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             fns.append(fn)
             kept.append(c)
+        state = read_once()  # the clock state this workload was timed in
         med = interleaved_medians(fns, args.reps)
         floor_bytes = fam.bytes_moved(w) / COPY_BW * 1e3
         row = {"batch": w.batch, "context": w.context_len, "configs": kept, "failed": failed,
-               "floor_bytes_ms": floor_bytes, **{m: med[m] for m in MODES}}
+               "floor_bytes_ms": floor_bytes, "power_before": state.__dict__ if state is not None else None,
+               **{m: med[m] for m in MODES}}
         for m in MODES:
             best3 = min((t for c, t in zip(kept, med[m]) if '"num_stages":3' in c), default=float("nan"))
             best = min(t for c, t in zip(kept, med[m]) if '"num_stages":3' not in c)

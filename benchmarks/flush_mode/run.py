@@ -52,11 +52,10 @@ def interleaved_medians(fns: list, reps: int) -> dict[str, list[float]]:
 def decode_rows(floor_path: Path, reps: int, log) -> list[dict]:
     import torch
 
-    from benchmarks.decode_floor.run import _empty_kernel, read_floor
+    from benchmarks.decode_floor.run import _empty_kernel, floor_ms, read_floor
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
-    from kernel_gym.measure.roofline import COPY_BW
     from kernel_gym.measure.worker import compare
 
     empty = _empty_kernel()  # one launch's fixed cost: the floor's launch term, as decode_floor times it
@@ -90,7 +89,7 @@ def decode_rows(floor_path: Path, reps: int, log) -> list[dict]:
                "wrong_after_timing": wrong_after}
         for m in MODES:
             *cfg_ms, copy_ms, empty_ms = med[m]
-            floor = nbytes / COPY_BW * 1e3 + empty_ms
+            floor = floor_ms(fam, w, empty_ms)
             best = min(cfg_ms)
             row[m] = {"config_ms": cfg_ms, "best_ms": best, "best_config": picks[cfg_ms.index(best)],
                       "copy_ms": copy_ms, "empty_ms": empty_ms, "floor_ms": floor, "ratio_to_floor": best / floor}
@@ -133,17 +132,21 @@ def attention_rows(reps: int, log) -> list[dict]:
             specs = {"cudnn_causal": (SDPBackend.CUDNN_ATTENTION, causal),
                      "flash_causal": (SDPBackend.FLASH_ATTENTION, causal), "default_causal": (None, causal)}
             check = bench._reference_check(fam, inputs)
-            variants = {}
+            variants, refused = {}, {}
             for vname, vfn in bench.sdpa_variants(q, k, v, specs).items():
                 try:
-                    if check(vfn()) is None:
+                    wrong = check(vfn())
+                    if wrong is None:
                         variants[vname] = vfn
-                except Exception:  # noqa: BLE001 - a backend refusing the shape is left out, as bench does
-                    pass
+                    else:
+                        refused[vname] = f"wrong result: {wrong}"
+                except Exception as exc:  # noqa: BLE001 - a backend refusing the shape is kept with why, as bench does
+                    refused[vname] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 torch.cuda.synchronize()
             names_v = list(variants)
             med = interleaved_medians([fn, *variants.values()], reps)
-            row = {"kernel": kernel, "case": name, "config": rec["config"], "stored_ratio": rec["ratio_to_anchor"]}
+            row = {"kernel": kernel, "case": name, "config": rec["config"], "stored_ratio": rec["ratio_to_anchor"],
+                   "variants_refused": refused}
             for m in MODES:
                 kern_ms, *anchor_ms = med[m]
                 best = min(range(len(anchor_ms)), key=anchor_ms.__getitem__)

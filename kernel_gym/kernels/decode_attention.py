@@ -436,22 +436,22 @@ def _rule_combine(config: Config, workload: DecodeWorkload) -> str | None:
     return None
 
 
+def _one_page_grouped_reason(knob: str, why: str, config: Config) -> str | None:
+    """Why a knob of the grouped path that needs each block in one page cannot be 1 here (None when it can)."""
+    if int(config.get(knob, 0)) and (not int(config["GQA_GROUPED"])
+                                     or int(config["BLOCK_N"]) > int(config["PAGE_SIZE"])):
+        return f"{knob}=1 needs GQA_GROUPED=1 and BLOCK_N <= PAGE_SIZE ({why})"
+    return None
+
+
 def _rule_preload(config: Config, workload: DecodeWorkload) -> str | None:
     """Page ids are read ahead on the grouped path only, one per block: the block must lie in one page."""
-    if int(config.get("PRELOAD_PAGES", 0)) and (not int(config["GQA_GROUPED"])
-                                                 or int(config["BLOCK_N"]) > int(config["PAGE_SIZE"])):
-        return ("PRELOAD_PAGES=1 needs GQA_GROUPED=1 and BLOCK_N <= PAGE_SIZE (one page id per block, read ahead "
-                "by the grouped kernel)")
-    return None
+    return _one_page_grouped_reason("PRELOAD_PAGES", "one page id per block, read ahead by the grouped kernel", config)
 
 
 def _rule_kv_tma(config: Config, workload: DecodeWorkload) -> str | None:
     """A TMA load is one box of consecutive rows of the cache's 2-D view: one page per block, grouped path."""
-    if int(config.get("KV_TMA", 0)) and (not int(config["GQA_GROUPED"])
-                                          or int(config["BLOCK_N"]) > int(config["PAGE_SIZE"])):
-        return ("KV_TMA=1 needs GQA_GROUPED=1 and BLOCK_N <= PAGE_SIZE (a TMA box is one block of consecutive rows "
-                "within a page)")
-    return None
+    return _one_page_grouped_reason("KV_TMA", "a TMA box is one block of consecutive rows within a page", config)
 
 
 def _rule_shared_memory(config: Config, workload: DecodeWorkload) -> str | None:
