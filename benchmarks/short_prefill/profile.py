@@ -34,7 +34,8 @@ def read_details(path: Path) -> dict:
 
 
 def picks(tried: list[dict]) -> dict[str, str]:
-    """label -> config string: the fastest correct Triton config without and with PACK_GQA=1, and the fastest Gluon config."""
+    """label -> config string: the fastest correct Triton config without and with PACK_GQA=1, and the fastest Gluon
+    config."""
     ok = [t for t in tried if t["status"] == "ok"]
     groups = {
         "triton": lambda c: c.get("IMPL", "triton") == "triton" and c.get("PACK_GQA", 0) == 0,
