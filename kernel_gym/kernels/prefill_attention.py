@@ -90,60 +90,24 @@ def _prefill_fwd(
     Q, K, V, O, W_START, W_LEN, W_BLOCK, W_HEAD,
     qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    n_items,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
-    PERSISTENT: tl.constexpr,
 ):
-    """One program = work item program_id (see _prefill_item); with PERSISTENT, resident programs that each run the
-    items program_id, program_id + programs, ... and load an item's table entries while running the one before, so
-    only their first item waits for the table (what short sequences' short programs spend much of their time on)."""
+    """One program = work item program_id: one BLOCK_M tile of queries of one sequence, for one q head; with
+    PACK_GQA, BLOCK_M // GROUP tokens of one sequence for every q head of one kv head (row r: token r // GROUP, q head
+    kv_head * GROUP + r % GROUP), so each K/V block feeds GROUP heads and the causal diagonal is GROUP times finer."""
+    tl.static_assert(BLOCK_M >= 16, "tl.dot needs BLOCK_M >= 16")
+    tl.static_assert(BLOCK_N >= 16, "tl.dot needs BLOCK_N >= 16")
+    tl.static_assert(HEAD_DIM >= 16, "tl.dot needs HEAD_DIM >= 16")
     w = tl.program_id(0)
     # the item carries its sequence's start and length: one memory round trip before the q and K loads, not two
     # (a table load, then cu_seqlens at the loaded index), which short sequences' short programs feel
     seq_start = tl.load(W_START + w)
     seq_len = tl.load(W_LEN + w)
-    block = tl.load(W_BLOCK + w)
     head = tl.load(W_HEAD + w)  # PACK_GQA: the kv head
-    if PERSISTENT:
-        step = tl.num_programs(0)
-        for _ in range(w, n_items, step):
-            w += step
-            more = w < n_items
-            next_start = tl.load(W_START + w, mask=more, other=0)
-            next_len = tl.load(W_LEN + w, mask=more, other=0)
-            next_block = tl.load(W_BLOCK + w, mask=more, other=0)
-            next_head = tl.load(W_HEAD + w, mask=more, other=0)
-            _prefill_item(
-                Q, K, V, O, seq_start, seq_len, block, head, qk_scale,
-                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, USE_TMA, PACK_GQA,
-            )
-            seq_start, seq_len, block, head = next_start, next_len, next_block, next_head
-    else:
-        _prefill_item(
-            Q, K, V, O, seq_start, seq_len, block, head, qk_scale,
-            stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-            GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, USE_TMA, PACK_GQA,
-        )
-
-
-@triton.jit
-def _prefill_item(
-    Q, K, V, O, seq_start, seq_len, block, head, qk_scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
-):
-    """One work item: one BLOCK_M tile of queries of one sequence, for one q head; with PACK_GQA, BLOCK_M // GROUP
-    tokens of one sequence for every q head of one kv head `head` (row r: token r // GROUP, q head
-    kv_head * GROUP + r % GROUP), so each K/V block feeds GROUP heads and the causal diagonal is GROUP times finer."""
-    tl.static_assert(BLOCK_M >= 16, "tl.dot needs BLOCK_M >= 16")
-    tl.static_assert(BLOCK_N >= 16, "tl.dot needs BLOCK_N >= 16")
-    tl.static_assert(HEAD_DIM >= 16, "tl.dot needs HEAD_DIM >= 16")
     s64 = seq_start.to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM)
-    start_m, kv_head, offs_m, q_heads = tile_rows(block, head, GROUP, BLOCK_M, PACK_GQA)
+    start_m, kv_head, offs_m, q_heads = tile_rows(tl.load(W_BLOCK + w), head, GROUP, BLOCK_M, PACK_GQA)
     tile_m: tl.constexpr = BLOCK_M // GROUP if PACK_GQA else BLOCK_M  # tokens per tile
     row_in_seq = offs_m < seq_len
     if USE_TMA:
@@ -214,12 +178,6 @@ SPACE = KnobSpace(
 IMPLS = ("triton", "gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent")
 
 
-# PERSISTENT (a knob added after rows were stored; legacy 0): 1 launches only as many Triton programs as the GPU holds
-# at once (resident_programs), each looping over work items and loading the next item's table entries while it runs
-# the current one; 0 launches one program per item.
-PERSISTENT = Knob("PERSISTENT", (0, 1), "1: resident programs loop over the work items (Triton kernel)", legacy=0)
-
-
 def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
     impl = GLUON_SPACE.value(config, "IMPL")
     if impl == "triton":
@@ -240,14 +198,6 @@ def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
     return None
 
 
-def _rule_persistent(config: Config, workload: PrefillWorkload) -> str | None:
-    impl = GLUON_SPACE.value(config, "IMPL")
-    if int(GLUON_SPACE.value(config, "PERSISTENT")) and impl != "triton":
-        return (f"PERSISTENT=1 is a mode of the Triton kernel; IMPL={impl} is a Gluon schedule (the *_persistent "
-                "ones are resident): use PERSISTENT=0")
-    return None
-
-
 def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
     pack = int(GLUON_SPACE.value(config, "PACK_GQA"))
     impl = GLUON_SPACE.value(config, "IMPL")
@@ -258,8 +208,8 @@ def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
 
 GLUON_SPACE = KnobSpace(
     knobs=[*SPACE.knobs, Knob("IMPL", IMPLS, "kernel: Triton, or a Gluon schedule for sm_90", legacy="triton"),
-           attention.PACK_GQA, PERSISTENT],
-    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa, _rule_persistent],
+           attention.PACK_GQA],
+    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa],
 )
 
 
@@ -315,31 +265,6 @@ def item_table(seq_lens: tuple[int, ...], items: list[tuple[int, int, int]], dev
 
 use_tma = attention.has_tma  # TMA descriptors on sm_90+ and under the interpreter; pointers elsewhere
 
-SM_REGISTERS = 65536  # 32-bit registers per SM (sm_80, sm_90)
-SM_SHARED_MEMORY = 233472  # shared memory per SM on sm_90 (228 KiB); each resident block also takes 1 KiB
-SM_WARPS = 64
-INTERPRETER_PROGRAMS = 3  # PERSISTENT under the interpreter: few programs, so each loops over several items
-
-
-def resident_programs(num_sms: int, regs: int, shared: int, num_warps: int) -> int:
-    """How many programs of a compiled kernel (registers per thread, shared bytes per block) the GPU holds at once:
-    per SM the fewest that registers (allocated per warp in units of 256), shared memory and warps allow."""
-    regs_per_warp = -(-regs * 32 // 256) * 256
-    per_sm = min(SM_REGISTERS // (regs_per_warp * num_warps), SM_SHARED_MEMORY // (shared + 1024),
-                 SM_WARPS // num_warps, 32)
-    return num_sms * max(1, per_sm)
-
-
-def _programs(args: tuple, meta: dict, device: torch.device) -> int:
-    """PERSISTENT's grid: the programs of this compiled kernel the GPU holds at once (compiled here, before the first
-    launch, for its registers and shared memory); a few under the interpreter."""
-    if device.type != "cuda":
-        return INTERPRETER_PROGRAMS
-    kernel = _prefill_fwd.warmup(*args, grid=(1,), **meta)
-    kernel._init_handles()  # loads the binary, which is what reports its registers
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return resident_programs(sms, kernel.n_regs, kernel.metadata.shared, meta["num_warps"])
-
 
 # Same shape as PrefixPrefillFamily (duplicate scan): the KernelFamily protocol's attributes and methods; what the two
 # share is in attention.py (TiledAttentionFamily, checks, randn, shrink_until_valid), the rest is each family's own.
@@ -381,7 +306,6 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
                                                       ("v", v, w.num_kv_heads)))
         bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
         pack = bool(int(self.space.value(config, "PACK_GQA"))) if "PACK_GQA" in self.space.names else False
-        persistent = bool(int(self.space.value(config, "PERSISTENT"))) if "PERSISTENT" in self.space.names else False
         table = item_table(w.seq_lens, work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm, pack_gqa=pack),
                            q.device)
         o = torch.empty_like(q)
@@ -396,19 +320,16 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
             vx = TensorDescriptor.from_tensor(v.reshape(t, w.num_kv_heads * d), [bn, d])
         else:
             qx, kx, vx = q, k, v
-        n_items = table.shape[1]
+        grid = (table.shape[1],)
         qk_scale = inputs.sm_scale * _LOG2E
         args = (
             qx, kx, vx, o, table[0], table[1], table[2], table[3], qk_scale,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-            n_items,
         )
         meta = dict(
             GROUP=w.num_heads // w.num_kv_heads, HEAD_DIM=w.head_dim, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
-            PACK_GQA=pack, PERSISTENT=persistent, num_warps=int(config["num_warps"]),
-            num_stages=int(config["num_stages"]),
+            PACK_GQA=pack, num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
         )
-        grid = (min(n_items, _programs(args, meta, q.device)) if persistent else n_items,)
 
         def launch() -> torch.Tensor:
             _prefill_fwd[grid](*args, **meta)
@@ -475,9 +396,8 @@ def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:
     signature["qk_scale"] = "fp32"
     for n in ("q", "k", "v", "o"):
         signature |= {f"stride_{n}t": "i32", f"stride_{n}h": "i32"}
-    signature["n_items"] = "i32"
     constexprs = dict(GROUP=workload.num_heads // workload.num_kv_heads, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-                      USE_TMA=True, PACK_GQA=pack, PERSISTENT=bool(int(GLUON_SPACE.value(config, "PERSISTENT"))))
+                      USE_TMA=True, PACK_GQA=pack)
     signature |= {n: "constexpr" for n in constexprs}
     names = _prefill_fwd.arg_names
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, strides divisible by 16

@@ -161,39 +161,6 @@ def test_pack_gqa_matches_reference_and_the_unpacked_kernel(workload: PrefillWor
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("workload", [
-    PrefillWorkload(4, 2, 32, (37, 5, 64, 19), "float32"),  # ragged, GQA 2: 13 items at 16-row tiles
-    PrefillWorkload(8, 8, 64, (100, 3), "float16"),  # MHA
-], ids=lambda w: f"{w.dtype}-g{w.num_heads // w.num_kv_heads}-{w.seq_lens}")
-def test_persistent_programs_give_what_one_program_per_item_gives(workload: PrefillWorkload) -> None:
-    """PERSISTENT=1: a few resident programs loop over every work item, loading the next item's table entries while
-    they run the current one; bit-identical to one program per item (with and without PACK_GQA) and right."""
-    inputs = FAMILY.make_inputs(workload, DEVICE, seed=3)
-    failures = []
-    for extra in ({}, {"PACK_GQA": 1}):
-        config = Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2, **extra)
-        if not FAMILY.space.is_valid(config, workload):
-            continue
-        persistent = Config({**config, "PERSISTENT": 1})
-        failures += [msg for msg in [_check(workload, persistent, seed=3)] if msg]
-        assert torch.equal(FAMILY.prepare(inputs, persistent)(), FAMILY.prepare(inputs, config)())
-    assert not failures, "\n".join(failures)
-
-
-def test_persistent_rules_and_resident_programs() -> None:
-    w = PrefillWorkload(32, 8, 128, (512,) * 16)
-    config = Config(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, PERSISTENT=1)
-    assert FAMILY.space.is_valid(config, w) and FAMILY.space.is_valid(config.replace(PACK_GQA=1), w)
-    gluon = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, IMPL="gluon_ws", PERSISTENT=1)
-    assert "mode of the Triton kernel" in FAMILY.space.why_invalid(gluon, w)
-    # 127 registers x 128 threads and 49 KiB: four programs an SM, by registers (16,384 each) and shared memory
-    assert pa.resident_programs(132, 127, 49184, 4) == 4 * 132
-    assert pa.resident_programs(132, 129, 49184, 4) == 3 * 132  # 136 registers allocated: 17,408 a program
-    assert pa.resident_programs(132, 64, 132096, 8) == 132  # shared memory: one 130 KiB program
-    assert pa.resident_programs(132, 32, 0, 4) == 16 * 132  # warps: 64 an SM
-    assert pa.resident_programs(132, 255, 232448, 8) == 132  # at least one
-
-
 def test_pack_gqa_rules_and_work_table() -> None:
     packed = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=1)
     assert "one q head per kv head" in FAMILY.space.why_invalid(packed, PrefillWorkload(8, 8, 64, (10,)))
@@ -243,7 +210,7 @@ def test_gluon_impl_rules() -> None:
     # the Triton kernel's configs are written without the knob, as they were stored
     assert "leaving the knob out" in FAMILY.space.why_invalid(ws.replace(IMPL="triton", num_warps=8), w)
     assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w)
-               if "IMPL" not in c and "PACK_GQA" not in c and "PERSISTENT" not in c)
+               if "IMPL" not in c and "PACK_GQA" not in c)
 
 
 def test_persistent_variants_fill_the_gpu_once() -> None:
@@ -371,7 +338,6 @@ def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
     picks = [str([c for c in valid if pa.GLUON_SPACE.value(c, "IMPL") == impl][-1]) for impl in pa.IMPLS]
     picks.append(str(FAMILY.default_config(w)))
     picks.append(str([c for c in valid if "PACK_GQA" in c][-1]))
-    picks.append(str([c for c in valid if "PERSISTENT" in c][-1]))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
@@ -381,7 +347,7 @@ def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     shared = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(shared) == len(picks) == len(pa.IMPLS) + 3
+    assert len(shared) == len(picks) == len(pa.IMPLS) + 2
     for config, used in zip(picks, shared):
         estimate = pa._shared_memory_bytes(Config.parse(config), w)
         assert used <= estimate <= SHARED_MEMORY_LIMIT, (config, used, estimate)
