@@ -301,7 +301,7 @@ def run_bench(kernels: list[str], n_configs: int, budget_s: float, seed: int = 0
     """Every case of every family (or only those named in `cases`); `on_case(records so far)` after each case, so a
     crash or timeout keeps what was measured. A case that raises (e.g. out of memory) is logged, kept in details with
     its error, and skipped. `candidates(family, workload)`, when given, replaces the configs timed per case (a study
-    of some knob, benchmarks/short_prefill/pack_gqa.py); the default config is always timed first."""
+    of some knob, benchmarks/short_prefill/knob_ab.py); the default config is always timed first."""
     import torch
     import triton
 

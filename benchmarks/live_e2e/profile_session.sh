@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One H200 command (session 40): the short-prefill and prefix benchmark cases again with the work items carrying
-# their sequence's start and length (benchmarks/short_prefill/pack_gqa.py, anchors in the same run), then window 1
+# their sequence's start and length (benchmarks/short_prefill/knob_ab.py, anchors in the same run), then window 1
 # of the live end-to-end replay (Mixtral, three policies) and OLMoE's window with every 25th / 50th step profiled
 # (run.py --profile-every). Everything under $OUT comes back as three tarballs and the log.
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/profile_session.sh
 source benchmarks/live_e2e/session_common.sh
 mkdir -p "$OUT/pack"
 log "pack_gqa (work items with start and length)"
-timeout 150 python3 benchmarks/short_prefill/pack_gqa.py --out "$OUT/pack" --budget-s 120 --compile-workers 12 \
+timeout 150 python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out "$OUT/pack" --budget-s 120 --compile-workers 12 \
   > "$OUT/pack/run.log" 2>&1
 log "pack_gqa: exit $? $(tail -c 300 "$OUT/pack/run.log" | tr '\n' ' ')"
 tar czf "$OUT/pack.tar.gz" -C "$OUT" pack && rm -rf "$OUT/pack"

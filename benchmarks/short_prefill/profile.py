@@ -3,7 +3,7 @@ cuDNN's kernel does at many short sequences that ours does not (grid, threads, r
 which CUDA events cannot say (issue 29, item 2).
 
 Per case: the fastest Triton config, the fastest with PACK_GQA=1 and the fastest Gluon config of a run's details file
-(`kernel-gym bench` or pack_gqa.py, plain or .gz), then SDPA's cuDNN and FlashAttention variants. Each is checked
+(`kernel-gym bench` or knob_ab.py, plain or .gz), then SDPA's cuDNN and FlashAttention variants. Each is checked
 against the family's fp32 reference, timed with CUDA events (the bench's timing), then launched once inside an NVTX
 range named "profile", so ncu profiles only those launches:
 

@@ -1,20 +1,21 @@
-"""GPU: the PACK_GQA knob (prefill and prefix prefill) against the same kernels without it and against the SDPA
-anchors, all in one run (issue 29, points 1 and 2).
+"""GPU: an attention knob's value 1 against the same kernels at 0 and against the SDPA anchors, all in one run
+(issue 29, points 1 and 2): PACK_GQA or LAZY_RESCALE (prefill and prefix prefill).
 
 PACK_GQA=1 runs every q head of one kv head in one program: a tile's BLOCK_M rows are BLOCK_M / group tokens x the
 group's heads (kernels/attention.py), so each K/V block is read once per group and the causal diagonal is cut group
-times finer, what many short sequences lack. Per benchmark case with GQA (the prefill family's five, the prefix
-family's eight), it times the same tile grid with PACK_GQA 0 and 1, plus (prefill) every valid Gluon config and
-(prefix) the config of the case's committed record and its PACK_GQA variant, through `kernel-gym bench`'s own
-machinery (kernel_gym.bench.run_bench: each config checked against the fp32 reference before it is timed, L2
-flushed, median of 10-40 samples, near ties re-timed; the anchor measured in the same run).
+times finer, what many short sequences lack. LAZY_RESCALE=1 rescales a tile's accumulator only when a row's max
+grows by more than 2^8 (kernels/attention.py online_softmax_lazy). Per benchmark case of the families that have the knob (for PACK_GQA the GQA cases),
+it times the same tile grid at each of the knob's values, PACK_GQA 0 and 1 included wherever the case has GQA, plus
+(prefill) every valid Gluon config and (prefix) the config of the case's committed record and its variants, through
+`kernel-gym bench`'s own machinery (kernel_gym.bench.run_bench: each config checked against the fp32 reference
+before it is timed, L2 flushed, median of 10-40 samples, near ties re-timed; the anchor measured in the same run).
 
-    python3 benchmarks/short_prefill/pack_gqa.py --out $OUT/pack_gqa                 # GPU, ~5 min
-    python3 benchmarks/short_prefill/pack_gqa.py --out benchmarks/short_prefill/run3_pack \\
-        --merge-into benchmarks/h200_kernels.json                                      # CPU, after the GPU run
+    python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out $OUT/ab             # GPU, ~5 min
+    python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out benchmarks/short_prefill/run3_pack \
+        --merge-into benchmarks/h200_kernels.json                                          # CPU, after the GPU run
 
 Writes per family <family>.json (bench records), <family>_details.json (every config tried) and <family>.md; prints
-a table last: per case the best without PACK_GQA, the best with it, the anchor and both ratios. Imports only torch,
+a table last: per case the best config at each of the knob's values, the anchor and both ratios. Imports only torch,
 triton, the standard library and kernel_gym.
 """
 
@@ -29,12 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-FAMILIES = ("prefill_attention", "prefix_prefill")
+ATTENTION = ("prefill_attention", "prefix_prefill")
+KNOBS = ("PACK_GQA", "LAZY_RESCALE")
 RECORDS = Path(__file__).resolve().parents[1] / "h200_kernels.json"  # the committed records (their configs)
 
 
 def log(msg: str) -> None:
-    print(f"[pack_gqa {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    print(f"[knob_ab {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _tiles() -> list[dict]:
@@ -46,8 +48,16 @@ def _tiles() -> list[dict]:
     return out
 
 
-def candidates(family, workload) -> list:
-    """The configs one case times (kernel_gym.bench.run_bench's `candidates`)."""
+def families(knob: str) -> tuple[str, ...]:
+    """The attention families whose space has the knob."""
+    from kernel_gym.kernels import get_family
+
+    return tuple(f for f in ATTENTION if knob in get_family(f).space.names)
+
+
+def candidates(family, workload, knob: str = "PACK_GQA") -> list:
+    """The configs one case times (kernel_gym.bench.run_bench's `candidates`): the tile grid at each of the knob's
+    values and PACK_GQA 0 and 1 (where the case has GQA), plus the family's extra picks."""
     space = family.space
     group = workload.num_heads // workload.num_kv_heads
     picks = []
@@ -59,73 +69,78 @@ def candidates(family, workload) -> list:
                 if t["BLOCK_N"] <= 64 and t["num_stages"] >= 2]
         recorded = [r["config"] for r in json.loads(RECORDS.read_text()) if r["kernel"] == family.name
                     and r["workload"] == json.loads(workload.key())] if RECORDS.exists() else []
-        grid += [{k: v for k, v in c.items() if k != "PACK_GQA"} for c in recorded]
+        grid += [{k: v for k, v in c.items() if k not in ("PACK_GQA", knob)} for c in recorded]
+    values = space.knob(knob).values
     for base in grid:
-        for pack in ((0, 1) if group > 1 else (0,)):
-            config = space.config({**base, "PACK_GQA": pack})
+        for pack, value in itertools.product((0, 1) if group > 1 else (0,), values):
+            config = space.config({**base, "PACK_GQA": pack, knob: value})
             if space.is_valid(config, workload):
                 picks.append(config)
     return list(dict.fromkeys(picks))
 
 
-def gqa_cases(family_name: str) -> list[str]:
+def knob_cases(family_name: str, knob: str) -> list[str]:
+    """The family's bench cases the knob can change: for PACK_GQA those with GQA, otherwise all."""
     import importlib
 
     from kernel_gym.kernels import FAMILY_MODULES
 
     cases = importlib.import_module(FAMILY_MODULES[family_name]).bench_cases()
-    return [c for c, w in cases if w.num_heads > w.num_kv_heads]
+    return [c for c, w in cases if knob != "PACK_GQA" or w.num_heads > w.num_kv_heads]
 
 
-def run(out: Path, budget_s: float, compile_workers: int) -> list[dict]:
+def run(out: Path, knob: str, budget_s: float, compile_workers: int) -> list[dict]:
     from kernel_gym import bench
 
     bench.BENCH_COMPILE_WORKERS = compile_workers  # attention inputs are small: more compile processes fit
     start, rows = time.time(), []
-    for family_name in FAMILIES:
+    for family_name in families(knob):
         path = out / f"{family_name}.json"
         partial = lambda records, p=path: p.write_text(json.dumps(records, indent=1))  # noqa: E731
         left = budget_s - (time.time() - start)
-        result = bench.run_bench([family_name], 0, left, log=log, on_case=partial, cases=gqa_cases(family_name),
-                                 candidates=candidates)
+        result = bench.run_bench([family_name], 0, left, log=log, on_case=partial,
+                                 cases=knob_cases(family_name, knob),
+                                 candidates=lambda fam, w: candidates(fam, w, knob))
         path.write_text(json.dumps(result["records"], indent=1))
         (out / f"{family_name}_details.json").write_text(
             json.dumps({"env": result["env"], "details": result["details"]}, indent=1))
         (out / f"{family_name}.md").write_text(bench.to_markdown(result))
-        rows += compare(result)
+        rows += compare(result, knob)
     return rows
 
 
-def compare(result: dict) -> list[dict]:
-    """Per case: the fastest correct config without and with PACK_GQA, the anchor's time and both ratios."""
+def compare(result: dict, knob: str = "PACK_GQA") -> list[dict]:
+    """Per case: the fastest correct config at knob 0 and at 1, the anchor's time and both ratios (keys value0_*,
+    value1_*)."""
     rows = []
     for case, d in result["details"].items():
         if "tried" not in d:
             rows.append({"case": case, "error": d.get("error", "no configs timed")})
             continue
         anchor = d.get("sdpa") or d.get("sdpa_prefix") or {}
-        row = {"case": case, "anchor_ms": anchor.get("ms"), "anchor_variant": anchor.get("variant")}
-        for pack in (0, 1):
+        row = {"case": case, "knob": knob, "anchor_ms": anchor.get("ms"), "anchor_variant": anchor.get("variant")}
+        for value in (0, 1):
             ok = [m for m in d["tried"] if m["status"] == "ok" and m["median_ms"]
-                  and int(json.loads(m["config"]).get("PACK_GQA", 0)) == pack]
+                  and int(json.loads(m["config"]).get(knob, 0)) == value]
             best = min(ok, key=lambda m: m["median_ms"], default=None)
-            row[f"pack{pack}_ms"] = best["median_ms"] if best else None
-            row[f"pack{pack}_config"] = best["config"] if best else None
-            row[f"pack{pack}_ratio"] = (anchor["ms"] / best["median_ms"]) if best and anchor.get("ms") else None
-            row[f"pack{pack}_power"] = best.get("power") if best else None  # the GPU's state while it was timed
+            row[f"value{value}_ms"] = best["median_ms"] if best else None
+            row[f"value{value}_config"] = best["config"] if best else None
+            row[f"value{value}_ratio"] = (anchor["ms"] / best["median_ms"]) if best and anchor.get("ms") else None
+            row[f"value{value}_power"] = best.get("power") if best else None  # the GPU's state while it was timed
         rows.append(row)
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    lines = [f"{'case':<30} {'anchor ms':>9} {'no-pack ms':>10} {'ratio':>6} {'pack ms':>9} {'ratio':>6}  pack config"]
+def table(rows: list[dict], knob: str = "PACK_GQA") -> str:
+    lines = [f"{'case':<30} {'anchor ms':>9} {knob + '=0 ms':>13} {'ratio':>6} {knob + '=1 ms':>13} {'ratio':>6}  "
+             f"{knob}=1 config"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['case']:<30} {r['error'][:80]}")
             continue
         f = lambda x, n=4: "-" if x is None else f"{x:.{n}f}"  # noqa: E731
-        lines.append(f"{r['case']:<30} {f(r['anchor_ms']):>9} {f(r['pack0_ms']):>10} {f(r['pack0_ratio'], 3):>6} "
-                     f"{f(r['pack1_ms']):>9} {f(r['pack1_ratio'], 3):>6}  {r['pack1_config']}")
+        lines.append(f"{r['case']:<30} {f(r['anchor_ms']):>9} {f(r['value0_ms']):>13} {f(r['value0_ratio'], 3):>6} "
+                     f"{f(r['value1_ms']):>13} {f(r['value1_ratio'], 3):>6}  {r['value1_config']}")
     return "\n".join(lines)
 
 
@@ -135,11 +150,13 @@ def merge_records(folder: Path, target: Path) -> int:
     commit = folder / "commit.txt"
     tag = folder.name + (f"@{commit.read_text().split()[1]}" if commit.exists() else "")
     new = []
-    for family_name in FAMILIES:
-        path = folder / f"{family_name}.json"
-        if not path.exists():
-            raise SystemExit(f"{path} is absent: run this script on the GPU with --out {folder} first")
-        new += [{**r, "run": tag} for r in json.loads(path.read_text())]
+    paths = [folder / f"{family_name}.json" for family_name in ATTENTION]
+    if not any(p.exists() for p in paths):
+        raise SystemExit(f"{folder} has none of {[p.name for p in paths]}: run this script on the GPU with --out "
+                         f"{folder} first")
+    for path in paths:
+        if path.exists():
+            new += [{**r, "run": tag} for r in json.loads(path.read_text())]
     if not new:
         raise SystemExit(f"{folder} holds no records (a failed or empty run): nothing merged")
     keys = {(r["kernel"], r["case"], r["anchor"]) for r in new}
@@ -151,6 +168,7 @@ def merge_records(folder: Path, target: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--knob", choices=KNOBS, default="PACK_GQA", help="the knob whose values are compared")
     p.add_argument("--out", type=Path, required=True, help="folder for the results (created)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
     p.add_argument("--compile-workers", type=int, default=12, help="compile processes ahead of the timing")
@@ -164,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        raise SystemExit("pack_gqa.py times kernels on a CUDA GPU; run it on the GPU machine")
+        raise SystemExit("knob_ab.py times kernels on a CUDA GPU; run it on the GPU machine")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = run(args.out, args.budget_s, args.compile_workers)
+    rows = run(args.out, args.knob, args.budget_s, args.compile_workers)
     (args.out / "compare.json").write_text(json.dumps(rows, indent=1))
-    print(table(rows))
+    print(table(rows, args.knob))
     return 0
 
 
