@@ -5,8 +5,8 @@ PACK_GQA=1 runs every q head of one kv head in one program: a tile's BLOCK_M row
 group's heads (kernels/attention.py), so each K/V block is read once per group and the causal diagonal is cut group
 times finer, what many short sequences lack. LAZY_RESCALE=1 rescales a tile's accumulator only when a row's max
 grows by more than 2^8 (kernels/attention.py online_softmax_lazy). Per benchmark case of the families that have the
-knob (for PACK_GQA the GQA cases), it times the same tile grid at each of the knob's values, PACK_GQA 0 and 1 included wherever the case has GQA, plus
-(prefill) every valid Gluon config and (prefix) the config of the case's committed record and its variants, through
+knob (for PACK_GQA the GQA cases), it times the same tile grid at each of the knob's values, PACK_GQA 0 and 1
+included wherever the case has GQA, plus (prefill) every valid Gluon config and (prefix) the config of the case's committed record and its variants, through
 `kernel-gym bench`'s own machinery (kernel_gym.bench.run_bench: each config checked against the fp32 reference
 before it is timed, L2 flushed, median of 10-40 samples, near ties re-timed; the anchor measured in the same run).
 
