@@ -6,9 +6,10 @@ group's heads (kernels/attention.py), so each K/V block is read once per group a
 times finer, what many short sequences lack. LAZY_RESCALE=1 rescales a tile's accumulator only when a row's max
 grows by more than 2^8 (kernels/attention.py online_softmax_lazy). Per benchmark case of the families that have the
 knob (for PACK_GQA the GQA cases), it times the same tile grid at each of the knob's values, PACK_GQA 0 and 1
-included wherever the case has GQA, plus (prefill) every valid Gluon config and (prefix) the config of the case's committed record and its variants, through
-`kernel-gym bench`'s own machinery (kernel_gym.bench.run_bench: each config checked against the fp32 reference
-before it is timed, L2 flushed, median of 10-40 samples, near ties re-timed; the anchor measured in the same run).
+included wherever the case has GQA, plus (prefill) every valid Gluon config and (prefix) the config of the case's
+committed record and its variants, through `kernel-gym bench`'s own machinery (kernel_gym.bench.run_bench: each
+config checked against the fp32 reference before it is timed, L2 flushed, median of 10-40 samples, near ties re-
+timed; the anchor measured in the same run).
 
     python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out $OUT/ab             # GPU, ~5 min
     python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out benchmarks/short_prefill/run3_pack \
