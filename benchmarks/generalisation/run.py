@@ -255,7 +255,7 @@ def time_plan(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("`time` runs the kernels on a CUDA GPU; on the CPU only `plan` and `report` work")
-    plan = json.loads(args.plan.read_text())
+    plan = json.loads(_read_text(args.plan))
     entries = plan["entries"]
     os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/kernel_gym_triton_cache")
     pool = CompilePool(args.compile_workers, {"TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]})
@@ -511,7 +511,7 @@ def score(results: list[dict]) -> dict:
 
 
 def _read_text(path: Path) -> str:
-    """A `time` result as committed: plain JSON, or gzipped (.gz) where the raw file is megabytes."""
+    """A `time` result or a plan as committed: plain JSON, or gzipped (.gz) where the raw file is megabytes."""
     import gzip
 
     return gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
@@ -533,7 +533,7 @@ def report(args: argparse.Namespace) -> int:
     for i, path in enumerate(args.result):
         plan_path = args.plan[i] if args.plan else None
         runs.append({"live": json.loads(_read_text(path)), "result": str(path),
-                     "plan": json.loads(plan_path.read_text()) if plan_path else {},
+                     "plan": json.loads(_read_text(plan_path)) if plan_path else {},
                      "plan_path": str(plan_path) if plan_path else None,
                      "commit": args.commit[i] if args.commit else "",
                      "dataset_sha256": args.dataset_hash[i] if args.dataset_hash else ""})
