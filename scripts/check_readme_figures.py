@@ -109,9 +109,10 @@ def pack_ratio(key: str, agg: Callable[..., float]) -> float:
                ("n512" in r["case"] or "n128" in r["case"]))
 
 
-def resident_gain(tokens: str, agg: Callable[..., float]) -> float:
-    """Best without PERSISTENT / best with it (a speedup) at the prefill cases whose name holds `tokens` (n512...)."""
-    return agg(r["value0_ms"] / r["value1_ms"] for r in committed(RESIDENT) if tokens in r["case"])
+def knob_gain(path: str, tokens: str, agg: Callable[..., float]) -> float:
+    """Best with the knob's 0 / best with its 1 (a speedup) in a knob_ab.py compare.json, at the prefill cases whose
+    name holds `tokens` (n512, n128; "" for all)."""
+    return agg(r["value0_ms"] / r["value1_ms"] for r in committed(path) if tokens in r["case"])
 
 
 def at(path: str, *keys: str, scale: float = 1.0) -> Callable[[], float]:
@@ -218,6 +219,7 @@ FAULTS = "benchmarks/generalisation/run3/fault_injection.json"
 SHORT_PREFILL = "benchmarks/short_prefill/run2_bb6853d/prefill.json"
 PACK = "benchmarks/short_prefill/run3_pack/compare.json"
 RESIDENT = "benchmarks/short_prefill/run6_persistent/compare.json"
+LAZY = "benchmarks/short_prefill/run7_lazy/compare.json"
 # Texts of the index holding several figures: {} are the figures' places, in order.
 STATS = ("median", "min", "max")
 STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
@@ -398,12 +400,16 @@ FIGURES = [
           ("unpacked lowest", "pack0_ratio", rf"\(unpacked {N}-[0-9.]+\)", min),
           ("unpacked highest", "pack0_ratio", rf"\(unpacked [0-9.]+-{N}\)", max))],
     *[Figure(f"index: resident programs at {tokens}, {name}", BENCH, pattern, RESIDENT,
-             (lambda tokens=tokens, agg=agg: resident_gain(tokens, agg)), 0.0005, "gpu")
+             (lambda tokens=tokens, agg=agg: knob_gain(RESIDENT, tokens, agg)), 0.0005, "gpu")
       for tokens, name, pattern, agg in (
           ("n512", "lowest", rf"{N}-[0-9.]+x at 16 x 512", min),
           ("n512", "highest", rf"[0-9.]+-{N}x at 16 x 512", max),
           ("n128", "lowest", rf"{N}-[0-9.]+x at 64 x 128", min),
           ("n128", "highest", rf"[0-9.]+-{N}x at 64 x 128", max))],
+    Figure("index: LAZY_RESCALE lowest", BENCH, rf"LAZY_RESCALE {N}-[0-9.]+x", LAZY,
+           lambda: knob_gain(LAZY, "", min), 0.005, "gpu"),
+    Figure("index: LAZY_RESCALE highest", BENCH, rf"LAZY_RESCALE [0-9.]+-{N}x", LAZY,
+           lambda: knob_gain(LAZY, "", max), 0.005, "gpu"),
     Figure("index: decode floor lowest", BENCH, rf"best / floor from {N} to", FLOOR, lambda: floor_ratio(min), 0.005,
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),

@@ -1,18 +1,18 @@
 """GPU: an attention knob's value 1 against the same kernels at 0 and against the SDPA anchors, all in one run
-(issue 29, points 1 and 2): PACK_GQA or LAZY_RESCALE (prefill and prefix prefill).
+(issue 29, points 1 and 2): PACK_GQA, or any knob with values 0 and 1 of the prefill or prefix-prefill space (the
+sessions' experiments ran their knobs through it: benchmarks/short_prefill/README.md).
 
 PACK_GQA=1 runs every q head of one kv head in one program: a tile's BLOCK_M rows are BLOCK_M / group tokens x the
 group's heads (kernels/attention.py), so each K/V block is read once per group and the causal diagonal is cut group
-times finer, what many short sequences lack. LAZY_RESCALE=1 rescales a tile's accumulator only when a row's max
-grows by more than 2^8 (kernels/attention.py online_softmax_lazy). Per benchmark case of the families that have the
-knob (for PACK_GQA the GQA cases), it times the same tile grid at each of the knob's values, PACK_GQA 0 and 1
-included wherever the case has GQA, plus (prefill) every valid Gluon config and (prefix) the config of the case's
-committed record and its variants, through `kernel-gym bench`'s own machinery (kernel_gym.bench.run_bench: each
-config checked against the fp32 reference before it is timed, L2 flushed, median of 10-40 samples, near ties re-
-timed; the anchor measured in the same run).
+times finer, what many short sequences lack. Per benchmark case of the families that have the knob (for PACK_GQA the
+GQA cases), it times the same tile grid at each of the knob's values, PACK_GQA 0 and 1 included wherever the case
+has GQA, plus (prefill) every valid Gluon config and (prefix) the config of the case's committed record and its
+variants, through `kernel-gym bench`'s own machinery (kernel_gym.bench.run_bench: each config checked against the
+fp32 reference before it is timed, L2 flushed, median of 10-40 samples, near ties timed again; the anchor measured
+in the same run).
 
     python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out $OUT/ab             # GPU, ~5 min
-    python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out benchmarks/short_prefill/run3_pack \
+    python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out benchmarks/short_prefill/run3_pack \\
         --merge-into benchmarks/h200_kernels.json                                          # CPU, after the GPU run
 
 Writes per family <family>.json (bench records), <family>_details.json (every config tried) and <family>.md; prints
@@ -32,7 +32,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 ATTENTION = ("prefill_attention", "prefix_prefill")
-KNOBS = ("PACK_GQA", "LAZY_RESCALE")
 RECORDS = Path(__file__).resolve().parents[1] / "h200_kernels.json"  # the committed records (their configs)
 
 
@@ -54,6 +53,16 @@ def families(knob: str) -> tuple[str, ...]:
     from kernel_gym.kernels import get_family
 
     return tuple(f for f in ATTENTION if knob in get_family(f).space.names)
+
+
+def check_knob(knob: str) -> None:
+    """Raises SystemExit unless some attention family has the knob with values 0 and 1."""
+    from kernel_gym.kernels import get_family
+
+    binary = [f for f in families(knob) if tuple(get_family(f).space.knob(knob).values) == (0, 1)]
+    if not binary:
+        raise SystemExit(f"--knob {knob}: no attention family ({', '.join(ATTENTION)}) has a knob {knob} with values "
+                         "0 and 1; use PACK_GQA or add the knob to a family's space first")
 
 
 def candidates(family, workload, knob: str = "PACK_GQA") -> list:
@@ -169,7 +178,7 @@ def merge_records(folder: Path, target: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--knob", choices=KNOBS, default="PACK_GQA", help="the knob whose values are compared")
+    p.add_argument("--knob", default="PACK_GQA", help="the knob whose values 0 and 1 are compared")
     p.add_argument("--out", type=Path, required=True, help="folder for the results (created)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
     p.add_argument("--compile-workers", type=int, default=12, help="compile processes ahead of the timing")
@@ -182,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    check_knob(args.knob)
     if not torch.cuda.is_available():
         raise SystemExit("knob_ab.py times kernels on a CUDA GPU; run it on the GPU machine")
     args.out.mkdir(parents=True, exist_ok=True)

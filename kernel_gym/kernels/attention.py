@@ -57,33 +57,6 @@ def online_softmax(qk, m_i, l_i, acc, qk_scale, SCALED: tl.constexpr):
     return p, m_ij, l_i, acc
 
 
-RESCALE_SLACK = tl.constexpr(8.0)  # LAZY_RESCALE: how far (log2 units) a row's max may outgrow the one acc is scaled to
-
-
-@triton.jit
-def online_softmax_lazy(qk, m_i, l_i, acc, qk_scale, SCALED: tl.constexpr):
-    """online_softmax that keeps scaling to the old row maxima until some row's max has grown by more than
-    RESCALE_SLACK (FlashAttention-4's conditional rescaling): p then runs up to 2^8, harmless in fp32 sums and 16-bit
-    p, and the [rows, D] multiply of acc, a quarter of a 32-key block's instructions, runs only when a max jumps (in
-    the first block, and rarely after). One tile-wide max decides, so the branch is uniform. Returns what
-    online_softmax returns, the max being the one acc and l_i are scaled to."""
-    if SCALED:
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-    else:
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    if tl.max(m_ij - m_i, 0) > RESCALE_SLACK:
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha
-        acc = acc * alpha[:, None]
-        m_i = m_ij
-    if SCALED:
-        p = tl.math.exp2(qk - m_i[:, None])
-    else:
-        p = tl.math.exp2(qk * qk_scale - m_i[:, None])
-    l_i = l_i + tl.sum(p, 1)
-    return p, m_i, l_i, acc
-
-
 @triton.jit
 def block_row(bt_row, tok0, kv_len, rows_per_page, PAGE_SIZE: tl.constexpr):
     """Row of token tok0 in a paged cache's 2-D view (PagedKV.view_2d) when its key block lies in one page: physical
@@ -132,9 +105,6 @@ def rule_tile_registers(config: Config, workload: Any) -> str | None:
 # times) and the causal diagonal is cut group times finer, which is what short sequences lack (flash-attention 3's
 # PackGQA). A knob added after rows were stored: 0, the kernel before it, is its legacy value.
 PACK_GQA = Knob("PACK_GQA", (0, 1), "1: one program per kv head, its q heads packed into the tile's rows", legacy=0)
-# LAZY_RESCALE=1: online_softmax_lazy instead of online_softmax (the acc rescale only when a row max jumps); legacy 0.
-LAZY_RESCALE = Knob("LAZY_RESCALE", (0, 1), "1: rescale the accumulator only when a row's max grows by > 2^8",
-                    legacy=0)
 
 
 @triton.jit

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import attention
-from kernel_gym.kernels.attention import load_rows, online_softmax, online_softmax_lazy, tile_rows
+from kernel_gym.kernels.attention import load_rows, online_softmax, tile_rows
 from kernel_gym.kernels.space import Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefillWorkload
 
@@ -66,11 +66,10 @@ def _load_kv(X, row, col, cols, stride_t, offs_d, seq_len, MASKED: tl.constexpr,
 def _attn_inner(
     acc, l_i, m_i, q, K, V, kv_row0, kv_col, stride_kt, stride_vt,
     offs_m, offs_d, lo, hi, seq_len, qk_scale,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, LAZY: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). K/V: TMA descriptors (block row kv_row0 + start_n, column kv_col) or
-    base pointers of this (sequence, kv head). MASKED=False: no causal or bounds mask (caller guarantees it). LAZY:
-    online_softmax_lazy (LAZY_RESCALE)."""
+    base pointers of this (sequence, kv head). MASKED=False: no causal or bounds mask (caller guarantees it)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -79,10 +78,7 @@ def _attn_inner(
         if MASKED:
             keep = offs_m[:, None] >= cols[None, :]
             qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e6)
-        if LAZY:
-            p, m_ij, l_i, acc = online_softmax_lazy(qk, m_i, l_i, acc, qk_scale, MASKED)
-        else:
-            p, m_ij, l_i, acc = online_softmax(qk, m_i, l_i, acc, qk_scale, MASKED)
+        p, m_ij, l_i, acc = online_softmax(qk, m_i, l_i, acc, qk_scale, MASKED)
         v = _load_kv(V, kv_row0 + start_n, kv_col, cols, stride_vt, offs_d, seq_len, MASKED, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_ij
@@ -96,7 +92,6 @@ def _prefill_fwd(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
-    LAZY: tl.constexpr,
 ):
     """One program = work item program_id: one BLOCK_M tile of queries of one sequence, for one q head; with
     PACK_GQA, BLOCK_M // GROUP tokens of one sequence for every q head of one kv head (row r: token r // GROUP, q head
@@ -135,13 +130,13 @@ def _prefill_fwd(
     full_hi = (start_m // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _attn_inner(
         acc, l_i, m_i, q, k_src, v_src, kv_row0, kv_col, stride_kt, stride_vt,
-        offs_m, offs_d, 0, full_hi, seq_len, qk_scale, BLOCK_N, False, USE_TMA, LAZY,
+        offs_m, offs_d, 0, full_hi, seq_len, qk_scale, BLOCK_N, False, USE_TMA,
     )
     # Key blocks crossing the diagonal (or the sequence end): causal (and bounds) masks.
     diag_hi = tl.minimum(start_m + tile_m, seq_len)
     acc, l_i, m_i = _attn_inner(
         acc, l_i, m_i, q, k_src, v_src, kv_row0, kv_col, stride_kt, stride_vt,
-        offs_m, offs_d, full_hi, diag_hi, seq_len, qk_scale, BLOCK_N, True, USE_TMA, LAZY,
+        offs_m, offs_d, full_hi, diag_hi, seq_len, qk_scale, BLOCK_N, True, USE_TMA,
     )
 
     acc = acc / l_i[:, None]
@@ -203,13 +198,6 @@ def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
     return None
 
 
-def _rule_lazy_rescale(config: Config, workload: PrefillWorkload) -> str | None:
-    impl = GLUON_SPACE.value(config, "IMPL")
-    if int(GLUON_SPACE.value(config, "LAZY_RESCALE")) and impl != "triton":
-        return f"LAZY_RESCALE=1 is a mode of the Triton kernel, not of IMPL={impl}: use LAZY_RESCALE=0"
-    return None
-
-
 def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
     pack = int(GLUON_SPACE.value(config, "PACK_GQA"))
     impl = GLUON_SPACE.value(config, "IMPL")
@@ -220,8 +208,8 @@ def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
 
 GLUON_SPACE = KnobSpace(
     knobs=[*SPACE.knobs, Knob("IMPL", IMPLS, "kernel: Triton, or a Gluon schedule for sm_90", legacy="triton"),
-           attention.PACK_GQA, attention.LAZY_RESCALE],
-    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa, _rule_lazy_rescale],
+           attention.PACK_GQA],
+    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa],
 )
 
 
@@ -318,7 +306,6 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
                                                       ("v", v, w.num_kv_heads)))
         bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
         pack = bool(int(self.space.value(config, "PACK_GQA"))) if "PACK_GQA" in self.space.names else False
-        lazy = bool(int(self.space.value(config, "LAZY_RESCALE"))) if "LAZY_RESCALE" in self.space.names else False
         table = item_table(w.seq_lens, work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm, pack_gqa=pack),
                            q.device)
         o = torch.empty_like(q)
@@ -341,7 +328,7 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
         )
         meta = dict(
             GROUP=w.num_heads // w.num_kv_heads, HEAD_DIM=w.head_dim, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
-            PACK_GQA=pack, LAZY=lazy, num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+            PACK_GQA=pack, num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
         )
 
         def launch() -> torch.Tensor:
@@ -410,7 +397,7 @@ def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:
     for n in ("q", "k", "v", "o"):
         signature |= {f"stride_{n}t": "i32", f"stride_{n}h": "i32"}
     constexprs = dict(GROUP=workload.num_heads // workload.num_kv_heads, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-                      USE_TMA=True, PACK_GQA=pack, LAZY=bool(int(GLUON_SPACE.value(config, "LAZY_RESCALE"))))
+                      USE_TMA=True, PACK_GQA=pack)
     signature |= {n: "constexpr" for n in constexprs}
     names = _prefill_fwd.arg_names
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, strides divisible by 16

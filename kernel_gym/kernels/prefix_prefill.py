@@ -40,15 +40,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels import attention
-from kernel_gym.kernels.attention import (
-    LAYOUTS,
-    PagedKV,
-    block_row,
-    load_rows,
-    online_softmax,
-    online_softmax_lazy,
-    tile_rows,
-)
+from kernel_gym.kernels.attention import LAYOUTS, PagedKV, block_row, load_rows, online_softmax, tile_rows
 from kernel_gym.kernels.space import Config, Knob, KnobSpace
 from kernel_gym.kernels.workloads import PrefixPrefillWorkload
 
@@ -80,10 +72,9 @@ def _kv_rows(bt_row, tok0, offs_n, kv_len, rows_per_page, PAGE_SIZE: tl.constexp
 def _attend(acc, l_i, m_i, q, K, V, bt_row, kv_col, head_row, rows_per_page, stride_row,
             q_pos, kv_len, lo, hi, qk_scale,
             HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-            USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, LAZY: tl.constexpr):
+            USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online softmax over key blocks [lo, hi). K/V: TMA descriptors over [rows, cols] (block at row, column kv_col) or
-    base pointers with row stride stride_row (the kv head's offset already added). MASKED: causal + context masks.
-    LAZY: online_softmax_lazy (LAZY_RESCALE)."""
+    base pointers with row stride stride_row (the kv head's offset already added). MASKED: causal + context masks."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     if USE_TMA:  # the block lies in one page: one row, its rows are consecutive
@@ -107,10 +98,7 @@ def _attend(acc, l_i, m_i, q, K, V, bt_row, kv_col, head_row, rows_per_page, str
         if MASKED:
             keep = (cols[None, :] <= q_pos[:, None]) & in_ctx[None, :]
             qk = tl.where(keep, qk * qk_scale, _MASKED)
-        if LAZY:
-            p, m_ij, l_i, acc = online_softmax_lazy(qk, m_i, l_i, acc, qk_scale, MASKED)
-        else:
-            p, m_ij, l_i, acc = online_softmax(qk, m_i, l_i, acc, qk_scale, MASKED)
+        p, m_ij, l_i, acc = online_softmax(qk, m_i, l_i, acc, qk_scale, MASKED)
         if USE_TMA:
             v = V.load([row0, kv_col])
             if MASKED:
@@ -131,7 +119,7 @@ def _prefix_fwd(
     stride_ls, stride_lt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_TMA: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PACK_GQA: tl.constexpr, LAZY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PACK_GQA: tl.constexpr,
 ):
     """One program = work item program_id: one BLOCK_M tile of one request's chunk, one q head, one KV split; with
     PACK_GQA, BLOCK_M // GROUP tokens for every q head of one kv head (row r: token r // GROUP, q head
@@ -190,12 +178,12 @@ def _prefix_fwd(
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, bt_row, kv_col, head_row, rows_per_page, stride_row,
         q_pos, kv_len, lo, tl.minimum(hi_s, full_hi), qk_scale,
-        HEAD_DIM, PAGE_SIZE, BLOCK_N, False, USE_TMA, DOT_PRECISION, LAZY,
+        HEAD_DIM, PAGE_SIZE, BLOCK_N, False, USE_TMA, DOT_PRECISION,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, bt_row, kv_col, head_row, rows_per_page, stride_row,
         q_pos, kv_len, tl.maximum(lo, full_hi), hi_s, qk_scale,
-        HEAD_DIM, PAGE_SIZE, BLOCK_N, True, USE_TMA, DOT_PRECISION, LAZY,
+        HEAD_DIM, PAGE_SIZE, BLOCK_N, True, USE_TMA, DOT_PRECISION,
     )
 
     if NUM_SPLITS == 1:
@@ -304,7 +292,6 @@ SPACE = KnobSpace(
         Knob("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
         Knob("NUM_SPLITS", SPLIT_COUNTS, "slices of each tile's keys run by separate programs (1 = single pass)"),
         attention.PACK_GQA,
-        attention.LAZY_RESCALE,
     ],
     rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_pack_gqa, _rule_splits, _rule_shared_memory,
            attention.rule_tile_registers],
@@ -474,8 +461,7 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
             part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         )
         meta = dict(GROUP=h // hkv, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=splits,
-                    USE_TMA=tma, DOT_PRECISION=precision, PACK_GQA=pack,
-                    LAZY=bool(int(self.space.value(config, "LAZY_RESCALE"))), num_warps=int(config["num_warps"]),
+                    USE_TMA=tma, DOT_PRECISION=precision, PACK_GQA=pack, num_warps=int(config["num_warps"]),
                     num_stages=int(config["num_stages"]))
         grid = (table.shape[1],)
         block_t = 16
@@ -569,8 +555,7 @@ def compile_sm90(config: Config, workload: PrefixPrefillWorkload) -> dict[str, i
     constexprs = dict(GROUP=workload.num_heads // workload.num_kv_heads, HEAD_DIM=d,
                       PAGE_SIZE=int(config["PAGE_SIZE"]), BLOCK_M=bm, BLOCK_N=bn,
                       NUM_SPLITS=int(config["NUM_SPLITS"]), USE_TMA=tma,
-                      DOT_PRECISION="ieee" if workload.dtype == "float32" else "tf32", PACK_GQA=pack,
-                      LAZY=bool(int(SPACE.value(config, "LAZY_RESCALE"))))
+                      DOT_PRECISION="ieee" if workload.dtype == "float32" else "tf32", PACK_GQA=pack)
     signature |= {n: "constexpr" for n in constexprs}
     names = _prefix_fwd.arg_names
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, integers divisible by 16

@@ -161,26 +161,6 @@ def test_pack_gqa_matches_reference_and_the_unpacked_kernel(workload: PrefillWor
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("sharpness", [1.0, 6.0])
-def test_lazy_rescale_matches_reference_and_the_eager_kernel(sharpness: float) -> None:
-    """LAZY_RESCALE=1 rescales acc only when a row's max grows by more than 2^8; with q scaled up (sharpness 6) row
-    maxima jump between key blocks, so both the skipped and the taken rescale run. Ragged, GQA 2, packed or not."""
-    w = PrefillWorkload(4, 2, 64, (37, 5, 64, 19), "float16")
-    inputs = FAMILY.make_inputs(w, DEVICE, seed=5)
-    inputs.q.mul_(sharpness)
-    ref = FAMILY.reference(inputs)
-    atol, rtol = FAMILY.tolerance(w.dtype)
-    for extra in ({}, {"PACK_GQA": 1}):
-        eager = Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2, **extra)
-        lazy = Config({**eager, "LAZY_RESCALE": 1})
-        assert FAMILY.space.is_valid(lazy, w), FAMILY.space.why_invalid(lazy, w)
-        out = FAMILY.prepare(inputs, lazy)().float()
-        torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
-        torch.testing.assert_close(out, FAMILY.prepare(inputs, eager)().float(), atol=2e-3, rtol=2e-3)
-    gluon = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, IMPL="gluon_ws", LAZY_RESCALE=1)
-    assert "mode of the Triton kernel" in FAMILY.space.why_invalid(gluon, PrefillWorkload(32, 8, 128, (10,)))
-
-
 def test_pack_gqa_rules_and_work_table() -> None:
     packed = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=1)
     assert "one q head per kv head" in FAMILY.space.why_invalid(packed, PrefillWorkload(8, 8, 64, (10,)))
@@ -230,7 +210,7 @@ def test_gluon_impl_rules() -> None:
     # the Triton kernel's configs are written without the knob, as they were stored
     assert "leaving the knob out" in FAMILY.space.why_invalid(ws.replace(IMPL="triton", num_warps=8), w)
     assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w)
-               if "IMPL" not in c and "PACK_GQA" not in c and "LAZY_RESCALE" not in c)
+               if "IMPL" not in c and "PACK_GQA" not in c)
 
 
 def test_persistent_variants_fill_the_gpu_once() -> None:
@@ -358,7 +338,6 @@ def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
     picks = [str([c for c in valid if pa.GLUON_SPACE.value(c, "IMPL") == impl][-1]) for impl in pa.IMPLS]
     picks.append(str(FAMILY.default_config(w)))
     picks.append(str([c for c in valid if "PACK_GQA" in c][-1]))
-    picks.append(str([c for c in valid if "LAZY_RESCALE" in c][-1]))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
@@ -368,7 +347,7 @@ def test_shared_memory_estimate_bounds_the_sm90_compiler() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     shared = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(shared) == len(picks) == len(pa.IMPLS) + 3
+    assert len(shared) == len(picks) == len(pa.IMPLS) + 2
     for config, used in zip(picks, shared):
         estimate = pa._shared_memory_bytes(Config.parse(config), w)
         assert used <= estimate <= SHARED_MEMORY_LIMIT, (config, used, estimate)

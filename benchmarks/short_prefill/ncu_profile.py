@@ -8,7 +8,7 @@ against the family's fp32 reference, timed with CUDA events (the bench's timing)
 range named "profile", so ncu profiles only those launches:
 
     ncu --clock-control none --nvtx --nvtx-include "profile/" --section LaunchStats --section Occupancy ... \\
-        python3 benchmarks/short_prefill/profile.py --details prefill_attention_details.json.gz --out launched.json
+        python3 benchmarks/short_prefill/ncu_profile.py --details prefill_attention_details.json.gz --out launched.json
 
 The launches, in order, are written to --out (JSON), so the profiles can be matched to them.
 """

@@ -7,7 +7,7 @@ then launched once more. Run under ncu, which profiles every launch of the group
 config):
 
     ncu --clock-control none --kernel-name regex:_decode_grouped_kernel --launch-skip 0 ... \\
-        python3 benchmarks/decode_floor/profile.py --floor decode_floor.json --workloads 1:16384,4:1024
+        python3 benchmarks/decode_floor/ncu_profile.py --floor decode_floor.json --workloads 1:16384,4:1024
 
 The configs launched, in order, are written to --out (JSON), so the profiles can be matched to configs.
 """
