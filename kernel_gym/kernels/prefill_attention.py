@@ -176,10 +176,10 @@ SPACE = KnobSpace(
 # The IMPL knob came after the Triton kernel's rows were stored: "triton" (its legacy value, left out of configs, so
 # every stored config string and the Triton path's source hash stay as they were) or one of the Gluon schedules of
 # kernels/prefill_gluon.py (sm_90 only); "_persistent" runs that schedule in resident programs looping over the work
-# items (for short sequences), "_lookahead" the same one tile ahead (two q buffers, the item table read ahead). The
+# items (for short sequences), "gluon_ws_lookahead" that one tile ahead (two q buffers, the item table read ahead). The
 # family's space is SPACE plus IMPL and PACK_GQA (attention.PACK_GQA, Triton only).
 IMPLS = ("triton", "gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent",
-         "gluon_ws_lookahead", "gluon_pingpong_lookahead")
+         "gluon_ws_lookahead")
 
 
 def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:

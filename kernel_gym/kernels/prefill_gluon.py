@@ -554,7 +554,7 @@ def _load_lookahead(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, q_em
                     W_START, W_LEN, W_BLOCK, W_HEAD, num_items,
                     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_Q: gl.constexpr,
                     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Lookahead producer: _load_persistent with two q buffers (tile t's q goes to buffer t % 2 once the consumers
+    """Lookahead producer: _load_persistent with two q buffers (tile t's q goes to buffer t % 2 once the consumer
     released that buffer's previous tile, so the next tile's q lands while this one computes) and the next item's
     table entries loaded while this item's loads are issued."""
     step = gl.num_programs(0)
@@ -587,12 +587,10 @@ def _load_lookahead(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, q_em
 @gluon.jit
 def _consumer_lookahead(q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready, kv_empty, turn_bars,
                         k_desc, v_desc, O, stride_ot, W_START, W_LEN, W_BLOCK, W_HEAD, num_items, qk_scale,
-                        ROW_OFF: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, NUM_Q: gl.constexpr,
-                        PART: gl.constexpr, NW: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                        OVERLAP: gl.constexpr):
-    """Lookahead consumer: _consumer_persistent reading tile t's q from buffer t % 2 (its own half, PART, when two
-    warpgroups split the tile) and the next item's table entries while it computes this tile."""
+                        GROUP: gl.constexpr, BLOCK_M: gl.constexpr, NW: gl.constexpr, BLOCK_N: gl.constexpr,
+                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+    """Lookahead consumer: _consumer_persistent reading tile t's q from buffer t % 2 and the next item's table
+    entries while it computes this tile."""
     step = gl.num_programs(0)
     w = gl.program_id(0)
     seq_start, seq_len, block, head = _item(W_START, W_LEN, W_BLOCK, W_HEAD, w)
@@ -604,10 +602,10 @@ def _consumer_lookahead(q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_read
         n_start, n_len, n_block, n_head = _item(W_START, W_LEN, W_BLOCK, W_HEAD, nxt)
         start_m, q_col, kv_col, n_full, n_blocks = _tile_of(seq_len, block, head, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N)
         qs = tile % 2
-        t = _consumer(q_bufs.index(qs * NUM_Q + PART), k_bufs, v_bufs, q_bars.index(qs), k_ready, v_ready, kv_empty,
-                      turn_bars, k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col,
-                      start_m + ROW_OFF, seq_len, n_full, n_blocks, qk_scale, it0, (tile // 2) & 1, t,
-                      q_empty.index(qs), PART, NW, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, PINGPONG, OVERLAP, True)
+        t = _consumer(q_bufs.index(qs), k_bufs, v_bufs, q_bars.index(qs), k_ready, v_ready, kv_empty, turn_bars,
+                      k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col, start_m, seq_len, n_full,
+                      n_blocks, qk_scale, it0, (tile // 2) & 1, t, q_empty.index(qs),
+                      0, NW, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, False, OVERLAP, True)
         it0 += n_blocks
         tile += 1
         w += step
@@ -621,17 +619,18 @@ def _attn_lookahead(
     NUM_WG: gl.constexpr, ROWS_PER_WG: gl.constexpr, SPLIT: gl.constexpr, PINGPONG: gl.constexpr,
     OVERLAP: gl.constexpr,
 ):
-    """_attn_persistent one tile ahead (IMPL=gluon_*_lookahead): two q buffers, so a tile's q loads while the tile
-    before it computes, and work items read from the item table (sequence start and length carried, one round trip),
-    the next one's entries loaded under the current tile. Short sequences' tiles visit one to four key blocks, and the
-    persistent schedule's q handover and table lookups (a cu_seqlens load at a loaded index) sat between them."""
+    """_attn_persistent's warp-specialised schedule one tile ahead (IMPL=gluon_ws_lookahead): two q buffers, so a
+    tile's q loads while the tile before it computes, and work items read from the item table (sequence start and
+    length carried, one round trip), the next one's entries loaded under the current tile. Short sequences' tiles
+    visit one to four key blocks, and the persistent schedule's q handover and table lookups (a cu_seqlens load at a
+    loaded index) sat between them. One consumer partition (NUM_WG warpgroups): the ping-pong split is not offered
+    (its lookahead build hung in 3 of 4 configs on the H200, benchmarks/short_prefill/run8_lookahead/)."""
     BLOCK_M: gl.constexpr = NUM_WG * ROWS_PER_WG
-    NUM_Q: gl.constexpr = 2 if SPLIT else 1
-    Q_ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    gl.static_assert(Q_ROWS * NUM_Q == BLOCK_M, "q descriptor block rows must be BLOCK_M / (SPLIT ? 2 : 1)")
+    gl.static_assert(not SPLIT and not PINGPONG, "the lookahead schedule runs one consumer partition")
+    gl.static_assert(q_desc.block_type.shape[0] == BLOCK_M, "q descriptor block rows must be BLOCK_M")
     dtype: gl.constexpr = q_desc.dtype
 
-    q_bufs = gl.allocate_shared_memory(dtype, [2 * NUM_Q, Q_ROWS, HEAD_DIM], q_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -640,42 +639,25 @@ def _attn_lookahead(
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)  # unused without ping-pong
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=NUM_Q)
+        mbarrier.init(q_empty.index(i), count=1)
         mbarrier.init(turn_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=NUM_Q)
+        mbarrier.init(kv_empty.index(i), count=1)
     fence_async_shared()
 
-    if SPLIT:
-        gl.warp_specialize([
-            (_consumer_lookahead, (q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready, kv_empty, turn_bars,
-                                   k_desc, v_desc, O, stride_ot, W_START, W_LEN, W_BLOCK, W_HEAD, num_items, qk_scale,
-                                   0, GROUP, BLOCK_M, NUM_Q, 0, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES, PINGPONG,
-                                   OVERLAP)),
-            (_consumer_lookahead, (q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready, kv_empty, turn_bars,
-                                   k_desc, v_desc, O, stride_ot, W_START, W_LEN, W_BLOCK, W_HEAD, num_items, qk_scale,
-                                   ROWS_PER_WG, GROUP, BLOCK_M, NUM_Q, 1, 4, ROWS_PER_WG, BLOCK_N, HEAD_DIM, STAGES,
-                                   PINGPONG, OVERLAP)),
-            (_load_lookahead, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready,
-                               kv_empty, W_START, W_LEN, W_BLOCK, W_HEAD, num_items,
-                               GROUP, HEAD_DIM, BLOCK_M, NUM_Q, Q_ROWS, BLOCK_N, STAGES)),
-        ], [4, 1], [240, 24])
-    else:
-        gl.warp_specialize([
-            (_consumer_lookahead, (q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready, kv_empty, turn_bars,
-                                   k_desc, v_desc, O, stride_ot, W_START, W_LEN, W_BLOCK, W_HEAD, num_items, qk_scale,
-                                   0, GROUP, BLOCK_M, NUM_Q, 0, 4 * NUM_WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False,
-                                   OVERLAP)),
-            (_load_lookahead, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready,
-                               kv_empty, W_START, W_LEN, W_BLOCK, W_HEAD, num_items,
-                               GROUP, HEAD_DIM, BLOCK_M, NUM_Q, Q_ROWS, BLOCK_N, STAGES)),
-        ], [1], [24])
-
+    gl.warp_specialize([
+        (_consumer_lookahead, (q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready, kv_empty, turn_bars,
+                               k_desc, v_desc, O, stride_ot, W_START, W_LEN, W_BLOCK, W_HEAD, num_items, qk_scale,
+                               GROUP, BLOCK_M, 4 * NUM_WG, BLOCK_N, HEAD_DIM, STAGES, OVERLAP)),
+        (_load_lookahead, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready,
+                           kv_empty, W_START, W_LEN, W_BLOCK, W_HEAD, num_items,
+                           GROUP, HEAD_DIM, BLOCK_M, 1, BLOCK_M, BLOCK_N, STAGES)),
+    ], [1], [24])
 
 # ---- variants ---------------------------------------------------------------------------------------------------
 
@@ -705,8 +687,9 @@ class GluonVariant:
             raise ValueError(f"pingpong needs split=1: {self}")
         if self.persistent and not self.ws:
             raise ValueError(f"persistent needs ws=1 (its load partition runs ahead across tiles): {self}")
-        if self.lookahead and not self.persistent:
-            raise ValueError(f"lookahead needs persistent=1 (it runs a tile ahead across the work items): {self}")
+        if self.lookahead and not (self.persistent and not self.split):
+            raise ValueError(f"lookahead needs persistent=1 and split=0 (one consumer partition, a tile ahead across "
+                             f"the work items): {self}")
 
     @property
     def block_m(self) -> int:
@@ -856,7 +839,7 @@ def compile_sm90(variant: GluonVariant, head_dim: int = 128, dtype: str = "bfloa
 # "_persistent": the same schedule in resident programs that loop over the work items, for short sequences whose
 # tiles visit few key blocks (a tile's q load and first K/V blocks then run under the previous tile's epilogue).
 IMPLS = ("gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent",
-         "gluon_ws_lookahead", "gluon_pingpong_lookahead")
+         "gluon_ws_lookahead")
 PERSISTENT_SUFFIX = "_persistent"
 LOOKAHEAD_SUFFIX = "_lookahead"  # resident programs one tile ahead (_attn_lookahead)
 
@@ -873,7 +856,7 @@ def variant_for(impl: str, block_m: int, block_n: int, stages: int) -> GluonVari
     if impl in IMPLS and base == "gluon_ws":
         return GluonVariant(ws=1, num_wg=wg, block_n=block_n, stages=stages, overlap=1, maxnreg=128 if wg == 1 else 0,
                             persistent=persistent, lookahead=lookahead)
-    if impl in IMPLS and base == "gluon_pingpong":
+    if impl in IMPLS and base == "gluon_pingpong" and not lookahead:
         return GluonVariant(ws=1, num_wg=2, block_n=block_n, stages=stages, overlap=1, split=1, pingpong=1,
                             maxnreg=168, persistent=persistent, lookahead=lookahead)
     raise ValueError(f"unknown Gluon IMPL {impl!r}; use one of {IMPLS}")

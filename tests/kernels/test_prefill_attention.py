@@ -193,7 +193,7 @@ def test_gluon_impl_rules() -> None:
     gluon = [c for c in FAMILY.space.valid_configs(w) if "IMPL" in c]
     impls = {c["IMPL"] for c in gluon}
     assert impls == {"gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent",
-                     "gluon_ws_lookahead", "gluon_pingpong_lookahead"}
+                     "gluon_ws_lookahead"}
     assert all(int(c["num_warps"]) == 4 * int(c["BLOCK_M"]) // 64 for c in gluon)
     assert all(int(c["BLOCK_M"]) == 128 for c in gluon if c["IMPL"].startswith("gluon_pingpong"))
     # each persistent schedule is valid exactly where its one-tile schedule is; the lookahead one also needs its
@@ -201,9 +201,9 @@ def test_gluon_impl_rules() -> None:
     for impl in ("gluon_ws", "gluon_pingpong"):
         one_tile = {str(c.replace(IMPL=impl + "_persistent")) for c in gluon if c["IMPL"] == impl}
         assert one_tile == {str(c) for c in gluon if c["IMPL"] == impl + "_persistent"}
-        ahead = {str(c.replace(IMPL=impl + "_lookahead")) for c in gluon if c["IMPL"] == impl
-                 and pa._shared_memory_bytes(c, w) + 2 * int(c["BLOCK_M"]) * w.head_dim <= SHARED_MEMORY_LIMIT}
-        assert ahead == {str(c) for c in gluon if c["IMPL"] == impl + "_lookahead"} and ahead
+    ahead = {str(c.replace(IMPL="gluon_ws_lookahead")) for c in gluon if c["IMPL"] == "gluon_ws"
+             and pa._shared_memory_bytes(c, w) + 2 * int(c["BLOCK_M"]) * w.head_dim <= SHARED_MEMORY_LIMIT}
+    assert ahead == {str(c) for c in gluon if c["IMPL"] == "gluon_ws_lookahead"} and ahead
     ws = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, IMPL="gluon_ws")
     assert FAMILY.space.is_valid(ws, w)
     assert "num_warps must be 4" in FAMILY.space.why_invalid(ws.replace(num_warps=8), w)
@@ -240,9 +240,10 @@ def test_persistent_variants_fill_the_gpu_once() -> None:
     assert ahead.persistent and ahead.lookahead and ahead.kernel is pg._attn_lookahead
     assert ahead.shared_bytes(128) == small.shared_bytes(128) + 2 * 64 * 128
     assert ahead.resident_programs(132, 128) == 2 * 132
-    assert pg.variant_for("gluon_pingpong_lookahead", 128, 64, 2).resident_programs(132, 128) == 132
-    with pytest.raises(ValueError, match="lookahead needs persistent=1"):
+    with pytest.raises(ValueError, match="lookahead needs persistent=1 and split=0"):
         pg.GluonVariant(ws=1, num_wg=1, block_n=64, stages=2, overlap=1, lookahead=1)
+    with pytest.raises(ValueError, match="use one of"):
+        pg.variant_for("gluon_pingpong_lookahead", 128, 64, 2)
 
 
 def test_lookahead_schedules_get_the_item_table(monkeypatch: pytest.MonkeyPatch) -> None:
