@@ -115,6 +115,15 @@ def knob_gain(path: str, tokens: str, agg: Callable[..., float]) -> float:
     return agg(r["value0_ms"] / r["value1_ms"] for r in committed(path) if tokens in r["case"])
 
 
+def lookahead_ratio(num: str, den: str, agg: Callable[..., float]) -> float:
+    """At the four short prefill cases of the lookahead run: time of `den`'s best / time of `num`'s best (`num` and
+    `den`: "anchor", or a compare.json group such as "lookahead" and "persistent")."""
+    def ms(r: dict[str, Any], key: str) -> float:
+        return r["anchor_ms"] if key == "anchor" else r[key]["ms"]
+
+    return agg(ms(r, num) / ms(r, den) for r in committed(LOOKAHEAD) if "n512" in r["case"] or "n128" in r["case"])
+
+
 def at(path: str, *keys: str, scale: float = 1.0) -> Callable[[], float]:
     """The number at keys in a committed JSON file (times scale: 100 for a share printed in %)."""
 
@@ -220,6 +229,7 @@ SHORT_PREFILL = "benchmarks/short_prefill/run2_bb6853d/prefill.json"
 PACK = "benchmarks/short_prefill/run3_pack/compare.json"
 RESIDENT = "benchmarks/short_prefill/run6_persistent/compare.json"
 LAZY = "benchmarks/short_prefill/run7_lazy/compare.json"
+LOOKAHEAD = "benchmarks/short_prefill/run8_lookahead/compare.json"
 # Texts of the index holding several figures: {} are the figures' places, in order.
 STATS = ("median", "min", "max")
 STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
@@ -410,6 +420,13 @@ FIGURES = [
            lambda: knob_gain(LAZY, "", min), 0.005, "gpu"),
     Figure("index: LAZY_RESCALE highest", BENCH, rf"LAZY_RESCALE [0-9.]+-{N}x", LAZY,
            lambda: knob_gain(LAZY, "", max), 0.005, "gpu"),
+    *[Figure(f"index: lookahead, {name}", BENCH, pattern, LOOKAHEAD,
+             (lambda num=num, den=den, agg=agg: lookahead_ratio(num, den, agg)), 0.005, "gpu")
+      for name, num, den, pattern, agg in (
+          ("persistent / lookahead lowest", "persistent", "lookahead", rf"persistent / lookahead {N}-[0-9.]+x", min),
+          ("persistent / lookahead highest", "persistent", "lookahead", rf"persistent / lookahead [0-9.]+-{N}x", max),
+          ("lookahead / anchor lowest", "anchor", "lookahead", rf"lookahead / anchor {N}-[0-9.]+ there", min),
+          ("lookahead / anchor highest", "anchor", "lookahead", rf"lookahead / anchor [0-9.]+-{N} there", max))],
     Figure("index: decode floor lowest", BENCH, rf"best / floor from {N} to", FLOOR, lambda: floor_ratio(min), 0.005,
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),

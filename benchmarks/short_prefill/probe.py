@@ -1,8 +1,7 @@
-"""GPU: every valid resident Gluon prefill config (IMPL gluon_*_persistent and gluon_*_lookahead) checked against the
-torch reference, each in its own process with a timeout (a barrier bug hangs the GPU instead of failing), before
-`kernel-gym bench` times them.
+"""GPU: every valid persistent Gluon prefill config checked against the torch reference, each in its own process
+with a timeout (a barrier bug hangs the GPU instead of failing), before `kernel-gym bench` times them.
 
-    python3 benchmarks/short_prefill/probe.py --out $OUT/short_prefill/probe.json [--impls _lookahead]
+    python3 benchmarks/short_prefill/probe.py --out $OUT/short_prefill/probe.json
 
 Workloads: the short-prefill bench shapes (16 x 512 and 64 x 128 tokens, GQA 32/8 and 32/4), a ragged batch (1,
 1000 and 300 tokens) and one shorter than a tile (5 + 40): persistent programs then run uneven work items. Prints
@@ -19,7 +18,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-RESIDENT = ("_persistent", "_lookahead")  # the IMPL endings of the schedules whose programs loop over work items
 WORKLOADS = [(32, 8, (512,) * 16), (32, 4, (128,) * 64), (32, 8, (1, 1000, 300)), (32, 4, (5, 40))]
 
 _CHECK = """
@@ -58,14 +56,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout-s", type=float, default=60.0)
-    ap.add_argument("--impls", nargs="+", default=list(RESIDENT), help="IMPL endings to probe (default: both)")
     args = ap.parse_args()
     from kernel_gym.kernels import prefill_attention as pa
 
     configs = sorted({str(c) for h, hkv, lens in WORKLOADS
                       for c in pa.FAMILY.space.valid_configs(pa.PrefillWorkload(h, hkv, 128, lens))
-                      if str(pa.GLUON_SPACE.value(c, "IMPL")).endswith(tuple(args.impls))})
-    print(f"{len(configs)} resident configs ({', '.join(args.impls)})", flush=True)
+                      if str(pa.GLUON_SPACE.value(c, "IMPL")).endswith("_persistent")})
+    print(f"{len(configs)} persistent configs", flush=True)
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda c: _one(c, args.timeout_s), configs))
     bad = [r for r in results if not (isinstance(r["result"], dict) and set(r["result"].values()) == {"ok"})]

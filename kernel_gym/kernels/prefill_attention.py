@@ -148,14 +148,12 @@ def _prefill_fwd(
 
 
 def _shared_memory_bytes(config: Config, workload: PrefillWorkload) -> int:
-    """Per-block shared memory: the q tile (two for the Gluon lookahead schedules) plus num_stages buffers of the K
-    and V tiles (P stays in registers as the wgmma A operand), plus 1 KiB of TMA barriers. Matches what Triton's sm_90
-    compiler allocates for the TMA path (multi-stage configs; checked by tests/kernels/test_prefill_attention.py via
-    compile_sm90)."""
+    """Per-block shared memory: the q tile plus num_stages buffers of the K and V tiles (P stays in registers as the
+    wgmma A operand), plus 1 KiB of TMA barriers. Matches what Triton's sm_90 compiler allocates for the TMA path
+    (multi-stage configs; checked by tests/kernels/test_prefill_attention.py via compile_sm90)."""
     b = _DTYPE_BYTES[workload.dtype]
     bm, bn, d, stages = int(config["BLOCK_M"]), int(config["BLOCK_N"]), workload.head_dim, int(config["num_stages"])
-    q_tiles = 2 if str(config.get("IMPL", "")).endswith("_lookahead") else 1
-    return b * (q_tiles * bm * d + stages * 2 * bn * d) + 1024
+    return b * (bm * d + stages * 2 * bn * d) + 1024
 
 
 def _rule_shared_memory(config: Config, workload: PrefillWorkload) -> str | None:
@@ -176,10 +174,8 @@ SPACE = KnobSpace(
 # The IMPL knob came after the Triton kernel's rows were stored: "triton" (its legacy value, left out of configs, so
 # every stored config string and the Triton path's source hash stay as they were) or one of the Gluon schedules of
 # kernels/prefill_gluon.py (sm_90 only); "_persistent" runs that schedule in resident programs looping over the work
-# items (for short sequences), "gluon_ws_lookahead" that one tile ahead (two q buffers, the item table read ahead). The
-# family's space is SPACE plus IMPL and PACK_GQA (attention.PACK_GQA, Triton only).
-IMPLS = ("triton", "gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent",
-         "gluon_ws_lookahead")
+# items (for short sequences). The family's space is SPACE plus IMPL and PACK_GQA (attention.PACK_GQA, Triton only).
+IMPLS = ("triton", "gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent")
 
 
 def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
@@ -378,12 +374,8 @@ class PrefillFamily(PrefillAttentionFamily):
         GLUON_SPACE.check(config, w)
         bm, bn, stages = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_stages"])
         items = work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm)
-        variant = prefill_gluon.variant_for(impl, bm, bn, stages)
-        if variant.lookahead:  # (sequence start, length, q block, q head): one round trip per item
-            table = item_table(w.seq_lens, items, inputs.q.device)
-        else:
-            table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(inputs.q.device)
-        return prefill_gluon.prepare_gluon(inputs, variant, table, len(items))
+        table = torch.tensor(items, dtype=torch.int32).t().contiguous().to(inputs.q.device)
+        return prefill_gluon.prepare_gluon(inputs, prefill_gluon.variant_for(impl, bm, bn, stages), table, len(items))
 
 
 FAMILY = PrefillFamily()

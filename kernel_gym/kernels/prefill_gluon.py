@@ -532,133 +532,6 @@ def _attn_persistent(
         ], [1], [24])
 
 
-
-@gluon.jit
-def _item(W_START, W_LEN, W_BLOCK, W_HEAD, w):
-    """Work item w of the item table (prefill_attention.item_table): its sequence's first row and length, its q block
-    and q head, in one memory round trip (no cu_seqlens lookup at a loaded index)."""
-    return gl.load(W_START + w), gl.load(W_LEN + w), gl.load(W_BLOCK + w), gl.load(W_HEAD + w)
-
-
-@gluon.jit
-def _tile_of(seq_len, block, head, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr):
-    """(first query row, q column, kv column, unmasked key blocks, key blocks) of a work item's tile."""
-    start_m = block * BLOCK_M
-    n_blocks = gl.cdiv(gl.minimum(start_m + BLOCK_M, seq_len), BLOCK_N)
-    return start_m, head * HEAD_DIM, (head // GROUP) * HEAD_DIM, start_m // BLOCK_N, n_blocks
-
-
-@gluon.jit
-def _load_lookahead(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready, kv_empty,
-                    W_START, W_LEN, W_BLOCK, W_HEAD, num_items,
-                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_Q: gl.constexpr,
-                    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Lookahead producer: _load_persistent with two q buffers (tile t's q goes to buffer t % 2 once the consumer
-    released that buffer's previous tile, so the next tile's q lands while this one computes) and the next item's
-    table entries loaded while this item's loads are issued."""
-    step = gl.num_programs(0)
-    w = gl.program_id(0)
-    seq_start, seq_len, block, head = _item(W_START, W_LEN, W_BLOCK, W_HEAD, w)
-    it0 = 0
-    tile = 0
-    for _ in range(gl.program_id(0), num_items, step):
-        nxt = gl.minimum(w + step, num_items - 1)  # past the last item: reload it (never used)
-        n_start, n_len, n_block, n_head = _item(W_START, W_LEN, W_BLOCK, W_HEAD, nxt)
-        start_m, q_col, kv_col, n_full, n_blocks = _tile_of(seq_len, block, head, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N)
-        qs = tile % 2
-        mbarrier.wait(q_empty.index(qs), ((tile // 2) & 1) ^ 1)
-        mbarrier.expect(q_bars.index(qs), NUM_Q * q_desc.block_type.nbytes)
-        for g in gl.static_range(NUM_Q):
-            tma.async_copy_global_to_shared(q_desc, [seq_start + start_m + g * ROWS, q_col], q_bars.index(qs),
-                                            q_bufs.index(qs * NUM_Q + g))
-        kv_row_s = seq_start - it0 * BLOCK_N
-        for j in range(it0, it0 + n_blocks):
-            slot = j % STAGES
-            mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)
-            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_row_s, kv_col, j, it0 + n_blocks,
-                      BLOCK_N, STAGES)
-        it0 += n_blocks
-        tile += 1
-        w += step
-        seq_start, seq_len, block, head = n_start, n_len, n_block, n_head
-
-
-@gluon.jit
-def _consumer_lookahead(q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready, kv_empty, turn_bars,
-                        k_desc, v_desc, O, stride_ot, W_START, W_LEN, W_BLOCK, W_HEAD, num_items, qk_scale,
-                        GROUP: gl.constexpr, BLOCK_M: gl.constexpr, NW: gl.constexpr, BLOCK_N: gl.constexpr,
-                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
-    """Lookahead consumer: _consumer_persistent reading tile t's q from buffer t % 2 and the next item's table
-    entries while it computes this tile."""
-    step = gl.num_programs(0)
-    w = gl.program_id(0)
-    seq_start, seq_len, block, head = _item(W_START, W_LEN, W_BLOCK, W_HEAD, w)
-    it0 = 0
-    tile = 0
-    t = 0
-    for _ in range(gl.program_id(0), num_items, step):
-        nxt = gl.minimum(w + step, num_items - 1)
-        n_start, n_len, n_block, n_head = _item(W_START, W_LEN, W_BLOCK, W_HEAD, nxt)
-        start_m, q_col, kv_col, n_full, n_blocks = _tile_of(seq_len, block, head, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N)
-        qs = tile % 2
-        t = _consumer(q_bufs.index(qs), k_bufs, v_bufs, q_bars.index(qs), k_ready, v_ready, kv_empty, turn_bars,
-                      k_desc, v_desc, O, seq_start, q_col, stride_ot, seq_start, kv_col, start_m, seq_len, n_full,
-                      n_blocks, qk_scale, it0, (tile // 2) & 1, t, q_empty.index(qs),
-                      0, NW, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, False, OVERLAP, True)
-        it0 += n_blocks
-        tile += 1
-        w += step
-        seq_start, seq_len, block, head = n_start, n_len, n_block, n_head
-
-
-@gluon.jit
-def _attn_lookahead(
-    q_desc, k_desc, v_desc, O, W_START, W_LEN, W_BLOCK, W_HEAD, qk_scale, stride_ot, num_items,
-    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    NUM_WG: gl.constexpr, ROWS_PER_WG: gl.constexpr, SPLIT: gl.constexpr, PINGPONG: gl.constexpr,
-    OVERLAP: gl.constexpr,
-):
-    """_attn_persistent's warp-specialised schedule one tile ahead (IMPL=gluon_ws_lookahead): two q buffers, so a
-    tile's q loads while the tile before it computes, and work items read from the item table (sequence start and
-    length carried, one round trip), the next one's entries loaded under the current tile. Short sequences' tiles
-    visit one to four key blocks, and the persistent schedule's q handover and table lookups (a cu_seqlens load at a
-    loaded index) sat between them. One consumer partition (NUM_WG warpgroups): the ping-pong split is not offered
-    (its lookahead build hung in 3 of 4 configs on the H200, benchmarks/short_prefill/run8_lookahead/)."""
-    BLOCK_M: gl.constexpr = NUM_WG * ROWS_PER_WG
-    gl.static_assert(not SPLIT and not PINGPONG, "the lookahead schedule runs one consumer partition")
-    gl.static_assert(q_desc.block_type.shape[0] == BLOCK_M, "q descriptor block rows must be BLOCK_M")
-    dtype: gl.constexpr = q_desc.dtype
-
-    q_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)  # unused without ping-pong
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=1)
-        mbarrier.init(turn_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=1)
-    fence_async_shared()
-
-    gl.warp_specialize([
-        (_consumer_lookahead, (q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready, kv_empty, turn_bars,
-                               k_desc, v_desc, O, stride_ot, W_START, W_LEN, W_BLOCK, W_HEAD, num_items, qk_scale,
-                               GROUP, BLOCK_M, 4 * NUM_WG, BLOCK_N, HEAD_DIM, STAGES, OVERLAP)),
-        (_load_lookahead, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, q_empty, k_ready, v_ready,
-                           kv_empty, W_START, W_LEN, W_BLOCK, W_HEAD, num_items,
-                           GROUP, HEAD_DIM, BLOCK_M, 1, BLOCK_M, BLOCK_N, STAGES)),
-    ], [1], [24])
-
 # ---- variants ---------------------------------------------------------------------------------------------------
 
 
@@ -678,7 +551,6 @@ class GluonVariant:
     rows_per_wg: int = 64
     maxnreg: int = 0  # 0: compiler default
     persistent: int = 0  # one program per resident slot looping over the work items (needs ws)
-    lookahead: int = 0  # persistent, one tile ahead: two q buffers, the item table read ahead (_attn_lookahead)
 
     def __post_init__(self) -> None:
         if self.split and not (self.ws and self.num_wg == 2):
@@ -687,9 +559,6 @@ class GluonVariant:
             raise ValueError(f"pingpong needs split=1: {self}")
         if self.persistent and not self.ws:
             raise ValueError(f"persistent needs ws=1 (its load partition runs ahead across tiles): {self}")
-        if self.lookahead and not (self.persistent and not self.split):
-            raise ValueError(f"lookahead needs persistent=1 and split=0 (one consumer partition, a tile ahead across "
-                             f"the work items): {self}")
 
     @property
     def block_m(self) -> int:
@@ -714,14 +583,11 @@ class GluonVariant:
     def label(self) -> str:
         s = (f"{self.family()} wg{self.num_wg} {self.block_m}x{self.block_n} s{self.stages} "
              f"ov{self.overlap}")
-        resident = " lookahead" if self.lookahead else " persistent" if self.persistent else ""
-        return s + (f" r{self.maxnreg}" if self.maxnreg else "") + resident
+        return s + (f" r{self.maxnreg}" if self.maxnreg else "") + (" persistent" if self.persistent else "")
 
     @property
     def kernel(self) -> Any:
         """The @gluon.jit kernel this variant launches."""
-        if self.lookahead:
-            return _attn_lookahead
         return _attn_persistent if self.persistent else _attn_fwd
 
     def constexprs(self, group: int, head_dim: int) -> dict[str, Any]:
@@ -733,10 +599,8 @@ class GluonVariant:
         return c
 
     def shared_bytes(self, head_dim: int, dtype_bytes: int = 2) -> int:
-        """The q tile (two with lookahead) and the K/V ring, plus 1 KiB for barriers (the prefill family's
-        estimate)."""
-        q_tiles = 2 if self.lookahead else 1
-        return dtype_bytes * (q_tiles * self.block_m * head_dim + self.stages * 2 * self.block_n * head_dim) + 1024
+        """The q tile and the K/V ring, plus 1 KiB for barriers (the prefill family's estimate)."""
+        return dtype_bytes * (self.block_m * head_dim + self.stages * 2 * self.block_n * head_dim) + 1024
 
     def resident_programs(self, sm_count: int, head_dim: int) -> int:
         """How many programs the GPU holds at once (a persistent launch's grid): per SM as many as its shared
@@ -773,8 +637,7 @@ def require_hopper(device: torch.device) -> None:
 
 def prepare_gluon(inputs: Any, variant: GluonVariant, table: torch.Tensor, num_items: int) -> Callable[[], Any]:
     """Launch closure on the family's inputs (q [T, H, D], k/v [T, Hkv, D] contiguous, cu_seqlens) and its work
-    table built for variant.block_m: [3, num_items] (sequence, q block, q head), or for lookahead variants the item
-    table [4, num_items] (sequence start, sequence length, q block, q head)."""
+    table [3, num_items] (sequence, q block, q head) built for variant.block_m."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     w = inputs.workload
@@ -797,8 +660,7 @@ def prepare_gluon(inputs: Any, variant: GluonVariant, table: torch.Tensor, num_i
         programs = min(num_items, variant.resident_programs(sms, d))
     grid = (programs,)
     meta = variant.constexprs(h // hkv, d) | variant.options()
-    tables = (table[0], table[1], table[2], table[3]) if variant.lookahead else (inputs.cu_seqlens, *table[:3])
-    args = (qx, kx, vx, o, *tables, inputs.sm_scale * _LOG2E, o.stride(0))
+    args = (qx, kx, vx, o, inputs.cu_seqlens, table[0], table[1], table[2], inputs.sm_scale * _LOG2E, o.stride(0))
     if variant.persistent:
         args += (num_items,)
     kernel = variant.kernel
@@ -820,16 +682,16 @@ def compile_sm90(variant: GluonVariant, head_dim: int = 128, dtype: str = "bfloa
     def desc(rows: int) -> str:
         return f"tensordesc<{ty}[{rows}, {head_dim}],{_nvmma_layout([rows, head_dim], dtype)!r}>"
 
-    tables = ("W_START", "W_LEN", "W_BLOCK", "W_HEAD") if variant.lookahead else ("CU_SEQLENS", "W_SEQ", "W_BLOCK",
-                                                                                   "W_HEAD")
     signature = {"q_desc": desc(variant.q_rows), "k_desc": desc(variant.block_n), "v_desc": desc(variant.block_n),
-                 "O": f"*{ty}", **{n: "*i32" for n in tables}, "qk_scale": "fp32", "stride_ot": "i32"}
+                 "O": f"*{ty}", "CU_SEQLENS": "*i32", "W_SEQ": "*i32", "W_BLOCK": "*i32", "W_HEAD": "*i32",
+                 "qk_scale": "fp32", "stride_ot": "i32"}
     if variant.persistent:
         signature["num_items"] = "i32"
     constexprs = variant.constexprs(group, head_dim)
     signature |= {n: "constexpr" for n in constexprs}
     names = variant.kernel.arg_names
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("O", *tables, "stride_ot")}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]]
+             for n in ("O", "CU_SEQLENS", "W_SEQ", "W_BLOCK", "W_HEAD", "stride_ot")}
     src = GluonASTSource(variant.kernel, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=variant.options())
 
@@ -838,25 +700,22 @@ def compile_sm90(variant: GluonVariant, head_dim: int = 128, dtype: str = "bfloa
 # the H200; the maxnreg caps are the sweep's: 128 lets two 1-warpgroup programs share an SM, 168 fits ping-pong).
 # "_persistent": the same schedule in resident programs that loop over the work items, for short sequences whose
 # tiles visit few key blocks (a tile's q load and first K/V blocks then run under the previous tile's epilogue).
-IMPLS = ("gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent",
-         "gluon_ws_lookahead")
+IMPLS = ("gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent")
 PERSISTENT_SUFFIX = "_persistent"
-LOOKAHEAD_SUFFIX = "_lookahead"  # resident programs one tile ahead (_attn_lookahead)
 
 
 def variant_for(impl: str, block_m: int, block_n: int, stages: int) -> GluonVariant:
     """The GluonVariant of a prefill config (IMPL, BLOCK_M, BLOCK_N, num_stages); the knob space's rules have already
     checked the combination."""
     wg = block_m // 64
-    lookahead = int(impl.endswith(LOOKAHEAD_SUFFIX))
-    base = impl.removesuffix(LOOKAHEAD_SUFFIX) if lookahead else impl.removesuffix(PERSISTENT_SUFFIX)
+    base = impl.removesuffix(PERSISTENT_SUFFIX)
     persistent = int(impl != base)
     if impl == "gluon_overlap":
         return GluonVariant(ws=0, num_wg=wg, block_n=block_n, stages=stages, overlap=1)
     if impl in IMPLS and base == "gluon_ws":
         return GluonVariant(ws=1, num_wg=wg, block_n=block_n, stages=stages, overlap=1, maxnreg=128 if wg == 1 else 0,
-                            persistent=persistent, lookahead=lookahead)
-    if impl in IMPLS and base == "gluon_pingpong" and not lookahead:
+                            persistent=persistent)
+    if impl in IMPLS and base == "gluon_pingpong":
         return GluonVariant(ws=1, num_wg=2, block_n=block_n, stages=stages, overlap=1, split=1, pingpong=1,
-                            maxnreg=168, persistent=persistent, lookahead=lookahead)
+                            maxnreg=168, persistent=persistent)
     raise ValueError(f"unknown Gluon IMPL {impl!r}; use one of {IMPLS}")

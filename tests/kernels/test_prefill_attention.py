@@ -192,18 +192,13 @@ def test_gluon_impl_rules() -> None:
     w = PrefillWorkload(32, 8, 128, (2048,))
     gluon = [c for c in FAMILY.space.valid_configs(w) if "IMPL" in c]
     impls = {c["IMPL"] for c in gluon}
-    assert impls == {"gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent",
-                     "gluon_ws_lookahead"}
+    assert impls == {"gluon_overlap", "gluon_ws", "gluon_pingpong", "gluon_ws_persistent", "gluon_pingpong_persistent"}
     assert all(int(c["num_warps"]) == 4 * int(c["BLOCK_M"]) // 64 for c in gluon)
     assert all(int(c["BLOCK_M"]) == 128 for c in gluon if c["IMPL"].startswith("gluon_pingpong"))
-    # each persistent schedule is valid exactly where its one-tile schedule is; the lookahead one also needs its
-    # second q tile to fit in shared memory
+    # each persistent schedule is valid exactly where its one-tile schedule is
     for impl in ("gluon_ws", "gluon_pingpong"):
         one_tile = {str(c.replace(IMPL=impl + "_persistent")) for c in gluon if c["IMPL"] == impl}
         assert one_tile == {str(c) for c in gluon if c["IMPL"] == impl + "_persistent"}
-    ahead = {str(c.replace(IMPL="gluon_ws_lookahead")) for c in gluon if c["IMPL"] == "gluon_ws"
-             and pa._shared_memory_bytes(c, w) + 2 * int(c["BLOCK_M"]) * w.head_dim <= SHARED_MEMORY_LIMIT}
-    assert ahead == {str(c) for c in gluon if c["IMPL"] == "gluon_ws_lookahead"} and ahead
     ws = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, IMPL="gluon_ws")
     assert FAMILY.space.is_valid(ws, w)
     assert "num_warps must be 4" in FAMILY.space.why_invalid(ws.replace(num_warps=8), w)
@@ -235,35 +230,6 @@ def test_persistent_variants_fill_the_gpu_once() -> None:
     assert "WS" in one_tile.constexprs(4, 128) and "WS" not in pingpong.constexprs(4, 128)
     with pytest.raises(ValueError, match="persistent needs ws=1"):
         pg.GluonVariant(ws=0, num_wg=1, block_n=64, stages=2, overlap=1, persistent=1)
-    # lookahead: the persistent schedule with a second q buffer (98 KiB at 64 x 64: still two programs an SM)
-    ahead = pg.variant_for("gluon_ws_lookahead", 64, 64, 2)
-    assert ahead.persistent and ahead.lookahead and ahead.kernel is pg._attn_lookahead
-    assert ahead.shared_bytes(128) == small.shared_bytes(128) + 2 * 64 * 128
-    assert ahead.resident_programs(132, 128) == 2 * 132
-    with pytest.raises(ValueError, match="lookahead needs persistent=1 and split=0"):
-        pg.GluonVariant(ws=1, num_wg=1, block_n=64, stages=2, overlap=1, lookahead=1)
-    with pytest.raises(ValueError, match="use one of"):
-        pg.variant_for("gluon_pingpong_lookahead", 128, 64, 2)
-
-
-def test_lookahead_schedules_get_the_item_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """IMPL=gluon_*_lookahead launches read each item's sequence start and length from the item table (one round
-    trip); the other Gluon schedules keep the (sequence, q block, q head) table they were measured with."""
-    from kernel_gym.kernels import prefill_gluon as pg
-
-    seen = {}
-    monkeypatch.setattr(pg, "prepare_gluon", lambda inputs, variant, table, n: seen.update(
-        {variant.lookahead: (table.cpu(), n)}))
-    w = PrefillWorkload(32, 8, 128, (100, 300, 7))
-    inputs = FAMILY.make_inputs(w, DEVICE)
-    for impl in ("gluon_ws_persistent", "gluon_ws_lookahead"):
-        FAMILY.prepare(inputs, Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, IMPL=impl))
-    items = pa.work_table(w.seq_lens, 32, 8, 64)
-    (old, n_old), (ahead, n_ahead) = seen[0], seen[1]
-    assert n_old == n_ahead == len(items)
-    assert old.tolist() == [list(col) for col in zip(*items)]
-    assert ahead.tolist() == pa.item_table(w.seq_lens, items, torch.device("cpu")).tolist()
-    assert ahead[0].tolist() == [(0, 100, 400)[s] for s, _, _ in items]  # each item's sequence start
     with pytest.raises(ValueError, match="use one of"):
         pg.variant_for("gluon_overlap_persistent", 64, 64, 2)
 
