@@ -99,12 +99,13 @@ def knob_cases(family_name: str, knob: str) -> list[str]:
     return [c for c, w in cases if knob != "PACK_GQA" or w.num_heads > w.num_kv_heads]
 
 
-def run(out: Path, knob: str, budget_s: float, compile_workers: int) -> list[dict]:
+def run(out: Path, knob: str, budget_s: float, compile_workers: int, only: tuple[str, ...] = ()) -> list[dict]:
+    """Time the knob's cases family by family (only those in `only`, when given), writing each family's files."""
     from kernel_gym import bench
 
     bench.BENCH_COMPILE_WORKERS = compile_workers  # attention inputs are small: more compile processes fit
     start, rows = time.time(), []
-    for family_name in families(knob):
+    for family_name in (f for f in families(knob) if not only or f in only):
         path = out / f"{family_name}.json"
         partial = lambda records, p=path: p.write_text(json.dumps(records, indent=1))  # noqa: E731
         left = budget_s - (time.time() - start)
@@ -179,6 +180,7 @@ def merge_records(folder: Path, target: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--knob", default="PACK_GQA", help="the knob whose values 0 and 1 are compared")
+    p.add_argument("--families", default="", help="comma-separated families to run (default: every one with the knob)")
     p.add_argument("--out", type=Path, required=True, help="folder for the results (created)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
     p.add_argument("--compile-workers", type=int, default=12, help="compile processes ahead of the timing")
@@ -192,10 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     check_knob(args.knob)
+    only = tuple(f for f in args.families.split(",") if f)
+    unknown = [f for f in only if f not in families(args.knob)]
+    if unknown:
+        raise SystemExit(f"--families {','.join(unknown)}: not an attention family with {args.knob}; use some of "
+                         f"{', '.join(families(args.knob))}")
     if not torch.cuda.is_available():
         raise SystemExit("knob_ab.py times kernels on a CUDA GPU; run it on the GPU machine")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = run(args.out, args.knob, args.budget_s, args.compile_workers)
+    rows = run(args.out, args.knob, args.budget_s, args.compile_workers, only)
     (args.out / "compare.json").write_text(json.dumps(rows, indent=1))
     print(table(rows, args.knob))
     return 0
