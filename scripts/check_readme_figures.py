@@ -109,6 +109,12 @@ def pack_ratio(key: str, agg: Callable[..., float]) -> float:
                ("n512" in r["case"] or "n128" in r["case"]))
 
 
+def prefill_record(pick: Callable[[str], bool], agg: Callable[..., float]) -> float:
+    """best / SDPA of the prefill records in benchmarks/h200_kernels.json whose case name `pick` selects."""
+    return agg(r["ratio_to_anchor"] for r in committed(KERNELS) if r["kernel"] == "prefill_attention"
+               and pick(r["case"]))
+
+
 def knob_gain(path: str, tokens: str, agg: Callable[..., float]) -> float:
     """Best with the knob's 0 / best with its 1 (a speedup) in a knob_ab.py compare.json, at the prefill cases whose
     name holds `tokens` (n512, n128; "" for all)."""
@@ -427,6 +433,14 @@ FIGURES = [
           ("persistent / lookahead highest", "persistent", "lookahead", rf"persistent / lookahead [0-9.]+-{N}x", max),
           ("lookahead / anchor lowest", "anchor", "lookahead", rf"lookahead / anchor {N}-[0-9.]+ there", min),
           ("lookahead / anchor highest", "anchor", "lookahead", rf"lookahead / anchor [0-9.]+-{N} there", max))],
+    *[Figure(f"README: prefill records, {name}", "README.md", pattern, KERNELS,
+             (lambda pick=pick, agg=agg: prefill_record(pick, agg)), 0.005, "gpu")
+      for name, pattern, pick, agg in (
+          ("B1 N8192", rf"holds\): {N} at B1 N8192", lambda c: "n8192" in c, max),
+          ("N2048 lowest", rf"{N}-[0-9.]+ at N2048, [0-9.]+-[0-9.]+ at 16 x 512", lambda c: "n2048" in c, min),
+          ("N2048 highest", rf"[0-9.]+-{N} at N2048, [0-9.]+-[0-9.]+ at 16 x 512", lambda c: "n2048" in c, max),
+          ("short lowest", rf"at N2048, {N}-[0-9.]+ at 16 x 512", lambda c: "n512" in c or "n128" in c, min),
+          ("short highest", rf"at N2048, [0-9.]+-{N} at 16 x 512", lambda c: "n512" in c or "n128" in c, max))],
     Figure("index: decode floor lowest", BENCH, rf"best / floor from {N} to", FLOOR, lambda: floor_ratio(min), 0.005,
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),
