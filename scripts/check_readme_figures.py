@@ -116,9 +116,9 @@ def prefill_record(pick: Callable[[str], bool], agg: Callable[..., float]) -> fl
 
 
 def knob_gain(path: str, tokens: str, agg: Callable[..., float]) -> float:
-    """Best with the knob's 0 / best with its 1 (a speedup) in a knob_ab.py compare.json, at the prefill cases whose
-    name holds `tokens` (n512, n128; "" for all)."""
-    return agg(r["value0_ms"] / r["value1_ms"] for r in committed(path) if tokens in r["case"])
+    """The knob's speedup over the same tiles without it (twin_speedup) in a knob_ab.py compare.json, at the prefill
+    cases whose name holds `tokens` (n512, n128; "" for all)."""
+    return agg(r["twin_speedup"] for r in committed(path) if tokens in r["case"])
 
 
 def lookahead_ratio(num: str, den: str, agg: Callable[..., float]) -> float:
@@ -422,15 +422,15 @@ FIGURES = [
           ("n512", "highest", rf"[0-9.]+-{N}x at 16 x 512", max),
           ("n128", "lowest", rf"{N}-[0-9.]+x at 64 x 128", min),
           ("n128", "highest", rf"[0-9.]+-{N}x at 64 x 128", max))],
-    Figure("index: LAZY_RESCALE lowest", BENCH, rf"LAZY_RESCALE {N}-[0-9.]+x", LAZY,
+    Figure("index: LAZY_RESCALE lowest", BENCH, rf"with LAZY_RESCALE {N}-[0-9.]+x", LAZY,
            lambda: knob_gain(LAZY, "", min), 0.005, "gpu"),
-    Figure("index: LAZY_RESCALE highest", BENCH, rf"LAZY_RESCALE [0-9.]+-{N}x", LAZY,
+    Figure("index: LAZY_RESCALE highest", BENCH, rf"with LAZY_RESCALE [0-9.]+-{N}x", LAZY,
            lambda: knob_gain(LAZY, "", max), 0.005, "gpu"),
     *[Figure(f"index: lookahead, {name}", BENCH, pattern, LOOKAHEAD,
              (lambda num=num, den=den, agg=agg: lookahead_ratio(num, den, agg)), 0.005, "gpu")
       for name, num, den, pattern, agg in (
-          ("persistent / lookahead lowest", "persistent", "lookahead", rf"persistent / lookahead {N}-[0-9.]+x", min),
-          ("persistent / lookahead highest", "persistent", "lookahead", rf"persistent / lookahead [0-9.]+-{N}x", max),
+          ("lookahead's speedup lowest", "persistent", "lookahead", rf"lookahead schedule {N}-[0-9.]+x faster", min),
+          ("lookahead's speedup highest", "persistent", "lookahead", rf"lookahead schedule [0-9.]+-{N}x faster", max),
           ("lookahead / anchor lowest", "anchor", "lookahead", rf"lookahead / anchor {N}-[0-9.]+ there", min),
           ("lookahead / anchor highest", "anchor", "lookahead", rf"lookahead / anchor [0-9.]+-{N} there", max))],
     *[Figure(f"README: prefill records, {name}", "README.md", pattern, KERNELS,

@@ -12,12 +12,13 @@ fp32 reference before it is timed, L2 flushed, median of 10-40 samples, near tie
 in the same run).
 
     python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out $OUT/ab             # GPU, ~5 min
-    python3 benchmarks/short_prefill/knob_ab.py --knob PACK_GQA --out benchmarks/short_prefill/run3_pack \\
-        --merge-into benchmarks/h200_kernels.json                                          # CPU, after the GPU run
+    python3 benchmarks/short_prefill/knob_ab.py --out benchmarks/short_prefill/<the run's folder> \\
+        --merge-into benchmarks/h200_kernels.json                   # CPU, after the GPU run: its records replace these
 
-Writes per family <family>.json (bench records), <family>_details.json (every config tried) and <family>.md; prints
-a table last: per case the best config at each of the knob's values, the anchor and both ratios. Imports only torch,
-triton, the standard library and kernel_gym.
+Writes per family <family>.json (bench records), <family>_details.json (every config tried) and <family>.md, and
+compare.json after each family; prints a table last: per case the best config at each of the knob's values, the anchor
+and both ratios, and the twins' speedup (knob 0's best / knob 1's best over the configs timed at both values). Imports
+only torch, triton, the standard library and kernel_gym.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def knob_cases(family_name: str, knob: str) -> list[str]:
 
 
 def run(out: Path, knob: str, budget_s: float, compile_workers: int, only: tuple[str, ...] = ()) -> list[dict]:
-    """Time the knob's cases family by family (only those in `only`, when given), writing each family's files."""
+    """Time the knob's cases family by family (only those in `only`, when given), writing each family's files and
+    compare.json after each family (so a family that fails keeps the ones before it)."""
     from kernel_gym import bench
 
     bench.BENCH_COMPILE_WORKERS = compile_workers  # attention inputs are small: more compile processes fit
@@ -117,12 +119,16 @@ def run(out: Path, knob: str, budget_s: float, compile_workers: int, only: tuple
             json.dumps({"env": result["env"], "details": result["details"]}, indent=1))
         (out / f"{family_name}.md").write_text(bench.to_markdown(result))
         rows += compare(result, knob)
+        (out / "compare.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
 def compare(result: dict, knob: str = "PACK_GQA") -> list[dict]:
-    """Per case: the fastest correct config at knob 0 and at 1, the anchor's time and both ratios (keys value0_*,
-    value1_*)."""
+    """Per case: the fastest correct config at knob 0 and at 1 (any kernel: the Gluon configs count as 0), the
+    anchor's time and both ratios (keys value0_*, value1_*); and twin_speedup, the fastest time at 0 / the fastest at 1
+    over the configs timed at both values (the same tiles with and without the knob)."""
+    from kernel_gym.kernels.space import Config
+
     rows = []
     for case, d in result["details"].items():
         if "tried" not in d:
@@ -130,28 +136,32 @@ def compare(result: dict, knob: str = "PACK_GQA") -> list[dict]:
             continue
         anchor = d.get("sdpa") or d.get("sdpa_prefix") or {}
         row = {"case": case, "knob": knob, "anchor_ms": anchor.get("ms"), "anchor_variant": anchor.get("variant")}
+        timed = {m["config"]: m for m in d["tried"] if m["status"] == "ok" and m["median_ms"]}
         for value in (0, 1):
-            ok = [m for m in d["tried"] if m["status"] == "ok" and m["median_ms"]
-                  and int(json.loads(m["config"]).get(knob, 0)) == value]
+            ok = [m for m in timed.values() if int(json.loads(m["config"]).get(knob, 0)) == value]
             best = min(ok, key=lambda m: m["median_ms"], default=None)
             row[f"value{value}_ms"] = best["median_ms"] if best else None
             row[f"value{value}_config"] = best["config"] if best else None
             row[f"value{value}_ratio"] = (anchor["ms"] / best["median_ms"]) if best and anchor.get("ms") else None
             row[f"value{value}_power"] = best.get("power") if best else None  # the GPU's state while it was timed
+        twins = [(m["median_ms"], timed[t]["median_ms"]) for c, m in timed.items()
+                 if int(json.loads(c).get(knob, 0)) == 0 and (t := str(Config({**json.loads(c), knob: 1}))) in timed]
+        row["twin_speedup"] = (min(a for a, _ in twins) / min(b for _, b in twins)) if twins else None
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict], knob: str = "PACK_GQA") -> str:
-    lines = [f"{'case':<30} {'anchor ms':>9} {knob + '=0 ms':>13} {'ratio':>6} {knob + '=1 ms':>13} {'ratio':>6}  "
-             f"{knob}=1 config"]
+    lines = [f"{'case':<30} {'anchor ms':>9} {knob + '=0 ms':>13} {'ratio':>6} {knob + '=1 ms':>13} {'ratio':>6} "
+             f"{'twins':>6}  {knob}=1 config"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['case']:<30} {r['error'][:80]}")
             continue
         f = lambda x, n=4: "-" if x is None else f"{x:.{n}f}"  # noqa: E731
         lines.append(f"{r['case']:<30} {f(r['anchor_ms']):>9} {f(r['value0_ms']):>13} {f(r['value0_ratio'], 3):>6} "
-                     f"{f(r['value1_ms']):>13} {f(r['value1_ratio'], 3):>6}  {r['value1_config']}")
+                     f"{f(r['value1_ms']):>13} {f(r['value1_ratio'], 3):>6} {f(r.get('twin_speedup'), 3):>6}  "
+                     f"{r['value1_config']}")
     return "\n".join(lines)
 
 
@@ -203,7 +213,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("knob_ab.py times kernels on a CUDA GPU; run it on the GPU machine")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run(args.out, args.knob, args.budget_s, args.compile_workers, only)
-    (args.out / "compare.json").write_text(json.dumps(rows, indent=1))
     print(table(rows, args.knob))
     return 0
 

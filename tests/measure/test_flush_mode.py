@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from benchmarks.decode_floor import profile
+from benchmarks.decode_floor import ncu_profile
 from kernel_gym.measure import timing
 from kernel_gym.measure.live import LiveBackend
 from kernel_gym.measure.timing import TimingOptions, flush_l2
@@ -69,7 +69,7 @@ def test_the_store_backend_refuses_a_clean_flush():
 def test_profile_picks_the_fastest_overall_then_per_kv_tma_value():
     times = {json.dumps({"BLOCK_N": 64, "KV_TMA": 1}): 2.0, json.dumps({"BLOCK_N": 128, "KV_TMA": 1}): 1.0,
              json.dumps({"BLOCK_N": 64}): 1.5, json.dumps({"BLOCK_N": 128}): 3.0}
-    picked = profile.picks(times)
+    picked = ncu_profile.picks(times)
     assert [json.loads(c) for c in picked] == [{"BLOCK_N": 128, "KV_TMA": 1}, {"BLOCK_N": 64}]
     only_pointer = {json.dumps({"BLOCK_N": 64}): 1.5}
-    assert profile.picks(only_pointer) == list(only_pointer)
+    assert ncu_profile.picks(only_pointer) == list(only_pointer)
