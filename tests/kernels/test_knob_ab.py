@@ -34,9 +34,9 @@ def test_candidates_vary_the_knob_only_where_the_case_has_gqa() -> None:
 
 def test_compare_reports_the_best_at_each_value_and_the_twins_speedup() -> None:
     """value0 takes any kernel (the Gluon config here); twin_speedup only configs timed at both values."""
-    result = {"details": {"case_a": {"sdpa": {"ms": 0.05, "variant": "cudnn"},
-                                     "tried": _tried({PLAIN: 0.080, PACKED: 0.064, GLUON: 0.060, LONELY: 0.070,
-                                                      '{"BLOCK_M":16,"BLOCK_N":16,"num_stages":1,"num_warps":4}': None})},
+    failing = '{"BLOCK_M":16,"BLOCK_N":16,"num_stages":1,"num_warps":4}'
+    times = {PLAIN: 0.080, PACKED: 0.064, GLUON: 0.060, LONELY: 0.070, failing: None}
+    result = {"details": {"case_a": {"sdpa": {"ms": 0.05, "variant": "cudnn"}, "tried": _tried(times)},
                           "case_b": {"error": "no SDPA variant ran"}}}
     row, failed = knob_ab.compare(result, "PACK_GQA")
     assert failed == {"case": "case_b", "error": "no SDPA variant ran"}
