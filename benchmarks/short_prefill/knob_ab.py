@@ -1,6 +1,6 @@
-"""GPU: an attention knob's value 1 against the same kernels at 0 and against the SDPA anchors, all in one run
-(issue 29, points 1 and 2): PACK_GQA, or any knob with values 0 and 1 of the prefill or prefix-prefill space (the
-sessions' experiments ran their knobs through it: benchmarks/short_prefill/README.md).
+"""GPU: an attention knob turned on against the same kernels with it off and against the SDPA anchors, all in one run
+(issue 29, points 1 and 2): PACK_GQA, MAXNREG, or any knob of the prefill or prefix-prefill space with two values, 0
+(off) and one other (the sessions' experiments ran their knobs through it: benchmarks/short_prefill/README.md).
 
 PACK_GQA=1 runs every q head of one kv head in one program: a tile's BLOCK_M rows are BLOCK_M / group tokens x the
 group's heads (kernels/attention.py), so each K/V block is read once per group and the causal diagonal is cut group
@@ -57,13 +57,13 @@ def families(knob: str) -> tuple[str, ...]:
 
 
 def check_knob(knob: str) -> None:
-    """Raises SystemExit unless some attention family has the knob with values 0 and 1."""
+    """Raises SystemExit unless some attention family has the knob with two values, 0 (off) and one other."""
     from kernel_gym.kernels import get_family
 
-    binary = [f for f in families(knob) if tuple(get_family(f).space.knob(knob).values) == (0, 1)]
+    binary = [f for f in families(knob) if len(vals := get_family(f).space.knob(knob).values) == 2 and vals[0] == 0]
     if not binary:
         raise SystemExit(f"--knob {knob}: no attention family ({', '.join(ATTENTION)}) has a knob {knob} with values "
-                         "0 and 1; use PACK_GQA or add the knob to a family's space first")
+                         "0 and one other; use PACK_GQA or add the knob to a family's space first")
 
 
 def candidates(family, workload, knob: str = "PACK_GQA") -> list:
@@ -124,9 +124,9 @@ def run(out: Path, knob: str, budget_s: float, compile_workers: int, only: tuple
 
 
 def compare(result: dict, knob: str = "PACK_GQA") -> list[dict]:
-    """Per case: the fastest correct config at knob 0 and at 1 (any kernel: the Gluon configs count as 0), the
-    anchor's time and both ratios (keys value0_*, value1_*); and twin_speedup, the fastest time at 0 / the fastest at 1
-    over the configs timed at both values (the same tiles with and without the knob)."""
+    """Per case: the fastest correct config with the knob off (0) and on (its other value; any kernel: the Gluon
+    configs count as off), the anchor's time and both ratios (keys value0_*, value1_*); and twin_speedup, the fastest
+    time off / the fastest on over the configs timed both ways (the same tiles with and without the knob)."""
     from kernel_gym.kernels.space import Config
 
     rows = []
@@ -138,14 +138,15 @@ def compare(result: dict, knob: str = "PACK_GQA") -> list[dict]:
         row = {"case": case, "knob": knob, "anchor_ms": anchor.get("ms"), "anchor_variant": anchor.get("variant")}
         timed = {m["config"]: m for m in d["tried"] if m["status"] == "ok" and m["median_ms"]}
         for value in (0, 1):
-            ok = [m for m in timed.values() if int(json.loads(m["config"]).get(knob, 0)) == value]
+            ok = [m for m in timed.values() if bool(int(json.loads(m["config"]).get(knob, 0))) == bool(value)]
             best = min(ok, key=lambda m: m["median_ms"], default=None)
             row[f"value{value}_ms"] = best["median_ms"] if best else None
             row[f"value{value}_config"] = best["config"] if best else None
             row[f"value{value}_ratio"] = (anchor["ms"] / best["median_ms"]) if best and anchor.get("ms") else None
             row[f"value{value}_power"] = best.get("power") if best else None  # the GPU's state while it was timed
-        twins = [(m["median_ms"], timed[t]["median_ms"]) for c, m in timed.items()
-                 if int(json.loads(c).get(knob, 0)) == 0 and (t := str(Config({**json.loads(c), knob: 1}))) in timed]
+        on = {json.loads(c)[knob] for c in timed if json.loads(c).get(knob, 0)}  # the knob's value other than 0
+        twins = [(m["median_ms"], timed[t]["median_ms"]) for c, m in timed.items() for v in on
+                 if not json.loads(c).get(knob, 0) and (t := str(Config({**json.loads(c), knob: v}))) in timed]
         row["twin_speedup"] = (min(a for a, _ in twins) / min(b for _, b in twins)) if twins else None
         rows.append(row)
     return rows
@@ -189,7 +190,7 @@ def merge_records(folder: Path, target: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--knob", default="PACK_GQA", help="the knob whose values 0 and 1 are compared")
+    p.add_argument("--knob", default="PACK_GQA", help="the knob whose two values (0 and one other) are compared")
     p.add_argument("--families", default="", help="comma-separated families to run (default: every one with the knob)")
     p.add_argument("--out", type=Path, required=True, help="folder for the results (created)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new cases after this many seconds")
