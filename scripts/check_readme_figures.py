@@ -236,6 +236,7 @@ PACK = "benchmarks/short_prefill/run3_pack/compare.json"
 RESIDENT = "benchmarks/short_prefill/run6_persistent/compare.json"
 LAZY = "benchmarks/short_prefill/run7_lazy/compare.json"
 LOOKAHEAD = "benchmarks/short_prefill/run8_lookahead/compare.json"
+REGCAP = "benchmarks/short_prefill/run10_maxnreg/compare.json"
 # Texts of the index holding several figures: {} are the figures' places, in order.
 STATS = ("median", "min", "max")
 STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
@@ -441,6 +442,10 @@ FIGURES = [
           ("N2048 highest", rf"[0-9.]+-{N} at N2048, [0-9.]+-[0-9.]+ at 16 x 512", lambda c: "n2048" in c, max),
           ("short lowest", rf"at N2048, {N}-[0-9.]+ at 16 x 512", lambda c: "n512" in c or "n128" in c, min),
           ("short highest", rf"at N2048, [0-9.]+-{N} at 16 x 512", lambda c: "n512" in c or "n128" in c, max))],
+    Figure("index: MAXNREG lowest", BENCH, rf"with MAXNREG {N}-[0-9.]+x", REGCAP,
+           lambda: knob_gain(REGCAP, "", min), 0.005, "gpu"),
+    Figure("index: MAXNREG highest", BENCH, rf"with MAXNREG [0-9.]+-{N}x", REGCAP,
+           lambda: knob_gain(REGCAP, "", max), 0.005, "gpu"),
     Figure("index: decode floor lowest", BENCH, rf"best / floor from {N} to", FLOOR, lambda: floor_ratio(min), 0.005,
            "gpu"),
     Figure("index: decode floor highest", BENCH, rf"best / floor from [0-9.]+ to {N}", FLOOR, lambda: floor_ratio(max),

@@ -198,28 +198,6 @@ def _rule_gluon(config: Config, workload: PrefillWorkload) -> str | None:
     return None
 
 
-# MAXNREG (a knob added after rows were stored; legacy 0): 96 caps the Triton kernel's registers per thread, so five
-# 4-warp programs fit an SM's registers instead of four (shared memory permitting); ptxas spills the rest.
-MAXNREG = Knob("MAXNREG", (0, 96), "registers per thread the Triton kernel is compiled for (0: the compiler's choice)",
-               legacy=0)
-MAXNREG_STATE = 80  # fp32 accumulator+score elements per thread (rule_tile_registers' count) that 96 registers hold
-
-
-def _rule_maxnreg(config: Config, workload: PrefillWorkload) -> str | None:
-    cap = int(GLUON_SPACE.value(config, "MAXNREG"))
-    if not cap:
-        return None
-    impl = GLUON_SPACE.value(config, "IMPL")
-    if impl != "triton":
-        return f"MAXNREG={cap} caps the Triton kernel's registers; IMPL={impl} sets its own: use MAXNREG=0"
-    bm, bn, warps = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_warps"])
-    state = bm * (workload.head_dim + bn) // (32 * warps)
-    if state > MAXNREG_STATE:
-        return (f"MAXNREG={cap}: {state} fp32 accumulator+score elements per thread leave ptxas too few registers "
-                f"(at most {MAXNREG_STATE}); use smaller tiles or MAXNREG=0")
-    return None
-
-
 def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
     pack = int(GLUON_SPACE.value(config, "PACK_GQA"))
     impl = GLUON_SPACE.value(config, "IMPL")
@@ -230,8 +208,8 @@ def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
 
 GLUON_SPACE = KnobSpace(
     knobs=[*SPACE.knobs, Knob("IMPL", IMPLS, "kernel: Triton, or a Gluon schedule for sm_90", legacy="triton"),
-           attention.PACK_GQA, MAXNREG],
-    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa, _rule_maxnreg],
+           attention.PACK_GQA],
+    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa],
 )
 
 
@@ -352,9 +330,6 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
             GROUP=w.num_heads // w.num_kv_heads, HEAD_DIM=w.head_dim, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
             PACK_GQA=pack, num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
         )
-        cap = int(self.space.value(config, "MAXNREG")) if "MAXNREG" in self.space.names else 0
-        if cap:
-            meta["maxnreg"] = cap  # ptxas spills what does not fit; the interpreter ignores it
 
         def launch() -> torch.Tensor:
             _prefill_fwd[grid](*args, **meta)

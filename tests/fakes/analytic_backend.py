@@ -19,7 +19,7 @@ from kernel_gym.measure.types import COMPILE_ERROR, INVALID, OK, Measurement
 # Without this, decode's 32/64 splits and PRELOAD_PAGES=1 tripled its space and left the 160-config sample without a
 # config at the serving env's 64-token NHD pages for some shapes.
 LATER_VALUES = {"decode_attention": {"NUM_SPLITS": (32, 64), "PRELOAD_PAGES": (1,), "KV_TMA": (1,)},
-                "prefill_attention": {"PACK_GQA": (1,), "MAXNREG": (96,)}, "prefix_prefill": {"PACK_GQA": (1,)}}
+                "prefill_attention": {"PACK_GQA": (1,)}, "prefix_prefill": {"PACK_GQA": (1,)}}
 
 
 class AnalyticBackend:
