@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
+    from kernel_gym.measure.power import read_once
     from kernel_gym.measure.worker import compare
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -65,9 +66,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             if wrong is not None:
                 raise SystemExit(f"{c} at batch {batch} context {context} is wrong: {wrong}")
+            state = read_once()  # the clock state the profiled launch met
             fn()
             torch.cuda.synchronize()
-            launched.append({"batch": batch, "context": context, "config": c, "event_ms": row["times"][c]})
+            launched.append({"batch": batch, "context": context, "config": c, "event_ms": row["times"][c],
+                             "power_before": state.__dict__ if state is not None else None})
             print(f"batch {batch} context {context}: {c} ({row['times'][c] * 1e3:.1f} us)", flush=True)
     args.out.write_text(json.dumps(launched, indent=1))
     return 0

@@ -10,7 +10,8 @@ those launches (their times are ncu's; a variant that is refused or wrong is lis
     ncu --clock-control none --nvtx --nvtx-include "profile/" --section LaunchStats --section Occupancy ... \\
         python3 benchmarks/short_prefill/ncu_profile.py --details prefill_attention_details.json.gz --out launched.json
 
-The launches, in order, are written to --out (JSON), so the profiles can be matched to them.
+The launches, in order, with the GPU's clock state just before each, are written to --out (JSON), so the profiles
+can be matched to them.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.prefill_attention import bench_cases
     from kernel_gym.kernels.space import Config
+    from kernel_gym.measure.power import read_once
     from kernel_gym.measure.worker import compare
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -73,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         """One launch inside the NVTX range ncu profiles (no CUDA-event timing here: under ncu it measures the
         profiler, not the kernel)."""
         torch.cuda.synchronize()
+        state = read_once()  # the clock state the launch met (ncu runs with --clock-control none)
         torch.cuda.nvtx.range_push("profile")
         fn()
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
-        launched.append({"case": case, "what": label})
+        launched.append({"case": case, "what": label, "power_before": state.__dict__ if state is not None else None})
         print(f"{case}: {label}", flush=True)
 
     for case in args.cases.split(","):
