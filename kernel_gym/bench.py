@@ -221,6 +221,61 @@ def sdpa_prefix_anchor(workload: Any, flops: float, seed: int = 0, device: str =
     return fastest_correct(sdpa_variants(q, k, v, specs), _reference_check(family, inputs), flops, workload.key())
 
 
+def sdpa_decode_variants(inputs: Any) -> dict[str, Callable[[], Any]]:
+    """What torch offers for one decode step on the decode family's inputs (q [B, H, D]; k, v [sum(contexts), Hkv,
+    D], the sequences concatenated, no pages), each returning [B, H, D]:
+      flash_varlen       FlashAttention-2's varlen forward (cu_seqlens over the concatenated KV, native GQA): reads
+                         each sequence's own keys, as a paged kernel does;
+      efficient_varlen   the memory-efficient kernel's varlen forward (kv heads repeated: it has no GQA);
+      sdpa_<backend>_*   F.scaled_dot_product_attention on [B, H, 1, D] against [B, Hkv, L, D]: at batch 1 plain,
+                         past it padded to the longest context with a key mask (so it reads the padding too; the
+                         name says `padded`), every backend (cuDNN, FlashAttention, memory-efficient, default),
+                         kv heads repeated and enable_gqa.
+    A backend may refuse a shape; fastest_correct records why. Used by benchmarks/flush_mode/run.py to put the
+    decode kernel beside what a torch user gets."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    w = inputs.workload
+    q, k, v, scale = inputs.q, inputs.k, inputs.v, inputs.sm_scale
+    b, h, d = q.shape
+    lens = inputs.context_lens.tolist()
+    cu_k = inputs.cu_context.to(torch.int32)
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device)
+    group = w.num_heads // w.num_kv_heads
+
+    def flash_varlen() -> Any:
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, 1, max(lens), 0.0, False, False,
+                                                       scale=scale)[0]
+
+    k_mha, v_mha = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+    def efficient_varlen() -> Any:
+        out = torch.ops.aten._efficient_attention_forward(q[None], k_mha[None], v_mha[None], None, cu_q, cu_k, 1,
+                                                          max(lens), 0.0, 0, False, scale=scale)[0]
+        return out[0]
+
+    variants: dict[str, Callable[[], Any]] = {"flash_varlen": flash_varlen, "efficient_varlen": efficient_varlen}
+    longest = max(lens)
+    kp = torch.zeros(b, w.num_kv_heads, longest, d, dtype=k.dtype, device=k.device)
+    vp = torch.zeros_like(kp)
+    starts = inputs.cu_context.tolist()
+    for i, n in enumerate(lens):
+        kp[i, :, :n] = k[starts[i]: starts[i] + n].transpose(0, 1)
+        vp[i, :, :n] = v[starts[i]: starts[i] + n].transpose(0, 1)
+    padded = len(set(lens)) > 1
+    extra: dict = {"scale": scale}
+    if padded:
+        key_in = torch.arange(longest, device=q.device)[None, :] < inputs.context_lens[:, None].long()
+        extra["attn_mask"] = key_in[:, None, None, :]  # [B, 1, 1, L]: True = attend
+    specs = {name: (backend, extra) for name, backend in (
+        ("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("default", None))}
+    for name, fn in sdpa_variants(q[:, :, None, :], kp, vp, specs).items():
+        variants[f"sdpa_{name}{'_padded' if padded else ''}"] = (lambda f=fn: f()[:, :, 0, :])
+    return variants
+
+
 def matmul_tflops(flops: float, m: int, k: int) -> tuple[float, Timed]:
     """A dense bf16 matmul [m, k] x [k, n] with n chosen so that 2*m*k*n equals `flops`."""
     import torch

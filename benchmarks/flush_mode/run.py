@@ -49,10 +49,11 @@ def interleaved_medians(fns: list, reps: int) -> dict[str, list[float]]:
     return {m: [statistics.median(s) for s in per] for m, per in samples.items()}
 
 
-def decode_rows(floor_path: Path, reps: int, log) -> list[dict]:
+def decode_rows(floor_path: Path, reps: int, log, sdpa: bool = False) -> list[dict]:
     import torch
 
     from benchmarks.decode_floor.run import _empty_kernel, floor_ms, read_floor
+    from kernel_gym.bench import sdpa_decode_variants
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
@@ -79,28 +80,59 @@ def decode_rows(floor_path: Path, reps: int, log) -> list[dict]:
             if wrong is not None:
                 raise SystemExit(f"decode {c} at batch {w.batch} context {w.context_len} is wrong: {wrong}")
             fns.append(fn)
+        torch_fns, refused = (_checked_sdpa(sdpa_decode_variants(inputs), fam, ref, w.dtype) if sdpa else ({}, {}))
         nbytes = int(fam.bytes_moved(w))
         src = torch.randn(nbytes // 4, device="cuda", dtype=torch.bfloat16)
         dst = torch.empty_like(src)
-        fns += [functools.partial(dst.copy_, src), functools.partial(empty[(1,)], dummy)]
+        fns += [*torch_fns.values(), functools.partial(dst.copy_, src), functools.partial(empty[(1,)], dummy)]
         med = interleaved_medians(fns, reps)
         wrong_after = [c for c, fn in zip(picks, fns) if compare(fam, fn(), ref, w.dtype) is not None]
         row = {"batch": w.batch, "context": w.context_len, "bytes": nbytes, "configs": picks,
                "wrong_after_timing": wrong_after}
+        if sdpa:
+            row["torch_refused"] = refused
         for m in MODES:
-            *cfg_ms, copy_ms, empty_ms = med[m]
+            cfg_ms, torch_ms, (copy_ms, empty_ms) = (med[m][:len(picks)], med[m][len(picks):-2], med[m][-2:])
             floor = floor_ms(fam, w, empty_ms)
             best = min(cfg_ms)
             row[m] = {"config_ms": cfg_ms, "best_ms": best, "best_config": picks[cfg_ms.index(best)],
                       "copy_ms": copy_ms, "empty_ms": empty_ms, "floor_ms": floor, "ratio_to_floor": best / floor}
+            if torch_ms:
+                times = dict(zip(torch_fns, torch_ms))
+                fastest = min(times, key=times.get)
+                row[m]["torch"] = {"variants_ms": times, "best": fastest, "best_ms": times[fastest],
+                                   "ratio_to_floor": times[fastest] / floor, "kernel_speedup": times[fastest] / best}
+        torch_note = "".join(f"; torch {row[m]['torch']['best']} {row[m]['torch']['ratio_to_floor']:.2f} ({m})"
+                             for m in MODES if "torch" in row[m])
         log(f"decode batch {w.batch} context {w.context_len}: best/floor write {row['write']['ratio_to_floor']:.2f} "
             f"({row['write']['best_ms'] * 1e3:.1f} us), clean {row['clean']['ratio_to_floor']:.2f} "
             f"({row['clean']['best_ms'] * 1e3:.1f} us); copy {row['write']['copy_ms'] * 1e3:.1f} / "
-            f"{row['clean']['copy_ms'] * 1e3:.1f} us")
+            f"{row['clean']['copy_ms'] * 1e3:.1f} us{torch_note}")
         rows.append(row)
-        del inputs, ref, fns, src, dst
+        del inputs, ref, fns, src, dst, torch_fns
         torch.cuda.empty_cache()
     return rows
+
+
+def _checked_sdpa(variants: dict, fam, ref, dtype: str) -> tuple[dict, dict]:
+    """The torch decode variants that give the family's reference output (checked before timing); the others with
+    why (a backend refusing the shape, or a wrong result)."""
+    import torch
+
+    from kernel_gym.measure.worker import compare
+
+    ok, refused = {}, {}
+    for name, fn in variants.items():
+        try:
+            wrong = compare(fam, fn(), ref, dtype)
+            if wrong is None:
+                ok[name] = fn
+            else:
+                refused[name] = f"wrong result: {wrong}"
+        except Exception as exc:  # noqa: BLE001 - a backend refusing the shape is kept with why, as bench does
+            refused[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        torch.cuda.synchronize()
+    return ok, refused
 
 
 def attention_rows(reps: int, log) -> list[dict]:
@@ -169,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor", type=Path, required=True, help="decode_floor.json of a --grid run (its `times`)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reps", type=int, default=24, help="samples per closure and flush mode")
+    p.add_argument("--sdpa-decode", action="store_true",
+                   help="also time what torch offers for each decode step (bench.sdpa_decode_variants) beside it")
+    p.add_argument("--no-attention", action="store_true", help="skip the prefill / prefix_prefill rows")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/flush_mode/run.py times on a GPU; run it on the H200")
@@ -182,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
            "torch": torch.__version__, "triton": triton.__version__, "reps": args.reps, "floor_file": str(args.floor)}
     state = read_once()
     res["power_before"] = state.__dict__ if state is not None else None
-    res["decode"] = decode_rows(args.floor, args.reps, log)
-    res["attention"] = attention_rows(args.reps, log)
+    res["decode"] = decode_rows(args.floor, args.reps, log, sdpa=args.sdpa_decode)
+    res["attention"] = [] if args.no_attention else attention_rows(args.reps, log)
     state = read_once()
     res["power_after"] = state.__dict__ if state is not None else None
     res["wall_s"] = time.time() - t0
@@ -192,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     met = {m: sum(r[m]["ratio_to_floor"] <= 1.25 for r in res["decode"] if r["batch"] <= 4) for m in MODES}
     log(f"decode batch 1-4 within 1.25x of the floor: write flush {met['write']}, clean flush {met['clean']} of "
         f"{sum(r['batch'] <= 4 for r in res['decode'])}")
+    if args.sdpa_decode:
+        for m in MODES:
+            met_t = sum(r[m]["torch"]["ratio_to_floor"] <= 1.25 for r in res["decode"] if r["batch"] <= 4
+                        and "torch" in r[m])
+            log(f"torch's fastest decode variant within 1.25x of the floor ({m} flush): {met_t}")
     return 0
 
 

@@ -163,3 +163,25 @@ def test_sdpa_anchor_on_the_gpu_finds_a_correct_variant():
     w = PrefillWorkload(32, 8, 128, (128,) * 4)
     res = bench.sdpa_anchor(w, get_family("prefill_attention").flops(w))
     assert res["ms"] > 0 and res["variant"] in res["variants"] and len(res["variants"]) == 8
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_torch_decode_variants_match_the_decode_reference_where_they_run(batch):
+    """On the CPU only SDPA's default dispatch runs (the varlen kernels and the fused backends need CUDA); its
+    variants must give the decode family's reference, padded past batch 1 (ragged contexts) and plain at batch 1."""
+    from kernel_gym.kernels.workloads import DecodeWorkload
+    from kernel_gym.measure.worker import compare
+
+    fam = get_family("decode_attention")
+    w = DecodeWorkload(8, 2, 32, batch, 40, "float32")
+    inputs = fam.make_inputs(w, "cpu")
+    ref = fam.reference(inputs)
+    variants = bench.sdpa_decode_variants(inputs)
+    assert {"flash_varlen", "efficient_varlen"} <= set(variants)
+    suffix = "_padded" if batch > 1 else ""
+    ran = [f"sdpa_default_mha{suffix}", f"sdpa_default_gqa{suffix}"]
+    assert set(ran) <= set(variants)
+    for name in ran:
+        assert compare(fam, variants[name](), ref, w.dtype) is None, name
+    if batch > 1:  # the padding is masked: without the mask the padded keys would change every shorter sequence
+        assert len(set(inputs.context_lens.tolist())) > 1
