@@ -34,10 +34,10 @@ def read_details(path: Path) -> dict:
         return json.load(f)["details"]
 
 
-def picks(tried: list[dict]) -> dict[str, str]:
+def picks(tried: list[dict], runnable=lambda config: True) -> dict[str, str]:
     """label -> config string: the fastest correct Triton config without and with PACK_GQA=1, and the fastest Gluon
-    config."""
-    ok = [t for t in tried if t["status"] == "ok"]
+    config, among those `runnable` accepts (a config of a reverted experiment no longer is)."""
+    ok = [t for t in tried if t["status"] == "ok" and runnable(t["config"])]
     groups = {
         "triton": lambda c: c.get("IMPL", "triton") == "triton" and c.get("PACK_GQA", 0) == 0,
         "triton_pack": lambda c: c.get("PACK_GQA", 0) == 1,
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.details} has no results for {case}; give the details file of a run that has")
         inputs = fam.make_inputs(w, "cuda")
         ref = fam.reference(inputs)
-        for label, config in picks(tried).items():
+        for label, config in picks(tried, lambda c: fam.space.is_valid(Config.parse(c), w)).items():
             fn = fam.prepare(inputs, Config.parse(config))
             wrong = compare(fam, fn(), ref, w.dtype)
             if wrong is not None:

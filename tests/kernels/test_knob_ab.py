@@ -76,3 +76,5 @@ def test_ncu_profile_picks_the_fastest_triton_packed_and_gluon_configs() -> None
     tried = _tried({PLAIN: 0.070, PACKED: 0.065, GLUON: 0.090, LONELY: 0.060, '{"BLOCK_M":16}': None})
     assert ncu_profile.picks(tried) == {"triton": LONELY, "triton_pack": PACKED, "gluon": GLUON}
     assert ncu_profile.picks(_tried({GLUON: 0.1})) == {"gluon": GLUON}
+    # a config the current space refuses (a reverted experiment's) gives way to the next fastest of its group
+    assert ncu_profile.picks(tried, lambda c: c != PACKED).get("triton_pack") is None
