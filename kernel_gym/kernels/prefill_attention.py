@@ -45,8 +45,6 @@ from kernel_gym.kernels.workloads import PrefillWorkload
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is built and tested for (also any power of two >= 16 up to 256)
 L2_SECTION = 8  # (sequence, kv head) pairs whose tiles run together (see the module docstring)
-# L2_PREFETCH: 128-byte lines of K (and as many of V) a program asks the L2 for at its start: 512 keys at D=128 bf16
-PREFETCH_LINES = tl.constexpr(1024)
 _DTYPE_BYTES = attention.DTYPE_BYTES
 _LOG2E = attention.LOG2E
 
@@ -88,29 +86,12 @@ def _attn_inner(
 
 
 @triton.jit
-def _prefetch_rows_l2(X, s64, col0, n_rows, stride_t, ROW_BYTES: tl.constexpr, LINES: tl.constexpr):
-    """Ask the L2 for the first LINES 128-byte lines of rows [0, n_rows) of one head of X (row r at X + (s64 + r)
-    * stride_t + col0): fire-and-forget prefetches, so later TMA copies of those rows hit the L2 instead of DRAM."""
-    LINES_PER_ROW: tl.constexpr = max(ROW_BYTES // 128, 1)
-    line = tl.arange(0, LINES)
-    row = line // LINES_PER_ROW
-    elem = (line % LINES_PER_ROW) * (128 * 8 // X.dtype.element_ty.primitive_bitwidth)
-    ptrs = X + (s64 + row) * stride_t + col0 + elem
-    keep = (row < n_rows).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-        "=r,l,r", [ptrs, keep], dtype=tl.int32, is_pure=False, pack=1,
-    )
-
-
-@triton.jit
 def _prefill_fwd(
-    Q, K, V, O, KP, VP, W_START, W_LEN, W_BLOCK, W_HEAD,
+    Q, K, V, O, W_START, W_LEN, W_BLOCK, W_HEAD,
     qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
-    L2_PREFETCH: tl.constexpr = False,
 ):
     """One program = work item program_id: one BLOCK_M tile of queries of one sequence, for one q head; with
     PACK_GQA, BLOCK_M // GROUP tokens of one sequence for every q head of one kv head (row r: token r // GROUP, q head
@@ -129,11 +110,6 @@ def _prefill_fwd(
     start_m, kv_head, offs_m, q_heads = tile_rows(tl.load(W_BLOCK + w), head, GROUP, BLOCK_M, PACK_GQA)
     tile_m: tl.constexpr = BLOCK_M // GROUP if PACK_GQA else BLOCK_M  # tokens per tile
     row_in_seq = offs_m < seq_len
-    if L2_PREFETCH:  # KP, VP: K and V as tensors [T, Hkv, D]; the tile's first keys, ahead of the q load's wait
-        n_keys = tl.minimum(start_m + tile_m, seq_len)
-        row_bytes: tl.constexpr = HEAD_DIM * KP.dtype.element_ty.primitive_bitwidth // 8
-        _prefetch_rows_l2(KP, s64, kv_head * stride_kh, n_keys, stride_kt, row_bytes, PREFETCH_LINES)
-        _prefetch_rows_l2(VP, s64, kv_head * stride_vh, n_keys, stride_vt, row_bytes, PREFETCH_LINES)
     if USE_TMA:
         k_src, v_src, kv_row0, kv_col = K, V, seq_start, kv_head * HEAD_DIM
     else:
@@ -230,25 +206,10 @@ def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
     return attention.pack_gqa_reason(pack, int(config["BLOCK_M"]), workload)
 
 
-def _rule_l2_prefetch(config: Config, workload: PrefillWorkload) -> str | None:
-    impl = GLUON_SPACE.value(config, "IMPL")
-    if int(GLUON_SPACE.value(config, "L2_PREFETCH")) and impl != "triton":
-        return f"L2_PREFETCH=1 is a mode of the Triton kernel; IMPL={impl} loads through its own ring: use 0"
-    return None
-
-
-# L2_PREFETCH (added after rows were stored; 0, the kernel before it, is its legacy value): a program first asks the
-# L2 for its tile's first keys' K and V rows (prefetch.global.L2, PREFETCH_LINES lines each), then loads q. Short
-# programs otherwise wait for q from DRAM and only then issue their first K/V copies: Nsight's stall sampling puts
-# 35-40% of their warps' samples on those waits (docs/benchmarks.md). A hint with no effect on the result; the CPU
-# interpreter has no inline PTX and runs the kernel without it.
-L2_PREFETCH = Knob("L2_PREFETCH", (0, 1), "1: prefetch the tile's first K/V rows into the L2 before loading q",
-                   legacy=0)
-
 GLUON_SPACE = KnobSpace(
     knobs=[*SPACE.knobs, Knob("IMPL", IMPLS, "kernel: Triton, or a Gluon schedule for sm_90", legacy="triton"),
-           attention.PACK_GQA, L2_PREFETCH],
-    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa, _rule_l2_prefetch],
+           attention.PACK_GQA],
+    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa],
 )
 
 
@@ -361,16 +322,13 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
             qx, kx, vx = q, k, v
         grid = (table.shape[1],)
         qk_scale = inputs.sm_scale * _LOG2E
-        prefetch = (bool(int(self.space.value(config, "L2_PREFETCH"))) if "L2_PREFETCH" in self.space.names
-                    else False) and q.device.type == "cuda"  # inline PTX: not under the CPU interpreter
         args = (
-            qx, kx, vx, o, k, v, table[0], table[1], table[2], table[3], qk_scale,
+            qx, kx, vx, o, table[0], table[1], table[2], table[3], qk_scale,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
         )
         meta = dict(
             GROUP=w.num_heads // w.num_kv_heads, HEAD_DIM=w.head_dim, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
-            PACK_GQA=pack, L2_PREFETCH=prefetch, num_warps=int(config["num_warps"]),
-            num_stages=int(config["num_stages"]),
+            PACK_GQA=pack, num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
         )
 
         def launch() -> torch.Tensor:
@@ -433,13 +391,13 @@ def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:
     ty = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[workload.dtype]
     pack = bool(int(GLUON_SPACE.value(config, "PACK_GQA")))
     signature = {"Q": f"*{ty}" if pack else f"tensordesc<{ty}[{bm}, {d}]>", "K": f"tensordesc<{ty}[{bn}, {d}]>",
-                 "V": f"tensordesc<{ty}[{bn}, {d}]>", "O": f"*{ty}", "KP": f"*{ty}", "VP": f"*{ty}"}
+                 "V": f"tensordesc<{ty}[{bn}, {d}]>", "O": f"*{ty}"}
     signature |= {n: "*i32" for n in ("W_START", "W_LEN", "W_BLOCK", "W_HEAD")}
     signature["qk_scale"] = "fp32"
     for n in ("q", "k", "v", "o"):
         signature |= {f"stride_{n}t": "i32", f"stride_{n}h": "i32"}
     constexprs = dict(GROUP=workload.num_heads // workload.num_kv_heads, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-                      USE_TMA=True, PACK_GQA=pack, L2_PREFETCH=bool(int(GLUON_SPACE.value(config, "L2_PREFETCH"))))
+                      USE_TMA=True, PACK_GQA=pack)
     signature |= {n: "constexpr" for n in constexprs}
     names = _prefill_fwd.arg_names
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, strides divisible by 16
