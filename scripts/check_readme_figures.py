@@ -121,6 +121,25 @@ def knob_gain(path: str, tokens: str, agg: Callable[..., float]) -> float:
     return agg(r["twin_speedup"] for r in committed(path) if tokens in r["case"])
 
 
+def torch_decode(key: str, batches: tuple[int, ...], agg: Callable[..., float]) -> float:
+    """torch's fastest decode variant beside ours (flush_mode.json's `torch`), over both flush modes at the batches
+    given: key "kernel_speedup" (torch's time / ours) or "ratio_to_floor"."""
+    return agg(r[m]["torch"][key] for r in committed(TORCH_DECODE)["decode"] if r["batch"] in batches
+               for m in ("write", "clean"))
+
+
+def copy_wait_share(case: str, what: str) -> float:
+    """stall_shares.py on the run11 profile: the share (percent) of the kernel `what` at `case` waiting on copies."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.short_prefill import stall_shares
+
+    archive = ROOT / STALLS
+    for entry, rows in zip(stall_shares.launches(archive), stall_shares.kernels(archive)):
+        if entry["case"] == case and entry["what"].startswith(what + " "):
+            return 100 * stall_shares.copy_waits(rows)["all"]
+    raise ValueError(f"no {what} kernel at {case} in {STALLS}")
+
+
 def lookahead_ratio(num: str, den: str, agg: Callable[..., float]) -> float:
     """At the four short prefill cases of the lookahead run: time of `den`'s best / time of `num`'s best (`num` and
     `den`: "anchor", or a compare.json group such as "lookahead" and "persistent")."""
@@ -237,6 +256,9 @@ RESIDENT = "benchmarks/short_prefill/run6_persistent/compare.json"
 LAZY = "benchmarks/short_prefill/run7_lazy/compare.json"
 LOOKAHEAD = "benchmarks/short_prefill/run8_lookahead/compare.json"
 REGCAP = "benchmarks/short_prefill/run10_maxnreg/compare.json"
+PREFETCH = "benchmarks/short_prefill/run11_prefetch/compare.json"
+STALLS = "benchmarks/short_prefill/run11_prefetch/ncu.tar.gz"
+TORCH_DECODE = "benchmarks/flush_mode/run2_torch_decode/flush_mode.json"
 # Texts of the index holding several figures: {} are the figures' places, in order.
 STATS = ("median", "min", "max")
 STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
@@ -442,6 +464,28 @@ FIGURES = [
           ("N2048 highest", rf"[0-9.]+-{N} at N2048, [0-9.]+-[0-9.]+ at 16 x 512", lambda c: "n2048" in c, max),
           ("short lowest", rf"at N2048, {N}-[0-9.]+ at 16 x 512", lambda c: "n512" in c or "n128" in c, min),
           ("short highest", rf"at N2048, [0-9.]+-{N} at 16 x 512", lambda c: "n512" in c or "n128" in c, max))],
+    Figure("index: L2_PREFETCH lowest", BENCH, rf"with L2_PREFETCH {N}-[0-9.]+x", PREFETCH,
+           lambda: knob_gain(PREFETCH, "", min), 0.005, "gpu"),
+    Figure("index: L2_PREFETCH highest", BENCH, rf"with L2_PREFETCH [0-9.]+-{N}x", PREFETCH,
+           lambda: knob_gain(PREFETCH, "", max), 0.005, "gpu"),
+    Figure("index: copy waits, Triton at 64 x 128", BENCH, rf"table copies for {N}% of its", STALLS,
+           lambda: copy_wait_share("prefill_b64_h32kv8_n128_d128", "triton"), 0.5, "gpu"),
+    Figure("index: copy waits, PACK_GQA at 64 x 128", BENCH, rf"warp samples \({N}% with PACK_GQA\)", STALLS,
+           lambda: copy_wait_share("prefill_b64_h32kv8_n128_d128", "triton_pack"), 0.5, "gpu"),
+    *[Figure(f"index: torch decode, {name}", BENCH, pattern, TORCH_DECODE,
+             (lambda key=key, batches=batches, agg=agg: torch_decode(key, batches, agg)), 0.005, "gpu")
+      for name, pattern, key, batches, agg in (
+          ("speedup at batch 1, lowest", rf"torch's fastest / ours {N}-[0-9.]+ at batch 1,", "kernel_speedup", (1,),
+           min),
+          ("speedup at batch 1, highest", rf"torch's fastest / ours [0-9.]+-{N} at batch 1,", "kernel_speedup", (1,),
+           max),
+          ("speedup at batch 2-4, lowest", rf"at batch 1, {N}-[0-9.]+ at batch\s+2-4", "kernel_speedup", (2, 4), min),
+          ("speedup at batch 2-4, highest", rf"at batch 1, [0-9.]+-{N} at batch\s+2-4", "kernel_speedup", (2, 4),
+           max),
+          ("floor lowest", rf"torch's fastest / floor at batch 1-4 {N}-[0-9.]+, within", "ratio_to_floor", (1, 2, 4),
+           min),
+          ("floor highest", rf"torch's fastest / floor at batch 1-4 [0-9.]+-{N}, within", "ratio_to_floor",
+           (1, 2, 4), max))],
     Figure("index: MAXNREG lowest", BENCH, rf"with MAXNREG {N}-[0-9.]+x", REGCAP,
            lambda: knob_gain(REGCAP, "", min), 0.005, "gpu"),
     Figure("index: MAXNREG highest", BENCH, rf"with MAXNREG [0-9.]+-{N}x", REGCAP,

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.details} has no results for {case}; give the details file of a run that has")
         inputs = fam.make_inputs(w, "cuda")
         ref = fam.reference(inputs)
-        for label, config in picks(tried, lambda c: fam.space.is_valid(Config.parse(c), w)).items():
+        for label, config in picks(tried, lambda c, w=w: fam.space.is_valid(Config.parse(c), w)).items():
             fn = fam.prepare(inputs, Config.parse(config))
             wrong = compare(fam, fn(), ref, w.dtype)
             if wrong is not None:
