@@ -486,6 +486,16 @@ FIGURES = [
            min),
           ("floor highest", rf"torch's fastest / floor at batch 1-4 [0-9.]+-{N}, within", "ratio_to_floor",
            (1, 2, 4), max))],
+    *[Figure(f"README: torch decode, {name}", "README.md", pattern, TORCH_DECODE,
+             (lambda key=key, batches=batches, agg=agg: torch_decode(key, batches, agg)), 0.005, "gpu")
+      for name, pattern, key, batches, agg in (
+          ("speedup at batch 1, lowest", rf"torch's time / ours {N}-[0-9.]+ at batch 1", "kernel_speedup", (1,), min),
+          ("speedup at batch 1, highest", rf"torch's time / ours [0-9.]+-{N} at batch 1", "kernel_speedup", (1,), max),
+          ("speedup at batch 2-4, lowest", rf"at batch 1 and {N}-[0-9.]+ at batch 2-4", "kernel_speedup", (2, 4), min),
+          ("speedup at batch 2-4, highest", rf"at batch 1 and [0-9.]+-{N} at batch 2-4", "kernel_speedup", (2, 4),
+           max),
+          ("floor lowest", rf"torch's\s+fastest takes {N}-[0-9.]+x the floor", "ratio_to_floor", (1, 2, 4), min),
+          ("floor highest", rf"torch's\s+fastest takes [0-9.]+-{N}x the floor", "ratio_to_floor", (1, 2, 4), max))],
     Figure("index: MAXNREG lowest", BENCH, rf"with MAXNREG {N}-[0-9.]+x", REGCAP,
            lambda: knob_gain(REGCAP, "", min), 0.005, "gpu"),
     Figure("index: MAXNREG highest", BENCH, rf"with MAXNREG [0-9.]+-{N}x", REGCAP,
