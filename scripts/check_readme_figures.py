@@ -128,16 +128,32 @@ def torch_decode(key: str, batches: tuple[int, ...], agg: Callable[..., float]) 
                for m in ("write", "clean"))
 
 
-def copy_wait_share(case: str, what: str) -> float:
-    """stall_shares.py on the run11 profile: the share (percent) of the kernel `what` at `case` waiting on copies."""
+def _profiled_rows(case: str, what: str) -> list[dict]:
+    """The run11 profile's per-instruction rows of the kernel `what` (its launch label's first word) at `case`."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.short_prefill import stall_shares
 
     archive = ROOT / STALLS
     for entry, rows in zip(stall_shares.launches(archive), stall_shares.kernels(archive)):
-        if entry["case"] == case and entry["what"].startswith(what + " "):
-            return 100 * stall_shares.copy_waits(rows)["all"]
+        if entry["case"] == case and entry["what"].split()[0] == what:
+            return rows
     raise ValueError(f"no {what} kernel at {case} in {STALLS}")
+
+
+def copy_wait_share(case: str, what: str) -> float:
+    """stall_shares.py on the run11 profile: the share (percent) of the kernel `what` at `case` waiting on copies."""
+    from benchmarks.short_prefill import stall_shares
+
+    rows = _profiled_rows(case, what)
+    return 100 * stall_shares.copy_waits(rows)["all"]
+
+
+def idle_warp_share(case: str, what: str) -> float:
+    """stall_shares.py on the run11 profile: the share (percent) of samples on padding warps idle at the join."""
+    from benchmarks.short_prefill import stall_shares
+
+    rows = _profiled_rows(case, what)
+    return 100 * stall_shares.idle_at_join(rows)
 
 
 def lookahead_ratio(num: str, den: str, agg: Callable[..., float]) -> float:
@@ -472,6 +488,8 @@ FIGURES = [
            lambda: copy_wait_share("prefill_b64_h32kv8_n128_d128", "triton"), 0.5, "gpu"),
     Figure("index: copy waits, PACK_GQA at 64 x 128", BENCH, rf"warp samples \({N}% with PACK_GQA\)", STALLS,
            lambda: copy_wait_share("prefill_b64_h32kv8_n128_d128", "triton_pack"), 0.5, "gpu"),
+    Figure("docs: Gluon persistent's idle warps", "docs/benchmarks.md", rf"start to end: {N}% of its warp", STALLS,
+           lambda: idle_warp_share("prefill_b64_h32kv8_n128_d128", "gluon"), 0.05, "gpu"),
     *[Figure(f"index: torch decode, {name}", BENCH, pattern, TORCH_DECODE,
              (lambda key=key, batches=batches, agg=agg: torch_decode(key, batches, agg)), 0.005, "gpu")
       for name, pattern, key, batches, agg in (

@@ -1,7 +1,8 @@
 """CPU: where the prefill kernels' warps wait, from Nsight Compute's per-instruction stall sampling (SourceCounters)
 of a session's ncu.tar.gz (prefetch_session.sh): per profiled kernel, the share of its warp samples on an instruction
 that waits for a copy to land (the branch after a TMA barrier's try-wait, a shared-memory store of an LDG-loaded q
-tile, the register move of a work-table entry), split by what it waits for, and the top stall reasons.
+tile, the register move of a work-table entry), split by what it waits for; the share of padding warps idle at the
+final join; and the top stall reasons.
 
     python benchmarks/short_prefill/stall_shares.py benchmarks/short_prefill/run11_prefetch/ncu.tar.gz
 
@@ -77,6 +78,15 @@ def copy_waits(rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def idle_at_join(rows: list[dict]) -> float:
+    """Share of the kernel's samples on warps parked at its final join: the NOP after `BAR.SYNC 0x1` where a
+    warp-specialised CTA's padding warps (no partition of their own) wait from start to end, issuing nothing."""
+    n = lambda r: int(r.get(SAMPLES) or 0)  # noqa: E731
+    total = sum(n(r) for r in rows) or 1
+    return sum(n(r) for prev, r in zip(rows, rows[1:])
+               if r["Source"].strip() == "NOP" and "BAR.SYNC.DEFER_BLOCKING 0x1" in prev["Source"]) / total
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("archive", type=Path, help="a session's ncu.tar.gz")
@@ -85,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         s = copy_waits(rows)
         reasons = ", ".join(f"{k} {v:.0%}" for k, v in s["top_reasons"].items())
         print(f"{entry['case']:30s} {entry['what'][:60]:60s} q {s['q']:5.1%}  K {s['K']:5.1%}  "
-              f"table {s['table']:4.1%}  all {s['all']:4.0%}  ({reasons})")
+              f"table {s['table']:4.1%}  all {s['all']:4.0%}  idle at join {idle_at_join(rows):5.1%}  ({reasons})")
     return 0
 
 
