@@ -4,10 +4,12 @@
 # Results under $OUT: ab/ (knob_ab.py's files and run.log), ncu.tar.gz (report text, per-instruction csv,
 # launched.json), e2e.tar.gz (machine, power.csv), session.log.
 #   KERNEL_GYM_COMMIT=<sha> bash benchmarks/short_prefill/prefetch_session.sh
+# L2_PREFETCH was reverted after run11_prefetch (tree d573f17 has it): at a later tree knob_ab.py refuses the knob with
+# a message and the session goes on to the profile; KNOB=<another two-valued knob> A/Bs that one instead.
 source benchmarks/live_e2e/session_common.sh
 mkdir -p "$OUT/ab" "$OUT/ncu"
-log "knob_ab.py --knob L2_PREFETCH"
-python3 benchmarks/short_prefill/knob_ab.py --knob L2_PREFETCH --families prefill_attention --out "$OUT/ab" \
+log "knob_ab.py --knob ${KNOB:-L2_PREFETCH}"
+python3 benchmarks/short_prefill/knob_ab.py --knob "${KNOB:-L2_PREFETCH}" --families prefill_attention --out "$OUT/ab" \
   --budget-s $(( $(left) - 170 )) --compile-workers 14 2>&1 | tee "$OUT/ab/run.log" | tail -25
 log "knob_ab rc ${PIPESTATUS[0]}"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
