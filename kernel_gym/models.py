@@ -39,6 +39,9 @@ def load_model(name_or_path: str) -> ModelSpec:
             raise ValueError(f"model {name_or_path!r}: write a shard as NAME@tpN with N an integer, e.g. {base}@tp2")
         return zoo.shard(zoo.ZOO[base], int(tp or 1))
     path = Path(name_or_path)
+    if path.suffix == ".json" and not path.exists():
+        raise ValueError(f"model spec file {name_or_path!r} does not exist: give the path of a JSON file with the "
+                         "fields of kernel_gym.models.ModelSpec (docs/example_spec.json is one), or a model name")
     if not path.suffix == ".json" or not path.exists():
         raise ValueError(
             f"unknown model {name_or_path!r}: use one of {sorted(zoo.ZOO)} (NAME@tpN for a tensor-parallel shard) "

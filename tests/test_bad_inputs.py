@@ -267,6 +267,7 @@ def test_programmatic_trace_with_a_nan_arrival_is_refused() -> None:
     (["tune", "--model", "phi-3.5-moe", "--top-k", "0"], "--top-k must be >= 1"),
     (["tune", "--model", "phi-3.5-moe", "--policy-dir", "/nonexistent/kg", "--dry-run"], "--save-policies"),
     (["train", "--model", "zoo", "--exclude-models", "foo"], "unknown zoo model(s) ['foo']"),
+    (["export", "--model", "my_moe.json", "--out", "unused"], "model spec file 'my_moe.json' does not exist"),
 ])
 def test_tune_and_zoo_inputs(capsys, argv, needle) -> None:
     one_line_error(*run_cli(argv, capsys)[::2], needle)
@@ -296,3 +297,13 @@ def test_replay_table_relabelled_for_another_model_is_refused(tmp_path, capsys) 
     argv = ["replay", "--trace", "bundled", "--policies", "learned", "--table", str(path), "--model", "olmoe-1b-7b",
             "--json", str(tmp_path / "r.json"), "--no-mlflow"]
     one_line_error(*run_cli(argv, capsys)[::2], f"--table {path}", "made for another shape")
+
+
+def test_tune_without_a_gpu_says_where_to_run_it_before_any_work(capsys, monkeypatch) -> None:
+    """The measuring tune on a machine with no CUDA GPU: one line naming the GPU machine, --dry-run and export, not
+    an assertion from torch after the policies were loaded and the plan built."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["tune", "--model", "phi-3.5-moe", "--policy-dir", "/nonexistent/kg"]
+    one_line_error(*run_cli(argv, capsys)[::2], "tune measures configs on a CUDA GPU and this machine has none")

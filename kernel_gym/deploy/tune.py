@@ -205,6 +205,14 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
     if budget_s <= 0:
         raise ValueError(f"--budget-s must be > 0, got {budget_s}")
     spec = load_model(model)
+    if device == "cuda" and not (dry_run or save_policies):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("tune measures configs on a CUDA GPU and this machine has none: run it on the GPU "
+                             "machine (policies saved here with --save-policies DIR, read there with --policy-dir "
+                             "DIR), print the plan with --dry-run, or write the zero-shot table on the CPU with "
+                             "`kernel-gym export`")
     if not policy_dir:
         from kernel_gym.train import tracking
 
@@ -227,9 +235,12 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
             given = parse_model_uris(model_uris)
             uri = given.get(kernel) or latest_model_uris(spec.name).get(kernel)
             if not uri:
+                others = [k for k in kernels if k != kernel]
+                subset = f", or leave it out (--kernels {','.join(others)})" if others else ""
                 raise ValueError(f"no {kernel} policy in the MLflow store: pass --policy-dir "
                                  "benchmarks/generalisation/policies (the zoo policies the repository ships), train "
-                                 f"one (kernel-gym train --model zoo --env-id ...), or pass --model-uri {kernel}=URI")
+                                 f"one (kernel-gym train --model zoo --env-id ...), pass --model-uri {kernel}=URI"
+                                 + subset)
             meta, params, provenance = policy_bundle(uri, kernel)
             from kernel_gym.dispatch import cost_model as cm
 
@@ -247,7 +258,8 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
         if cost is not None:
             rank = zero_shot_ranker(kernel, meta, params, cost, nearest)
             print(f"[tune] {kernel}: round 1 takes the cost model's top {top_k} of the whole valid space "
-                  f"(shipped in {policy_dir}), as `export --policy-dir` ranks its zero-shot choice", flush=True)
+                  f"({f'shipped in {policy_dir}' if policy_dir else 'the packaged cost model'}), as `export` ranks "
+                  "its zero-shot choice", flush=True)
         else:
             rank = ranker(kernel, meta, params)
         rankers[kernel] = (rank, provenance)

@@ -929,7 +929,8 @@ class Simulator:
         return [f"offered load exceeds what the server sustains: busy {util:.0%} of the {span:.1f} s arrival window; "
                 f"over its second half {arrived} requests arrived and the requests in the system grew from {mid:.0f} "
                 f"to {end:.0f} (offered / served ~ {summary['offered_over_served']:.2f}); TTFT grows with the "
-                "window's length: lower the arrival rate (Trace.scale_rate) or shorten the window"]
+                "window's length: lower the arrival rate (--rate-scale; Trace.scale_rate in Python) or shorten the "
+                "window (--window)"]
 
     def _summary(self, r: SimResult) -> dict[str, float]:
         done = ~np.isnan(r.finish_s)

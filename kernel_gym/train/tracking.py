@@ -303,13 +303,20 @@ def registered_policy_name(env_id: str, specs: Sequence[Any]) -> str:
     return f"{base}-conditioned" if len(specs) != 1 else f"{base}-{specs[0].name}"
 
 
+TAG_VALUE_LIMIT = 8000  # characters MLflow keeps of a tag value (it truncates longer ones with a warning)
+
+
 def policy_identity(env_id: str, specs: Sequence[Any], dataset_hash: str) -> dict[str, str]:
     """The tags every registered policy carries (on its run and its model version): which model(s), env, data, code."""
     from dataclasses import asdict
 
+    spec_json = json.dumps([asdict(s) for s in specs], sort_keys=True)
+    if len(spec_json) > TAG_VALUE_LIMIT:  # MLflow would cut it mid-JSON (a zoo policy's specs run to ~22k characters)
+        spec_json = (f"{len(specs)} model specs, {len(spec_json)} characters of JSON: too long for an MLflow tag; the "
+                     "registered model's provenance (model_specs) holds them")
     return {
         "policy.model": ",".join(s.name for s in specs),
-        "policy.model_spec": json.dumps([asdict(s) for s in specs], sort_keys=True),
+        "policy.model_spec": spec_json,
         "policy.model_conditioned": "true" if len(specs) > 1 else "false",
         "env_id": env_id,
         "data.dataset_hash": dataset_hash or "n/a",

@@ -224,3 +224,14 @@ def test_argument_parser_round_trips_and_rejects_bad_values():
         TrainArgs(env_id="KernelGym/Nope-v0")
     with pytest.raises(ValueError, match="holdout must be in"):
         TrainArgs(holdout=1.5)
+
+
+def test_a_zoo_policys_model_spec_tag_says_where_the_specs_are_instead_of_being_cut_mid_json() -> None:
+    from kernel_gym import zoo
+    from kernel_gym.train import tracking
+
+    specs = [zoo.shard(spec, tp) for spec in zoo.ZOO.values() for tp in (1, 2)]  # ~15k characters of JSON
+    tag = tracking.policy_identity("KernelGym/MoE-v0", specs, "abc")["policy.model_spec"]
+    assert len(tag) <= tracking.TAG_VALUE_LIMIT and "provenance (model_specs)" in tag
+    one = tracking.policy_identity("KernelGym/MoE-v0", specs[:1], "abc")["policy.model_spec"]
+    assert json.loads(one)[0]["name"] == specs[0].name
