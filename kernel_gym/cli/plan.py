@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--next", type=int, default=3, help="next-best layouts to list (each at its best knobs)")
     p.add_argument("--model-id", default="", help="the model name in the launch commands (default: its HF id)")
     p.add_argument("--json", default="", help="write the plan here")
-    p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow run and its plot")
+    p.add_argument("--no-mlflow", action="store_true",
+                   help="skip the MLflow run and its goodput-vs-load plot (the held-out window at 0.5x-4x the load; "
+                        "shorter windows where the held-out part is too short; --json is written before it)")
     p.add_argument("--tracking-uri", default="")
     p.add_argument("--seed", type=int, default=0)
     return p

@@ -221,25 +221,81 @@ def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str
     return files
 
 
+CURVE_FACTORS = (0.5, 1, 2, 4)  # the goodput-vs-load curve's loads, x the trace's rate (x --rate-scale)
+CURVE_MIN_WINDOW_S = 5.0  # a load point whose window would be shorter (or --window-s when shorter) is skipped
+HOLDOUT = 0.2  # ServingPlan-v0's held-out share of the trace (its last part)
+
+
+def fit_window(make: Any, window_s: float, min_window_s: float) -> tuple[Any, float]:
+    """(env, window): `make(w)` builds the env of a `w`-second window, or raises ValueError when the split cannot hold
+    its context + warm-up + window. The largest window <= `window_s` that fits (bisection, rounded down to 0.1 s);
+    (None, that window) when it is below `min_window_s`."""
+    try:
+        return make(window_s), window_s
+    except ValueError as exc:
+        if "shorter than" not in str(exc):
+            raise
+    lo, hi = 0.0, window_s  # the env fits lo (or lo is 0), not hi; fitting is monotone in the window
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        try:
+            make(mid)
+            lo = mid
+        except ValueError:
+            hi = mid
+    w = float(np.floor(lo * 10) / 10)
+    if w <= 0 or w < min_window_s:
+        return None, w
+    return make(w), w
+
+
 def load_curve(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], deps: list[Any],
                factors: list[float], window_s: float, routing: Any = None, table: Any = None,
-               pricer: Any = None) -> dict[str, list]:
-    """Goodput vs load (rate factor) per deployment on the held-out window: the data of the MLflow plot."""
+               pricer: Any = None) -> tuple[dict[str, list], list[dict[str, Any]]]:
+    """Goodput vs load (rate factor) per deployment on the held-out window: the data of the MLflow plot, and the
+    notes on its load points. A higher load compresses the trace's time (`rate_scale`): W simulated seconds replay
+    W x load seconds of the trace, so the held-out part (the last 20%: 120 s of the bundled 10-minute trace) holds
+    shorter windows as the load grows. A point whose `window_s` (+ warm-up) does not fit is replayed on the longest
+    window that does (its `window_s` says which), and skipped when that is below CURVE_MIN_WINDOW_S (or `window_s`)
+    or the replay fails; each such point gets a note {"load", "window_s", "skipped", "note"}."""
     curve: dict[str, list] = {d.layout_name + " " + d.name.split(":", 2)[2]: [] for d in deps}
+    notes: list[dict[str, Any]] = []
+    floor = min(window_s, CURVE_MIN_WINDOW_S)
+    held_s = trace.duration_s * HOLDOUT
     for f in factors:
-        env = make_env(spec, gpus, engine, trace, slo, f, window_s, "heldout", routing, table, pricer=pricer)
-        start = window_starts(env, 1)[0]
-        env.reset(options={"start_s": start})
-        for d, key in zip(deps, curve):
-            r = env.serve_deployment(d)
+        def make(w: float, f: float = f) -> Any:
+            return make_env(spec, gpus, engine, trace, slo, f, w, "heldout", routing, table, pricer=pricer)
+
+        where = (f"the held-out part of trace {trace.name!r} ({held_s:.0f} s of trace) holds at most"
+                 f" {held_s / f:.0f} simulated s of warm-up + window at {f:g}x the trace's rate")
+        try:
+            env, w = fit_window(make, window_s, floor)
+            if env is None:
+                notes.append({"load": f, "window_s": w, "skipped": True,
+                              "note": f"load {f:g}x skipped: {where}, room for a {w:g} s window with its warm-up, "
+                                      f"under the {floor:g} s minimum"})
+                continue
+            start = window_starts(env, 1)[0]
+            env.reset(options={"start_s": start})
+            replays = [env.serve_deployment(d) for d in deps]
+        except ValueError as exc:
+            notes.append({"load": f, "window_s": None, "skipped": True, "note": f"load {f:g}x skipped: {exc}"})
+            continue
+        for key, r in zip(curve, replays):
             curve[key].append({"load": f, "offered_req_per_s": r["offered_req_per_s"],
-                               "goodput_req_per_s": r["goodput_req_per_s"]})
-    return curve
+                               "goodput_req_per_s": r["goodput_req_per_s"], "window_s": w})
+        if w < window_s:
+            notes.append({"load": f, "window_s": w, "skipped": False,
+                          "note": f"load {f:g}x replayed on a {w:g} s window instead of {window_s:g} s: {where}"})
+    return curve, notes
 
 
-def log_mlflow(params: dict[str, Any], report: dict[str, Any], curve: dict[str, list], tracking_uri: str = "") -> str:
+def log_mlflow(params: dict[str, Any], report: dict[str, Any], curve: dict[str, list], tracking_uri: str = "",
+               notes: list[dict[str, Any]] | None = None) -> str:
     """One MLflow run: parameters (model, gpus, engine, trace, slo, rate_scale, train_steps), predicted goodput and
-    shares, the report JSON and the goodput-vs-load plot."""
+    shares, the report JSON and the goodput-vs-load plot; `notes` (load_curve's: shortened and skipped load points)
+    as the tag `goodput_vs_load_notes`, the metrics `goodput_vs_load_points` / `goodput_vs_load_skipped` and a
+    footnote of the plot."""
     try:
         import mlflow
     except ImportError as exc:
@@ -261,16 +317,31 @@ def log_mlflow(params: dict[str, Any], report: dict[str, Any], curve: dict[str, 
         mlflow.log_metrics({"goodput_req_per_s": best["predicted"]["goodput_req_per_s"],
                             "estimated_share": best["predicted"]["estimated_share"],
                             "prior_share": best["predicted"]["prior_share"]})
+        notes = notes or []
+        mlflow.log_metrics({"goodput_vs_load_points": len(next(iter(curve.values()), [])),
+                            "goodput_vs_load_skipped": sum(n["skipped"] for n in notes)})
+        if notes:
+            mlflow.set_tag("goodput_vs_load_notes", "; ".join(n["note"] for n in notes)[:5000])
         mlflow.log_dict(report, "plan.json")
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = plt.subplots(figsize=(7, 4.6 if notes else 4))
         for name, pts in curve.items():
             ax.plot([p["offered_req_per_s"] for p in pts], [p["goodput_req_per_s"] for p in pts], marker="o",
                     label=name)
         ax.set_xlabel("offered load (requests / s)")
         ax.set_ylabel("goodput at the SLO (requests / s)")
         ax.set_title(f"{params['model']} on {params['gpus']} H200, {params['engine']}, {params['trace']}")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
+        if any(curve.values()):
+            ax.legend(fontsize=7)
+        if notes:
+            short = ", ".join(f"{n['load']:g}x: {n['window_s']:g} s" for n in notes if not n["skipped"])
+            skipped = ", ".join(f"{n['load']:g}x" for n in notes if n["skipped"])
+            text = "; ".join(t for t in (short and f"shorter windows (the held-out part is too short) at {short}",
+                                         skipped and f"skipped (see the run's goodput_vs_load_notes): {skipped}")
+                             if t)
+            fig.text(0.01, 0.01, text, fontsize=6, wrap=True)
+            fig.tight_layout(rect=(0, 0.06, 1, 1))
+        else:
+            fig.tight_layout()
         mlflow.log_figure(fig, "goodput_vs_load.png")
         plt.close(fig)
         return run.info.run_id
@@ -330,23 +401,51 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     print(f"  predicted goodput {p['goodput_req_per_s']:.2f} req/s ({p['slo_attainment']:.0%} within SLO, "
           f"{p['goodput_tokens_per_s_per_gpu']:.0f} good tokens/s/GPU); estimated share {p['estimated_share']:.0%}, "
           f"prior share {p['prior_share']:.0%} of the step time")
-    print(f"{'next best':<58} {'goodput req/s':>13} {'estimated':>9} {'prior':>6}")
+    n_train = len(rec["train_windows"])
+    print(f"  chosen by its mean goodput on the {n_train} training window{'s' if n_train != 1 else ''}: "
+          f"{best['train_goodput_req_per_s']:.2f} req/s; the predicted goodput is one held-out window's")
+    # the rows rank by training goodput (as the recommendation); held-out goodput is the prediction, one window
+    print(f"{'next best (ranked by training goodput)':<58} {'train req/s':>11} {'held-out req/s':>14} "
+          f"{'estimated':>9} {'prior':>6}")
+    above = False
     for e in entries[1:]:
         q = e["predicted"]
+        mark = "*" if q["goodput_req_per_s"] > p["goodput_req_per_s"] else " "
+        above |= mark == "*"
         print(f"  {e['deployment']['engine']}:{e['deployment']['layout']} bs{e['deployment']['block_size']} "
               f"mbt{e['deployment']['max_batched_tokens']} seqs{e['deployment']['max_seqs']} "
               f"graph{e['deployment']['graph_max']}".ljust(58) +
-              f" {q['goodput_req_per_s']:>13.2f} {q['estimated_share']:>9.0%} {q['prior_share']:>6.0%}")
+              f" {e['train_goodput_req_per_s']:>11.2f} {q['goodput_req_per_s']:>13.2f}{mark} "
+              f"{q['estimated_share']:>9.0%} {q['prior_share']:>6.0%}")
+    if above:
+        print("  * a higher held-out goodput than the recommended deployment's on this one window, a lower training "
+              "goodput (the ranking)")
+
+    def write_json() -> None:
+        if json_path:
+            Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(json_path).write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+    write_json()  # the recommendation first: the optional curve and MLflow run below cannot lose it
     if not no_mlflow:
-        curve = load_curve(spec, gpus, engine, replayed, limits, deps[:3],
-                           [rate_scale * f for f in (0.5, 1, 2, 4)], window_s, profile,
-                           pricer=rec["env"].pricer)
+        curve, notes = load_curve(spec, gpus, engine, replayed, limits, deps[:3],
+                                  [rate_scale * f for f in CURVE_FACTORS], window_s, profile,
+                                  pricer=rec["env"].pricer)
+        for n in notes:
+            print(f"[plan] goodput vs load: {n['note']}", file=sys.stderr)
         report["goodput_vs_load"] = curve
+        report["goodput_vs_load_notes"] = notes
+        write_json()
         params = {"model": model, "gpus": gpus, "engine": engine, "trace": trace, "slo": slo, "rate_scale": rate_scale,
                   "train_steps": train_steps}
-        report["mlflow_run_id"] = log_mlflow(params, report, curve, tracking_uri)
-        print(f"MLflow run {report['mlflow_run_id']} (experiment kernel-gym-plan): goodput_vs_load.png")
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        try:
+            report["mlflow_run_id"] = log_mlflow(params, report, curve, tracking_uri, notes)
+        except (ValueError, RuntimeError):
+            if json_path:
+                print(f"[plan] the plan is written to {json_path}; logging it to MLflow failed:", file=sys.stderr)
+            raise
+        skipped = [f"{n['load']:g}x" for n in notes if n["skipped"]]
+        print(f"MLflow run {report['mlflow_run_id']} (experiment kernel-gym-plan): goodput_vs_load.png"
+              + (f" (load points skipped: {', '.join(skipped)}; see goodput_vs_load_notes)" if skipped else ""))
+        write_json()
     return 0

@@ -81,6 +81,90 @@ def test_plan_end_to_end_on_one_gpu(tmp_path, capsys):
     assert plan["next_best"] == [] and "recommended:" in capsys.readouterr().out  # one GPU: one layout, TP1
 
 
+@pytest.mark.slow
+def test_plan_with_the_load_curve_on_the_bundled_trace(tmp_path, capsys):
+    """The README's plan on the bundled trace with the MLflow curve on: 4x the load compresses the trace's time, so the
+    30 s window no longer fits its 120 s held-out part; the point is replayed on a shorter window (said so in the
+    log, the JSON and the MLflow run), and the plan completes (rc 0) and writes its JSON."""
+    import mlflow
+
+    out, uri = tmp_path / "plan.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rc = main(["--model", "mixtral-8x7b", "--gpus", "1", "--trace", "bundled", "--window-s", "30", "--train-steps",
+               "0", "--samples", "0", "--refine-rounds", "0", "--next", "1", "--json", str(out), "--tracking-uri", uri])
+    std = capsys.readouterr()
+    assert rc == 0, std.err
+    plan = json.loads(out.read_text())
+    assert plan["recommended"]["predicted"]["goodput_req_per_s"] > 0 and plan["mlflow_run_id"]
+    (pts,) = plan["goodput_vs_load"].values()
+    assert [p["load"] for p in pts] == [0.5, 1, 2, 4]
+    assert [p["window_s"] for p in pts[:3]] == [30.0] * 3 and 20 <= pts[3]["window_s"] < 24
+    (note,) = plan["goodput_vs_load_notes"]
+    assert note["load"] == 4 and not note["skipped"] and "held-out part" in note["note"]
+    assert "load 4x replayed on a" in std.err and "MLflow run" in std.out
+    assert pts[1]["goodput_req_per_s"] == plan["recommended"]["predicted"]["goodput_req_per_s"]  # 1x: the prediction
+    run = mlflow.MlflowClient(tracking_uri=uri).get_run(plan["mlflow_run_id"])
+    assert run.data.metrics["goodput_vs_load_points"] == 4 and run.data.metrics["goodput_vs_load_skipped"] == 0
+    assert "load 4x replayed" in run.data.tags["goodput_vs_load_notes"]
+
+
+@pytest.mark.slow
+def test_plan_table_says_which_goodput_ranks(tmp_path, capsys):
+    """The rows rank by training-window goodput (as the recommendation); the table shows it beside the held-out
+    goodput (the prediction) and stars a row whose held-out goodput beats the recommended one's."""
+    out = tmp_path / "plan.json"
+    assert main(["--model", "mixtral-8x7b", "--gpus", "2", "--trace", "bundled", "--window-s", "4", "--train-steps",
+                 "0", "--samples", "0", "--refine-rounds", "0", "--next", "2", "--no-mlflow", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    plan = json.loads(out.read_text())
+    best, rows = plan["recommended"], plan["next_best"]
+    train = [e["train_goodput_req_per_s"] for e in [best, *rows]]
+    assert rows and train == sorted(train, reverse=True)
+    assert "next best (ranked by training goodput)" in text and "train req/s" in text and "held-out req/s" in text
+    assert f"training windows: {best['train_goodput_req_per_s']:.2f} req/s" in text
+    lines = [line for line in text.splitlines() if line.startswith("  vllm:")]
+    assert len(lines) == len(rows)
+    for line, e in zip(lines, rows):
+        held = e["predicted"]["goodput_req_per_s"]
+        assert f"{e['train_goodput_req_per_s']:.2f}" in line and f"{held:.2f}" in line
+        assert line.rstrip().split()[-3].endswith("*") == (held > best["predicted"]["goodput_req_per_s"])
+
+
+def test_curve_points_that_do_not_fit_are_shortened_or_skipped():
+    from kernel_gym.deploy.plan import fit_window
+
+    def make(room):  # an env that holds windows up to `room` seconds (ServingPlan-v0's message when it does not)
+        def f(w):
+            if w > room:
+                raise ValueError("the heldout part of trace 't' is shorter than context + warm-up + window")
+            return ("env", w)
+        return f
+
+    assert fit_window(make(100), 60, 5) == (("env", 60), 60)
+    env, w = fit_window(make(23.95), 60, 5)
+    assert env == ("env", w) and w == 23.9
+    assert fit_window(make(3.04), 60, 5) == (None, 3.0)  # under the minimum window: skipped
+
+    def broken(w):
+        raise ValueError("trace 't' has no arrivals in [0, 1) s")
+
+    with pytest.raises(ValueError, match="no arrivals"):  # load_curve records other failures as skipped points
+        fit_window(broken, 60, 5)
+
+
+def test_load_curve_records_skipped_points():
+    from kernel_gym.deploy.plan import baselines, load_curve, make_env
+    from kernel_gym.traffic.windows import resolve_trace
+
+    spec, trace = load_model("mixtral-8x7b"), resolve_trace("bundled")
+    dep = baselines(spec, "vllm", 1)["engine_default"]
+    pricer = make_env(spec, 1, "vllm", trace, (2, 0.1), 1, 2, "heldout").pricer
+    curve, notes = load_curve(spec, 1, "vllm", trace, (2, 0.1), [dep], [1, 64], 2, pricer=pricer)
+    (pts,) = curve.values()
+    assert [p["load"] for p in pts] == [1] and pts[0]["window_s"] == 2
+    (note,) = notes  # 64x: 120 s of held-out trace hold 1.9 simulated s, a 1.5 s window with its warm-up
+    assert note["load"] == 64 and note["skipped"] and "skipped" in note["note"] and note["window_s"] < 2
+
+
 def test_bench_order_and_windows():
     import numpy as np
 
