@@ -69,11 +69,24 @@ def block_row(bt_row, tok0, kv_len, rows_per_page, PAGE_SIZE: tl.constexpr):
 # ---- rules and checks -------------------------------------------------------------------------------------------
 
 
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # tl.dot's smallest K; above 256 a q tile and one K/V stage outgrow the SM
+
+
 def rule_head_dim(config: Config, workload: Any) -> str | None:
+    """head_dim must be a power of two in [16, 256]. 80 and 96 (Phi, Falcon, ...) are refused, not rounded up inside
+    the kernels: their bodies index the head with tl.arange(0, HEAD_DIM) and tile it whole through TMA boxes and
+    tl.dot, so a padded head needs padded tensors. The message says how to pad."""
     d = workload.head_dim
-    if d < 16 or d > 256 or d & (d - 1):
-        return f"head_dim {d} must be a power of two in [16, 256] (tl.arange and tl.dot tile shapes); pad the heads"
-    return None
+    if MIN_HEAD_DIM <= d <= MAX_HEAD_DIM and not d & (d - 1):
+        return None
+    if d > MAX_HEAD_DIM:
+        return (f"head_dim {d} is not supported: it must be a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] "
+                "(tl.arange and tl.dot tile shapes; a larger head's tiles outgrow shared memory and registers); "
+                "these kernels cannot run it: use another attention implementation (torch SDPA) for this model")
+    padded = max(MIN_HEAD_DIM, 1 << (max(d, 1) - 1).bit_length())
+    return (f"head_dim {d} is not supported: it must be a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] "
+            f"(tl.arange and tl.dot tile shapes); zero-pad q, k and v to head_dim {padded}, keep "
+            f"sm_scale = 1/sqrt({d}) and drop the padded output columns (or tune on the head_dim {padded} workload)")
 
 
 def shared_memory_reason(need: int, config: Config, workload: Any, shown: Sequence[str]) -> str | None:
@@ -134,6 +147,9 @@ def pack_gqa_reason(pack: int, block_m: int, workload: Any) -> str | None:
     if group == 1:
         return ("PACK_GQA=1 packs the q heads that share a kv head into one tile; this workload has one q head per kv "
                 "head: use PACK_GQA=0 (leave it out)")
+    if group & (group - 1):  # BLOCK_M is a power of two: no tile holds whole groups of 3, 5, 6, 7, ...
+        return (f"PACK_GQA=1 gives each token {group} rows (its GQA group's q heads) and BLOCK_M is a power of two, "
+                f"so no tile holds whole groups of {group}: use PACK_GQA=0 (leave it out) for this GQA group")
     if block_m % group:
         return (f"PACK_GQA=1 gives each token {group} rows (its GQA group's q heads): BLOCK_M={block_m} must be a "
                 f"multiple of {group}")

@@ -26,6 +26,15 @@ def _check_dtype(dtype: str) -> None:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
 
 
+def _check_heads(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    """The attention workloads' head shape: positive counts, q heads in whole GQA groups of kv heads."""
+    if min(num_heads, num_kv_heads, head_dim) < 1:
+        raise ValueError(f"num_heads, num_kv_heads and head_dim must be >= 1, got {num_heads}, {num_kv_heads}, "
+                         f"{head_dim}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+
+
 @dataclass(frozen=True)
 class PrefillWorkload:
     """Causal grouped-query attention over variable-length sequences packed in one batch (cu_seqlens)."""
@@ -41,8 +50,7 @@ class PrefillWorkload:
         _check_dtype(self.dtype)
         if not self.seq_lens or min(self.seq_lens) < 1:
             raise ValueError(f"seq_lens must be non-empty positive lengths, got {self.seq_lens}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        _check_heads(self.num_heads, self.num_kv_heads, self.head_dim)
         object.__setattr__(self, "seq_lens", tuple(int(n) for n in self.seq_lens))
 
     def key(self) -> str:
@@ -85,8 +93,7 @@ class DecodeWorkload:
         _check_dtype(self.dtype)
         if self.batch < 1 or self.context_len < 1:
             raise ValueError(f"batch and context_len must be >= 1, got {self.batch}, {self.context_len}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        _check_heads(self.num_heads, self.num_kv_heads, self.head_dim)
 
     def key(self) -> str:
         return _key(self)
@@ -177,8 +184,7 @@ class PrefixPrefillWorkload:
         if len(self.prefix_lens) != len(self.chunk_lens) or min(self.prefix_lens) < 0:
             raise ValueError(f"prefix_lens {self.prefix_lens} must give one length >= 0 per chunk "
                              f"({len(self.chunk_lens)} chunks); use 0 for a request without a prefix")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        _check_heads(self.num_heads, self.num_kv_heads, self.head_dim)
 
     def key(self) -> str:
         return _key(self)
