@@ -10,7 +10,10 @@ is no work of its own; a bytes / copy-bandwidth floor assumes none. Cases:
 - the no-prefix prefill bench cases of prefill_attention and prefix_prefill: the config of their record in
   benchmarks/h200_kernels.json against every plain-causal SDPA variant (the anchor is the fastest correct one, per
   flush mode).
-Every closure is checked against its family's fp32 reference before it is timed.
+With --sdpa-decode, every decode workload also times what torch offers for the same step
+(kernel_gym.bench.sdpa_decode_variants: FlashAttention-2 and memory-efficient varlen, SDPA's backends), the variants
+that give the reference; --no-attention leaves out the prefill rows. Every closure is checked against its family's fp32
+reference before it is timed.
 
     python3 benchmarks/flush_mode/run.py --floor benchmarks/decode_floor/run5_tma/decode_floor.json.gz \\
         --out $OUT/flush_mode.json  # GPU; imports torch, triton, numpy, kernel_gym
@@ -80,7 +83,8 @@ def decode_rows(floor_path: Path, reps: int, log, sdpa: bool = False) -> list[di
             if wrong is not None:
                 raise SystemExit(f"decode {c} at batch {w.batch} context {w.context_len} is wrong: {wrong}")
             fns.append(fn)
-        torch_fns, refused = (_checked_sdpa(sdpa_decode_variants(inputs), fam, ref, w.dtype) if sdpa else ({}, {}))
+        matches = functools.partial(_matches_reference, fam, ref, w.dtype)
+        torch_fns, refused = checked_variants(sdpa_decode_variants(inputs), matches) if sdpa else ({}, {})
         nbytes = int(fam.bytes_moved(w))
         src = torch.randn(nbytes // 4, device="cuda", dtype=torch.bfloat16)
         dst = torch.empty_like(src)
@@ -114,24 +118,29 @@ def decode_rows(floor_path: Path, reps: int, log, sdpa: bool = False) -> list[di
     return rows
 
 
-def _checked_sdpa(variants: dict, fam, ref, dtype: str) -> tuple[dict, dict]:
-    """The torch decode variants that give the family's reference output (checked before timing); the others with
-    why (a backend refusing the shape, or a wrong result)."""
-    import torch
-
+def _matches_reference(fam, ref, dtype: str, out) -> str | None:
     from kernel_gym.measure.worker import compare
+
+    return compare(fam, out, ref, dtype)
+
+
+def checked_variants(variants: dict, check) -> tuple[dict, dict]:
+    """The torch variants whose output `check` accepts (it returns None, else why not), checked before timing; the
+    others with why (a backend refusing the shape, or a wrong result)."""
+    import torch
 
     ok, refused = {}, {}
     for name, fn in variants.items():
         try:
-            wrong = compare(fam, fn(), ref, dtype)
+            wrong = check(fn())
             if wrong is None:
                 ok[name] = fn
             else:
                 refused[name] = f"wrong result: {wrong}"
         except Exception as exc:  # noqa: BLE001 - a backend refusing the shape is kept with why, as bench does
             refused[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # a variant's asynchronous error surfaces at that variant
     return ok, refused
 
 
@@ -163,18 +172,8 @@ def attention_rows(reps: int, log) -> list[dict]:
             causal = {"is_causal": True}
             specs = {"cudnn_causal": (SDPBackend.CUDNN_ATTENTION, causal),
                      "flash_causal": (SDPBackend.FLASH_ATTENTION, causal), "default_causal": (None, causal)}
-            check = bench._reference_check(fam, inputs)
-            variants, refused = {}, {}
-            for vname, vfn in bench.sdpa_variants(q, k, v, specs).items():
-                try:
-                    wrong = check(vfn())
-                    if wrong is None:
-                        variants[vname] = vfn
-                    else:
-                        refused[vname] = f"wrong result: {wrong}"
-                except Exception as exc:  # noqa: BLE001 - a backend refusing the shape is kept with why, as bench does
-                    refused[vname] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                torch.cuda.synchronize()
+            variants, refused = checked_variants(bench.sdpa_variants(q, k, v, specs),
+                                                 bench._reference_check(fam, inputs))
             names_v = list(variants)
             med = interleaved_medians([fn, *variants.values()], reps)
             row = {"kernel": kernel, "case": name, "config": rec["config"], "stored_ratio": rec["ratio_to_anchor"],

@@ -185,3 +185,18 @@ def test_torch_decode_variants_match_the_decode_reference_where_they_run(batch):
         assert compare(fam, variants[name](), ref, w.dtype) is None, name
     if batch > 1:  # the padding is masked: without the mask the padded keys would change every shorter sequence
         assert len(set(inputs.context_lens.tolist())) > 1
+
+
+
+def test_flush_mode_keeps_only_the_torch_variants_that_run_and_match() -> None:
+    """benchmarks/flush_mode/run.py times only variants its check accepts; the others are kept with why."""
+    from benchmarks.flush_mode.run import checked_variants
+
+    def refuses() -> None:
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    ok, refused = checked_variants({"right": lambda: 1.0, "wrong": lambda: 2.0, "refuses": refuses},
+                                   lambda out: None if out == 1.0 else f"off by {out - 1.0}")
+    assert list(ok) == ["right"]
+    assert refused == {"wrong": "wrong result: off by 1.0", "refuses": "RuntimeError: No available kernel. Aborting "
+                                                                       "execution."}
