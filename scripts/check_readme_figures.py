@@ -140,6 +140,14 @@ def _profiled_rows(case: str, what: str) -> list[dict]:
     raise ValueError(f"no {what} kernel at {case} in {STALLS}")
 
 
+def junit_count(path: str, what: str) -> float:
+    """A count ("tests", "failures", "errors", "skipped") of the pytest junit XML report at `path` (gzipped)."""
+    import gzip
+
+    suite = re.search(r"<testsuite [^>]*>", gzip.open(ROOT / path, "rt").read()).group(0)
+    return float(re.search(rf'{what}="([0-9]+)"', suite).group(1))
+
+
 def copy_wait_share(case: str, what: str) -> float:
     """stall_shares.py on the run11 profile: the share (percent) of the kernel `what` at `case` waiting on copies."""
     from benchmarks.short_prefill import stall_shares
@@ -275,6 +283,7 @@ REGCAP = "benchmarks/short_prefill/run10_maxnreg/compare.json"
 PREFETCH = "benchmarks/short_prefill/run11_prefetch/compare.json"
 STALLS = "benchmarks/short_prefill/run11_prefetch/ncu.tar.gz"
 TORCH_DECODE = "benchmarks/flush_mode/run2_torch_decode/flush_mode.json"
+SHAPES = "benchmarks/shape_generality/shape_generality_junit.xml.gz"
 # Texts of the index holding several figures: {} are the figures' places, in order.
 STATS = ("median", "min", "max")
 STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
@@ -488,6 +497,12 @@ FIGURES = [
            lambda: copy_wait_share("prefill_b64_h32kv8_n128_d128", "triton"), 0.5, "gpu"),
     Figure("index: copy waits, PACK_GQA at 64 x 128", BENCH, rf"warp samples \({N}% with PACK_GQA\)", STALLS,
            lambda: copy_wait_share("prefill_b64_h32kv8_n128_d128", "triton_pack"), 0.5, "gpu"),
+    Figure("index: shape generality gpu cases", BENCH, rf"\| {N} gpu cases passed, none failed", SHAPES,
+           lambda: junit_count(SHAPES, "tests") - junit_count(SHAPES, "failures") - junit_count(SHAPES, "errors")
+           - junit_count(SHAPES, "skipped"), 0, "gpu"),
+    Figure("docs: shape generality gpu cases", "docs/integrity.md", rf"included: {N} cases, all passed", SHAPES,
+           lambda: junit_count(SHAPES, "tests") - junit_count(SHAPES, "failures") - junit_count(SHAPES, "errors")
+           - junit_count(SHAPES, "skipped"), 0, "gpu"),
     Figure("docs: Gluon persistent's idle warps", "docs/benchmarks.md", rf"start to end: {N}% of its warp", STALLS,
            lambda: idle_warp_share("prefill_b64_h32kv8_n128_d128", "gluon"), 0.05, "gpu"),
     *[Figure(f"index: torch decode, {name}", BENCH, pattern, TORCH_DECODE,
