@@ -307,3 +307,11 @@ def test_tune_without_a_gpu_says_where_to_run_it_before_any_work(capsys, monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     argv = ["tune", "--model", "phi-3.5-moe", "--policy-dir", "/nonexistent/kg"]
     one_line_error(*run_cli(argv, capsys)[::2], "tune measures configs on a CUDA GPU and this machine has none")
+
+
+def test_a_window_that_ends_before_it_starts_says_so() -> None:
+    from kernel_gym.traffic.traces import load_trace
+
+    trace = load_trace("bundled")
+    with pytest.raises(ValueError, match=r"END must be after START"):
+        trace.window(300.0, 100.0)

@@ -105,6 +105,8 @@ class Trace:
 
     def window(self, start_s: float, end_s: float) -> Trace:
         """The requests arriving in [start_s, end_s), re-based so the first arrives at 0."""
+        if end_s <= start_s:
+            raise ValueError(f"window [{start_s:g}, {end_s:g}) s is empty: END must be after START (e.g. 0:300)")
         lo, hi = np.searchsorted(self.arrival_s, [start_s, end_s], side="left")
         if hi <= lo:
             raise ValueError(f"trace {self.name!r} has no arrivals in [{start_s}, {end_s}) s")
