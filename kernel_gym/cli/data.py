@@ -13,8 +13,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--db", default=None, help="a measurement store (sqlite) instead of the packaged dataset")
     p.add_argument("--counts", action="store_true",
-                   help="rows, statuses and shapes only: skip the config-space coverage (the slow part: ~1.5 min "
-                        "on 16 cores, ~5 min on 2)")
+                   help="rows, statuses and shapes only: skip the config-space coverage (the slow part: about "
+                        "40 s on 2 cores)")
     p.add_argument("--merge", nargs="+", default=None, metavar="STORE",
                    help="merge these stores (.sqlite/.db or .jsonl.gz snapshots) into --into, deduplicated by key")
     p.add_argument("--into", default=None, metavar="DB", help="the store --merge writes (created when missing)")

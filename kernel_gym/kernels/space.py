@@ -100,7 +100,10 @@ class KnobSpace:
         self.knobs = tuple(knobs)
         self.rules = tuple(rules)
         self.names = tuple(k.name for k in self.knobs)
+        self._by_name = {k.name: k for k in self.knobs}
+        self._optional = frozenset(k.name for k in self.knobs if k.legacy is not None)
         self._valid: dict[Any, tuple[Config, ...]] = {}  # valid_configs per workload
+        self._all: tuple[Config, ...] | None = None  # all_configs, built once
 
     def __len__(self) -> int:
         n = 1
@@ -109,10 +112,10 @@ class KnobSpace:
         return n
 
     def knob(self, name: str) -> Knob:
-        for knob in self.knobs:
-            if knob.name == name:
-                return knob
-        raise KeyError(f"no knob {name!r}; knobs are {list(self.names)}")
+        knob = self._by_name.get(name)
+        if knob is None:
+            raise KeyError(f"no knob {name!r}; knobs are {list(self.names)}")
+        return knob
 
     def config(self, values: Mapping[str, KnobValue]) -> Config:
         """The canonical Config of these knob values: knobs at their legacy value are left out."""
@@ -126,13 +129,19 @@ class KnobSpace:
 
     def all_configs(self) -> Iterator[Config]:
         """Every combination of knob values, valid or not, in a fixed order (canonical: see `config`)."""
-        for values in itertools.product(*(k.values for k in self.knobs)):
-            yield self.config(dict(zip(self.names, values)))
+        if self._all is None:  # built once: valid_configs walks it for every workload
+            self._all = tuple(self.config(dict(zip(self.names, values)))
+                              for values in itertools.product(*(k.values for k in self.knobs)))
+        return iter(self._all)
 
     def why_invalid(self, config: Config, workload: Any) -> str | None:
         """None when valid; otherwise the first violated rule's explanation."""
-        optional = {k.name for k in self.knobs if k.legacy is not None}
-        if not set(self.names) - optional <= set(config) <= set(self.names):
+        return self._shape_reason(config) or self._rule_reason(config, workload)
+
+    def _shape_reason(self, config: Config) -> str | None:
+        """Whether the config is written in this space's knobs and values (what all_configs' configs are)."""
+        names = set(config)
+        if not set(self.names) - self._optional <= names <= set(self.names):
             return f"config knobs {sorted(config)} differ from the space's knobs {sorted(self.names)}"
         for knob in self.knobs:
             if knob.name in config and config[knob.name] == knob.legacy:
@@ -140,6 +149,9 @@ class KnobSpace:
                         f"existed): use KnobSpace.config")
             if self.value(config, knob.name) not in knob.values:
                 return f"{knob.name}={config[knob.name]!r} is not one of {list(knob.values)}"
+        return None
+
+    def _rule_reason(self, config: Config, workload: Any) -> str | None:
         for rule in self.rules:
             reason = rule(config, workload)
             if reason:
@@ -161,9 +173,9 @@ class KnobSpace:
         try:
             cached = self._valid.get(workload)
         except TypeError:  # an unhashable workload: enumerated each time
-            return [c for c in self.all_configs() if self.is_valid(c, workload)]
-        if cached is None:
-            cached = tuple(c for c in self.all_configs() if self.is_valid(c, workload))
+            return [c for c in self.all_configs() if self._rule_reason(c, workload) is None]
+        if cached is None:  # all_configs' configs are in the space's knobs by construction: only the rules decide
+            cached = tuple(c for c in self.all_configs() if self._rule_reason(c, workload) is None)
             if len(self._valid) >= VALID_CACHE_WORKLOADS:
                 self._valid.clear()
             self._valid[workload] = cached

@@ -21,7 +21,7 @@ def dataset_summary(path: str | Path | None = None, coverage: bool = True,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Summary of a snapshot (.jsonl.gz) or store (.sqlite); None = the packaged H200 dataset. `coverage=False` skips
     the share of each config space measured (the slow part: every valid config of every stored workload is
-    enumerated); `progress` gets one line per stage, since the whole summary takes minutes on 2 cores."""
+    enumerated); `progress` gets one line per stage, since the whole summary takes about a minute on 2 cores."""
     say = progress or (lambda msg: None)
     t0 = time.time()
     path = Path(path) if path else PACKAGED_SNAPSHOT

@@ -87,3 +87,22 @@ def test_valid_configs_are_remembered_per_workload_and_stay_right():
         __hash__ = None
 
     assert len(space.valid_configs(Unhashable(16))) == 2
+
+
+def test_valid_configs_are_exactly_the_configs_why_invalid_accepts() -> None:
+    """valid_configs skips the shape checks for all_configs' own configs (they are in the space's knobs by
+    construction) and asks only the rules: the result must be what the full check gives, for every family."""
+    from kernel_gym.kernels import FAMILY_MODULES, get_family
+    from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload, PrefixPrefillWorkload
+
+    samples = {"fused_moe": MoEWorkload(64, 8, 2, 4096, 14336), "vllm_fused_moe": MoEWorkload(64, 8, 2, 4096, 14336),
+               "decode_attention": DecodeWorkload(32, 8, 128, 4, 1000),
+               "prefill_attention": PrefillWorkload(32, 8, 128, (300, 77)),
+               "prefix_prefill": PrefixPrefillWorkload(32, 8, 128, (64, 17), (100, 0))}
+    for name in FAMILY_MODULES:
+        if name not in samples:
+            continue
+        space = get_family(name).space
+        full = [c for c in space.all_configs() if space.why_invalid(c, samples[name]) is None]
+        assert space.valid_configs(samples[name]) == full, name
+        assert full, name
