@@ -126,23 +126,36 @@ def _sdpa_call(backend: Any, q: Any, k: Any, v: Any, kw: dict) -> Any:
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
-def fastest_correct(variants: dict[str, Callable[[], Any]], check: Callable[[Any], str | None], flops: float,
-                    what: str) -> dict:
-    """Run every variant, check its output (`check`: None when right, else why not) and time the right ones; the
-    anchor is the fastest, so a ratio is never against a slow or wrong path. A variant that raises (a backend refusing
-    the shape, mask or GQA) or is wrong is recorded with why, not fatal. Returns {"ms", "tflops", "variant",
-    "variants": {name: ms or the error}}; RuntimeError when none is right."""
+def checked_variants(variants: dict[str, Callable[[], Any]],
+                     check: Callable[[Any], str | None]) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
+    """Run every variant once and check its output (`check`: None when right, else why not): (the right ones, {name:
+    why not} for the others). A variant that raises (a backend refusing the shape, mask or GQA) is recorded with the
+    first line of its error, not fatal."""
     import torch
 
-    results: dict[str, Any] = {}
+    ok: dict[str, Callable[[], Any]] = {}
+    refused: dict[str, str] = {}
     for name, fn in variants.items():
         try:
             wrong = check(fn())
-            results[name] = f"wrong result: {wrong}" if wrong else _time(fn).ms
+            if wrong:
+                refused[name] = f"wrong result: {wrong}"
+            else:
+                ok[name] = fn
         except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape or mask is recorded, not fatal
-            results[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            refused[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # a variant's asynchronous error surfaces at that variant
+    return ok, refused
+
+
+def fastest_correct(variants: dict[str, Callable[[], Any]], check: Callable[[Any], str | None], flops: float,
+                    what: str) -> dict:
+    """Check every variant (checked_variants) and time the right ones; the anchor is the fastest, so a ratio is never
+    against a slow or wrong path. Returns {"ms", "tflops", "variant", "variants": {name: ms or why not}};
+    RuntimeError when none is right."""
+    ok, refused = checked_variants(variants, check)
+    results: dict[str, Any] = {name: refused[name] if name in refused else _time(ok[name]).ms for name in variants}
     timed = {k: v for k, v in results.items() if isinstance(v, float)}
     if not timed:
         raise RuntimeError(f"no SDPA variant ran correctly for {what}: {results}")
@@ -231,7 +244,7 @@ def sdpa_decode_variants(inputs: Any) -> dict[str, Callable[[], Any]]:
                          past it padded to the longest context with a key mask (so it reads the padding too; the
                          name says `padded`), every backend (cuDNN, FlashAttention, memory-efficient, default),
                          kv heads repeated and enable_gqa.
-    A backend may refuse a shape; fastest_correct records why. Used by benchmarks/flush_mode/run.py to put the
+    A backend may refuse a shape; checked_variants records why. Used by benchmarks/flush_mode/run.py to put the
     decode kernel beside what a torch user gets."""
     import torch
     from torch.nn.attention import SDPBackend

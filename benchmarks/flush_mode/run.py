@@ -56,7 +56,7 @@ def decode_rows(floor_path: Path, reps: int, log, sdpa: bool = False) -> list[di
     import torch
 
     from benchmarks.decode_floor.run import _empty_kernel, floor_ms, read_floor
-    from kernel_gym.bench import sdpa_decode_variants
+    from kernel_gym.bench import checked_variants, sdpa_decode_variants
     from kernel_gym.kernels import get_family
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
@@ -124,26 +124,6 @@ def _matches_reference(fam, ref, dtype: str, out) -> str | None:
     return compare(fam, out, ref, dtype)
 
 
-def checked_variants(variants: dict, check) -> tuple[dict, dict]:
-    """The torch variants whose output `check` accepts (it returns None, else why not), checked before timing; the
-    others with why (a backend refusing the shape, or a wrong result)."""
-    import torch
-
-    ok, refused = {}, {}
-    for name, fn in variants.items():
-        try:
-            wrong = check(fn())
-            if wrong is None:
-                ok[name] = fn
-            else:
-                refused[name] = f"wrong result: {wrong}"
-        except Exception as exc:  # noqa: BLE001 - a backend refusing the shape is kept with why, as bench does
-            refused[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # a variant's asynchronous error surfaces at that variant
-    return ok, refused
-
-
 def attention_rows(reps: int, log) -> list[dict]:
     import torch
     from torch.nn.attention import SDPBackend
@@ -172,8 +152,8 @@ def attention_rows(reps: int, log) -> list[dict]:
             causal = {"is_causal": True}
             specs = {"cudnn_causal": (SDPBackend.CUDNN_ATTENTION, causal),
                      "flash_causal": (SDPBackend.FLASH_ATTENTION, causal), "default_causal": (None, causal)}
-            variants, refused = checked_variants(bench.sdpa_variants(q, k, v, specs),
-                                                 bench._reference_check(fam, inputs))
+            variants, refused = bench.checked_variants(bench.sdpa_variants(q, k, v, specs),
+                                                       bench._reference_check(fam, inputs))
             names_v = list(variants)
             med = interleaved_medians([fn, *variants.values()], reps)
             row = {"kernel": kernel, "case": name, "config": rec["config"], "stored_ratio": rec["ratio_to_anchor"],

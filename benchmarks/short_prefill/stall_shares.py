@@ -48,10 +48,14 @@ def launches(archive: Path) -> list[dict]:
     return [e for e in entries if "error" not in e and "skipped" not in e]
 
 
+def samples(row: dict, column: str = SAMPLES) -> int:
+    """A row's count in one of the csv's sample columns (empty cells count 0)."""
+    return int(row.get(column) or 0)
+
+
 def copy_waits(rows: list[dict]) -> dict[str, float]:
     """Shares of the kernel's samples: waiting for q, K, V, the table, another copy; all of them; the top reasons."""
-    n = lambda r, col=SAMPLES: int(r.get(col) or 0)  # noqa: E731
-    total = sum(n(r) for r in rows) or 1
+    total = sum(samples(r) for r in rows) or 1
     waits: collections.Counter = collections.Counter()
     counted: set[int] = set()
     for i, r in enumerate(rows):
@@ -59,20 +63,20 @@ def copy_waits(rows: list[dict]) -> dict[str, float]:
         m = re.search(r"TRYWAIT (P\d+), \[UR\d+\+(0x[0-9a-f]+)\]", src)
         if m:  # the wait, and the branch on its predicate a few instructions on, where the warp spins
             what = BARRIERS.get(int(m.group(2), 16), "other copy")
-            waits[what] += n(r)
+            waits[what] += samples(r)
             for j in range(i + 1, min(i + 8, len(rows))):
                 if re.search(rf"@!{m.group(1)}\s+BRA", rows[j]["Source"]):
-                    waits[what] += n(rows[j])
+                    waits[what] += samples(rows[j])
                     counted.add(j)
                     break
-        elif i not in counted and n(r, "stall_long_sb") * 2 > n(r):
+        elif i not in counted and samples(r, "stall_long_sb") * 2 > samples(r):
             if "R2UR" in src:
-                waits["table"] += n(r)
+                waits["table"] += samples(r)
             elif src.startswith("STS"):
-                waits["q"] += n(r)
+                waits["q"] += samples(r)
     out = {k: waits[k] / total for k in ("q", "K", "V", "table", "other copy")}
     out["all"] = sum(out.values())
-    reasons = collections.Counter({c[6:]: sum(n(r, c) for r in rows) for c in rows[0]
+    reasons = collections.Counter({c[6:]: sum(samples(r, c) for r in rows) for c in rows[0]
                                    if c.startswith("stall_") and "Not Issued" not in c})
     out["top_reasons"] = {k: v / total for k, v in reasons.most_common(4)}
     return out
@@ -81,9 +85,8 @@ def copy_waits(rows: list[dict]) -> dict[str, float]:
 def idle_at_join(rows: list[dict]) -> float:
     """Share of the kernel's samples on warps parked at its final join: the NOP after `BAR.SYNC 0x1` where a
     warp-specialised CTA's padding warps (no partition of their own) wait from start to end, issuing nothing."""
-    n = lambda r: int(r.get(SAMPLES) or 0)  # noqa: E731
-    total = sum(n(r) for r in rows) or 1
-    return sum(n(r) for prev, r in zip(rows, rows[1:])
+    total = sum(samples(r) for r in rows) or 1
+    return sum(samples(r) for prev, r in zip(rows, rows[1:])
                if r["Source"].strip() == "NOP" and "BAR.SYNC.DEFER_BLOCKING 0x1" in prev["Source"]) / total
 
 

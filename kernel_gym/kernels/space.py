@@ -140,8 +140,8 @@ class KnobSpace:
 
     def _shape_reason(self, config: Config) -> str | None:
         """Whether the config is written in this space's knobs and values (what all_configs' configs are)."""
-        names = set(config)
-        if not set(self.names) - self._optional <= names <= set(self.names):
+        names, known = set(config), set(self.names)
+        if not known - self._optional <= names <= known:
             return f"config knobs {sorted(config)} differ from the space's knobs {sorted(self.names)}"
         for knob in self.knobs:
             if knob.name in config and config[knob.name] == knob.legacy:

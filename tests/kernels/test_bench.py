@@ -188,9 +188,10 @@ def test_torch_decode_variants_match_the_decode_reference_where_they_run(batch):
 
 
 
-def test_flush_mode_keeps_only_the_torch_variants_that_run_and_match() -> None:
-    """benchmarks/flush_mode/run.py times only variants its check accepts; the others are kept with why."""
-    from benchmarks.flush_mode.run import checked_variants
+def test_checked_variants_keeps_only_the_variants_that_run_and_match() -> None:
+    """What fastest_correct and benchmarks/flush_mode/run.py time: only variants the check accepts; the others are
+    kept with why."""
+    checked_variants = bench.checked_variants
 
     def refuses() -> None:
         raise RuntimeError("No available kernel. Aborting execution.")
