@@ -1114,11 +1114,10 @@ def fit_overheads(priced: list[tuple]) -> dict[str, dict]:
     return out
 
 
-def run_predict(args: Any) -> int:
-    """CPU: the plain simulator on the measured run's window with the packaged dataset, beside the measurements; with
-    --calibrate POLICY also a second prediction whose step overheads per kind of step are fitted on that policy's
-    step records (fit_overheads) and held for the others (their errors are out of sample), or with
-    --calibration-from those of another run. The choices the data could not time go to untimed_plan.json."""
+def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, dict]:
+    """What --predict prices a measured run's window with: measured.json's data and meta, the model, the window's
+    trace, the recorded backend and its timer (the roofline for a smoke run), and the measured tables it reads
+    (args.*_s set) with their notes, the code and the dataset hash (the summary's `prediction`)."""
     from kernel_gym.measure import make_backend
     from kernel_gym.traffic.simulator import BackendTimer
 
@@ -1134,32 +1133,70 @@ def run_predict(args: Any) -> int:
         trace = trace.head(SMOKE_REQUESTS)
     args.kv_gb, args.max_batched_tokens, args.max_seqs = meta["kv_gb"], meta["max_batched_tokens"], meta["max_seqs"]
     backend: Any = None
+    prediction: dict = {}
     if meta["smoke"]:  # the dataset has no tiny-model rows: the path only, with a roofline timer
         from kernel_gym.measure.roofline import RooflineTimer
 
         timer: Any = RooflineTimer(0.5)
     else:
+        from kernel_gym.train.tracking import git_commit
+
         # as `kernel-gym replay` prices: rows too noisy to rank configs by still time the config deployed (an upper
         # bound: host delays only add), where leaving them out would put another config in its place
         backend = make_backend("recorded", max_spread=math.inf)
         timer = BackendTimer(backend)
-    routing_note = moe_routing_setup(args, model)
-    dense_note = dense_ops_setup(args, model)
-    graph_note = moe_graph_setup(args, model)
-    host_note = step_host_setup(args)
-    issue_note = eager_issue_setup(args)
+        prediction = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}  # meta is the run's
+    prediction |= {"moe_routing": moe_routing_setup(args, model), "dense_ops": dense_ops_setup(args, model),
+                   "moe_graph": moe_graph_setup(args, model), "step_overheads": step_host_setup(args),
+                   "eager_issue": eager_issue_setup(args)}
+    return data, meta, model, trace, backend, timer, prediction
+
+
+def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
+    """One policy's prediction and what priced it (estimated share, fallbacks, the measured tables' charges)."""
+    return {"predicted": {k: pred[k] for k in METRICS},
+            "chunk_attention_estimated_s": pred["chunk_attention_estimated_s"],
+            # the routing charge is measured time: in the denominator, not the estimated part
+            "estimated_share": (sum(guard.estimated_s.values())
+                                / max(sum(guard.kernel_s.values()) + sim.moe_routing_charged_s, 1e-12)
+                                if guard is not None else None),
+            "moe_routing_charged_s": sim.moe_routing_charged_s,
+            "dense_charged_s": sim.dense_charged_s, "dense_roofline_s": sim.dense_roofline_s,
+            "moe_graph": {"charged_s": sim.moe_graph_charged_s, "dataset_s": sim.moe_graph_replaced_s,
+                          "steps": sim.moe_graph_steps, "missed_steps": sim.moe_graph_missed},
+            "fallbacks": guard.fallbacks if guard is not None else None,
+            "clamped_workloads": sim.clamped,
+            "decode_scaled_estimate_s": sim.scaled_decode_s,
+            "decode_longest_s": sim.decode_longest_s,
+            "host_bound_s": sim.host_bound_s,
+            "predicted_busy_s": pred["busy_s"]}
+
+
+def run_predict_policies(args: Any) -> int:
+    """CPU: policies a measured run did not serve, priced on its window exactly as --predict prices the ones it did
+    (--predict-policies SPECS): a prediction with nothing measured beside it, written to --predict-json (the run's
+    summary.json is left as it is). The measured policies' errors on the same window say how far to trust it."""
+    data, meta, model, trace, backend, timer, prediction = predict_setup(args)
+    out: dict = {"run": str(args.out), "meta": meta, "prediction": prediction, "policies": {}}
+    for spec in [s for s in args.predict_policies.split(",") if s]:
+        pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
+        out["policies"][spec] = predicted_row(pred, sim, guard)
+        log(f"{spec}: " + ", ".join(f"{k} predicted {pred[k]:.4g}" for k in METRICS))
+    args.predict_json.parent.mkdir(parents=True, exist_ok=True)
+    args.predict_json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def run_predict(args: Any) -> int:
+    """CPU: the plain simulator on the measured run's window with the packaged dataset, beside the measurements; with
+    --calibrate POLICY also a second prediction whose step overheads per kind of step are fitted on that policy's
+    step records (fit_overheads) and held for the others (their errors are out of sample), or with
+    --calibration-from those of another run. The choices the data could not time go to untimed_plan.json."""
+    data, meta, model, trace, backend, timer, prediction = predict_setup(args)
+    routing_note = prediction["moe_routing"]
     if args.calibrate and not args.calibration_from and args.calibrate not in data["measured"]:
         raise SystemExit(f"--calibrate {args.calibrate!r}: not a measured policy; measured: {list(data['measured'])}")
-    summary: dict = {"meta": meta, "policies": {}}
-    if backend is not None:  # what priced the prediction: the code and the dataset (meta is the measured run's)
-        from kernel_gym.train.tracking import git_commit
-
-        summary["prediction"] = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}
-    summary.setdefault("prediction", {})["moe_routing"] = routing_note
-    summary["prediction"]["dense_ops"] = dense_note
-    summary["prediction"]["moe_graph"] = graph_note
-    summary["prediction"]["step_overheads"] = host_note
-    summary["prediction"]["eager_issue"] = issue_note
+    summary: dict = {"meta": meta, "policies": {}, "prediction": prediction}
     overheads = None
     if args.calibration_from:  # overheads fitted on another run: every policy here is out of sample
         fitted = json.loads(Path(args.calibration_from).read_text()).get("calibration")
@@ -1194,23 +1231,8 @@ def run_predict(args: Any) -> int:
                                          "prediction_error": f"{type(exc).__name__}: {exc}"[:400]}
             log(f"{spec}: no prediction: {exc}")
             continue
-        row = {"measured": {k: measured[k] for k in METRICS}, "predicted": {k: pred[k] for k in METRICS},
+        row = {"measured": {k: measured[k] for k in METRICS}, **predicted_row(pred, sim, guard),
                "relative_error": {k: (pred[k] - measured[k]) / measured[k] for k in METRICS if measured[k]},
-               "chunk_attention_estimated_s": pred["chunk_attention_estimated_s"],
-               # the routing charge is measured time: in the denominator, not the estimated part
-               "estimated_share": (sum(guard.estimated_s.values())
-                                   / max(sum(guard.kernel_s.values()) + sim.moe_routing_charged_s, 1e-12)
-                                   if guard is not None else None),
-               "moe_routing_charged_s": sim.moe_routing_charged_s,
-               "dense_charged_s": sim.dense_charged_s, "dense_roofline_s": sim.dense_roofline_s,
-               "moe_graph": {"charged_s": sim.moe_graph_charged_s, "dataset_s": sim.moe_graph_replaced_s,
-                             "steps": sim.moe_graph_steps, "missed_steps": sim.moe_graph_missed},
-               "fallbacks": guard.fallbacks if guard is not None else None,
-               "clamped_workloads": sim.clamped,
-               "decode_scaled_estimate_s": sim.scaled_decode_s,
-               "decode_longest_s": sim.decode_longest_s,
-               "host_bound_s": sim.host_bound_s,
-               "predicted_busy_s": pred["busy_s"],
                "measured_run_complete": measured.get("complete"),
                # the GPU's clocks, power and throttle reasons around the measured policy (measure/power.py)
                "gpu_before": measured.get("gpu_before"), "gpu_after": measured.get("gpu_after")}
@@ -1583,6 +1605,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="GPU: every N-th timed step, run it once more eagerly under torch's profiler and keep its "
                         "kernel time by part in the step record (the timed run is untouched); 0: off")
     p.add_argument("--predict", action="store_true", help="CPU: the simulator's prediction beside measured.json")
+    p.add_argument("--predict-policies", default="", metavar="SPECS",
+                   help="CPU: price these policies (comma list: vllm-table, default, table:PATH) on the run's window "
+                        "as --predict does, with nothing measured beside them; writes --predict-json")
+    p.add_argument("--predict-json", type=Path, default=None, metavar="FILE",
+                   help="with --predict-policies: the output file")
     p.add_argument("--live-check", nargs="+", type=Path, metavar="RUN",
                    help="CPU: the error ranges of these predicted runs into kernel_gym/data/live_check.json")
     p.add_argument("--calibrate", default="", metavar="POLICY",
@@ -1622,6 +1649,10 @@ def main(argv: list[str] | None = None) -> int:
         LIVE_CHECK.write_text(json.dumps(check, indent=1) + "\n")
         log(f"wrote {LIVE_CHECK} and {plot_live_check(check, LIVE_CHECK_PLOT)}")
         return 0
+    if args.predict_policies:
+        if args.predict_json is None:
+            p.error("--predict-policies needs --predict-json FILE (the run's summary.json is left as it is)")
+        return run_predict_policies(args)
     if args.predict:
         return run_predict(args)
     return run_live(args)
