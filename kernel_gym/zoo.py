@@ -117,14 +117,41 @@ EVAL_DECODE = ((1, 4096), (8, 16384), (32, 4096), (64, 2048), (128, 1024), (256,
 DECODE_TOKEN_CAP = 64 * 32768
 
 
+def _tp_splits(spec: ModelSpec, tp: int) -> list[str]:
+    """What does not split tp ways (empty: the shard exists). The engines' rules: vLLM and SGLang split the experts'
+    intermediate size and the query heads evenly over TP, and the KV heads evenly (kv % tp == 0) or, with fewer KV
+    heads than GPUs, replicate each one tp / kv times (tp % kv == 0)."""
+    bad = []
+    if spec.intermediate % tp:
+        bad.append(f"intermediate {spec.intermediate} is not a multiple of {tp}")
+    if spec.num_heads % tp:
+        bad.append(f"num_heads {spec.num_heads} is not a multiple of {tp}")
+    kv = spec.num_kv_heads
+    if kv % tp and tp % kv:
+        bad.append(f"num_kv_heads {kv} is neither a multiple nor a divisor of {tp}")
+    return bad
+
+
+def tp_problem(spec: ModelSpec, tp: int) -> str:
+    """'' when the model shards tp ways, else one line naming what does not split and the TP degrees that work."""
+    if tp < 1:
+        return f"{spec.name}: tp={tp}; a tensor-parallel degree is >= 1"
+    bad = _tp_splits(spec, tp)
+    if not bad:
+        return ""
+    ok = [t for t in (1, 2, 4, 8, 16) if not _tp_splits(spec, t)]
+    return (f"{spec.name} does not split tp={tp} ways ({'; '.join(bad)}): vLLM and SGLang refuse it at that degree; "
+            f"use tp in {ok}")
+
+
 def shard(spec: ModelSpec, tp: int) -> ModelSpec:
     """The per-GPU shape of a model at tensor-parallel degree tp: experts' intermediate split tp ways (vLLM's N), query
     heads split, KV heads split down to one per GPU (replicated below that)."""
     if tp == 1:
         return spec
-    if spec.intermediate % tp or spec.num_heads % tp:
-        raise ValueError(f"{spec.name}: intermediate {spec.intermediate} and heads {spec.num_heads} must divide by "
-                         f"tp={tp}")
+    why = tp_problem(spec, tp)
+    if why:
+        raise ValueError(why)
     kv = max(1, spec.num_kv_heads // tp)
     return dataclasses.replace(spec, name=f"{spec.name}@tp{tp}", intermediate=spec.intermediate // tp,
                                num_heads=spec.num_heads // tp, num_kv_heads=kv)

@@ -263,7 +263,7 @@ def test_programmatic_trace_with_a_nan_arrival_is_refused() -> None:
 
 @pytest.mark.parametrize("argv, needle", [
     (["tune", "--model", "nope", "--dry-run"], "unknown model 'nope'"),
-    (["tune", "--model", "mixtral-8x7b@tp3", "--dry-run"], "must divide by tp=3"),
+    (["tune", "--model", "mixtral-8x7b@tp3", "--dry-run"], "does not split tp=3 ways"),
     (["tune", "--model", "phi-3.5-moe", "--top-k", "0"], "--top-k must be >= 1"),
     (["tune", "--model", "phi-3.5-moe", "--policy-dir", "/nonexistent/kg", "--dry-run"], "--save-policies"),
     (["train", "--model", "zoo", "--exclude-models", "foo"], "unknown zoo model(s) ['foo']"),

@@ -82,11 +82,37 @@ class MoEShape:
                 "dtype": self.dtype, "ep": self.ep, "global_experts": self.num_experts * self.ep}
 
 
-def shard_shape(model: Any, tp: int = 1, dtype: str = "bfloat16", ep: int = 1) -> MoEShape:
-    """The shape one GPU runs: N = intermediate // tp (vLLM's and SGLang's N), E = experts // ep (their E)."""
+ENGINE_DTYPES = {2: "bfloat16", 4: "float32"}  # a spec's dtype_bytes -> the dtype its engine file is keyed on
+
+
+def engine_dtype(model: Any) -> str:
+    """The expert dtype the engine names the model's fused-MoE file by: bf16/fp16 (no dtype part) or float32
+    (",dtype=float32"). An fp8 spec (dtype_bytes 1) is refused: the engines read an fp8 model's configs from the
+    ",dtype=fp8_w8a8" file, tuned on the fp8 kernel, which kernel_gym does not measure; a bf16-keyed file would be
+    written where the engine never looks."""
+    size = getattr(model, "dtype_bytes", 2)
+    if size not in ENGINE_DTYPES:
+        raise ValueError(f"model {model.name}: dtype_bytes {size} (fp8) experts: vLLM and SGLang read an fp8 model's "
+                         "fused-MoE configs from E=..,N=..,device_name=..,dtype=fp8_w8a8.json, tuned on the fp8 "
+                         "kernel, which kernel_gym does not measure (bf16 and fp32 only); tune that file with vLLM's "
+                         "benchmarks/kernels/benchmark_moe.py --dtype fp8_w8a8, or set \"dtype_bytes\": 2 in the "
+                         "spec for a bf16 deployment")
+    return ENGINE_DTYPES[size]
+
+
+def shard_shape(model: Any, tp: int = 1, dtype: str = "", ep: int = 1) -> MoEShape:
+    """The shape one GPU runs: N = intermediate // tp (vLLM's and SGLang's N), E = experts // ep (their E); dtype
+    (default: the spec's, `engine_dtype`) keys the engine file."""
+    dtype = dtype or engine_dtype(model)
     if tp < 1 or model.intermediate % tp:
         raise ValueError(f"--tp {tp}: the intermediate size {model.intermediate} of {model.name} must split into "
                          f"{tp} equal shards")
+    if tp > 1:
+        from kernel_gym.zoo import tp_problem
+
+        why = tp_problem(model, tp)
+        if why:  # a file for a degree the engine cannot launch the model at would never be read
+            raise ValueError(f"--tp {tp}: {why}")
     if ep < 1 or model.num_experts % ep:
         raise ValueError(f"--ep {ep}: the {model.num_experts} experts of {model.name} must split evenly over {ep} "
                          "GPUs (the engines name the file by the local expert count)")
@@ -363,11 +389,13 @@ def write_engine_file(out: Path, fmt: str, shape: MoEShape, device: str, content
 
 def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: str = "uniform",
            stores: Sequence[str | Path] = (), force: bool = False, min_gain: float = DEFAULT_MIN_GAIN,
-           triton_version: str = "", dtype: str = "bfloat16", rows: Sequence[Row] | None = None, ep: int = 1,
+           triton_version: str = "", dtype: str = "", rows: Sequence[Row] | None = None, ep: int = 1,
            engine_version: str = "", confirmations: Sequence[str | Path] = ()) -> tuple[Path, dict]:
-    """Choose and write one engine file (module docstring); returns (path, the sidecar note)."""
+    """Choose and write one engine file (module docstring); returns (path, the sidecar note). dtype: the experts'
+    (default: the spec's dtype_bytes, `engine_dtype`)."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: use one of {FORMATS}")
+    dtype = dtype or engine_dtype(model)
     engine = vllm_tables.parse_engine(f"{fmt}-{engine_version}" if engine_version else fmt)
     shape = shard_shape(model, tp, dtype, ep)
     label, skew = parse_routing(routing)

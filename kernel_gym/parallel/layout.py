@@ -27,7 +27,7 @@ import numpy as np
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
 from kernel_gym.traffic.routing import effective_skew
 from kernel_gym.traffic.simulator import GPU_MEMORY_UTILIZATION, H200_MEMORY_BYTES, SKEW_GRID, round_count
-from kernel_gym.zoo import shard
+from kernel_gym.zoo import shard, tp_problem
 
 
 # A frozen record that checks itself in __post_init__ and derives sizes in properties, as prefill_gluon's
@@ -80,8 +80,9 @@ def why_invalid(spec: Any, layout: Layout, gpus: int, gpu_memory_bytes: float = 
     """'' when the layout can serve the model on `gpus` GPUs, else the reason."""
     if layout.gpus != gpus:
         return f"{layout}: tp x ep = {layout.gpus}, not the {gpus} GPUs given"
-    if spec.intermediate % layout.tp or spec.num_heads % layout.tp:
-        return f"{layout}: intermediate {spec.intermediate} and heads {spec.num_heads} must divide by tp={layout.tp}"
+    why = tp_problem(spec, layout.tp)
+    if why:
+        return f"{layout}: {why}"
     if spec.num_experts % layout.ep:
         return f"{layout}: {spec.num_experts} experts do not split evenly over ep={layout.ep}"
     if gpu_weight_bytes(spec, layout) >= gpu_memory_bytes * gpu_memory_utilization:

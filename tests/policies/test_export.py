@@ -268,7 +268,7 @@ def test_tp_is_honoured_for_the_dispatch_format_or_refused(tmp_path):
     table = DispatchTable.load(tmp_path / "t" / export.TABLE_FILE)
     assert table.model["name"] == "mixtral-8x7b@tp2" and table.kernels["fused_moe"].fixed["intermediate"] == 7168
     for argv, match in [(["--model", "mixtral-8x7b@tp2", "--tp", "2"], "already names a shard"),
-                        (["--tp", "3"], "must divide by tp=3"), (["--tp", "0"], "--tp must be >= 1"),
+                        (["--tp", "3"], "does not split tp=3 ways"), (["--tp", "0"], "--tp must be >= 1"),
                         (["--format", "vllm"], "--policy-dir is for --format dispatch")]:
         with pytest.raises(ValueError, match=match) as exc:
             export_cli.main([*argv, "--policy-dir", str(bundle), "--out", str(tmp_path / "bad")])
