@@ -5,10 +5,13 @@ outputs, prompts beyond the engine's context limit). Each test failed before its
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 
 import pytest
 
 from kernel_gym.models import ModelSpec
+from kernel_gym.traffic.traces import TraceError, load_trace
 
 # shapes of published or plausible MoE models that are not in the zoo
 HEADS20 = ModelSpec(name="heads20", num_layers=4, hidden=2560, num_heads=20, num_kv_heads=4, head_dim=128,
@@ -63,3 +66,23 @@ def test_engine_file_is_keyed_on_the_specs_dtype(tmp_path):
     assert path.name == "E=160,N=320,device_name=NVIDIA_H200,dtype=float32.json" and note["estimate"]
     path, _ = ee.export(QWEN3_CODER, "vllm", tmp_path / "c", "NVIDIA H200", tp=8, force=True, rows=[])
     assert path.name == "E=160,N=320,device_name=NVIDIA_H200.json"
+
+
+# ---- traces ------------------------------------------------------------------------------------------------------
+
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    f"2024-05-01 12:00:{i:02d}.0000000,{100 + i},{10 + i}\n" for i in range(20))
+
+
+def test_gzip_traces_are_read(tmp_path):
+    (tmp_path / "a.csv.gz").write_bytes(gzip.compress(AZURE.encode()))
+    t = load_trace(tmp_path / "a.csv.gz")
+    assert len(t) == 20 and t.name == "a" and t.prompt_tokens[3] == 103
+    lines = "".join(json.dumps({"timestamp": 500 * i, "input_length": 600, "output_length": 5, "hash_ids": [1, i]})
+                    + "\n" for i in range(4))
+    (tmp_path / "m.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    m = load_trace(tmp_path / "m.jsonl.gz")
+    assert len(m) == 4 and m.hash_ids[2] == (1, 2) and m.arrival_s[-1] == 1.5
+    (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(AZURE.encode())[:60])
+    with pytest.raises(TraceError, match="damaged gzip file.*gzip -d"):
+        load_trace(tmp_path / "cut.csv.gz")

@@ -6,6 +6,9 @@ Formats (columns as published; origins and licences: README.md, Data and licence
 - BurstGPT (CSV): Timestamp (s), [Session ID, Elapsed time,] Model, Request tokens, Response tokens, Total tokens,
   Log Type.
 
+A gzip-compressed file (`.csv.gz`, `.jsonl.gz`: recognised by its gzip header, whatever its name) is read as the
+text inside it.
+
 Every trace becomes a `Trace`: arrival times in seconds from the first arrival, prompt and output token counts.
 Bad input raises `TraceError` naming the file, the line and the fix. One repair is documented and counted instead of
 raised: rows with zero prompt or zero output tokens (BurstGPT records failed requests that way) are dropped and
@@ -18,10 +21,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import json
 import math
 import os
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -179,9 +184,36 @@ def _finish(path: Path, name: str, rows: list[tuple[int, float, int, int]], repa
     return Trace(name, t, arr[:, 1].astype(np.int64), arr[:, 2].astype(np.int64), str(path), repairs)
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == GZIP_MAGIC
+
+
+def _open_text(path: Path, encoding: str = "utf-8", newline: str | None = None):
+    """The file as text, through gzip when it is gzip-compressed (the published traces are often shipped so)."""
+    if is_gzip(path):
+        return gzip.open(path, "rt", encoding=encoding, newline=newline)
+    return open(path, encoding=encoding, newline=newline)
+
+
+def _stem(path: Path) -> str:
+    """'trace.csv.gz' -> 'trace', 'trace.csv' -> 'trace'."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    return Path(name).stem
+
+
+def _suffix(path: Path) -> str:
+    """'trace.jsonl.gz' -> '.jsonl'."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    return Path(name).suffix
+
+
 def _open_csv(path: Path, required: tuple[str, ...], fmt: str):
     """(header, reader, file) after checking the header holds the format's columns."""
-    fh = open(path, newline="", encoding="utf-8-sig")
+    fh = _open_text(path, encoding="utf-8-sig", newline="")
     reader = csv.reader(fh)
     header = next(reader, None)
     if header is None:
@@ -243,7 +275,7 @@ def _load_csv(path: Path, columns: tuple[str, ...], kind: str, name: str | None,
                 raise _err(path, line, f"{columns[0]} {rec[it]!r} is not a finite time", "correct or delete that row")
             rows.append((line, t, _int_field(path, line, columns[1], rec[ip]),
                          _int_field(path, line, columns[2], rec[io])))
-    return _finish(path, name or path.stem, rows, {})
+    return _finish(path, name or _stem(path), rows, {})
 
 
 def load_azure(path: str | Path, name: str | None = None) -> Trace:
@@ -269,7 +301,7 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
     path = Path(path)
     rows = []
     hashes: dict[int, tuple[int, ...]] = {}
-    with open(path, encoding="utf-8") as fh:
+    with _open_text(path) as fh:
         for line, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
@@ -301,7 +333,7 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
                 hashes[line] = tuple(ids)
     if not rows:
         raise _err(path, 1, "the file is empty", f"give a Mooncake JSONL trace with fields {list(MOONCAKE_FIELDS)}")
-    trace = _finish(path, name or path.stem, rows, {})
+    trace = _finish(path, name or _stem(path), rows, {})
     if not hashes:
         return trace
     kept = [r[0] for r in rows if r[2] > 0 and r[3] > 0]  # the rows _finish kept, in order
@@ -312,9 +344,9 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
 def detect_format(path: str | Path) -> str:
     """'azure' | 'mooncake' | 'burstgpt' from the extension and header."""
     path = Path(path)
-    if path.suffix in (".jsonl", ".json"):
+    if _suffix(path) in (".jsonl", ".json"):
         return "mooncake"
-    with open(path, newline="", encoding="utf-8-sig") as fh:
+    with _open_text(path, encoding="utf-8-sig", newline="") as fh:
         first = fh.readline()
     if not first.strip():
         raise _err(path, 1, "the file is empty", "give a trace file with a header row")
@@ -340,8 +372,15 @@ def _loader(fmt: str) -> Callable[..., Trace]:
         except UnicodeDecodeError as exc:
             raise _err(Path(path), 1, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset "
                        f"{exc.start})", "save the trace as UTF-8 (CSV or JSONL)") from None
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise _bad_gzip(Path(path), exc) from None
 
     return load
+
+
+def _bad_gzip(path: Path, exc: BaseException) -> TraceError:
+    return _err(path, 1, f"a damaged gzip file ({exc or type(exc).__name__})",
+                "download it again, or decompress it (gzip -d) and pass the CSV or JSONL")
 
 
 LOADERS = {"azure": load_azure, "mooncake": load_mooncake, "burstgpt": load_burstgpt}
@@ -389,3 +428,5 @@ def _detect(path: Path) -> str:
         return detect_format(path)
     except UnicodeDecodeError as exc:
         raise _err(path, 1, f"not UTF-8 text (offset {exc.start})", "save the trace as UTF-8 (CSV or JSONL)") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise _bad_gzip(path, exc) from None
