@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
 
+import numpy as np
 import pytest
 
 from kernel_gym.models import ModelSpec
-from kernel_gym.traffic.traces import TraceError, load_trace
+from kernel_gym.traffic.traces import Trace, TraceError, load_trace
 
 # shapes of published or plausible MoE models that are not in the zoo
 HEADS20 = ModelSpec(name="heads20", num_layers=4, hidden=2560, num_heads=20, num_kv_heads=4, head_dim=128,
@@ -86,3 +88,29 @@ def test_gzip_traces_are_read(tmp_path):
     (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(AZURE.encode())[:60])
     with pytest.raises(TraceError, match="damaged gzip file.*gzip -d"):
         load_trace(tmp_path / "cut.csv.gz")
+
+
+def test_replay_load_line_for_a_trace_without_a_span():
+    from kernel_gym.evaluate.replay import load_info
+
+    one = Trace("one", np.zeros(1), np.array([500]), np.array([100]))
+    info = load_info(one)
+    assert info["offered_req_per_s"] is None and "1 request (the trace spans 0 s: no arrival rate" in info["load"]
+    burst = Trace("burst", np.zeros(30), np.full(30, 200), np.full(30, 10))
+    assert "30 requests, all at one instant" in load_info(burst)["load"]  # was "0.00 req/s, 0 output tok/s"
+    assert load_info(Trace("t", np.array([0.0, 2.0]), np.array([1, 1]), np.array([4, 4])))["offered_req_per_s"] == 1
+
+
+def test_replay_report_of_one_token_outputs_is_valid_json_with_na(tmp_path):
+    from kernel_gym.evaluate import replay_report
+
+    nan = float("nan")
+    pol = {"tokens_per_s": 2.0, "tuned_kernel_s": 1.0, "tuning_gpu_s": 0.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.2,
+           "tpot_p50_s": nan, "tpot_p99_s": nan}
+    rep = {"trace": "t", "model": "m", "policies": {"default": dict(pol), "oracle": dict(pol)}}
+    md = replay_report.markdown(rep)
+    assert "nan" not in md and "n/a / n/a" in md and "TPOT needs a finished request with at least 2" in md
+    safe = replay_report.json_safe(rep)
+    text = json.dumps(safe, allow_nan=False)  # NaN is not JSON: strict parsers (jq, JSON.parse) rejected the file
+    assert json.loads(text)["policies"]["default"]["tpot_p50_s"] is None
+    assert not any(isinstance(v, float) and not math.isfinite(v) for v in safe["policies"]["oracle"].values())

@@ -501,12 +501,18 @@ def load_info(trace: Any, rate_scale: float = 1.0, window: str = "") -> dict[str
     """The offered load beside the numbers: request rate, output tokens/s offered, duration, rate scale."""
     dur = float(trace.duration_s) if len(trace) else 0.0
     out_tok = float(np.sum(trace.output_tokens))
-    rate = len(trace) / dur if dur > 0 else 0.0
-    offered = out_tok / dur if dur > 0 else 0.0
+    tail = f"rate x{rate_scale:g}{', window ' + window + ' s' if window else ''}"
+    if dur <= 0:  # one request, or all at one instant: no rate to state (None in the JSON, not 0 or infinity)
+        what = "1 request" if len(trace) == 1 else f"{len(trace)} requests, all at one instant"
+        return {"requests": len(trace), "duration_s": dur, "rate_scale": rate_scale, "window": window,
+                "offered_req_per_s": None, "offered_output_tokens_per_s": None,
+                "load": f"{what} (the trace spans 0 s: no arrival rate; {out_tok:.0f} output tokens offered; {tail})"}
+    rate = len(trace) / dur
+    offered = out_tok / dur
     return {"requests": len(trace), "duration_s": dur, "rate_scale": rate_scale, "window": window,
             "offered_req_per_s": rate, "offered_output_tokens_per_s": offered,
             "load": f"{len(trace)} requests over {dur:.0f} s ({rate:.2f} req/s, {offered:.0f} output tok/s offered; "
-                    f"rate x{rate_scale:g}{', window ' + window + ' s' if window else ''})"}
+                    f"{tail})"}
 
 
 def _fresh(disp: Any) -> Any:

@@ -7,6 +7,7 @@ the JSON + .md + .png files beside each other (`write_outputs`) and the MLflow r
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,6 +52,15 @@ def markdown(rep: dict[str, Any]) -> str:
              "| policy | " + " | ".join(h for h, _ in COLUMNS) + " |",
              "|---|" + "---|" * len(COLUMNS)]
     kref = pols.get("oracle", {}).get("tuned_kernel_s_same_traffic")
+    undefined = False
+
+    def q(v: Any, scale: float, digits: int) -> str:  # a latency quantile; n/a where no request defines it
+        nonlocal undefined
+        if v is None or not math.isfinite(v):
+            undefined = True
+            return "n/a"
+        return f"{v * scale:.{digits}f}"
+
     for n, m in pols.items():
         rel = f"{m['tokens_per_s'] / ref:.3f}" if ref else "-"
         same = m.get("tuned_kernel_s_same_traffic")
@@ -58,11 +68,15 @@ def markdown(rep: dict[str, Any]) -> str:
         same_s = f"{same:.2f}" if same is not None else "-"
         lines.append(f"| {n} | {m['tokens_per_s']:.1f} | {rel} | {m['tuned_kernel_s']:.2f} | {same_s} | {krel} | "
                      f"{m['tuning_gpu_s']:.1f} | "
-                     f"{m['ttft_p50_s']:.3f} / {m['ttft_p99_s']:.3f} | {m['tpot_p50_s'] * 1e3:.2f} / "
-                     f"{m['tpot_p99_s'] * 1e3:.2f} | {m.get('config_switches', 0):.0f} | {m.get('fallbacks', 0):.0f} | "
+                     f"{q(m['ttft_p50_s'], 1, 3)} / {q(m['ttft_p99_s'], 1, 3)} | {q(m['tpot_p50_s'], 1e3, 2)} / "
+                     f"{q(m['tpot_p99_s'], 1e3, 2)} | {m.get('config_switches', 0):.0f} | "
+                     f"{m.get('fallbacks', 0):.0f} | "
                      f"{_estimated(m)} |")
     lines += ["", "Columns:"]
     lines += [f"- {h}: {d}." for h, d in COLUMNS]
+    if undefined:
+        lines += ["", "n/a: no request defines that figure in this replay (TPOT needs a finished request with at "
+                  "least 2 output tokens; TTFT a finished request); null in the JSON."]
     note = estimate_note(rep)
     if note:
         lines += ["", note]
@@ -229,9 +243,23 @@ def plot(runs: dict[str, Any],  # replay.PolicyRun values (not imported: replay 
     _finish(plt, fig, ax, "config switches (cumulative)", path_switches)
 
 
+def json_safe(obj: Any) -> Any:
+    """`obj` with every NaN or infinite float as None: JSON has no NaN (Python writes one that strict parsers such as
+    JSON.parse and jq reject); a latency no request defines (TPOT of one-token outputs) is null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return json_safe(obj.item())
+    return obj
+
+
 def write_outputs(rep: dict[str, Any], runs: dict[str, Any], json_path: Path) -> list[Path]:
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(rep, indent=1))
+    json_path.write_text(json.dumps(json_safe(rep), indent=1, allow_nan=False))
     md = json_path.with_suffix(".md")
     md.write_text(markdown(rep))
     p1 = json_path.with_name(json_path.stem + "_tokens.png")
