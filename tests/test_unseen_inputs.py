@@ -114,3 +114,93 @@ def test_replay_report_of_one_token_outputs_is_valid_json_with_na(tmp_path):
     text = json.dumps(safe, allow_nan=False)  # NaN is not JSON: strict parsers (jq, JSON.parse) rejected the file
     assert json.loads(text)["policies"]["default"]["tpot_p50_s"] is None
     assert not any(isinstance(v, float) and not math.isfinite(v) for v in safe["policies"]["oracle"].values())
+
+
+# ---- plan: the engine's context limit ----------------------------------------------------------------------------
+
+def test_launch_commands_pass_the_context_limit_the_plan_assumed():
+    from kernel_gym.parallel.deploy import MAX_MODEL_LEN, Deployment, launch_commands
+
+    (v,) = launch_commands(Deployment("vllm", 1, 8, 1, 16, 8192, 256, 512), "m")
+    assert f"--max-model-len {MAX_MODEL_LEN}" in v  # the engine otherwise takes the model's own (up to 256k)
+    (s,) = launch_commands(Deployment("sglang", 1, 8, 1, 16, 8192, 256, 512), "m", max_model_len=131072)
+    assert "--context-length 131072" in s
+
+
+def test_plan_says_how_to_serve_prompts_beyond_the_context_limit(tmp_path, capsys):
+    from kernel_gym.cli.plan import main
+
+    rows = "".join(f"2024-05-01 12:00:{i:02d}.0000000,{40000 + i},3\n" for i in range(30))
+    path = tmp_path / "long.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    assert main(["--model", "mixtral-8x7b", "--gpus", "1", "--trace", str(path), "--no-mlflow"]) == 2
+    err = capsys.readouterr().err  # was: "no request of the window fits max_model_len 32768", no fix
+    assert "longer than max_model_len 32768" in err and "--max-model-len 40032" in err
+
+
+def test_pricer_error_names_the_limit_to_raise(monkeypatch):
+    import kernel_gym.parallel.deploy as deploy
+
+    pricer = deploy.DeploymentPricer.__new__(deploy.DeploymentPricer)  # no backend: it refuses before pricing
+    pricer.spec, pricer.max_model_len = QWEN3_CODER, 1000
+    monkeypatch.setattr(deploy, "why_invalid_deployment", lambda *a, **k: "")
+    trace = Trace("t", np.array([0.0, 1.0]), np.array([4000, 5000]), np.array([8, 8]))
+    with pytest.raises(ValueError, match="none of the window's 2 requests fits.*--max-model-len 4008"):
+        pricer.serve(trace, deploy.Deployment("vllm", 1, 8, 1, 16, 8192, 256, 512), 2.0, 0.1)
+
+
+def _azure(path, times, prompt=300, output=20):
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2024-05-01 12:{int(t) // 60:02d}:{t % 60:09.6f}0,{prompt},{output}\n" for t in times))
+    return path
+
+
+def test_plan_names_the_window_that_fits_a_short_trace(tmp_path, capsys):
+    from kernel_gym.cli.plan import main
+    from kernel_gym.deploy.plan import largest_window
+
+    assert largest_window(600.0, 1.0, 60.0) == 60.0 and largest_window(0.0, 1.0, 60.0) == 0.0
+    w = largest_window(100.0, 1.0, 60.0)
+    assert 10 < w < 60 and largest_window(100.0, 1.0, w) == w and largest_window(100.0, 1.0, w + 0.2) < w + 0.2
+    path = _azure(tmp_path / "short.csv", [i * 2.0 for i in range(50)])  # 98 s
+    assert main(["--model", "mixtral-8x7b", "--gpus", "1", "--trace", str(path), "--no-mlflow"]) == 2
+    err = capsys.readouterr().err  # was: "... shorter than context + warm-up + window; use shorter windows"
+    assert "spans 98 s" in err and f"pass --window-s {largest_window(98.0, 1.0, 60.0):g}" in err
+    one = _azure(tmp_path / "one.csv", [0.0])
+    assert main(["--model", "mixtral-8x7b", "--gpus", "1", "--trace", str(one), "--no-mlflow"]) == 2
+    assert "has no time span" in capsys.readouterr().err
+
+
+def test_plan_window_start_in_a_bursty_trace_takes_in_a_burst():
+    from types import SimpleNamespace
+
+    from kernel_gym.deploy.plan import window_starts
+
+    # bursts every 20 s; the held-out part's start range [83.975, 84.1] lies in a gap, its window (with 3.975 s of
+    # warm-up) reaches back to the burst at 80 s only from the range's first start (was: the middle one, no arrivals)
+    arr = np.repeat(np.arange(0.0, 101.0, 20.0), 5)
+    env = SimpleNamespace(_range=(83.975, 84.1), trace=Trace("b", arr, np.ones(30, int), np.ones(30, int)),
+                          warmup_s=3.975, window_s=15.9, rate_scale=1.0, split="heldout")
+    (s,) = window_starts(env, 1)
+    assert s == pytest.approx(83.975)
+    env.trace = Trace("gap", np.array([0.0, 200.0]), np.ones(2, int), np.ones(2, int))
+    env._range = (100.0, 110.0)
+    with pytest.raises(ValueError, match="no request in any window of its heldout part"):
+        window_starts(env, 1)
+
+
+# ---- cycle: a request log of a tensor-parallel deployment ---------------------------------------------------------
+
+def test_cycle_replays_a_request_log_on_one_gpu_of_the_tp_deployment(tmp_path):
+    from kernel_gym.deploy import cycle
+    from kernel_gym.deploy import engine_export as ee
+
+    spec = tmp_path / "qwen3-coder.json"
+    spec.write_text(json.dumps(dataclasses.asdict(QWEN3_CODER)))
+    ee.export(QWEN3_CODER, "vllm", tmp_path / "cur", "NVIDIA H200", tp=8, force=True, rows=[])
+    log = _azure(tmp_path / "log.csv", [i * 0.5 for i in range(40)])
+    # 957 GB of weights: the request log was replayed on one GPU holding the whole model, refused as "weights exceed
+    # 0.9 x 141 GB ... use a larger GPU"; at TP 8 it is read, and the cycle stops only at the unmeasured shape
+    with pytest.raises(ValueError, match="no recorded vllm_fused_moe times for E=160, N=320"):
+        cycle.run_cycle(current=tmp_path / "cur", model=str(spec), engine="vllm", traffic=[log], tp=8,
+                        no_mlflow=True, report_dir=tmp_path, rows=[])

@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "shorter windows where the held-out part is too short; --json is written before it)")
     p.add_argument("--tracking-uri", default="")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=0,
+                   help="the engine's context limit, prompt + output tokens (default 32768): passed in the launch "
+                        "commands; each deployment's KV cache must hold one such request, longer requests are "
+                        "refused")
     return p
 
 
@@ -45,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                rate_scale=args.rate_scale, window_s=args.window_s, routing=args.routing,
                                train_steps=args.train_steps, samples=args.samples, refine_rounds=args.refine_rounds,
                                next_best=args.next, model_id=args.model_id, json_path=args.json,
-                               no_mlflow=args.no_mlflow, tracking_uri=args.tracking_uri, seed=args.seed)
+                               no_mlflow=args.no_mlflow, tracking_uri=args.tracking_uri, seed=args.seed,
+                               max_model_len=args.max_model_len)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"kernel-gym plan: {exc}", file=sys.stderr)
         return 2

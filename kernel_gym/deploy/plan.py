@@ -17,6 +17,7 @@ from the measured table or, without one, aiconfigurator's labelled prior.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -50,30 +51,72 @@ def parse_slo(text: str) -> tuple[float, float]:
 
 def make_env(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float,
              window_s: float, split: str = "train", routing: Any = None, table: Any = None,
-             backend: Any = None, pricer: Any = None) -> Any:
+             backend: Any = None, pricer: Any = None, max_model_len: int = 0) -> Any:
     """A ServingPlan-v0 env; `backend` / `pricer` (a DeploymentPricer of the model) are shared when given, so that
     the dataset loads once and the layouts' prices are memoised across envs."""
     from kernel_gym.envs.parallel_serving import ServingPlanEnv
+    from kernel_gym.parallel.deploy import MAX_MODEL_LEN
 
     if pricer is not None:
         backend, table = pricer.backend, pricer._table_arg if pricer._table is None else pricer._table
-    ctx = min(60.0, window_s)
+        max_model_len = pricer.max_model_len
+    ctx, warmup = window_parts(window_s)
     return ServingPlanEnv(backend=backend or "recorded", model=spec, trace=trace, gpus=gpus, engine=engine,
                           table=table, routing=routing, split=split, window_s=window_s,
-                          warmup_s=min(10.0, window_s / 4), context_s=ctx, rate_scale=rate_scale, ttft_slo_s=slo[0],
-                          tpot_slo_s=slo[1], pricer=pricer)
+                          warmup_s=warmup, context_s=ctx, rate_scale=rate_scale, ttft_slo_s=slo[0],
+                          tpot_slo_s=slo[1], pricer=pricer, max_model_len=max_model_len or MAX_MODEL_LEN)
+
+
+def window_parts(window_s: float) -> tuple[float, float]:
+    """(context_s, warmup_s) of a plan window of `window_s` simulated seconds."""
+    return min(60.0, window_s), min(10.0, window_s / 4)
+
+
+def largest_window(duration_s: float, rate_scale: float, window_s: float) -> float:
+    """The largest window (<= window_s, 0.1 s steps; 0 when none) whose context, warm-up and window fit both the train
+    and the held-out part of a trace spanning `duration_s` (make_env's envs)."""
+    from kernel_gym.envs.parallel_serving import window_start_range
+
+    def fits(w: float) -> bool:
+        ctx, warm = window_parts(w)
+        return all(a <= b for a, b in (window_start_range(duration_s, HOLDOUT, split, w, warm, ctx, rate_scale)
+                                       for split in ("train", "heldout")))
+
+    if fits(window_s):
+        return window_s
+    lo, hi = 0.0, window_s
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    w = math.floor(lo * 10) / 10
+    return w if w > 0 and fits(w) else 0.0
 
 
 def window_starts(env: Any, n: int) -> list[float]:
     """n evenly spaced window starts inside the env's split, each moved to the next arrival (bursty traces have
-    idle gaps longer than a window)."""
+    idle gaps longer than a window); where that window (with its warm-up) would still hold no request, to the start
+    in the split whose window takes in the nearest earlier arrival. A split no window of which holds a request is
+    refused, naming the fix."""
     lo, hi = env._range
     even = [lo + (hi - lo) * (i + 0.5) / n for i in range(n)] if hi > lo else [lo]
     arr = env.trace.arrival_s
+    back, ahead = env.warmup_s * env.rate_scale, env.window_s * env.rate_scale  # trace s before / after a start
+
+    def holds(s: float) -> bool:
+        i, j = np.searchsorted(arr, [s - back, s + ahead], side="left")
+        return bool(j > i)
+
     out = []
     for s in even:
         i = int(np.searchsorted(arr, s))
-        out.append(float(min(arr[i], hi)) if i < len(arr) else s)
+        s = float(min(arr[i], hi)) if i < len(arr) else s
+        if not holds(s) and i > 0:
+            s = float(min(max(arr[i - 1], lo), hi))  # the earlier arrival at the window's start, or in its warm-up
+        if not holds(s):
+            raise ValueError(f"trace {env.trace.name!r} has no request in any window of its {env.split} part "
+                             f"([{lo - back:g}, {hi + ahead:g}) s of trace): an idle gap longer than that part; pass "
+                             "a larger --window-s, or a trace (or --rate-scale) with arrivals throughout")
+        out.append(s)
     return out
 
 
@@ -156,13 +199,13 @@ def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
 def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float = 1.0,
               window_s: float = 60.0, train_steps: int = 64, samples: int = 2, train_windows: int = 2,
               seed: int = 0, routing: Any = None, table: Any = None, env: Any = None,
-              refine_rounds: int = 1, pricer: Any = None) -> dict[str, Any]:
+              refine_rounds: int = 1, pricer: Any = None, max_model_len: int = 0) -> dict[str, Any]:
     """The agent's choice on the training windows (module docstring): the ranked candidates with their mean
     training goodput, the winner first. refine_rounds > 0: a coordinate search over the knobs starting at the best
     candidate refines it (the agent proposes, the simulator replays decide)."""
     t0 = time.time()
     env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "train", routing, table,
-                          pricer=pricer)
+                          pricer=pricer, max_model_len=max_model_len)
     starts = window_starts(env, train_windows)
     agent = train_agent(env, train_steps, seed)
     agent_deps = proposals(env, agent, starts, samples, seed)
@@ -350,24 +393,52 @@ def log_mlflow(params: dict[str, Any], report: dict[str, Any], curve: dict[str, 
 def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", slo: str = "ttft=2,tpot=0.1",
                     rate_scale: float = 1.0, window_s: float = 60.0, routing: str = "zipf:1.2", train_steps: int = 64,
                     samples: int = 2, refine_rounds: int = 1, next_best: int = 3, model_id: str = "",
-                    json_path: str = "", no_mlflow: bool = False, tracking_uri: str = "", seed: int = 0) -> int:
+                    json_path: str = "", no_mlflow: bool = False, tracking_uri: str = "", seed: int = 0,
+                    max_model_len: int = 0) -> int:
     """`kernel-gym plan` (module docstring): the recommended deployment and the `next_best` others printed, the plan
-    written to `json_path` (when given) and logged to MLflow (unless `no_mlflow`)."""
+    written to `json_path` (when given) and logged to MLflow (unless `no_mlflow`). max_model_len: the engine's
+    context limit (prompt + output tokens; default MAX_MODEL_LEN), in the launch commands; every deployment's KV
+    cache must hold one request of it, and the trace's longer requests are refused (they miss the SLO)."""
     from kernel_gym.evaluate.replay import routing_profile
+    from kernel_gym.evaluate.replay_report import json_safe
     from kernel_gym.models import load_model
-    from kernel_gym.parallel.deploy import ENGINE_VERSIONS, launch_commands
+    from kernel_gym.parallel.deploy import ENGINE_VERSIONS, MAX_MODEL_LEN, launch_commands
     from kernel_gym.traffic.windows import resolve_trace
 
     limits = parse_slo(slo)
     if not 1 <= gpus <= 8:
         raise ValueError(f"--gpus {gpus}: one H200 host has 1 to 8 GPUs")
+    if max_model_len < 0:
+        raise ValueError(f"--max-model-len {max_model_len}: give the engine's context limit in tokens (> 0)")
+    max_model_len = max_model_len or MAX_MODEL_LEN
     spec = load_model(model)
     replayed = resolve_trace(trace)
+    total = replayed.prompt_tokens + replayed.output_tokens
+    too_long = int((total > max_model_len).sum())
+    if too_long == len(replayed):
+        raise ValueError(f"every request of trace {replayed.name!r} is longer than max_model_len {max_model_len} "
+                         f"(prompt + output tokens; the shortest has {int(total.min())}): pass --max-model-len "
+                         f"{int(total.max())} to serve them all")
+    if too_long:
+        print(f"[plan] {too_long} of {len(replayed)} requests of trace {replayed.name!r} are longer than "
+              f"max_model_len {max_model_len} (prompt + output tokens; the longest has {int(total.max())}): the "
+              f"engine refuses them and they count as missing the SLO; pass --max-model-len {int(total.max())} to "
+              "serve them", file=sys.stderr)
+    fit = largest_window(replayed.duration_s, rate_scale, window_s)
+    if fit < window_s:
+        span = (f"spans {replayed.duration_s:g} s" if replayed.duration_s > 0 else
+                "has no time span (one request, or all at one instant)")
+        raise ValueError(f"trace {replayed.name!r} {span} at rate scale {rate_scale:g}: too short for {window_s:g}-s "
+                         f"windows (the plan trains on windows of its first {1 - HOLDOUT:.0%} and predicts on one of "
+                         f"its last {HOLDOUT:.0%}, each after a context and a warm-up); "
+                         + (f"pass --window-s {fit:g} (or less)" if fit >= 1 else
+                            "give a trace spanning a few minutes")
+                         + (", or a lower --rate-scale" if rate_scale > 1 and fit < 1 else ""))
     profile = routing_profile(routing, spec, seed)
     print(f"[plan] {spec.name} on {gpus} H200, {engine}, trace {replayed.name} x{rate_scale:g}, SLO "
           f"TTFT <= {limits[0]} s TPOT <= {limits[1]} s; training the agent ({train_steps} steps)", file=sys.stderr)
     rec = recommend(spec, gpus, engine, replayed, limits, rate_scale, window_s, train_steps,
-                    samples, seed=seed, routing=profile, refine_rounds=refine_rounds)
+                    samples, seed=seed, routing=profile, refine_rounds=refine_rounds, max_model_len=max_model_len)
     ranked, seen = [], set()
     for r in rec["ranked"]:  # the winner, then the best deployment of each other layout
         if r["deployment"].layout_name not in seen and len(ranked) <= next_best:
@@ -381,13 +452,13 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     entries = []
     for r, h in zip(ranked, held):
         d = r["deployment"]
-        entries.append({"deployment": d.to_dict(), "launch": launch_commands(d, model_id),
+        entries.append({"deployment": d.to_dict(), "launch": launch_commands(d, model_id, max_model_len),
                         "train_goodput_req_per_s": r["train_goodput_req_per_s"], "from_agent": r["from_agent"],
                         "baseline": r["baseline"], "predicted": {k: v for k, v in h.items() if k != "deployment"},
                         "kernel_config_files": kernel_configs(spec, d, h)})
     report = {"model": spec.name, "gpus": gpus, "engine": engine,
               "engine_version": ENGINE_VERSIONS[engine], "trace": replayed.name, "rate_scale": rate_scale,
-              "slo": {"ttft_s": limits[0], "tpot_s": limits[1]}, "routing": routing,
+              "slo": {"ttft_s": limits[0], "tpot_s": limits[1]}, "routing": routing, "max_model_len": max_model_len,
               "collectives": {"source": None if table is None else table.source,
                               "prior": None if table is None else (table.prior or {}).get("source")},
               "recommended": entries[0], "next_best": entries[1:], "agent_proposals": rec["agent_proposals"],
@@ -401,6 +472,20 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     print(f"  predicted goodput {p['goodput_req_per_s']:.2f} req/s ({p['slo_attainment']:.0%} within SLO, "
           f"{p['goodput_tokens_per_s_per_gpu']:.0f} good tokens/s/GPU); estimated share {p['estimated_share']:.0%}, "
           f"prior share {p['prior_share']:.0%} of the step time")
+    def lat(key: str, scale: float, unit: str) -> str:
+        vals = [p.get(f"{key}_p50_s"), p.get(f"{key}_p99_s")]
+        ok = all(v is not None and math.isfinite(v) for v in vals)
+        return f"{vals[0] * scale:.3g} / {vals[1] * scale:.3g} {unit}" if ok else "n/a (no request defines it)"
+
+    print(f"  held-out latency: TTFT p50 / p99 {lat('ttft', 1, 's')} (SLO {limits[0]:g} s), TPOT p50 / p99 "
+          f"{lat('tpot', 1e3, 'ms')} (SLO {limits[1] * 1e3:g} ms)")
+    if p["goodput_req_per_s"] <= 0:
+        print(f"  no request of the held-out window met the SLO (TTFT <= {limits[0]:g} s and TPOT <= {limits[1]:g} s): "
+              "compare the latencies above with it; loosen --slo, give more --gpus, or replay a lower load "
+              "(--rate-scale below 1)")
+    if p.get("refused_too_long"):
+        print(f"  {p['refused_too_long']} of the held-out window's {p['requests']} requests refused: longer than "
+              f"max_model_len {max_model_len}")
     n_train = len(rec["train_windows"])
     print(f"  chosen by its mean goodput on the {n_train} training window{'s' if n_train != 1 else ''}: "
           f"{best['train_goodput_req_per_s']:.2f} req/s; the predicted goodput is one held-out window's")
@@ -424,7 +509,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     def write_json() -> None:
         if json_path:
             Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(json_path).write_text(json.dumps(report, indent=1, default=str) + "\n")
+            Path(json_path).write_text(json.dumps(json_safe(report), indent=1, default=str, allow_nan=False) + "\n")
 
     write_json()  # the recommendation first: the optional curve and MLflow run below cannot lose it
     if not no_mlflow:

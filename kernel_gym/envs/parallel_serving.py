@@ -33,6 +33,20 @@ FEATURES = ("arrival_rate", "prompt_p50", "prompt_p90", "output_p50", "output_p9
             "routing_entropy")
 
 
+
+def split_bounds(duration_s: float, holdout: float, split: str) -> tuple[float, float]:
+    """[lo, hi) trace seconds of a split: the first 1 - holdout of the trace ("train") or the rest ("heldout")."""
+    train_end = duration_s * (1 - holdout)
+    return (0.0, train_end) if split == "train" else (train_end, duration_s)
+
+
+def window_start_range(duration_s: float, holdout: float, split: str, window_s: float, warmup_s: float,
+                       context_s: float, rate_scale: float) -> tuple[float, float]:
+    """The window starts (trace seconds) whose context, warm-up and window lie inside the split; empty (hi < lo) when
+    the split is too short."""
+    lo, hi = split_bounds(duration_s, holdout, split)
+    return (max(lo, context_s * rate_scale) + warmup_s * rate_scale, hi - window_s * rate_scale)
+
 class ParallelServingEnv(gym.Env):
     """
     ## Description
@@ -101,6 +115,7 @@ class ParallelServingEnv(gym.Env):
         self.routing = routing
         self.window_s, self.warmup_s, self.context_s = float(window_s), float(warmup_s), float(context_s)
         self.rate_scale = float(rate_scale)
+        self.split = split
         self.slo = (float(ttft_slo_s), float(tpot_slo_s))
         self.sim_kwargs = dict(sim_kwargs or {})
         self.layouts: list[Layout] = layouts_for(self.gpus)
@@ -109,14 +124,22 @@ class ParallelServingEnv(gym.Env):
         if not self._mask.any():
             raise ValueError(f"{self.model.name} fits no layout on {self.gpus} GPUs: " + "; ".join(self.reasons))
         self._pricers: dict[Layout, StepPricer] = {}
-        train_end = self.trace.duration_s * (1 - holdout)
-        lo, hi = (0.0, train_end) if split == "train" else (train_end, self.trace.duration_s)
+        lo, hi = split_bounds(self.trace.duration_s, holdout, split)
         span = (self.warmup_s + self.window_s) * self.rate_scale
-        self._range = (max(lo, self.context_s * self.rate_scale) + self.warmup_s * self.rate_scale, hi - span +
-                       self.warmup_s * self.rate_scale)
+        self._range = window_start_range(self.trace.duration_s, holdout, split, self.window_s, self.warmup_s,
+                                         self.context_s, self.rate_scale)
         if self._range[1] < self._range[0]:
-            raise ValueError(f"the {split} part of trace {self.trace.name!r} is shorter than context + warm-up + "
-                             "window; use shorter windows or a longer trace")
+            ctx = max(lo, self.context_s * self.rate_scale) - lo  # trace seconds of context inside the split
+            need = ctx + span
+            n = len(self.trace)
+            instant = ("" if self.trace.duration_s > 0 else "; it holds one request" if n == 1 else
+                       f"; all {n} requests arrive at one instant")
+            parts = (f"context + warm-up + window ({ctx / self.rate_scale:g} + " if ctx > 0 else
+                     "warm-up + window (") + f"{self.warmup_s:g} + {self.window_s:g} simulated s"
+            raise ValueError(f"the {split} part of trace {self.trace.name!r} ({hi - lo:g} s of its "
+                             f"{self.trace.duration_s:g} s{instant}) is shorter than {parts} at rate scale "
+                             f"{self.rate_scale:g}: {need:g} s of trace); use a shorter --window-s, a lower "
+                             "--rate-scale, or a trace spanning more time")
         lo_i, hi_i = np.searchsorted(self.trace.arrival_s, [lo, hi])
         self.nominal_req_per_s = (hi_i - lo_i) / max(hi - lo, 1e-9) * self.rate_scale
         self.observation_space = gym.spaces.Box(-CLIP, CLIP, (len(FEATURES),), np.float32)

@@ -184,9 +184,10 @@ def why_invalid_deployment(spec: Any, dep: Deployment, max_model_len: int = MAX_
     return ""
 
 
-def launch_commands(dep: Deployment, model_id: str) -> list[str]:
+def launch_commands(dep: Deployment, model_id: str, max_model_len: int = MAX_MODEL_LEN) -> list[str]:
     """The engine launch per replica (flag names of vLLM 0.33 / SGLang 0.5.23); replicas on disjoint GPUs behind
-    any round-robin balancer."""
+    any round-robin balancer. The context limit the deployment was sized and replayed with is passed: without it the
+    engine takes the model's own (often 128k-256k), and refuses to start where the KV cache holds less."""
     g = dep.tp * dep.ep
     out = []
     for r in range(dep.replicas):
@@ -197,13 +198,14 @@ def launch_commands(dep: Deployment, model_id: str) -> list[str]:
                    f"--tensor-parallel-size 1 --data-parallel-size {dep.ep} --enable-expert-parallel")
             graph = "--enforce-eager" if dep.graph_max == 0 else f"--max-cudagraph-capture-size {dep.graph_max}"
             cmd = (f"vllm serve {model_id} {par} --block-size {dep.block_size} --max-num-batched-tokens "
-                   f"{dep.max_batched_tokens} --max-num-seqs {dep.max_seqs} {graph} --port {8000 + r}")
+                   f"{dep.max_batched_tokens} --max-num-seqs {dep.max_seqs} --max-model-len {max_model_len} {graph} "
+                   f"--port {8000 + r}")
         else:
             par = f"--tp {g}" if dep.ep == 1 else f"--tp {g} --ep {dep.ep} --dp {dep.ep} --enable-dp-attention"
             graph = "--disable-cuda-graph" if dep.graph_max == 0 else f"--cuda-graph-max-bs {dep.graph_max}"
             cmd = (f"python -m sglang.launch_server --model-path {model_id} {par} --page-size {dep.block_size} "
                    f"--chunked-prefill-size {dep.max_batched_tokens} --max-running-requests {dep.max_seqs} "
-                   f"{graph} --port {30000 + r}")
+                   f"--context-length {max_model_len} {graph} --port {30000 + r}")
         out.append(env + cmd)
     return out
 
@@ -271,7 +273,11 @@ class DeploymentPricer:
         refused = int((~keep).sum())
         span_req = len(arr)
         if len(idx) == 0:
-            raise ValueError(f"{dep.name}: no request of the window fits max_model_len {self.max_model_len}")
+            need = int((prompt + out).min())
+            raise ValueError(f"{dep.name}: none of the window's {len(arr)} requests fits max_model_len "
+                             f"{self.max_model_len} (prompt + output tokens; the shortest has {need}): raise the "
+                             f"limit to at least {need} (kernel-gym plan --max-model-len {need}) or replay a window "
+                             "of shorter requests")
         from kernel_gym.traffic.traces import Trace
 
         sub = Trace("replica0", arr[idx], prompt[idx], out[idx])
