@@ -569,7 +569,13 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
     shape = ee.shard_shape(spec, tp)
     path, triton_version = engine_file(current, engine, shape, device)
     table = read_table(path)
-    profile = read_traffic(list(traffic), spec, engine)
+    sim_model, sim_memory = spec, None
+    if tp > 1:  # the request log / SGLang rate replayed on one GPU of the TP deployment, its KV pool the layout's
+        from kernel_gym.parallel.layout import Layout, attention_spec, pool_memory_bytes
+
+        layout = Layout(tp, 1)
+        sim_model, sim_memory = attention_spec(spec, layout), pool_memory_bytes(spec, layout)
+    profile = read_traffic(list(traffic), spec, engine, sim_model, sim_memory)
     before_path = current / PROFILE_FILE
     before = load_profile(before_path) if before_path.exists() else None
     side = current / ee.SIDECAR

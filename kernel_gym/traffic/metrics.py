@@ -551,16 +551,19 @@ class _BlindChooser:
 ROOFLINE_EFFICIENCY = 0.5  # the profile simulation's kernel times: roofline / 0.5 (a typical tuned kernel's share)
 
 
-def simulate_steps(model: Any, trace: Any, routing: Any = None, max_requests: int = 20000) -> dict[str, Any]:
+def simulate_steps(model: Any, trace: Any, routing: Any = None, max_requests: int = 20000,
+                   gpu_memory_bytes: float | None = None) -> dict[str, Any]:
     """Per-step statistics of a request log replayed through the serving simulator with config-blind roofline
-    kernel times: M per step, decode batch and mean context."""
+    kernel times: M per step, decode batch and mean context. `model` is what one GPU runs (a tensor-parallel shard
+    with `gpu_memory_bytes` sizing its KV pool as the whole deployment's: parallel.layout.pool_memory_bytes)."""
     from kernel_gym.measure.roofline import RooflineTimer
     from kernel_gym.traffic.simulator import Simulator
 
     if len(trace) > max_requests:
         trace = trace.head(max_requests)
+    memory = {} if gpu_memory_bytes is None else {"gpu_memory_bytes": gpu_memory_bytes}
     sim = Simulator(model, trace, RooflineTimer(ROOFLINE_EFFICIENCY), _BlindChooser(), routing,
-                    compile_s=lambda k, c: 0.0)
+                    compile_s=lambda k, c: 0.0, **memory)
     res = sim.run()
     tokens = res.step_column("num_tokens")
     batch = res.step_column("decode_batch")
@@ -571,8 +574,8 @@ def simulate_steps(model: Any, trace: Any, routing: Any = None, max_requests: in
 
 
 def profile_from_trace(trace: Any, model: Any, engine: str = "", routing: Any = None,
-                       source: str = "") -> TrafficProfile:
-    st = simulate_steps(model, trace, routing)
+                       source: str = "", gpu_memory_bytes: float | None = None) -> TrafficProfile:
+    st = simulate_steps(model, trace, routing, gpu_memory_bytes=gpu_memory_bytes)
     return TrafficProfile(
         engine=engine, sources=[source or getattr(trace, "source", "") or trace.name], span_s=float(trace.duration_s),
         requests=float(len(trace)), steps=float(len(st["num_tokens"])),
@@ -586,7 +589,7 @@ def profile_from_trace(trace: Any, model: Any, engine: str = "", routing: Any = 
         m_source="simulator (request log)")
 
 
-def profile_from_period(p: Period, model: Any, seed: int = 0) -> TrafficProfile:
+def profile_from_period(p: Period, model: Any, seed: int = 0, gpu_memory_bytes: float | None = None) -> TrafficProfile:
     """The profile of a period of scrapes: vLLM's step-token histogram read directly; SGLang's (none exported)
     rebuilt by replaying requests drawn from its length histograms at the observed rate."""
     first = p.files[0]
@@ -624,7 +627,7 @@ def profile_from_period(p: Period, model: Any, seed: int = 0) -> TrafficProfile:
 
         arrivals = np.sort(rng.uniform(0.0, p.span_s, size=n))
         trace = Trace("sglang-period", arrivals - arrivals[0], rng.permutation(prompts[:n]), outs[:n], first)
-        st = simulate_steps(model, trace)
+        st = simulate_steps(model, trace, gpu_memory_bytes=gpu_memory_bytes)
         m_weights, steps = m_weights_from_steps(st["num_tokens"]), float(len(st["num_tokens"]))
         m_source = "simulator (SGLang request-length histograms and rate)"
         estimated.append("M from the simulator: SGLang exports no per-step token counts; requests drawn from its "
@@ -671,9 +674,12 @@ def classify(path: Path) -> str:
     return "trace"
 
 
-def read_traffic(sources: list[str | Path], model: Any, engine: str | None = None) -> TrafficProfile:
+def read_traffic(sources: list[str | Path], model: Any, engine: str | None = None, sim_model: Any = None,
+                 sim_memory_bytes: float | None = None) -> TrafficProfile:
     """One profile from the given sources: scrapes (file or folder) or a request log for the traffic, optionally
-    expert counts for the skew. Without expert counts the skew is absent (the cycle keeps the stored one)."""
+    expert counts for the skew. Without expert counts the skew is absent (the cycle keeps the stored one). Where the
+    steps are simulated, `sim_model` / `sim_memory_bytes` are one GPU of the deployment (default: the whole model on
+    one GPU)."""
     from kernel_gym.traffic.traces import load_trace
 
     if not sources:
@@ -700,9 +706,10 @@ def read_traffic(sources: list[str | Path], model: Any, engine: str | None = Non
         if engine and period.engine != engine:
             raise _err(path, f"the scrapes are {period.engine} metrics, --engine is {engine}",
                        f"pass --engine {period.engine} or the {engine} server's scrapes")
-        prof = profile_from_period(period, model)
+        prof = profile_from_period(period, sim_model or model, gpu_memory_bytes=sim_memory_bytes)
     else:
-        prof = profile_from_trace(load_trace(path), model, engine or "", source=str(path))
+        prof = profile_from_trace(load_trace(path), sim_model or model, engine or "", source=str(path),
+                                  gpu_memory_bytes=sim_memory_bytes)
     if experts:
         arrays = [read_expert_counts(f) for f in experts]
         if len({a.shape for a in arrays}) != 1:
