@@ -168,6 +168,23 @@ def policy_identity(provenance: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def data_moved_on(kernel: str, provenance: dict[str, Any], model: Any) -> dict[str, Any]:
+    """{"stale": ...} when the policy learned from another recorded dataset than the packaged one (rows re-timed,
+    added or merged since: its choices do not reflect them; a table exported on 2026-11-30 chose fused-MoE configs
+    6-23% slower than the measured best at 256-4096 tokens, and a policy retrained in a minute 0-8%,
+    benchmarks/live_e2e/tables/), else {}. Unknown (a policy logged without the hash, outside the store): {}."""
+    trained_on = str(provenance.get("dataset_sha256_16") or "")
+    now = str(getattr(recorded_backend(), "dataset_hash", "") or "")
+    if not trained_on or not now or trained_on == now:
+        return {}
+    from kernel_gym.envs import env_id_for
+
+    name = getattr(model, "name", str(model))
+    return {"stale": {"trained_on_dataset": trained_on, "packaged_dataset": now,
+                      "fix": f"retrain on the current data (kernel-gym train --env-id {env_id_for(kernel)} --model "
+                             f"{name}, about a minute on 2 cores) and export again"}}
+
+
 def kernel_basis(kernel: str, provenance: dict[str, Any] | None, model: Any, device: str = DEFAULT_DEVICE,
                  measured_cells: int | None = None, cells: int | None = None) -> dict[str, Any]:
     """What one kernel's choices rest on, for the table's meta and the printed summary.
@@ -197,7 +214,8 @@ def kernel_basis(kernel: str, provenance: dict[str, Any] | None, model: Any, dev
                 "why": f"the policy learned from {data_device} measurements; nothing was measured on {device}"}
     if measured and trained_here is not False:
         return {"basis": "measured", "policy": ident,
-                "why": f"the policy trained on measured {data_device} rows of {name}'s {kernel} shape"}
+                "why": f"the policy trained on measured {data_device} rows of {name}'s {kernel} shape",
+                **data_moved_on(kernel, provenance, model)}
     if provenance.get("model_conditioned"):
         seen = " (the packaged data has rows of this shape, but the policy never trained on them)" if measured else ""
         return {"basis": "zero-shot", "policy": ident,
@@ -495,12 +513,7 @@ def export_files(*, out: Path, fmt: str = "dispatch", model: str = "mixtral-8x7b
     else:
         path = write_vllm(table, out, skew)
     rests = table.meta.get("rests_on", {})
-    for k, r in rests.items():
-        if r["basis"] == "absent":
-            print(f"export: {k} left out ({r['why']}): the deployment runs {r['deployment_runs']} there; "
-                  f"{r['fix']}", file=sys.stderr)
-        elif r["basis"] != "measured":
-            print(f"note: {k} is {r['basis']}: {r['why']}", file=sys.stderr)
+    print_basis_notes(rests)
     cov = None
     if "fused_moe" in table.kernels and rests.get("fused_moe", {}).get("basis") != "measured":
         from kernel_gym.dispatch.shape_coverage import coverage, trained_shapes
@@ -515,6 +528,22 @@ def export_files(*, out: Path, fmt: str = "dispatch", model: str = "mixtral-8x7b
         for k, t in table.kernels.items()},
         "left_out": [k for k, r in rests.items() if r["basis"] == "absent"]}, indent=1))
     return 0
+
+
+def print_basis_notes(rests: dict[str, Any]) -> None:
+    """One stderr line per kernel of a table's meta.rests_on that a user should act on: left out, not measured, or
+    learned from an older recorded dataset than the packaged one."""
+    for k, r in rests.items():
+        if r["basis"] == "absent":
+            print(f"export: {k} left out ({r['why']}): the deployment runs {r['deployment_runs']} there; "
+                  f"{r['fix']}", file=sys.stderr)
+        elif r["basis"] != "measured":
+            print(f"note: {k} is {r['basis']}: {r['why']}", file=sys.stderr)
+        if r.get("stale"):
+            st = r["stale"]
+            print(f"note: {k}'s policy learned from dataset {st['trained_on_dataset']}; the packaged data is now "
+                  f"{st['packaged_dataset']} (rows re-timed or added since), which its choices do not reflect: "
+                  f"{st['fix']}", file=sys.stderr)
 
 
 def sharded_model(name: str, tp: int) -> Any:

@@ -300,11 +300,13 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
 
 def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str | None = None) -> Any:
     """The Dispatcher over a dispatch table: from a file, or exported now from the given (or latest) policies."""
-    from kernel_gym.deploy.export import table_from_registry
+    from kernel_gym.deploy.export import print_basis_notes, table_from_registry
     from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
 
     if not table_path:
-        return Dispatcher(table_from_registry(model, model_uris))
+        table = table_from_registry(model, model_uris)
+        print_basis_notes({k: r for k, r in table.meta.get("rests_on", {}).items() if k in table.kernels})
+        return Dispatcher(table)
     from kernel_gym.dispatch.dispatcher import check_table_for
 
     table = DispatchTable.load(table_path)

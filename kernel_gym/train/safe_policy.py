@@ -326,10 +326,26 @@ def load_safe_policy(uri: str) -> SafePolicy:
         meta = read_json(json_path)
         kernel, obs_dim = check_meta(json_path, meta, need_masks=True)
         params = load_arrays(npz_path, obs_dim, len(meta["configs"]))
+    run_id = str(meta.get("run_id", ""))
     prov = check_provenance(str(json_path), kernel, {
-        "model_uri": uri, "run_id": str(meta.get("run_id", "")), "env_id": meta.get("env_id", ""),
-        "model_specs": meta.get("model_specs"), "model_conditioned": meta.get("model_conditioned", False)})
+        "model_uri": uri, "run_id": run_id, "env_id": meta.get("env_id", ""),
+        "model_specs": meta.get("model_specs"), "model_conditioned": meta.get("model_conditioned", False),
+        "dataset_sha256_16": str(meta.get("dataset_sha256_16") or run_dataset_hash(run_id))})
     return SafePolicy(meta, params, prov)
+
+
+def run_dataset_hash(run_id: str) -> str:
+    """The recorded dataset a training run learned from (its `data.dataset_hash` tag), for policies logged before
+    policy.json carried it; "" when the run is not in the tracking store or has no such tag."""
+    if not run_id:
+        return ""
+    try:
+        import mlflow
+
+        tag = mlflow.get_run(run_id).data.tags.get("data.dataset_hash", "")
+    except Exception:  # noqa: BLE001 - a run outside this store (a copied model folder): the hash is unknown
+        return ""
+    return "" if tag in ("", "n/a") else str(tag)
 
 
 def load_bundle_files(json_path: Path, npz_path: Path, kernel: str) -> tuple[dict, dict, dict]:

@@ -625,7 +625,9 @@ def _log_model(model: Any, args: TrainArgs, data: PreparedData, backend: Any, ru
     return tracking.log_policy_model(
         model, args.kernel, args.env_id, data.catalogue, known, name,
         extra={"static_config": dict(data.static), "run_id": run_id,
-               "model_specs": [asdict(s) for s in specs], "model_conditioned": len(specs) > 1},
+               "model_specs": [asdict(s) for s in specs], "model_conditioned": len(specs) > 1,
+               # the data it learned from: export says when the packaged data has moved on since
+               "dataset_sha256_16": str(getattr(backend, "dataset_hash", "") or "")},
     )
 
 

@@ -303,3 +303,24 @@ def test_the_docs_example_spec_loads_with_its_shared_expert() -> None:
     doc = (root / "docs" / "agent.md").read_text()
     assert "kernel-gym export --model docs/example_spec.json --policy-dir benchmarks/generalisation/policies" in doc
     assert (root / "benchmarks" / "generalisation" / "policies" / "fused_moe.json").exists()
+
+
+def test_a_policy_trained_on_other_data_is_flagged_stale_with_the_fix(store, tmp_path, capsys):
+    """A policy logged with another dataset hash than the packaged data's: the table's rests_on says so and export
+    prints how to retrain (the live runs' table of 2026-11-30 lagged re-timed rows by up to 1.55x); the same policy
+    on the current hash, and one without a hash (logged before policies carried it, run outside the store), pass
+    silently."""
+    mlflow.set_tracking_uri(f"sqlite:///{store[0] / 'mlflow.db'}")  # another test may have pointed MLflow elsewhere
+    now = export.recorded_backend().dataset_hash
+    stale = log_policy(tmp_path, name="kernel-gym-moe-v0-stale", extra={"dataset_sha256_16": "0123456789abcdef"})
+    fresh = log_policy(tmp_path, name="kernel-gym-moe-v0-fresh", extra={"dataset_sha256_16": now})
+    for uri, flagged in ((stale, True), (fresh, False), (store[1], False)):
+        out = tmp_path / uri.split("/")[1]
+        capsys.readouterr()
+        assert export_cli.main(["--model-uri", uri, "--out", str(out)]) == 0
+        rests = DispatchTable.load(out / export.TABLE_FILE).meta["rests_on"]["fused_moe"]
+        err = capsys.readouterr().err
+        assert ("stale" in rests) is flagged and ("learned from dataset 0123456789abcdef" in err) is flagged
+        if flagged:
+            assert rests["stale"]["packaged_dataset"] == now
+            assert "kernel-gym train --env-id KernelGym/MoE-v0 --model mixtral-8x7b" in rests["stale"]["fix"]
