@@ -255,6 +255,20 @@ LIVE = "benchmarks/live_e2e/summary.json"
 GRAPHS = "benchmarks/live_e2e/graphs/window1/summary.json"
 CHECK = "kernel_gym/data/live_check.json"
 LEARNED = "table:benchmarks/live_replay/inputs/dispatch_table.json"
+W5 = "benchmarks/live_e2e/window5_f269e69/window5/summary.json"
+W6 = "benchmarks/live_e2e/window6_01d3818/window6/summary.json"
+GAP = "benchmarks/live_e2e/tables/gap.json"  # table_gap.py: dispatch tables against the dataset's fastest configs
+
+
+def step_ms(path: str, policy: str, kind: str) -> Callable[[], float]:
+    """Mean measured milliseconds per step of one kind (decode_only / with_prefill) in a live run's step_check."""
+    return lambda: 1e3 * (c := committed(path)["step_check"][policy][kind])["measured_s"] / c["steps"]
+
+
+def gap_at_chunks(agg: Callable[..., float]) -> float:
+    """agg of the live runs' table's fused-MoE gap at uniform routing over 256-6144 tokens (table_gap.py)."""
+    by = committed(GAP)["tables"][LEARNED[len("table:"):]]["fused_moe"]["skew0_by_tokens"]
+    return agg(v for m, v in by.items() if 256 <= int(m) <= 6144)
 ZS = ("zero_shot", "kernel")
 # The benchmarks index (benchmarks/README.md) and the results files its figures come from.
 BENCH = "benchmarks/README.md"
@@ -436,6 +450,21 @@ FIGURES = [
            "benchmarks/live_e2e/graphs/window3_long/summary.json",
            at("benchmarks/live_e2e/graphs/window3_long/summary.json", "policies", "vllm-table", "measured",
               "tpot_p50_s", scale=1e3), 0.06, "gpu"),
+    Figure("stale table: learned steps with chunks, window 5 (ms)", "docs/live.md",
+           rf"steps with prefill chunks took {N} / ", W5, step_ms(W5, LEARNED, "with_prefill"), 0.06, "gpu"),
+    Figure("stale table: learned steps with chunks, window 6 (ms)", "docs/live.md",
+           rf"steps with prefill chunks took [0-9.]+ / {N} ms", W6, step_ms(W6, LEARNED, "with_prefill"), 0.06,
+           "gpu"),
+    Figure("stale table: vllm-table steps with chunks, window 5 (ms)", "docs/live.md",
+           rf"against the vllm-table's {N} / ", W5, step_ms(W5, "vllm-table", "with_prefill"), 0.06, "gpu"),
+    Figure("stale table: learned decode-only steps, window 5 (ms)", "docs/live.md",
+           rf"decode-only steps tied \({N} / ", W5, step_ms(W5, LEARNED, "decode_only"), 0.06, "gpu"),
+    Figure("stale table: old table's MoE geomean gap", "docs/live.md", rf"fused-MoE choices are {N}x the", GAP,
+           at(GAP, "tables", LEARNED[len("table:"):], "fused_moe", "geomean"), 0.0005, "json"),
+    Figure("stale table: old table's worst MoE gap at 256-6144 tokens", "README.md",
+           rf"at 256-6144 tokens take 1.06-{N}x the measured best", GAP, lambda: gap_at_chunks(max), 0.005, "json"),
+    Figure("stale table: old table's best MoE gap at 256-6144 tokens", "README.md",
+           rf"at 256-6144 tokens take {N}-", GAP, lambda: gap_at_chunks(min), 0.005, "json"),
     Figure("live e2e window 5 vllm-table TPOT p50 (ms)", "README.md", rf"\(146 / 127 requests\): TPOT {N} / ",
            "benchmarks/live_e2e/window5_f269e69/window5/summary.json",
            at("benchmarks/live_e2e/window5_f269e69/window5/summary.json", "policies", "vllm-table", "measured",

@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=4, help="layers with distinct weights captured back to back")
     p.add_argument("--budget-s", type=float, default=300.0, help="GPU: start no new T after this many seconds "
                    "(shared evenly by the plan's models)")
+    p.add_argument("--policies", default="", metavar="MODEL=SPEC,SPEC",
+                   help="with --plan (CPU): plan these policies of one model instead of every live policy (e.g. "
+                        "mixtral-8x7b=table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan (T=4, 8), wall clocks")
     args = p.parse_args(argv)
@@ -212,7 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         if args.plan is None:
             p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
-        plan = build_plan(MODEL_POLICIES)
+        chosen = MODEL_POLICIES
+        if args.policies:
+            model, _, specs = args.policies.partition("=")
+            if not specs:
+                p.error(f"--policies {args.policies!r}: write MODEL=SPEC[,SPEC] (e.g. mixtral-8x7b=vllm-table)")
+            chosen = {model: tuple(specs.split(","))}
+        plan = build_plan(chosen)
         args.plan.write_text(json.dumps(plan, indent=1) + "\n")
         log(f"wrote {args.plan}")
         return 0

@@ -1178,12 +1178,19 @@ def run_predict_policies(args: Any) -> int:
     summary.json is left as it is). The measured policies' errors on the same window say how far to trust it."""
     data, meta, model, trace, backend, timer, prediction = predict_setup(args)
     out: dict = {"run": str(args.out), "meta": meta, "prediction": prediction, "policies": {}}
+    guards = []
     for spec in [s for s in args.predict_policies.split(",") if s]:
         pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
+        guards.append(guard)
         out["policies"][spec] = predicted_row(pred, sim, guard)
-        log(f"{spec}: " + ", ".join(f"{k} predicted {pred[k]:.4g}" for k in METRICS))
+        log(f"{spec}: " + ", ".join(f"{k} predicted {pred[k]:.4g}" for k in METRICS)
+            + f" ({out['policies'][spec]['fallbacks']} fallbacks for untimed choices)")
     args.predict_json.parent.mkdir(parents=True, exist_ok=True)
     args.predict_json.write_text(json.dumps(out, indent=1))
+    if backend is not None:  # what to measure before these predictions can be trusted (a collect --plan)
+        from kernel_gym.evaluate.replay import write_untimed_plan
+
+        write_untimed_plan(guards, backend, args.predict_json.with_name(args.predict_json.stem + "_untimed_plan.json"))
     return 0
 
 
