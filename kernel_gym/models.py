@@ -27,8 +27,8 @@ __all__ = ["BUILTIN_MODELS", "OPTIONAL_ZERO", "SPEC_LIMITS", "ModelSpec", "load_
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A built-in or zoo spec by name ("NAME@tpN": its tensor-parallel shard), or a spec from a JSON file with
-    ModelSpec's fields."""
+    """A built-in or zoo spec by name, or a spec from a JSON file with ModelSpec's fields; "NAME@tpN" or
+    "PATH.json@tpN": its tensor-parallel shard (what one GPU runs)."""
     if name_or_path in BUILTIN_MODELS:
         return BUILTIN_MODELS[name_or_path]
     from kernel_gym import zoo  # lazily: the zoo's table is only needed for a name that is not built in
@@ -38,14 +38,19 @@ def load_model(name_or_path: str) -> ModelSpec:
         if tp and not tp.isdigit():
             raise ValueError(f"model {name_or_path!r}: write a shard as NAME@tpN with N an integer, e.g. {base}@tp2")
         return zoo.shard(zoo.ZOO[base], int(tp or 1))
+    if tp and base.endswith(".json"):  # a user's spec at a TP degree, as a zoo name's: PATH.json@tpN
+        if not tp.isdigit() or int(tp) < 1:
+            raise ValueError(f"model {name_or_path!r}: write a shard as PATH.json@tpN with N an integer >= 1, e.g. "
+                             f"{base}@tp2")
+        return zoo.shard(load_model(base), int(tp))
     path = Path(name_or_path)
     if path.suffix == ".json" and not path.exists():
         raise ValueError(f"model spec file {name_or_path!r} does not exist: give the path of a JSON file with the "
                          "fields of kernel_gym.models.ModelSpec (docs/example_spec.json is one), or a model name")
     if not path.suffix == ".json" or not path.exists():
         raise ValueError(
-            f"unknown model {name_or_path!r}: use one of {sorted(zoo.ZOO)} (NAME@tpN for a tensor-parallel shard) "
-            "or the path of a JSON file with the fields of kernel_gym.models.ModelSpec"
+            f"unknown model {name_or_path!r}: use one of {sorted(zoo.ZOO)} or the path of a JSON file with the fields "
+            "of kernel_gym.models.ModelSpec (NAME@tpN or PATH.json@tpN for a tensor-parallel shard)"
         )
     if path.stat().st_size > 1 << 20:
         raise ValueError(f"{path}: {path.stat().st_size} bytes is not a model spec (a few fields of JSON)")

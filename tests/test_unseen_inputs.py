@@ -204,3 +204,19 @@ def test_cycle_replays_a_request_log_on_one_gpu_of_the_tp_deployment(tmp_path):
     with pytest.raises(ValueError, match="no recorded vllm_fused_moe times for E=160, N=320"):
         cycle.run_cycle(current=tmp_path / "cur", model=str(spec), engine="vllm", traffic=[log], tp=8,
                         no_mlflow=True, report_dir=tmp_path, rows=[])
+
+
+def test_a_spec_file_names_its_tp_shard_as_a_zoo_name_does(tmp_path):
+    from kernel_gym.models import load_model
+
+    path = tmp_path / "coder.json"
+    path.write_text(json.dumps(dataclasses.asdict(QWEN3_CODER)))
+    shard = load_model(f"{path}@tp8")  # was "unknown model": `tune` (no --tp) could not tune a user's spec at TP 8
+    assert (shard.name, shard.intermediate, shard.num_heads, shard.num_kv_heads) == \
+        ("qwen3-coder-480b-a35b@tp8", 320, 12, 1)
+    with pytest.raises(ValueError, match="PATH.json@tpN with N an integer"):
+        load_model(f"{path}@tpx")
+    bad = tmp_path / "h20.json"
+    bad.write_text(json.dumps(dataclasses.asdict(HEADS20)))
+    with pytest.raises(ValueError, match="does not split tp=8 ways"):
+        load_model(f"{bad}@tp8")

@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="With --engine vllm|sglang: the engine's own fused-MoE config file instead, "
                                        "each key confirmed against the engine's entry (kernel-gym tune --engine "
                                        "vllm --help)")
-    p.add_argument("--model", required=True, help="model spec: a built-in or zoo name, NAME@tpN, or a JSON file")
+    p.add_argument("--model", required=True,
+                   help="model spec: a built-in or zoo name, or a JSON file; NAME@tpN / FILE.json@tpN: its TP shard")
     p.add_argument("--kernels", default=",".join(KERNELS), help="comma list of kernels to tune")
     p.add_argument("--top-k", type=int, default=4, help="the policy's most preferred configs measured per grid cell")
     p.add_argument("--budget-s", type=float, default=120.0, help="GPU time budget; a rerun resumes where it stopped")
