@@ -298,3 +298,23 @@ def test_a_preempted_requests_pages_go_back_to_the_stack_at_once():
     assert _pages_only_run(le.LiveSimulator, preempt_free=True) > 0
     with pytest.raises(RuntimeError, match="page pool exhausted"):
         _pages_only_run(le.LiveSimulator, preempt_free=False)
+
+
+def test_predict_policies_prices_a_policy_as_predict_does_and_writes_its_untimed_plan(tmp_path):
+    """--predict-policies is --predict without the measurements: the same policy on the same window gets the same
+    prediction (the run's summary.json is left alone), and the choices the data cannot time become a collect plan."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(le.__file__).parent / "window4_5ee0534" / "window4", run)
+    before = (run / "summary.json").read_text()
+    spec = "vllm-table"
+    assert le.main(["--out", str(run), "--predict-policies", spec, "--predict-json", str(tmp_path / "p.json")]) == 0
+    assert (run / "summary.json").read_text() == before
+    only = json.loads((tmp_path / "p.json").read_text())["policies"][spec]
+    assert (tmp_path / "p_untimed_plan.json").exists()
+    assert le.main(["--out", str(run), "--predict"]) == 0
+    full = json.loads((run / "summary.json").read_text())["policies"][spec]
+    assert only["predicted"] == full["predicted"] and only["fallbacks"] == full["fallbacks"]
+    with pytest.raises(SystemExit):
+        le.main(["--out", str(run), "--predict-policies", spec])  # no --predict-json: refused, nothing overwritten

@@ -53,7 +53,7 @@ def table_gap(path: Path, oracle: Any, kv: Any) -> dict[str, Any]:
                     continue
                 ratios.append((t / t_best, x0, x1))
                 if kernel == "fused_moe" and x1 == 0.0:
-                    by_tokens[int(x0)] = round(t / t_best, 4)
+                    by_tokens[str(int(x0))] = round(t / t_best, 4)  # str: as the JSON file keys it
         worst = max(ratios, default=None)
         out[kernel] = {
             "measured_cells": len(ratios) + untimed, "untimed_choices": untimed,
