@@ -23,7 +23,27 @@ from pathlib import Path
 # ModelSpec and friends live in modelspec.py (re-exported here: every caller imports them from kernel_gym.models)
 from kernel_gym.modelspec import BUILTIN_MODELS, OPTIONAL_ZERO, SPEC_LIMITS, ModelSpec, spec_from_dict
 
-__all__ = ["BUILTIN_MODELS", "OPTIONAL_ZERO", "SPEC_LIMITS", "ModelSpec", "load_model", "spec_from_dict"]
+__all__ = ["BUILTIN_MODELS", "OPTIONAL_ZERO", "SPEC_LIMITS", "ModelSpec", "load_model", "spec_caveats",
+           "spec_from_dict"]
+
+
+def spec_caveats(spec: ModelSpec) -> list[str]:
+    """What a spec states that the kernels' tables do not model (module docstring), one line each, for the commands
+    that tune or export for it to say aloud instead of silently tuning an approximation."""
+    out = []
+    if spec.attention == "mla":
+        out.append(f"{spec.name} uses latent attention (MLA): the attention configs are chosen for GQA over "
+                   f"{spec.num_kv_heads} KV heads x {spec.head_dim}, not for MLA's compressed KV "
+                   "(an approximation: docs/integrity.md)")
+    if spec.dtype_bytes != 2:
+        kind = "fp8" if spec.dtype_bytes == 1 else "fp32"
+        out.append(f"{spec.name} has {kind} weights (dtype_bytes {spec.dtype_bytes}): the kernels and their "
+                   "measurements are bf16, so the configs are bf16 ones, not tuned for the engine's "
+                   f"{kind} kernels")
+    if spec.num_shared_experts:
+        out.append(f"{spec.name}'s {spec.num_shared_experts} shared expert(s) run as a dense MLP outside the fused-MoE "
+                   "kernel: not tuned here")
+    return out
 
 
 def load_model(name_or_path: str) -> ModelSpec:

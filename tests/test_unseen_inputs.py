@@ -220,3 +220,21 @@ def test_a_spec_file_names_its_tp_shard_as_a_zoo_name_does(tmp_path):
     bad.write_text(json.dumps(dataclasses.asdict(HEADS20)))
     with pytest.raises(ValueError, match="does not split tp=8 ways"):
         load_model(f"{bad}@tp8")
+
+
+def test_export_says_what_the_spec_states_that_the_tables_do_not_model(tmp_path, capsys):
+    from kernel_gym.deploy.export import export_files
+    from kernel_gym.models import spec_caveats
+
+    mla = dataclasses.replace(QWEN3_CODER, name="mla-model", attention="mla", kv_lora_rank=512, rope_head_dim=64,
+                              num_shared_experts=1, dtype_bytes=1)
+    notes = spec_caveats(mla)
+    assert len(notes) == 3 and "latent attention (MLA)" in notes[0] and "fp8" in notes[1] and "shared" in notes[2]
+    assert spec_caveats(QWEN3_CODER) == []
+    path = tmp_path / "mla.json"
+    path.write_text(json.dumps(dataclasses.asdict(mla)))
+    try:  # the note comes first, whatever the policies' answer (no MLflow policy here): was silent
+        export_files(out=tmp_path / "o", fmt="dispatch", model=str(path), tp=8, policy_dir=tmp_path / "none")
+    except (ValueError, FileNotFoundError, OSError):
+        pass
+    assert "note: mla-model@tp8 uses latent attention (MLA)" in capsys.readouterr().err

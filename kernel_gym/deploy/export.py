@@ -507,6 +507,10 @@ def export_files(*, out: Path, fmt: str = "dispatch", model: str = "mixtral-8x7b
     if policy_dir is None:
         setup_tracking(tracking_uri or None)
     spec = sharded_model(model, tp)
+    from kernel_gym.models import spec_caveats
+
+    for line in spec_caveats(spec):
+        print(f"note: {line}", file=sys.stderr)
     table = table_from_registry(spec, model_uris, device, parse_kv_layout(kv_layout), policy_dir)
     if fmt == "dispatch":
         path = table.save(out / TABLE_FILE)

@@ -198,13 +198,15 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
     `db` (a rerun resumes), the tuned dispatch table written to `out`. `dry_run` prints the plan size only;
     `save_policies` writes the MLflow policies there for `policy_dir` on the GPU machine, and stops."""
     from kernel_gym.deploy.export import build_table, check_policy_model
-    from kernel_gym.models import load_model
+    from kernel_gym.models import load_model, spec_caveats
 
     if top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {top_k}")
     if budget_s <= 0:
         raise ValueError(f"--budget-s must be > 0, got {budget_s}")
     spec = load_model(model)
+    for line in spec_caveats(spec):
+        print(f"[tune] note: {line}", flush=True)
     if device == "cuda" and not (dry_run or save_policies):
         import torch
 
