@@ -238,3 +238,15 @@ def test_export_says_what_the_spec_states_that_the_tables_do_not_model(tmp_path,
     except (ValueError, FileNotFoundError, OSError):
         pass
     assert "note: mla-model@tp8 uses latent attention (MLA)" in capsys.readouterr().err
+
+
+def test_dispatcher_hot_path_on_a_table_without_a_kernel_says_what_to_run():
+    from kernel_gym.dispatch.dispatcher import DispatchTable, Dispatcher
+
+    disp = Dispatcher(DispatchTable(kernels={}, meta={"rests_on": {"prefill_attention": {
+        "basis": "absent", "why": "no prefill_attention policy was exported"}}}))
+    # export says the deployment runs the family's default there; prefill_config raised a bare KeyError
+    with pytest.raises(KeyError, match="no prefill_attention policy was exported.*family's default config"):
+        disp.prefill_config([100])
+    with pytest.raises(ValueError, match="non-empty"):
+        disp.prefill_config([])

@@ -295,17 +295,22 @@ class Dispatcher:
         """The config for bucket coordinates (see AXES) of one kernel."""
         t = self._tables.get(kernel)
         if t is None:
-            raise KeyError(f"the dispatch table has no {kernel!r}; it holds {sorted(self._tables)}")
+            why = self.table.meta.get("rests_on", {}).get(kernel, {}).get("why", "")
+            raise KeyError(f"the dispatch table has no {kernel!r}; it holds {sorted(self._tables)}"
+                           + (f" (export left it out: {why})" if why else "") + ": run the family's default config "
+                           f"there, as choose({kernel!r}, workload, kv) answers for a kernel the table lacks")
         return t.lookup(x0, x1)
 
     def moe_config(self, num_tokens: int, skew: float = 0.0) -> Config:
-        return self._tables["fused_moe"].lookup(num_tokens, skew)
+        return self.lookup("fused_moe", num_tokens, skew)
 
     def decode_config(self, batch: int, context_len: int) -> Config:
-        return self._tables["decode_attention"].lookup(batch, context_len)
+        return self.lookup("decode_attention", batch, context_len)
 
     def prefill_config(self, seq_lens: Sequence[int]) -> Config:
-        return self._tables["prefill_attention"].lookup(sum(seq_lens), max(seq_lens))
+        if not seq_lens:
+            raise ValueError("prefill_config needs the step's prefill chunk lengths (a non-empty list)")
+        return self.lookup("prefill_attention", sum(seq_lens), max(seq_lens))
 
     def choose(self, kernel: str, workload: Any, kv: Any = None) -> Config:
         """ConfigChooser: the config for this step's call of `kernel`."""
