@@ -241,7 +241,7 @@ def test_export_says_what_the_spec_states_that_the_tables_do_not_model(tmp_path,
 
 
 def test_dispatcher_hot_path_on_a_table_without_a_kernel_says_what_to_run():
-    from kernel_gym.dispatch.dispatcher import DispatchTable, Dispatcher
+    from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
 
     disp = Dispatcher(DispatchTable(kernels={}, meta={"rests_on": {"prefill_attention": {
         "basis": "absent", "why": "no prefill_attention policy was exported"}}}))
