@@ -250,3 +250,13 @@ def test_dispatcher_hot_path_on_a_table_without_a_kernel_says_what_to_run():
         disp.prefill_config([100])
     with pytest.raises(ValueError, match="non-empty"):
         disp.prefill_config([])
+
+
+def test_plan_names_the_config_file_the_engine_reads_for_the_specs_dtype():
+    from kernel_gym.parallel.deploy import Deployment, moe_config_files
+
+    dep = Deployment("vllm", 1, 8, 1, 16, 8192, 256, 512)
+    (f,) = moe_config_files(dataclasses.replace(QWEN3_CODER, dtype_bytes=1), dep)
+    assert f["file"] == "E=160,N=320,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"  # was the bf16 file's name
+    (f,) = moe_config_files(QWEN3_CODER, dep, device="NVIDIA H200 NVL")
+    assert f["file"] == "E=160,N=320,device_name=NVIDIA_H200.json"  # vLLM's name for the NVL part, as export's

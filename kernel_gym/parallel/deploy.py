@@ -214,8 +214,13 @@ def moe_config_files(spec: Any, dep: Deployment, device: str = "NVIDIA H200") ->
     """The fused-MoE config files the engine reads for this layout: local experts E / ep, N = intermediate / tp
     (vLLM: E=..,N=..,device_name=...json in VLLM_TUNED_CONFIG_FOLDER; SGLang: the same name under
     SGLANG_MOE_CONFIG_DIR/configs/triton_X_Y_Z/)."""
+    from kernel_gym.kernels.vllm_tables import config_file_name
+
     e_local, n = spec.num_experts // dep.ep, spec.intermediate // dep.tp
-    name = f"E={e_local},N={n},device_name={device.replace(' ', '_')}.json"
+    # the engines' own naming (device name rules, the dtype part): an fp8 model's file is the fp8_w8a8 one
+    name = config_file_name(e_local, n, device, "float32" if spec.dtype_bytes == 4 else "bfloat16", engine=dep.engine)
+    if spec.dtype_bytes == 1:
+        name = name[:-len(".json")] + ",dtype=fp8_w8a8.json"
     return [{"file": name, "local_experts": e_local, "N": n, "engine_env":
              "VLLM_TUNED_CONFIG_FOLDER" if dep.engine == "vllm" else "SGLANG_MOE_CONFIG_DIR"}]
 
