@@ -260,3 +260,16 @@ def test_plan_names_the_config_file_the_engine_reads_for_the_specs_dtype():
     assert f["file"] == "E=160,N=320,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"  # was the bf16 file's name
     (f,) = moe_config_files(QWEN3_CODER, dep, device="NVIDIA H200 NVL")
     assert f["file"] == "E=160,N=320,device_name=NVIDIA_H200.json"  # vLLM's name for the NVL part, as export's
+
+
+def test_replay_errors_say_where_the_data_or_the_trace_ends():
+    from kernel_gym.evaluate.replay import untimeable
+    from kernel_gym.kernels.workloads import DecodeWorkload
+
+    t = Trace("t", np.array([0.0, 55.3]), np.array([10, 10]), np.array([5, 5]))
+    with pytest.raises(ValueError, match=r"arrive in \[0, 55.3\] s; choose a window"):  # was: no span, no fix
+        t.window(1000, 2000)
+    # a measured model at a decode shape the data does not bracket was told to "collect measurements for this model
+    # first", as if it had none
+    why = untimeable("decode_attention", DecodeWorkload(16, 16, 128, 54, 19484, "bfloat16"), None)
+    assert "batch / context length beyond the measured ones" in why and "--rate-scale" in why

@@ -186,8 +186,7 @@ class GuardedChooser:
                 cands = lambda: self._oracle.candidates(kernel, workload, kv)  # noqa: E731
             out = fallback_config(self._default(kernel, workload, kv), time_of, cands)
             if out is None:
-                raise LookupError(f"the backend can time no config of {kernel} on {workload.key()} with KV "
-                                  f"layout {kv}; collect measurements for this model first")
+                raise LookupError(untimeable(kernel, workload, kv))
             t = time_of(out)
         source = self.backend.measure(kernel, workload, out).source
         return out, t * 1e-3, is_estimated(source)
@@ -222,7 +221,7 @@ class GuardedChooser:
         avail = self.available(kernel, workload, kv)
         timed = [c for c in avail if self._oracle.time_ms(kernel, workload, c) is not None]
         if not timed:  # before any counting: the simulator asks first (peek) and charges the stand-in instead
-            raise LookupError(f"the backend can time no config of {kernel} on {workload.key()} with KV layout {kv}")
+            raise LookupError(untimeable(kernel, workload, kv))
         try:
             if self._within is not None:
                 cfg = self._within(kernel, workload, kv, avail)
@@ -497,6 +496,15 @@ def write_untimed_plan(guards: Sequence[GuardedChooser | None], backend: Any, pa
           + ("; measure them with `kernel-gym collect --plan " + str(path) + "` on the GPU" if plan else ""),
           file=sys.stderr, flush=True)
     return path
+
+
+def untimeable(kernel: str, workload: Any, kv: Any) -> str:
+    """Why a replay stops at a call no config of which the data can time, and what to do."""
+    return (f"the backend can time no config of {kernel} on {workload.key()} with KV layout {kv}: the recorded data "
+            "has no time for that shape (a model never measured, or a batch / context length beyond the measured "
+            "ones or between ones whose neighbours are missing); collect measurements for this model at that shape "
+            "(kernel-gym collect --model MODEL on a GPU), or replay a lighter load (a lower --rate-scale, a shorter "
+            "--window)")
 
 
 def load_info(trace: Any, rate_scale: float = 1.0, window: str = "") -> dict[str, Any]:

@@ -114,7 +114,9 @@ class Trace:
             raise ValueError(f"window [{start_s:g}, {end_s:g}) s is empty: END must be after START (e.g. 0:300)")
         lo, hi = np.searchsorted(self.arrival_s, [start_s, end_s], side="left")
         if hi <= lo:
-            raise ValueError(f"trace {self.name!r} has no arrivals in [{start_s}, {end_s}) s")
+            raise ValueError(f"trace {self.name!r} has no arrivals in [{start_s:g}, {end_s:g}) s: its {len(self)} "
+                             f"requests arrive in [{self.arrival_s[0]:g}, {self.arrival_s[-1]:g}] s; choose a window "
+                             "that overlaps them")
         t = self.arrival_s[lo:hi]
         return Trace(f"{self.name}[{start_s:g}:{end_s:g}s]", t - t[0], self.prompt_tokens[lo:hi],
                      self.output_tokens[lo:hi], self.source, dict(self.repairs),
