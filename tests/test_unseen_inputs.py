@@ -273,3 +273,27 @@ def test_replay_errors_say_where_the_data_or_the_trace_ends():
     # first", as if it had none
     why = untimeable("decode_attention", DecodeWorkload(16, 16, 128, 54, 19484, "bfloat16"), None)
     assert "batch / context length beyond the measured ones" in why and "--rate-scale" in why
+
+
+def test_cycle_reads_gzip_scrapes_and_names_a_folder_of_request_logs(tmp_path):
+    import os
+
+    from kernel_gym.models import load_model
+    from kernel_gym.traffic import metrics
+    from tests.traffic.test_metrics import ZERO14, vllm_scrape
+
+    mixtral = load_model("mixtral-8x7b")
+    d = tmp_path / "scrapes"
+    d.mkdir()
+    steps = [5, 0, 0, 40, 0, 0, 0, 0, 30, 0, 0, 0, 0, 0]
+    for name, text, t in (("t0.prom.gz", vllm_scrape([5, 0, 0, 10] + [0] * 10, ZERO14, ZERO14), 1000.0),
+                          ("t1.prom.gz", vllm_scrape(steps, ZERO14, ZERO14), 1600.0)):
+        (d / name).write_bytes(gzip.compress(text.replace("\n", "\r\n").encode()))
+        os.utime(d / name, (t, t))
+    prof = metrics.read_traffic([d], mixtral, "vllm")  # was "folder mixes ['trace']"
+    assert prof.steps == pytest.approx(60.0) and prof.span_s == pytest.approx(600.0)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.csv").write_text(AZURE)
+    with pytest.raises(metrics.MetricsError, match="not Prometheus scrapes.*pass one request log file"):
+        metrics.read_traffic([logs], mixtral, "vllm")

@@ -232,7 +232,7 @@ def read_scrape(path: str | Path) -> Scrape:
     """One scrape file; its time is the samples' own timestamp when they carry one, else the file's mtime."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _head(path, None).decode("utf-8")
     except UnicodeDecodeError:
         raise _err(path, "not UTF-8 text", "save the /metrics response as text (curl -s URL/metrics > FILE)") from None
     samples = parse_prometheus(text, path)
@@ -648,6 +648,20 @@ def profile_from_period(p: Period, model: Any, seed: int = 0, gpu_memory_bytes: 
 
 # ---- one entry point ----------------------------------------------------------------------------------------------
 
+def _head(path: Path, size: int | None = 4096) -> bytes:
+    """The file's first `size` bytes (all: None), through gzip when it is gzip-compressed (rotated scrapes are)."""
+    import gzip
+    import zlib
+
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as fh:
+            return fh.read() if size is None else fh.read(size)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise _err(path, f"a damaged gzip file ({exc})", "decompress it (gzip -d) or take that scrape again") from None
+
+
 def classify(path: Path) -> str:
     """'scrapes' | 'experts' | 'trace' for one file; a folder is 'scrapes' (or 'experts' when it holds only them)."""
     if path.is_dir():
@@ -659,11 +673,14 @@ def classify(path: Path) -> str:
             return "scrapes"
         if kinds == {"experts"}:
             return "experts"
+        if kinds == {"trace"}:
+            raise _err(path, f"a folder of {len(files)} file(s) that are not Prometheus scrapes (request logs or "
+                       "unreadable files: a folder is read as a period's scrapes)",
+                       "pass one request log file, or a folder holding only /metrics scrapes")
         raise _err(path, f"folder mixes {sorted(kinds)}", "pass scrapes, expert counts and request logs separately")
     if path.suffix == ".pt":
         return "experts"
-    with open(path, "rb") as fh:
-        head = fh.read(4096).decode("utf-8", errors="replace")
+    head = _head(path).decode("utf-8", errors="replace")
     first = next((ln.strip() for ln in head.splitlines() if ln.strip()), "")
     if first.startswith("#") or re.match(r"^(vllm|sglang):", first):
         return "scrapes"
