@@ -297,3 +297,11 @@ def test_cycle_reads_gzip_scrapes_and_names_a_folder_of_request_logs(tmp_path):
     (logs / "a.csv").write_text(AZURE)
     with pytest.raises(metrics.MetricsError, match="not Prometheus scrapes.*pass one request log file"):
         metrics.read_traffic([logs], mixtral, "vllm")
+
+
+def test_engine_file_degree_below_one_is_named_as_such():
+    from kernel_gym.deploy import engine_export as ee
+
+    for kw, flag in (({"tp": 0}, "--tp 0"), ({"ep": 0}, "--ep 0"), ({"ep": -2}, "--ep -2")):
+        with pytest.raises(ValueError, match=f"{flag}: a parallel degree is an integer >= 1"):
+            ee.shard_shape(QWEN3_CODER, **kw)  # was "must split evenly over 0 GPUs"

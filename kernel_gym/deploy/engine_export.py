@@ -104,7 +104,10 @@ def shard_shape(model: Any, tp: int = 1, dtype: str = "", ep: int = 1) -> MoESha
     """The shape one GPU runs: N = intermediate // tp (vLLM's and SGLang's N), E = experts // ep (their E); dtype
     (default: the spec's, `engine_dtype`) keys the engine file."""
     dtype = dtype or engine_dtype(model)
-    if tp < 1 or model.intermediate % tp:
+    for flag, degree in (("--tp", tp), ("--ep", ep)):
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise ValueError(f"{flag} {degree}: a parallel degree is an integer >= 1 (1: not split)")
+    if model.intermediate % tp:
         raise ValueError(f"--tp {tp}: the intermediate size {model.intermediate} of {model.name} must split into "
                          f"{tp} equal shards")
     if tp > 1:
@@ -113,7 +116,7 @@ def shard_shape(model: Any, tp: int = 1, dtype: str = "", ep: int = 1) -> MoESha
         why = tp_problem(model, tp)
         if why:  # a file for a degree the engine cannot launch the model at would never be read
             raise ValueError(f"--tp {tp}: {why}")
-    if ep < 1 or model.num_experts % ep:
+    if model.num_experts % ep:
         raise ValueError(f"--ep {ep}: the {model.num_experts} experts of {model.name} must split evenly over {ep} "
                          "GPUs (the engines name the file by the local expert count)")
     return MoEShape(model.num_experts // ep, model.hidden, model.intermediate // tp, model.top_k, dtype, ep)
