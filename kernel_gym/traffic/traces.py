@@ -2,7 +2,10 @@
 
 Formats (columns as published; origins and licences: README.md, Data and licences):
 - Azure LLM inference trace 2023 (CSV): TIMESTAMP (absolute datetime), ContextTokens, GeneratedTokens.
-- Mooncake (JSONL): timestamp (ms from 0), input_length, output_length, hash_ids.
+- Mooncake (JSONL): timestamp (ms from 0), input_length, output_length, hash_ids (512-token blocks).
+- Alibaba's Qwen Bailian usage traces (JSONL, the same fields plus chat_id, parent_chat_id, turn, type): timestamp in
+  seconds, hash_ids of 16-token blocks. Told apart from Mooncake by chat_id; a file name with `blksz_N` (as the
+  published `qwen_traceA_blksz_16.jsonl`) sets the block size of either.
 - BurstGPT (CSV): Timestamp (s), [Session ID, Elapsed time,] Model, Request tokens, Response tokens, Total tokens,
   Log Type.
 
@@ -295,14 +298,28 @@ def load_burstgpt(path: str | Path, name: str | None = None) -> Trace:
 
 
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash_ids block in the published Mooncake traces
+BAILIAN_BLOCK_TOKENS = 16  # the same in Alibaba's Qwen Bailian traces (their files say so: qwen_*_blksz_16.jsonl)
+BAILIAN_FIELD = "chat_id"  # a Bailian record's own field: its timestamps are seconds, Mooncake's milliseconds
+
+
+def _block_tokens(path: Path, default: int) -> int:
+    """Tokens per hash_ids block: `blksz_N` in the file name (the Bailian traces' convention), else `default`."""
+    m = re.search(r"blksz_(\d+)", path.name)
+    if m and int(m.group(1)) < 1:
+        raise _err(path, 1, f"the file name says hash blocks of {m.group(1)} tokens", "rename it with blksz_N, N >= 1")
+    return int(m.group(1)) if m else default
 
 
 def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
     """Mooncake JSONL: timestamp (ms), input_length, output_length, and hash_ids when present (prefix-cache blocks
-    of MOONCAKE_BLOCK_TOKENS tokens, kept in Trace.hash_ids for the simulator's prefix cache)."""
+    of MOONCAKE_BLOCK_TOKENS tokens, kept in Trace.hash_ids for the simulator's prefix cache). A Bailian trace
+    (records with chat_id) has the same fields with timestamps in seconds and 16-token blocks; read as Mooncake it
+    would replay 1,000 times too fast. The file is one or the other: records are checked against its first."""
     path = Path(path)
     rows = []
     hashes: dict[int, tuple[int, ...]] = {}
+    bailian: bool | None = None  # decided by the first record
+    unit = "milliseconds"
     with _open_text(path) as fh:
         for line, text in enumerate(fh, start=1):
             if not text.strip():
@@ -317,12 +334,22 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
             if missing:
                 raise _err(path, line, f"record lacks field(s) {missing}",
                            f"give every line the fields {list(MOONCAKE_FIELDS)}")
+            if bailian is None:
+                bailian = BAILIAN_FIELD in rec
+                unit = "seconds" if bailian else "milliseconds"
+            elif (BAILIAN_FIELD in rec) != bailian:
+                first, this = ("Bailian", "Mooncake") if bailian else ("Mooncake", "Bailian")
+                raise _err(path, line, f"a {this} record in a {first} trace (the first record "
+                           f"{'has' if bailian else 'lacks'} {BAILIAN_FIELD}: timestamps in {unit})",
+                           "keep one trace format per file")
             t_ms = rec["timestamp"]
             if isinstance(t_ms, bool) or not isinstance(t_ms, (int, float)) or not math.isfinite(t_ms):
-                raise _err(path, line, f"timestamp {t_ms!r} is not a number of milliseconds",
+                raise _err(path, line, f"timestamp {t_ms!r} is not a number of {unit}",
                            "correct or delete that line")
             if t_ms < 0:
                 raise _err(path, line, f"timestamp {t_ms} is negative", "correct or delete that line")
+            if bailian:
+                t_ms = t_ms * 1000.0
             for k in ("input_length", "output_length"):  # JSON numbers only: "12" is a damaged or hand-edited line
                 if isinstance(rec[k], bool) or not isinstance(rec[k], (int, float)):
                     raise _err(path, line, f"{k} {rec[k]!r} is not a JSON number", "correct or delete that line")
@@ -340,7 +367,8 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
         return trace
     kept = [r[0] for r in rows if r[2] > 0 and r[3] > 0]  # the rows _finish kept, in order
     return dataclasses.replace(trace, hash_ids=tuple(hashes.get(line, ()) for line in kept),
-                               hash_block_tokens=MOONCAKE_BLOCK_TOKENS)
+                               hash_block_tokens=_block_tokens(path, BAILIAN_BLOCK_TOKENS if bailian
+                                                               else MOONCAKE_BLOCK_TOKENS))
 
 
 def detect_format(path: str | Path) -> str:

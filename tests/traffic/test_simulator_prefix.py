@@ -14,7 +14,7 @@ from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import PrefillWorkload, PrefixPrefillWorkload
 from kernel_gym.traffic.routing import UniformRouting
 from kernel_gym.traffic.simulator import KVLayout, OverloadWarning, Simulator, StaticChooser
-from kernel_gym.traffic.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_mooncake
+from kernel_gym.traffic.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceError, load_mooncake
 from tests.traffic.test_simulator import TINY, AnalyticTimer, chooser, mem_for_tokens
 
 B = 64  # tokens per hash block in these tests
@@ -263,3 +263,28 @@ def test_a_subclass_can_measure_steps_instead_of_predicting_them():
     assert np.allclose(np.diff(res.steps[:, 0]), 0.5) and np.allclose(res.steps[:, 1], 0.5)
     assert seen[0][0] == [(0, 40, 0), (1, 20, 0)] and seen[1][1] == [0, 1] and seen[0][2] > 0
     assert res.ttft_s.tolist() == [0.5, 0.5]
+
+
+def test_a_bailian_trace_is_read_in_seconds_with_its_own_block_size(tmp_path):
+    """Alibaba's Qwen Bailian traces share Mooncake's fields but count seconds and 16-token blocks (chat_id tells
+    them apart); read as Mooncake they would replay 1,000 times too fast with blocks 32 times too long. `blksz_N` in
+    a file name sets the block size of either format; a file mixing the two is refused."""
+    rec = [{"chat_id": 159, "parent_chat_id": -1, "timestamp": 61.114, "input_length": 521, "output_length": 132,
+            "type": "text", "turn": 1, "hash_ids": [1, 2, 3]},
+           {"chat_id": 160, "parent_chat_id": 159, "timestamp": 62.5, "input_length": 700, "output_length": 80,
+            "type": "text", "turn": 2, "hash_ids": [1, 2, 3, 4]}]
+    f = tmp_path / "qwen_traceA_blksz_16.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rec) + "\n")
+    tr = load_mooncake(f)
+    assert tr.arrival_s.tolist() == pytest.approx([0.0, 1.386])
+    assert tr.hash_block_tokens == 16 and tr.hash_ids == ((1, 2, 3), (1, 2, 3, 4))
+    g = tmp_path / "bailian.jsonl"  # no blksz in the name: Bailian's published 16
+    g.write_text(f.read_text())
+    assert load_mooncake(g).hash_block_tokens == 16
+    m = tmp_path / "mine_blksz_64.jsonl"  # a Mooncake-format file whose name gives its block size
+    m.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [7]}) + "\n")
+    assert load_mooncake(m).hash_block_tokens == 64
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(f.read_text() + json.dumps({"timestamp": 70000, "input_length": 5, "output_length": 5}) + "\n")
+    with pytest.raises(TraceError, match="a Mooncake record in a Bailian trace"):
+        load_mooncake(mixed)
