@@ -305,3 +305,15 @@ def test_engine_file_degree_below_one_is_named_as_such():
     for kw, flag in (({"tp": 0}, "--tp 0"), ({"ep": 0}, "--ep 0"), ({"ep": -2}, "--ep -2")):
         with pytest.raises(ValueError, match=f"{flag}: a parallel degree is an integer >= 1"):
             ee.shard_shape(QWEN3_CODER, **kw)  # was "must split evenly over 0 GPUs"
+
+
+def test_plan_sums_up_overloaded_replays_in_its_own_flags(tmp_path, capsys):
+    from kernel_gym.cli.plan import main
+
+    path = _azure(tmp_path / "heavy.csv", [i * 0.25 for i in range(480)], prompt=3000, output=400)  # 4 req/s
+    rc = main(["--model", "mixtral-8x7b", "--gpus", "1", "--trace", str(path), "--window-s", "15", "--train-steps",
+               "0", "--refine-rounds", "0", "--next", "0", "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    # was one Python warning per replay (file:line, source line), advising replay's --window, which plan lacks
+    assert "OverloadWarning" not in err and "of the replays were overloaded" in err and "--rate-scale" in err

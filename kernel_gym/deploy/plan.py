@@ -437,16 +437,30 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     profile = routing_profile(routing, spec, seed)
     print(f"[plan] {spec.name} on {gpus} H200, {engine}, trace {replayed.name} x{rate_scale:g}, SLO "
           f"TTFT <= {limits[0]} s TPOT <= {limits[1]} s; training the agent ({train_steps} steps)", file=sys.stderr)
-    rec = recommend(spec, gpus, engine, replayed, limits, rate_scale, window_s, train_steps,
-                    samples, seed=seed, routing=profile, refine_rounds=refine_rounds, max_model_len=max_model_len)
-    ranked, seen = [], set()
-    for r in rec["ranked"]:  # the winner, then the best deployment of each other layout
-        if r["deployment"].layout_name not in seen and len(ranked) <= next_best:
-            ranked.append(r)
-            seen.add(r["deployment"].layout_name)
-    deps = [r["deployment"] for r in ranked]
-    held, _ = heldout_replay(spec, gpus, engine, replayed, limits, rate_scale, window_s, deps, profile,
-                             pricer=rec["env"].pricer)
+    import warnings
+
+    from kernel_gym.traffic.simulator import OverloadWarning
+
+    with warnings.catch_warnings(record=True) as overloaded:  # one line for them all, in plan's own flags
+        warnings.simplefilter("always", OverloadWarning)
+        rec = recommend(spec, gpus, engine, replayed, limits, rate_scale, window_s, train_steps,
+                        samples, seed=seed, routing=profile, refine_rounds=refine_rounds, max_model_len=max_model_len)
+        ranked, seen = [], set()
+        for r in rec["ranked"]:  # the winner, then the best deployment of each other layout
+            if r["deployment"].layout_name not in seen and len(ranked) <= next_best:
+                ranked.append(r)
+                seen.add(r["deployment"].layout_name)
+        deps = [r["deployment"] for r in ranked]
+        held, _ = heldout_replay(spec, gpus, engine, replayed, limits, rate_scale, window_s, deps, profile,
+                                 pricer=rec["env"].pricer)
+    for w in overloaded:
+        if not issubclass(w.category, OverloadWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    n_over = sum(issubclass(w.category, OverloadWarning) for w in overloaded)
+    if n_over:
+        print(f"[plan] {n_over} of the replays were overloaded (the offered load exceeds what that deployment "
+              "sustains, so its queue and TTFT grow with the window): their goodput is what they serve within the "
+              "SLO at this load; plan for a lighter one with --rate-scale below 1", file=sys.stderr)
     model_id = model_id or HF_IDS.get(spec.name, spec.name)
     table = rec["env"].table
     entries = []
