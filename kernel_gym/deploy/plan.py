@@ -461,6 +461,9 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
         print(f"[plan] {n_over} of the replays were overloaded (the offered load exceeds what that deployment "
               "sustains, so its queue and TTFT grow with the window): their goodput is what they serve within the "
               "SLO at this load; plan for a lighter one with --rate-scale below 1", file=sys.stderr)
+    if not model_id and spec.name not in HF_IDS:  # a user's spec: its name is no checkpoint the engine can load
+        print(f"[plan] the launch commands name the model {spec.name!r} (the spec's name): pass --model-id with "
+              "the checkpoint the engine loads (a Hugging Face repo id or a local path)", file=sys.stderr)
     model_id = model_id or HF_IDS.get(spec.name, spec.name)
     table = rec["env"].table
     entries = []

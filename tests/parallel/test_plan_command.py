@@ -78,7 +78,24 @@ def test_plan_end_to_end_on_one_gpu(tmp_path, capsys):
     assert best["launch"][0].startswith("CUDA_VISIBLE_DEVICES=0 vllm serve mistralai/")
     assert best["kernel_config_files"][0]["file"] == "E=8,N=14336,device_name=NVIDIA_H200.json"
     assert best["predicted"]["prior_share"] == 0.0 and 0 <= best["predicted"]["estimated_share"] <= 1
-    assert plan["next_best"] == [] and "recommended:" in capsys.readouterr().out  # one GPU: one layout, TP1
+    captured = capsys.readouterr()
+    assert plan["next_best"] == [] and "recommended:" in captured.out  # one GPU: one layout, TP1
+    assert "--model-id" not in captured.err  # a zoo model: its Hugging Face id is known
+
+
+def test_plan_of_a_users_spec_says_to_name_the_checkpoint(tmp_path, capsys):
+    """A spec file's name is no checkpoint an engine can load: the launch commands carry it, and plan says to pass
+    --model-id (with it, the commands name that checkpoint)."""
+    spec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "example_spec.json").read_text())
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(spec))
+    args = ["--model", str(path), "--gpus", "1", "--trace", "bundled", "--window-s", "4", "--train-steps", "8",
+            "--samples", "0", "--refine-rounds", "0", "--next", "0", "--no-mlflow", "--json", str(tmp_path / "p.json")]
+    assert main(args) == 0
+    assert f"name the model {spec['name']!r}" in capsys.readouterr().err
+    assert main([*args, "--model-id", "org/my-moe"]) == 0
+    assert "--model-id" not in capsys.readouterr().err
+    assert "vllm serve org/my-moe" in json.loads((tmp_path / "p.json").read_text())["recommended"]["launch"][0]
 
 
 @pytest.mark.slow
