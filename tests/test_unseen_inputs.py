@@ -8,6 +8,7 @@ import dataclasses
 import gzip
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -317,3 +318,16 @@ def test_plan_sums_up_overloaded_replays_in_its_own_flags(tmp_path, capsys):
     assert rc == 0, err
     # was one Python warning per replay (file:line, source line), advising replay's --window, which plan lacks
     assert "OverloadWarning" not in err and "of the replays were overloaded" in err and "--rate-scale" in err
+
+
+def test_a_nan_lookup_is_refused_not_answered_from_an_arbitrary_bucket():
+    """Dispatcher.moe_config(m, nan) used to return whatever bucket bisect gave NaN; a lookup now names the axis."""
+    from kernel_gym.dispatch.dispatcher import Dispatcher
+
+    d = Dispatcher.load(Path(__file__).resolve().parents[1] / "benchmarks" / "live_replay" / "inputs"
+                        / "dispatch_table.json")
+    assert d.moe_config(64, 0.0) == d.moe_config(64, 0.1)
+    with pytest.raises(ValueError, match="skew=nan is not a number"):
+        d.moe_config(64, float("nan"))
+    with pytest.raises(ValueError, match="is not a number"):
+        d.decode_config(float("nan"), 1024)

@@ -158,6 +158,11 @@ class KernelTable:
 
     def lookup(self, x0: float, x1: float) -> Config:
         """The config of the bucket holding (x0, x1) (values outside the grid use the nearest edge bucket)."""
+        if x0 != x0 or x1 != x1:  # NaN: bisect would hand back an arbitrary bucket
+            (name0, name1), _ = AXES[self.kernel]
+            raise ValueError(f"{self.kernel}: {name0}={x0}, {name1}={x1} is not a number; a config is looked up for "
+                             "measured quantities (check how the caller computes them, e.g. a routing skew of an empty "
+                             "batch)")
         return self.configs[self.cells[bisect_right(self.edges[0], x0) * self._n1 + bisect_right(self.edges[1], x1)]]
 
     def bucket(self, x0: float, x1: float) -> tuple[int, int]:
