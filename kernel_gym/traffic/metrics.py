@@ -25,6 +25,7 @@ Every bad or partial input raises `MetricsError` naming the file and the fix. Im
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -347,8 +348,8 @@ def read_expert_counts(path: str | Path) -> np.ndarray:
         if not isinstance(data, dict):
             raise _err(path, "the .pt holds no dict", "give SGLang's expert distribution dump (stat mode)")
         x = _from_mapping(data, path)
-    elif path.suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as fh:
+    elif _plain_suffix(path) == ".csv":
+        with io.StringIO(_head(path, None).decode("utf-8"), newline="") as fh:
             reader = csv.DictReader(fh)
             need = {"layer_id", "expert_id", "count"}
             if not reader.fieldnames or not need <= set(reader.fieldnames):
@@ -369,7 +370,7 @@ def read_expert_counts(path: str | Path) -> np.ndarray:
             x[la, ex] += c
     else:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(_head(path, None).decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _err(path, f"not JSON ({exc})", "give a JSON, CSV or .pt expert-count file") from None
         if not isinstance(data, dict):
@@ -686,9 +687,14 @@ def classify(path: Path) -> str:
         return "scrapes"
     if first.replace(" ", "").startswith("layer_id,expert_id"):
         return "experts"
-    if path.suffix == ".json" and first.startswith("{") and not path.name.endswith(".jsonl"):
+    if _plain_suffix(path) == ".json" and first.startswith("{"):  # one JSON object, not JSON lines: counts
         return "experts"
     return "trace"
+
+
+def _plain_suffix(path: Path) -> str:
+    """The suffix under a `.gz` (counts.json.gz -> .json): a compressed file is read through gzip (_head)."""
+    return Path(path.name.removesuffix(".gz")).suffix
 
 
 def read_traffic(sources: list[str | Path], model: Any, engine: str | None = None, sim_model: Any = None,

@@ -199,6 +199,22 @@ def test_sglang_expert_distribution_csv(tmp_path):
         metrics.read_expert_counts(bad)
 
 
+def test_gzipped_expert_counts_are_read_as_counts(tmp_path):
+    """A compressed counts file (counts.json.gz, the CSV as .csv.gz) was classified as a request log; it is counts,
+    read through gzip like a compressed scrape."""
+    import gzip
+
+    counts = zipf_counts(2, 8, 2, 1.2)
+    j = tmp_path / "counts.json.gz"
+    j.write_bytes(gzip.compress(json.dumps({"counts": counts.tolist()}).encode()))
+    c = tmp_path / "expert_distribution_rank0.csv.gz"
+    lines = ["layer_id,expert_id,count"] + [f"{la},{e},1000" for la in range(3) for e in range(8)]
+    c.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    assert metrics.classify(j) == metrics.classify(c) == "experts"
+    assert np.allclose(metrics.read_expert_counts(j), counts)
+    assert metrics.read_expert_counts(c).shape == (3, 8)
+
+
 def test_vllm_eplb_state_maps_physical_replicas_to_logical_experts(tmp_path):
     logical = zipf_counts(2, 8, 2, 1.2)
     # 10 physical experts: the two hottest replicated, their load split between the replicas
