@@ -411,6 +411,13 @@ class Simulator:
                 raise ValueError(f"requests carry {len(hashes)} hash_ids lists for {self.n} requests")
             if self.block_tokens < 1:
                 raise ValueError("requests with hash_ids need hash_block_tokens >= 1 (tokens per cache block)")
+            if self.block_tokens < page_size and page_size % self.block_tokens == 0:
+                # the engine caches whole pages: a page's prefix is its last block's id (ids are chained: equal ids,
+                # equal prefixes), and a page the prompt does not fill is not cached (Bailian's 16-token blocks on
+                # 64-token pages: every 4th id)
+                k = page_size // self.block_tokens
+                self.hashes = hashes = tuple(tuple(ids[k - 1::k]) for ids in hashes)
+                self.block_tokens = page_size
             self._check_block(page_size)
         self.base = np.zeros(self.n, np.int64)  # tokens of a request's KV held in shared cached blocks
         self.shared: dict[int, tuple[int, ...]] = {}
@@ -422,7 +429,8 @@ class Simulator:
     def _check_block(self, page_size: int) -> None:
         if self.block_tokens % page_size:
             raise ValueError(f"prefix-cache blocks of {self.block_tokens} tokens do not fill pages of {page_size} "
-                             "tokens; use a page size that divides the block (or prefix_caching=False)")
+                             "tokens (nor does a whole number of them fill a page); use a page size that divides the "
+                             "block or a multiple of it (or prefix_caching=False)")
 
     def _evict(self, need_pages: int) -> None:
         """Evict unreferenced cached blocks, least recently used first, until need_pages pages are free."""

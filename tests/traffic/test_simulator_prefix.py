@@ -121,12 +121,18 @@ def test_conservation_with_prefix_cache_under_preemption():
     assert sim.refs and all(r == 0 for r in sim.refs.values())  # nothing references the cache at the end
 
 
-def test_block_must_fill_pages():
+def test_blocks_smaller_than_a_page_are_cached_a_page_at_a_time():
+    """A trace's blocks fill pages whole or a whole number of them fills a page (Bailian's 16-token blocks on
+    64-token pages): the engine caches full pages, so a page's prefix is its last block's id and a prompt's partial
+    last page is not shared. 64-token blocks on 128-token pages: the 4 shared blocks are 2 shared pages."""
     tr = shared_prefix_trace()
+    sim, res = run(tr, ch=chooser(page_size=128), kv_layout=KVLayout(128, "NHD"))
+    assert sim.block_tokens == 128 and sim.hashes[0] == (1, 3, 101)
+    assert res.summary["prefix_hit_tokens"] == 4 * B * (len(tr) - 1) and pages_balance(sim)
+    odd = Trace("odd", tr.arrival_s, tr.prompt_tokens, tr.output_tokens, hash_ids=tr.hash_ids, hash_block_tokens=48)
     with pytest.raises(ValueError, match="do not fill pages of 128"):
-        Simulator(TINY, Trace("odd", tr.arrival_s, tr.prompt_tokens, tr.output_tokens, hash_ids=tr.hash_ids,
-                              hash_block_tokens=B), AnalyticTimer(), chooser(page_size=128),
-                  UniformRouting(4, 2), kv_layout=KVLayout(128, "NHD"), gpu_memory_bytes=mem_for_tokens(TINY, 1 << 16))
+        Simulator(TINY, odd, AnalyticTimer(), chooser(page_size=128), UniformRouting(4, 2),
+                  kv_layout=KVLayout(128, "NHD"), gpu_memory_bytes=mem_for_tokens(TINY, 1 << 16))
 
 
 # ---- chunks charged with prefix_prefill ------------------------------------------------------------------------
