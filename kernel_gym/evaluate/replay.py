@@ -294,6 +294,9 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
     total = sum(guard.kernel_s.values())
     metrics["estimated_share"] = sum(guard.estimated_s.values()) / total if total > 0 else 0.0
     metrics["kv_page_size"] = float(kv.page_size)
+    for k in ("prefix_hit_rate", "prefix_hit_tokens", "prefix_block_tokens", "prefix_evicted_blocks"):
+        if k in s:  # a trace with hash_ids: the prefix cache's work (Simulator._prefix_summary)
+            metrics[k] = float(s[k])
     return PolicyRun(name, res, metrics, guard.steps, guard, kv)
 
 

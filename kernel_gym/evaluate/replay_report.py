@@ -77,6 +77,12 @@ def markdown(rep: dict[str, Any]) -> str:
     if undefined:
         lines += ["", "n/a: no request defines that figure in this replay (TPOT needs a finished request with at "
                   "least 2 output tokens; TTFT a finished request); null in the JSON."]
+    cached = {n: m for n, m in pols.items() if "prefix_hit_rate" in m}
+    if cached:  # a trace that carries prefix-cache blocks (Mooncake, Bailian hash_ids)
+        lines += ["", "Prefix cache (the trace's hash_ids; prompt tokens found cached / looked up): " + ", ".join(
+            f"{n} {100 * m['prefix_hit_rate']:.1f}% ({m['prefix_block_tokens']:.0f}-token blocks, "
+            f"{m.get('prefix_evicted_blocks', 0):.0f} evicted)" for n, m in cached.items())
+                  + ". A policy's KV page size sets the blocks it caches (a page at a time), so rates can differ."]
     note = estimate_note(rep)
     if note:
         lines += ["", note]

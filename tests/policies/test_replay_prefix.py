@@ -122,3 +122,27 @@ def test_off_layout_choices_are_moved_onto_the_layout(backend):
 def test_equivalent_mode_never_asks_for_prefix_prefill(backend):
     r = run(DefaultPolicy(MODEL, KV), backend, chunk_attention="equivalent")
     assert r.guard.kernel_s["prefix_prefill"] == 0.0 and not r.result.configs_used.get("prefix_prefill")
+
+
+def test_a_trace_with_hash_ids_reports_its_prefix_cache_in_the_replay(backend):
+    """A trace whose prompts share a prefix (hash_ids, as Mooncake and Bailian traces carry) puts the prefix cache's
+    hit rate, block size and evictions in each policy's metrics and a line under the replay table; a trace without
+    them adds neither."""
+    from kernel_gym.evaluate import replay_report
+
+    n, shared = 8, (11, 12, 13)  # three 16-token blocks every prompt starts with, then its own
+    ids = tuple(shared + tuple(100 * (i + 1) + j for j in range(10)) for i in range(n))
+    trace = Trace("shared", np.arange(n) * 0.5, np.full(n, 13 * 16), np.full(n, 4), hash_ids=ids,
+                  hash_block_tokens=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OverloadWarning)
+        got = replay.run_policy("p", DefaultPolicy(MODEL, KV), MODEL, trace,
+                                UniformRouting(MODEL.num_experts, MODEL.top_k), backend).metrics
+    assert got["prefix_block_tokens"] == 16 and got["prefix_hit_tokens"] == 3 * 16 * (n - 1)
+    assert got["prefix_hit_rate"] == pytest.approx(3 * 16 * (n - 1) / (n * 13 * 16))
+    rep = {"trace": "shared", "model": MODEL.name, "routing": "uniform", "policies": {"p": {
+        **got, "tuned_kernel_s_same_traffic": got["tuned_kernel_s"]}}}
+    assert "Prefix cache (the trace's hash_ids" in replay_report.markdown(rep) and "p 20.2% (16-token blocks" in \
+        replay_report.markdown(rep)
+    plain = run(DefaultPolicy(MODEL, KV), backend).metrics
+    assert "prefix_hit_rate" not in plain
