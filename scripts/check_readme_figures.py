@@ -266,7 +266,7 @@ def step_ms(path: str, policy: str, kind: str) -> Callable[[], float]:
 
 
 def gap_at_chunks(agg: Callable[..., float]) -> float:
-    """agg of the live runs' table's fused-MoE gap at uniform routing over 256-6144 tokens (table_gap.py)."""
+    """agg of the live runs' table's fused-MoE gap at uniform routing over 256-4096 tokens (table_gap.py)."""
     by = committed(GAP)["tables"][LEARNED[len("table:"):]]["fused_moe"]["skew0_by_tokens"]
     return agg(v for m, v in by.items() if 256 <= int(m) <= 6144)
 ZS = ("zero_shot", "kernel")
@@ -461,10 +461,10 @@ FIGURES = [
            rf"decode-only steps tied \({N} / ", W5, step_ms(W5, LEARNED, "decode_only"), 0.06, "gpu"),
     Figure("stale table: old table's MoE geomean gap", "docs/live.md", rf"fused-MoE choices are {N}x the", GAP,
            at(GAP, "tables", LEARNED[len("table:"):], "fused_moe", "geomean"), 0.0005, "json"),
-    Figure("stale table: old table's worst MoE gap at 256-6144 tokens", "README.md",
-           rf"at 256-6144 tokens take 1.06-{N}x the measured best", GAP, lambda: gap_at_chunks(max), 0.005, "json"),
-    Figure("stale table: old table's best MoE gap at 256-6144 tokens", "README.md",
-           rf"at 256-6144 tokens take {N}-", GAP, lambda: gap_at_chunks(min), 0.005, "json"),
+    Figure("stale table: old table's worst MoE gap at 256-4096 tokens", "README.md",
+           rf"at 256-4096 tokens take 1.06-{N}x the measured best", GAP, lambda: gap_at_chunks(max), 0.005, "json"),
+    Figure("stale table: old table's best MoE gap at 256-4096 tokens", "README.md",
+           rf"at 256-4096 tokens take {N}-", GAP, lambda: gap_at_chunks(min), 0.005, "json"),
     Figure("live e2e window 5 vllm-table TPOT p50 (ms)", "README.md", rf"\(146 / 127 requests\): TPOT {N} / ",
            "benchmarks/live_e2e/window5_f269e69/window5/summary.json",
            at("benchmarks/live_e2e/window5_f269e69/window5/summary.json", "policies", "vllm-table", "measured",

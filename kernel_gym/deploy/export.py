@@ -134,55 +134,66 @@ def build_table(model: Any, predictors: dict[str, tuple[Predictor, dict[str, Any
 TABLE_KERNELS = tuple(AXES)  # the kernels with dispatch axes (their profiles'), in registration order
 
 
-def absent_fix(kernel: str, model: Any) -> str:
-    """How to give a left-out kernel a policy: one trained on the model's measured rows, else the model-conditioned
-    policy (MoE and decode only: no zoo prefill policy exists), else measure first."""
-    from kernel_gym.envs import env_id_for
-
-    env = env_id_for(kernel) or "..."
+def model_arg(model: Any) -> str:
+    """How a command line names the model: a built-in or zoo name as is; a JSON spec by its path, which a table does
+    not keep ("SPEC.json")."""
     name = getattr(model, "name", str(model))
     try:
         from kernel_gym.models import load_model
 
         load_model(name)
-        as_arg = name
+        return name
     except (ValueError, FileNotFoundError, OSError):
-        as_arg = "SPEC.json"  # a JSON spec is passed by its path, which the table does not keep
+        return "SPEC.json"
+
+
+def train_command(kernel: str, model: Any) -> str:
+    """The command that trains a policy for this kernel on the model's measured rows."""
+    from kernel_gym.envs import env_id_for
+
+    return f"kernel-gym train --env-id {env_id_for(kernel) or '...'} --model {model_arg(model)}"
+
+
+def absent_fix(kernel: str, model: Any) -> str:
+    """How to give a left-out kernel a policy: one trained on the model's measured rows, else the model-conditioned
+    policy (MoE and decode only: no zoo prefill policy exists), else measure first."""
+    from kernel_gym.envs import env_id_for
+
+    env, as_arg = env_id_for(kernel) or "...", model_arg(model)
     if measured_model(kernel, model):
-        return f"train one (kernel-gym train --env-id {env} --model {as_arg}) and export again"
+        return f"train one ({train_command(kernel, model)}) and export again"
     if kernel in zoo.TEST_MODELS:  # the kernels the model-conditioned policy is trained and tested on
         return (f"train the model-conditioned policy (kernel-gym train --model zoo --env-id {env}) or pass "
                 "--policy-dir benchmarks/generalisation/policies, and export again")
     return (f"no model-conditioned {kernel} policy exists and the packaged data has no {kernel} rows of this shape: "
-            f"measure them on a GPU (kernel-gym collect --model {as_arg} --kernels {kernel}), then kernel-gym train "
-            f"--env-id {env} --model {as_arg}")
+            f"measure them on a GPU (kernel-gym collect --model {as_arg} --kernels {kernel}), then "
+            f"{train_command(kernel, model)}")
 
 
 def policy_identity(provenance: dict[str, Any]) -> dict[str, Any]:
-    """Where a kernel's choices came from, short enough for a table's meta: URI, run, bundle folder, training specs."""
+    """Where a kernel's choices came from, short enough for a table's meta: URI, run, bundle folder, training specs,
+    and the recorded dataset it learned from (what a later reader of the table checks it against: stale_dataset)."""
     specs = provenance.get("model_specs") or []
-    out = {k: provenance[k] for k in ("model_uri", "run_id", "env_id", "policy_dir", "cost_model") if provenance.get(k)}
+    keys = ("model_uri", "run_id", "env_id", "policy_dir", "cost_model", "dataset_sha256_16")
+    out = {k: provenance[k] for k in keys if provenance.get(k)}
     out["model_conditioned"] = bool(provenance.get("model_conditioned"))
     if specs:
         out["trained_on"] = len(specs) if len(specs) > 3 else [s.get("name", "?") for s in specs]
     return out
 
 
-def data_moved_on(kernel: str, provenance: dict[str, Any], model: Any) -> dict[str, Any]:
-    """{"stale": ...} when the policy learned from another recorded dataset than the packaged one (rows re-timed,
-    added or merged since: its choices do not reflect them; a table exported on 2026-11-30 chose fused-MoE configs
-    6-23% slower than the measured best at 256-4096 tokens, and a policy retrained in a minute 0-8%,
-    benchmarks/live_e2e/tables/), else {}. Unknown (a policy logged without the hash, outside the store): {}."""
-    trained_on = str(provenance.get("dataset_sha256_16") or "")
+def stale_dataset(kernel: str, trained_on: str, model: Any) -> dict[str, Any]:
+    """{"stale": ...} when a policy learned from another recorded dataset (`trained_on`, its 16-hex hash) than the
+    packaged one: the packaged rows were re-timed, added or merged since, or the policy came from a newer package;
+    either way its choices do not reflect these rows. The live runs' table, exported on 2026-11-30, chose fused-MoE
+    configs 6-23% slower than the measured best at 256-4096 tokens; policies retrained on the current data 0-2.5%
+    (benchmarks/live_e2e/tables/). {} when equal or unknown (a policy logged without the hash, outside the store)."""
     now = str(getattr(recorded_backend(), "dataset_hash", "") or "")
     if not trained_on or not now or trained_on == now:
         return {}
-    from kernel_gym.envs import env_id_for
-
-    name = getattr(model, "name", str(model))
     return {"stale": {"trained_on_dataset": trained_on, "packaged_dataset": now,
-                      "fix": f"retrain on the current data (kernel-gym train --env-id {env_id_for(kernel)} --model "
-                             f"{name}, about a minute on 2 cores) and export again"}}
+                      "fix": f"retrain on the packaged data ({train_command(kernel, model)}, about a minute on 2 "
+                             "cores) and export again"}}
 
 
 def kernel_basis(kernel: str, provenance: dict[str, Any] | None, model: Any, device: str = DEFAULT_DEVICE,
@@ -215,7 +226,7 @@ def kernel_basis(kernel: str, provenance: dict[str, Any] | None, model: Any, dev
     if measured and trained_here is not False:
         return {"basis": "measured", "policy": ident,
                 "why": f"the policy trained on measured {data_device} rows of {name}'s {kernel} shape",
-                **data_moved_on(kernel, provenance, model)}
+                **stale_dataset(kernel, str(provenance.get("dataset_sha256_16") or ""), model)}
     if provenance.get("model_conditioned"):
         seen = " (the packaged data has rows of this shape, but the policy never trained on them)" if measured else ""
         return {"basis": "zero-shot", "policy": ident,
@@ -544,10 +555,13 @@ def print_basis_notes(rests: dict[str, Any]) -> None:
         elif r["basis"] != "measured":
             print(f"note: {k} is {r['basis']}: {r['why']}", file=sys.stderr)
         if r.get("stale"):
-            st = r["stale"]
-            print(f"note: {k}'s policy learned from dataset {st['trained_on_dataset']}; the packaged data is now "
-                  f"{st['packaged_dataset']} (rows re-timed or added since), which its choices do not reflect: "
-                  f"{st['fix']}", file=sys.stderr)
+            print(stale_line(k, r["stale"]), file=sys.stderr)
+
+
+def stale_line(kernel: str, stale: dict[str, Any]) -> str:
+    """The note for a kernel whose policy learned from another recorded dataset (stale_dataset's entry)."""
+    return (f"note: {kernel}'s policy learned from recorded dataset {stale['trained_on_dataset']}, which differs "
+            f"from the packaged {stale['packaged_dataset']}: its choices do not reflect these rows; {stale['fix']}")
 
 
 def sharded_model(name: str, tp: int) -> Any:

@@ -302,7 +302,7 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
 
 def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str | None = None) -> Any:
     """The Dispatcher over a dispatch table: from a file, or exported now from the given (or latest) policies."""
-    from kernel_gym.deploy.export import print_basis_notes, table_from_registry
+    from kernel_gym.deploy.export import print_basis_notes, stale_dataset, stale_line, table_from_registry
     from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
 
     if not table_path:
@@ -316,6 +316,10 @@ def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str |
     for k, t in table.kernels.items():
         print(f"policy {k}: table {table_path} ({t.policy.get('model_uri', '?')}, model {model.name})",
               file=sys.stderr, flush=True)
+    for k, t in table.kernels.items():  # a table file is a snapshot: its policies may predate the packaged rows
+        stale = stale_dataset(k, str(t.policy.get("dataset_sha256_16") or ""), model).get("stale")
+        if stale:
+            print(stale_line(k, stale), file=sys.stderr, flush=True)
     return Dispatcher(table)
 
 

@@ -19,6 +19,7 @@ the same the logged model runs, so predictions equal the pyfunc's (tests/test_in
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import tempfile
@@ -334,6 +335,7 @@ def load_safe_policy(uri: str) -> SafePolicy:
     return SafePolicy(meta, params, prov)
 
 
+@functools.lru_cache(maxsize=256)  # one tracking-store call per run and process (export loads several policies)
 def run_dataset_hash(run_id: str) -> str:
     """The recorded dataset a training run learned from (its `data.dataset_hash` tag), for policies logged before
     policy.json carried it; "" when the run is not in the tracking store or has no such tag."""

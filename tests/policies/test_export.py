@@ -320,7 +320,26 @@ def test_a_policy_trained_on_other_data_is_flagged_stale_with_the_fix(store, tmp
         assert export_cli.main(["--model-uri", uri, "--out", str(out)]) == 0
         rests = DispatchTable.load(out / export.TABLE_FILE).meta["rests_on"]["fused_moe"]
         err = capsys.readouterr().err
-        assert ("stale" in rests) is flagged and ("learned from dataset 0123456789abcdef" in err) is flagged
+        assert ("stale" in rests) is flagged and ("learned from recorded dataset 0123456789abcdef" in err) is flagged
         if flagged:
             assert rests["stale"]["packaged_dataset"] == now
             assert "kernel-gym train --env-id KernelGym/MoE-v0 --model mixtral-8x7b" in rests["stale"]["fix"]
+            # the table keeps the hash, so a later replay of the file says it too
+            assert rests["policy"]["dataset_sha256_16"] == "0123456789abcdef"
+            from kernel_gym.evaluate.replay import learned_policy
+
+            learned_policy(BUILTIN_MODELS["mixtral-8x7b"], table_path=str(out / export.TABLE_FILE))
+            assert "learned from recorded dataset 0123456789abcdef" in capsys.readouterr().err
+
+
+def test_a_policy_logged_without_the_hash_is_checked_by_its_runs_tag(store, tmp_path, capsys):
+    """Policies logged before policy.json carried the dataset hash: export reads their training run's
+    data.dataset_hash tag instead (safe_policy.run_dataset_hash)."""
+    mlflow.set_tracking_uri(f"sqlite:///{store[0] / 'mlflow.db'}")
+    with mlflow.start_run() as run:
+        mlflow.set_tag("data.dataset_hash", "fedcba9876543210")
+    uri = log_policy(tmp_path, name="kernel-gym-moe-v0-old", extra={"run_id": run.info.run_id})
+    assert export_cli.main(["--model-uri", uri, "--out", str(tmp_path / "t")]) == 0
+    rests = DispatchTable.load(tmp_path / "t" / export.TABLE_FILE).meta["rests_on"]["fused_moe"]
+    assert rests["stale"]["trained_on_dataset"] == "fedcba9876543210"
+    assert "learned from recorded dataset fedcba9876543210" in capsys.readouterr().err
