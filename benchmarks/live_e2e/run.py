@@ -116,6 +116,13 @@ class TableChooser(DefaultChooser):
         self.name = f"table:{Path(path).name}"
         self.dispatcher = Dispatcher.load(path)
         self.kernels = set(getattr(self.dispatcher, "_tables", {}) or {})
+        from kernel_gym.deploy.export import stale_dataset, stale_line
+
+        for k, t in self.dispatcher.table.kernels.items():  # a table is a snapshot: its policies may predate the rows
+            stale = stale_dataset(k, str(t.policy.get("dataset_sha256_16") or ""), self.dispatcher.table.model.get(
+                "name", "?")).get("stale")
+            if stale:
+                log(f"{path}: {stale_line(k, stale)}")
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
         if kernel in self.kernels:
