@@ -318,3 +318,6 @@ def test_predict_policies_prices_a_policy_as_predict_does_and_writes_its_untimed
     assert only["predicted"] == full["predicted"] and only["fallbacks"] == full["fallbacks"]
     with pytest.raises(SystemExit):
         le.main(["--out", str(run), "--predict-policies", spec])  # no --predict-json: refused, nothing overwritten
+    with pytest.raises(SystemExit):  # a calibration belongs to --predict, which compares with measurements
+        le.main(["--out", str(run), "--predict-policies", spec, "--predict-json", str(tmp_path / "q.json"),
+                 "--calibration-from", str(run / "summary.json")])

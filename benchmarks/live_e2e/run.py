@@ -1183,17 +1183,27 @@ def run_predict_policies(args: Any) -> int:
     """CPU: policies a measured run did not serve, priced on its window exactly as --predict prices the ones it did
     (--predict-policies SPECS): a prediction with nothing measured beside it, written to --predict-json (the run's
     summary.json is left as it is). The measured policies' errors on the same window say how far to trust it."""
+    from kernel_gym.evaluate.replay_report import json_safe
+
     data, meta, model, trace, backend, timer, prediction = predict_setup(args)
     out: dict = {"run": str(args.out), "meta": meta, "prediction": prediction, "policies": {}}
     guards = []
     for spec in [s for s in args.predict_policies.split(",") if s]:
-        pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
+        try:
+            pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
+        except (LookupError, RuntimeError) as exc:  # as --predict: say why, keep the others
+            out["policies"][spec] = {"prediction_error": f"{type(exc).__name__}: {exc}"[:400]}
+            log(f"{spec}: no prediction: {exc}")
+            continue
         guards.append(guard)
         out["policies"][spec] = predicted_row(pred, sim, guard)
         log(f"{spec}: " + ", ".join(f"{k} predicted {pred[k]:.4g}" for k in METRICS)
             + f" ({out['policies'][spec]['fallbacks']} fallbacks for untimed choices)")
+    if isinstance(prediction.get("moe_routing"), dict):  # what the routing charge came to, as --predict records it
+        prediction["moe_routing"]["charged_s"] = {spec: row["moe_routing_charged_s"] for spec, row in
+                                                  out["policies"].items() if "moe_routing_charged_s" in row}
     args.predict_json.parent.mkdir(parents=True, exist_ok=True)
-    args.predict_json.write_text(json.dumps(out, indent=1))
+    args.predict_json.write_text(json.dumps(json_safe(out), indent=1, allow_nan=False))
     if backend is not None:  # what to measure before these predictions can be trusted (a collect --plan)
         from kernel_gym.evaluate.replay import write_untimed_plan
 
@@ -1666,6 +1676,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.predict_policies:
         if args.predict_json is None:
             p.error("--predict-policies needs --predict-json FILE (the run's summary.json is left as it is)")
+        if args.predict or args.calibrate or args.calibration_from:
+            p.error("--predict-policies prices policies with nothing measured beside them, without a calibration: "
+                    "run --predict (with --calibrate / --calibration-from) as its own command")
         return run_predict_policies(args)
     if args.predict:
         return run_predict(args)

@@ -9,17 +9,19 @@
 source benchmarks/live_e2e/session_common.sh
 T=benchmarks/live_e2e/tables
 log "collect the fresh tables' untimed choices, $(left) s left"
-python3 -m kernel_gym.cli collect --plan $T/untimed_plan.json --db /tmp/tables.sqlite --budget-s 90 \
+timeout 150 python3 -m kernel_gym.cli collect --plan $T/untimed_plan.json --db /tmp/tables.sqlite --budget-s 90 \
   --compile-workers 14 --out "$E/untimed_rows.jsonl.gz" > "$E/collect.log" 2>&1
 log "collect: exit $? $(tail -2 "$E/collect.log" | tr '\n' ' ')"
 log "their MoE configs as the decode graphs run them, $(left) s left"
-python3 benchmarks/live_e2e/moe_graph_table.py --plan $T/moe_graph_plan.json --out "$E/moe_graph" --budget-s 60 \
-  > "$E/moe_graph.log" 2>&1
+timeout 110 python3 benchmarks/live_e2e/moe_graph_table.py --plan $T/moe_graph_plan.json --out "$E/moe_graph" \
+  --budget-s 60 > "$E/moe_graph.log" 2>&1
 log "moe_graph: exit $?"
 for w in "5 300" "6 400"; do
   set -- $w
   log "Mixtral window $1 ($2-$(( $2 + 30 )) s), $(left) s left"
-  timeout $(( ($(left) - 10) / (7 - $1) )) python3 benchmarks/live_e2e/run.py --out "$E/window$1" --start-s $2 \
+  limit=$(( ($(left) - 10) / (7 - $1) ))
+  if [ "$limit" -lt 60 ]; then log "window $1 skipped: ${limit} s left for it"; continue; fi
+  timeout $limit python3 benchmarks/live_e2e/run.py --out "$E/window$1" --start-s $2 \
     --seconds 30 --rate 1.0 --budget-s 200 --policy-budget-s 90 \
     --policies vllm-table,table:$T/mixtral_seed0/dispatch_table.json > "$E/window$1.log" 2>&1
   log "window $1: exit $? $(grep -a 'tok/s' "$E/window$1.log" | tr '\n' ' ')"
