@@ -261,6 +261,13 @@ def test_plan_names_the_config_file_the_engine_reads_for_the_specs_dtype():
     assert f["file"] == "E=160,N=320,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"  # was the bf16 file's name
     (f,) = moe_config_files(QWEN3_CODER, dep, device="NVIDIA H200 NVL")
     assert f["file"] == "E=160,N=320,device_name=NVIDIA_H200.json"  # vLLM's name for the NVL part, as export's
+    from kernel_gym.deploy.plan import kernel_configs
+
+    # how to write it: export for bf16 (a spec file by its path), vLLM's own tuner for fp8, which export refuses
+    (f,) = kernel_configs(dataclasses.replace(QWEN3_CODER, dtype_bytes=1), dep, {})
+    assert "benchmark_moe.py" in f["write_with"] and "--dtype fp8_w8a8" in f["write_with"]
+    (f,) = kernel_configs(QWEN3_CODER, dep, {})
+    assert f["write_with"].startswith("kernel-gym export --format vllm --model SPEC.json --tp 8")
 
 
 def test_replay_errors_say_where_the_data_or_the_trace_ends():
@@ -320,13 +327,13 @@ def test_plan_sums_up_overloaded_replays_in_its_own_flags(tmp_path, capsys):
     assert "OverloadWarning" not in err and "of the replays were overloaded" in err and "--rate-scale" in err
 
 
-def test_a_nan_lookup_is_refused_not_answered_from_an_arbitrary_bucket():
-    """Dispatcher.moe_config(m, nan) used to return whatever bucket bisect gave NaN; a lookup now names the axis."""
+def test_a_nan_lookup_is_refused_not_answered_from_the_last_bucket():
+    """Dispatcher.moe_config(m, nan) used to return the largest bucket's config (bisect puts NaN past every edge);
+    a lookup now names the axis."""
     from kernel_gym.dispatch.dispatcher import Dispatcher
 
     d = Dispatcher.load(Path(__file__).resolve().parents[1] / "benchmarks" / "live_replay" / "inputs"
                         / "dispatch_table.json")
-    assert d.moe_config(64, 0.0) == d.moe_config(64, 0.1)
     with pytest.raises(ValueError, match="skew=nan is not a number"):
         d.moe_config(64, float("nan"))
     with pytest.raises(ValueError, match="is not a number"):

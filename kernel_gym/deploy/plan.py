@@ -82,6 +82,12 @@ def largest_window(duration_s: float, rate_scale: float, window_s: float) -> flo
         return all(a <= b for a, b in (window_start_range(duration_s, HOLDOUT, split, w, warm, ctx, rate_scale)
                                        for split in ("train", "heldout")))
 
+    return largest_fitting(fits, window_s)
+
+
+def largest_fitting(fits: Any, window_s: float) -> float:
+    """The largest window <= `window_s` for which `fits(w)` holds (fitting is monotone in the window): `window_s`
+    itself, else found by bisection and rounded down to 0.1 s; 0.0 when none."""
     if fits(window_s):
         return window_s
     lo, hi = 0.0, window_s
@@ -254,13 +260,18 @@ def heldout_replay(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[flo
 
 def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str, Any]]:
     """The fused-MoE config files for the layout, with the configs the replay used most (kernel_gym's knobs)."""
+    from kernel_gym.deploy.export import model_arg
     from kernel_gym.parallel.deploy import moe_config_files
 
     files = moe_config_files(spec, dep)
     for f in files:
         f["configs_used"] = replay.get("moe_configs", {})
-        f["write_with"] = (f"kernel-gym export --format {dep.engine} --model {spec.name} --tp {dep.tp} --out DIR "
-                           f"(the engine's own kernel design; for EP the local-expert file above)")
+        if spec.dtype_bytes == 1:  # kernel_gym measures bf16 kernels; export refuses fp8 files (engine_export)
+            f["write_with"] = ("vLLM's own tuner: benchmarks/kernels/benchmark_moe.py --model CHECKPOINT "
+                               f"--tp-size {dep.tp} --dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only)")
+        else:
+            f["write_with"] = (f"kernel-gym export --format {dep.engine} --model {model_arg(spec)} --tp {dep.tp} "
+                               "--out DIR (the engine's own kernel design; for EP the local-expert file above)")
     return files
 
 
@@ -278,15 +289,15 @@ def fit_window(make: Any, window_s: float, min_window_s: float) -> tuple[Any, fl
     except ValueError as exc:
         if "shorter than" not in str(exc):
             raise
-    lo, hi = 0.0, window_s  # the env fits lo (or lo is 0), not hi; fitting is monotone in the window
-    for _ in range(30):
-        mid = (lo + hi) / 2
+
+    def fits(w: float) -> bool:
         try:
-            make(mid)
-            lo = mid
+            make(w)
+            return True
         except ValueError:
-            hi = mid
-    w = float(np.floor(lo * 10) / 10)
+            return False
+
+    w = largest_fitting(fits, window_s)
     if w <= 0 or w < min_window_s:
         return None, w
     return make(w), w
@@ -489,6 +500,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     print(f"  predicted goodput {p['goodput_req_per_s']:.2f} req/s ({p['slo_attainment']:.0%} within SLO, "
           f"{p['goodput_tokens_per_s_per_gpu']:.0f} good tokens/s/GPU); estimated share {p['estimated_share']:.0%}, "
           f"prior share {p['prior_share']:.0%} of the step time")
+
     def lat(key: str, scale: float, unit: str) -> str:
         vals = [p.get(f"{key}_p50_s"), p.get(f"{key}_p99_s")]
         ok = all(v is not None and math.isfinite(v) for v in vals)

@@ -158,7 +158,7 @@ class KernelTable:
 
     def lookup(self, x0: float, x1: float) -> Config:
         """The config of the bucket holding (x0, x1) (values outside the grid use the nearest edge bucket)."""
-        if x0 != x0 or x1 != x1:  # NaN: bisect would hand back an arbitrary bucket
+        if x0 != x0 or x1 != x1:  # NaN: bisect puts it past every edge, the largest bucket's config, silently
             (name0, name1), _ = AXES[self.kernel]
             raise ValueError(f"{self.kernel}: {name0}={x0}, {name1}={x1} is not a number; a config is looked up for "
                              "measured quantities (check how the caller computes them, e.g. a routing skew of an empty "

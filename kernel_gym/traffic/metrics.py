@@ -36,6 +36,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from kernel_gym.traffic.traces import is_gzip, plain_suffix
+
 PROFILE_FILE = "traffic_profile.json"
 PROFILE_FORMAT = "kernel-gym-traffic-profile/1"
 VLLM_STEP_TOKENS = "vllm:iteration_tokens_total"
@@ -348,7 +350,7 @@ def read_expert_counts(path: str | Path) -> np.ndarray:
         if not isinstance(data, dict):
             raise _err(path, "the .pt holds no dict", "give SGLang's expert distribution dump (stat mode)")
         x = _from_mapping(data, path)
-    elif _plain_suffix(path) == ".csv":
+    elif plain_suffix(path) == ".csv":
         with io.StringIO(_head(path, None).decode("utf-8"), newline="") as fh:
             reader = csv.DictReader(fh)
             need = {"layer_id", "expert_id", "count"}
@@ -654,10 +656,8 @@ def _head(path: Path, size: int | None = 4096) -> bytes:
     import gzip
     import zlib
 
-    with open(path, "rb") as fh:
-        gz = fh.read(2) == b"\x1f\x8b"
     try:
-        with (gzip.open(path, "rb") if gz else open(path, "rb")) as fh:
+        with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as fh:
             return fh.read() if size is None else fh.read(size)
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise _err(path, f"a damaged gzip file ({exc})", "decompress it (gzip -d) or take that scrape again") from None
@@ -687,14 +687,9 @@ def classify(path: Path) -> str:
         return "scrapes"
     if first.replace(" ", "").startswith("layer_id,expert_id"):
         return "experts"
-    if _plain_suffix(path) == ".json" and first.startswith("{"):  # one JSON object, not JSON lines: counts
+    if plain_suffix(path) == ".json" and first.startswith("{"):  # one JSON object, not JSON lines: counts
         return "experts"
     return "trace"
-
-
-def _plain_suffix(path: Path) -> str:
-    """The suffix under a `.gz` (counts.json.gz -> .json): a compressed file is read through gzip (_head)."""
-    return Path(path.name.removesuffix(".gz")).suffix
 
 
 def read_traffic(sources: list[str | Path], model: Any, engine: str | None = None, sim_model: Any = None,

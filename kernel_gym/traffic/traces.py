@@ -210,8 +210,8 @@ def _stem(path: Path) -> str:
     return Path(name).stem
 
 
-def _suffix(path: Path) -> str:
-    """'trace.jsonl.gz' -> '.jsonl'."""
+def plain_suffix(path: Path) -> str:
+    """The suffix under a `.gz`: 'trace.jsonl.gz' -> '.jsonl' (a compressed file is read through gzip)."""
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     return Path(name).suffix
 
@@ -374,7 +374,7 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
 def detect_format(path: str | Path) -> str:
     """'azure' | 'mooncake' | 'burstgpt' from the extension and header."""
     path = Path(path)
-    if _suffix(path) in (".jsonl", ".json"):
+    if plain_suffix(path) in (".jsonl", ".json"):
         return "mooncake"
     with _open_text(path, encoding="utf-8-sig", newline="") as fh:
         first = fh.readline()
