@@ -366,9 +366,19 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
     if not hashes:
         return trace
     kept = [r[0] for r in rows if r[2] > 0 and r[3] > 0]  # the rows _finish kept, in order
-    return dataclasses.replace(trace, hash_ids=tuple(hashes.get(line, ()) for line in kept),
-                               hash_block_tokens=_block_tokens(path, BAILIAN_BLOCK_TOKENS if bailian
-                                                               else MOONCAKE_BLOCK_TOKENS))
+    block = _block_tokens(path, BAILIAN_BLOCK_TOKENS if bailian else MOONCAKE_BLOCK_TOKENS)
+    # a prompt has at most ceil(prompt / block) blocks: when most records hold more, the blocks are smaller than
+    # the format's (a trace of 16-token blocks read as Mooncake's 512 would share 32 times too much per hit)
+    with_ids = [(line, prompt, hashes[line]) for line, _, prompt, out in rows if line in hashes and prompt and out]
+    over = [(line, prompt, ids) for line, prompt, ids in with_ids if len(ids) > -(-prompt // block)]
+    if 2 * len(over) > len(with_ids):
+        line, prompt, ids = over[0]
+        fmt = "Bailian" if bailian else "Mooncake"
+        raise _err(path, line, f"{len(ids)} hash_ids for a {prompt}-token prompt (and {len(over) - 1} more records "
+                   f"like it): blocks of {block} tokens ({fmt}) give at most {-(-prompt // block)}, so its blocks are "
+                   f"smaller (about {max(1, prompt // len(ids))} tokens)",
+                   "name the file with its block size, e.g. trace_blksz_16.jsonl")
+    return dataclasses.replace(trace, hash_ids=tuple(hashes.get(line, ()) for line in kept), hash_block_tokens=block)
 
 
 def detect_format(path: str | Path) -> str:

@@ -290,6 +290,11 @@ def test_a_bailian_trace_is_read_in_seconds_with_its_own_block_size(tmp_path):
     m = tmp_path / "mine_blksz_64.jsonl"  # a Mooncake-format file whose name gives its block size
     m.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [7]}) + "\n")
     assert load_mooncake(m).hash_block_tokens == 64
+    small = tmp_path / "mooncake_like.jsonl"  # 16-token blocks in a file read as Mooncake's 512: caught
+    small.write_text(json.dumps({"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [1, 2, 3, 4]})
+                     + "\n")
+    with pytest.raises(TraceError, match="4 hash_ids for a 64-token prompt.*about 16 tokens.*blksz_16"):
+        load_mooncake(small)
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(f.read_text() + json.dumps({"timestamp": 70000, "input_length": 5, "output_length": 5}) + "\n")
     with pytest.raises(TraceError, match="a Mooncake record in a Bailian trace"):
