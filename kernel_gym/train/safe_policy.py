@@ -331,7 +331,9 @@ def load_safe_policy(uri: str) -> SafePolicy:
     prov = check_provenance(str(json_path), kernel, {
         "model_uri": uri, "run_id": run_id, "env_id": meta.get("env_id", ""),
         "model_specs": meta.get("model_specs"), "model_conditioned": meta.get("model_conditioned", False),
-        "dataset_sha256_16": str(meta.get("dataset_sha256_16") or run_dataset_hash(run_id))})
+        # a policy from the tracking store may predate the field: its run's tag says (a copied folder: unknown)
+        "dataset_sha256_16": str(meta.get("dataset_sha256_16")
+                                 or (run_dataset_hash(run_id) if uri.startswith(("models:/", "runs:/")) else ""))})
     return SafePolicy(meta, params, prov)
 
 
