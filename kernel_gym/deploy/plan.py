@@ -20,6 +20,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -448,8 +449,6 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     profile = routing_profile(routing, spec, seed)
     print(f"[plan] {spec.name} on {gpus} H200, {engine}, trace {replayed.name} x{rate_scale:g}, SLO "
           f"TTFT <= {limits[0]} s TPOT <= {limits[1]} s; training the agent ({train_steps} steps)", file=sys.stderr)
-    import warnings
-
     from kernel_gym.traffic.simulator import OverloadWarning
 
     with warnings.catch_warnings(record=True) as overloaded:  # one line for them all, in plan's own flags

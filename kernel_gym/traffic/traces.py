@@ -206,14 +206,12 @@ def _open_text(path: Path, encoding: str = "utf-8", newline: str | None = None):
 
 def _stem(path: Path) -> str:
     """'trace.csv.gz' -> 'trace', 'trace.csv' -> 'trace'."""
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    return Path(name).stem
+    return Path(path.name.removesuffix(".gz")).stem
 
 
 def plain_suffix(path: Path) -> str:
     """The suffix under a `.gz`: 'trace.jsonl.gz' -> '.jsonl' (a compressed file is read through gzip)."""
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    return Path(name).suffix
+    return Path(path.name.removesuffix(".gz")).suffix
 
 
 def _open_csv(path: Path, required: tuple[str, ...], fmt: str):
