@@ -91,14 +91,30 @@ def wheel_version(engine: str, wheel: Path | None) -> str:
     return version(engine)
 
 
+def helpers_called(defs: dict[str, ast.FunctionDef], roots: tuple[str, ...]) -> set[str]:
+    """The roots and every module-level function they call, transitively (vLLM 0.34 split
+    `try_get_optimal_moe_config` into `_get_configured_moe_config` and `_moe_config_shape`)."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [c.func.id for c in ast.walk(defs[name]) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                 and c.func.id in defs]
+    return seen
+
+
 def load_functions(engine: str, text: str, configs: Path, device: str, triton_version: str,
                    log: Log) -> tuple[dict[str, Callable], types.SimpleNamespace]:
     """The engine's own lookup functions, compiled from its source, with stand-ins for their imports."""
     tree = ast.parse(text)
-    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in FUNCTIONS]
-    missing = set(FUNCTIONS) - {n.name for n in keep}
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    missing = set(FUNCTIONS) - set(defs)
     if missing:
         raise SystemExit(f"{engine}: {sorted(missing)} not found in {SOURCES[engine]}: another release's layout")
+    keep = [defs[n] for n in sorted(helpers_called(defs, FUNCTIONS))]
     module = ast.Module(body=keep, type_ignores=[])
     code = compile(module, SOURCES[engine], "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
     logger = logging.getLogger(f"engine_lookup.{engine}")

@@ -15,6 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model spec: a zoo name (kernel-gym data lists them) or a JSON file")
     p.add_argument("--gpus", type=int, required=True, help="H200 GPUs of the deployment (1-8)")
     p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
+    p.add_argument("--engine-version", default="",
+                   help="the release you launch, whose defaults (block size, KV memory) the plan prices: vLLM 0.34.0 "
+                        "(default) or 0.33.0, SGLang 0.5.23")
     p.add_argument("--trace", required=True, help="azure-conv, azure-code, mooncake, burstgpt (KERNEL_GYM_TRACES), "
                                                   "bundled, or a trace file")
     p.add_argument("--slo", default="ttft=2,tpot=0.1", help=SLO_HELP)
@@ -45,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kernel_gym.deploy.plan import plan_deployment
 
     try:
-        return plan_deployment(model=args.model, gpus=args.gpus, trace=args.trace, engine=args.engine, slo=args.slo,
+        engine = f"{args.engine}-{args.engine_version}" if args.engine_version else args.engine
+        return plan_deployment(model=args.model, gpus=args.gpus, trace=args.trace, engine=engine, slo=args.slo,
                                rate_scale=args.rate_scale, window_s=args.window_s, routing=args.routing,
                                train_steps=args.train_steps, samples=args.samples, refine_rounds=args.refine_rounds,
                                next_best=args.next, model_id=args.model_id, json_path=args.json,

@@ -414,10 +414,12 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.evaluate.replay_report import json_safe
     from kernel_gym.models import load_model
-    from kernel_gym.parallel.deploy import ENGINE_VERSIONS, MAX_MODEL_LEN, launch_commands
+    from kernel_gym.parallel.deploy import MAX_MODEL_LEN, launch_commands, split_engine
     from kernel_gym.traffic.windows import resolve_trace
 
     limits = parse_slo(slo)
+    engine_name, engine_version = split_engine(engine)
+    engine = f"{engine_name}-{engine_version}"  # every deployment below carries the release whose defaults it prices
     if not 1 <= gpus <= 8:
         raise ValueError(f"--gpus {gpus}: one H200 host has 1 to 8 GPUs")
     if max_model_len < 0:
@@ -483,8 +485,8 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
                         "train_goodput_req_per_s": r["train_goodput_req_per_s"], "from_agent": r["from_agent"],
                         "baseline": r["baseline"], "predicted": {k: v for k, v in h.items() if k != "deployment"},
                         "kernel_config_files": kernel_configs(spec, d, h)})
-    report = {"model": spec.name, "gpus": gpus, "engine": engine,
-              "engine_version": ENGINE_VERSIONS[engine], "trace": replayed.name, "rate_scale": rate_scale,
+    report = {"model": spec.name, "gpus": gpus, "engine": engine_name,
+              "engine_version": engine_version, "trace": replayed.name, "rate_scale": rate_scale,
               "slo": {"ttft_s": limits[0], "tpot_s": limits[1]}, "routing": routing, "max_model_len": max_model_len,
               "collectives": {"source": None if table is None else table.source,
                               "prior": None if table is None else (table.prior or {}).get("source")},
@@ -492,7 +494,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
               "evaluations": rec["evaluations"], "wall_s": rec["wall_s"]}
     best = entries[0]
     p = best["predicted"]
-    print(f"\nrecommended: {best['deployment']['layout']} ({engine} {ENGINE_VERSIONS[engine]})")
+    print(f"\nrecommended: {best['deployment']['layout']} ({engine_name} {engine_version})")
     for cmd in best["launch"]:
         print(f"  {cmd}")
     print(f"  kernel configs: {', '.join(f['file'] for f in best['kernel_config_files'])}")

@@ -221,11 +221,11 @@ class ServingPlanEnv(ParallelServingEnv):
     """
     ## Description
 
-    KernelGym/ServingPlan-v0: the whole serving decision on `gpus` GPUs for one engine (vLLM 0.33 or SGLang 0.5.23):
-    how many replicas, the TP / EP layout of each, and the engine knobs (KV block size, the chunked-prefill token
-    budget, the running-sequence limit, the CUDA-graph size), scored on a window of a trace by goodput at a
-    TTFT/TPOT SLO (kernel_gym.parallel.deploy). One step per episode, like ServingTPEP-v0 (engines fix all of this
-    at launch).
+    KernelGym/ServingPlan-v0: the whole serving decision on `gpus` GPUs for one engine release (vLLM 0.34 / 0.33,
+    SGLang 0.5.23): how many replicas, the TP / EP layout of each, and the engine knobs (KV block size, the
+    chunked-prefill token budget, the running-sequence limit, the CUDA-graph size), scored on a window of a trace by
+    goodput at a TTFT/TPOT SLO (kernel_gym.parallel.deploy). One step per episode, like ServingTPEP-v0 (engines fix
+    all of this at launch).
 
     ## Action Space
 
@@ -245,7 +245,8 @@ class ServingPlanEnv(ParallelServingEnv):
 
     ## Arguments
 
-    ServingTPEP-v0's, plus `engine` ("vllm"), `max_model_len` (32768; longer requests are refused by the engine).
+    ServingTPEP-v0's, plus `engine` ("vllm", or a release: "vllm-0.33.0"), `max_model_len` (32768; longer requests
+    are refused by the engine).
 
     ## Version History
 
@@ -258,17 +259,16 @@ class ServingPlanEnv(ParallelServingEnv):
         from kernel_gym.parallel.deploy import (
             BATCHED_TOKENS,
             BLOCK_SIZES,
-            ENGINES,
             GRAPH_MAX,
             MAX_SEQS,
             Deployment,
             DeploymentPricer,
             layout_choices,
+            split_engine,
             why_invalid_deployment,
         )
 
-        if engine not in ENGINES:
-            raise ValueError(f"engine {engine!r} is not one of {list(ENGINES)}")
+        split_engine(engine)  # refuses an unknown engine or release before anything is priced
         super().__init__(*args, **kw)
         self.engine = engine
         self.grids = (BLOCK_SIZES, BATCHED_TOKENS, MAX_SEQS, GRAPH_MAX)

@@ -1,9 +1,9 @@
 """The engines' fused-MoE config rules and shipped H200 tables, per engine version, as data.
 
-Each engine version kernel_gym targets is an `Engine` ("vllm-0.33.0", "sglang-0.5.23"); its shipped tables for
-unquantised experts on the H200 are the JSON file kernel_gym/data/engine_tables/<engine>-<version>.json, copied out of
-that version's wheel by scripts/extract_engine_tables.py (numbers only; vLLM and SGLang are Apache-2.0, copyright
-their contributors). The rules below were read in those versions and re-implemented:
+Each engine version kernel_gym targets is an `Engine` ("vllm-0.34.0", "vllm-0.33.0", "sglang-0.5.23"); its shipped
+tables for unquantised experts on the H200 are the JSON file kernel_gym/data/engine_tables/<engine>-<version>.json,
+copied out of that version's wheel by scripts/extract_engine_tables.py (numbers only; vLLM and SGLang are Apache-2.0,
+copyright their contributors). The rules below were read in those versions and re-implemented:
 
 vLLM 0.33.0 (vllm/model_executor/layers/fused_moe/fused_moe.py):
 - file name `E={E},N={N},device_name={device}[,dtype={dtype}][,block_shape=[bn,bk]].json`; E and N are
@@ -18,6 +18,11 @@ vLLM 0.33.0 (vllm/model_executor/layers/fused_moe/fused_moe.py):
   (M <= 128) else 8, 4 stages (M <= 32) else 3 (`default_entry`);
 - small batches: when M * top_k * 4 <= E (and no expert map, i.e. no expert parallelism) `_prepare_expert_assignment`
   skips moe_align_block_size and the kernel runs one (token, expert) slot per row block (`naive_block_assignment`).
+
+vLLM 0.34.0 (the default release): for unquantised experts the same file name, folders, nearest key, default rule,
+small-batch path and the same 22 H200 tables (entry for entry). What changed is outside them: a `..._down.json` file
+beside a table configures the second GEMM, read for fp8 w8a8 experts with 128x128 blocks only, and
+`try_get_optimal_moe_config` was split into helpers (scripts/check_engine_lookup.py runs them from the wheel).
 
 SGLang 0.5.23 (sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py):
 - the same file name without the H200 folding; block_shape printed as a Python list ("[128, 128]");
@@ -47,8 +52,8 @@ VLLM_M_KEYS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 20
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "engine_tables"
 FORMATS = ("vllm", "sglang")
-DEFAULT_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
-DEFAULT_ENGINE = "vllm-0.33.0"  # what "vLLM's own entry" means when no engine is named
+DEFAULT_VERSIONS = {"vllm": "0.34.0", "sglang": "0.5.23"}
+DEFAULT_ENGINE = "vllm-0.34.0"  # what "vLLM's own entry" means when no engine is named
 SGLANG_PINNED_TRITON = {"0.5.23": "3.8.0"}  # sglang 0.5.23 pins torch==2.14.1, whose wheel requires triton==3.8.0
 TRITON_DEFAULT_WARPS, TRITON_DEFAULT_STAGES = 4, 3
 
@@ -242,9 +247,10 @@ def naive_block_assignment(m: int, top_k: int, num_experts: int, engine: str | E
     return (major, minor) >= (0, 33) and m * top_k * 4 <= num_experts
 
 
-# vLLM 0.33.0's shipped tables as {(device, E, N, dtype selector): {M: entry tuple}} (the form older code used)
+# the default vLLM release's shipped tables as {(device, E, N, dtype selector): {M: entry tuple}} (the form older code
+# used)
 SHIPPED: dict[tuple[str, int, int, str | None], dict[int, tuple[int, ...]]] = {
     (t["device_name"], t["E"], t["N"], None): {int(m): tuple(_entry(e)[k] for k in CONFIG_KEYS)
                                                for m, e in t["entries"].items()}
-    for t in engine_data("vllm-0.33.0")["tables"]
+    for t in engine_data(DEFAULT_ENGINE)["tables"]
 }

@@ -1,6 +1,6 @@
 """A serving deployment on N GPUs: replicas x layout (TP / EP / DP) plus the engine knobs that decide goodput, its
-memory check, its launch arguments for vLLM 0.33 / SGLang 0.5.23, and its goodput at a TTFT/TPOT SLO from the
-layout-aware simulator (step_time.py).
+memory check, its launch arguments for vLLM 0.34 or 0.33 / SGLang 0.5.23, and its goodput at a TTFT/TPOT SLO from
+the layout-aware simulator (step_time.py).
 
 Why these knobs: at a fixed GPU count, the split of the model (how many replicas, tensor vs expert parallelism
 inside one), the KV block size, the chunked-prefill token budget per step, the number of running sequences and the
@@ -11,12 +11,19 @@ Pricing (`DeploymentPricer.serve`): one replica's share of the requests (round-r
 round-robin balancer). Memory per GPU: weights of the layout + activations of one max-size step + CUDA-graph
 buffers (ACTIVATION / GRAPH estimates below, labelled) must leave a KV pool that holds the longest request served.
 
-Engine facts used (read from the vLLM 0.33.0 and SGLang 0.5.23 wheels, 2026-12):
+Engine facts used (read from the vLLM 0.33.0 / 0.34.0 and SGLang 0.5.23 wheels, 2026-12; `--engine-version` picks the
+release, default the newest):
 - vLLM on a >= 70 GiB GPU below 160 GiB (H200): --max-num-batched-tokens 8192 (OpenAI server), --max-num-seqs 1024,
-  --block-size 16 (CacheConfig.DEFAULT_BLOCK_SIZE), CUDA-graph capture sizes up to 512 tokens (piecewise graphs:
-  mixed prefill + decode steps of up to that many tokens replay a graph). MoE layouts: --tensor-parallel-size T
-  (experts sliced T ways) or --data-parallel-size D --enable-expert-parallel (attention data-parallel, whole experts
-  per GPU); experts sliced inside expert-parallel groups is not a vLLM layout, so mixed TPxEP is masked for vLLM.
+  CUDA-graph capture sizes up to 512 tokens (piecewise graphs: mixed prefill + decode steps of up to that many tokens
+  replay a graph; 0.34 deprecates --max-cudagraph-capture-size but still takes it, and on a Hopper GPU resolves the
+  same sizes from it). MoE layouts: --tensor-parallel-size T (experts sliced T ways) or --data-parallel-size D
+  --enable-expert-parallel (attention data-parallel, whole experts per GPU); experts sliced inside expert-parallel
+  groups is not a vLLM layout, so mixed TPxEP is masked for vLLM.
+- vLLM 0.33: --block-size 16 (CacheConfig.DEFAULT_BLOCK_SIZE); the KV cache takes --gpu-memory-utilization 0.92 of
+  the GPU less weights and the profiled activations.
+- vLLM 0.34: --block-size 64 (DEFAULT_BLOCK_SIZE, where the attention backend takes it, as FlashAttention does);
+  the KV cache is sized from the memory free after warm-up (the "extensible" cache, default on CUDA): all of it less
+  the activation peak and a margin of max(1 GiB, 0.75 x that peak) (v1/worker/extensible_kv_cache.py).
 - SGLang on an H20 / H200 class GPU (90-160 GB): --chunked-prefill-size 8192, --cuda-graph-max-bs 256 below tp 4,
   else 512 (decode-only batches), --page-size 1, --max-running-requests derived from the KV pool.
   Layouts: --tp G [--ep E --dp E --enable-dp-attention] expresses every TP x EP split.
@@ -40,7 +47,8 @@ from kernel_gym.traffic.routing import uniform_for
 from kernel_gym.traffic.simulator import GPU_MEMORY_UTILIZATION, H200_MEMORY_BYTES, KVLayout
 
 ENGINES = ("vllm", "sglang")
-ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+ENGINE_VERSIONS = {"vllm": "0.34.0", "sglang": "0.5.23"}  # the default release of each engine
+ENGINE_RELEASES = {"vllm": ("0.33.0", "0.34.0"), "sglang": ("0.5.23",)}  # the releases whose facts are modelled
 # the knob grids the agent and the search choose from (engine defaults need not lie on them)
 BLOCK_SIZES = (16, 32, 64, 128)  # decode kernels are measured at these page sizes
 BATCHED_TOKENS = (2048, 4096, 8192, 16384)
@@ -53,6 +61,8 @@ MAX_MODEL_LEN = 32768  # requests longer than this (prompt + output) are refused
 # max_batched_tokens tokens (hidden states, the top-k MoE intermediates of the GPU's shard, logits of the step's
 # sequences are small) and CUDA-graph buffers (SGLang's own rule of thumb: about 2 MB per captured batch size).
 GRAPH_BYTES_PER_BS = 2e6
+VLLM_033_MEMORY_UTILIZATION = 0.92  # vLLM 0.33's --gpu-memory-utilization default
+VLLM_KV_MARGIN_FLOOR_BYTES, VLLM_KV_MARGIN_FRACTION = float(1 << 30), 0.75  # vLLM 0.34's extensible-cache margin
 SGLANG_PAGE_PRICED = 16  # SGLang's default --page-size 1 is priced at the smallest measured decode page (16)
 SGLANG_AUTO_RUNNING = 4096  # --max-running-requests left to SGLang: priced as this cap (the KV pool limits it too)
 
@@ -64,7 +74,7 @@ class Deployment:
     --chunked-prefill-size; max_seqs: --max-num-seqs / --max-running-requests; graph_max: the largest CUDA-graph
     size, tokens for vLLM, decode batch for SGLang, 0 = eager)."""
 
-    engine: str
+    engine: str  # "vllm" / "sglang"; given as a release ("vllm-0.33.0") it is split into engine and version
     replicas: int
     tp: int
     ep: int
@@ -72,10 +82,12 @@ class Deployment:
     max_batched_tokens: int
     max_seqs: int
     graph_max: int
+    version: str = ""  # the engine release (ENGINE_RELEASES); "" = ENGINE_VERSIONS' default
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine {self.engine!r} is not one of {list(ENGINES)}")
+        name, version = split_engine(self.engine if not self.version else f"{self.engine}-{self.version}")
+        object.__setattr__(self, "engine", name)
+        object.__setattr__(self, "version", version)
         for f in ("replicas", "tp", "ep", "block_size", "max_batched_tokens", "max_seqs"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
                 raise ValueError(f"Deployment.{f} must be a positive integer, got {getattr(self, f)!r}")
@@ -106,14 +118,33 @@ class Deployment:
         return {**dataclasses.asdict(self), "gpus": self.gpus, "layout": self.layout_name}
 
 
+def split_engine(engine: str) -> tuple[str, str]:
+    """'vllm' / 'vllm-0.33.0' / 'vllm==0.33.0' / 'sglang' -> (engine, version): the release's facts must be modelled
+    (ENGINE_RELEASES)."""
+    raw = str(engine).strip().lower().replace("==", "-")
+    name, _, version = raw.partition("-")
+    if name not in ENGINES:
+        raise ValueError(f"engine {engine!r} is not one of {list(ENGINES)}")
+    version = version or ENGINE_VERSIONS[name]
+    if version not in ENGINE_RELEASES[name]:
+        raise ValueError(f"engine {engine!r}: kernel_gym models the serving defaults of {name} "
+                         f"{', '.join(ENGINE_RELEASES[name])}; pass --engine-version with one of them (the closest "
+                         "to yours), and set the knobs whose defaults changed explicitly in your launch")
+    return name, version
+
+
+def _release(engine: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in split_engine(engine)[1].split("."))
+
+
 def engine_knobs(engine: str, tp: int = 1) -> dict[str, int]:
-    """The engine's own defaults on an H200 (module docstring), as Deployment knobs."""
-    if engine == "vllm":
-        return {"block_size": 16, "max_batched_tokens": 8192, "max_seqs": 1024, "graph_max": 512}
-    if engine == "sglang":
-        return {"block_size": 1, "max_batched_tokens": 8192, "max_seqs": SGLANG_AUTO_RUNNING,
-                "graph_max": 256 if tp < 4 else 512}
-    raise ValueError(f"engine {engine!r} is not one of {list(ENGINES)}")
+    """The engine release's own defaults on an H200 (module docstring), as Deployment knobs."""
+    name, _ = split_engine(engine)
+    if name == "vllm":
+        return {"block_size": 64 if _release(engine) >= (0, 34) else 16, "max_batched_tokens": 8192,
+                "max_seqs": 1024, "graph_max": 512}
+    return {"block_size": 1, "max_batched_tokens": 8192, "max_seqs": SGLANG_AUTO_RUNNING,
+            "graph_max": 256 if tp < 4 else 512}
 
 
 def layout_choices(gpus: int) -> list[tuple[int, Layout]]:
@@ -149,21 +180,33 @@ def hand_picked(spec: Any, engine: str, gpus: int) -> dict[str, Deployment]:
 
 
 def reserve_bytes(spec: Any, dep: Deployment) -> float:
-    """Per-GPU bytes outside weights and KV: one step's activations + CUDA-graph buffers (estimates)."""
+    """Per-GPU bytes outside weights and KV: one step's activations + CUDA-graph buffers (estimates), plus, for vLLM
+    0.34's cache sized after warm-up, its margin of max(1 GiB, 0.75 x the activation peak)."""
     tokens = dep.max_batched_tokens
     act = tokens * (6 * spec.hidden + 3 * spec.top_k * spec.intermediate // dep.tp) * spec.dtype_bytes
-    return act + GRAPH_BYTES_PER_BS * dep.graph_max
+    margin = (max(VLLM_KV_MARGIN_FLOOR_BYTES, VLLM_KV_MARGIN_FRACTION * act)
+              if dep.engine == "vllm" and _release(f"vllm-{dep.version}") >= (0, 34) else 0.0)
+    return act + margin + GRAPH_BYTES_PER_BS * dep.graph_max
+
+
+def memory_utilization(dep: Deployment) -> float:
+    """The share of the GPU's memory the release gives weights, activations and KV: vLLM 0.33's
+    --gpu-memory-utilization default, all of it for vLLM 0.34 (its margin is in reserve_bytes), SGLang as elsewhere
+    (GPU_MEMORY_UTILIZATION)."""
+    if dep.engine == "vllm":
+        return 1.0 if _release(f"vllm-{dep.version}") >= (0, 34) else VLLM_033_MEMORY_UTILIZATION
+    return GPU_MEMORY_UTILIZATION
 
 
 def gpu_memory_for(spec: Any, dep: Deployment) -> float:
-    """The `gpu_memory_bytes` the simulator gets: the H200's memory less the reserve (weights and KV share the rest
-    at GPU_MEMORY_UTILIZATION, as elsewhere)."""
-    return H200_MEMORY_BYTES - reserve_bytes(spec, dep) / GPU_MEMORY_UTILIZATION
+    """The `gpu_memory_bytes` the simulator gets (with `memory_utilization(dep)`): the H200's memory less the reserve,
+    so that weights and KV share the rest."""
+    return H200_MEMORY_BYTES - reserve_bytes(spec, dep) / memory_utilization(dep)
 
 
 def kv_tokens_per_rank(spec: Any, dep: Deployment) -> int:
     """Tokens of KV cache one data-parallel rank holds (a request lives on one rank)."""
-    free = gpu_memory_for(spec, dep) * GPU_MEMORY_UTILIZATION - gpu_weight_bytes(spec, dep.layout)
+    free = gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout)
     return int(max(0.0, free) // attention_spec(spec, dep.layout).kv_bytes_per_token)
 
 
@@ -174,7 +217,7 @@ def why_invalid_deployment(spec: Any, dep: Deployment, max_model_len: int = MAX_
     if why:
         return why
     if dep.engine == "vllm" and lay.tp > 1 and lay.ep > 1:
-        return (f"{lay}: vLLM 0.33 places experts expert-parallel over TP x DP (--enable-expert-parallel) or sliced "
+        return (f"{lay}: vLLM places experts expert-parallel over TP x DP (--enable-expert-parallel) or sliced "
                 "over TP; experts sliced inside expert-parallel groups is SGLang's --tp/--ep layout")
     kv = kv_tokens_per_rank(spec, dep)
     if kv < max_model_len:
@@ -185,7 +228,7 @@ def why_invalid_deployment(spec: Any, dep: Deployment, max_model_len: int = MAX_
 
 
 def launch_commands(dep: Deployment, model_id: str, max_model_len: int = MAX_MODEL_LEN) -> list[str]:
-    """The engine launch per replica (flag names of vLLM 0.33 / SGLang 0.5.23); replicas on disjoint GPUs behind
+    """The engine launch per replica (flag names of vLLM 0.33-0.34 / SGLang 0.5.23); replicas on disjoint GPUs behind
     any round-robin balancer. The context limit the deployment was sized and replayed with is passed: without it the
     engine takes the model's own (often 128k-256k), and refuses to start where the KV cache holds less."""
     g = dep.tp * dep.ep
@@ -292,7 +335,8 @@ class DeploymentPricer:
         page = max(dep.block_size, SGLANG_PAGE_PRICED) if dep.engine == "sglang" else dep.block_size
         graph = ("tokens" if dep.engine == "vllm" else "decode", dep.graph_max)
         sim = ParallelSimulator(self.spec, sub, lay, pricer, self.routing, gpu_memory_bytes=gpu_memory_for(
-            self.spec, dep), graph=graph, kv_layout=KVLayout(page, "NHD"),
+            self.spec, dep), gpu_memory_utilization=memory_utilization(dep), graph=graph,
+            kv_layout=KVLayout(page, "NHD"),
             max_num_batched_tokens=dep.max_batched_tokens, max_num_seqs=dep.max_seqs)
         res = sim.run()
         self.evaluations += 1

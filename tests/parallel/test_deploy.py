@@ -17,6 +17,7 @@ from kernel_gym.parallel.deploy import (
     DeploymentPricer,
     engine_default,
     hand_picked,
+    kv_tokens_per_rank,
     launch_commands,
     layout_choices,
     moe_config_files,
@@ -88,10 +89,11 @@ def test_masks_name_what_does_not_fit():
 
 
 def test_defaults_and_launch_commands():
-    d = engine_default(MIXTRAL, "vllm", 8)
-    assert (d.replicas, d.tp, d.ep, d.block_size, d.max_batched_tokens, d.max_seqs, d.graph_max) == \
-        (1, 8, 1, 16, 8192, 1024, 512)
-    hp = hand_picked(MIXTRAL, "vllm", 8)
+    d = engine_default(MIXTRAL, "vllm", 8)  # the default release, vLLM 0.34: 64-token blocks
+    assert (d.replicas, d.tp, d.ep, d.block_size, d.max_batched_tokens, d.max_seqs, d.graph_max, d.version) == \
+        (1, 8, 1, 64, 8192, 1024, 512, "0.34.0")
+    assert engine_default(MIXTRAL, "vllm-0.33.0", 8).block_size == 16
+    hp = hand_picked(MIXTRAL, "vllm==0.33.0", 8)
     assert hp["replicas"].replicas == 8 and hp["ep_all"].ep == 8
     (cmd,) = launch_commands(hp["ep_all"], "m")
     assert "--data-parallel-size 8 --enable-expert-parallel" in cmd and "--block-size 16" in cmd
@@ -102,6 +104,20 @@ def test_defaults_and_launch_commands():
     assert "--chunked-prefill-size 4096" in sg and "--max-running-requests 128" in sg and "--disable-cuda-graph" in sg
     (f,) = moe_config_files(MIXTRAL, Deployment("sglang", 1, 2, 4, 16, 8192, 256, 512))
     assert f["file"] == "E=2,N=7168,device_name=NVIDIA_H200.json" and f["local_experts"] == 2
+
+
+def test_each_release_sizes_its_kv_cache_by_its_own_rule():
+    """vLLM 0.33 gives KV 0.92 of the GPU less weights and activations; 0.34 sizes it from the memory free after
+    warm-up, less the activation peak and a margin of max(1 GiB, 0.75 x the peak): more KV for the same launch."""
+    from kernel_gym.parallel.deploy import memory_utilization, reserve_bytes
+
+    old, new = (Deployment("vllm", 1, 2, 1, 16, 8192, 256, 512, v) for v in ("0.33.0", "0.34.0"))
+    assert (memory_utilization(old), memory_utilization(new)) == (0.92, 1.0)
+    assert reserve_bytes(MIXTRAL, new) - reserve_bytes(MIXTRAL, old) >= 2 ** 30  # the margin
+    assert kv_tokens_per_rank(MIXTRAL, new) > kv_tokens_per_rank(MIXTRAL, old)
+    assert Deployment("vllm-0.33.0", 1, 2, 1, 16, 8192, 256, 512) == old  # a release string is split
+    with pytest.raises(ValueError, match="--engine-version"):
+        Deployment("vllm-0.20.0", 1, 2, 1, 16, 8192, 256, 512)
 
 
 def test_prior_share_and_the_cuda_graph_knob(backend, tmp_path, monkeypatch):

@@ -76,7 +76,7 @@ def test_names_and_every_m_finds_an_entry_in_both_engines(tmp_path):
     assert vpath.name == "E=8,N=7168,device_name=NVIDIA_H200.json" and not note["estimate"]
     # SGLang 0.5.23 pins torch 2.14.1, so Triton 3.8.0: its folder by default
     assert spath.parent.name == "triton_3_8_0" and spath.parent.parent.name == "configs"
-    assert note["engine"] == "vllm-0.33.0" and snote["engine"] == "sglang-0.5.23" and snote["triton_version"] == "3.8.0"
+    assert note["engine"] == "vllm-0.34.0" and snote["engine"] == "sglang-0.5.23" and snote["triton_version"] == "3.8.0"
     for m in [*range(1, 4097, 7), 4096, 5000, 8192, 65536]:
         v = vllm_lookup(tmp_path / "v", 8, 7168, "NVIDIA H200", None, m)
         s = sglang_lookup(tmp_path / "s", "3.8.0", 8, 7168, "NVIDIA H200", m)
@@ -90,7 +90,7 @@ def test_names_and_every_m_finds_an_entry_in_both_engines(tmp_path):
     side = json.loads((tmp_path / "v" / ee.SIDECAR).read_text())
     k4 = side["files"][vpath.name]["keys"][2]
     assert k4["M"] == 4 and k4["changed"] is True and k4["basis"] == ee.CONFIRMED and "repeated" in k4["confirmed_by"]
-    assert side["files"][vpath.name]["engine_version"] == "0.33.0"
+    assert side["files"][vpath.name]["engine_version"] == "0.34.0"
     # SGLang's own entries are SGLang's (its triton_3_1_0 Mixtral table, found by its fallback search)
     sdata = json.loads(spath.read_text())
     stable = vllm_tables.shipped_table(8, 7168, "NVIDIA H200", engine="sglang")

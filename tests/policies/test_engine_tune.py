@@ -44,7 +44,7 @@ def test_dry_run_prints_the_plan_and_measures_nothing(tmp_path, capsys):
     assert tune_main(["--engine", "vllm", "--model", "olmoe-1b-7b", "--dry-run", "--out", str(out), "--store",
                       str(rows), "--no-packaged"]) == 0
     text = capsys.readouterr().out
-    assert "E=64,N=1024,device_name=NVIDIA_H200.json" in text and "vllm-0.33.0" in text
+    assert "E=64,N=1024,device_name=NVIDIA_H200.json" in text and "vllm-0.34.0" in text
     assert text.count("  M=") == 18 and "small-batch path" in text and "(64, 8, 2048, 1280)" in text
     assert not out.exists()  # nothing written, nothing measured
     pl = et.plan(shape, "vllm-0.33.0", "NVIDIA H200", 0.0, ee.measured_rows([rows]), (48, 64))
@@ -112,7 +112,7 @@ def test_a_paired_lead_is_kept_and_written_with_its_confirmation(monkeypatch, tm
     assert [int(k) for k in data] == list(vllm_tables.VLLM_M_KEYS) and data["256"] == vm.to_entry(nb[1])
     assert data["1"] == vllm_tables.default_entry(1, 64)  # keys not tuned keep the engine entry
     side = json.loads((tmp_path / "files" / ee.SIDECAR).read_text())["files"][path.name]
-    assert side["engine"] == "vllm-0.33.0" and side["summary"][ee.CONFIRMED] == 1
+    assert side["engine"] == "vllm-0.34.0" and side["summary"][ee.CONFIRMED] == 1
     # the run's confirmations confirm the key in a later export from stored rows
     _, note = ee.export(OLMOE, "vllm", tmp_path / "exp", "NVIDIA H200", rows=[],
                         confirmations=[tmp_path / et.RESULT])
