@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default="8,1,2,4")
     p.add_argument("--traces", default="azure-conv,azure-code,mooncake,burstgpt")
     p.add_argument("--loads", default="saturated,own")
-    p.add_argument("--engine", default="vllm")
+    p.add_argument("--engine", default="vllm", help="vllm, sglang, or a release: vllm-0.33.0 (default vLLM 0.34.0)")
     p.add_argument("--slo", default="ttft=2,tpot=0.1")
     p.add_argument("--window-s", type=float, default=30.0, help="window of the saturation probe (simulated s)")
     p.add_argument("--requests", type=int, default=300, help="requests per replayed window (sets its length)")
@@ -128,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                    "window_s": args.window_s, "train_steps": args.train_steps, "engine_versions": None,
                    "budget_s": args.budget_s, "skipped": [], "goodput_unit": "requests per second meeting both SLOs "
                    "on the held-out window (simulator replay)"}
-    from kernel_gym.parallel.deploy import ENGINE_VERSIONS
+    from kernel_gym.parallel.deploy import split_engine
 
-    doc["meta"]["engine_versions"] = ENGINE_VERSIONS
+    name, version = split_engine(args.engine)  # the release whose defaults every deployment here is priced with
+    doc["meta"]["engine_versions"] = {name: version}
     traces = {t: load_trace(t) for t in args.traces.split(",")}
-    engine = args.engine
+    engine = f"{name}-{version}"
     models = args.models.split(",")
     gpu_list = [int(g) for g in args.gpus.split(",")]
     loads = args.loads.split(",")
