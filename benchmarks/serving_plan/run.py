@@ -282,7 +282,7 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
             tpe_note = f"optuna unavailable: {exc}"
     if rec["agent_best"] is not None:
         deps["agent_only"] = rec["agent_best"]
-    answer = aic["answers"].get(f"{spec.name}|{gpus}|{engine}|{tname}")
+    answer = aic["answers"].get(f"{spec.name}|{gpus}|{engine.split('-')[0]}|{tname}")  # asked per engine, not release
     aic_note = "no stored aiconfigurator answer for this input"
     if answer:
         a_dep, aic_note = aic_deployment(answer, spec, engine, gpus)
