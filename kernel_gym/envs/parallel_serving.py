@@ -193,7 +193,7 @@ class ParallelServingEnv(gym.Env):
         if pricer is None:
             pricer = self._pricers[layout] = StepPricer(self.model, layout, self.backend, self.table)
         out = serve(self.model, requests, layout, routing=self.routing, ttft_slo_s=self.slo[0],
-                    tpot_slo_s=self.slo[1], pricer=pricer, **self.sim_kwargs)
+                    tpot_slo_s=self.slo[1], pricer=pricer, span_s=self.warmup_s + self.window_s, **self.sim_kwargs)
         out["offered_req_per_s"] = len(requests.arrival_s) / (self.warmup_s + self.window_s)
         return out
 
@@ -336,7 +336,7 @@ class ServingPlanEnv(ParallelServingEnv):
         hit = self._memo.get(key)
         if hit is None:
             requests = self.window()
-            hit = self.pricer.serve(requests, dep, *self.slo)
+            hit = self.pricer.serve(requests, dep, *self.slo, span_s=self.warmup_s + self.window_s)
             hit["offered_req_per_s"] = len(requests.arrival_s) / (self.warmup_s + self.window_s)
             self._memo[key] = hit
         return dict(hit)

@@ -308,9 +308,11 @@ class DeploymentPricer:
             p = self._pricers[layout] = StepPricer(self.spec, layout, self.backend, table, roofline_missing=True)
         return p
 
-    def serve(self, requests: Any, dep: Deployment, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, Any]:
+    def serve(self, requests: Any, dep: Deployment, ttft_slo_s: float, tpot_slo_s: float,
+              span_s: float | None = None) -> dict[str, Any]:
         """Goodput at the SLO of `requests` under `dep` (module docstring), with the share of the step time resting
-        on estimates (kernels and collectives interpolated or scaled) and on the collectives prior."""
+        on estimates (kernels and collectives interpolated or scaled) and on the collectives prior. span_s: the
+        window's length, where known (step_time.goodput)."""
         why = why_invalid_deployment(self.spec, dep, self.max_model_len)
         if why:
             raise ValueError(f"{dep.name}: {why}")
@@ -340,7 +342,7 @@ class DeploymentPricer:
             max_num_batched_tokens=dep.max_batched_tokens, max_num_seqs=dep.max_seqs)
         res = sim.run()
         self.evaluations += 1
-        g = goodput(_Merged([res]), ttft_slo_s, tpot_slo_s)
+        g = goodput(_Merged([res]), ttft_slo_s, tpot_slo_s, span_s)
         rep = pricer.report()
         layers = self.spec.num_layers
         busy = res.summary["busy_s"]

@@ -79,6 +79,23 @@ def test_replay_serves_every_request_and_books_every_second(backend, table):
     assert r["ep_imbalance_mean"] > 1.0  # EP2 under Zipf routing
 
 
+def test_goodput_is_per_second_of_arrivals_not_of_the_drain():
+    """Two deployments that serve every request within the SLO have the offered rate as goodput, however long the
+    window's longest request takes to finish after the last arrival."""
+    from types import SimpleNamespace
+
+    arrivals = np.arange(100) * 0.1  # 10 req/s over 10 s
+    def result(drain_s):
+        finish = arrivals + 1.0
+        finish[50] = 10.0 + drain_s  # one long request still decoding after the window
+        return SimpleNamespace(arrival_s=arrivals, finish_s=finish, ttft_s=np.full(100, 0.1),
+                               tpot_s=np.full(100, 0.02), generated_tokens=np.full(100, 50))
+    fast, slow = goodput(result(1.0), 2.0, 0.1), goodput(result(30.0), 2.0, 0.1)
+    assert fast["goodput_req_per_s"] == slow["goodput_req_per_s"] == pytest.approx(10.0)
+    assert goodput(result(30.0), 2.0, 0.1, span_s=20.0)["goodput_req_per_s"] == pytest.approx(5.0)  # a known window
+    assert goodput(result(30.0), 2.0, 0.01)["goodput_req_per_s"] == 0.0  # TPOT over the SLO: none good
+
+
 def test_goodput_counts_requests_within_both_slos(backend, table):
     sim = ParallelSimulator(MIXTRAL, small_trace(), Layout(2, 1), StepPricer(MIXTRAL, Layout(2, 1), backend, table))
     res = sim.run()
