@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ep", type=int, default=1,
                    help="vllm/sglang: expert-parallel degree; the file is named by the local expert count E // ep")
     p.add_argument("--engine-version", default="",
-                   help="vllm/sglang: the engine release the files target (default vLLM 0.33.0, SGLang 0.5.23)")
+                   help="vllm/sglang: the engine release the files target (default vLLM 0.34.0, SGLang 0.5.23)")
     p.add_argument("--confirmations", action="append", default=[], metavar="JSON",
                    help="vllm/sglang: paired confirmations (bench_vllm_export.json, engine_tune.json) that let a "
                         "measured lead change a key")

@@ -79,7 +79,7 @@ class Pricer:
         from kernel_gym.measure.recorded import MAX_SPREAD
 
         self.shape = shape
-        # the rows of the launch path the engine runs at each M (vLLM 0.33 / SGLang skip the alignment at small M)
+        # the rows of the launch path the engine runs at each M (vLLM 0.33+ skips the alignment at small M)
         self.times, self.spreads = ee.times_by_workload(rows, shape, device, vllm_tables.parse_engine(engine).id)
         # a row whose samples spread more than the recorded backend's MAX_SPREAD cannot rank configs (host delays in
         # the timed interval inflate it, docs/measurement.md): it still prices its own config (an upper bound), but

@@ -21,7 +21,7 @@ routing) on --device (issue 30):
 - measured-single: a lead in one row only (or repeats that disagree): the engine entry is kept and the candidate is
   listed as unconfirmed in the summary and the sidecar;
 - engine entry: nothing measured beats it (or nothing was measured).
-Where the engine runs its small-batch path (vLLM 0.33: M * top_k * 4 <= E, no EP; kernels/vllm_moe.py) only rows timed
+Where the engine runs its small-batch path (vLLM 0.33+: M * top_k * 4 <= E, no EP; kernels/vllm_moe.py) only rows timed
 on that path (small_batch_store_key) count; rows of the aligned path do not describe what runs there.
 
 Refused (one-line ValueError) unless --force: a device without measurements of this shape (measured on another GPU,
@@ -147,7 +147,7 @@ def baseline(shape: MoEShape, m: int, device: str, engine: str = vllm_tables.DEF
 
 
 def engine_path_kind(shape: MoEShape, m: int, engine: str = vllm_tables.DEFAULT_ENGINE) -> str:
-    """'small-batch' where the engine skips the alignment at this M (vLLM 0.33), else 'aligned'."""
+    """'small-batch' where the engine skips the alignment at this M (vLLM 0.33 and later), else 'aligned'."""
     small = vllm_tables.naive_block_assignment(m, shape.top_k, shape.num_experts * shape.ep, engine, shape.ep)
     return SMALL_BATCH if small else ALIGNED
 
