@@ -81,6 +81,15 @@ def test_plan_end_to_end_on_one_gpu(tmp_path, capsys):
     captured = capsys.readouterr()
     assert plan["next_best"] == [] and "recommended:" in captured.out  # one GPU: one layout, TP1
     assert "--model-id" not in captured.err  # a zoo model: its Hugging Face id is known
+    assert (plan["engine"], plan["engine_version"]) == ("vllm", "0.34.0")  # the release whose defaults were priced
+    assert best["deployment"]["version"] == "0.34.0"
+
+
+def test_plan_refuses_a_release_it_does_not_model(capsys):
+    rc = main(["--model", "mixtral-8x7b", "--gpus", "1", "--trace", "bundled", "--engine-version", "0.20.0",
+               "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "0.33.0, 0.34.0" in err and "--engine-version" in err
 
 
 def test_plan_of_a_users_spec_says_to_name_the_checkpoint(tmp_path, capsys):
