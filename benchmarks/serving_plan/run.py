@@ -270,7 +270,7 @@ def run_profile(spec, gpus, engine, trace, tname, load_kind, slo, args, routing,
     d0 = floor["engine_default"]
     best, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus,
                                       d0 if d0.block_size in (16, 32, 64, 128) else None, 1, env.pricer.max_model_len)
-    hist = [(d.name, v) for d, v in hist]
+    hist = [(d.name, None if v is None else v._asdict()) for d, v in hist]  # plan.Score: goodput, then headroom
     deps = {"plan": rec["ranked"][0]["deployment"], **floor, "search": best}
     tpe_note = ""
     if args.tpe_trials > 0:

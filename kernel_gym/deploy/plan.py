@@ -22,7 +22,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -127,15 +127,33 @@ def window_starts(env: Any, n: int) -> list[float]:
     return out
 
 
-def score(env: Any, dep: Any, starts: list[float]) -> float:
-    """Mean goodput (requests / s meeting the SLO) of `dep` over the windows starting at `starts`."""
+class Score(NamedTuple):
+    """A deployment's standing on the training windows, compared goodput first, then headroom. Goodput is capped by
+    the offered rate, so at a load every candidate serves within the SLO they all tie; the one with the most room
+    below the SLO then ranks first (1 - the worse of TTFT p99 / its SLO and TPOT p99 / its SLO, mean over windows),
+    as it is the one a heavier window is least likely to push over."""
+
+    goodput: float
+    headroom: float
+
+
+INVALID = Score(-np.inf, -np.inf)
+
+
+def score(env: Any, dep: Any, starts: list[float]) -> Score:
+    """Mean goodput (requests / s meeting the SLO) of `dep` over the windows starting at `starts`, and its headroom
+    (Score)."""
     if env._why(env.model, dep, env.pricer.max_model_len):
-        return -np.inf
-    vals = []
+        return INVALID
+    good, room = [], []
     for s in starts:
         env.reset(options={"start_s": s})
-        vals.append(env.serve_deployment(dep)["goodput_req_per_s"])
-    return float(np.mean(vals))
+        r = env.serve_deployment(dep)
+        good.append(r["goodput_req_per_s"])
+        ratios = [r["ttft_p99_s"] / env.slo[0], r["tpot_p99_s"] / env.slo[1]]  # TPOT is NaN for 1-token outputs
+        worst = max((x for x in ratios if not math.isnan(x)), default=math.inf)
+        room.append(1.0 - worst)
+    return Score(float(np.mean(good)), float(np.mean(room)))
 
 
 def train_agent(env: Any, steps: int, seed: int = 0) -> Any:
@@ -186,7 +204,7 @@ def tpe_search(env: Any, starts: list[float], trials: int, seed: int = 0) -> tup
                                                             zip(("block", "tokens", "seqs", "graph"), env.grids)]
         d = env.deployment_of(a)
         if d not in seen:
-            s = score(env, d, starts)
+            s = score(env, d, starts).goodput
             seen[d] = s if np.isfinite(s) else 0.0
         return seen[d]
 
@@ -229,13 +247,14 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
         for start in dict.fromkeys(d for d in (agent_best, floor_best) if d is not None):
             _, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus, start,
                                            refine_rounds, env.pricer.max_model_len)
-            refined += [d for d, v in hist if np.isfinite(v) and d not in scores and d not in refined]
+            refined += [d for d, v in hist if v is not None and d not in scores and d not in refined]
         for d in refined:
             scores[d] = score(env, d, starts)
-    scored = sorted(((s, d) for d, s in scores.items()), key=lambda x: -x[0])
-    ranked = [{"deployment": d, "train_goodput_req_per_s": s, "from_agent": d in agent_deps,
-               "from_refinement": d in refined,
-               "baseline": next((k for k, v in floor.items() if v == d), None)} for s, d in scored if np.isfinite(s)]
+    scored = sorted(scores.items(), key=lambda kv: kv[1], reverse=True)
+    ranked = [{"deployment": d, "train_goodput_req_per_s": s.goodput, "train_headroom": s.headroom,
+               "from_agent": d in agent_deps, "from_refinement": d in refined,
+               "baseline": next((k for k, v in floor.items() if v == d), None)}
+              for d, s in scored if np.isfinite(s.goodput)]
     if not ranked:
         raise ValueError(f"{spec.name}: no candidate deployment fits {gpus} GPUs with {engine}")
     return {"ranked": ranked, "train_windows": starts, "train_steps": train_steps,
@@ -482,7 +501,8 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     for r, h in zip(ranked, held):
         d = r["deployment"]
         entries.append({"deployment": d.to_dict(), "launch": launch_commands(d, model_id, max_model_len),
-                        "train_goodput_req_per_s": r["train_goodput_req_per_s"], "from_agent": r["from_agent"],
+                        "train_goodput_req_per_s": r["train_goodput_req_per_s"],
+                        "train_headroom": r["train_headroom"], "from_agent": r["from_agent"],
                         "baseline": r["baseline"], "predicted": {k: v for k, v in h.items() if k != "deployment"},
                         "kernel_config_files": kernel_configs(spec, d, h)})
     report = {"model": spec.name, "gpus": gpus, "engine": engine_name,
@@ -518,9 +538,10 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
               f"max_model_len {max_model_len}")
     n_train = len(rec["train_windows"])
     print(f"  chosen by its mean goodput on the {n_train} training window{'s' if n_train != 1 else ''}: "
-          f"{best['train_goodput_req_per_s']:.2f} req/s; the predicted goodput is one held-out window's")
+          f"{best['train_goodput_req_per_s']:.2f} req/s (ties by SLO headroom, here {best['train_headroom']:.2f}); "
+          "the predicted goodput is one held-out window's")
     # the rows rank by training goodput (as the recommendation); held-out goodput is the prediction, one window
-    print(f"{'next best (ranked by training goodput)':<58} {'train req/s':>11} {'held-out req/s':>14} "
+    print(f"{'next best (ranked by training goodput, then headroom)':<58} {'train req/s':>11} {'held-out req/s':>14} "
           f"{'estimated':>9} {'prior':>6}")
     above = False
     for e in entries[1:]:

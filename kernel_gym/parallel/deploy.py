@@ -32,7 +32,6 @@ release, default the newest):
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -383,18 +382,23 @@ def deployments(spec: Any, engine: str, gpus: int, max_model_len: int = MAX_MODE
 
 
 def coordinate_search(score: Any, spec: Any, engine: str, gpus: int, start: Deployment | None = None,
-                      rounds: int = 1, max_model_len: int = MAX_MODEL_LEN) -> tuple[Deployment, float, list]:
+                      rounds: int = 1, max_model_len: int = MAX_MODEL_LEN) -> tuple[Deployment, Any, list]:
     """Search over the same knobs as the agent: every (replicas, layout) at the current knobs, then each knob in turn
-    over its grid (coordinate ascent, `rounds` passes). `score(deployment) -> goodput` (e.g. the mean over training
-    windows). Returns (best, its score, [(deployment, score), ...] in evaluation order)."""
-    history: list[tuple[Deployment, float]] = []
-    memo: dict[Deployment, float] = {}
+    over its grid (coordinate ascent, `rounds` passes). `score(deployment)`: anything ordered, higher is better (the
+    plan's: mean goodput over training windows, then SLO headroom); an invalid deployment scores None, below all.
+    Returns (best, its score, [(deployment, score), ...] in evaluation order)."""
+    history: list[tuple[Deployment, Any]] = []
+    memo: dict[Deployment, Any] = {}
 
-    def f(d: Deployment) -> float:
+    def f(d: Deployment) -> Any:
         if d not in memo:
-            memo[d] = -math.inf if why_invalid_deployment(spec, d, max_model_len) else float(score(d))
+            memo[d] = None if why_invalid_deployment(spec, d, max_model_len) else score(d)
             history.append((d, memo[d]))
         return memo[d]
+
+    def better(a: Deployment, b: Deployment) -> bool:
+        fa, fb = f(a), f(b)
+        return fa is not None and (fb is None or fa > fb)
 
     best = start
     if best is None or why_invalid_deployment(spec, best, max_model_len):
@@ -405,11 +409,11 @@ def coordinate_search(score: Any, spec: Any, engine: str, gpus: int, start: Depl
     for _ in range(rounds):
         for r, lay in layout_choices(gpus):
             cand = dataclasses.replace(best, replicas=r, tp=lay.tp, ep=lay.ep)
-            if f(cand) > f(best):
+            if better(cand, best):
                 best = cand
         for knob, grid in KNOBS.items():
             for v in grid:
                 cand = dataclasses.replace(best, **{knob: v})
-                if f(cand) > f(best):
+                if better(cand, best):
                     best = cand
     return best, f(best), history

@@ -120,6 +120,20 @@ def test_each_release_sizes_its_kv_cache_by_its_own_rule():
         Deployment("vllm-0.20.0", 1, 2, 1, 16, 8192, 256, 512)
 
 
+def test_coordinate_search_breaks_goodput_ties_by_headroom():
+    """Goodput ties at the offered rate wherever every request meets the SLO; the plan's Score then prefers the
+    deployment with the most room below the SLO, and an equal score never moves the search."""
+    from kernel_gym.deploy.plan import Score
+    from kernel_gym.parallel.deploy import coordinate_search
+
+    start = engine_default(MIXTRAL, "vllm", 2)
+    best, s, _ = coordinate_search(lambda d: Score(1.0, 0.5 if d.block_size == 128 else 0.1), MIXTRAL, "vllm", 2,
+                                   start)
+    assert best.block_size == 128 and s == Score(1.0, 0.5)
+    assert coordinate_search(lambda d: Score(1.0, 0.1), MIXTRAL, "vllm", 2, start)[0] == start
+    assert coordinate_search(lambda d: 1.0, MIXTRAL, "vllm", 2, start)[0] == start  # plain floats still work
+
+
 def test_prior_share_and_the_cuda_graph_knob(backend, tmp_path, monkeypatch):
     monkeypatch.setenv(coll.TABLE_ENV, str(tmp_path / "absent.json"))
     trace = small_trace(16)
