@@ -627,18 +627,21 @@ def vllm_config_entry(config: Config) -> dict[str, int]:
 def default_config(workload: MoEWorkload) -> Config:
     """vLLM's get_default_config for unquantised experts (M <= E: 16/32/64, GROUP 1; else 64/64/32, GROUP 8;
     4 warps, 3 stages) with vLLM's fusions: separate SiLU-and-mul, weight in the down epilogue, separate sum, no
-    split-K. Clamped to validity by lowering num_stages, then BLOCK_M, if a rule objects."""
+    split-K. Clamped to validity by lowering num_stages, then BLOCK_M, then BLOCK_N and BLOCK_K to 32 (a TP shard's
+    intermediate of 16 or less, e.g. 128 over 8 GPUs, has no room for the 64-wide tiles), if a rule objects."""
     small = workload.num_tokens <= workload.num_experts
     config = Config(
         BLOCK_M=16 if small else 64, BLOCK_N=32 if small else 64, BLOCK_K=64 if small else 32,
         GROUP_M=1 if small else 8, num_warps=4, num_stages=3, SPLIT_K=1,
         FUSE_SILU=0, FUSE_WEIGHT=1, FUSE_SUM=0,
     )
-    for block_m in (config["BLOCK_M"], 32, 16):
-        for stages in (3, 2):
-            candidate = config.replace(num_stages=stages, BLOCK_M=min(block_m, config["BLOCK_M"]))
-            if LAYER_SPACE.is_valid(candidate, workload):
-                return candidate
+    for block_n, block_k in ((config["BLOCK_N"], config["BLOCK_K"]), (32, 32)):
+        for block_m in (config["BLOCK_M"], 32, 16):
+            for stages in (3, 2):
+                candidate = config.replace(num_stages=stages, BLOCK_M=min(block_m, config["BLOCK_M"]),
+                                           BLOCK_N=block_n, BLOCK_K=block_k)
+                if LAYER_SPACE.is_valid(candidate, workload):
+                    return candidate
     LAYER_SPACE.check(config, workload)  # raises with the reason
     return config
 
