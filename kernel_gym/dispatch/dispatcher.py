@@ -30,6 +30,7 @@ from kernel_gym.kernels.profiles import EXPORT_SKEWS, prefill_lens  # noqa: F401
 from kernel_gym.kernels.space import Config
 
 DISPATCH_FORMAT = "kernel-gym-dispatch/1"
+FIT_MEMO = 65536  # (config, shape) validity answers a Dispatcher remembers (then it starts over)
 
 
 class _Axes(Mapping):
@@ -288,6 +289,7 @@ class Dispatcher:
         self.table = table
         self._follow: dict[tuple[Config, Any, Any], Config] = {}
         self._snap: dict[tuple[str, Config, tuple[Config, ...]], Config] = {}
+        self._fits: dict[tuple[Any, ...], Config] = {}
         self.swaps = 0
 
     @classmethod
@@ -307,15 +309,29 @@ class Dispatcher:
         return t.lookup(x0, x1)
 
     def moe_config(self, num_tokens: int, skew: float = 0.0) -> Config:
-        return self.lookup("fused_moe", num_tokens, skew)
+        return self._lookup_fit("fused_moe", num_tokens, skew)
 
     def decode_config(self, batch: int, context_len: int) -> Config:
-        return self.lookup("decode_attention", batch, context_len)
+        return self._lookup_fit("decode_attention", batch, context_len)
 
     def prefill_config(self, seq_lens: Sequence[int]) -> Config:
         if not seq_lens:
             raise ValueError("prefill_config needs the step's prefill chunk lengths (a non-empty list)")
-        return self.lookup("prefill_attention", sum(seq_lens), max(seq_lens))
+        return self._lookup_fit("prefill_attention", sum(seq_lens), max(seq_lens))
+
+    def _lookup_fit(self, kernel: str, x0: float, x1: float) -> Config:
+        """lookup(), made valid at the shape (x0, x1) with the table's fixed dimensions (`_fit`)."""
+        cfg = self.lookup(kernel, x0, x1)
+        key = (kernel, cfg, x0, x1)
+        out = self._fits.get(key)
+        if out is None:
+            t = self._tables[kernel]
+            try:
+                workload = t._profile.cell_workload(t.fixed, x0, x1)
+            except (KeyError, TypeError, ValueError):  # no shape to check (a table without fixed dims, x0 < 1)
+                return cfg
+            out = self._remember(key, self._fit(kernel, t, cfg, workload))
+        return out
 
     def choose(self, kernel: str, workload: Any, kv: Any = None) -> Config:
         """ConfigChooser: the config for this step's call of `kernel`."""
@@ -326,7 +342,9 @@ class Dispatcher:
         if t._profile.follows_kv and kv is not None and (cfg["PAGE_SIZE"] != kv.page_size
                                                           or cfg["LAYOUT"] != kv.layout):
             cfg = self._follow_kv(cfg, workload, kv)
-        return cfg
+        key = (kernel, cfg, workload)
+        out = self._fits.get(key)
+        return out if out is not None else self._remember(key, self._fit(kernel, t, cfg, workload))
 
     def choose_within(self, kernel: str, workload: Any, kv: Any, available: Sequence[Config]) -> Config:
         """choose(), kept inside `available`: the configs the deployment has data for at this shape (a mask of
@@ -355,6 +373,37 @@ class Dispatcher:
         return out
 
     # ---- the rest ----
+
+    def _fit(self, kernel: str, t: KernelTable, cfg: Config, workload: Any) -> Config:
+        """cfg where the family's rules accept it at `workload`, else the nearest config they accept there (decode: on
+        cfg's KV layout). A bucket's config is chosen at the bucket's centre, and some rules move inside a bucket
+        (fused_moe's FUSE_SUM above 96 tokens, measured wrong on the H200; decode's split counts by batch and
+        context, which its prepare() refuses), so a shape between two centres could get a config the kernel
+        refuses or computes wrong there. A config the rules reject at its own bucket's centre is left as the table
+        has it (export never writes one; check_table_for refuses such a table)."""
+        from kernel_gym.kernels import get_family
+
+        space = get_family(kernel).space
+        if space.is_valid(cfg, workload):
+            return cfg
+        try:
+            if not space.is_valid(cfg, t.cell_workload(*t.bucket(*t._profile.axis_values(workload)))):
+                return cfg
+        except (KeyError, TypeError, ValueError):  # a table without fixed dims: no centre to compare with
+            pass
+        if t._profile.follows_kv:
+            try:
+                return on_layout(cfg, workload, int(cfg["PAGE_SIZE"]), str(cfg["LAYOUT"]), kernel)
+            except ValueError:
+                return default_for(kernel, workload, None)
+        valid = space.valid_configs(workload)
+        return nearest_config(cfg, valid, t.configs) if valid else default_for(kernel, workload, None)
+
+    def _remember(self, key: tuple[Any, ...], cfg: Config) -> Config:
+        if len(self._fits) >= FIT_MEMO:
+            self._fits.clear()
+        self._fits[key] = cfg
+        return cfg
 
     def _follow_kv(self, cfg: Config, workload: Any, kv: Any) -> Config:
         key = (cfg, kv, workload.head_dim)
