@@ -189,6 +189,23 @@ def stored_times(db: str, kernel: str, device_name: str) -> dict[tuple[str, str]
         store.close()
 
 
+def check_kernels_run(spec: Any, kernels: Sequence[str]) -> None:
+    """Refuse, before any policy is read or any GPU second spent, a kernel whose family cannot run the spec's shape
+    (head_dim 80, 96 or 192 for the attention kernels): its plan would be empty and the table, written after the
+    measurements, would fail on its zero-shot cells."""
+    from kernel_gym.deploy.export import bucket_grid
+    from kernel_gym.kernels import get_family
+
+    for kernel in kernels:
+        try:
+            get_family(kernel).default_config(bucket_grid(kernel, spec)[2][0])
+        except ValueError as exc:
+            others = [k for k in kernels if k != kernel]
+            rest = (f"tune the others alone with --kernels {','.join(others)}" if others else
+                    "there is nothing else to tune")
+            raise ValueError(f"{spec.name}: {kernel} cannot run this shape ({exc}); {rest}") from exc
+
+
 def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, budget_s: float = 120.0,
                db: str = "tune.sqlite", model_uris: Sequence[str] = (), policy_dir: Path | None = None,
                save_policies: Path | None = None, out: Path = Path("deploy/tuned_table.json"),
@@ -222,6 +239,7 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
     bad = [k for k in kernels if k not in KERNELS]
     if bad:
         raise ValueError(f"--kernels: cannot tune {bad}; tune supports {list(KERNELS)}")
+    check_kernels_run(spec, kernels)
     plans, rankers = {}, {}
     nearest = None
     for kernel in kernels:
