@@ -115,3 +115,17 @@ def test_tune_refuses_up_front_a_head_dim_the_decode_kernel_cannot_run(tmp_path,
         tune_model(model=f"{spec}@tp8", dry_run=True, policy_dir=tmp_path / "unread", device="cpu")
     with pytest.raises(ValueError, match="there is nothing else to tune"):
         tune_model(model=str(spec), kernels=["decode_attention"], dry_run=True, policy_dir=tmp_path, device="cpu")
+
+
+# ---- the environments on a model the data never measured ---------------------------------------------------------
+
+def test_env_on_an_unmeasured_model_names_the_model_and_how_to_measure_it():
+    import gymnasium
+
+    import kernel_gym.envs  # noqa: F401 - registers the envs
+    from kernel_gym.zoo import shard
+
+    # was "no fused_moe workload has an ok measurement: cannot build a catalogue (check the backend)"
+    with pytest.raises(ValueError, match=r"recorded backend has no fused_moe measurement of any of many-small@tp8's "
+                                         r".*kernel-gym collect --model SPEC --db STORE.*make_backend"):
+        gymnasium.make("KernelGym/MoE-v0", model=shard(MANY_SMALL, 8))

@@ -129,6 +129,13 @@ class KernelConfigEnv(gym.Env):
         self.profile = resolve_profile(profile, self.kernel, model)
         if references is None:
             train, heldout = split_profile(self.backend, self.family, self.profile, holdout, split_seed)
+            if not train and not heldout:  # a model the data never measured: say so, not "check the backend"
+                name = getattr(model, "name", model)
+                raise ValueError(
+                    f"the {getattr(self.backend, 'name', 'given')} backend has no {self.kernel} measurement of any of "
+                    f"{name}'s {len(self.profile.workloads)} workloads (profile {self.profile.name!r}; the packaged "
+                    "data covers the zoo's shapes): measure them on a GPU (kernel-gym collect --model SPEC --db STORE) "
+                    "and pass backend=kernel_gym.measure.make_backend(\"recorded\", path=STORE)")
             references = {"train": train, "heldout": heldout, "all": train + heldout}[split]
             if catalogue is None:
                 catalogue = build_catalogue(self.kernel, train, near, max_catalogue, catalogue_depth)
