@@ -40,6 +40,14 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
         out.append(f"{spec.name} has {kind} weights (dtype_bytes {spec.dtype_bytes}): the kernels and their "
                    "measurements are bf16, so the configs are bf16 ones, not tuned for the engine's "
                    f"{kind} kernels")
+    from kernel_gym.kernels.attention import padded_head_dim
+
+    padded = padded_head_dim(spec.head_dim)
+    if padded != spec.head_dim:
+        out.append(f"{spec.name}'s head_dim {spec.head_dim} is not a power of two: kernel_gym's attention kernels "
+                   + (f"run it zero-padded to {padded} (q, k and v padded in your integration), so its attention "
+                      f"is priced at head_dim {padded} and its attention tables are left out of exports"
+                      if padded else "cannot run it (above 256), so its attention tables are left out of exports"))
     if spec.num_shared_experts:
         out.append(f"{spec.name}'s {spec.num_shared_experts} shared expert(s) run as a dense MLP outside the fused-MoE "
                    "kernel: not tuned here")

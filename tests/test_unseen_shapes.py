@@ -129,3 +129,44 @@ def test_env_on_an_unmeasured_model_names_the_model_and_how_to_measure_it():
     with pytest.raises(ValueError, match=r"recorded backend has no fused_moe measurement of any of many-small@tp8's "
                                          r".*kernel-gym collect --model SPEC --db STORE.*make_backend"):
         gymnasium.make("KernelGym/MoE-v0", model=shard(MANY_SMALL, 8))
+
+
+# ---- export and plan of a head_dim the attention kernels do not run ----------------------------------------------
+
+def _hd96_spec(tmp_path):
+    import dataclasses
+    import json
+
+    spec = tmp_path / "hd96.json"
+    spec.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(MANY_SMALL, name="hd96", head_dim=96))))
+    return spec
+
+
+def test_export_of_a_head_dim_96_model_keeps_its_moe_table_and_says_why_attention_is_left_out(tmp_path, capsys):
+    import json
+
+    from kernel_gym.cli.export import main as export_main
+
+    # was: "kernel-gym export: error: head_dim 96 is not supported ..." and no table at all
+    rc = export_main(["--model", str(_hd96_spec(tmp_path)), "--out", str(tmp_path / "out"),
+                      "--policy-dir", "benchmarks/generalisation/policies"])
+    assert rc == 0
+    table = json.loads((tmp_path / "out" / "dispatch_table.json").read_text())
+    assert "fused_moe" in table["kernels"] and "decode_attention" not in table["kernels"]
+    left = table["meta"]["rests_on"]["decode_attention"]
+    assert left["basis"] == "absent" and "head_dim 96 is not supported" in left["why"]
+    assert "zero-padded to 128" in capsys.readouterr().err
+
+
+def test_plan_prices_a_head_dim_96_model_at_the_padded_kernel(tmp_path, capsys):
+    from kernel_gym.cli.plan import main as plan_main
+    from kernel_gym.models import load_model
+    from kernel_gym.parallel.layout import Layout, decode_shard, prefill_shard
+
+    spec = load_model(str(_hd96_spec(tmp_path)))
+    assert decode_shard(spec, Layout(1, 1), 8, 1024).head_dim == 128
+    assert prefill_shard(spec, Layout(1, 1), (512,)).head_dim == 128
+    # was: "kernel-gym plan: head_dim 96 is not supported: ..." (exit 2)
+    rc = plan_main(["--model", str(_hd96_spec(tmp_path)), "--gpus", "1", "--trace", "bundled", "--window-s", "4",
+                    "--train-steps", "0", "--samples", "0", "--refine-rounds", "0", "--no-mlflow"])
+    assert rc == 0 and "priced at head_dim 128" in capsys.readouterr().err

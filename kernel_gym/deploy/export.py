@@ -120,18 +120,34 @@ def build_table(model: Any, predictors: dict[str, tuple[Predictor, dict[str, Any
     including the kernels left out (kernel_basis)."""
     if not predictors:
         raise ValueError("no policy to export: pass at least one --model-uri")
+    unable = {k: why for k in predictors if (why := cannot_run(k, model))}
+    if len(unable) == len(predictors):
+        raise ValueError("; ".join(f"{k} cannot run {getattr(model, 'name', model)}'s shape ({why})"
+                                   for k, why in unable.items()))
     kernels = {k: build_kernel_table(k, model, p, meta, dtype, kv_layout, scorer)
-               for k, (p, meta) in predictors.items()}
+               for k, (p, meta) in predictors.items() if k not in unable}
     meta: dict[str, Any] = {}
     if rests_on:
         meta["rests_on"] = {k: kernel_basis(k, predictors.get(k, (None, None))[1], model, device,
                                             getattr(predictors.get(k, (None,))[0], "measured_cells", None),
                                             len(kernels[k].cells) if k in kernels else None)
-                            for k in (*TABLE_KERNELS, *[k for k in kernels if k not in TABLE_KERNELS])}
+                            for k in (*TABLE_KERNELS, *[k for k in predictors if k not in TABLE_KERNELS])}
     return DispatchTable(kernels, device, asdict(model), versions(), meta)
 
 
 TABLE_KERNELS = tuple(AXES)  # the kernels with dispatch axes (their profiles'), in registration order
+
+
+def cannot_run(kernel: str, model: Any) -> str:
+    """Why the family cannot run the model's shape at all ('' when it can): the attention kernels take power-of-two
+    head dims only, so a head_dim 96 model's attention table is left out of an export, its MoE table kept."""
+    from kernel_gym.kernels import get_family
+
+    try:
+        get_family(kernel).default_config(bucket_grid(kernel, model)[2][0])
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 def model_arg(model: Any) -> str:
@@ -206,6 +222,11 @@ def kernel_basis(kernel: str, provenance: dict[str, Any] | None, model: Any, dev
     another device's data, or a policy trained for the model without rows of its shape), "absent" (no policy: the
     Dispatcher answers with the family's default config)."""
     name = getattr(model, "name", str(model))
+    why_not = cannot_run(kernel, model)
+    if why_not:
+        return {"basis": "absent", "deployment_runs": "the engine's own attention (kernel_gym's kernel cannot run this "
+                "head_dim)", "why": why_not, "fix": "for its tables, export a spec with the padded head_dim: they "
+                "apply to the zero-padded call"}
     if provenance is None:
         return {"basis": "absent", "deployment_runs": "the family's default config (the Dispatcher's fallback)",
                 "why": f"no {kernel} policy was exported", "fix": absent_fix(kernel, model)}

@@ -193,17 +193,15 @@ def check_kernels_run(spec: Any, kernels: Sequence[str]) -> None:
     """Refuse, before any policy is read or any GPU second spent, a kernel whose family cannot run the spec's shape
     (head_dim 80, 96 or 192 for the attention kernels): its plan would be empty and the table, written after the
     measurements, would fail on its zero-shot cells."""
-    from kernel_gym.deploy.export import bucket_grid
-    from kernel_gym.kernels import get_family
+    from kernel_gym.deploy.export import cannot_run
 
     for kernel in kernels:
-        try:
-            get_family(kernel).default_config(bucket_grid(kernel, spec)[2][0])
-        except ValueError as exc:
+        why = cannot_run(kernel, spec)
+        if why:
             others = [k for k in kernels if k != kernel]
             rest = (f"tune the others alone with --kernels {','.join(others)}" if others else
                     "there is nothing else to tune")
-            raise ValueError(f"{spec.name}: {kernel} cannot run this shape ({exc}); {rest}") from exc
+            raise ValueError(f"{spec.name}: {kernel} cannot run this shape ({why}); {rest}")
 
 
 def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, budget_s: float = 120.0,

@@ -72,18 +72,26 @@ def block_row(bt_row, tok0, kv_len, rows_per_page, PAGE_SIZE: tl.constexpr):
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # tl.dot's smallest K; above 256 a q tile and one K/V stage outgrow the SM
 
 
+def padded_head_dim(d: int) -> int | None:
+    """The head_dim these kernels run a head of `d` at: d itself when it is a power of two in [16, 256], else the
+    next one (q, k and v zero-padded to it: rule_head_dim's fix), None above 256 (no tile fits)."""
+    if d > MAX_HEAD_DIM:
+        return None
+    return max(MIN_HEAD_DIM, 1 << (max(d, 1) - 1).bit_length())
+
+
 def rule_head_dim(config: Config, workload: Any) -> str | None:
     """head_dim must be a power of two in [16, 256]. 80 and 96 (Phi, Falcon, ...) are refused, not rounded up inside
     the kernels: their bodies index the head with tl.arange(0, HEAD_DIM) and tile it whole through TMA boxes and
     tl.dot, so a padded head needs padded tensors. The message says how to pad."""
     d = workload.head_dim
-    if MIN_HEAD_DIM <= d <= MAX_HEAD_DIM and not d & (d - 1):
+    padded = padded_head_dim(d)
+    if padded == d:
         return None
-    if d > MAX_HEAD_DIM:
+    if padded is None:
         return (f"head_dim {d} is not supported: it must be a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] "
                 "(tl.arange and tl.dot tile shapes; a larger head's tiles outgrow shared memory and registers); "
                 "these kernels cannot run it: use another attention implementation (torch SDPA) for this model")
-    padded = max(MIN_HEAD_DIM, 1 << (max(d, 1) - 1).bit_length())
     return (f"head_dim {d} is not supported: it must be a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] "
             f"(tl.arange and tl.dot tile shapes); zero-pad q, k and v to head_dim {padded}, keep "
             f"sm_scale = 1/sqrt({d}) and drop the padded output columns (or tune on the head_dim {padded} workload)")
