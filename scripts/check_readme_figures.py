@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -96,6 +97,13 @@ def policy_geomean(env: str, model: str, rerun: bool = True) -> float:
 @lru_cache(maxsize=None)
 def committed(path: str) -> dict[str, Any]:
     return json.loads((ROOT / path).read_text())
+
+
+def plan_ratio(load_kind: str, key: str) -> float:
+    """The serving plan's geomean ratio over one load's profiles with a nonzero baseline (its run.py's markdown)."""
+    vals = [q["ratios"][key] for q in committed(PLAN)["profiles"]
+            if q["load_kind"] == load_kind and q["ratios"].get(key)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
 def prefill_ratio(pick: Callable[[dict[str, Any]], bool], agg: Callable[..., float] = max) -> float:
@@ -641,6 +649,13 @@ FIGURES = [
            at(CYCLE, "summary", "kept_geomean"), 0.0005, "json"),
     Figure("index: cycle windows", BENCH, rf"for keeping the first files, {N} windows", CYCLE,
            at(CYCLE, "summary", "windows"), 0.0, "json"),
+    Figure("plan / engine default, own load", "docs/parallelism.md", rf"\| trace's own \| {N}; 3 of 48 \|", PLAN,
+           lambda: plan_ratio("own", "plan_vs_engine_default"), 0.0005, "json"),
+    Figure("plan / engine default, saturating", "docs/parallelism.md", rf"\| saturating \| {N}; 16 of 44", PLAN,
+           lambda: plan_ratio("saturated", "plan_vs_engine_default"), 0.0005, "json"),
+    Figure("plan / aiconfigurator (same simulator), saturating", "docs/parallelism.md",
+           rf"serve nothing\) \| {N}; 14 of 45 \|", PLAN, lambda: plan_ratio("saturated", "plan_vs_aiconfigurator"),
+           0.0005, "json"),
     Figure("index: serving plan profiles", BENCH, rf"`serving_plan\.json` \({N} profiles\)", PLAN,
            lambda: float(len(committed(PLAN)["profiles"])), 0.0, "json"),
     Figure("index: fault injection restarts", BENCH, rf"passed, {N} worker restarts", FAULTS, at(FAULTS, "restarts"),
