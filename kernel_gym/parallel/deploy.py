@@ -7,9 +7,10 @@ inside one), the KV block size, the chunked-prefill token budget per step, the n
 CUDA-graph sizes decide how many requests meet their SLO; a tile size moves it by a few percent.
 
 Pricing (`DeploymentPricer.serve`): one replica's share of the requests (round-robin, every R-th request) through
-`ParallelSimulator` under the deployment's layout and knobs, its goodput times R (identical replicas behind a
-round-robin balancer). Memory per GPU: weights of the layout + activations of one max-size step + CUDA-graph
-buffers (ACTIVATION / GRAPH estimates below, labelled) must leave a KV pool that holds the longest request served.
+`ParallelSimulator` under the deployment's layout and knobs, its goodput scaled to all the served requests (x R
+where R divides them; identical replicas behind a round-robin balancer). Memory per GPU: weights of the layout +
+activations of one max-size step + CUDA-graph buffers (ACTIVATION / GRAPH estimates below, labelled) must leave a
+KV pool that holds the longest request served.
 
 Engine facts used (read from the vLLM 0.33.0 / 0.34.0 and SGLang 0.5.23 wheels, 2026-12; `--engine-version` picks the
 release, default the newest):
@@ -60,7 +61,7 @@ MAX_MODEL_LEN = 32768  # requests longer than this (prompt + output) are refused
 # max_batched_tokens tokens (hidden states, the top-k MoE intermediates of the GPU's shard, logits of the step's
 # sequences are small) and CUDA-graph buffers (SGLang's own rule of thumb: about 2 MB per captured batch size).
 GRAPH_BYTES_PER_BS = 2e6
-VLLM_033_MEMORY_UTILIZATION = 0.92  # vLLM 0.33's --gpu-memory-utilization default
+VLLM_033_MEMORY_UTILIZATION = 0.92  # vLLM 0.33.0's --gpu-memory-utilization default (vllm/config/cache.py, CacheConfig)
 VLLM_KV_MARGIN_FLOOR_BYTES, VLLM_KV_MARGIN_FRACTION = float(1 << 30), 0.75  # vLLM 0.34's extensible-cache margin
 SGLANG_PAGE_PRICED = 16  # SGLang's default --page-size 1 is priced at the smallest measured decode page (16)
 SGLANG_AUTO_RUNNING = 4096  # --max-running-requests left to SGLang: priced as this cap (the KV pool limits it too)
@@ -347,7 +348,7 @@ class DeploymentPricer:
         busy = res.summary["busy_s"]
         parts = rep["step_parts_s"] * layers
         est_s = rep["estimated_share"] * parts
-        r = dep.replicas
+        r = int(keep.sum()) / len(idx)  # served requests per replayed one: R when R divides them, less otherwise
         return {
             "deployment": dep.to_dict(), "requests": span_req, "refused_too_long": refused,
             "goodput_req_per_s": g["goodput_req_per_s"] * r, "goodput_tokens_per_s": g["goodput_tokens_per_s"] * r,

@@ -134,6 +134,17 @@ def test_coordinate_search_breaks_goodput_ties_by_headroom():
     assert coordinate_search(lambda d: 1.0, MIXTRAL, "vllm", 2, start)[0] == start  # plain floats still work
 
 
+def test_replicas_that_do_not_divide_the_requests_serve_no_more_than_offered(backend):
+    """Replica 0 replays ceil(N / R) of N requests; scaling its goodput by R gave 4 x TP2 12 of 9 requests (goodput
+    1.33x the offered rate, a ServingPlan-v0 reward above 1)."""
+    trace = Trace("nine", np.arange(9.0), np.full(9, 200), np.full(9, 20))
+    p = DeploymentPricer(MIXTRAL, backend, fixture_table())
+    for dep in (Deployment("vllm", 4, 2, 1, 64, 8192, 256, 512), Deployment("vllm", 2, 4, 1, 64, 8192, 256, 512),
+                Deployment("vllm", 1, 8, 1, 64, 8192, 256, 512)):
+        r = p.serve(trace, dep, 1e9, 1e9, span_s=9.0)  # every request within these SLOs
+        assert r["slo_attainment"] == 1.0 and r["goodput_req_per_s"] == pytest.approx(1.0), dep.name
+
+
 def test_prior_share_and_the_cuda_graph_knob(backend, tmp_path, monkeypatch):
     monkeypatch.setenv(coll.TABLE_ENV, str(tmp_path / "absent.json"))
     trace = small_trace(16)
