@@ -80,6 +80,31 @@ def test_dispatcher_never_hands_out_fuse_sum_above_its_token_limit():
         assert d.choose("fused_moe", w, None) == d.moe_config(m)
 
 
+def test_dispatcher_checks_a_shape_only_where_its_buckets_corners_do_not_all_accept_the_config(monkeypatch):
+    """The hot path: an interior bucket whose config the rules accept at its four corners answers without checking
+    each shape; the FUSE_SUM bucket (96 inside it) checks each one, and falls back on a config of the table (one a
+    deployment precompiled); a swapped-in table starts over."""
+    from kernel_gym.dispatch.dispatcher import Dispatcher
+    from kernel_gym.kernels import fused_moe as moe
+
+    table, fused = _moe_table()
+    d = Dispatcher(table)
+    t = table.kernels["fused_moe"]
+    calls = []
+    real = moe.LAYER_SPACE.is_valid
+    monkeypatch.setattr(moe.LAYER_SPACE, "is_valid", lambda c, w: calls.append(w) or real(c, w))
+    d.moe_config(24, 0.3)  # an interior bucket far from 96: its corners are checked once
+    first = len(calls)
+    assert first == 4
+    for m in (23, 24, 25):
+        d.moe_config(m, 0.3)
+    assert len(calls) == first  # no per-shape check there any more
+    fallback = d.moe_config(100)
+    assert fallback["FUSE_SUM"] == 0 and fallback in t.configs  # precompiled with the table
+    d.swap(table)
+    assert not d._safe and not d._fits
+
+
 def test_dispatcher_decode_split_count_is_valid_at_the_shape_not_only_the_centre():
     from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable, KernelTable
     from kernel_gym.kernels import get_family

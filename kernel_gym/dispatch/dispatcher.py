@@ -290,6 +290,7 @@ class Dispatcher:
         self._follow: dict[tuple[Config, Any, Any], Config] = {}
         self._snap: dict[tuple[str, Config, tuple[Config, ...]], Config] = {}
         self._fits: dict[tuple[Any, ...], Config] = {}
+        self._safe: dict[tuple[str, int, int], bool] = {}  # interior buckets whose config is valid at all corners
         self.swaps = 0
 
     @classmethod
@@ -320,12 +321,21 @@ class Dispatcher:
         return self._lookup_fit("prefill_attention", sum(seq_lens), max(seq_lens))
 
     def _lookup_fit(self, kernel: str, x0: float, x1: float) -> Config:
-        """lookup(), made valid at the shape (x0, x1) with the table's fixed dimensions (`_fit`)."""
+        """lookup(), made valid at the shape (x0, x1) with the table's fixed dimensions (`_fit`). A bucket whose
+        config the rules accept at its four corners answers at once (the rules that move inside a bucket are
+        thresholds on the axes, so a config valid at the corners is valid between them); the others, and the edge
+        buckets (unbounded), check the shape itself."""
         cfg = self.lookup(kernel, x0, x1)
+        t = self._tables[kernel]
+        cell = (kernel, *t.bucket(x0, x1))
+        safe = self._safe.get(cell)
+        if safe is None:
+            safe = self._safe[cell] = self._valid_at_corners(kernel, t, cfg, *cell[1:])
+        if safe:
+            return cfg
         key = (kernel, cfg, x0, x1)
         out = self._fits.get(key)
         if out is None:
-            t = self._tables[kernel]
             try:
                 workload = t._profile.cell_workload(t.fixed, x0, x1)
             except (KeyError, TypeError, ValueError):  # no shape to check (a table without fixed dims, x0 < 1)
@@ -391,13 +401,33 @@ class Dispatcher:
                 return cfg
         except (KeyError, TypeError, ValueError):  # a table without fixed dims: no centre to compare with
             pass
-        if t._profile.follows_kv:
-            try:
-                return on_layout(cfg, workload, int(cfg["PAGE_SIZE"]), str(cfg["LAYOUT"]), kernel)
-            except ValueError:
-                return default_for(kernel, workload, None)
+        kv = t._profile.follows_kv
+        same_kv = (lambda c: c["PAGE_SIZE"] == cfg["PAGE_SIZE"] and c["LAYOUT"] == cfg["LAYOUT"]) if kv else None
+        # the table's own configs first: a few dozen checks (microseconds each) and no compile a deployment did not
+        # precompile; the whole space only when none of them fits
+        own = [c for c in t.configs if (not kv or same_kv(c)) and space.is_valid(c, workload)]
+        if own:
+            return nearest_config(cfg, own, t.configs)
+        if kv:  # on cfg's KV layout: the cache's pages are what they are (on_layout raises where none fits)
+            return on_layout(cfg, workload, int(cfg["PAGE_SIZE"]), str(cfg["LAYOUT"]), kernel)
         valid = space.valid_configs(workload)
         return nearest_config(cfg, valid, t.configs) if valid else default_for(kernel, workload, None)
+
+    @staticmethod
+    def _valid_at_corners(kernel: str, t: KernelTable, cfg: Config, i: int, j: int) -> bool:
+        """Whether the rules accept `cfg` at the four corners of the interior bucket (i, j); False for an edge
+        bucket or a table without fixed dimensions (no corners to check)."""
+        from kernel_gym.kernels import get_family
+
+        e0, e1 = t.edges
+        if not (0 < i < len(e0) and 0 < j < len(e1)):
+            return False
+        space = get_family(kernel).space
+        try:
+            return all(space.is_valid(cfg, t._profile.cell_workload(t.fixed, a, b))
+                       for a in (e0[i - 1], e0[i]) for b in (e1[j - 1], e1[j]))
+        except (KeyError, TypeError, ValueError):
+            return False
 
     def _remember(self, key: tuple[Any, ...], cfg: Config) -> Config:
         if len(self._fits) >= FIT_MEMO:
@@ -437,6 +467,7 @@ class Dispatcher:
             old = self.table
             self._tables = new  # one reference assignment: atomic under the GIL
             self.table = table
+            self._fits, self._safe = {}, {}  # the old table's answers made valid at a shape are not the new one's
             self.swaps += 1
         return old
 
