@@ -110,12 +110,13 @@ class MeasurementStore:
             if not self.path.is_file():
                 raise FileNotFoundError(f"no measurement store at {self.path}: pass the .sqlite file kernel-gym "
                                         "collect wrote")
-            self.conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s)
             try:
+                self.conn = connect_read_only(self.path, timeout_s)
                 tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
             except sqlite3.DatabaseError as exc:
-                self.conn.close()
+                if hasattr(self, "conn"):
+                    self.conn.close()
                 raise ValueError(f"{self.path} is not a readable SQLite measurement store ({exc}): restore it or "
                                  "collect again (kernel-gym collect)") from None
             if "measurements" not in tables or not set(COLUMNS) <= have:
@@ -126,15 +127,29 @@ class MeasurementStore:
             self.read_only = True
             return
         self.read_only = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: a process crash (kill -9) loses nothing committed; a power cut may drop the last commits.
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
-        self.conn.executescript(SCHEMA)
-        self._add_origin_columns()
-        self._rekey_legacy()
+        if self.path.is_dir():
+            raise ValueError(f"{self.path} is a folder, not a measurement store: pass a file path such as "
+                             f"{self.path / 'measurements.sqlite'}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot create the folder of the measurement store {self.path} ({exc.strerror}): pass "
+                             "a path in a writable folder") from None
+        _refuse_foreign(self.path, timeout_s)
+        try:
+            self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a process crash (kill -9) loses nothing committed; a power cut may drop the last
+            # commits.
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            self.conn.executescript(SCHEMA)
+            self._add_origin_columns()
+            self._rekey_legacy()
+        except sqlite3.OperationalError as exc:
+            if hasattr(self, "conn"):
+                self.conn.close()
+            raise write_error(self.path, exc) from None
 
     def _rekey_legacy(self) -> None:
         """Rows keyed on a legacy source hash move to their family's version key (one transaction; a row whose key
@@ -188,7 +203,10 @@ class MeasurementStore:
         if not rows:
             return 0
         before = self.conn.total_changes
-        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:  # a lock another process holds past the timeout, a read-only file
+            raise write_error(self.path, exc) from None
         try:
             on_conflict = "DO NOTHING"  # unlike INSERT OR IGNORE, a CHECK violation still raises
             if replace:
@@ -202,13 +220,18 @@ class MeasurementStore:
                 rows,
             )
             self.conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             self.conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise write_error(self.path, exc) from None
             raise
         return self.conn.total_changes - before
 
     def set_meta(self, key: str, value: Any) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        try:
+            self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        except sqlite3.OperationalError as exc:
+            raise write_error(self.path, exc) from None
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -272,8 +295,11 @@ class MeasurementStore:
     def drop_rows(self, ids: Iterable[int]) -> int:
         """Delete rows by id (an implausible or damaged row a reader refused, naming its id); returns rows deleted."""
         ids = [int(i) for i in ids]
-        with self.conn:
-            n = sum(self.conn.execute("DELETE FROM measurements WHERE id=?", (i,)).rowcount for i in ids)
+        try:
+            with self.conn:
+                n = sum(self.conn.execute("DELETE FROM measurements WHERE id=?", (i,)).rowcount for i in ids)
+        except sqlite3.OperationalError as exc:
+            raise write_error(self.path, exc) from None
         return n
 
     def integrity_check(self) -> str:
@@ -323,6 +349,61 @@ class MeasurementStore:
         for context, measurements in iter_snapshot(path):
             n += self.put_many(context, measurements)
         return n
+
+
+def connect_read_only(path: Path, timeout_s: float = 60.0) -> sqlite3.Connection:
+    """A connection that writes nothing, also in a read-only folder. There SQLite cannot create a WAL store's -shm
+    file, so the store is read as an immutable file; unless its -wal holds rows not yet in the main file: reading
+    without them would silently drop committed rows (a collection killed with kill -9 leaves them there), so that is
+    an error saying how to read them."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s)
+    try:
+        conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "readonly" not in str(exc) and "unable to open" not in str(exc):
+            raise
+    wal = path.with_name(path.name + "-wal")
+    if wal.is_file() and wal.stat().st_size:
+        raise ValueError(f"{path}: its write-ahead log {wal.name} holds rows not yet in the main file, which SQLite "
+                         f"cannot read in a read-only folder: copy {path.name} and {wal.name} together to a writable "
+                         f"folder and pass the copy (or make {path.parent} writable)")
+    return sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True, timeout=timeout_s)
+
+
+def write_error(path: Path, exc: sqlite3.OperationalError) -> ValueError:
+    """A one-line error for a store SQLite cannot write, naming the fix (rows already stored are untouched: every
+    write is one transaction)."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        fix = ("another process (a running kernel-gym collect or data --merge?) holds its write lock: wait for it to "
+               "finish, then run again")
+    elif "readonly" in text or "unable to open" in text:
+        fix = f"make {path.name} and its folder writable, or pass a path in a writable folder"
+    elif "full" in text or "disk" in text:
+        fix = "free disk space, then run again"
+    else:
+        fix = "check the file and its folder, then run again"
+    return ValueError(f"cannot write the measurement store {path} ({text}); the rows already stored are kept: {fix}")
+
+
+def _refuse_foreign(path: Path, timeout_s: float) -> None:
+    """An existing file is written only when it is a measurement store (or a SQLite file without tables): a file
+    that is not SQLite is left as it is, and kernel_gym's tables never go into another database (an MLflow store)."""
+    if not (path.is_file() and path.stat().st_size):
+        return
+    try:
+        conn = connect_read_only(path, timeout_s)
+        try:
+            tables = conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{path} is not a SQLite measurement store ({exc}); it was left as it is: pass a new path "
+                         "or a store kernel-gym collect wrote") from None
+    if tables:  # a database of another tool or schema: the read-only check names its tables and is the error
+        MeasurementStore(path, timeout_s, read_only=True).close()
 
 
 def iter_snapshot(path: str | Path) -> Iterator[tuple[Context, list[Measurement]]]:

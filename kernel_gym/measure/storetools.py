@@ -36,6 +36,8 @@ from kernel_gym.measure.store import (
     Context,
     MeasurementStore,
     check_row,
+    connect_read_only,
+    write_error,
 )
 from kernel_gym.measure.types import OK, Measurement
 
@@ -101,13 +103,11 @@ def replica_rows(conn: sqlite3.Connection) -> Iterator[dict[str, Any]]:
 
 
 def _open_ro(path: Path) -> sqlite3.Connection:
-    if not path.exists():
-        raise FileNotFoundError(f"no measurement store at {path}")
-    try:
-        conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
-        conn.execute("SELECT COUNT(*) FROM measurements").fetchone()
-    except sqlite3.OperationalError:  # a WAL store in a read-only folder: read the file as it is
-        conn = sqlite3.connect(f"file:{path.resolve()}?immutable=1", uri=True)
+    if not path.is_file():
+        raise FileNotFoundError(f"no measurement store at {path}" + (" (a folder): pass the .sqlite file in it"
+                                                                     if path.is_dir() else ""))
+    try:  # a WAL store in a read-only folder is read as it is, unless its -wal holds rows (connect_read_only)
+        conn = connect_read_only(path)
     except sqlite3.DatabaseError as exc:
         raise ValueError(f"{path} is not a SQLite measurement store ({exc}): pass a store written by kernel-gym "
                          "collect or a .jsonl.gz snapshot") from None
@@ -225,6 +225,9 @@ def merge_stores(sources: list[str | Path], into: str | Path, batch: int = 5000,
     prefer_steadier: a source's ok row replaces a stored ok row that spread more (see _merge_batch).
     A kill leaves every committed batch; a rerun inserts nothing twice."""
     report: dict[str, Any] = {"into": str(into), "sources": {}}
+    if Path(into).name.endswith(".gz"):  # a SQLite file named .gz would be read back as a corrupt snapshot
+        raise ValueError(f"merge: --into {into} names a .jsonl.gz snapshot, but merge writes a SQLite store: pass "
+                         "--into NEW.sqlite (kernel-gym data --db NEW.sqlite reads it)")
     for src_path in sources:
         if Path(src_path).resolve() == Path(into).resolve():
             raise ValueError(f"merge: {src_path} is also the target (--into); give a new file")
@@ -236,8 +239,8 @@ def merge_stores(sources: list[str | Path], into: str | Path, batch: int = 5000,
                 check_row(src_path, f"row id {r['id']}",
                           Measurement(kernel=r["kernel"], **{f: r[f] for f in ROW_FIELDS}), strict=True)
     dest = MeasurementStore(into)
-    ensure_replicas(dest)
     try:
+        ensure_replicas(dest)
         for src_path in sources:
             counts = {"rows": 0, "inserted": 0, "duplicates": 0, "replicas": 0}
             run = f"merge:{Path(src_path).name}"
@@ -256,6 +259,8 @@ def merge_stores(sources: list[str | Path], into: str | Path, batch: int = 5000,
             report["sources"][str(src_path)] = counts
         report["rows"] = dest.count()
         report["integrity"] = dest.integrity_check()
+    except sqlite3.OperationalError as exc:  # a read-only target, a lock held past the timeout: every batch committed
+        raise write_error(Path(into), exc) from None  # so far stays, and a rerun inserts nothing twice
     finally:
         dest.close()
     return report
