@@ -50,8 +50,11 @@ def setup_tracking(tracking_uri: str | None = None) -> str:
         uri, _ = default_store()
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     check_tracking_uri(uri)
+    if uri.partition("://")[0] in ("http", "https"):
+        check_server(uri)
     if uri.startswith("sqlite:///") and uri not in ("sqlite:///:memory:",):
         ensure_sqlite_store(Path(uri.removeprefix("sqlite:///")))
+        check_schema_version(Path(uri.removeprefix("sqlite:///")))
     mlflow.set_tracking_uri(uri)
     return uri
 
@@ -79,6 +82,33 @@ def sqlite_store_problem(db: Path) -> str | None:
     return None
 
 
+def check_schema_version(db: Path) -> None:
+    """A store written by another MLflow version, named with the fix that fits: MLflow itself says "out-of-date, run
+    mlflow db upgrade" for a store of a newer MLflow too, where the upgrade cannot work (this MLflow does not know
+    its schema)."""
+    import sqlite3
+
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config, _get_latest_schema_revision
+
+    con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    try:
+        found = [r[0] for r in con.execute("SELECT version_num FROM alembic_version")]
+    finally:
+        con.close()
+    head = _get_latest_schema_revision()
+    if found == [head]:
+        return
+    known = {r.revision for r in ScriptDirectory.from_config(_get_alembic_config(f"sqlite:///{db}")).walk_revisions()}
+    if found and found[0] in known:
+        raise ValueError(f"MLflow store {db} was written by an older MLflow (schema {found[0]}; mlflow "
+                         f"{mlflow.__version__} reads {head}): back it up (cp {db} {db}.bak), then run `mlflow db "
+                         f"upgrade sqlite:///{db}`, or pass another --tracking-uri")
+    raise ValueError(f"MLflow store {db} was written by a newer MLflow (schema {found[0] if found else 'none'} is "
+                     f"unknown to mlflow {mlflow.__version__}; `mlflow db upgrade` cannot migrate it): open it with "
+                     "the MLflow that wrote it, or pass another --tracking-uri")
+
+
 def _store_is_empty(db: Path) -> bool:
     """No runs and no registered models: nothing of the user's is in it (a store whose creation was killed)."""
     import sqlite3
@@ -93,6 +123,30 @@ def _store_is_empty(db: Path) -> bool:
             con.close()
     except sqlite3.DatabaseError:
         return db.stat().st_size == 0
+
+
+MLFLOW_TABLES = ("alembic_version", "experiments", "runs", "metrics", "params", "tags", "registered_models")
+
+
+def _foreign_tables(db: Path) -> list[str] | None:
+    """The tables of a file that is not MLflow's (a measurement store, a file that is not SQLite: [] then), None for
+    an empty file or one holding MLflow's tables (a store whose creation was killed). Such a file is never moved
+    aside and replaced: it is the user's data (and a WAL store's -wal would stay behind, next to the new file)."""
+    import sqlite3
+
+    if db.stat().st_size == 0:
+        return None
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            tables = sorted(r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return []
+    if not tables or any(t in MLFLOW_TABLES or t.startswith("_alembic_tmp_") for t in tables):
+        return None
+    return tables
 
 
 def _create_store(path: Path) -> None:
@@ -110,13 +164,25 @@ def ensure_sqlite_store(db: Path) -> None:
     and recreated; one holding runs is refused with the repair in one line."""
     import fcntl
 
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.parent / ".kernel-gym-store.lock", "a+") as lock:
+    if db.is_file() and sqlite_store_problem(db) is None:
+        return  # usable as it is: no lock file, so a store in a read-only folder can still be read (export, replay)
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(db.parent / ".kernel-gym-store.lock", "a+")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise ValueError(f"cannot create the MLflow store {db} ({exc.strerror}: {exc.filename}): make {db.parent} "
+                         "writable, or pass a --tracking-uri (MLFLOW_TRACKING_URI) in a writable folder") from None
+    with lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released on close, or when the process dies
         if db.exists():
             problem = sqlite_store_problem(db)
             if problem is None:
                 return
+            foreign = _foreign_tables(db)
+            if foreign is not None:
+                raise ValueError(f"{db} is not an MLflow store ({problem}; tables: {foreign or 'none'}); it was left "
+                                 "as it is: pass another --tracking-uri (MLFLOW_TRACKING_URI), e.g. sqlite:///"
+                                 f"{db.parent / 'mlruns' / 'mlflow.db'}")
             if not _store_is_empty(db):
                 raise ValueError(f"MLflow store {db} is damaged ({problem}) and holds runs: back it up, then repair "
                                  f"it with `mlflow db upgrade sqlite:///{db}`, or pass another --tracking-uri")
@@ -150,6 +216,28 @@ def check_tracking_uri(uri: str) -> None:
         if rest not in ("/:memory:", ":memory:") and not path.parent.is_dir():
             raise ValueError(f"tracking URI {uri!r}: folder {path.parent} does not exist; create it or pass another "
                              "--tracking-uri")
+
+
+def check_server(uri: str, timeout_s: float = 5.0) -> None:
+    """An http(s) tracking server must answer within seconds. MLflow's client retries a refused connection 7 times
+    with growing waits and waits 120 s for each request to a host that never answers: a wrong URI hung the command
+    for minutes. An HTTP answer below 500 (a 401 behind authentication, a 404 behind a proxy) counts: MLflow takes it
+    from there; a 5xx (a gateway with nothing behind it) is one MLflow would retry for minutes."""
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+            pass
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:
+            return
+        reason = f"HTTP {exc.code} {exc.reason}: a proxy or gateway without the server behind it"  # retried too
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+    else:
+        return
+    raise ValueError(f"tracking URI {uri}: no MLflow server answers within {timeout_s:g} s ({reason}): start it "
+                     "(mlflow server, kernel-gym ui), fix the URI, or unset MLFLOW_TRACKING_URI to use mlruns/ here")
 
 
 def get_or_create_experiment(name: str, tracking_uri: str) -> str:
