@@ -11,12 +11,16 @@ policy's own top-1, as before."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+NPZ_DIGEST = "npz_sha256"  # KERNEL.json's key for the sha256 of KERNEL.npz
 
 
 def policy_bundle(uri: str, kernel: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
@@ -51,7 +55,14 @@ def save_bundle(folder: Path, kernel: str, meta: dict[str, Any], params: dict[st
     writes none."""
     from kernel_gym.dispatch import cost_model as cm  # cm.KERNEL: the kernel the re-ranking cost model is fitted for
 
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".{kernel}.{os.getpid()}.probe"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:  # a file in the way, a read-only folder: said before any file of the bundle is replaced
+        raise ValueError(f"--save-policies {folder}: cannot write there ({exc.strerror}: {exc.filename}): pass a "
+                         "writable folder (a new one, or one written by --save-policies before)") from None
     if cost_model == "auto":
         cost_model = None
         if kernel == cm.KERNEL and provenance.get("model_conditioned") is True:
@@ -59,8 +70,14 @@ def save_bundle(folder: Path, kernel: str, meta: dict[str, Any], params: dict[st
     if cost_model is not None and kernel == cm.KERNEL:
         cost_model.save(folder)
     keep = {k: meta[k] for k in ("kernel", "configs", "activation") if k in meta}
-    text = json.dumps({**keep, "provenance": provenance}, indent=1).encode()
-    _atomic_write(folder / f"{kernel}.npz", lambda f: np.savez(f, **{k: np.asarray(v) for k, v in params.items()}))
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in params.items()})
+    arrays = buf.getvalue()
+    # the JSON names its arrays' digest: a save cut between the two renames (new .npz, old .json) or a copy that
+    # mixed two saves reads as an error, not as one policy's weights over another's catalogue
+    text = json.dumps({**keep, NPZ_DIGEST: hashlib.sha256(arrays).hexdigest(), "provenance": provenance},
+                      indent=1).encode()
+    _atomic_write(folder / f"{kernel}.npz", lambda f: f.write(arrays))
     _atomic_write(folder / f"{kernel}.json", lambda f: f.write(text))
 
 
@@ -73,7 +90,13 @@ def load_bundle(folder: Path, kernel: str) -> tuple[dict[str, Any], dict[str, np
     if missing:
         raise ValueError(f"--policy-dir {folder}: missing {missing}; write them with `kernel-gym tune --model M "
                          f"--save-policies {folder}` where the MLflow store is")
-    return load_bundle_files(paths[0], paths[1], kernel)
+    meta, params, provenance = load_bundle_files(paths[0], paths[1], kernel)
+    want = meta.get(NPZ_DIGEST)  # bundles written before the digest have none
+    if want is not None and hashlib.sha256(paths[1].read_bytes()).hexdigest() != want:
+        raise ValueError(f"--policy-dir {folder}: {paths[1].name} is not the array file {paths[0].name} was saved "
+                         "with (the two come from different saves, or a save was cut off): write the bundle again "
+                         f"with `kernel-gym tune --model M --save-policies {folder}` where the MLflow store is")
+    return meta, params, provenance
 
 
 def load_cost_model(folder: Path, kernel: str) -> Any:
