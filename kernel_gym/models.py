@@ -17,13 +17,14 @@ head shape it states, which is an approximation to say aloud, not a measurement 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 # ModelSpec and friends live in modelspec.py (re-exported here: every caller imports them from kernel_gym.models)
 from kernel_gym.modelspec import BUILTIN_MODELS, OPTIONAL_ZERO, SPEC_LIMITS, ModelSpec, spec_from_dict
 
-__all__ = ["BUILTIN_MODELS", "OPTIONAL_ZERO", "SPEC_LIMITS", "ModelSpec", "load_model", "spec_caveats",
+__all__ = ["BUILTIN_MODELS", "OPTIONAL_ZERO", "SPEC_LIMITS", "ModelSpec", "kernel_spec", "load_model", "spec_caveats",
            "spec_from_dict"]
 
 
@@ -45,13 +46,23 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
     padded = padded_head_dim(spec.head_dim)
     if padded != spec.head_dim:
         out.append(f"{spec.name}'s head_dim {spec.head_dim} is not a power of two: kernel_gym's attention kernels "
-                   + (f"run it zero-padded to {padded} (q, k and v padded in your integration), so its attention "
-                      f"is priced at head_dim {padded} and its attention tables are left out of exports"
-                      if padded else "cannot run it (above 256), so its attention tables are left out of exports"))
+                   + (f"run it only zero-padded to {padded}, so replay and plan price the padded model (attention "
+                      f"and KV cache at head_dim {padded}: kernel_spec) and exports leave its attention tables out"
+                      if padded else "cannot run it (above 256), so exports leave its attention tables out"))
     if spec.num_shared_experts:
         out.append(f"{spec.name}'s {spec.num_shared_experts} shared expert(s) run as a dense MLP outside the fused-MoE "
                    "kernel: not tuned here")
     return out
+
+
+def kernel_spec(spec: ModelSpec) -> ModelSpec:
+    """The model as kernel_gym's kernels run it: a head_dim that is not a power of two zero-padded to the next one
+    (attention.padded_head_dim), KV cache included, as an integration that pads q, k and v stores it. The simulators
+    price this spec; spec_caveats says so."""
+    from kernel_gym.kernels.attention import padded_head_dim
+
+    padded = padded_head_dim(spec.head_dim)
+    return dataclasses.replace(spec, head_dim=padded) if padded and padded != spec.head_dim else spec
 
 
 def load_model(name_or_path: str) -> ModelSpec:

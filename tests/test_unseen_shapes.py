@@ -185,13 +185,28 @@ def test_export_of_a_head_dim_96_model_keeps_its_moe_table_and_says_why_attentio
 
 def test_plan_prices_a_head_dim_96_model_at_the_padded_kernel(tmp_path, capsys):
     from kernel_gym.cli.plan import main as plan_main
-    from kernel_gym.models import load_model
-    from kernel_gym.parallel.layout import Layout, decode_shard, prefill_shard
+    from kernel_gym.models import kernel_spec, load_model
 
     spec = load_model(str(_hd96_spec(tmp_path)))
-    assert decode_shard(spec, Layout(1, 1), 8, 1024).head_dim == 128
-    assert prefill_shard(spec, Layout(1, 1), (512,)).head_dim == 128
+    assert kernel_spec(spec).head_dim == 128 and kernel_spec(kernel_spec(spec)) == kernel_spec(spec)
+    assert kernel_spec(MANY_SMALL) is MANY_SMALL  # a power of two stays as it is
     # was: "kernel-gym plan: head_dim 96 is not supported: ..." (exit 2)
     rc = plan_main(["--model", str(_hd96_spec(tmp_path)), "--gpus", "1", "--trace", "bundled", "--window-s", "4",
                     "--train-steps", "0", "--samples", "0", "--refine-rounds", "0", "--no-mlflow"])
-    assert rc == 0 and "priced at head_dim 128" in capsys.readouterr().err
+    assert rc == 0 and "price the padded model" in capsys.readouterr().err
+
+
+def test_a_head_dim_96_table_is_accepted_for_the_padded_spec_replay_runs(tmp_path):
+    import dataclasses
+
+    from kernel_gym.deploy.export import build_table
+    from kernel_gym.dispatch.dispatcher import check_table_for
+    from kernel_gym.kernels import fused_moe as moe
+    from kernel_gym.models import kernel_spec, load_model
+
+    spec = load_model(str(_hd96_spec(tmp_path)))
+    table = build_table(spec, {"fused_moe": (lambda wls: [moe.default_config(w) for w in wls], {"model_uri": "t"})},
+                        rests_on=False)
+    check_table_for(table, kernel_spec(spec))  # was: "its model hd96 has head_dim=96, the spec 128"
+    with pytest.raises(ValueError, match="head_dim=96, the spec 64"):
+        check_table_for(table, dataclasses.replace(spec, head_dim=64))

@@ -224,9 +224,9 @@ def kernel_basis(kernel: str, provenance: dict[str, Any] | None, model: Any, dev
     name = getattr(model, "name", str(model))
     why_not = cannot_run(kernel, model)
     if why_not:
-        return {"basis": "absent", "deployment_runs": "the engine's own attention (kernel_gym's kernel cannot run this "
-                "head_dim)", "why": why_not, "fix": "for its tables, export a spec with the padded head_dim: they "
-                "apply to the zero-padded call"}
+        return {"basis": "absent", "deployment_runs": f"the engine's own {kernel} (kernel_gym's cannot run this shape; "
+                "replay and plan price it zero-padded: models.kernel_spec)", "why": why_not,
+                "fix": "for its tables, export a spec with the padded head_dim: they apply to the zero-padded call"}
     if provenance is None:
         return {"basis": "absent", "deployment_runs": "the family's default config (the Dispatcher's fallback)",
                 "why": f"no {kernel} policy was exported", "fix": absent_fix(kernel, model)}

@@ -432,7 +432,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     cache must hold one request of it, and the trace's longer requests are refused (they miss the SLO)."""
     from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.evaluate.replay_report import json_safe
-    from kernel_gym.models import load_model, spec_caveats
+    from kernel_gym.models import kernel_spec, load_model, spec_caveats
     from kernel_gym.parallel.deploy import MAX_MODEL_LEN, launch_commands, split_engine
     from kernel_gym.traffic.windows import resolve_trace
 
@@ -447,6 +447,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     spec = load_model(model)
     for line in spec_caveats(spec):
         print(f"[plan] note: {line}", file=sys.stderr)
+    spec = kernel_spec(spec)
     replayed = resolve_trace(trace)
     total = replayed.prompt_tokens + replayed.output_tokens
     too_long = int((total > max_model_len).sum())

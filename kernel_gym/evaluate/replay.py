@@ -403,7 +403,7 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     """`kernel-gym replay` (module docstring): the trace replayed once per policy of the comma list `policies`;
     writes `json_path` and the .md and .png files beside it, logs to MLflow unless `no_mlflow`, prints the table and
     returns the report. `backend`: "recorded" (the H200 store), a store path, or a Backend object (tests)."""
-    from kernel_gym.models import load_model
+    from kernel_gym.models import kernel_spec, load_model, spec_caveats
     from kernel_gym.traffic.traces import load_trace
 
     names = parse_policies(policies)
@@ -423,6 +423,9 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
               "tracking_uri": tracking_uri,
               "backend": backend if isinstance(backend, str) else getattr(backend, "name", "")}
     spec = load_model(model)
+    for line in spec_caveats(spec):
+        print(f"note: {line}", file=sys.stderr, flush=True)
+    spec = kernel_spec(spec)
     replayed = load_trace(trace)
     dropped = {k: v for k, v in replayed.repairs.items() if v}
     if dropped:

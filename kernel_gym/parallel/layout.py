@@ -126,25 +126,16 @@ def split_prefill(seq_lens: tuple[int, ...], ranks: int) -> tuple[int, ...]:
     return tuple(parts[max(range(ranks), key=load.__getitem__)])
 
 
-def kernel_head_dim(head_dim: int) -> int:
-    """The head_dim the attention kernels run (and are priced at): a head that is not a power of two zero-padded to
-    the next one (attention.padded_head_dim; models.spec_caveats says so), the KV cache's own bytes unchanged."""
-    from kernel_gym.kernels.attention import padded_head_dim
-
-    return padded_head_dim(head_dim) or head_dim
-
-
 def prefill_shard(spec: Any, layout: Layout, seq_lens: tuple[int, ...], dtype: str = "bfloat16") -> PrefillWorkload:
     a = attention_spec(spec, layout)
-    return PrefillWorkload(a.num_heads, a.num_kv_heads, kernel_head_dim(a.head_dim), split_prefill(seq_lens, layout.ep),
-                           dtype)
+    return PrefillWorkload(a.num_heads, a.num_kv_heads, a.head_dim, split_prefill(seq_lens, layout.ep), dtype)
 
 
 def decode_shard(spec: Any, layout: Layout, batch: int, context_len: int, dtype: str = "bfloat16") -> DecodeWorkload:
     """The busiest rank's decode batch: ceil(batch / ep) requests at the step's mean context, heads / tp."""
     a = attention_spec(spec, layout)
-    return DecodeWorkload(a.num_heads, a.num_kv_heads, kernel_head_dim(a.head_dim), round_count(-(-batch // layout.ep)),
-                          context_len, dtype)
+    return DecodeWorkload(a.num_heads, a.num_kv_heads, a.head_dim, round_count(-(-batch // layout.ep)), context_len,
+                          dtype)
 
 
 def rank_loads(slot_counts: np.ndarray, ep: int) -> np.ndarray:
