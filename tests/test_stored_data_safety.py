@@ -324,3 +324,24 @@ def test_save_policies_into_a_file_names_the_fix(tmp_path: Path) -> None:
         save_bundle(blocker, "decode_attention", meta, params, prov)
     assert blocker.read_text() == "precious"
     json.loads((ROOT / "benchmarks" / "generalisation" / "policies" / "decode_attention.json").read_text())
+
+
+# ---- export's --out ----------------------------------------------------------------------------------------------
+
+def test_export_refuses_an_out_it_cannot_write_a_folder_to_before_any_work(tmp_path):
+    """An existing file or a new "*.json" path as --out failed after ~30 s of work with FileExistsError, or silently
+    became a folder named table.json/; both are refused up front and the file is kept."""
+    from kernel_gym.deploy.export import check_out_folder
+
+    f = tmp_path / "keep.txt"
+    f.write_text("mine")
+    with pytest.raises(ValueError, match="is a file: export writes a folder"):
+        check_out_folder(f)
+    assert f.read_text() == "mine"
+    with pytest.raises(ValueError, match="not one JSON file; pass a folder"):
+        check_out_folder(tmp_path / "table.json")
+    assert not (tmp_path / "table.json").exists()
+    check_out_folder(tmp_path / "deploy" / "v1")  # a folder path passes; nothing is created before the work
+    assert not (tmp_path / "deploy").exists()
+    with pytest.raises(ValueError, match="is a file, so no folder can be made under it"):
+        check_out_folder(f / "sub")

@@ -497,11 +497,32 @@ def vllm_configs(table: DispatchTable, skew: float = 0.0) -> tuple[str, dict[str
 
 
 def write_vllm(table: DispatchTable, out: Path, skew: float = 0.0) -> Path:
+    from kernel_gym.deploy.engine_export import write_atomic
+
     name, content = vllm_configs(table, skew)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / name
-    path.write_text(json.dumps(content, indent=4) + "\n")
+    write_atomic(path, json.dumps(content, indent=4) + "\n")  # a kill mid-write keeps the earlier file whole
     return path
+
+
+def check_out_folder(out: Path) -> None:
+    """Refuse, before any work, an --out that export cannot write its folder to: an existing file, a new path named
+    like a file (export writes dispatch_table.json or engine files INTO the folder), or a folder it may not write."""
+    import os
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: export writes a folder (dispatch_table.json, or the engine's config "
+                         "files); pass a folder path")
+    if not out.exists() and out.suffix.lower() == ".json":
+        raise ValueError(f"--out {out}: export writes a folder that holds dispatch_table.json (or the engine's files),"
+                         f" not one JSON file; pass a folder, e.g. --out {out.with_suffix('')}")
+    base = out.absolute()
+    while not base.exists():  # the folder is made when the files are written; nothing is created here
+        base = base.parent
+    if not base.is_dir():
+        raise ValueError(f"--out {out}: {base} is a file, so no folder can be made under it; pass a folder path")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {base} is not writable; pass a writable folder")
 
 
 def parse_kv_layout(text: str) -> tuple[int, str] | None:
@@ -525,6 +546,7 @@ def export_files(*, out: Path, fmt: str = "dispatch", model: str = "mixtral-8x7b
 
     if skew < 0:
         raise ValueError(f"--skew must be >= 0 (a Zipf exponent), got {skew}")
+    check_out_folder(Path(out))
     if fmt in ("vllm", "sglang") and policy_dir is not None:
         raise ValueError(f"--policy-dir is for --format dispatch: {fmt} files are chosen among measured "
                          "vllm_fused_moe configs, not by a policy; drop --policy-dir")
