@@ -9,8 +9,8 @@ or the wheel given with --vllm-wheel / --sglang-wheel) and executed with small s
 sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py. Nothing of their code is stored here; the
 output records the sha256 of the file read.
 
-    pip download --no-deps vllm==0.33.0 sglang==0.5.23 -d /tmp/wheels     # or pip install kernel_gym[engines]
-    python3 scripts/check_engine_lookup.py --vllm-wheel /tmp/wheels/vllm-0.33.0-*.whl \\
+    pip download --no-deps vllm==0.34.0 sglang==0.5.23 -d /tmp/wheels     # or pip install kernel_gym[engines]
+    python3 scripts/check_engine_lookup.py --vllm-wheel /tmp/wheels/vllm-0.34.0-*.whl \\
         --sglang-wheel /tmp/wheels/sglang-0.5.23-*.whl --out benchmarks/engine_lookup
 
 Writes OUT/vllm-<version>.json and OUT/sglang-<version>.json; prints a short table. CPU only, standard library +

@@ -2,8 +2,8 @@
 file of kernel_gym (kernel_gym/data/engine_tables/ENGINE-VERSION.json), so that the numbers kernel_gym uses as
 "what the engine runs" carry the engine name and version they come from.
 
-    pip download --no-deps vllm==0.33.0 sglang==0.5.23 -d /tmp/wheels
-    python3 scripts/extract_engine_tables.py --wheel /tmp/wheels/vllm-0.33.0-*.whl
+    pip download --no-deps vllm==0.34.0 sglang==0.5.23 -d /tmp/wheels
+    python3 scripts/extract_engine_tables.py --wheel /tmp/wheels/vllm-0.34.0-*.whl
     python3 scripts/extract_engine_tables.py --wheel /tmp/wheels/sglang-0.5.23-*.whl
 
 Only the numbers are copied (vLLM and SGLang are Apache-2.0); the rules (default config, file naming, folder search)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, default=OUT_DIR)
     args = p.parse_args(argv)
     if not args.wheel.is_file():
-        sys.exit(f"--wheel {args.wheel}: no such file; pip download --no-deps vllm==0.33.0 -d DIR first")
+        sys.exit(f"--wheel {args.wheel}: no such file; pip download --no-deps vllm==VERSION -d DIR first")
     data = extract(args.wheel)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"{data['engine']}-{data['version']}.json"

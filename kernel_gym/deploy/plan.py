@@ -290,8 +290,9 @@ def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str
             f["write_with"] = ("vLLM's own tuner: benchmarks/kernels/benchmark_moe.py --model CHECKPOINT "
                                f"--tp-size {dep.tp} --dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only)")
         else:
-            f["write_with"] = (f"kernel-gym export --format {dep.engine} --model {model_arg(spec)} --tp {dep.tp} "
-                               "--out DIR (the engine's own kernel design; for EP the local-expert file above)")
+            f["write_with"] = (f"kernel-gym export --format {dep.engine} --engine-version {dep.version} --model "
+                               f"{model_arg(spec)} --tp {dep.tp} --out DIR (the engine's own kernel design; for EP "
+                               "the local-expert file above)")
     return files
 
 

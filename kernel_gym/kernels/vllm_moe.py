@@ -223,15 +223,15 @@ def to_entry(config: Config) -> dict[str, int]:
 
 def vllm_engine_config(num_experts: int, n: int, m: int, dtype: str = "bfloat16",
                        device_name: str = DEFAULT_DEVICE, engine: str = vllm_tables.DEFAULT_ENGINE) -> Config:
-    """The config the engine (default vLLM 0.33.0) runs for M tokens on this shape and device without a user folder:
-    its shipped table's nearest M entry, else its default rule (kernel_gym.kernels.vllm_tables)."""
+    """The config the engine (default vllm_tables.DEFAULT_ENGINE) runs for M tokens on this shape and device without a
+    user folder: its shipped table's nearest M entry, else its default rule (kernel_gym.kernels.vllm_tables)."""
     return to_config(vllm_tables.engine_entry(num_experts, n, m, dtype, device_name, engine)[0])
 
 
 def default_config(workload: MoEWorkload, device_name: str = DEFAULT_DEVICE,
                    engine: str = vllm_tables.DEFAULT_ENGINE) -> Config:
-    """What a vLLM 0.33 user gets on the H200 (kernel_gym's target device): the shipped table, else the default
-    rule."""
+    """What a user of the engine release (default vllm_tables.DEFAULT_ENGINE) gets on the H200 (kernel_gym's target
+    device): the shipped table, else the default rule."""
     wl = _check_workload(workload)
     return vllm_engine_config(wl.num_experts, wl.intermediate, wl.num_tokens, wl.dtype, device_name, engine)
 
