@@ -345,3 +345,11 @@ def test_export_refuses_an_out_it_cannot_write_a_folder_to_before_any_work(tmp_p
     assert not (tmp_path / "deploy").exists()
     with pytest.raises(ValueError, match="is a file, so no folder can be made under it"):
         check_out_folder(f / "sub")
+
+
+def test_data_summary_of_a_row_whose_workload_the_kernel_cannot_read_names_the_fix(tmp_path, capsys):
+    """Was: TypeError: MoEWorkload.__init__() got an unexpected keyword argument 'w' (exit 1)."""
+    store = _store(tmp_path / "odd.sqlite", 1)
+    rc, err = _cli(["data", "--db", str(store)], capsys)
+    assert rc != 0 and "cannot read" in err and "--drop-row" in err and "TypeError" not in err.splitlines()[0]
+    assert _count(store) == 1

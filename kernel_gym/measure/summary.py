@@ -92,7 +92,7 @@ def zoo_models_with_rows(workloads: dict[str, Any]) -> list[str]:
         if kernel in workloads:
             fam = resolve_family(kernel)
             for key in workloads[kernel]:
-                w = workload_from_key(fam, key)
+                w = _workload(fam, kernel, key, workload_from_key)
                 shapes.add((kernel, tuple(getattr(w, f) for f in fields)))
     out = []
     for name, spec in zoo.ZOO.items():
@@ -107,6 +107,18 @@ def zoo_models_with_rows(workloads: dict[str, Any]) -> list[str]:
     return sorted(out)
 
 
+def _workload(fam: Any, kernel: str, key: str, workload_from_key: Any) -> Any:
+    """A stored workload key as the family's workload; a key the kernel does not know (another version's fields, a
+    hand-edited row) is named with the fix instead of a TypeError."""
+    try:
+        return workload_from_key(fam, key)
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ValueError(f"a stored {kernel} row has workload {key!r}, which this kernel_gym cannot read ({exc}): "
+                         "find its id (sqlite3 STORE \"select id from measurements where workload = '...'\") and "
+                         "remove it with kernel-gym data --db STORE --drop-row ID, or read the store with the "
+                         "kernel_gym version that wrote it") from exc
+
+
 def _space_fractions(kernel: str, workloads: dict[str, set[str]]) -> dict[str, Any]:
     """Mean over workloads of stored configs / valid configs (needs the kernel module; None without it)."""
     try:
@@ -117,7 +129,7 @@ def _space_fractions(kernel: str, workloads: dict[str, set[str]]) -> dict[str, A
         return {"space": None, "mean": None, "exhaustive": None}
     fractions, exhaustive = [], 0
     for wkey, cfgs in workloads.items():
-        valid = {str(c) for c in fam.space.valid_configs(workload_from_key(fam, wkey))}
+        valid = {str(c) for c in fam.space.valid_configs(_workload(fam, kernel, wkey, workload_from_key))}
         if valid:
             frac = len(cfgs & valid) / len(valid)
             fractions.append(frac)
