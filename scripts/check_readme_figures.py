@@ -654,7 +654,7 @@ FIGURES = [
     Figure("plan / engine default, saturating", "docs/parallelism.md", rf"\| saturating \| {N}; 16 of 44", PLAN,
            lambda: plan_ratio("saturated", "plan_vs_engine_default"), 0.0005, "json"),
     Figure("plan / aiconfigurator (same simulator), saturating", "docs/parallelism.md",
-           rf"serve nothing\) \| {N}; 14 of 45 \|", PLAN, lambda: plan_ratio("saturated", "plan_vs_aiconfigurator"),
+           rf"serve nothing\) \| {N}; 15 of 45 \|", PLAN, lambda: plan_ratio("saturated", "plan_vs_aiconfigurator"),
            0.0005, "json"),
     Figure("index: serving plan profiles", BENCH, rf"`serving_plan\.json` \({N} profiles\)", PLAN,
            lambda: float(len(committed(PLAN)["profiles"])), 0.0, "json"),
