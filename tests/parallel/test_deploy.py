@@ -145,6 +145,23 @@ def test_replicas_that_do_not_divide_the_requests_serve_no_more_than_offered(bac
         assert r["slo_attainment"] == 1.0 and r["goodput_req_per_s"] == pytest.approx(1.0), dep.name
 
 
+def test_plan_score_headroom_reads_the_worse_of_ttft_and_tpot_and_skips_a_missing_tpot():
+    from types import SimpleNamespace
+
+    from kernel_gym.deploy.plan import INVALID, Score, score
+
+    def env_with(ttft, tpot, why=""):
+        out = {"goodput_req_per_s": 3.0, "ttft_p99_s": ttft, "tpot_p99_s": tpot}
+        return SimpleNamespace(_why=lambda m, d, n: why, model=None, pricer=SimpleNamespace(max_model_len=1),
+                               reset=lambda options: None, serve_deployment=lambda d: out, slo=(2.0, 0.1))
+
+    assert score(env_with(1.0, 0.02), None, [0.0]) == Score(3.0, pytest.approx(0.5))  # TTFT at half its SLO
+    assert score(env_with(0.2, 0.09), None, [0.0]).headroom == pytest.approx(0.1)  # TPOT is the worse
+    assert score(env_with(1.0, float("nan")), None, [0.0]).headroom == pytest.approx(0.5)  # one-token outputs
+    assert score(env_with(float("nan"), float("nan")), None, [0.0]).headroom == float("-inf")
+    assert score(env_with(1.0, 0.02, why="too big"), None, [0.0]) == INVALID
+
+
 def test_prior_share_and_the_cuda_graph_knob(backend, tmp_path, monkeypatch):
     monkeypatch.setenv(coll.TABLE_ENV, str(tmp_path / "absent.json"))
     trace = small_trace(16)

@@ -96,6 +96,15 @@ def test_goodput_is_per_second_of_arrivals_not_of_the_drain():
     assert goodput(result(30.0), 2.0, 0.01)["goodput_req_per_s"] == 0.0  # TPOT over the SLO: none good
 
 
+def test_arrival_span_of_one_request_or_one_instant_runs_to_the_last_finish():
+    from kernel_gym.parallel.step_time import arrival_span_s
+
+    assert arrival_span_s([0.0, 1.0, 2.0, 3.0], [9.0] * 4) == pytest.approx(4.0)  # 4 requests at 1/s: 4 s
+    assert arrival_span_s([5.0], [7.5]) == pytest.approx(2.5)
+    assert arrival_span_s([5.0, 5.0], [6.0, 8.0]) == pytest.approx(3.0)
+    assert arrival_span_s([5.0], [float("nan")]) == float("inf")  # nothing finished: no rate at all
+
+
 def test_goodput_counts_requests_within_both_slos(backend, table):
     sim = ParallelSimulator(MIXTRAL, small_trace(), Layout(2, 1), StepPricer(MIXTRAL, Layout(2, 1), backend, table))
     res = sim.run()
