@@ -267,7 +267,8 @@ def test_plan_names_the_config_file_the_engine_reads_for_the_specs_dtype():
     (f,) = kernel_configs(dataclasses.replace(QWEN3_CODER, dtype_bytes=1), dep, {})
     assert "benchmark_moe.py" in f["write_with"] and "--dtype fp8_w8a8" in f["write_with"]
     (f,) = kernel_configs(QWEN3_CODER, dep, {})
-    assert f["write_with"].startswith("kernel-gym export --format vllm --model SPEC.json --tp 8")
+    assert f["write_with"].startswith("kernel-gym export --format vllm --engine-version 0.34.0 --model SPEC.json "
+                                      "--tp 8")
 
 
 def test_replay_errors_say_where_the_data_or_the_trace_ends():

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
+from kernel_gym.kernels.workloads import MAX_HEAD_DIM, MIN_HEAD_DIM, padded_head_dim  # noqa: F401 (re-exported)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -69,15 +70,8 @@ def block_row(bt_row, tok0, kv_len, rows_per_page, PAGE_SIZE: tl.constexpr):
 # ---- rules and checks -------------------------------------------------------------------------------------------
 
 
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # tl.dot's smallest K; above 256 a q tile and one K/V stage outgrow the SM
-
-
-def padded_head_dim(d: int) -> int | None:
-    """The head_dim these kernels run a head of `d` at: d itself when it is a power of two in [16, 256], else the
-    next one (q, k and v zero-padded to it: rule_head_dim's fix), None above 256 (no tile fits)."""
-    if d > MAX_HEAD_DIM:
-        return None
-    return max(MIN_HEAD_DIM, 1 << (max(d, 1) - 1).bit_length())
+# MIN_HEAD_DIM, MAX_HEAD_DIM and padded_head_dim live with the workloads (imported above), so that the spec floor
+# (models.kernel_spec) can pad a head without importing the kernels
 
 
 def rule_head_dim(config: Config, workload: Any) -> str | None:

@@ -26,6 +26,17 @@ def _check_dtype(dtype: str) -> None:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {DTYPES}")
 
 
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # the attention kernels' head dims: tl.dot's smallest K; above 256 no tile fits
+
+
+def padded_head_dim(d: int) -> int | None:
+    """The head_dim the attention kernels run a head of `d` at: d itself when it is a power of two in [16, 256], else
+    the next one (q, k and v zero-padded to it: attention.rule_head_dim's fix), None above 256 (no tile fits)."""
+    if d > MAX_HEAD_DIM:
+        return None
+    return max(MIN_HEAD_DIM, 1 << (max(d, 1) - 1).bit_length())
+
+
 def _check_heads(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
     """The attention workloads' head shape: positive counts, q heads in whole GQA groups of kv heads."""
     if min(num_heads, num_kv_heads, head_dim) < 1:
