@@ -21,6 +21,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from kernel_gym.kernels.workloads import padded_head_dim
+
 # ModelSpec and friends live in modelspec.py (re-exported here: every caller imports them from kernel_gym.models)
 from kernel_gym.modelspec import BUILTIN_MODELS, OPTIONAL_ZERO, SPEC_LIMITS, ModelSpec, spec_from_dict
 
@@ -41,8 +43,6 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
         out.append(f"{spec.name} has {kind} weights (dtype_bytes {spec.dtype_bytes}): the kernels and their "
                    "measurements are bf16, so the configs are bf16 ones, not tuned for the engine's "
                    f"{kind} kernels")
-    from kernel_gym.kernels.workloads import padded_head_dim
-
     padded = padded_head_dim(spec.head_dim)
     if padded != spec.head_dim:
         out.append(f"{spec.name}'s head_dim {spec.head_dim} is not a power of two: kernel_gym's attention kernels "
@@ -57,10 +57,8 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
 
 def kernel_spec(spec: ModelSpec) -> ModelSpec:
     """The model as kernel_gym's kernels run it: a head_dim that is not a power of two zero-padded to the next one
-    (attention.padded_head_dim), KV cache included, as an integration that pads q, k and v stores it. The simulators
+    (workloads.padded_head_dim), KV cache included, as an integration that pads q, k and v stores it. The simulators
     price this spec; spec_caveats says so."""
-    from kernel_gym.kernels.workloads import padded_head_dim
-
     padded = padded_head_dim(spec.head_dim)
     return dataclasses.replace(spec, head_dim=padded) if padded and padded != spec.head_dim else spec
 

@@ -63,6 +63,15 @@ def _unprivileged(code: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def _sqlite_with(path: Path, create_table: str) -> Path:
+    """A SQLite file holding one table of someone else's schema."""
+    con = sqlite3.connect(path)
+    con.execute(create_table)
+    con.commit()
+    con.close()
+    return path
+
+
 def _cli_code(argv: list[str]) -> str:
     return f"import sys; from kernel_gym.cli import main; sys.exit(main({argv!r}))"
 
@@ -72,11 +81,7 @@ def _cli_code(argv: list[str]) -> str:
 
 def test_a_store_opened_for_writing_on_another_database_leaves_it_untouched(tmp_path: Path) -> None:
     """collect --db / tune --db on an MLflow database used to add kernel_gym's tables to it and switch it to WAL."""
-    db = tmp_path / "mlflow.db"
-    con = sqlite3.connect(db)
-    con.execute("CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name TEXT)")
-    con.commit()
-    con.close()
+    db = _sqlite_with(tmp_path / "mlflow.db", "CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name TEXT)")
     before = db.read_bytes()
     with pytest.raises(ValueError, match=r"not a kernel_gym measurement store .*experiments.*pass a store"):
         MeasurementStore(db)
@@ -92,11 +97,8 @@ def test_a_store_opened_for_writing_on_a_file_that_is_not_sqlite_is_named(tmp_pa
 
 
 def test_a_store_of_another_schema_is_refused_before_any_write(tmp_path: Path) -> None:
-    db = tmp_path / "old.sqlite"
-    con = sqlite3.connect(db)
-    con.execute("CREATE TABLE measurements (id INTEGER PRIMARY KEY, device TEXT, kernel TEXT)")
-    con.commit()
-    con.close()
+    db = _sqlite_with(tmp_path / "old.sqlite",
+                      "CREATE TABLE measurements (id INTEGER PRIMARY KEY, device TEXT, kernel TEXT)")
     with pytest.raises(ValueError, match="no measurements table with its columns"):  # was: no such column: workload
         MeasurementStore(db)
 

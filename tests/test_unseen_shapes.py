@@ -210,3 +210,8 @@ def test_a_head_dim_96_table_is_accepted_for_the_padded_spec_replay_runs(tmp_pat
     check_table_for(table, kernel_spec(spec))  # was: "its model hd96 has head_dim=96, the spec 128"
     with pytest.raises(ValueError, match="head_dim=96, the spec 64"):
         check_table_for(table, dataclasses.replace(spec, head_dim=64))
+    wide = dataclasses.replace(spec, head_dim=300)  # no kernel runs either: 300 and 512 must not pass as equal
+    wide_table = build_table(wide, {"fused_moe": (lambda wls: [moe.default_config(w) for w in wls],
+                                                  {"model_uri": "t"})}, rests_on=False)
+    with pytest.raises(ValueError, match="head_dim=300, the spec 512"):
+        check_table_for(wide_table, dataclasses.replace(spec, head_dim=512))

@@ -159,14 +159,15 @@ class KernelTable:
 
     def lookup(self, x0: float, x1: float) -> Config:
         """The config of the bucket holding (x0, x1) (values outside the grid use the nearest edge bucket)."""
+        i, j = self.bucket(x0, x1)
+        return self.configs[self.cells[i * self._n1 + j]]
+
+    def bucket(self, x0: float, x1: float) -> tuple[int, int]:
         if x0 != x0 or x1 != x1:  # NaN: bisect puts it past every edge, the largest bucket's config, silently
             (name0, name1), _ = AXES[self.kernel]
             raise ValueError(f"{self.kernel}: {name0}={x0}, {name1}={x1} is not a number; a config is looked up for "
                              "measured quantities (check how the caller computes them, e.g. a routing skew of an empty "
                              "batch)")
-        return self.configs[self.cells[bisect_right(self.edges[0], x0) * self._n1 + bisect_right(self.edges[1], x1)]]
-
-    def bucket(self, x0: float, x1: float) -> tuple[int, int]:
         return bisect_right(self.edges[0], x0), bisect_right(self.edges[1], x1)
 
     def nearest_within(self, x0: float, x1: float, allowed: set[int]) -> int | None:
@@ -325,9 +326,12 @@ class Dispatcher:
         config the rules accept at its four corners answers at once (the rules that move inside a bucket are
         thresholds on the axes, so a config valid at the corners is valid between them); the others, and the edge
         buckets (unbounded), check the shape itself."""
-        cfg = self.lookup(kernel, x0, x1)
-        t = self._tables[kernel]
-        cell = (kernel, *t.bucket(x0, x1))
+        t = self._tables.get(kernel)
+        if t is None:
+            return self.lookup(kernel, x0, x1)  # raises, naming why the table lacks it
+        i, j = t.bucket(x0, x1)  # one bisect per axis: the bucket gives the config and the corner answer
+        cfg = t.configs[t.cells[i * t._n1 + j]]
+        cell = (kernel, i, j)
         safe = self._safe.get(cell)
         if safe is None:
             safe = self._safe[cell] = self._valid_at_corners(kernel, t, cfg, *cell[1:])
@@ -515,11 +519,11 @@ def check_table_for(table: DispatchTable, model: Any, where: str = "dispatch tab
     if table.model.get("name") != name:
         raise ValueError(f"{where} was exported for model {table.model.get('name')}, not {name}: pass --model "
                          f"{table.model.get('name')} or export a table for {name}")
-    from kernel_gym.kernels.attention import padded_head_dim
+    from kernel_gym.kernels.workloads import padded_head_dim
 
     for field_name, value in table.model.items():
         ours = getattr(model, field_name, value)
-        if field_name == "head_dim" and padded_head_dim(ours) == padded_head_dim(value):
+        if field_name == "head_dim" and (padded_head_dim(ours) or ours) == (padded_head_dim(value) or value):
             continue  # the spec as the kernels run it (models.kernel_spec: 96 zero-padded to 128)
         if field_name != "name" and hasattr(model, field_name) and ours != value:
             raise ValueError(f"{where}: its model {name} has {field_name}={value!r}, the spec "

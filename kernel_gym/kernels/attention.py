@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernel_gym.kernels.space import SHARED_MEMORY_LIMIT, Config, Knob, KnobSpace
-from kernel_gym.kernels.workloads import MAX_HEAD_DIM, MIN_HEAD_DIM, padded_head_dim  # noqa: F401 (re-exported)
+from kernel_gym.kernels.workloads import MAX_HEAD_DIM, MIN_HEAD_DIM, padded_head_dim
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -68,10 +68,6 @@ def block_row(bt_row, tok0, kv_len, rows_per_page, PAGE_SIZE: tl.constexpr):
 
 
 # ---- rules and checks -------------------------------------------------------------------------------------------
-
-
-# MIN_HEAD_DIM, MAX_HEAD_DIM and padded_head_dim live with the workloads (imported above), so that the spec floor
-# (models.kernel_spec) can pad a head without importing the kernels
 
 
 def rule_head_dim(config: Config, workload: Any) -> str | None:
