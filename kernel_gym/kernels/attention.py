@@ -117,13 +117,6 @@ def rule_tile_registers(config: Config, workload: Any) -> str | None:
 # PackGQA). A knob added after rows were stored: 0, the kernel before it, is its legacy value.
 PACK_GQA = Knob("PACK_GQA", (0, 1), "1: one program per kv head, its q heads packed into the tile's rows", legacy=0)
 
-# Prefill and prefix prefill: ONE_LOOP=1 runs every key block of a tile through one loop with the causal and bounds
-# masks, where 0 runs the blocks below the diagonal unmasked in a first loop and the rest in a second. Each loop has
-# its own pipeline prologue, whose first K/V copy the program waits for; a short tile (one to four key blocks) waits
-# twice with two loops and once with one, at the cost of the masks on blocks that need none. A knob added after rows
-# were stored: 0, the kernel before it, is its legacy value.
-ONE_LOOP = Knob("ONE_LOOP", (0, 1), "1: one masked key-block loop (one pipeline prologue) instead of two", legacy=0)
-
 
 @triton.jit
 def tile_rows(block, head, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, PACK_GQA: tl.constexpr):

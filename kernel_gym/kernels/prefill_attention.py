@@ -92,7 +92,6 @@ def _prefill_fwd(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
-    ONE_LOOP: tl.constexpr = False,
 ):
     """One program = work item program_id: one BLOCK_M tile of queries of one sequence, for one q head; with
     PACK_GQA, BLOCK_M // GROUP tokens of one sequence for every q head of one kv head (row r: token r // GROUP, q head
@@ -127,15 +126,14 @@ def _prefill_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    diag_hi = tl.minimum(start_m + tile_m, seq_len)
-    # ONE_LOOP: every key block through one masked loop, so a short tile waits for one pipeline prologue, not two
-    full_hi = 0 if ONE_LOOP else (start_m // BLOCK_N) * BLOCK_N
-    if not ONE_LOOP:  # key blocks that end at or before the tile's first query row: visible, inside the sequence
-        acc, l_i, m_i = _attn_inner(
-            acc, l_i, m_i, q, k_src, v_src, kv_row0, kv_col, stride_kt, stride_vt,
-            offs_m, offs_d, 0, full_hi, seq_len, qk_scale, BLOCK_N, False, USE_TMA,
-        )
+    # Key blocks that end at or before the tile's first query row: fully visible and inside the sequence.
+    full_hi = (start_m // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attn_inner(
+        acc, l_i, m_i, q, k_src, v_src, kv_row0, kv_col, stride_kt, stride_vt,
+        offs_m, offs_d, 0, full_hi, seq_len, qk_scale, BLOCK_N, False, USE_TMA,
+    )
     # Key blocks crossing the diagonal (or the sequence end): causal (and bounds) masks.
+    diag_hi = tl.minimum(start_m + tile_m, seq_len)
     acc, l_i, m_i = _attn_inner(
         acc, l_i, m_i, q, k_src, v_src, kv_row0, kv_col, stride_kt, stride_vt,
         offs_m, offs_d, full_hi, diag_hi, seq_len, qk_scale, BLOCK_N, True, USE_TMA,
@@ -208,17 +206,10 @@ def _rule_pack_gqa(config: Config, workload: PrefillWorkload) -> str | None:
     return attention.pack_gqa_reason(pack, int(config["BLOCK_M"]), workload)
 
 
-def _rule_one_loop(config: Config, workload: PrefillWorkload) -> str | None:
-    impl = GLUON_SPACE.value(config, "IMPL")
-    if int(GLUON_SPACE.value(config, "ONE_LOOP")) and impl != "triton":
-        return f"ONE_LOOP=1 is a mode of the Triton kernel; IMPL={impl} has its own schedule: use ONE_LOOP=0"
-    return None
-
-
 GLUON_SPACE = KnobSpace(
     knobs=[*SPACE.knobs, Knob("IMPL", IMPLS, "kernel: Triton, or a Gluon schedule for sm_90", legacy="triton"),
-           attention.PACK_GQA, attention.ONE_LOOP],
-    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa, _rule_one_loop],
+           attention.PACK_GQA],
+    rules=[*SPACE.rules, _rule_gluon, _rule_pack_gqa],
 )
 
 
@@ -315,7 +306,6 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
                                                       ("v", v, w.num_kv_heads)))
         bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
         pack = bool(int(self.space.value(config, "PACK_GQA"))) if "PACK_GQA" in self.space.names else False
-        one_loop = bool(int(self.space.value(config, "ONE_LOOP"))) if "ONE_LOOP" in self.space.names else False
         table = item_table(w.seq_lens, work_table(w.seq_lens, w.num_heads, w.num_kv_heads, bm, pack_gqa=pack),
                            q.device)
         o = torch.empty_like(q)
@@ -338,8 +328,7 @@ class PrefillAttentionFamily(attention.TiledAttentionFamily):
         )
         meta = dict(
             GROUP=w.num_heads // w.num_kv_heads, HEAD_DIM=w.head_dim, BLOCK_M=bm, BLOCK_N=bn, USE_TMA=tma,
-            PACK_GQA=pack, ONE_LOOP=one_loop, num_warps=int(config["num_warps"]),
-            num_stages=int(config["num_stages"]),
+            PACK_GQA=pack, num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
         )
 
         def launch() -> torch.Tensor:
@@ -408,7 +397,7 @@ def compile_sm90(config: Config, workload: PrefillWorkload) -> dict[str, int]:
     for n in ("q", "k", "v", "o"):
         signature |= {f"stride_{n}t": "i32", f"stride_{n}h": "i32"}
     constexprs = dict(GROUP=workload.num_heads // workload.num_kv_heads, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-                      USE_TMA=True, PACK_GQA=pack, ONE_LOOP=bool(int(GLUON_SPACE.value(config, "ONE_LOOP"))))
+                      USE_TMA=True, PACK_GQA=pack)
     signature |= {n: "constexpr" for n in constexprs}
     names = _prefill_fwd.arg_names
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, strides divisible by 16

@@ -119,7 +119,7 @@ def _prefix_fwd(
     stride_ls, stride_lt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_TMA: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PACK_GQA: tl.constexpr, ONE_LOOP: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, PACK_GQA: tl.constexpr,
 ):
     """One program = work item program_id: one BLOCK_M tile of one request's chunk, one q head, one KV split; with
     PACK_GQA, BLOCK_M // GROUP tokens for every q head of one kv head (row r: token r // GROUP, q head
@@ -175,14 +175,11 @@ def _prefix_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    if ONE_LOOP:  # every block through the masked loop: one pipeline prologue to wait for (attention.ONE_LOOP)
-        full_hi = lo
-    else:
-        acc, l_i, m_i = _attend(
-            acc, l_i, m_i, q, k_src, v_src, bt_row, kv_col, head_row, rows_per_page, stride_row,
-            q_pos, kv_len, lo, tl.minimum(hi_s, full_hi), qk_scale,
-            HEAD_DIM, PAGE_SIZE, BLOCK_N, False, USE_TMA, DOT_PRECISION,
-        )
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, k_src, v_src, bt_row, kv_col, head_row, rows_per_page, stride_row,
+        q_pos, kv_len, lo, tl.minimum(hi_s, full_hi), qk_scale,
+        HEAD_DIM, PAGE_SIZE, BLOCK_N, False, USE_TMA, DOT_PRECISION,
+    )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, bt_row, kv_col, head_row, rows_per_page, stride_row,
         q_pos, kv_len, tl.maximum(lo, full_hi), hi_s, qk_scale,
@@ -295,7 +292,6 @@ SPACE = KnobSpace(
         Knob("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
         Knob("NUM_SPLITS", SPLIT_COUNTS, "slices of each tile's keys run by separate programs (1 = single pass)"),
         attention.PACK_GQA,
-        attention.ONE_LOOP,
     ],
     rules=[attention.rule_head_dim, _rule_block_vs_page, _rule_pack_gqa, _rule_splits, _rule_shared_memory,
            attention.rule_tile_registers],
@@ -436,7 +432,6 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
             raise ValueError(f"the cache has PAGE_SIZE={paged.page_size} LAYOUT={paged.layout}, the config "
                              f"{config}; page the cache for the config")
         pack = bool(int(self.space.value(config, "PACK_GQA")))
-        one_loop = bool(int(self.space.value(config, "ONE_LOOP")))
         table = item_table(w, work_table(w, bm, splits, pack_gqa=pack), q.device)
         o = torch.empty_like(q) if out is None else out
         t, h, d, hkv = w.total_tokens, w.num_heads, w.head_dim, w.num_kv_heads
@@ -466,8 +461,8 @@ class PrefixPrefillFamily(attention.TiledAttentionFamily):
             part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         )
         meta = dict(GROUP=h // hkv, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_M=bm, BLOCK_N=bn, NUM_SPLITS=splits,
-                    USE_TMA=tma, DOT_PRECISION=precision, PACK_GQA=pack, ONE_LOOP=one_loop,
-                    num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+                    USE_TMA=tma, DOT_PRECISION=precision, PACK_GQA=pack, num_warps=int(config["num_warps"]),
+                    num_stages=int(config["num_stages"]))
         grid = (table.shape[1],)
         block_t = 16
         combine_grid = (triton.cdiv(t, block_t), h)
@@ -560,8 +555,7 @@ def compile_sm90(config: Config, workload: PrefixPrefillWorkload) -> dict[str, i
     constexprs = dict(GROUP=workload.num_heads // workload.num_kv_heads, HEAD_DIM=d,
                       PAGE_SIZE=int(config["PAGE_SIZE"]), BLOCK_M=bm, BLOCK_N=bn,
                       NUM_SPLITS=int(config["NUM_SPLITS"]), USE_TMA=tma,
-                      DOT_PRECISION="ieee" if workload.dtype == "float32" else "tf32", PACK_GQA=pack,
-                      ONE_LOOP=bool(int(SPACE.value(config, "ONE_LOOP"))))
+                      DOT_PRECISION="ieee" if workload.dtype == "float32" else "tf32", PACK_GQA=pack)
     signature |= {n: "constexpr" for n in constexprs}
     names = _prefix_fwd.arg_names
     # what the launcher's specialisation gives real launches: 16-byte aligned pointers, integers divisible by 16

@@ -161,26 +161,6 @@ def test_pack_gqa_matches_reference_and_the_unpacked_kernel(workload: PrefillWor
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("workload", [
-    PrefillWorkload(8, 2, 64, (129, 1, 40), "float32"),  # a tile with unmasked blocks, a one-token sequence
-    PrefillWorkload(4, 4, 64, (37, 100), "float16"),
-], ids=lambda w: f"{w.dtype}-{w.seq_lens}")
-def test_one_loop_matches_reference_and_the_two_loop_kernel(workload: PrefillWorkload) -> None:
-    """ONE_LOOP=1: every key block through the masked loop; the same output as the two-loop kernel, packed or not."""
-    inputs = FAMILY.make_inputs(workload, DEVICE, seed=5)
-    configs = [c for c in (Config(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=2),
-                           Config(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=1))
-               if FAMILY.space.is_valid(c, workload)]  # packed GQA needs a group: not on the MHA workload
-    assert len(configs) == (2 if workload.num_heads > workload.num_kv_heads else 1)
-    for config in configs:
-        one = Config({**config, "ONE_LOOP": 1})
-        assert (msg := _check(workload, one, seed=5)) is None, msg
-        torch.testing.assert_close(FAMILY.prepare(inputs, one)(), FAMILY.prepare(inputs, config)(),
-                                   atol=1e-5, rtol=1e-5)
-    gluon = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, IMPL="gluon_ws", ONE_LOOP=1)
-    assert "mode of the Triton kernel" in FAMILY.space.why_invalid(gluon, PrefillWorkload(32, 8, 128, (10,)))
-
-
 def test_pack_gqa_rules_and_work_table() -> None:
     packed = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=1)
     assert "one q head per kv head" in FAMILY.space.why_invalid(packed, PrefillWorkload(8, 8, 64, (10,)))
@@ -230,7 +210,7 @@ def test_gluon_impl_rules() -> None:
     # the Triton kernel's configs are written without the knob, as they were stored
     assert "leaving the knob out" in FAMILY.space.why_invalid(ws.replace(IMPL="triton", num_warps=8), w)
     assert all(pa.SPACE.is_valid(c, w) for c in FAMILY.space.valid_configs(w)
-               if not {"IMPL", "PACK_GQA", "ONE_LOOP"} & set(c))
+               if "IMPL" not in c and "PACK_GQA" not in c)
 
 
 def test_persistent_variants_fill_the_gpu_once() -> None:
@@ -298,7 +278,7 @@ def test_default_config_is_tutorial_choice() -> None:
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_valid_space_size_is_measurable(head_dim: int, dtype: str) -> None:
     valid = FAMILY.space.valid_configs(PrefillWorkload(32, 8, head_dim, (2048,), dtype))
-    assert 40 <= len(valid) <= 600, len(valid)  # ONE_LOOP doubles the Triton kernel's configs
+    assert 40 <= len(valid) <= 400, len(valid)
 
 
 def test_hopper_fast_configs_are_valid() -> None:

@@ -185,23 +185,6 @@ def test_pack_gqa_matches_reference_and_the_unpacked_kernel(config: Config) -> N
                                    atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("config", [
-    pytest.param(cfg(ps=32, layout="NHD", bm=32, bn=32), id="tma-nhd"),
-    pytest.param(cfg(ps=16, layout="HND", bm=16, bn=64), id="pointers-hnd"),
-    pytest.param(Config({**cfg(ps=32, layout="HND", bm=32, bn=16, splits=2), "PACK_GQA": 1}), id="splits-2-packed"),
-])
-def test_one_loop_matches_reference_and_the_two_loop_kernel(config: Config) -> None:
-    """ONE_LOOP=1 (every key block through the masked loop) on requests with and without a prefix: the same output
-    as the reference and as the two-loop kernel (the unmasked blocks' mask is all-pass)."""
-    one = Config({**config, "ONE_LOOP": 1})
-    for w in (MIXED, PrefixPrefillWorkload(8, 2, 64, (1, 40, 9), (70, 3, 0), "float32")):
-        assert FAMILY.space.is_valid(one, w), FAMILY.space.why_invalid(one, w)
-        assert (msg := _check(w, one, seed=3)) is None, msg
-        inputs = FAMILY.make_inputs(w, DEVICE, seed=3)
-        torch.testing.assert_close(FAMILY.prepare(inputs, one)(), FAMILY.prepare(inputs, config)(),
-                                   atol=1e-5, rtol=1e-5)
-
-
 def test_pack_gqa_rules_and_work_table() -> None:
     mha = PrefixPrefillWorkload(4, 4, 64, (20,), (0,))
     assert "one q head per kv head" in FAMILY.space.why_invalid(Config({**cfg(), "PACK_GQA": 1}), mha)
