@@ -867,7 +867,10 @@ class TokenTable:
         return float(np.interp(x, self._log2_tokens, self.seconds))
 
 
-MOE_GRAPH_TABLE = Path(__file__).resolve().parent / "graph_5ebaec4" / "moe_graph" / "moe_graph.json"
+# the graphed MoE tables --predict reads by default: the live policies' configs (session 42), then the retrained
+# tables' (session 48, benchmarks/live_e2e/retrained/)
+MOE_GRAPH_TABLES = tuple(Path(__file__).resolve().parent / run / "moe_graph" / "moe_graph.json"
+                         for run in ("graph_5ebaec4", "retrained/run1_seed0_53398a4"))
 
 
 class MoEGraphTable:
@@ -877,9 +880,21 @@ class MoEGraphTable:
     the dataset's row plus the routing table)."""
 
     def __init__(self, points: dict[str, dict[int, float]], source: str = "") -> None:
+        self.raw = {cfg: dict(per) for cfg, per in points.items() if per}
         self.points = {cfg: (np.log2(sorted(per)), np.array([per[t] for t in sorted(per)]))
-                       for cfg, per in points.items() if per}
+                       for cfg, per in self.raw.items()}
         self.source = source
+
+    @classmethod
+    def union(cls, tables: list[MoEGraphTable]) -> MoEGraphTable:
+        """One table from several GPU runs' (each timed the configs its policies chose); where two time the same
+        config at the same rows, the first one's time holds."""
+        points: dict[str, dict[int, float]] = {}
+        for table in tables:
+            for cfg, per in table.raw.items():
+                for t, s in per.items():
+                    points.setdefault(cfg, {}).setdefault(t, s)
+        return cls(points, ",".join(t.source for t in tables))
 
     @classmethod
     def from_table(cls, path: Path | str, model: str) -> MoEGraphTable | None:
@@ -1333,13 +1348,19 @@ def dense_ops_setup(args: Any, model: ModelSpec) -> dict | str:
 
 
 def moe_graph_setup(args: Any, model: ModelSpec) -> dict | str:
-    """args.moe_graph (a moe_graph_table.py table's path, or "none") -> args.moe_graph_s (MoEGraphTable or None) and
-    the note summary.json's prediction carries."""
-    table, shown = _measured_table(str(getattr(args, "moe_graph", None) or "none"), "--moe-graph",
-                                   "a moe_graph_table.py table", MoEGraphTable.from_table, model)
-    args.moe_graph_s = table
+    """args.moe_graph (moe_graph_table.py tables' paths, comma-separated, or "none") -> args.moe_graph_s (their
+    MoEGraphTable.union for the model, or None) and the note summary.json's prediction carries."""
+    found, where = [], []
+    for choice in str(getattr(args, "moe_graph", None) or "none").split(","):
+        table, shown = _measured_table(choice.strip(), "--moe-graph", "a moe_graph_table.py table",
+                                       MoEGraphTable.from_table, model)
+        if table is not None:
+            found.append(table)
+            where.append(shown)
+    table = args.moe_graph_s = MoEGraphTable.union(found) if found else None
     if table is None:
         return f"{shown} (graphed steps' MoE priced by the dataset's row plus the routing table)"
+    shown = ",".join(where)
     return {"table": shown, "model": model.name, "configs": len(table.points),
             "note": "the MoE of graphed steps (decode graphs, piecewise graphs) at the step's capture size from the "
                     "live call timed as a graph replays it, routing inside (no routing charge on those steps), "
@@ -1649,9 +1670,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --predict: charge the live fused MoE's in-launch routing per MoE call from this "
                         "measured table (moe_price_check.py's moe_routing.json; default: the committed one) x layers; "
                         "'none': no charge")
-    p.add_argument("--moe-graph", default=str(MOE_GRAPH_TABLE), metavar="TABLE.json",
-                   help="--predict: price graphed steps' MoE (routing inside) from this moe_graph_table.py table "
-                        "(default: the committed one); none: the dataset's row plus --moe-routing")
+    p.add_argument("--moe-graph", default=",".join(str(t) for t in MOE_GRAPH_TABLES), metavar="TABLE.json[,...]",
+                   help="--predict: price graphed steps' MoE (routing inside) from these moe_graph_table.py tables "
+                        "(default: the committed ones); none: the dataset's row plus --moe-routing")
     p.add_argument("--step-host", default=",".join(str(r) for r in STEP_HOST_RUNS), metavar="RUN[,RUN]",
                    help="--predict: the step overhead per kind of step, measured on these live runs' records (seconds "
                         "minus the GPU span; default: the committed graph_5ebaec4 runs); assumed: the simulator's "
