@@ -265,6 +265,7 @@ CHECK = "kernel_gym/data/live_check.json"
 LEARNED = "table:benchmarks/live_replay/inputs/dispatch_table.json"
 W5 = "benchmarks/live_e2e/window5_f269e69/window5/summary.json"
 W6 = "benchmarks/live_e2e/window6_01d3818/window6/summary.json"
+RETRAINED = "benchmarks/live_e2e/retrained/compare.json"  # retrained/compare.py: the retrained tables live
 GAP = "benchmarks/live_e2e/tables/gap.json"  # table_gap.py: dispatch tables against the dataset's fastest configs
 
 
@@ -454,6 +455,16 @@ FIGURES = [
            lambda: float(sum(abs(r["tpot_p50_s"]) <= 0.05 for r in committed(CHECK)["rows"])), 0.0, "gpu"),
     Figure("live e2e (graphs) policy runs in the check", "README.md", rf"over {N} graphed policy runs", CHECK,
            lambda: float(len(committed(CHECK)["rows"])), 0.0, "gpu"),
+    Figure("retrained tables live: TPOT p50 / vllm-table's, geomean", "README.md", rf"TPOT p50 \*\*{N}x\*\* its in",
+           RETRAINED, at(RETRAINED, "geomean_learned_over_vllm_table", "tpot_p50_s"), 0.0005, "gpu"),
+    Figure("retrained tables live: window runs with lower TPOT", "README.md", rf"command \(lower in {N} of 10;",
+           RETRAINED, at(RETRAINED, "tpot_better"), 0.0, "gpu"),
+    Figure("retrained tables live: TTFT p50 / vllm-table's, geomean", "README.md",
+           rf"and 8\), TTFT p50 {N}x, tokens/s", RETRAINED, at(RETRAINED, "geomean_learned_over_vllm_table",
+                                                                "ttft_p50_s"), 0.0005, "gpu"),
+    Figure("retrained tables live: TPOT ratio in the docs", "docs/live.md",
+           rf"retrained tables' TPOT p50 is {N}x the vllm-table's", RETRAINED,
+           at(RETRAINED, "geomean_learned_over_vllm_table", "tpot_p50_s"), 0.0005, "gpu"),
     Figure("live e2e window 3 vllm-table TPOT p50 (ms)", "README.md", rf"window 3, 594 requests: TPOT {N} / ",
            "benchmarks/live_e2e/graphs/window3_long/summary.json",
            at("benchmarks/live_e2e/graphs/window3_long/summary.json", "policies", "vllm-table", "measured",
