@@ -552,7 +552,8 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
         q = e["predicted"]
         mark = "*" if q["goodput_req_per_s"] > p["goodput_req_per_s"] else " "
         above |= mark == "*"
-        print(f"  {e['deployment']['engine']}:{e['deployment']['layout']} bs{e['deployment']['block_size']} "
+        print(f"  {e['deployment']['engine']}-{e['deployment']['version']}:{e['deployment']['layout']} "
+              f"bs{e['deployment']['block_size']} "
               f"mbt{e['deployment']['max_batched_tokens']} seqs{e['deployment']['max_seqs']} "
               f"graph{e['deployment']['graph_max']}".ljust(58) +
               f" {e['train_goodput_req_per_s']:>11.2f} {q['goodput_req_per_s']:>13.2f}{mark} "

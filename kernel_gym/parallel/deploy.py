@@ -108,7 +108,8 @@ class Deployment:
 
     @property
     def name(self) -> str:
-        return (f"{self.engine}:{self.layout_name}:bs{self.block_size}:mbt{self.max_batched_tokens}:"
+        """The launch in one token, release included: the same knobs mean other defaults under another release."""
+        return (f"{self.engine}-{self.version}:{self.layout_name}:bs{self.block_size}:mbt{self.max_batched_tokens}:"
                 f"seqs{self.max_seqs}:graph{self.graph_max}")
 
     def knobs(self) -> dict[str, int]:

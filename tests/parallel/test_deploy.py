@@ -116,6 +116,7 @@ def test_each_release_sizes_its_kv_cache_by_its_own_rule():
     assert reserve_bytes(MIXTRAL, new) - reserve_bytes(MIXTRAL, old) >= 2 ** 30  # the margin
     assert kv_tokens_per_rank(MIXTRAL, new) > kv_tokens_per_rank(MIXTRAL, old)
     assert Deployment("vllm-0.33.0", 1, 2, 1, 16, 8192, 256, 512) == old  # a release string is split
+    assert old.name.startswith("vllm-0.33.0:") and new.name.startswith("vllm-0.34.0:")  # names tell releases apart
     with pytest.raises(ValueError, match="--engine-version"):
         Deployment("vllm-0.20.0", 1, 2, 1, 16, 8192, 256, 512)
 

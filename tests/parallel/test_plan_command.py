@@ -148,7 +148,7 @@ def test_plan_table_says_which_goodput_ranks(tmp_path, capsys):
     assert "next best (ranked by training goodput, then headroom)" in text
     assert "train req/s" in text and "held-out req/s" in text
     assert f"training windows: {best['train_goodput_req_per_s']:.2f} req/s" in text
-    lines = [line for line in text.splitlines() if line.startswith("  vllm:")]
+    lines = [line for line in text.splitlines() if line.startswith("  vllm-0.34.0:")]
     assert len(lines) == len(rows)
     for line, e in zip(lines, rows):
         held = e["predicted"]["goodput_req_per_s"]
