@@ -2,7 +2,7 @@
 p50 and TPOT p50 beside the vllm-table's from the same command (so the same GPU session and power state), their
 ratios, and the plain simulator's error on each (from each run's summary.json, `run.py --predict`).
 
-    python benchmarks/live_e2e/retrained/compare.py    # writes compare.json here, prints a markdown table
+    python benchmarks/live_e2e/retrained/compare.py    # writes compare.json and compare.png here, prints a table
 """
 
 from __future__ import annotations
@@ -42,6 +42,31 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def plot(table: list[dict], path: Path) -> Path:
+    """Per window run, the retrained table's TTFT p50 and TPOT p50 over the vllm-table's (below 1: the table wins)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['window']}\n{Path(r['table']).parent.name.replace('mixtral_', '')}" for r in table]
+    x = range(len(table))
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(table)), 4))
+    for offset, (key, name) in zip((-0.2, 0.2), (("ttft_p50_s", "TTFT p50"), ("tpot_p50_s", "TPOT p50"))):
+        ax.bar([i + offset for i in x], [r["learned_over_vllm_table"][key] for r in table], width=0.4, label=name)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ratios = [r["learned_over_vllm_table"][k] for r in table for k in ("ttft_p50_s", "tpot_p50_s")]
+    ax.set_ylim(min(0.7, min(ratios) - 0.05), max(1.1, max(ratios) + 0.05))
+    ax.set_ylabel("retrained table / vllm-table")
+    ax.set_title("Mixtral-8x7B live on one H200: retrained dispatch tables against the vllm-table (same command)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> int:
     table = rows()
     if not table:
@@ -54,6 +79,7 @@ def main() -> int:
               "ttft_better": sum(x < 1.0 for x in ratio["ttft_p50_s"]),
               "throughput_better": sum(x > 1.0 for x in ratio["tokens_per_s"])}
     (HERE / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(table, HERE / "compare.png")
     print("| window (requests) | table | vllm-table: tok/s / TTFT / TPOT (ms) | retrained: tok/s / TTFT / TPOT (ms) "
           "| TPOT ratio | plain simulator error, vllm-table / retrained: TTFT, TPOT |")
     print("|---|---|---|---|---:|---|")
