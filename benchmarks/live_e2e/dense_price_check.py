@@ -13,7 +13,14 @@ as the live stack runs them, per zoo model and token count:
 
 Medians of kernel_gym's event timing (time_launch) with spreads; the GPU's clocks and power state before and after.
 
+`--eager`: the same ops launched as an eager step launches them (no graph; time_launch's spin before each sample
+gives the host a head start, as a step's earlier work does) at the eager steps' token counts (run.EAGER_GRID): the
+table `run.py --predict --dense-eager` prices eager steps' dense ops from. On the profiled steps with prefill chunks
+of benchmarks/live_e2e/graph_5ebaec4/window1_spans the graph table priced the dense ops at 0.82-0.86 of their
+kernels' time; the eager table tells whether running them outside a graph is the difference.
+
     python3 benchmarks/live_e2e/dense_price_check.py --out $OUT/dense_ops.json                 # GPU (~1 min)
+    python3 benchmarks/live_e2e/dense_price_check.py --eager --out $OUT/dense_eager.json       # GPU
     python3 benchmarks/live_e2e/dense_price_check.py --smoke --out /tmp/dense_ops.json         # CPU dry run (tiny)
 
 Imports only torch, numpy, the standard library and kernel_gym (with run.py's stack).
@@ -42,15 +49,18 @@ def log(msg: str) -> None:
     print(f"[dense_price_check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _timer(device: str) -> Any:
-    """(fn -> (median ms, spread)): graph replays under kernel_gym's event timing, unflushed; wall clock on the CPU."""
+def _timer(device: str, eager: bool = False) -> Any:
+    """(fn -> (median ms, spread)): graph replays (eager: fn launched as it is, run once first to compile) under
+    kernel_gym's event timing, unflushed; wall clock on the CPU."""
     if device == "cuda":
         from kernel_gym.measure.timing import TimingOptions, capture_graph, time_launch
 
         opts = TimingOptions(min_reps=5, max_reps=15, target_spread=0.03, flush=False, heat_max_s=10.0)
 
         def timed(fn: Any) -> tuple[float, float]:
-            t = time_launch(capture_graph(fn), opts)
+            if eager:
+                fn()
+            t = time_launch(fn if eager else capture_graph(fn), opts)
             return t.median_ms, t.spread
         return timed
 
@@ -63,7 +73,7 @@ def _timer(device: str) -> Any:
 
 
 def time_model(model: Any, vocab: int, layers: int, tokens: list[int], logits: list[int], device: str,
-               dtype: Any) -> dict:
+               dtype: Any, eager: bool = False) -> dict:
     """One model's layer_ms and sample_ms tables (module docstring)."""
     import torch
 
@@ -74,7 +84,7 @@ def time_model(model: Any, vocab: int, layers: int, tokens: list[int], logits: l
     max_t = max(tokens)
     num_pages = -(-max_t // le.PAGE.page_size) + 1
     st = le.Stack(spec, num_pages, max_t, device, dtype, vocab, max_seqs=max(logits), max_context=le.PAGE.page_size)
-    timed = _timer(device)
+    timed = _timer(device, eager)
     layer_ms, sample_ms = {}, {}
     for t in tokens:
         slot_t = torch.arange(t, device=device, dtype=torch.int64)
@@ -92,7 +102,8 @@ def time_model(model: Any, vocab: int, layers: int, tokens: list[int], logits: l
     for n in logits:
         ms, spread = timed(lambda n=n: le.sample(st, n, n))
         sample_ms[n] = {"ms": ms, "spread": spread}
-    return {"layers_timed": layers, "vocab": vocab, "layer_ms": layer_ms, "sample_ms": sample_ms}
+    return {"layers_timed": layers, "vocab": vocab, "mode": "eager" if eager else "graph", "layer_ms": layer_ms,
+            "sample_ms": sample_ms}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="the table's JSON path")
     p.add_argument("--models", default=",".join(MODELS), help="zoo models, comma-separated")
     p.add_argument("--layers", type=int, default=4, help="layers with distinct weights in one graph")
+    p.add_argument("--eager", action="store_true",
+                   help="launch the ops eagerly (no graph) at the eager steps' token counts (run.EAGER_GRID)")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: the tiny model, fp32, wall clocks")
     args = p.parse_args(argv)
     import torch
@@ -112,15 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no GPU here: dense_price_check times the stack's ops on CUDA (or pass --smoke for a dry run)")
     table: dict[str, Any] = {"what": __doc__.split("\n\n")[0], "torch": torch.__version__,
                              "commit": os.environ.get("KERNEL_GYM_COMMIT"), "models": {}}
+    table["mode"] = "eager" if args.eager else "graph"
+    tokens = list(le.EAGER_GRID if args.eager else TOKENS)
     if args.smoke:
-        table["models"][le.TINY.name] = time_model(le.TINY, 64, 2, [1, 8, 16], [1, 4], device, torch.float32)
+        table["models"][le.TINY.name] = time_model(le.TINY, 64, 2, [8, 16] if args.eager else [1, 8, 16], [1, 4],
+                                                   device, torch.float32, args.eager)
     else:
         table["gpu_before"] = le.gpu_state(device)
         for name in args.models.split(","):
             t0 = time.time()
             model = load_model(name)
-            table["models"][name] = time_model(model, VOCAB.get(name, 32000), args.layers, list(TOKENS),
-                                               list(LOGITS), device, torch.bfloat16)
+            table["models"][name] = time_model(model, VOCAB.get(name, 32000), args.layers, tokens, list(LOGITS),
+                                               device, torch.bfloat16, args.eager)
             torch.cuda.empty_cache()  # the model's stack is gone: its memory back before the next one
             log(f"{name}: {time.time() - t0:.0f} s")
         table["gpu_after"] = le.gpu_state(device)

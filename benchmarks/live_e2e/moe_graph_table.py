@@ -16,9 +16,22 @@ call, one way at small token counts and the other at larger ones. This script ti
   checked against the fp32 reference on layer 0 (before and after the capture), per layer the total divided by the
   layers. One JSON file, moe_graph.json; a short table last.
 
+`--eager` does the same for the steps over 512 tokens, which run eagerly (the table `run.py --predict --moe-eager`
+reads): steps with prefill chunks are under-priced by 8-12% at every size while their profiled fused MoE priced at
+0.92-1.00 of its kernels, and neither the dataset's row (flushed, routing outside, synthetic routing) nor the routing
+table (timed at 8-128 tokens, clamped above) times what an eager step runs. The plan: the config each live policy
+runs at every token count of an eager step (run.py's `_moe_config(t, t)`) at the grid points EAGER_GRID that
+bracket it; the timings: `--layers` layers with distinct weights and the live router's logits (`h @ wr`, as the stack
+routes), each layer's closure prepared and launched in turn as run.py's eager forward does (`prepare_layer(...,
+route_in_launch=True)()`: routing inside, bounded grids), no graph, no flush, per layer the total / layers; each
+config checked against the fp32 reference on layer 0 first. One JSON file, moe_eager.json.
+
     python3 benchmarks/live_e2e/moe_graph_table.py --plan benchmarks/live_e2e/moe_graph_plan.json    # CPU
     python3 benchmarks/live_e2e/moe_graph_table.py --out $OUT/moe_graph                        # GPU (32 s on the H200)
     TRITON_INTERPRET=1 python3 benchmarks/live_e2e/moe_graph_table.py --smoke --out /tmp/mgt          # CPU dry run
+    python3 benchmarks/live_e2e/moe_graph_table.py --eager --plan benchmarks/live_e2e/moe_eager_plan.json   # CPU
+    python3 benchmarks/live_e2e/moe_graph_table.py --eager --out $OUT/moe_eager                          # GPU
+    TRITON_INTERPRET=1 python3 benchmarks/live_e2e/moe_graph_table.py --eager --smoke --out /tmp/met     # CPU dry run
 
 The GPU mode imports only torch, triton, numpy, the standard library and kernel_gym.
 """
@@ -38,10 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.live_e2e.moe_price_check import (  # noqa: E402
     TABLE_POLICY,
     Measurer,
+    _checked,
     _gpu_state,
     graph_layers,
     live_config,
+    real_router_logits,
 )
+from benchmarks.live_e2e.run import EAGER_GRID  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PLAN_PATH = HERE / "moe_graph_plan.json"
@@ -49,6 +65,13 @@ OUT_NAME = "moe_graph.json"
 GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # capture sizes timed; the rest interpolate
 MODEL_POLICIES = {"mixtral-8x7b": ("default", "vllm-table", TABLE_POLICY), "olmoe-1b-7b": ("default", "vllm-table")}
 SMOKE_GRID = (4, 8)
+EAGER_PLAN_PATH = HERE / "moe_eager_plan.json"
+EAGER_OUT_NAME = "moe_eager.json"
+# the live policies' MoE configs at eager sizes: the graph plan's, and the retrained tables run live (session 48)
+RETRAINED = tuple(f"table:benchmarks/live_e2e/tables/mixtral_seed{s}/dispatch_table.json" for s in (0, 1, 2))
+EAGER_MODEL_POLICIES = {"mixtral-8x7b": (*MODEL_POLICIES["mixtral-8x7b"], *RETRAINED),
+                        "olmoe-1b-7b": MODEL_POLICIES["olmoe-1b-7b"]}
+SMOKE_EAGER_GRID = (8, 16)
 
 
 def log(msg: str) -> None:
@@ -62,10 +85,12 @@ def bracket(t: int, grid: tuple[int, ...]) -> tuple[int, int]:
     return max(g for g in grid if g <= t), min(g for g in grid if g >= t)
 
 
-def build_plan(model_policies: dict[str, tuple[str, ...]], grid: tuple[int, ...] = GRID, smoke: bool = False) -> dict:
-    """Per model: the (T, config) points to time: for every capture size up to the grid's last point and every
-    policy, the config the live run executes there at its two bracketing grid points (configs the family's rules
-    refuse at a grid point are left out there: the prediction falls back where it cannot interpolate)."""
+def build_plan(model_policies: dict[str, tuple[str, ...]], grid: tuple[int, ...] = GRID, smoke: bool = False,
+               eager: bool = False) -> dict:
+    """Per model: the (T, config) points to time: for every capture size up to the grid's last point (eager: every
+    token count over the grid's first point, as eager steps run unpadded) and every policy, the config the live run
+    executes there at its two bracketing grid points (configs the family's rules refuse at a grid point are left out
+    there: the prediction falls back where it cannot interpolate)."""
     from benchmarks.live_e2e import run as le
     from benchmarks.live_e2e.moe_price_check import _live_simulator
     from kernel_gym.kernels import fused_moe as fm
@@ -75,8 +100,11 @@ def build_plan(model_policies: dict[str, tuple[str, ...]], grid: tuple[int, ...]
     from kernel_gym.traffic.simulator import capture_size
 
     dtype = "float32" if smoke else "bfloat16"
-    caps = sorted({capture_size(n) for n in range(grid[0], grid[-1] + 1)})
-    plan: dict[str, Any] = {"grid": list(grid), "dtype": dtype, "models": {}}
+    if eager:
+        caps = list(range(grid[0] + 1, grid[-1] + 1))
+    else:
+        caps = sorted({capture_size(n) for n in range(grid[0], grid[-1] + 1)})
+    plan: dict[str, Any] = {"mode": "eager" if eager else "graph", "grid": list(grid), "dtype": dtype, "models": {}}
     for name, policies in model_policies.items():
         model = le.TINY if smoke else load_model(name)
         points: dict[int, set[str]] = {}
@@ -97,9 +125,30 @@ def build_plan(model_policies: dict[str, tuple[str, ...]], grid: tuple[int, ...]
     return plan
 
 
+def eager_layers(meas: Measurer, inputs: list, ref0: Any, cfg: Any, dtype: str) -> dict:
+    """The layers' live calls as an eager step runs them (run.py's _layer_pieces outside a graph: each layer's
+    `prepare_layer(..., route_in_launch=True)` built and launched in turn inside the step), timed without the L2
+    flush; layer 0 checked against the reference first (twice, as collection checks a row). ms per layer (the
+    median / layers), with the whole call's timing; or {"error": why}."""
+    from kernel_gym.kernels import fused_moe as fm
+
+    _, wrong = _checked(lambda: fm.prepare_layer(inputs[0], cfg, route_in_launch=True)(), ref0, dtype)
+    if wrong:
+        return {"error": f"layer 0: {wrong}"}
+
+    def step() -> None:
+        for li in inputs:
+            fm.prepare_layer(li, cfg, route_in_launch=True)()
+
+    step()  # every layer compiled and warm before the timing
+    whole = meas.time(step, flush=False)
+    return {**whole, "ms": whole["ms"] / len(inputs), "layers": len(inputs), "total_ms": whole["ms"]}
+
+
 def measure_model(meas: Measurer, spec: dict, points: dict[str, list[str]], dtype: str, device: str, layers: int,
-                  deadline: float) -> tuple[dict, list[int]]:
-    """{config: {T: timing per layer}} for one model (errors in place of a timing), and the T left by the deadline."""
+                  deadline: float, eager: bool = False) -> tuple[dict, list[int]]:
+    """{config: {T: timing per layer}} for one model (errors in place of a timing), and the T left by the deadline.
+    eager: the live router's logits and eager_layers; else synthetic routings and graph_layers."""
     import torch
 
     from kernel_gym.kernels import fused_moe as fm
@@ -122,13 +171,15 @@ def measure_model(meas: Measurer, spec: dict, points: dict[str, list[str]], dtyp
             continue
         wl = MoEWorkload(t, e, k, hidden, inter, 0.0, dtype)
         x = torch.randn(t, hidden, generator=gen, device=device, dtype=torch_dtype)
-        inputs = [fm.MoEInputs(wl, x, fm.router_logits(wl, seed=1 + i).to(device), w1, w2)
+        inputs = [fm.MoEInputs(wl, x, (real_router_logits(x, e, seed=1 + i) if eager
+                                       else fm.router_logits(wl, seed=1 + i).to(device)), w1, w2)
                   for i, (w1, w2) in enumerate(weights)]
         ref0 = fm.FAMILY.reference(inputs[0])
+        timed = eager_layers if eager else graph_layers
         for cfg_s in points[t_s]:
             c0 = time.monotonic()
             try:
-                res = graph_layers(meas, inputs, ref0, Config.parse(cfg_s), dtype)
+                res = timed(meas, inputs, ref0, Config.parse(cfg_s), dtype)
             except Exception as exc:  # noqa: BLE001 - a failing config is reported, the others still run
                 res = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
             res["seconds"] = round(time.monotonic() - c0, 2)
@@ -148,11 +199,16 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
     if not cuda and not smoke:
         raise SystemExit("no CUDA device (or TRITON_INTERPRET=1): the timings need the GPU; --smoke is the CPU dry run")
     device, dtype = ("cuda", plan["dtype"]) if cuda else ("cpu", "float32")
+    eager = plan.get("mode") == "eager"
     meas = Measurer(cuda)
     start = time.monotonic()
+    what = ("fused_moe.prepare_layer(route_in_launch=True) built and launched per layer for `layers` layers with "
+            "distinct weights and the live router's logits, eagerly (no graph), no L2 flush; ms per layer (the "
+            "median / layers)" if eager else
+            "fused_moe.prepare_layer(route_in_launch=True) for `layers` layers with distinct weights in one CUDA "
+            "graph, no L2 flush; ms per layer (the graph's median / layers)")
     doc: dict[str, Any] = {"meta": {
-        "what": "fused_moe.prepare_layer(route_in_launch=True) for `layers` layers with distinct weights in one CUDA "
-                "graph, no L2 flush; ms per layer (the graph's median / layers)",
+        "what": what, "mode": "eager" if eager else "graph",
         "layers": layers, "grid": plan["grid"], "dtype": dtype, "budget_s": budget_s,
         "device": torch.cuda.get_device_name() if cuda else "cpu-interpreter", "torch": torch.__version__,
         "triton": __import__("triton").__version__, "commit": os.environ.get("KERNEL_GYM_COMMIT"),
@@ -160,14 +216,16 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
     share = budget_s / max(1, len(plan["models"]))
     for i, (name, entry) in enumerate(plan["models"].items()):
         deadline = start + share * (i + 1)
-        table, skipped = measure_model(meas, entry["model_spec"], entry["points"], dtype, device, layers, deadline)
+        table, skipped = measure_model(meas, entry["model_spec"], entry["points"], dtype, device, layers, deadline,
+                                       eager)
         doc["models"][name] = {"policies": entry["policies"], "ms": table, "skipped_T": skipped}
         log(f"{name} done ({time.monotonic() - start:.0f} s so far; skipped T {skipped})")
     doc["meta"]["gpu_after"] = _gpu_state(cuda)
     doc["meta"]["wall_s"] = round(time.monotonic() - start, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / OUT_NAME).write_text(json.dumps(doc, indent=1))
-    log(f"wrote {out_dir / OUT_NAME} ({doc['meta']['wall_s']} s)")
+    out_path = out_dir / (EAGER_OUT_NAME if eager else OUT_NAME)
+    out_path.write_text(json.dumps(doc, indent=1))
+    log(f"wrote {out_path} ({doc['meta']['wall_s']} s)")
     print_table(doc)
     return doc
 
@@ -192,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plan", type=Path, default=None,
                    help="without --out: write the plan here (CPU); with --out: the plan to read (default: the "
-                        "committed benchmarks/live_e2e/moe_graph_plan.json)")
-    p.add_argument("--out", type=Path, default=None, help="GPU: time the plan, write DIR/moe_graph.json")
+                        "committed benchmarks/live_e2e/moe_graph_plan.json, with --eager moe_eager_plan.json)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="GPU: time the plan, write DIR/moe_graph.json (--eager: DIR/moe_eager.json)")
+    p.add_argument("--eager", action="store_true",
+                   help="eager steps' sizes (run.EAGER_GRID) and the call as an eager step runs it (no graph)")
     p.add_argument("--layers", type=int, default=4, help="layers with distinct weights captured back to back")
     p.add_argument("--budget-s", type=float, default=300.0, help="GPU: start no new T after this many seconds "
                    "(shared evenly by the plan's models)")
@@ -207,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         if args.out is None:
             p.error("--smoke needs --out")
-        plan = build_plan({"tiny-moe": ("default", TABLE_POLICY)}, SMOKE_GRID, smoke=True)
+        plan = build_plan({"tiny-moe": ("default", TABLE_POLICY)}, SMOKE_EAGER_GRID if args.eager else SMOKE_GRID,
+                          smoke=True, eager=args.eager)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
         run_measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
@@ -215,20 +277,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         if args.plan is None:
             p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
-        chosen = MODEL_POLICIES
+        chosen = EAGER_MODEL_POLICIES if args.eager else MODEL_POLICIES
         if args.policies:
             model, _, specs = args.policies.partition("=")
             if not specs:
                 p.error(f"--policies {args.policies!r}: write MODEL=SPEC[,SPEC] (e.g. mixtral-8x7b=vllm-table)")
             chosen = {model: tuple(specs.split(","))}
-        plan = build_plan(chosen)
+        plan = build_plan(chosen, EAGER_GRID if args.eager else GRID, eager=args.eager)
         args.plan.write_text(json.dumps(plan, indent=1) + "\n")
         log(f"wrote {args.plan}")
         return 0
-    plan_path = args.plan or PLAN_PATH
+    plan_path = args.plan or (EAGER_PLAN_PATH if args.eager else PLAN_PATH)
     if not plan_path.exists():
         raise SystemExit(f"{plan_path}: no plan; write one on the CPU first (--plan {plan_path})")
-    run_measure(json.loads(plan_path.read_text()), args.out, args.layers, args.budget_s)
+    plan = json.loads(plan_path.read_text())
+    if (plan.get("mode") == "eager") != args.eager:
+        raise SystemExit(f"{plan_path} is a {plan.get('mode', 'graph')} plan: pass --eager with an eager plan only")
+    run_measure(plan, args.out, args.layers, args.budget_s)
     return 0
 
 

@@ -30,7 +30,10 @@ dense_217cbde/dense_ops.json from dense_price_check.py; `none`: the simulator's 
 live steps found 4-9x too low). A graphed step's MoE is priced from the live call timed as its graphs run it
 (`--moe-graph`, moe_graph_table.py; routing inside), each step's host overhead from the host's part measured in live
 runs' records (`--step-host`: seconds minus the GPU span), an eager step no lower than the host's measured issue time
-(`--eager-issue`), and no compile stalls: the live run compiles and captures untimed.
+(`--eager-issue`), and no compile stalls: the live run compiles and captures untimed. Given eager tables (off by
+default until a GPU run has made them), an eager step's MoE is priced from the live call timed as eager steps run it
+(`--moe-eager`, moe_graph_table.py --eager; routing inside) and its dense ops from the ops timed eagerly
+(`--dense-eager`, dense_price_check.py --eager).
 
     python3 benchmarks/live_e2e/run.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
     python3 benchmarks/live_e2e/run.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
@@ -164,6 +167,10 @@ def make_chooser(spec: str, model: ModelSpec | None = None) -> Any:
 
 
 PIECEWISE_MAX_TOKENS = 512  # steps with prefill chunks up to this many tokens run piecewise graphs (vLLM's default)
+# The token counts the eager tables time (moe_graph_table.py --eager, dense_price_check.py --eager): the steps over
+# PIECEWISE_MAX_TOKENS, which run eagerly, up to the chunk budget (--max-batched-tokens 4096 holds a mixed step's
+# decodes too: no live step record has more than 4096 tokens).
+EAGER_GRID = (512, 768, 1024, 1536, 2048, 3072, 4096)
 
 
 class Stack:
@@ -879,11 +886,16 @@ class MoEGraphTable:
     linear in log2(rows) between them; None where the config was not timed on both sides (the caller falls back to
     the dataset's row plus the routing table)."""
 
+    log_rows = True  # interpolate in log2(rows); MoEEagerTable: in rows
+
     def __init__(self, points: dict[str, dict[int, float]], source: str = "") -> None:
         self.raw = {cfg: dict(per) for cfg, per in points.items() if per}
-        self.points = {cfg: (np.log2(sorted(per)), np.array([per[t] for t in sorted(per)]))
+        self.points = {cfg: (self._x(np.array(sorted(per), dtype=float)), np.array([per[t] for t in sorted(per)]))
                        for cfg, per in self.raw.items()}
         self.source = source
+
+    def _x(self, rows: Any) -> Any:
+        return np.log2(np.maximum(rows, 1)) if self.log_rows else rows
 
     @classmethod
     def union(cls, tables: list[MoEGraphTable]) -> MoEGraphTable:
@@ -909,10 +921,19 @@ class MoEGraphTable:
         if hit is None:
             return None
         xs, ys = hit
-        x = math.log2(max(int(rows), 1))
+        x = float(self._x(float(rows)))
         if not xs[0] - 1e-9 <= x <= xs[-1] + 1e-9:
             return None
         return float(np.interp(x, xs, ys))
+
+
+class MoEEagerTable(MoEGraphTable):
+    """Seconds per layer of the live MoE call as an eager step runs it (moe_graph_table.py --eager: prepare_layer with
+    the routing inside, launched per layer, no graph, the live router's logits), by config and tokens, linear in
+    tokens between the two grid points a config was timed at: above 512 rows a layer costs about its experts' weights
+    once plus a part that grows with the tokens, which linear interpolation follows and log2 would overstate."""
+
+    log_rows = False
 
 
 # the live stack's steps: seconds - gpu_s (the host's part outside the step's GPU span, the launch and the sync) per
@@ -995,6 +1016,10 @@ class DenseOps:
             return 0.0
         return self.layer(tokens) * num_layers + (self.sample(n_logits) if n_logits > 0 else 0.0)
 
+    def covers(self, tokens: int) -> bool:
+        """Whether the layer table was timed on both sides of `tokens` (it clamps outside)."""
+        return bool(self.layer.tokens[0] <= tokens <= self.layer.tokens[-1])
+
 
 class PredictSimulator(Simulator):
     """The plain simulator, with workloads below the dataset's smallest shapes raised to them (prefill steps of
@@ -1005,8 +1030,11 @@ class PredictSimulator(Simulator):
     `dense_ops` (a DenseOps): the dense ops priced from the stack's measured table instead of the roofline (both
     summed: `dense_charged_s`, `dense_roofline_s`). `moe_graph` (a MoEGraphTable): a graphed step's MoE, routing
     inside, from the live call timed as graphs run it, where it answers (`moe_graph_charged_s` beside the dataset's
-    `moe_graph_replaced_s`). `eager_issue_per_layer_s`: an eager step costs no less than that x layers (the host's
-    issue time; `host_bound_s`)."""
+    `moe_graph_replaced_s`). `moe_eager` (a MoEEagerTable): an eager step's MoE, routing inside, from the live call
+    timed as an eager step runs it, where it answers (`moe_eager_charged_s` beside `moe_eager_replaced_s`; misses
+    keep the dataset's row plus the routing, counted). `dense_eager` (a DenseOps timed eagerly): an eager step's dense
+    ops within its table's tokens (else `dense_ops`, counted). `eager_issue_per_layer_s`: an eager step costs no less
+    than that x layers (the host's issue time; `host_bound_s`)."""
 
     clamped = 0
     scaled_decode_s = 0.0
@@ -1021,26 +1049,45 @@ class PredictSimulator(Simulator):
     moe_graph_steps = 0
     moe_graph_missed = 0  # graphed steps whose MoE config the table could not answer (dataset + routing charged)
     _graph_rows = 0  # the capture size of the step being priced (0: an eager step)
-    _moe_from_graph = False
+    _moe_routing_inside = False  # the step's MoE came from a table whose timed call routes inside (no routing charge)
+    moe_eager: MoEGraphTable | None = None
+    moe_eager_charged_s = 0.0  # the eager table's seconds charged (all layers), routing inside
+    moe_eager_replaced_s = 0.0  # the dataset's seconds those calls would have cost (the routing charge left out too)
+    moe_eager_steps = 0
+    moe_eager_missed = 0  # eager steps whose MoE config and tokens the table could not answer (dataset + routing)
+    _eager_rows = 0  # the token count of the eager step being priced (0: a graphed one)
+    dense_eager: DenseOps | None = None
+    dense_eager_steps = 0
+    dense_eager_missed = 0  # eager steps outside the eager dense table's tokens (dense_ops charged)
     eager_issue_per_layer_s = 0.0  # > 0: an eager step costs no less than this x layers (the host issues it)
     host_bound_s = 0.0  # seconds eager steps were charged above their kernels and dense ops for that
 
     def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
                    stall: list, max_ctx: float | None = None) -> tuple[float, float]:
         num_tokens = batch + sum(c for _, c, _ in chunks)  # the step's rows, as Simulator.price_step charges them
-        if num_tokens <= self.graph_max_tokens:
+        eager = num_tokens > self.graph_max_tokens
+        if not eager:
             num_tokens = capture_size(num_tokens)
             self._graph_rows = num_tokens
-        self._moe_from_graph = False
+        else:
+            self._eager_rows = num_tokens
+        self._moe_routing_inside = False
         try:
             kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx)
         finally:
-            self._graph_rows = 0
+            self._graph_rows = self._eager_rows = 0
         self.dense_roofline_s += dense
-        if self.dense_ops is not None:
-            dense = self.dense_ops(num_tokens, n_logits, self.model.num_layers)
+        ops = self.dense_ops
+        if eager and self.dense_eager is not None:
+            if self.dense_eager.covers(num_tokens):
+                ops = self.dense_eager
+                self.dense_eager_steps += 1
+            else:
+                self.dense_eager_missed += 1
+        if ops is not None:
+            dense = ops(num_tokens, n_logits, self.model.num_layers)
         self.dense_charged_s += dense
-        if self.moe_routing_s is not None and not self._moe_from_graph:  # the graph table's time holds the routing
+        if self.moe_routing_s is not None and not self._moe_routing_inside:  # a table's time holds the routing
             routing = float(self.moe_routing_s(num_tokens)) * self.model.num_layers
             self.moe_routing_charged_s += routing
             kernel_s += routing
@@ -1055,10 +1102,10 @@ class PredictSimulator(Simulator):
         """Decode at a batch the dataset has no row for (it stops at 64 below 2048 tokens of context): the time at
         the largest batch it answers (halving), scaled by the batch ratio (decode reads KV: time ~ batch x context).
         An estimate, summed in scaled_decode_s. The MoE of a graphed step: the graph table's time for the config
-        chosen, where it answers (moe_graph)."""
+        chosen, where it answers (moe_graph); an eager step's from the eager table (moe_eager)."""
         try:
             t = super()._kernel_s(kernel, key, stall)
-            return self._graph_moe(t) if kernel == "fused_moe" else t
+            return self._table_moe(t) if kernel == "fused_moe" else t
         except LookupError:
             if kernel != "decode_attention" or key[1] <= 1:
                 raise
@@ -1073,20 +1120,25 @@ class PredictSimulator(Simulator):
             return t
         raise LookupError(f"no decode time at any batch <= {batch} for context {key[2]}")
 
-    def _graph_moe(self, t: float) -> float:
-        """The dataset's MoE seconds `t` for the config just chosen, or the graph table's for it at the step's
-        capture size (noted in the counters) where the step is graphed and the table answers."""
-        if self.moe_graph is None or not self._graph_rows:
+    def _table_moe(self, t: float) -> float:
+        """The dataset's MoE seconds `t` for the config just chosen, or the live call's measured time for it (noted in
+        the counters) where a table answers: the graph table's at a graphed step's capture size, the eager table's at
+        an eager step's token count."""
+        if self._graph_rows and self.moe_graph is not None:
+            kind, table, rows = "graph", self.moe_graph, self._graph_rows
+        elif self._eager_rows and self.moe_eager is not None:
+            kind, table, rows = "eager", self.moe_eager, self._eager_rows
+        else:
             return t
-        g = self.moe_graph(str(self._last_cfg["fused_moe"]), self._graph_rows)
+        g = table(str(self._last_cfg["fused_moe"]), rows)
         if g is None:
-            self.moe_graph_missed += 1
+            setattr(self, f"moe_{kind}_missed", getattr(self, f"moe_{kind}_missed") + 1)
             return t
         layers = self.model.num_layers
-        self.moe_graph_charged_s += g * layers
-        self.moe_graph_replaced_s += t * layers
-        self.moe_graph_steps += 1
-        self._moe_from_graph = True
+        setattr(self, f"moe_{kind}_charged_s", getattr(self, f"moe_{kind}_charged_s") + g * layers)
+        setattr(self, f"moe_{kind}_replaced_s", getattr(self, f"moe_{kind}_replaced_s") + t * layers)
+        setattr(self, f"moe_{kind}_steps", getattr(self, f"moe_{kind}_steps") + 1)
+        self._moe_routing_inside = True
         return g
 
     def _workload(self, key: tuple) -> Any:
@@ -1117,6 +1169,8 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
     sim.moe_routing_s = getattr(args, "moe_routing_s", None)
     sim.dense_ops = getattr(args, "dense_ops_s", None)
     sim.moe_graph = getattr(args, "moe_graph_s", None)
+    sim.moe_eager = getattr(args, "moe_eager_s", None)
+    sim.dense_eager = getattr(args, "dense_eager_s", None)
     sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
     if guard is not None:
         guard.sim = sim
@@ -1169,7 +1223,8 @@ def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, di
         timer = BackendTimer(backend)
         prediction = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}  # meta is the run's
     prediction |= {"moe_routing": moe_routing_setup(args, model), "dense_ops": dense_ops_setup(args, model),
-                   "moe_graph": moe_graph_setup(args, model), "step_overheads": step_host_setup(args),
+                   "moe_graph": moe_graph_setup(args, model), "moe_eager": moe_eager_setup(args, model),
+                   "dense_eager": dense_eager_setup(args, model), "step_overheads": step_host_setup(args),
                    "eager_issue": eager_issue_setup(args)}
     return data, meta, model, trace, backend, timer, prediction
 
@@ -1186,6 +1241,9 @@ def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
             "dense_charged_s": sim.dense_charged_s, "dense_roofline_s": sim.dense_roofline_s,
             "moe_graph": {"charged_s": sim.moe_graph_charged_s, "dataset_s": sim.moe_graph_replaced_s,
                           "steps": sim.moe_graph_steps, "missed_steps": sim.moe_graph_missed},
+            "moe_eager": {"charged_s": sim.moe_eager_charged_s, "dataset_s": sim.moe_eager_replaced_s,
+                          "steps": sim.moe_eager_steps, "missed_steps": sim.moe_eager_missed},
+            "dense_eager": {"steps": sim.dense_eager_steps, "missed_steps": sim.dense_eager_missed},
             "fallbacks": guard.fallbacks if guard is not None else None,
             "clamped_workloads": sim.clamped,
             "decode_scaled_estimate_s": sim.scaled_decode_s,
@@ -1368,6 +1426,39 @@ def moe_graph_setup(args: Any, model: ModelSpec) -> dict | str:
                     "row plus the routing table (missed_steps per policy)"}
 
 
+def moe_eager_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.moe_eager (moe_graph_table.py --eager tables' paths, comma-separated, or "none") -> args.moe_eager_s
+    (their MoEEagerTable.union for the model, or None) and the note summary.json's prediction carries."""
+    found, where, shown = [], [], "none: --moe-eager none"
+    for choice in str(getattr(args, "moe_eager", None) or "none").split(","):
+        table, shown = _measured_table(choice.strip(), "--moe-eager", "a moe_graph_table.py --eager table",
+                                       MoEEagerTable.from_table, model)
+        if table is not None:
+            found.append(table)
+            where.append(shown)
+    table = args.moe_eager_s = MoEEagerTable.union(found) if found else None
+    if table is None:
+        return f"{shown} (eager steps' MoE priced by the dataset's row plus the routing table)"
+    return {"table": ",".join(where), "model": model.name, "configs": len(table.points),
+            "note": "the MoE of eager steps (over the piecewise graphs' largest size) at the step's token count from "
+                    "the live call timed as an eager step runs it, routing inside (no routing charge on those "
+                    "steps), where the table times the config chosen on both sides of the token count; else the "
+                    "dataset's row plus the routing table (missed_steps per policy)"}
+
+
+def dense_eager_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.dense_eager (a dense_price_check.py --eager table's path, or "none") -> args.dense_eager_s (DenseOps or
+    None: eager steps' dense ops priced as the others') and the note summary.json's prediction carries."""
+    dense, shown = _measured_table(str(getattr(args, "dense_eager", None) or "none"), "--dense-eager",
+                                   "a dense_price_check.py --eager table", DenseOps.from_table, model)
+    args.dense_eager_s = dense
+    if dense is None:
+        return f"{shown} (eager steps' dense ops priced as the other steps')"
+    return {"table": shown, "model": model.name,
+            "note": "an eager step's dense ops from the stack's ops timed eagerly (no graph) per layer by token count, "
+                    "where the table spans the step's tokens; else --dense-ops (dense_eager missed_steps per policy)"}
+
+
 def _live_runs(choice: str, flag: str, off: str) -> tuple[list[Path], list[str]]:
     """A comma list of live run folders (each with its measured.json) -> (the paths, as summary.json shows them)."""
     runs = [Path(r) for r in choice.split(",")]
@@ -1443,6 +1534,8 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     sim.moe_routing_s = getattr(args, "moe_routing_s", None)
     sim.dense_ops = getattr(args, "dense_ops_s", None)
     sim.moe_graph = getattr(args, "moe_graph_s", None)
+    sim.moe_eager = getattr(args, "moe_eager_s", None)
+    sim.dense_eager = getattr(args, "dense_eager_s", None)
     sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
     guard.sim = sim
     if guards is not None:
@@ -1453,6 +1546,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
         before = dict(guard.kernel_s)  # the guard books each family's seconds (all layers) as it is asked
         routed, graphed, replaced = sim.moe_routing_charged_s, sim.moe_graph_charged_s, sim.moe_graph_replaced_s
+        eager_charged, eager_replaced = sim.moe_eager_charged_s, sim.moe_eager_replaced_s
         longest, waited = sim.decode_longest_s, sim.host_bound_s
         # records before tree 5ebaec4 carry no max_context: their decode is priced at the mean context alone
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
@@ -1462,6 +1556,9 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
             parts["moe_routing"] = sim.moe_routing_charged_s - routed
         if sim.moe_graph_charged_s != graphed:  # the guard booked the dataset's row; the graph table's was charged
             parts["fused_moe"] += (sim.moe_graph_charged_s - graphed) - (sim.moe_graph_replaced_s - replaced)
+        if sim.moe_eager_charged_s != eager_charged:  # likewise the eager table's
+            parts["fused_moe"] += ((sim.moe_eager_charged_s - eager_charged)
+                                   - (sim.moe_eager_replaced_s - eager_replaced))
         if sim.decode_longest_s != longest:  # the guard booked the mean context's time; the longest sequence's too
             parts["decode_attention"] += sim.decode_longest_s - longest
         if sim.host_bound_s != waited:  # an eager step the host's issue time prices: that wait apart from the dense ops
@@ -1673,6 +1770,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--moe-graph", default=",".join(str(t) for t in MOE_GRAPH_TABLES), metavar="TABLE.json[,...]",
                    help="--predict: price graphed steps' MoE (routing inside) from these moe_graph_table.py tables "
                         "(default: the committed ones); none: the dataset's row plus --moe-routing")
+    p.add_argument("--moe-eager", default="none", metavar="TABLE.json[,...]",
+                   help="--predict: price eager steps' MoE (routing inside) from these moe_graph_table.py --eager "
+                        "tables (none yet committed); none (default): the dataset's row plus --moe-routing")
+    p.add_argument("--dense-eager", default="none", metavar="TABLE.json",
+                   help="--predict: price eager steps' dense ops from this dense_price_check.py --eager table; none "
+                        "(default): --dense-ops")
     p.add_argument("--step-host", default=",".join(str(r) for r in STEP_HOST_RUNS), metavar="RUN[,RUN]",
                    help="--predict: the step overhead per kind of step, measured on these live runs' records (seconds "
                         "minus the GPU span; default: the committed graph_5ebaec4 runs); assumed: the simulator's "
