@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 command (prepared in session 49, not yet run): why are steps with prefill chunks under-priced by 8-12%
+# One H200 command (prepared in session 48, not yet run): why are steps with prefill chunks under-priced by 8-12%
 # (benchmarks/live_e2e/retrained, GPU-bound, at full clock too)? The steps over 512 tokens run eagerly, and neither
 # price table times what they run. First the live MoE call as an eager step runs it, per model, config and token
 # count (moe_graph_table.py --eager, plan moe_eager_plan.json: the table run.py --predict --moe-eager reads), then the
