@@ -1405,20 +1405,26 @@ def dense_ops_setup(args: Any, model: ModelSpec) -> dict | str:
                     "roofline: dense_charged_s and dense_roofline_s per policy"}
 
 
-def moe_graph_setup(args: Any, model: ModelSpec) -> dict | str:
-    """args.moe_graph (moe_graph_table.py tables' paths, comma-separated, or "none") -> args.moe_graph_s (their
-    MoEGraphTable.union for the model, or None) and the note summary.json's prediction carries."""
-    found, where = [], []
-    for choice in str(getattr(args, "moe_graph", None) or "none").split(","):
-        table, shown = _measured_table(choice.strip(), "--moe-graph", "a moe_graph_table.py table",
-                                       MoEGraphTable.from_table, model)
+def _moe_tables(choice: str, flag: str, what: str, cls: type, model: ModelSpec) -> tuple[Any, str]:
+    """A comma list of MoE tables' paths (or "none") -> (their `cls.union` for the model, or None; the paths as
+    summary.json shows them, or why nothing is charged)."""
+    found, where, shown = [], [], f"none: {flag} none"
+    for path in choice.split(","):
+        table, shown = _measured_table(path.strip(), flag, what, cls.from_table, model)
         if table is not None:
             found.append(table)
             where.append(shown)
-    table = args.moe_graph_s = MoEGraphTable.union(found) if found else None
+    return (cls.union(found), ",".join(where)) if found else (None, shown)
+
+
+def moe_graph_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.moe_graph (moe_graph_table.py tables' paths, comma-separated, or "none") -> args.moe_graph_s (their
+    MoEGraphTable.union for the model, or None) and the note summary.json's prediction carries."""
+    table, shown = _moe_tables(str(getattr(args, "moe_graph", None) or "none"), "--moe-graph",
+                               "a moe_graph_table.py table", MoEGraphTable, model)
+    args.moe_graph_s = table
     if table is None:
         return f"{shown} (graphed steps' MoE priced by the dataset's row plus the routing table)"
-    shown = ",".join(where)
     return {"table": shown, "model": model.name, "configs": len(table.points),
             "note": "the MoE of graphed steps (decode graphs, piecewise graphs) at the step's capture size from the "
                     "live call timed as a graph replays it, routing inside (no routing charge on those steps), "
@@ -1429,17 +1435,12 @@ def moe_graph_setup(args: Any, model: ModelSpec) -> dict | str:
 def moe_eager_setup(args: Any, model: ModelSpec) -> dict | str:
     """args.moe_eager (moe_graph_table.py --eager tables' paths, comma-separated, or "none") -> args.moe_eager_s
     (their MoEEagerTable.union for the model, or None) and the note summary.json's prediction carries."""
-    found, where, shown = [], [], "none: --moe-eager none"
-    for choice in str(getattr(args, "moe_eager", None) or "none").split(","):
-        table, shown = _measured_table(choice.strip(), "--moe-eager", "a moe_graph_table.py --eager table",
-                                       MoEEagerTable.from_table, model)
-        if table is not None:
-            found.append(table)
-            where.append(shown)
-    table = args.moe_eager_s = MoEEagerTable.union(found) if found else None
+    table, shown = _moe_tables(str(getattr(args, "moe_eager", None) or "none"), "--moe-eager",
+                               "a moe_graph_table.py --eager table", MoEEagerTable, model)
+    args.moe_eager_s = table
     if table is None:
         return f"{shown} (eager steps' MoE priced by the dataset's row plus the routing table)"
-    return {"table": ",".join(where), "model": model.name, "configs": len(table.points),
+    return {"table": shown, "model": model.name, "configs": len(table.points),
             "note": "the MoE of eager steps (over the piecewise graphs' largest size) at the step's token count from "
                     "the live call timed as an eager step runs it, routing inside (no routing charge on those "
                     "steps), where the table times the config chosen on both sides of the token count; else the "
