@@ -266,12 +266,20 @@ LEARNED = "table:benchmarks/live_replay/inputs/dispatch_table.json"
 W5 = "benchmarks/live_e2e/window5_f269e69/window5/summary.json"
 W6 = "benchmarks/live_e2e/window6_01d3818/window6/summary.json"
 RETRAINED = "benchmarks/live_e2e/retrained/compare.json"  # retrained/compare.py: the retrained tables live
+CLOCKS = "benchmarks/live_e2e/retrained/clock_check.json"  # retrained/clock_check.py: step prices by SM clock
 GAP = "benchmarks/live_e2e/tables/gap.json"  # table_gap.py: dispatch tables against the dataset's fastest configs
 
 
 def step_ms(path: str, policy: str, kind: str) -> Callable[[], float]:
     """Mean measured milliseconds per step of one kind (decode_only / with_prefill) in a live run's step_check."""
     return lambda: 1e3 * (c := committed(path)["step_check"][policy][kind])["measured_s"] / c["steps"]
+
+
+def clock_ratio(group: str, clock: str, learned: bool, agg: Callable[..., float]) -> float:
+    """agg over the retrained runs' policies (the retrained tables', or the vllm-table's) of the median measured / price
+    of one kind of step at full clock or under it (clock_check.py)."""
+    return agg(e[group][clock]["median_measured_over_price"] for run in committed(CLOCKS)["runs"].values()
+               for spec, e in run.items() if (spec != "vllm-table") == learned)
 
 
 def gap_at_chunks(agg: Callable[..., float]) -> float:
@@ -462,6 +470,12 @@ FIGURES = [
     Figure("retrained tables live: TTFT p50 / vllm-table's, geomean", "README.md",
            rf"and 8\), TTFT p50 {N}x, tokens/s", RETRAINED, at(RETRAINED, "geomean_learned_over_vllm_table",
                                                                 "ttft_p50_s"), 0.0005, "gpu"),
+    Figure("retrained tables live: chunk steps at full clock, highest measured / price", "docs/live.md",
+           rf"1.075-1.113 / 1.089-{N} \|", CLOCKS, lambda: clock_ratio("with_prefill", "full_clock", True, max),
+           0.0005, "gpu"),
+    Figure("retrained tables live: decode steps under the cap, highest measured / price", "docs/live.md",
+           rf"0.967-1.020 / 0.973-{N} \|", CLOCKS, lambda: clock_ratio("decode_only", "below_full_clock", True, max),
+           0.0005, "gpu"),
     Figure("retrained tables live: TPOT ratio in the docs", "docs/live.md",
            rf"retrained tables' TPOT p50 is {N}x the vllm-table's", RETRAINED,
            at(RETRAINED, "geomean_learned_over_vllm_table", "tpot_p50_s"), 0.0005, "gpu"),

@@ -1723,7 +1723,8 @@ def step_fit(out: Path, measured: dict) -> dict:
     return fits
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also what an analysis of a run's priced steps parses: retrained/clock_check.py)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, help="the run's folder (required except with --live-check)")
     p.add_argument("--model", default="mixtral-8x7b", help="a zoo model that fits one GPU with its KV pool")
@@ -1786,6 +1787,11 @@ def main(argv: list[str] | None = None) -> int:
                         "these live runs' host-bound eager steps (default: the committed window5_f269e69/olmoe_w5); "
                         "none: off")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.out is None and not args.live_check:
         p.error("--out is required: the folder the run writes (or --predict reads)")
