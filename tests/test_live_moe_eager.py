@@ -1,4 +1,4 @@
-"""The eager steps' prices (session 49): the live MoE call timed as an eager step of benchmarks/live_e2e/run.py runs
+"""The eager steps' prices (session 48): the live MoE call timed as an eager step of benchmarks/live_e2e/run.py runs
 it (moe_graph_table.py --eager, its committed plan moe_eager_plan.json) and the dense ops timed eagerly
 (dense_price_check.py --eager), read by run.py --predict through --moe-eager and --dense-eager; without them every
 price stays as it was."""

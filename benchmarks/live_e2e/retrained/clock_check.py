@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[2]))
 
-import run  # noqa: E402  (benchmarks/live_e2e/run.py)
+from benchmarks.live_e2e import run  # noqa: E402
 
 FULL_CLOCK_MHZ = 1975.0
 SIZE_BINS = (0, 256, 512, 1024, 2048, 4096)
