@@ -155,3 +155,25 @@ def test_live_check_plot_draws_every_run_against_its_target(tmp_path):
     path = le.plot_live_check(check, tmp_path / "sub" / "check.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     assert set(le.TARGETS) == set(le.METRICS)  # a panel per metric the check holds
+
+
+def test_moe_graph_tables_union_first_wins_and_a_model_missing_from_one_is_skipped(tmp_path):
+    """--moe-graph A,B: the union of the tables for the model; where both time a config at the same rows the first's
+    time holds, and a table without the model adds nothing (the others still answer)."""
+    import argparse
+
+    model = le.load_model("mixtral-8x7b")
+    a, b, c = (tmp_path / f"{n}.json" for n in "abc")
+    a.write_text(json.dumps({"models": {model.name: {"ms": {"cfg1": {"8": {"ms": 1.0}, "16": {"ms": 2.0}}}}}}))
+    b.write_text(json.dumps({"models": {model.name: {"ms": {"cfg1": {"16": {"ms": 9.0}, "32": {"ms": 4.0}},
+                                                            "cfg2": {"8": {"ms": 5.0}, "64": {"ms": 5.0}}}}}}))
+    c.write_text(json.dumps({"models": {"olmoe-1b-7b": {"ms": {"cfg3": {"8": {"ms": 1.0}}}}}}))
+    args = argparse.Namespace(moe_graph=f"{a},{c}, {b}")
+    note = le.moe_graph_setup(args, model)
+    table = args.moe_graph_s
+    assert note["configs"] == 2 and len(note["table"].split(",")) == 2  # c holds no Mixtral entry
+    assert table("cfg1", 16) == pytest.approx(2e-3)  # a's time, not b's 9 ms
+    assert table("cfg1", 32) == pytest.approx(4e-3) and table("cfg2", 32) == pytest.approx(5e-3)
+    assert table("cfg1", 64) is None and table("cfg3", 8) is None
+    none = argparse.Namespace(moe_graph="none")
+    assert le.moe_graph_setup(none, model).startswith("none") and none.moe_graph_s is None

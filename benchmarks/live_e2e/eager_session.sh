@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 command (prepared in session 48, not yet run): why are steps with prefill chunks under-priced by 8-12%
 # (benchmarks/live_e2e/retrained, GPU-bound, at full clock too)? The steps over 512 tokens run eagerly, and neither
-# price table times what they run. First the live MoE call as an eager step runs it, per model, config and token
+# price table times what they run (the steps of up to 512 tokens, in piecewise graphs, are as under-priced: the
+# profiled window says which parts). First the live MoE call as an eager step runs it, per model, config and token
 # count (moe_graph_table.py --eager, plan moe_eager_plan.json: the table run.py --predict --moe-eager reads), then the
 # dense ops launched eagerly (dense_price_check.py --eager: --dense-eager), then Mixtral's window 1 under the
 # vllm-table with every 5th step profiled, so the chunk steps' kernel parts stand beside the new prices.

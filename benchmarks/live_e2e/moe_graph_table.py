@@ -18,13 +18,13 @@ call, one way at small token counts and the other at larger ones. This script ti
 
 `--eager` does the same for the steps over 512 tokens, which run eagerly (the table `run.py --predict --moe-eager`
 reads): steps with prefill chunks are under-priced by 8-12% at every size while their profiled fused MoE priced at
-0.92-1.00 of its kernels, and neither the dataset's row (flushed, routing outside, synthetic routing) nor the routing
-table (timed at 8-128 tokens, clamped above) times what an eager step runs. The plan: the config each live policy
-runs at every token count of an eager step (run.py's `_moe_config(t, t)`) at the grid points EAGER_GRID that
-bracket it; the timings: `--layers` layers with distinct weights and the live router's logits (`h @ wr`, as the stack
-routes), each layer's closure prepared and launched in turn as run.py's eager forward does (`prepare_layer(...,
-route_in_launch=True)()`: routing inside, bounded grids), no graph, no flush, per layer the total / layers; each
-config checked against the fp32 reference on layer 0 first. One JSON file, moe_eager.json.
+0.92-1.00 of its kernels, and neither the dataset's row (flushed, routing outside, synthetic routing) nor the
+routing table (the routing and alignment timed eagerly on their own) times what an eager step runs. The plan: the
+config each live policy runs at every token count of an eager step (run.py's `_moe_config(t, t)`) at the grid points
+EAGER_GRID that bracket it; the timings: `--layers` layers with distinct weights and the live router's logits (`h @
+wr`, as the stack routes), each layer's closure prepared and launched in turn as run.py's eager forward does
+(`prepare_layer(..., route_in_launch=True)()`: routing inside, bounded grids), no graph, no flush, per layer the
+total / layers; each config checked against the fp32 reference on layer 0 first. One JSON file, moe_eager.json.
 
     python3 benchmarks/live_e2e/moe_graph_table.py --plan benchmarks/live_e2e/moe_graph_plan.json    # CPU
     python3 benchmarks/live_e2e/moe_graph_table.py --out $OUT/moe_graph                        # GPU (32 s on the H200)

@@ -15,7 +15,7 @@ for w in "$@"; do
   log "Mixtral window $num ($s0-$(( s0 + 30 )) s), $(left) s left, $limit s for it"
   if [ "$limit" -lt 60 ]; then log "window $num skipped"; continue; fi
   timeout $limit python3 benchmarks/live_e2e/run.py --out "$E/window$num" --start-s $s0 \
-    --seconds 30 --rate 1.0 --budget-s $(( limit - 60 )) --policy-budget-s 90 --policies $policies \
+    --seconds 30 --rate 1.0 --budget-s $(( limit - 100 )) --policy-budget-s 90 --policies $policies \
     > "$E/window$num.log" 2>&1
   log "window $num: exit $? $(grep -a 'tok/s' "$E/window$num.log" | tr '\n' ' ')"
 done
