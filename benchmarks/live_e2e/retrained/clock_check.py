@@ -1,12 +1,13 @@
 """Where the simulator's price of a live step goes wrong, by kind of step, size and the GPU's SM clock at the time.
 
-For each run folder (a window of `retrained/`), every policy's measured steps priced as `run.py --predict` prices them
-(`priced_steps` plus the measured host overhead per kind of step), each step placed on the wall clock (the policy's
-end, from the console line the live run prints when it finishes, less its replayed seconds, plus the step's time)
-and matched to the nearest sample of the session's `power.csv` (nvidia-smi once a second: SM clock, throttle
-reasons). The ratio measured / price is summarised for decode-only steps and steps with prefill chunks, at full clock
-(>= 1,975 MHz) and below it (the software power cap), and the steps with chunks by token count. The matching is good
-to about a second: enough to tell steps in long capped stretches from those at full clock, not single steps.
+For each run folder (a window of `retrained/`), every policy's measured steps priced as `run.py --predict` prices
+them (`priced_steps` plus the measured host overhead per kind of step), each step placed on the wall clock (the
+policy's end, from the console line the live run prints when it finishes, less the measured seconds of the steps
+after it: the replay jumps idle gaps at once) and matched to the nearest sample of the session's `power.csv`
+(nvidia-smi once a second: SM clock, throttle reasons). The ratio measured / price is summarised for decode-only
+steps and steps with prefill chunks, at full clock (>= 1,975 MHz) and below it (the software power cap), and the
+steps with chunks by token count. The matching is good to about a second: enough to tell steps in long capped
+stretches from those at full clock, not single steps.
 
     python benchmarks/live_e2e/retrained/clock_check.py      # every window under retrained/: clock_check.json, a table
     python benchmarks/live_e2e/retrained/clock_check.py retrained/run3_seed0_43be02e/window4 ...
@@ -72,13 +73,15 @@ def check_window(folder: Path) -> dict:
     clock_t, clock_mhz = power_samples(folder.parent / "power.csv")
     ends = policy_ends(folder.parent / f"{folder.name}.log")
     out = {}
-    for spec, measured in data["measured"].items():
+    for spec in data["measured"]:
         priced = run.priced_steps(folder, spec, model, trace, timer, backend, args, meta)
         steps = run.read_steps(folder, spec) or []
-        start = ends[spec] - measured["sim_time_s"]
+        # the replay jumps idle gaps at once, so a step's wall time is the policy's end less the seconds of the steps
+        # after it (the host's bookkeeping between steps and a step's rare untimed first run are left out)
+        after = np.cumsum([r["seconds"] for r in steps][::-1])[::-1] - np.array([r["seconds"] for r in steps])
         rows = []
-        for (kind, has_chunks, seconds, price, *_), r in zip(priced, steps):
-            i = int(np.argmin(np.abs(clock_t - (start + r["t"]))))
+        for (kind, has_chunks, seconds, price, *_), r, left in zip(priced, steps, after):
+            i = int(np.argmin(np.abs(clock_t - (ends[spec] - left - seconds / 2))))
             rows.append((has_chunks, seconds, price + overheads[kind], clock_mhz[i], r["tokens"],
                          r["gpu_s"] / seconds if r.get("gpu_s") else np.nan))
         a = np.array(rows, dtype=float)
