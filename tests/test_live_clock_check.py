@@ -30,6 +30,7 @@ def test_policy_ends_and_power_samples_are_read_from_the_run_files(tmp_path):
                    "2026/12/05 03:47:19.500, 1965 MHz, 3201 MHz, 600.1 W, 50, 0x4\n")
     t, mhz = cc.power_samples(csv)
     assert np.allclose(t, [3 * 3600 + 47 * 60 + 18.5, 3 * 3600 + 47 * 60 + 19.5]) and list(mhz) == [345.0, 1965.0]
+    assert cc.seconds_of_day("2026/12/05 03:48:34.250000") == 3 * 3600 + 48 * 60 + 34.25  # measured.json's ended_at
 
 
 def test_ratio_summary_reads_measured_over_price():

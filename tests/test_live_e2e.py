@@ -2,6 +2,7 @@
 padded static buffers a CUDA graph replays), the calibrated step overheads, the step fits, and the committed summary's
 shape."""
 
+import datetime
 import json
 from pathlib import Path
 
@@ -28,6 +29,8 @@ def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
     assert got["meta"]["cuda_graphs"] is (graphs == "on")
     assert row["complete"] and row["finished"] == row["requests"] == le.SMOKE_REQUESTS
     assert row["attention_rows_checked"] >= 300 and row["config_fallbacks"] == 0
+    ended = datetime.datetime.strptime(row["ended_at"], "%Y/%m/%d %H:%M:%S.%f")  # nvidia-smi's format
+    assert abs((datetime.datetime.now() - ended).total_seconds()) < 600
     steps = json.loads((tmp_path / "default_steps.json").read_text())
     graph_steps = [r for r in steps if "graph_rows" in r]
     assert row["graph_steps"] == len(graph_steps)

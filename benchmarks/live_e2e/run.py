@@ -46,6 +46,7 @@ Imports only torch, triton, numpy, the standard library and kernel_gym.
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import math
@@ -792,6 +793,9 @@ def run_live(args: Any) -> int:
         if sim.profiled_names_us:
             results[spec]["profiled_kernels_us"] = dict(sorted(sim.profiled_names_us.items(), key=lambda kv: -kv[1]))
         results[spec]["gpu_before"], results[spec]["gpu_after"] = power_before, gpu_state(device)
+        # the replay's end on the local wall clock, as nvidia-smi's CSV stamps its samples: with the steps' seconds it
+        # places each step beside the GPU's clocks (retrained/clock_check.py)
+        results[spec]["ended_at"] = datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")
         steps_path(args.out, spec).write_text(json.dumps(sim.record))
         log(f"{spec}: {s['tokens_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_s'] * 1e3:.1f} ms, TPOT p50 "
             f"{s['tpot_p50_s'] * 1e3:.2f} ms, {int(s['finished'])}/{len(trace)} finished, {len(sim.record)} steps")

@@ -39,12 +39,16 @@ def power_samples(path: Path) -> tuple[np.ndarray, np.ndarray]:
     for line in path.read_text().splitlines()[1:]:
         f = [x.strip() for x in line.split(",")]
         try:
-            t = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f")
-            ts.append(t.hour * 3600 + t.minute * 60 + t.second + t.microsecond / 1e6)
+            ts.append(seconds_of_day(f[0]))
             mhz.append(float(f[1].split()[0]))
         except (ValueError, IndexError):
             continue
     return np.array(ts), np.array(mhz)
+
+
+def seconds_of_day(stamp: str) -> float:
+    t = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f")
+    return t.hour * 3600 + t.minute * 60 + t.second + t.microsecond / 1e6
 
 
 def policy_ends(log: Path) -> dict[str, float]:
@@ -71,7 +75,10 @@ def check_window(folder: Path) -> dict:
     data, meta, model, trace, backend, timer, _ = run.predict_setup(args)
     overheads = getattr(args, "step_host_s", None) or dict.fromkeys(run.STEP_KINDS, run.STEP_OVERHEAD_S)
     clock_t, clock_mhz = power_samples(folder.parent / "power.csv")
-    ends = policy_ends(folder.parent / f"{folder.name}.log")
+    # the policy's end: measured.json's `ended_at` (runs since session 48's last), else the console line it printed
+    log = folder.parent / f"{folder.name}.log"
+    ends = {spec: seconds_of_day(m["ended_at"]) for spec, m in data["measured"].items() if m.get("ended_at")}
+    ends = ends if len(ends) == len(data["measured"]) else policy_ends(log)
     out = {}
     for spec in data["measured"]:
         priced = run.priced_steps(folder, spec, model, trace, timer, backend, args, meta)
