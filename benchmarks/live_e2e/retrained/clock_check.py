@@ -2,12 +2,12 @@
 
 For each run folder (a window of `retrained/`), every policy's measured steps priced as `run.py --predict` prices
 them (`priced_steps` plus the measured host overhead per kind of step), each step placed on the wall clock (the
-policy's end, from the console line the live run prints when it finishes, less the measured seconds of the steps
-after it: the replay jumps idle gaps at once) and matched to the nearest sample of the session's `power.csv`
-(nvidia-smi once a second: SM clock, throttle reasons). The ratio measured / price is summarised for decode-only
-steps and steps with prefill chunks, at full clock (>= 1,975 MHz) and below it (the software power cap), and the
-steps with chunks by token count. The matching is good to about a second: enough to tell steps in long capped
-stretches from those at full clock, not single steps.
+policy's end, from measured.json's `ended_at` or else the console line the live run prints when it finishes, less
+the measured seconds of the steps after it: the replay jumps idle gaps at once) and matched to the nearest sample of
+the session's `power.csv` (nvidia-smi once a second: SM clock, throttle reasons). The ratio measured / price is
+summarised for decode-only steps and steps with prefill chunks, at full clock (>= 1,975 MHz) and below it (the
+software power cap), and the steps with chunks by token count. The matching is good to about a second: enough to
+tell steps in long capped stretches from those at full clock, not single steps.
 
     python benchmarks/live_e2e/retrained/clock_check.py      # every window under retrained/: clock_check.json, a table
     python benchmarks/live_e2e/retrained/clock_check.py retrained/run3_seed0_43be02e/window4 ...
