@@ -22,9 +22,12 @@ def rows() -> list[dict]:
     for summary in sorted(HERE.glob("run*/window*/summary.json")):
         s = json.loads(summary.read_text())
         pol = s["policies"]
-        base = pol["vllm-table"]
+        base = pol.get("vllm-table")
+        if base is None or "relative_error" not in base:
+            print(f"{summary}: no predicted vllm-table run beside the tables: left out", file=sys.stderr)
+            continue
         for spec, r in pol.items():
-            if not spec.startswith("table:"):
+            if not spec.startswith("table:") or "relative_error" not in r:
                 continue
             out.append({
                 "run": summary.parent.parent.name, "window": summary.parent.name, "table": spec[len("table:"):],
