@@ -37,6 +37,9 @@ def rows() -> list[dict]:
                 "learned_over_vllm_table": {k: r["measured"][k] / base["measured"][k] for k in METRICS},
                 "simulator_error": {"vllm_table": base["relative_error"], "learned": r["relative_error"]},
                 "estimated_share": {"vllm_table": base["estimated_share"], "learned": r["estimated_share"]},
+                # the GPU's clocks, power and throttle reasons before and after each policy's replay (measured.json)
+                "gpu": {"vllm_table": {k: base.get(k) for k in ("gpu_before", "gpu_after")},
+                        "learned": {k: r.get(k) for k in ("gpu_before", "gpu_after")}},
             })
     return out
 
