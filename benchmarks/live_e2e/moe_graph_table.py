@@ -72,6 +72,7 @@ RETRAINED = tuple(f"table:benchmarks/live_e2e/tables/mixtral_seed{s}/dispatch_ta
 EAGER_MODEL_POLICIES = {"mixtral-8x7b": (*MODEL_POLICIES["mixtral-8x7b"], *RETRAINED),
                         "olmoe-1b-7b": MODEL_POLICIES["olmoe-1b-7b"]}
 SMOKE_EAGER_GRID = (8, 16)
+CHUNK_GRID = GRID[GRID.index(16):]  # steps with prefill chunks: a chunk and the decode rows beside it, 16 rows up
 
 
 def log(msg: str) -> None:
@@ -86,7 +87,7 @@ def bracket(t: int, grid: tuple[int, ...]) -> tuple[int, int]:
 
 
 def build_plan(model_policies: dict[str, tuple[str, ...]], grid: tuple[int, ...] = GRID, smoke: bool = False,
-               eager: bool = False) -> dict:
+               eager: bool = False, chunk: bool = False) -> dict:
     """Per model: the (T, config) points to time: for every capture size up to the grid's last point (eager: every
     token count over the grid's first point, as eager steps run unpadded) and every policy, the config the live run
     executes there at its two bracketing grid points (configs the family's rules refuse at a grid point are left out
@@ -104,7 +105,8 @@ def build_plan(model_policies: dict[str, tuple[str, ...]], grid: tuple[int, ...]
         caps = list(range(grid[0] + 1, grid[-1] + 1))
     else:
         caps = sorted({capture_size(n) for n in range(grid[0], grid[-1] + 1)})
-    plan: dict[str, Any] = {"mode": "eager" if eager else "graph", "grid": list(grid), "dtype": dtype, "models": {}}
+    plan: dict[str, Any] = {"mode": "eager" if eager else "graph", "routing": "chunk" if chunk else "even",
+                            "grid": list(grid), "dtype": dtype, "models": {}}
     for name, policies in model_policies.items():
         model = le.TINY if smoke else load_model(name)
         points: dict[int, set[str]] = {}
@@ -145,10 +147,68 @@ def eager_layers(meas: Measurer, inputs: list, ref0: Any, cfg: Any, dtype: str) 
     return {**whole, "ms": whole["ms"] / len(inputs), "layers": len(inputs), "total_ms": whole["ms"]}
 
 
+def chunk_inputs(spec: dict, wl: Any, weights: list, gen: Any, device: str, torch_dtype: Any) -> list:
+    """The MoE inputs of every layer of the live stack (run.py's Stack and step: random embedded tokens; per layer
+    RMSNorm, QKV, causal attention with GQA, the output projection added to the residual, RMSNorm, the router, the MoE
+    added to the residual) for one fresh sequence of wl.num_tokens tokens, the MoE weights cycled from `weights`.
+    A chunk's tokens attend to the same earlier tokens, so their hidden states grow alike layer by layer and the
+    router sends them to a few experts (more row blocks per expert than an even routing); a decode batch's rows,
+    from different sequences, stay independent."""
+    import torch
+
+    from kernel_gym.kernels import fused_moe as fm
+
+    t, hidden = wl.num_tokens, spec["hidden"]
+    nh, nkv, d = spec["num_heads"], spec["num_kv_heads"], spec["head_dim"]
+    q_dim, kv_dim = nh * d, nkv * d
+
+    def rnd(*shape: int, scale: float) -> Any:
+        return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * scale).to(torch_dtype)
+
+    def rmsnorm(x: Any) -> Any:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    x = rnd(t, hidden, scale=1.0)
+    inputs = []
+    for i in range(spec["num_layers"]):
+        wqkv, wo = rnd(hidden, q_dim + 2 * kv_dim, scale=hidden ** -0.5), rnd(q_dim, hidden, scale=q_dim ** -0.5)
+        wr = rnd(hidden, spec["num_experts"], scale=hidden ** -0.5)
+        qkv = rmsnorm(x) @ wqkv
+        q = qkv[:, :q_dim].view(t, nh, d).transpose(0, 1)
+        kv = [qkv[:, q_dim + j * kv_dim:q_dim + (j + 1) * kv_dim].view(t, nkv, d).transpose(0, 1)
+              .repeat_interleave(nh // nkv, 0) for j in (0, 1)]
+        attn = torch.nn.functional.scaled_dot_product_attention(q, *kv, is_causal=True, scale=d ** -0.5)
+        x = x + attn.transpose(0, 1).reshape(t, q_dim) @ wo
+        h = rmsnorm(x).contiguous()
+        w1, w2 = weights[i % len(weights)]
+        layer = fm.MoEInputs(wl, h, (h @ wr).float(), w1, w2)
+        inputs.append(layer)
+        x = x + fm.FAMILY.reference(layer).to(torch_dtype)
+    return inputs
+
+
+def routing_balance(inputs: list) -> list[float]:
+    """Per layer, the busiest expert's share of the routed slots over an even share (1.0: even)."""
+    import torch
+
+    from kernel_gym.kernels import fused_moe as fm
+
+    out = []
+    for layer in inputs:
+        wl = layer.workload
+        ids = fm.route(layer.router_logits, wl.top_k)[1]
+        counts = torch.bincount(ids.flatten().long(), minlength=wl.num_experts)
+        out.append(float(counts.max()) * wl.num_experts / (wl.num_tokens * wl.top_k))
+    return out
+
+
 def measure_model(meas: Measurer, spec: dict, points: dict[str, list[str]], dtype: str, device: str, layers: int,
-                  deadline: float, eager: bool = False) -> tuple[dict, list[int]]:
-    """{config: {T: timing per layer}} for one model (errors in place of a timing), and the T left by the deadline.
-    eager: the live router's logits and eager_layers; else synthetic routings and graph_layers."""
+                  deadline: float, eager: bool = False, chunk: bool = False) -> tuple[dict, list[int], dict]:
+    """{config: {T: timing per layer}} for one model (errors in place of a timing), the T left by the deadline, and
+    (chunk) per T each layer's routing balance. eager: the live router's logits on random rows and eager_layers;
+    else synthetic routings and graph_layers; chunk: every layer of one sequence's chunk as the live stack routes it
+    (chunk_inputs), timed either way."""
     import torch
 
     from kernel_gym.kernels import fused_moe as fm
@@ -163,17 +223,22 @@ def measure_model(meas: Measurer, spec: dict, points: dict[str, list[str]], dtyp
                 torch.randn(e, hidden, inter, generator=gen, device=device, dtype=torch_dtype).mul_(inter ** -0.5))
                for _ in range(layers)]
     table: dict[str, dict[str, Any]] = {}
-    skipped = []
+    skipped: list[int] = []
+    balance: dict[str, list[float]] = {}
     for t_s in sorted(points, key=int):
         t = int(t_s)
         if time.monotonic() > deadline:
             skipped.append(t)
             continue
         wl = MoEWorkload(t, e, k, hidden, inter, 0.0, dtype)
-        x = torch.randn(t, hidden, generator=gen, device=device, dtype=torch_dtype)
-        inputs = [fm.MoEInputs(wl, x, (real_router_logits(x, e, seed=1 + i) if eager
-                                       else fm.router_logits(wl, seed=1 + i).to(device)), w1, w2)
-                  for i, (w1, w2) in enumerate(weights)]
+        if chunk:  # every layer's inputs as the live stack routes one sequence's chunk
+            inputs = chunk_inputs(spec, wl, weights, gen, device, torch_dtype)
+            balance.setdefault(t_s, [round(b, 3) for b in routing_balance(inputs)])
+        else:
+            x = torch.randn(t, hidden, generator=gen, device=device, dtype=torch_dtype)
+            inputs = [fm.MoEInputs(wl, x, (real_router_logits(x, e, seed=1 + i) if eager
+                                           else fm.router_logits(wl, seed=1 + i).to(device)), w1, w2)
+                      for i, (w1, w2) in enumerate(weights)]
         ref0 = fm.FAMILY.reference(inputs[0])
         timed = eager_layers if eager else graph_layers
         for cfg_s in points[t_s]:
@@ -189,7 +254,15 @@ def measure_model(meas: Measurer, spec: dict, points: dict[str, list[str]], dtyp
         if meas.cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-    return table, skipped
+    return table, skipped, balance
+
+
+def out_name(eager: bool, chunk: bool) -> str:
+    return ("moe_chunk_" if chunk else "moe_") + ("eager.json" if eager else "graph.json")
+
+
+def plan_path(eager: bool, chunk: bool) -> Path:
+    return HERE / (out_name(eager, chunk).replace(".json", "_plan.json"))
 
 
 def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False) -> dict:
@@ -199,7 +272,7 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
     if not cuda and not smoke:
         raise SystemExit("no CUDA device (or TRITON_INTERPRET=1): the timings need the GPU; --smoke is the CPU dry run")
     device, dtype = ("cuda", plan["dtype"]) if cuda else ("cpu", "float32")
-    eager = plan.get("mode") == "eager"
+    eager, chunk = plan.get("mode") == "eager", plan.get("routing") == "chunk"
     meas = Measurer(cuda)
     start = time.monotonic()
     what = ("fused_moe.prepare_layer(route_in_launch=True) built and launched per layer for `layers` layers with "
@@ -207,8 +280,11 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
             "median / layers)" if eager else
             "fused_moe.prepare_layer(route_in_launch=True) for `layers` layers with distinct weights in one CUDA "
             "graph, no L2 flush; ms per layer (the graph's median / layers)")
+    if chunk:
+        what += ("; every layer (num_layers of them, the weights cycled from `layers` sets) with the inputs of one "
+                 "sequence's chunk as the live stack routes it (chunk_inputs), not a synthetic routing")
     doc: dict[str, Any] = {"meta": {
-        "what": what, "mode": "eager" if eager else "graph",
+        "what": what, "mode": "eager" if eager else "graph", "routing": "chunk" if chunk else "even",
         "layers": layers, "grid": plan["grid"], "dtype": dtype, "budget_s": budget_s,
         "device": torch.cuda.get_device_name() if cuda else "cpu-interpreter", "torch": torch.__version__,
         "triton": __import__("triton").__version__, "commit": os.environ.get("KERNEL_GYM_COMMIT"),
@@ -216,14 +292,15 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
     share = budget_s / max(1, len(plan["models"]))
     for i, (name, entry) in enumerate(plan["models"].items()):
         deadline = start + share * (i + 1)
-        table, skipped = measure_model(meas, entry["model_spec"], entry["points"], dtype, device, layers, deadline,
-                                       eager)
-        doc["models"][name] = {"policies": entry["policies"], "ms": table, "skipped_T": skipped}
+        table, skipped, balance = measure_model(meas, entry["model_spec"], entry["points"], dtype, device, layers,
+                                                deadline, eager, chunk)
+        doc["models"][name] = {"policies": entry["policies"], "ms": table, "skipped_T": skipped,
+                               **({"routing_balance": balance} if chunk else {})}
         log(f"{name} done ({time.monotonic() - start:.0f} s so far; skipped T {skipped})")
     doc["meta"]["gpu_after"] = _gpu_state(cuda)
     doc["meta"]["wall_s"] = round(time.monotonic() - start, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out_path = out_dir / (EAGER_OUT_NAME if eager else OUT_NAME)
+    out_path = out_dir / out_name(eager, chunk)
     out_path.write_text(json.dumps(doc, indent=1))
     log(f"wrote {out_path} ({doc['meta']['wall_s']} s)")
     print_table(doc)
@@ -255,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="GPU: time the plan, write DIR/moe_graph.json (--eager: DIR/moe_eager.json)")
     p.add_argument("--eager", action="store_true",
                    help="eager steps' sizes (run.EAGER_GRID) and the call as an eager step runs it (no graph)")
+    p.add_argument("--chunk", action="store_true",
+                   help="the steps with prefill chunks: every layer's inputs as the live stack routes one "
+                        "sequence's chunk (chunk_inputs), every live policy's configs; DIR/moe_chunk_graph.json "
+                        "(--eager: moe_chunk_eager.json), the tables run.py --moe-chunk reads")
     p.add_argument("--layers", type=int, default=4, help="layers with distinct weights captured back to back")
     p.add_argument("--budget-s", type=float, default=300.0, help="GPU: start no new T after this many seconds "
                    "(shared evenly by the plan's models)")
@@ -269,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is None:
             p.error("--smoke needs --out")
         plan = build_plan({"tiny-moe": ("default", TABLE_POLICY)}, SMOKE_EAGER_GRID if args.eager else SMOKE_GRID,
-                          smoke=True, eager=args.eager)
+                          smoke=True, eager=args.eager, chunk=args.chunk)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
         run_measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
@@ -277,22 +358,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         if args.plan is None:
             p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
-        chosen = EAGER_MODEL_POLICIES if args.eager else MODEL_POLICIES
+        chosen = EAGER_MODEL_POLICIES if args.eager or args.chunk else MODEL_POLICIES
         if args.policies:
             model, _, specs = args.policies.partition("=")
             if not specs:
                 p.error(f"--policies {args.policies!r}: write MODEL=SPEC[,SPEC] (e.g. mixtral-8x7b=vllm-table)")
             chosen = {model: tuple(specs.split(","))}
-        plan = build_plan(chosen, EAGER_GRID if args.eager else GRID, eager=args.eager)
+        grid = EAGER_GRID if args.eager else CHUNK_GRID if args.chunk else GRID
+        plan = build_plan(chosen, grid, eager=args.eager, chunk=args.chunk)
         args.plan.write_text(json.dumps(plan, indent=1) + "\n")
         log(f"wrote {args.plan}")
         return 0
-    plan_path = args.plan or (EAGER_PLAN_PATH if args.eager else PLAN_PATH)
-    if not plan_path.exists():
-        raise SystemExit(f"{plan_path}: no plan; write one on the CPU first (--plan {plan_path})")
-    plan = json.loads(plan_path.read_text())
+    path = args.plan or plan_path(args.eager, args.chunk)
+    if not path.exists():
+        raise SystemExit(f"{path}: no plan; write one on the CPU first (--plan {path})")
+    plan = json.loads(path.read_text())
     if (plan.get("mode") == "eager") != args.eager:
-        raise SystemExit(f"{plan_path} is a {plan.get('mode', 'graph')} plan: pass --eager with an eager plan only")
+        raise SystemExit(f"{path} is a {plan.get('mode', 'graph')} plan: pass --eager with an eager plan only")
+    if (plan.get("routing") == "chunk") != args.chunk:
+        raise SystemExit(f"{path} is a {plan.get('routing', 'even')}-routing plan: pass --chunk with a chunk plan only")
     run_measure(plan, args.out, args.layers, args.budget_s)
     return 0
 

@@ -1054,6 +1054,13 @@ class PredictSimulator(Simulator):
     moe_graph_missed = 0  # graphed steps whose MoE config the table could not answer (dataset + routing charged)
     _graph_rows = 0  # the capture size of the step being priced (0: an eager step)
     _moe_routing_inside = False  # the step's MoE came from a table whose timed call routes inside (no routing charge)
+    moe_chunk_graph: MoEGraphTable | None = None  # steps with prefill chunks: the chunk-routed tables (--moe-chunk),
+    moe_chunk_eager: MoEGraphTable | None = None  # graphed (piecewise) and eager, asked before the two above
+    moe_chunk_charged_s = 0.0
+    moe_chunk_replaced_s = 0.0
+    moe_chunk_steps = 0
+    moe_chunk_missed = 0  # steps with chunks whose config and rows the chunk tables could not answer (the next table)
+    _has_chunks = False  # the step being priced carries prefill chunks
     moe_eager: MoEGraphTable | None = None
     moe_eager_charged_s = 0.0  # the eager table's seconds charged (all layers), routing inside
     moe_eager_replaced_s = 0.0  # the dataset's seconds those calls would have cost (the routing charge left out too)
@@ -1076,10 +1083,12 @@ class PredictSimulator(Simulator):
         else:
             self._eager_rows = num_tokens
         self._moe_routing_inside = False
+        self._has_chunks = bool(chunks)
         try:
             kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx)
         finally:
             self._graph_rows = self._eager_rows = 0
+            self._has_chunks = False
         self.dense_roofline_s += dense
         ops = self.dense_ops
         if eager and self.dense_eager is not None:
@@ -1126,18 +1135,24 @@ class PredictSimulator(Simulator):
 
     def _table_moe(self, t: float) -> float:
         """The dataset's MoE seconds `t` for the config just chosen, or the live call's measured time for it (noted in
-        the counters) where a table answers: the graph table's at a graphed step's capture size, the eager table's at
-        an eager step's token count."""
-        if self._graph_rows and self.moe_graph is not None:
-            kind, table, rows = "graph", self.moe_graph, self._graph_rows
-        elif self._eager_rows and self.moe_eager is not None:
-            kind, table, rows = "eager", self.moe_eager, self._eager_rows
-        else:
-            return t
-        g = table(str(self._last_cfg["fused_moe"]), rows)
-        if g is None:
+        the counters) where a table answers: for a step with prefill chunks first the chunk-routed table's (graphed
+        or eager), then the graph table's at a graphed step's capture size, the eager table's at an eager step's
+        token count."""
+        rows = self._graph_rows or self._eager_rows
+        tables = [("chunk", self.moe_chunk_graph if self._graph_rows else self.moe_chunk_eager)] if self._has_chunks \
+            else []
+        tables.append(("graph", self.moe_graph) if self._graph_rows else ("eager", self.moe_eager))
+        for kind, table in tables:
+            if not rows or table is None:
+                continue
+            g = table(str(self._last_cfg["fused_moe"]), rows)
+            if g is not None:
+                return self._charge_moe(kind, g, t)
             setattr(self, f"moe_{kind}_missed", getattr(self, f"moe_{kind}_missed") + 1)
-            return t
+        return t
+
+    def _charge_moe(self, kind: str, g: float, t: float) -> float:
+        """Book a table's seconds per layer `g` in place of the dataset's `t` under `kind`'s counters."""
         layers = self.model.num_layers
         setattr(self, f"moe_{kind}_charged_s", getattr(self, f"moe_{kind}_charged_s") + g * layers)
         setattr(self, f"moe_{kind}_replaced_s", getattr(self, f"moe_{kind}_replaced_s") + t * layers)
@@ -1155,6 +1170,17 @@ class PredictSimulator(Simulator):
         return super()._workload(key)
 
 
+def attach_tables(sim: Any, args: Any) -> None:
+    """The measured tables predict_setup read (args.*_s) onto a PredictSimulator."""
+    sim.moe_routing_s = getattr(args, "moe_routing_s", None)
+    sim.dense_ops = getattr(args, "dense_ops_s", None)
+    sim.moe_graph = getattr(args, "moe_graph_s", None)
+    sim.moe_eager = getattr(args, "moe_eager_s", None)
+    sim.moe_chunk_graph, sim.moe_chunk_eager = getattr(args, "moe_chunk_s", (None, None))
+    sim.dense_eager = getattr(args, "dense_eager_s", None)
+    sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
+
+
 def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any, meta: dict,
                  overheads: dict[str, float] | None = None) -> tuple[dict, Any, Any]:
     """The plain simulator's summary for one policy on the window (with these per-kind step overheads, where
@@ -1170,12 +1196,7 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
     sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            step_overheads=overheads if overheads is not None else plain, **sim_kwargs(args, model),
                            compile_s=lambda kernel, config: 0.0, **graph_kwargs(meta))
-    sim.moe_routing_s = getattr(args, "moe_routing_s", None)
-    sim.dense_ops = getattr(args, "dense_ops_s", None)
-    sim.moe_graph = getattr(args, "moe_graph_s", None)
-    sim.moe_eager = getattr(args, "moe_eager_s", None)
-    sim.dense_eager = getattr(args, "dense_eager_s", None)
-    sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
+    attach_tables(sim, args)
     if guard is not None:
         guard.sim = sim
     return sim.run().summary, sim, guard
@@ -1228,6 +1249,7 @@ def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, di
         prediction = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}  # meta is the run's
     prediction |= {"moe_routing": moe_routing_setup(args, model), "dense_ops": dense_ops_setup(args, model),
                    "moe_graph": moe_graph_setup(args, model), "moe_eager": moe_eager_setup(args, model),
+                   "moe_chunk": moe_chunk_setup(args, model),
                    "dense_eager": dense_eager_setup(args, model), "step_overheads": step_host_setup(args),
                    "eager_issue": eager_issue_setup(args)}
     return data, meta, model, trace, backend, timer, prediction
@@ -1247,6 +1269,8 @@ def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
                           "steps": sim.moe_graph_steps, "missed_steps": sim.moe_graph_missed},
             "moe_eager": {"charged_s": sim.moe_eager_charged_s, "dataset_s": sim.moe_eager_replaced_s,
                           "steps": sim.moe_eager_steps, "missed_steps": sim.moe_eager_missed},
+            "moe_chunk": {"charged_s": sim.moe_chunk_charged_s, "dataset_s": sim.moe_chunk_replaced_s,
+                          "steps": sim.moe_chunk_steps, "missed_steps": sim.moe_chunk_missed},
             "dense_eager": {"steps": sim.dense_eager_steps, "missed_steps": sim.dense_eager_missed},
             "fallbacks": guard.fallbacks if guard is not None else None,
             "clamped_workloads": sim.clamped,
@@ -1451,6 +1475,33 @@ def moe_eager_setup(args: Any, model: ModelSpec) -> dict | str:
                     "dataset's row plus the routing table (missed_steps per policy)"}
 
 
+def moe_chunk_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.moe_chunk (moe_graph_table.py --chunk tables' paths, graph and --eager ones mixed, comma-separated, or
+    "none") -> args.moe_chunk_s (their graph tables' MoEGraphTable.union and eager tables' MoEEagerTable.union for
+    the model, either None) and the note summary.json's prediction carries."""
+    choice = str(getattr(args, "moe_chunk", None) or "none")
+    paths = [p.strip() for p in choice.split(",") if p.strip() not in ("", "none")]
+    by_mode: dict[str, list[str]] = {"graph": [], "eager": []}
+    for path in paths:
+        if not Path(path).exists():
+            raise SystemExit(f"--moe-chunk {path}: no such file (a moe_graph_table.py --chunk table, or none)")
+        meta = json.loads(Path(path).read_text()).get("meta", {})
+        if meta.get("routing") != "chunk":
+            raise SystemExit(f"--moe-chunk {path}: not a chunk-routed table (meta.routing {meta.get('routing')!r}); "
+                             "time one with moe_graph_table.py --chunk, or pass it to --moe-graph / --moe-eager")
+        by_mode["eager" if meta.get("mode") == "eager" else "graph"].append(path)
+    found = [_moe_tables(",".join(by_mode[mode]) or "none", "--moe-chunk", "a moe_graph_table.py --chunk table",
+                         cls, model) for mode, cls in (("graph", MoEGraphTable), ("eager", MoEEagerTable))]
+    args.moe_chunk_s = (found[0][0], found[1][0])
+    if found[0][0] is None and found[1][0] is None:
+        return "none: --moe-chunk none (steps with prefill chunks priced as the other steps)"
+    return {"graph": found[0][1], "eager": found[1][1], "model": model.name,
+            "note": "the MoE of steps with prefill chunks from the live call timed with every layer's inputs as the "
+                    "live stack routes one sequence's chunk (its tokens go to few experts), graphed steps at their "
+                    "capture size, eager ones at their token count; where a table misses, the graph / eager table "
+                    "as for other steps (missed_steps per policy)"}
+
+
 def dense_eager_setup(args: Any, model: ModelSpec) -> dict | str:
     """args.dense_eager (a dense_price_check.py --eager table's path, or "none") -> args.dense_eager_s (DenseOps or
     None: eager steps' dense ops priced as the others') and the note summary.json's prediction carries."""
@@ -1536,12 +1587,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     guard = GuardedChooser(make_chooser(spec, model), backend, model.num_layers)
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            **sim_kwargs(args, model), **graph_kwargs(meta))
-    sim.moe_routing_s = getattr(args, "moe_routing_s", None)
-    sim.dense_ops = getattr(args, "dense_ops_s", None)
-    sim.moe_graph = getattr(args, "moe_graph_s", None)
-    sim.moe_eager = getattr(args, "moe_eager_s", None)
-    sim.dense_eager = getattr(args, "dense_eager_s", None)
-    sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
+    attach_tables(sim, args)
     guard.sim = sim
     if guards is not None:
         guards.append(guard)
@@ -1552,6 +1598,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         before = dict(guard.kernel_s)  # the guard books each family's seconds (all layers) as it is asked
         routed, graphed, replaced = sim.moe_routing_charged_s, sim.moe_graph_charged_s, sim.moe_graph_replaced_s
         eager_charged, eager_replaced = sim.moe_eager_charged_s, sim.moe_eager_replaced_s
+        chunk_charged, chunk_replaced = sim.moe_chunk_charged_s, sim.moe_chunk_replaced_s
         longest, waited = sim.decode_longest_s, sim.host_bound_s
         # records before tree 5ebaec4 carry no max_context: their decode is priced at the mean context alone
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
@@ -1564,6 +1611,9 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         if sim.moe_eager_charged_s != eager_charged:  # likewise the eager table's
             parts["fused_moe"] += ((sim.moe_eager_charged_s - eager_charged)
                                    - (sim.moe_eager_replaced_s - eager_replaced))
+        if sim.moe_chunk_charged_s != chunk_charged:  # and the chunk-routed tables'
+            parts["fused_moe"] += ((sim.moe_chunk_charged_s - chunk_charged)
+                                   - (sim.moe_chunk_replaced_s - chunk_replaced))
         if sim.decode_longest_s != longest:  # the guard booked the mean context's time; the longest sequence's too
             parts["decode_attention"] += sim.decode_longest_s - longest
         if sim.host_bound_s != waited:  # an eager step the host's issue time prices: that wait apart from the dense ops
@@ -1779,6 +1829,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-eager", default="none", metavar="TABLE.json[,...]",
                    help="--predict: price eager steps' MoE (routing inside) from these moe_graph_table.py --eager "
                         "tables (none yet committed); none (default): the dataset's row plus --moe-routing")
+    p.add_argument("--moe-chunk", default="none", metavar="TABLE.json[,...]",
+                   help="--predict: price the MoE of steps with prefill chunks from these moe_graph_table.py --chunk "
+                        "tables (graph and --eager ones; their tokens routed as the live stack routes a chunk); none "
+                        "(default): as the other steps")
     p.add_argument("--dense-eager", default="none", metavar="TABLE.json",
                    help="--predict: price eager steps' dense ops from this dense_price_check.py --eager table; none "
                         "(default): --dense-ops")
