@@ -1,0 +1,112 @@
+"""The MoE of steps with prefill chunks (session 49): the live stack routes a chunk's tokens to few experts (they attend
+to the same earlier tokens), so moe_graph_table.py --chunk times the live call with every layer's inputs from a
+model-shaped forward of one chunk, and run.py --predict --moe-chunk prices those steps' MoE from it; decode-only steps
+and runs without the flag are priced as before."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.live_e2e import moe_graph_table as mgt
+from benchmarks.live_e2e import run as le
+from benchmarks.live_e2e.moe_price_check import real_router_logits
+from kernel_gym.kernels import fused_moe as fm
+from kernel_gym.kernels.workloads import MoEWorkload
+from kernel_gym.measure.roofline import RooflineTimer
+
+SPEC = dict(hidden=256, num_heads=4, num_kv_heads=2, head_dim=64, num_layers=8, num_experts=8, top_k=2,
+            intermediate=512)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_chunks_tokens_go_to_few_experts_in_the_deeper_layers_and_independent_rows_do_not(seed):
+    gen = torch.Generator().manual_seed(seed)
+    e, h, inter = SPEC["num_experts"], SPEC["hidden"], SPEC["intermediate"]
+    weights = [(torch.randn(e, 2 * inter, h, generator=gen) * h ** -0.5,
+                torch.randn(e, h, inter, generator=gen) * inter ** -0.5) for _ in range(2)]
+    wl = MoEWorkload(256, e, SPEC["top_k"], h, inter, 0.0, "float32")
+    inputs = mgt.chunk_inputs(SPEC, wl, weights, gen, "cpu", torch.float32)
+    assert len(inputs) == SPEC["num_layers"] and inputs[0].w1 is weights[0][0] and inputs[1].w1 is weights[1][0]
+    chunk = mgt.routing_balance(inputs)
+    x = torch.randn(256, h, generator=gen)
+    rows = mgt.routing_balance([fm.MoEInputs(wl, x, real_router_logits(x, e, seed=i), *weights[0]) for i in range(8)])
+    assert all(b >= 1.0 for b in chunk + rows)
+    assert sum(chunk[4:]) / 4 > 1.45 > max(rows)  # even routing of 512 slots on 8 experts: ~1.2 at most
+
+
+def test_the_committed_chunk_plans_hold_every_live_policy_at_the_chunk_steps_sizes():
+    for eager, grid in ((False, mgt.CHUNK_GRID), (True, le.EAGER_GRID)):
+        plan = json.loads(mgt.plan_path(eager, chunk=True).read_text())
+        assert plan["routing"] == "chunk" and plan["mode"] == ("eager" if eager else "graph")
+        assert plan["grid"] == list(grid)
+        assert {m: tuple(v["policies"]) for m, v in plan["models"].items()} == mgt.EAGER_MODEL_POLICIES
+    assert mgt.CHUNK_GRID[-1] == le.PIECEWISE_MAX_TOKENS == le.EAGER_GRID[0]
+
+
+def test_chunk_smoke_times_every_layer_with_the_chunks_routing_and_refuses_an_even_plan(tmp_path):
+    assert mgt.main(["--chunk", "--smoke", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "moe_chunk_graph.json").read_text())
+    assert doc["meta"]["routing"] == "chunk" and doc["meta"]["mode"] == "graph"
+    entry = doc["models"]["tiny-moe"]
+    timed = [r for per in entry["ms"].values() for r in per.values()]
+    assert timed and all(r["layers"] == le.TINY.num_layers for r in timed)  # every layer, not the weight sets
+    assert set(entry["routing_balance"]) == {str(t) for t in mgt.SMOKE_GRID}
+    assert all(len(b) == le.TINY.num_layers for b in entry["routing_balance"].values())
+    with pytest.raises(SystemExit, match="even-routing plan"):
+        mgt.main(["--chunk", "--plan", str(mgt.PLAN_PATH), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="chunk-routed table"):
+        le.moe_chunk_setup(type("A", (), {"moe_chunk": str(le.MOE_GRAPH_TABLES[0])})(), le.TINY)
+    with pytest.raises(SystemExit, match="no such file"):
+        le.moe_chunk_setup(type("A", (), {"moe_chunk": str(tmp_path / "absent.json")})(), le.TINY)
+    args = type("A", (), {"moe_chunk": str(tmp_path / "moe_chunk_graph.json")})()
+    note = le.moe_chunk_setup(args, le.TINY)
+    assert note["graph"].endswith("moe_chunk_graph.json") and args.moe_chunk_s[1] is None
+    assert isinstance(args.moe_chunk_s[0], le.MoEGraphTable)
+
+
+def _sim() -> le.PredictSimulator:
+    trace = le.window_trace("bundled", 0.0, 30.0, 1.0, 60, 3).head(le.SMOKE_REQUESTS)
+    return le.PredictSimulator(le.TINY, trace, RooflineTimer(0.5), le.DefaultChooser(), None, kv_layout=le.PAGE,
+                               dtype="float32", gpu_memory_bytes=le.pool_memory(le.TINY, 0.002),
+                               max_num_batched_tokens=4096, max_num_seqs=256, **le.graph_kwargs({"cuda_graphs": True}))
+
+
+def test_only_steps_with_chunks_read_the_chunk_tables_and_a_miss_falls_to_the_graph_table():
+    layers = le.TINY.num_layers
+    probe = _sim()
+    probe.price_step([(0, 100, 0)], 3, 200.0, 3, [])  # 103 rows: a piecewise step of 104
+    cfg = str(probe._last_cfg["fused_moe"])
+    graph = le.MoEGraphTable({cfg: {96: 1e-3, 128: 1e-3}})
+    chunked = _sim()
+    chunked.moe_graph, chunked.moe_chunk_graph = graph, le.MoEGraphTable({cfg: {96: 3e-3, 128: 3e-3}})
+    plain = _sim()
+    plain.moe_graph = graph
+    a = plain.price_step([(0, 100, 0)], 3, 200.0, 3, [])
+    b = chunked.price_step([(0, 100, 0)], 3, 200.0, 3, [])
+    assert b[0] - a[0] == pytest.approx(2e-3 * layers) and b[1] == a[1]
+    assert chunked.moe_chunk_steps == 1 and chunked.moe_graph_steps == 0
+    assert chunked.moe_chunk_charged_s == pytest.approx(3e-3 * layers)
+    # a decode-only step replays its decode graph: the chunk table is not asked
+    assert chunked.price_step([], 3, 200.0, 3, []) == pytest.approx(plain.price_step([], 3, 200.0, 3, []))
+    assert chunked.moe_chunk_steps == 1 and chunked.moe_chunk_missed == 0
+    missed = _sim()  # the chunk table does not time this config: counted, and the graph table prices it
+    missed.moe_graph, missed.moe_chunk_graph = graph, le.MoEGraphTable({"another": {96: 3e-3, 128: 3e-3}})
+    assert missed.price_step([(0, 100, 0)], 3, 200.0, 3, []) == pytest.approx(a)
+    assert missed.moe_chunk_missed == 1 and missed.moe_graph_steps == 1
+    eager = _sim()  # an eager step with chunks reads the eager chunk table, not the graphed one
+    eager.price_step([(0, 600, 0)], 3, 200.0, 3, [])
+    big = str(eager._last_cfg["fused_moe"])
+    eager = _sim()
+    eager.moe_chunk_graph = le.MoEGraphTable({big: {1: 9.0, 4096: 9.0}})
+    eager.moe_chunk_eager = le.MoEEagerTable({big: {512: 1e-3, 1024: 1e-3}})
+    eager.price_step([(0, 600, 0)], 3, 200.0, 3, [])
+    assert eager.moe_chunk_charged_s == pytest.approx(1e-3 * layers)
+
+
+def test_run_py_takes_the_flag_and_defaults_to_none():
+    args = le.build_parser().parse_args(["--out", "x", "--predict"])
+    assert args.moe_chunk == "none"
+    assert le.moe_chunk_setup(args, le.TINY).startswith("none") and args.moe_chunk_s == (None, None)
+    assert Path(le.__file__).with_name("chunk_session.sh").exists()
