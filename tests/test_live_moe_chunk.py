@@ -110,3 +110,73 @@ def test_run_py_takes_the_flag_and_defaults_to_none():
     assert args.moe_chunk == "none"
     assert le.moe_chunk_setup(args, le.TINY).startswith("none") and args.moe_chunk_s == (None, None)
     assert Path(le.__file__).with_name("chunk_session.sh").exists()
+
+
+class SkewTimer(RooflineTimer):
+    """The roofline, with the MoE's seconds growing with the routing's skew (1 + skew); LookupError above `limit`."""
+
+    def __init__(self, limit: float = 9.0) -> None:
+        super().__init__(0.5)
+        self.limit = limit
+
+    def time_s(self, kernel, workload, config):
+        t = super().time_s(kernel, workload, config)
+        if kernel != "fused_moe":
+            return t
+        if workload.skew > self.limit:
+            raise LookupError("no row at that skew")
+        return 1e-4 * (1.0 + workload.skew)
+
+
+def _skew_sim(routing, limit: float = 9.0) -> le.PredictSimulator:
+    trace = le.window_trace("bundled", 0.0, 30.0, 1.0, 60, 3).head(le.SMOKE_REQUESTS)
+    sim = le.PredictSimulator(le.TINY, trace, SkewTimer(limit), le.DefaultChooser(), None, kv_layout=le.PAGE,
+                              dtype="float32", gpu_memory_bytes=le.pool_memory(le.TINY, 0.002),
+                              max_num_batched_tokens=4096, max_num_seqs=256, **le.graph_kwargs({"cuda_graphs": True}))
+    sim.chunk_routing = routing
+    return sim
+
+
+def test_a_chunk_step_is_priced_at_each_layers_chunk_skew_and_decode_steps_at_their_own():
+    layers = le.TINY.num_layers
+    even, skewed = _skew_sim(None), _skew_sim({16: [0.0, 0.0], 128: [0.6, 1.2]})
+    a = even.price_step([(0, 100, 0)], 3, 200.0, 3, [])
+    b = skewed.price_step([(0, 100, 0)], 3, 200.0, 3, [])  # 100 chunk tokens: nearest in log2 is 128
+    moe = 1e-4 * layers
+    assert b[0] - a[0] == pytest.approx(moe * ((1.6 + 2.2) / 2 - 1.0))
+    assert skewed.chunk_skew_steps == 1 and skewed.chunk_skew_s == pytest.approx(moe * 0.9)
+    assert b[1] == a[1]
+    assert skewed.price_step([], 3, 200.0, 3, []) == pytest.approx(even.price_step([], 3, 200.0, 3, []))
+    assert skewed.chunk_skew_steps == 1
+    short = _skew_sim({16: [0.0, 0.0], 128: [0.6, 1.2]})  # a 20-token chunk: the 16-token skews, even here
+    assert short.price_step([(0, 20, 0)], 3, 200.0, 3, []) == pytest.approx(even.price_step([(0, 20, 0)], 3, 200.0,
+                                                                                              3, []))
+    missed = _skew_sim({128: [0.6, 1.2]}, limit=1.0)  # no row at skew 1.2: the even price, counted
+    assert missed.price_step([(0, 100, 0)], 3, 200.0, 3, []) == pytest.approx(a)
+    assert missed.chunk_skew_missed == 1 and missed.chunk_skew_steps == 0
+
+
+def test_chunk_routing_setup_reads_a_table_and_refuses_anything_else(tmp_path):
+    from benchmarks.live_e2e import chunk_routing as cr
+
+    assert cr.main(["--smoke", "--out", str(tmp_path / "cr.json")]) == 0
+    doc = json.loads((tmp_path / "cr.json").read_text())
+    for per in doc["models"]["tiny-moe"].values():
+        assert len(per["skew"]) == len(per["balance"]) == le.TINY.num_layers
+        assert all(0.0 <= s <= cr.MAX_SKEW for s in per["skew"])
+    args = type("A", (), {"chunk_routing": str(tmp_path / "cr.json")})()
+    assert le.chunk_routing_setup(args, le.TINY)["model"] == "tiny-moe" and set(args.chunk_routing_s) == {8, 16}
+    with pytest.raises(SystemExit, match="not a chunk_routing.py table"):
+        le.chunk_routing_setup(type("A", (), {"chunk_routing": str(le.MOE_GRAPH_TABLES[0])})(), le.TINY)
+    with pytest.raises(SystemExit, match="no such file"):
+        le.chunk_routing_setup(type("A", (), {"chunk_routing": str(tmp_path / "absent.json")})(), le.TINY)
+
+
+def test_matching_skew_inverts_the_even_routings_balance_curve():
+    from benchmarks.live_e2e import chunk_routing as cr
+
+    curve = [1.0 + s for s in cr.SKEWS]
+    assert cr.matching_skew(0.5, curve) == 0.0 and cr.matching_skew(9.0, curve) == cr.MAX_SKEW
+    assert cr.matching_skew(1.625, curve) == pytest.approx(0.625)
+    real = [cr.even_balance(256, 8, 2, s, seeds=4) for s in (0.0, 0.6, 1.2)]
+    assert real[0] < real[1] < real[2]  # the dataset's skews route less and less evenly

@@ -64,6 +64,7 @@ from kernel_gym.kernels.space import Config  # noqa: E402
 from kernel_gym.kernels.workloads import MoEWorkload, PrefixPrefillWorkload  # noqa: E402
 from kernel_gym.models import ModelSpec, load_model  # noqa: E402
 from kernel_gym.traffic.simulator import (  # noqa: E402
+    SKEW_GRID,
     STEP_KINDS,
     STEP_OVERHEAD_S,
     KVLayout,
@@ -1061,6 +1062,11 @@ class PredictSimulator(Simulator):
     moe_chunk_steps = 0
     moe_chunk_missed = 0  # steps with chunks whose config and rows the chunk tables could not answer (the next table)
     _has_chunks = False  # the step being priced carries prefill chunks
+    _chunk_tokens = 0  # and how many chunk tokens
+    chunk_routing: dict[int, list[float]] | None = None  # --chunk-routing: chunk length -> each layer's skew
+    chunk_skew_s = 0.0  # seconds steps with chunks were charged over their even-routing price (all layers)
+    chunk_skew_steps = 0
+    chunk_skew_missed = 0  # steps with chunks whose config the dataset could not time at the chunk's skews
     moe_eager: MoEGraphTable | None = None
     moe_eager_charged_s = 0.0  # the eager table's seconds charged (all layers), routing inside
     moe_eager_replaced_s = 0.0  # the dataset's seconds those calls would have cost (the routing charge left out too)
@@ -1084,6 +1090,7 @@ class PredictSimulator(Simulator):
             self._eager_rows = num_tokens
         self._moe_routing_inside = False
         self._has_chunks = bool(chunks)
+        self._chunk_tokens = sum(c for _, c, _ in chunks)
         try:
             kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx)
         finally:
@@ -1118,7 +1125,7 @@ class PredictSimulator(Simulator):
         chosen, where it answers (moe_graph); an eager step's from the eager table (moe_eager)."""
         try:
             t = super()._kernel_s(kernel, key, stall)
-            return self._table_moe(t) if kernel == "fused_moe" else t
+            return self._chunk_skewed(self._table_moe(t), key) if kernel == "fused_moe" else t
         except LookupError:
             if kernel != "decode_attention" or key[1] <= 1:
                 raise
@@ -1151,6 +1158,35 @@ class PredictSimulator(Simulator):
             setattr(self, f"moe_{kind}_missed", getattr(self, f"moe_{kind}_missed") + 1)
         return t
 
+    def _chunk_skewed(self, t: float, key: tuple) -> float:
+        """A step with chunks routes as the live stack routes a chunk (--chunk-routing: each layer's matching skew
+        at the chunk's length): its MoE seconds `t` (whichever table priced it, at the step's even routing) times the
+        mean over layers of the chosen config's dataset time at that layer's skew over its time at the step's own."""
+        if not (self._has_chunks and self.chunk_routing):
+            return t
+        lengths = sorted(self.chunk_routing)
+        near = min(lengths, key=lambda n: abs(math.log2(n) - math.log2(max(self._chunk_tokens, 1))))
+        cfg = self._last_cfg["fused_moe"]
+        try:
+            base = self._moe_time(key[1], key[2], cfg)
+            factor = float(np.mean([self._moe_time(key[1], max(s, key[2]), cfg) / base
+                                    for s in self.chunk_routing[near]]))
+        except (LookupError, ValueError):
+            self.chunk_skew_missed += 1
+            return t
+        self.chunk_skew_steps += 1
+        self.chunk_skew_s += t * (factor - 1.0) * self.model.num_layers
+        return t * factor
+
+    def _moe_time(self, tokens: int, skew: float, cfg: Any) -> float:
+        """The timer's (the dataset's) seconds for this MoE config at these tokens and skew (on SKEW_GRID), memoised."""
+        skew = round(round(skew / SKEW_GRID) * SKEW_GRID, 3)
+        mk = (("fused_moe", tokens, skew), cfg)
+        t = self._memo.get(mk)
+        if t is None:
+            t = self._memo[mk] = float(self.timer.time_s("fused_moe", self._workload(mk[0]), cfg))
+        return t
+
     def _charge_moe(self, kind: str, g: float, t: float) -> float:
         """Book a table's seconds per layer `g` in place of the dataset's `t` under `kind`'s counters."""
         layers = self.model.num_layers
@@ -1177,6 +1213,7 @@ def attach_tables(sim: Any, args: Any) -> None:
     sim.moe_graph = getattr(args, "moe_graph_s", None)
     sim.moe_eager = getattr(args, "moe_eager_s", None)
     sim.moe_chunk_graph, sim.moe_chunk_eager = getattr(args, "moe_chunk_s", (None, None))
+    sim.chunk_routing = getattr(args, "chunk_routing_s", None)
     sim.dense_eager = getattr(args, "dense_eager_s", None)
     sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
 
@@ -1249,7 +1286,7 @@ def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, di
         prediction = {"commit": git_commit(), "dataset_sha256_16": backend.dataset_hash}  # meta is the run's
     prediction |= {"moe_routing": moe_routing_setup(args, model), "dense_ops": dense_ops_setup(args, model),
                    "moe_graph": moe_graph_setup(args, model), "moe_eager": moe_eager_setup(args, model),
-                   "moe_chunk": moe_chunk_setup(args, model),
+                   "moe_chunk": moe_chunk_setup(args, model), "chunk_routing": chunk_routing_setup(args, model),
                    "dense_eager": dense_eager_setup(args, model), "step_overheads": step_host_setup(args),
                    "eager_issue": eager_issue_setup(args)}
     return data, meta, model, trace, backend, timer, prediction
@@ -1271,6 +1308,8 @@ def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
                           "steps": sim.moe_eager_steps, "missed_steps": sim.moe_eager_missed},
             "moe_chunk": {"charged_s": sim.moe_chunk_charged_s, "dataset_s": sim.moe_chunk_replaced_s,
                           "steps": sim.moe_chunk_steps, "missed_steps": sim.moe_chunk_missed},
+            "chunk_routing": {"extra_s": sim.chunk_skew_s, "steps": sim.chunk_skew_steps,
+                              "missed_steps": sim.chunk_skew_missed},
             "dense_eager": {"steps": sim.dense_eager_steps, "missed_steps": sim.dense_eager_missed},
             "fallbacks": guard.fallbacks if guard is not None else None,
             "clamped_workloads": sim.clamped,
@@ -1502,6 +1541,32 @@ def moe_chunk_setup(args: Any, model: ModelSpec) -> dict | str:
                     "as for other steps (missed_steps per policy)"}
 
 
+def chunk_routing_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.chunk_routing (a chunk_routing.py table's path, or "none") -> args.chunk_routing_s (chunk length -> each
+    layer's matching skew for the model, or None) and the note summary.json's prediction carries."""
+    from benchmarks.live_e2e.chunk_routing import load_table
+
+    path = str(getattr(args, "chunk_routing", None) or "none")
+    args.chunk_routing_s = None
+    if path == "none":
+        return "none: --chunk-routing none (steps with chunks priced at the even routing the tables were timed with)"
+    if not Path(path).exists():
+        raise SystemExit(f"--chunk-routing {path}: no such file (write it with benchmarks/live_e2e/chunk_routing.py, "
+                         "or pass none)")
+    try:
+        entry = load_table(path)["models"].get(model.name)
+    except ValueError as exc:
+        raise SystemExit(f"--chunk-routing: {exc}") from exc
+    if not entry:
+        return f"{path} has no {model.name} (steps with chunks priced at the even routing)"
+    args.chunk_routing_s = {int(t): list(v["skew"]) for t, v in entry.items()}
+    return {"table": path, "model": model.name,
+            "note": "steps with prefill chunks priced at the live stack's routing of a chunk: each layer's skew "
+                    "matching its busiest-expert balance (chunk_routing.py, at the chunk length nearest in log2), "
+                    "their MoE price times the chosen config's dataset time at those skews over its time at even "
+                    "routing, averaged over layers (chunk_routing.extra_s per policy)"}
+
+
 def dense_eager_setup(args: Any, model: ModelSpec) -> dict | str:
     """args.dense_eager (a dense_price_check.py --eager table's path, or "none") -> args.dense_eager_s (DenseOps or
     None: eager steps' dense ops priced as the others') and the note summary.json's prediction carries."""
@@ -1599,6 +1664,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         routed, graphed, replaced = sim.moe_routing_charged_s, sim.moe_graph_charged_s, sim.moe_graph_replaced_s
         eager_charged, eager_replaced = sim.moe_eager_charged_s, sim.moe_eager_replaced_s
         chunk_charged, chunk_replaced = sim.moe_chunk_charged_s, sim.moe_chunk_replaced_s
+        skewed = sim.chunk_skew_s
         longest, waited = sim.decode_longest_s, sim.host_bound_s
         # records before tree 5ebaec4 carry no max_context: their decode is priced at the mean context alone
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
@@ -1614,6 +1680,7 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         if sim.moe_chunk_charged_s != chunk_charged:  # and the chunk-routed tables'
             parts["fused_moe"] += ((sim.moe_chunk_charged_s - chunk_charged)
                                    - (sim.moe_chunk_replaced_s - chunk_replaced))
+        parts["fused_moe"] = parts.get("fused_moe", 0.0) + (sim.chunk_skew_s - skewed)  # a chunk's routing
         if sim.decode_longest_s != longest:  # the guard booked the mean context's time; the longest sequence's too
             parts["decode_attention"] += sim.decode_longest_s - longest
         if sim.host_bound_s != waited:  # an eager step the host's issue time prices: that wait apart from the dense ops
@@ -1829,6 +1896,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-eager", default="none", metavar="TABLE.json[,...]",
                    help="--predict: price eager steps' MoE (routing inside) from these moe_graph_table.py --eager "
                         "tables (none yet committed); none (default): the dataset's row plus --moe-routing")
+    p.add_argument("--chunk-routing", default="none", metavar="TABLE.json",
+                   help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
+                        "(a chunk_routing.py table: each layer's matching skew), from the dataset's rows at those "
+                        "skews; none (default): at even routing")
     p.add_argument("--moe-chunk", default="none", metavar="TABLE.json[,...]",
                    help="--predict: price the MoE of steps with prefill chunks from these moe_graph_table.py --chunk "
                         "tables (graph and --eager ones; their tokens routed as the live stack routes a chunk); none "
