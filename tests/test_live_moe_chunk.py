@@ -180,3 +180,15 @@ def test_matching_skew_inverts_the_even_routings_balance_curve():
     assert cr.matching_skew(1.625, curve) == pytest.approx(0.625)
     real = [cr.even_balance(256, 8, 2, s, seeds=4) for s in (0.0, 0.6, 1.2)]
     assert real[0] < real[1] < real[2]  # the dataset's skews route less and less evenly
+
+
+def test_step_check_splits_each_group_by_kind_of_step():
+    priced = [("piecewise", True, 0.011, 0.010, 1, {"dense": 0.010}, None),
+              ("eager", True, 0.030, 0.020, 1, {"dense": 0.020}, None),
+              ("eager", True, 0.030, 0.020, 2, {"dense": 0.020}, None),
+              ("graph", False, 0.010, 0.010, 4, {"dense": 0.010}, None)]
+    check = le.step_check(priced, {"graph": 0.0, "piecewise": 0.0, "eager": 0.0})
+    by = check["with_prefill"]["by_step_kind"]
+    assert by["piecewise"] == {"steps": 1, "sum_error": pytest.approx(0.010 / 0.011 - 1)}
+    assert by["eager"] == {"steps": 2, "sum_error": pytest.approx(0.040 / 0.060 - 1)}
+    assert check["decode_only"]["by_step_kind"] == {"graph": {"steps": 1, "sum_error": pytest.approx(0.0)}}

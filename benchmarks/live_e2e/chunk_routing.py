@@ -29,7 +29,7 @@ from benchmarks.live_e2e.moe_graph_table import chunk_inputs, routing_balance  #
 
 HERE = Path(__file__).resolve().parent
 OUT_PATH = HERE / "chunk_routing.json"
-MODELS = ("mixtral-8x7b", "olmoe-1b-7b")  # the models the live runs serve
+MODELS = ("olmoe-1b-7b", "mixtral-8x7b")  # the models the live runs serve
 LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048)  # chunk lengths; longer ones take the last (prices clamp there)
 SKEWS = tuple(round(0.05 * i, 2) for i in range(25))  # 0 .. 1.2: the dataset's skew range
 MAX_SKEW = SKEWS[-1]
@@ -61,33 +61,41 @@ def matching_skew(balance: float, curve: list[float]) -> float:
     return MAX_SKEW
 
 
-def model_routing(spec: dict, lengths: tuple[int, ...], seeds: int) -> dict:
-    """Per chunk length: every layer's balance (mean over `seeds` chunks up to 512 tokens, one above) and matching
-    skew."""
+def model_routing(spec: dict, lengths: tuple[int, ...], seeds: int, done: dict | None = None,
+                  save: Any = None) -> dict:
+    """Per chunk length: every layer's balance (mean over `seeds` chunks up to 128 tokens, one above: a long chunk's
+    balance is an average over many tokens already) and matching skew; lengths in `done` are kept, `save(out)` is
+    called after each new one (a long run keeps what it has)."""
     import torch
 
     from kernel_gym.kernels.workloads import MoEWorkload
 
     e, k, hidden, inter = spec["num_experts"], spec["top_k"], spec["hidden"], spec["intermediate"]
-    out = {}
-    for t in lengths:
-        t0 = time.monotonic()
-        per_seed = []
-        for seed in range(seeds if t <= 512 else 1):  # a long chunk's balance is an average over many tokens already
-            gen = torch.Generator().manual_seed(seed)
-            weights = [(torch.randn(e, 2 * inter, hidden, generator=gen) * hidden ** -0.5,
-                        torch.randn(e, hidden, inter, generator=gen) * inter ** -0.5)]
+    out = dict(done or {})
+    todo = [t for t in lengths if str(t) not in out]
+    balances: dict[int, list[list[float]]] = {t: [] for t in todo}
+    for seed in range(seeds):  # one set of expert weights per seed, shared by every length
+        gen = torch.Generator().manual_seed(seed)
+        weights = [(torch.randn(e, 2 * inter, hidden, generator=gen) * hidden ** -0.5,
+                    torch.randn(e, hidden, inter, generator=gen) * inter ** -0.5)]
+        for t in todo:
+            if seed and t > 128:
+                continue
+            t0 = time.monotonic()
             wl = MoEWorkload(t, e, k, hidden, inter, 0.0, "float32")
-            per_seed.append(routing_balance(chunk_inputs(spec, wl, weights, gen, "cpu", torch.float32)))
-            del weights
-        balance = [sum(col) / seeds for col in zip(*per_seed)]
-        curve = [even_balance(t, e, k, s) for s in SKEWS]
-        skews = [matching_skew(b, curve) for b in balance]
-        out[str(t)] = {"balance": [round(b, 3) for b in balance], "skew": skews,
-                       "even_balance": round(curve[0], 3), "seconds": round(time.monotonic() - t0, 1)}
-        log(f"{spec['name']} T={t}: balance mean {sum(balance) / len(balance):.2f} (even {curve[0]:.2f}), skew mean "
-            f"{sum(skews) / len(skews):.2f} ({out[str(t)]['seconds']} s)")
-    return out
+            balances[t].append(routing_balance(chunk_inputs(spec, wl, weights, gen, "cpu", torch.float32)))
+            if seed == (seeds - 1 if t <= 128 else 0):
+                balance = [sum(col) / len(balances[t]) for col in zip(*balances[t])]
+                curve = [even_balance(t, e, k, s) for s in SKEWS]
+                skews = [matching_skew(b, curve) for b in balance]
+                out[str(t)] = {"balance": [round(b, 3) for b in balance], "skew": skews,
+                               "even_balance": round(curve[0], 3), "chunks": len(balances[t])}
+                log(f"{spec['name']} T={t}: balance mean {sum(balance) / len(balance):.2f} (even {curve[0]:.2f}), "
+                    f"skew mean {sum(skews) / len(skews):.2f} ({time.monotonic() - t0:.0f} s)")
+                if save is not None:
+                    save(out)
+        del weights
+    return {str(t): out[str(t)] for t in sorted(map(int, out))}
 
 
 def load_table(path: Path | str) -> dict:
@@ -103,23 +111,36 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=OUT_PATH)
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--seeds", type=int, default=2, help="chunks (distinct random weights) averaged per length")
+    p.add_argument("--seeds", type=int, default=2,
+                   help="chunks (distinct random weights) averaged per length up to 128 tokens (one above)")
     p.add_argument("--smoke", action="store_true", help="the tiny model at two lengths")
     args = p.parse_args(argv)
     from benchmarks.live_e2e import run as le
     from kernel_gym.models import load_model
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     specs = [le.TINY] if args.smoke else [load_model(m) for m in args.models.split(",")]
     lengths = (8, 16) if args.smoke else LENGTHS
     doc: dict[str, Any] = {"what": "chunk_routing", "lengths": list(lengths), "skews": list(SKEWS),
                            "seeds": args.seeds, "torch": torch.__version__, "models": {}}
     start = time.monotonic()
+    if args.out.exists():  # a run that stopped part way: keep what it wrote
+        old = json.loads(args.out.read_text())
+        if old.get("what") == "chunk_routing":
+            doc["models"] = old.get("models", {})
+
+    def write() -> None:
+        doc["seconds"] = round(time.monotonic() - start, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
     for spec in specs:
-        doc["models"][spec.name] = model_routing(asdict(spec), lengths, args.seeds)
-    doc["seconds"] = round(time.monotonic() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        def save(out: dict, name: str = spec.name) -> None:
+            doc["models"][name] = out
+            write()
+
+        doc["models"][spec.name] = model_routing(asdict(spec), lengths, args.seeds, doc["models"].get(spec.name),
+                                                 save)
+    write()
     log(f"wrote {args.out} ({doc['seconds']} s)")
     return 0
 

@@ -1698,12 +1698,16 @@ def step_check(priced: list[tuple[str, bool, float, float, int, dict, Any]], ove
     tells a fixed cost per step (host work the table leaves out) from one that grows with the batch (a kernel price,
     or host work per sequence, that the data gets wrong). `price_shares`: each kernel family's and the dense ops'
     share of the price (overheads left out), so an error can be weighed against the part it can come from.
-    `profile`: over the profiled steps (profile_check), each part's measured kernel time beside its price."""
+    `profile`: over the profiled steps (profile_check), each part's measured kernel time beside its price.
+    `by_step_kind`: steps and sum_error per kind of step (graph, piecewise, eager)."""
     kinds: dict[str, list[tuple[float, float, int]]] = {"decode_only": [], "with_prefill": []}
+    by_step_kind: dict[str, dict[str, list[float]]] = {"decode_only": {}, "with_prefill": {}}
     parts: dict[str, dict[str, float]] = {"decode_only": {}, "with_prefill": {}}
     for kind, has_chunks, measured, price, batch, step_parts, _ in priced:
         group = "with_prefill" if has_chunks else "decode_only"
         kinds[group].append((measured, price + overheads[kind], batch))
+        sums = by_step_kind[group].setdefault(kind, [0, 0.0, 0.0])
+        sums[0], sums[1], sums[2] = sums[0] + 1, sums[1] + measured, sums[2] + price + overheads[kind]
         for name, seconds in step_parts.items():
             parts[group][name] = parts[group].get(name, 0.0) + seconds
     check = {}
@@ -1712,7 +1716,9 @@ def step_check(priced: list[tuple[str, bool, float, float, int, dict, Any]], ove
             m, p, b = np.array(rows).T
             check[kind] = {"steps": len(rows), "measured_s": float(m.sum()), "predicted_s": float(p.sum()),
                            "sum_error": float(p.sum() / m.sum() - 1.0), "median_measured_over_predicted":
-                           float(np.median(m / p))}
+                           float(np.median(m / p)),
+                           "by_step_kind": {k: {"steps": n, "sum_error": pk / mk - 1.0}
+                                            for k, (n, mk, pk) in sorted(by_step_kind[kind].items())}}
             if len(set(b.tolist())) > 1:
                 (fixed, per_seq), *_ = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, m - p, rcond=None)
                 check[kind]["residual_fit"] = {"fixed_s": float(fixed), "per_sequence_s": float(per_seq)}
