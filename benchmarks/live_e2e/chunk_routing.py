@@ -113,14 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--seeds", type=int, default=2,
                    help="chunks (distinct random weights) averaged per length up to 128 tokens (one above)")
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                   help="chunk lengths (a chunk is priced at the nearest one in log2)")
     p.add_argument("--smoke", action="store_true", help="the tiny model at two lengths")
     args = p.parse_args(argv)
     from benchmarks.live_e2e import run as le
     from kernel_gym.models import load_model
 
     specs = [le.TINY] if args.smoke else [load_model(m) for m in args.models.split(",")]
-    lengths = (8, 16) if args.smoke else LENGTHS
-    doc: dict[str, Any] = {"what": "chunk_routing", "lengths": list(lengths), "skews": list(SKEWS),
+    lengths = (8, 16) if args.smoke else tuple(int(n) for n in args.lengths.split(","))
+    doc: dict[str, Any] = {"what": "chunk_routing", "skews": list(SKEWS),
                            "seeds": args.seeds, "torch": torch.__version__, "models": {}}
     start = time.monotonic()
     if args.out.exists():  # a run that stopped part way: keep what it wrote

@@ -1171,7 +1171,7 @@ class PredictSimulator(Simulator):
             base = self._moe_time(key[1], key[2], cfg)
             factor = float(np.mean([self._moe_time(key[1], max(s, key[2]), cfg) / base
                                     for s in self.chunk_routing[near]]))
-        except (LookupError, ValueError):
+        except (LookupError, ValueError, RuntimeError):  # no measured row brackets the config there
             self.chunk_skew_missed += 1
             return t
         self.chunk_skew_steps += 1
