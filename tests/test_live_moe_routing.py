@@ -174,3 +174,15 @@ def test_dense_ops_table_prices_each_steps_dense_ops_instead_of_the_roofline(tmp
     mixtral = le.DenseOps.from_table(le.DENSE_OPS_TABLE, "mixtral-8x7b")
     assert 77e-6 < mixtral.layer(1) < 78e-6 and 101e-6 < mixtral.layer(32) < 103e-6
     assert le.DenseOps.from_table(le.DENSE_OPS_TABLE, "tiny-moe") is None
+
+
+def test_summary_dir_writes_the_prediction_beside_the_run_and_leaves_the_runs_own(smoke_run, tmp_path):
+    own = _predict(smoke_run)
+    before = (smoke_run / "summary.json").read_bytes()
+    where = tmp_path / "predicted" / "run"
+    assert le.main(["--out", str(smoke_run), "--predict", "--smoke", "--moe-routing", "none",
+                    "--summary-dir", str(where)]) == 0
+    assert (smoke_run / "summary.json").read_bytes() == before  # the committed prediction stays
+    beside = json.loads((where / "summary.json").read_text())
+    assert beside["prediction"]["moe_routing"].startswith("none") and own["prediction"]["moe_routing"] != "none"
+    assert beside["policies"].keys() == own["policies"].keys()

@@ -1412,6 +1412,8 @@ def run_predict(args: Any) -> int:
         routing_note["charged_s"] = {spec: row["moe_routing_charged_s"] for spec, row in summary["policies"].items()
                                      if "moe_routing_charged_s" in row}
     summary["step_fit"] = step_fit(args.out, data["measured"])
+    where = getattr(args, "summary_dir", None) or args.out  # --summary-dir: beside the committed prediction
+    where.mkdir(parents=True, exist_ok=True)
     if backend is not None:
         plain = getattr(args, "step_host_s", None) or dict.fromkeys(STEP_KINDS, STEP_OVERHEAD_S)
         summary["step_check"] = {}
@@ -1422,8 +1424,8 @@ def run_predict(args: Any) -> int:
                 summary["step_check"][spec]["profile"] = profile_check(priced, measured["profiled_kernels_us"])
         from kernel_gym.evaluate.replay import write_untimed_plan
 
-        write_untimed_plan(guards, backend, args.out / "untimed_plan.json")
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_untimed_plan(guards, backend, where / "untimed_plan.json")
+    (where / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["policies"], indent=1))
     return 0
 
@@ -1886,6 +1888,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", default="", metavar="POLICY",
                    help="with --predict: also fit the step overheads per kind of step (graph, piecewise, eager) on "
                         "this policy's step records, held for the others")
+    p.add_argument("--summary-dir", type=Path, default=None, metavar="DIR",
+                   help="with --predict: write summary.json and untimed_plan.json there instead of the run's folder "
+                        "(a prediction by newer tables beside the one committed with the run)")
     p.add_argument("--calibration-from", default="", metavar="SUMMARY",
                    help="with --predict: hold the step overheads fitted in another run's summary.json (scaled by "
                         "the depth)")
