@@ -997,6 +997,10 @@ def measured_step_host(runs: tuple[Path, ...] | list[Path]) -> dict:
 
 
 DENSE_OPS_TABLE = Path(__file__).resolve().parent / "dense_217cbde" / "dense_ops.json"
+# the eager steps' tables --predict reads by default (eager_session.sh, session 49, benchmarks/live_e2e/eager_ab2db7d)
+EAGER_TABLES = Path(__file__).resolve().parent / "eager_ab2db7d"
+MOE_EAGER_TABLE = EAGER_TABLES / "moe_eager" / "moe_eager.json"
+DENSE_EAGER_TABLE = EAGER_TABLES / "dense_eager.json"
 
 
 class DenseOps:
@@ -1904,9 +1908,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-graph", default=",".join(str(t) for t in MOE_GRAPH_TABLES), metavar="TABLE.json[,...]",
                    help="--predict: price graphed steps' MoE (routing inside) from these moe_graph_table.py tables "
                         "(default: the committed ones); none: the dataset's row plus --moe-routing")
-    p.add_argument("--moe-eager", default="none", metavar="TABLE.json[,...]",
+    p.add_argument("--moe-eager", default=str(MOE_EAGER_TABLE), metavar="TABLE.json[,...]",
                    help="--predict: price eager steps' MoE (routing inside) from these moe_graph_table.py --eager "
-                        "tables (none yet committed); none (default): the dataset's row plus --moe-routing")
+                        "tables (default: the one timed in session 49); none: the dataset's row plus --moe-routing")
     p.add_argument("--chunk-routing", default="none", metavar="TABLE.json",
                    help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
                         "(a chunk_routing.py table: each layer's matching skew), from the dataset's rows at those "
@@ -1915,9 +1919,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: price the MoE of steps with prefill chunks from these moe_graph_table.py --chunk "
                         "tables (graph and --eager ones; their tokens routed as the live stack routes a chunk); none "
                         "(default): as the other steps")
-    p.add_argument("--dense-eager", default="none", metavar="TABLE.json",
-                   help="--predict: price eager steps' dense ops from this dense_price_check.py --eager table; none "
-                        "(default): --dense-ops")
+    p.add_argument("--dense-eager", default=str(DENSE_EAGER_TABLE), metavar="TABLE.json",
+                   help="--predict: price eager steps' dense ops from this dense_price_check.py --eager table "
+                        "(default: the one timed in session 49); none: --dense-ops")
     p.add_argument("--step-host", default=",".join(str(r) for r in STEP_HOST_RUNS), metavar="RUN[,RUN]",
                    help="--predict: the step overhead per kind of step, measured on these live runs' records (seconds "
                         "minus the GPU span; default: the committed graph_5ebaec4 runs); assumed: the simulator's "
