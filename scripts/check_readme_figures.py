@@ -268,6 +268,14 @@ W6 = "benchmarks/live_e2e/window6_01d3818/window6/summary.json"
 RETRAINED = "benchmarks/live_e2e/retrained/compare.json"  # retrained/compare.py: the retrained tables live
 CLOCKS = "benchmarks/live_e2e/retrained/clock_check.json"  # retrained/clock_check.py: step prices by SM clock
 GAP = "benchmarks/live_e2e/tables/gap.json"  # table_gap.py: dispatch tables against the dataset's fastest configs
+PROF5 = "benchmarks/live_e2e/eager_ab2db7d/window1_prof5/measured.json"  # eager_session.sh's profiled window 1
+ROUTING = "benchmarks/live_e2e/chunk_routing.json"  # chunk_routing.py: the live stack's routing of a chunk (CPU)
+
+
+def chunk_balance(model: str, tokens: str) -> float:
+    """The mean over layers of the busiest-expert balance of a chunk of `tokens` (chunk_routing.py)."""
+    b = committed(ROUTING)["models"][model][tokens]["balance"]
+    return sum(b) / len(b)
 
 
 def step_ms(path: str, policy: str, kind: str) -> Callable[[], float]:
@@ -445,7 +453,7 @@ FIGURES = [
     Figure("live e2e (graphs) learned TTFT p50, window 1 (ms)", "README.md", rf"ms, TTFT p50 {N} / ", GRAPHS,
            at(GRAPHS, "policies", LEARNED, "measured", "ttft_p50_s", scale=1e3), 0.06, "gpu"),
     Figure("live e2e (graphs) simulator throughput error, lowest (%)", "README.md",
-           rf"graphed policy runs: throughput -{N}% to ", CHECK,
+           rf"graphed policy runs(?: \([^)]*\))?: throughput -{N}% to ", CHECK,
            lambda: -100 * committed(CHECK)["range"]["tokens_per_s"][0],
            0.06, "gpu"),
     Figure("live e2e (graphs) simulator TPOT error, highest (%)", "README.md",
@@ -507,6 +515,18 @@ FIGURES = [
            lambda: 100 * max(abs(r["tpot_p50_s"]) for r in committed(CHECK)["rows"]
                              if r["model"] == "mixtral-8x7b" and ("window5_" in r["run"] or "window6_" in r["run"])),
            0.06, "gpu"),
+    Figure("live e2e profiled window 1 (session 49) TPOT p50 (ms)", "docs/live.md",
+           rf"with every 5th step profiled \(237 steps; the live clock advances by the\ntimed steps only\): 196.9 tok/s, "
+           rf"TTFT p50 58.8 ms, TPOT p50 {N} ms", PROF5,
+           at(PROF5, "measured", "vllm-table", "tpot_p50_s", scale=1e3), 0.006, "gpu"),
+    Figure("chunk routing: Mixtral's mean balance at 512 tokens", "docs/live.md", rf"\| 512 \| {N} \(1.10\) \|",
+           ROUTING, lambda: chunk_balance("mixtral-8x7b", "512"), 0.006, "json"),
+    Figure("live check with the eager tables: runs within the TTFT target", "docs/live.md",
+           rf"\| TTFT p50 within 10% \| 38 \| {N} \|", CHECK,
+           lambda: float(sum(abs(r["ttft_p50_s"]) <= 0.10 for r in committed(CHECK)["rows"])), 0.0, "gpu"),
+    Figure("live check with the eager tables: runs within the TPOT target", "docs/live.md",
+           rf"\| TPOT p50 within 5% \(within 10%\) \| 26 \(45\) \| {N} \(", CHECK,
+           lambda: float(sum(abs(r["tpot_p50_s"]) <= 0.05 for r in committed(CHECK)["rows"])), 0.0, "gpu"),
     # ---- benchmarks/README.md, the index: each study's headline figure, equal to its committed results file ----
     Figure("index: h200_kernels records", BENCH, rf"`h200_kernels\.json` \({N} records\)", KERNELS,
            lambda: float(len(committed(KERNELS))), 0.0, "gpu"),
