@@ -516,7 +516,7 @@ FIGURES = [
                              if r["model"] == "mixtral-8x7b" and ("window5_" in r["run"] or "window6_" in r["run"])),
            0.06, "gpu"),
     Figure("live e2e profiled window 1 (session 49) TPOT p50 (ms)", "docs/live.md",
-           rf"the live clock advances by the\ntimed steps only\): 196.9 tok/s, TTFT p50 58.8 ms, TPOT p50 {N} ms", PROF5,
+           rf"timed steps only\): 196.9 tok/s, TTFT p50 58.8 ms, TPOT p50 {N} ms", PROF5,
            at(PROF5, "measured", "vllm-table", "tpot_p50_s", scale=1e3), 0.006, "gpu"),
     Figure("chunk routing: Mixtral's mean balance at 512 tokens", "docs/live.md", rf"\| 512 \| {N} \(1.10\) \|",
            ROUTING, lambda: chunk_balance("mixtral-8x7b", "512"), 0.006, "json"),
