@@ -30,10 +30,12 @@ dense_217cbde/dense_ops.json from dense_price_check.py; `none`: the simulator's 
 live steps found 4-9x too low). A graphed step's MoE is priced from the live call timed as its graphs run it
 (`--moe-graph`, moe_graph_table.py; routing inside), each step's host overhead from the host's part measured in live
 runs' records (`--step-host`: seconds minus the GPU span), an eager step no lower than the host's measured issue time
-(`--eager-issue`), and no compile stalls: the live run compiles and captures untimed. Given eager tables (off by
-default until a GPU run has made them), an eager step's MoE is priced from the live call timed as eager steps run it
-(`--moe-eager`, moe_graph_table.py --eager; routing inside) and its dense ops from the ops timed eagerly
-(`--dense-eager`, dense_price_check.py --eager).
+(`--eager-issue`), and no compile stalls: the live run compiles and captures untimed. An eager step's MoE is priced
+from the live call timed as eager steps run it (`--moe-eager`, moe_graph_table.py --eager; routing inside) and its
+dense ops from the ops timed eagerly (`--dense-eager`, dense_price_check.py --eager). Steps with prefill chunks can
+be priced from MoE tables timed with the live stack's routing of a chunk (`--moe-chunk`, moe_graph_table.py --chunk:
+a chunk's tokens go to few experts) or, on the CPU, at the dataset's matching skew (`--chunk-routing`); both off.
+`--summary-dir DIR` writes the prediction there instead of beside the run (predict_all.sh: every graphed run).
 
     python3 benchmarks/live_e2e/run.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
     python3 benchmarks/live_e2e/run.py --out benchmarks/live_e2e --predict                           # CPU, afterwards
