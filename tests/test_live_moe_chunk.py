@@ -192,3 +192,22 @@ def test_step_check_splits_each_group_by_kind_of_step():
     assert by["piecewise"] == {"steps": 1, "sum_error": pytest.approx(0.010 / 0.011 - 1)}
     assert by["eager"] == {"steps": 2, "sum_error": pytest.approx(0.040 / 0.060 - 1)}
     assert check["decode_only"]["by_step_kind"] == {"graph": {"steps": 1, "sum_error": pytest.approx(0.0)}}
+
+
+def test_a_chunk_table_is_not_skewed_again_and_the_other_flags_refuse_it(tmp_path):
+    layers = le.TINY.num_layers
+    probe = _skew_sim(None)
+    probe.price_step([(0, 100, 0)], 3, 200.0, 3, [])
+    cfg = str(probe._last_cfg["fused_moe"])
+    both = _skew_sim({128: [1.2, 1.2]})
+    both.moe_chunk_graph = le.MoEGraphTable({cfg: {96: 3e-3, 128: 3e-3}})
+    both.price_step([(0, 100, 0)], 3, 200.0, 3, [])
+    assert both.moe_chunk_steps == 1 and both.chunk_skew_steps == 0  # the table holds the chunk's routing already
+    assert both.moe_chunk_charged_s == pytest.approx(3e-3 * layers)
+    chunk = tmp_path / "moe_chunk_graph.json"
+    chunk.write_text(json.dumps({"meta": {"routing": "chunk", "mode": "graph"},
+                                 "models": {"tiny-moe": {"ms": {cfg: {"96": {"ms": 1.0}}}}}}))
+    with pytest.raises(SystemExit, match="timed with chunk routing"):
+        le.moe_graph_setup(type("A", (), {"moe_graph": str(chunk)})(), le.TINY)
+    with pytest.raises(SystemExit, match="graph plan"):
+        mgt.main(["--chunk", "--eager", "--plan", str(mgt.plan_path(False, True)), "--out", str(tmp_path)])

@@ -184,5 +184,6 @@ def test_summary_dir_writes_the_prediction_beside_the_run_and_leaves_the_runs_ow
                     "--summary-dir", str(where)]) == 0
     assert (smoke_run / "summary.json").read_bytes() == before  # the committed prediction stays
     beside = json.loads((where / "summary.json").read_text())
-    assert beside["prediction"]["moe_routing"].startswith("none") and own["prediction"]["moe_routing"] != "none"
+    assert beside["prediction"]["moe_routing"] == "none: --moe-routing none"  # this command's flags, not the run's
+    assert not (where / "measured.json").exists() and (smoke_run / "measured.json").exists()
     assert beside["policies"].keys() == own["policies"].keys()

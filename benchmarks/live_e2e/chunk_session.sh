@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 command (session 49): the MoE of steps with prefill chunks timed as the live stack routes them. Steps with
 # chunks were under-priced by 8-12% in every run while decode-only steps were not (benchmarks/live_e2e/retrained); the
-# profiled window 1 (eager_ab2db7d) put the MoE at up to 1.27x its table at 374-426 tokens. The live stack's chunk
+# profiled window 1 (eager_ab2db7d) put the MoE with its routing at 1.19x its table at 396 tokens. The live stack's chunk
 # tokens attend to the same earlier tokens and its router sends them to few experts (moe_graph_table.chunk_inputs),
 # where the tables were timed with even routings. Both chunk tables (graphed, 16-512 rows; eager, 512-4,096 tokens),
 # every live policy's configs, every layer's inputs from a model-shaped forward of one chunk; the tables

@@ -1069,6 +1069,7 @@ class PredictSimulator(Simulator):
     moe_chunk_missed = 0  # steps with chunks whose config and rows the chunk tables could not answer (the next table)
     _has_chunks = False  # the step being priced carries prefill chunks
     _chunk_tokens = 0  # and how many chunk tokens
+    _chunk_table_hit = False  # the step's MoE came from a chunk-routed table (no --chunk-routing factor on it)
     chunk_routing: dict[int, list[float]] | None = None  # --chunk-routing: chunk length -> each layer's skew
     chunk_skew_s = 0.0  # seconds steps with chunks were charged over their even-routing price (all layers)
     chunk_skew_steps = 0
@@ -1131,7 +1132,10 @@ class PredictSimulator(Simulator):
         chosen, where it answers (moe_graph); an eager step's from the eager table (moe_eager)."""
         try:
             t = super()._kernel_s(kernel, key, stall)
-            return self._chunk_skewed(self._table_moe(t), key) if kernel == "fused_moe" else t
+            if kernel != "fused_moe":
+                return t
+            t = self._table_moe(t)  # a chunk-routed table's time holds the chunk's routing: no skew factor on it
+            return t if self._chunk_table_hit else self._chunk_skewed(t, key)
         except LookupError:
             if kernel != "decode_attention" or key[1] <= 1:
                 raise
@@ -1152,6 +1156,7 @@ class PredictSimulator(Simulator):
         or eager), then the graph table's at a graphed step's capture size, the eager table's at an eager step's
         token count."""
         rows = self._graph_rows or self._eager_rows
+        self._chunk_table_hit = False
         tables = [("chunk", self.moe_chunk_graph if self._graph_rows else self.moe_chunk_eager)] if self._has_chunks \
             else []
         tables.append(("graph", self.moe_graph) if self._graph_rows else ("eager", self.moe_eager))
@@ -1160,6 +1165,7 @@ class PredictSimulator(Simulator):
                 continue
             g = table(str(self._last_cfg["fused_moe"]), rows)
             if g is not None:
+                self._chunk_table_hit = kind == "chunk"
                 return self._charge_moe(kind, g, t)
             setattr(self, f"moe_{kind}_missed", getattr(self, f"moe_{kind}_missed") + 1)
         return t
@@ -1190,7 +1196,10 @@ class PredictSimulator(Simulator):
         mk = (("fused_moe", tokens, skew), cfg)
         t = self._memo.get(mk)
         if t is None:
-            t = self._memo[mk] = float(self.timer.time_s("fused_moe", self._workload(mk[0]), cfg))
+            t = float(self.timer.time_s("fused_moe", self._workload(mk[0]), cfg))
+            if not t > 0 or not math.isfinite(t):
+                raise ValueError(f"timer gave {t!r} s for fused_moe {mk[0]} {cfg}; kernel times must be finite, > 0")
+            self._memo[mk] = t
         return t
 
     def _charge_moe(self, kind: str, g: float, t: float) -> float:
@@ -1480,12 +1489,20 @@ def dense_ops_setup(args: Any, model: ModelSpec) -> dict | str:
                     "roofline: dense_charged_s and dense_roofline_s per policy"}
 
 
-def _moe_tables(choice: str, flag: str, what: str, cls: type, model: ModelSpec) -> tuple[Any, str]:
+def _moe_tables(choice: str, flag: str, what: str, cls: type, model: ModelSpec, routing: str = "even"
+                ) -> tuple[Any, str]:
     """A comma list of MoE tables' paths (or "none") -> (their `cls.union` for the model, or None; the paths as
-    summary.json shows them, or why nothing is charged)."""
+    summary.json shows them, or why nothing is charged). Each table's routing (meta.routing; "even" where unsaid)
+    must be `routing`: a chunk-routed table prices only steps with chunks (--moe-chunk)."""
     found, where, shown = [], [], f"none: {flag} none"
     for path in choice.split(","):
-        table, shown = _measured_table(path.strip(), flag, what, cls.from_table, model)
+        path = path.strip()
+        if path not in ("", "none") and Path(path).is_file():
+            has = json.loads(Path(path).read_text()).get("meta", {}).get("routing", "even")
+            if has != routing:
+                raise SystemExit(f"{flag} {path}: a table timed with {has} routing, where {flag} takes {routing} "
+                                 "routing; pass a chunk-routed table (moe_graph_table.py --chunk) to --moe-chunk only")
+        table, shown = _measured_table(path, flag, what, cls.from_table, model)
         if table is not None:
             found.append(table)
             where.append(shown)
@@ -1538,7 +1555,8 @@ def moe_chunk_setup(args: Any, model: ModelSpec) -> dict | str:
                              "time one with moe_graph_table.py --chunk, or pass it to --moe-graph / --moe-eager")
         by_mode["eager" if meta.get("mode") == "eager" else "graph"].append(path)
     found = [_moe_tables(",".join(by_mode[mode]) or "none", "--moe-chunk", "a moe_graph_table.py --chunk table",
-                         cls, model) for mode, cls in (("graph", MoEGraphTable), ("eager", MoEEagerTable))]
+                         cls, model, routing="chunk")
+             for mode, cls in (("graph", MoEGraphTable), ("eager", MoEEagerTable))]
     args.moe_chunk_s = (found[0][0], found[1][0])
     if found[0][0] is None and found[1][0] is None:
         return "none: --moe-chunk none (steps with prefill chunks priced as the other steps)"
