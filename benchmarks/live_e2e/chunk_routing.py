@@ -9,7 +9,10 @@ slots over an even share) and the Zipf skew of the dataset's routings (MoEWorklo
 is measured on: 0, 0.6, 1.2) whose expected balance at that length is the same. `run.py --predict --chunk-routing`
 prices a step with chunks at those skews, from the H200 rows of the config the step ran.
 
-    python benchmarks/live_e2e/chunk_routing.py --out benchmarks/live_e2e/chunk_routing.json    # ~25 min, 2 cores
+    python benchmarks/live_e2e/chunk_routing.py --out benchmarks/live_e2e/chunk_routing.json    # ~40 min, 2 cores
+    # the committed file: OLMoE at every length, Mixtral to 1,024 tokens (~25 min together)
+    python benchmarks/live_e2e/chunk_routing.py --models olmoe-1b-7b
+    python benchmarks/live_e2e/chunk_routing.py --models mixtral-8x7b --lengths 16,32,64,128,256,512,1024
     python benchmarks/live_e2e/chunk_routing.py --smoke --out /tmp/cr.json                       # the tiny model
 """
 
