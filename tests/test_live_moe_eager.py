@@ -174,10 +174,12 @@ def test_an_eager_steps_dense_ops_come_from_the_eager_dense_table_within_its_tok
 
 
 def _args(out: Path, moe_eager: str = "none") -> argparse.Namespace:
-    """--predict's defaults (run.main) with this eager table."""
+    """--predict's defaults (run.main) with this eager table; decode priced as the committed summaries were (before
+    --decode-waves)."""
     return argparse.Namespace(
         out=out, moe_routing=str(le.MOE_ROUTING_TABLE), dense_ops=str(le.DENSE_OPS_TABLE),
         moe_graph=",".join(str(t) for t in le.MOE_GRAPH_TABLES), moe_eager=moe_eager, dense_eager="none",
+        decode_waves="off",
         step_host=",".join(str(r) for r in le.STEP_HOST_RUNS),
         eager_issue=",".join(str(r) for r in le.EAGER_ISSUE_RUNS))
 

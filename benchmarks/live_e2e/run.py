@@ -451,7 +451,8 @@ class LiveSimulator(Simulator):
                 return 1e-9
 
         super().__init__(model, trace, _Zero(), chooser, None, kv_layout=PAGE, prefix_caching=False,
-                         chunk_attention="prefix", compile_s=lambda k, c: 0.0, step_overhead_s=0.0, dtype=dtype, **kw)
+                         chunk_attention="prefix", compile_s=lambda k, c: 0.0, step_overhead_s=0.0, dtype=dtype,
+                         decode_waves=False, **kw)
         self.stack, self.dtype_name, self.record = stack, dtype, []
         self.check, self.checked, self.config_fallbacks = False, 0, 0
         self.compiled: set[tuple] = set()  # (kernel, config, specialisation) already run: compiled (module docstring)
@@ -728,6 +729,11 @@ def pool_memory(model: ModelSpec, kv_gb: float) -> float:
 def graph_kwargs(meta: dict) -> dict:
     """The prediction of a run with CUDA graphs charges graphed steps at their padded size, as they ran."""
     return {"cuda_graph_max_tokens": PIECEWISE_MAX_TOKENS if meta.get("cuda_graphs") else 0}
+
+
+def waves_kwargs(args: Any) -> dict:
+    """--decode-waves: the prediction prices each decode batch from its own contexts (Simulator's decode_waves)."""
+    return {"decode_waves": getattr(args, "decode_waves", "on") == "on"}
 
 
 def sim_kwargs(args: Any, model: ModelSpec) -> dict:
@@ -1087,7 +1093,7 @@ class PredictSimulator(Simulator):
     host_bound_s = 0.0  # seconds eager steps were charged above their kernels and dense ops for that
 
     def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
-                   stall: list, max_ctx: float | None = None) -> tuple[float, float]:
+                   stall: list, max_ctx: float | None = None, contexts: Any = None) -> tuple[float, float]:
         num_tokens = batch + sum(c for _, c, _ in chunks)  # the step's rows, as Simulator.price_step charges them
         eager = num_tokens > self.graph_max_tokens
         if not eager:
@@ -1099,7 +1105,7 @@ class PredictSimulator(Simulator):
         self._has_chunks = bool(chunks)
         self._chunk_tokens = sum(c for _, c, _ in chunks)
         try:
-            kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx)
+            kernel_s, dense = super().price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx, contexts)
         finally:
             self._graph_rows = self._eager_rows = 0
             self._has_chunks = False
@@ -1247,7 +1253,7 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
     # compile_s 0: the live run compiles each config (and captures each graph) untimed, the first time it comes
     sim = PredictSimulator(model, trace, timer, chooser, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            step_overheads=overheads if overheads is not None else plain, **sim_kwargs(args, model),
-                           compile_s=lambda kernel, config: 0.0, **graph_kwargs(meta))
+                           compile_s=lambda kernel, config: 0.0, **graph_kwargs(meta), **waves_kwargs(args))
     attach_tables(sim, args)
     if guard is not None:
         guard.sim = sim
@@ -1330,6 +1336,10 @@ def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
             "clamped_workloads": sim.clamped,
             "decode_scaled_estimate_s": sim.scaled_decode_s,
             "decode_longest_s": sim.decode_longest_s,
+            "decode_waves": {"extra_s": sim.decode_waves_s, "steps": sim.decode_waves_steps,
+                             "untimed_choices_s": sim.decode_waves_untimed_s,
+                             "configs_fitted": sum(1 for f in sim._wave_fits.values() if f is not None),
+                             "configs_unfitted": sum(1 for f in sim._wave_fits.values() if f is None)},
             "host_bound_s": sim.host_bound_s,
             "predicted_busy_s": pred["busy_s"]}
 
@@ -1660,6 +1670,37 @@ def read_steps(out: Path, spec: str) -> list[dict] | None:
     return json.loads(gzip.decompress(packed.read_bytes())) if packed.exists() else None
 
 
+class _RecordedSchedule(Simulator):
+    """The live run's own scheduling again, each step lasting its recorded seconds (LiveSimulator's settings), to
+    recover what a step record leaves out: every decode sequence's context (the records keep the mean and longest)."""
+
+    def __init__(self, model: ModelSpec, trace: Trace, steps: list[dict], dtype: str, **kw: Any) -> None:
+        super().__init__(model, trace, _Unit(), DefaultChooser(), None, kv_layout=PAGE, prefix_caching=False,
+                         chunk_attention="prefix", compile_s=lambda k, c: 0.0, step_overhead_s=0.0, dtype=dtype,
+                         decode_waves=False, **kw)
+        self.steps, self.contexts, self.matched = steps, [], True
+
+    def price_step(self, *args: Any, **kw: Any) -> tuple[float, float]:
+        return 0.0, 0.0  # the step lasts its recorded seconds (_step_seconds): nothing to price
+
+    def _step_seconds(self, predicted_s: float, chunks: list[tuple[int, int, int]], dec: np.ndarray) -> float:
+        r = self.steps[len(self.contexts)]
+        ctx = [int(self.kv[i]) + 1 for i in dec]
+        self.matched &= (len(ctx) == r["decode_batch"] and [list(c) for c in chunks] == r["chunks"]
+                         and max(ctx, default=0) == r.get("max_context", max(ctx, default=0)))
+        self.contexts.append(ctx)
+        return float(r["seconds"])
+
+
+def step_contexts(steps: list[dict], model: ModelSpec, trace: Trace, args: Any, dtype: str) -> list[list[int]] | None:
+    """Every recorded step's decode contexts, from _RecordedSchedule; None where its schedule does not match the
+    records (a run whose scheduler differed: its decode is then priced from the mean and longest context alone)."""
+    sim = _RecordedSchedule(model, trace, steps, dtype, **sim_kwargs(args, model))
+    while len(sim.contexts) < len(steps) and sim.matched and sim.step():
+        pass
+    return sim.contexts if sim.matched and len(sim.contexts) == len(steps) else None
+
+
 def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
                  meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float, int, dict, Any]]:
     """A policy's measured steps, each as (its kind: Simulator.step_kind, whether it has prefill chunks, measured
@@ -1674,13 +1715,14 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         return []
     guard = GuardedChooser(make_chooser(spec, model), backend, model.num_layers)
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
-                           **sim_kwargs(args, model), **graph_kwargs(meta))
+                           **sim_kwargs(args, model), **graph_kwargs(meta), **waves_kwargs(args))
     attach_tables(sim, args)
     guard.sim = sim
     if guards is not None:
         guards.append(guard)
+    contexts = step_contexts(steps, model, trace, args, meta.get("dtype", "bfloat16")) if sim.decode_waves else None
     priced = []
-    for r in steps:
+    for i, r in enumerate(steps):
         chunks = [tuple(c) for c in r["chunks"]]
         completing = sum(1 for rid, c, o in chunks if o + c >= sim.target[rid])
         before = dict(guard.kernel_s)  # the guard books each family's seconds (all layers) as it is asked
@@ -1688,10 +1730,10 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         eager_charged, eager_replaced = sim.moe_eager_charged_s, sim.moe_eager_replaced_s
         chunk_charged, chunk_replaced = sim.moe_chunk_charged_s, sim.moe_chunk_replaced_s
         skewed = sim.chunk_skew_s
-        longest, waited = sim.decode_longest_s, sim.host_bound_s
+        longest, waited, waves = sim.decode_longest_s, sim.host_bound_s, sim.decode_waves_s
         # records before tree 5ebaec4 carry no max_context: their decode is priced at the mean context alone
         kernel_s, dense = sim.price_step(chunks, r["decode_batch"], r["mean_context"], r["decode_batch"] + completing,
-                                         [], r.get("max_context"))
+                                         [], r.get("max_context"), contexts[i] if contexts else None)
         parts = {k: v - before.get(k, 0.0) for k, v in guard.kernel_s.items() if v != before.get(k, 0.0)}
         if sim.moe_routing_charged_s != routed:
             parts["moe_routing"] = sim.moe_routing_charged_s - routed
@@ -1706,6 +1748,8 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
         parts["fused_moe"] = parts.get("fused_moe", 0.0) + (sim.chunk_skew_s - skewed)  # a chunk's routing
         if sim.decode_longest_s != longest:  # the guard booked the mean context's time; the longest sequence's too
             parts["decode_attention"] += sim.decode_longest_s - longest
+        if sim.decode_waves_s != waves:  # ... and the wave model's price of the batch's contexts instead
+            parts["decode_attention"] += sim.decode_waves_s - waves
         if sim.host_bound_s != waited:  # an eager step the host's issue time prices: that wait apart from the dense ops
             parts["host_bound"] = sim.host_bound_s - waited
         priced.append((sim.step_kind(bool(chunks), r["tokens"]), bool(chunks), r["seconds"], kernel_s + dense,
@@ -1928,6 +1972,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-eager", default=str(MOE_EAGER_TABLE), metavar="TABLE.json[,...]",
                    help="--predict: price eager steps' MoE (routing inside) from these moe_graph_table.py --eager "
                         "tables (default: the one timed in session 49); none: the dataset's row plus --moe-routing")
+    p.add_argument("--decode-waves", choices=("on", "off"), default="on",
+                   help="--predict: price each decode batch from its sequences' contexts as its programs fill the GPU "
+                        "(on, default; kernel_gym.traffic.decode_waves); off: at its mean context, no less than its "
+                        "longest sequence alone")
     p.add_argument("--chunk-routing", default="none", metavar="TABLE.json",
                    help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
                         "(a chunk_routing.py table: each layer's matching skew), from the dataset's rows at those "

@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the configs the policies chose that the data could not time (each fell back) as "
                         "a measurement plan: measure it on the GPU with `kernel-gym collect --plan FILE`, merge the "
                         "rows (`kernel-gym data --merge`), replay again")
+    p.add_argument("--decode-waves", action="store_true",
+                   help="price each decode batch from its sequences' contexts as the kernel's programs fill the GPU "
+                        "(kernel_gym.traffic.decode_waves; the live check's pricing, docs/live.md) instead of at the "
+                        "batch's mean context")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--tracking-uri", default="", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or mlruns/)")
     return p
@@ -56,5 +60,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                model_uris=args.model_uri, table=args.table, budget=args.budget, seed=args.seed, window=args.window,
                rate_scale=args.rate_scale, backend=args.backend, device=args.device, steps_json=args.steps_json,
                steps=args.steps, no_mlflow=args.no_mlflow, tracking_uri=args.tracking_uri,
-               untimed_plan=args.untimed_plan)
+               untimed_plan=args.untimed_plan, decode_waves=args.decode_waves)
     return 0

@@ -93,6 +93,7 @@ class GuardedChooser:
         # per kernel, whether the last call resolved was served a fallback (the policy's config untimed there): the
         # simulator then prices no more than the fallback's time (Simulator._decode_s)
         self.last_fallback: dict[str, bool] = {}
+        self.last_choice: dict[str, Config] = {}  # per kernel, the policy's own config in the last call resolved
         self.record_steps = record_steps
         self.steps: list[dict[str, Any]] = []
         self.sim: Any = None
@@ -165,6 +166,7 @@ class GuardedChooser:
                 self.snapped += 1
             hit = self._ok[key] = self._timed(kernel, workload, kv, cfg)
         self.last_fallback[kernel] = hit[0] != cfg
+        self.last_choice[kernel] = cfg
         return hit
 
     def _timed(self, kernel: str, workload: Any, kv: KVLayout, cfg: Config) -> tuple[Config, float, bool]:
@@ -399,10 +401,12 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
                policies: str = ",".join(POLICY_NAMES), routing: str = DEFAULT_ROUTING, model_uris: Sequence[str] = (),
                table: str = "", budget: int = SEARCH_BUDGET, seed: int = 0, window: str = "", rate_scale: float = 1.0,
                backend: Any = "recorded", device: str = "", steps_json: Path | None = None, steps: int = 2000,
-               no_mlflow: bool = False, tracking_uri: str = "", untimed_plan: Path | None = None) -> dict[str, Any]:
+               no_mlflow: bool = False, tracking_uri: str = "", untimed_plan: Path | None = None,
+               decode_waves: bool = False) -> dict[str, Any]:
     """`kernel-gym replay` (module docstring): the trace replayed once per policy of the comma list `policies`;
     writes `json_path` and the .md and .png files beside it, logs to MLflow unless `no_mlflow`, prints the table and
-    returns the report. `backend`: "recorded" (the H200 store), a store path, or a Backend object (tests)."""
+    returns the report. `backend`: "recorded" (the H200 store), a store path, or a Backend object (tests).
+    `decode_waves`: price each decode batch from its own contexts (Simulator's decode_waves)."""
     from kernel_gym.models import kernel_spec, load_model, spec_caveats
     from kernel_gym.traffic.traces import load_trace
 
@@ -420,7 +424,7 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     params = {"trace": trace, "model": model, "policies": policies, "json": json_path, "routing": routing,
               "model_uri": list(model_uris), "table": table, "budget": budget, "seed": seed, "window": window,
               "rate_scale": rate_scale, "device": device, "steps_json": steps_json, "steps": steps,
-              "tracking_uri": tracking_uri,
+              "tracking_uri": tracking_uri, "decode_waves": decode_waves,
               "backend": backend if isinstance(backend, str) else getattr(backend, "name", "")}
     spec = load_model(model)
     for line in spec_caveats(spec):
@@ -469,11 +473,12 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     print(f"routing profile: {routing} ({type(profile).__name__}, {spec.num_experts} experts, top-{spec.top_k}, "
           f"seed {seed})", file=sys.stderr, flush=True)
     record = {n: steps for n in ("default", "learned", "oracle")} if steps_json else {}
-    runs = replay(replayed, spec, factories, covered, profile, record)
+    runs = replay(replayed, spec, factories, covered, profile, record, decode_waves=decode_waves)
     rep = report(replayed.name, spec.name, runs, {"routing": routing, "backend": getattr(backend, "name", ""),
                                                   "priced_by": priced_by,
                                                   "proxied_workloads": len(covered.proxied),
                                                   "borrowed_answers": len(covered.borrowed),
+                                                  "decode_waves": decode_waves,
                                                   **load_info(replayed, rate_scale, window)})
     paths = write_outputs(rep, runs, json_path)
     if steps_json:

@@ -399,6 +399,24 @@ def _rule_block_vs_page(config: Config, workload: DecodeWorkload) -> str | None:
     return None
 
 
+def program_rounds(context_lens: list[int], config: Config, num_heads: int, num_kv_heads: int) -> list[list[int]]:
+    """The tokens each program of one launch reads, in the order the GPU starts them: the grid is (sequence, head,
+    split) with the sequence fastest, so a round is one (split, head) pair over the batch, and the rounds go head by
+    head within a split (_split_range's BLOCK_N-aligned slices, rounded up to whole blocks). A decode step's time is
+    how these programs fill the GPU (kernel_gym.traffic.decode_waves)."""
+    splits, bn = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
+    heads = num_kv_heads if int(config["GQA_GROUPED"]) else num_heads
+    rounds = []
+    for z in range(splits):
+        row = []
+        for n in context_lens:
+            chunk = -(-(-(-n // splits)) // bn) * bn
+            part = max(0, min(chunk, n - z * chunk))
+            row.append(-(-part // bn) * bn)
+        rounds += [row] * heads
+    return rounds
+
+
 def _rule_splits(config: Config, workload: DecodeWorkload) -> str | None:
     """Split counts that cannot pay off are pruned (keeps the space measurable): slices under one block, grids past
     MAX_WAVES waves, and counts whose grid is under one wave while their double is valid. On the H200 data the

@@ -262,6 +262,9 @@ class Simulator:
     the dense ops are charged for the padded rows. 0 (default): eager steps, charged for their tokens.
     step_overheads: the fixed host cost per kind of step (STEP_KINDS: {"graph": s, "piecewise": s, "eager": s}), for
     an engine whose launches cost differently by how the step runs; a kind left out costs step_overhead_s.
+    decode_waves: price a decode batch from its own contexts, as its programs fill the GPU (traffic.decode_waves,
+    fitted per config on the timer's times); False, or a config the fit does not hold: the config's time at the
+    batch's mean context, no less than the longest sequence's alone (_decode_s).
     """
 
     def __init__(
@@ -286,6 +289,7 @@ class Simulator:
         chunk_attention: str = "auto",
         cuda_graph_max_tokens: int = 0,
         step_overheads: dict[str, float] | None = None,
+        decode_waves: bool = False,
     ) -> None:
         if chunk_attention not in CHUNK_ATTENTION_MODES:
             raise ValueError(f"chunk_attention {chunk_attention!r} is not one of {CHUNK_ATTENTION_MODES}")
@@ -388,6 +392,12 @@ class Simulator:
         self.recomputed_tokens = 0
         self.tuned_kernel_total = 0.0
         self.decode_longest_s = 0.0  # decode seconds charged above the mean context's for the longest sequence
+        self.decode_waves = bool(decode_waves)
+        self.decode_waves_s = 0.0  # decode seconds the wave model charged beyond (or below) the mean context's time
+        self.decode_waves_steps = 0  # decode batches the wave model priced
+        self.decode_waves_untimed_s = 0.0  # ... of which for choices the data has no time for (estimates)
+        self._wave_fits: dict[Config, Any] = {}
+        self._wave_memo: dict[tuple, float] = {}
         self.stall_total = 0.0
         self.num_preemptions = 0
 
@@ -606,20 +616,44 @@ class Simulator:
             self._memo[mk] = t
         return t
 
-    def _decode_s(self, batch: int, mean_ctx: float, max_ctx: float | None, stall: list) -> float:
-        """Seconds per layer of the decode batch: the chosen config's time at the batch's mean context (its total
-        KV read), but no less than the same config's time for the longest sequence alone (batch 1 at `max_ctx`).
-        A ragged batch waits for its longest sequence's programs; the data's rows spread contexts only over 0.5-1.5x
-        their mean (DecodeWorkload.context_lens). Kernel profiles of live steps found the mean alone priced decode at
-        0.57-0.88 of its time (docs/live.md). The extra seconds are summed in decode_longest_s (all layers). Not for a
-        config a guarding chooser served as a fallback (`last_fallback`): its time is already a stand-in."""
-        t = self._kernel_s("decode_attention", ("decode_attention", round_count(batch), round_log4(mean_ctx)), stall)
-        if batch == 1 or max_ctx is None or max_ctx <= 1.5 * mean_ctx:  # within the rows' own spread
-            return t
+    def _decode_s(self, batch: int, mean_ctx: float, max_ctx: float | None, stall: list,
+                  contexts: Any = None) -> float:
+        """Seconds per layer of the decode batch. With its `contexts` and decode_waves: the wave model's price of
+        those contexts for the chosen config (_waves_s; a ragged batch waits for the programs that start behind its
+        long sequences'). Otherwise, or where the config's times do not fit the model: the config's time at the
+        batch's mean context (its total KV read), but no less than its time for the longest sequence alone (batch 1
+        at `max_ctx`; the data's rows spread contexts only over 0.5-1.5x their mean, DecodeWorkload.context_lens), the
+        extra seconds summed in decode_longest_s (all layers).
+        A config a guarding chooser served as a fallback (`last_fallback`: the policy's choice, `last_choice`, has no
+        time in the data) keeps the fallback's time, unless the wave model prices the choice itself where the
+        family's rules accept it: that is the config a deployment runs (an estimate, summed in
+        decode_waves_untimed_s)."""
+        key = ("decode_attention", round_count(batch), round_log4(mean_ctx))
+        t = self._kernel_s("decode_attention", key, stall)
+        waves_on = self.decode_waves and contexts is not None and len(contexts) == batch
         if getattr(self.chooser, "last_fallback", {}).get("decode_attention"):
+            choice = getattr(self.chooser, "last_choice", {}).get("decode_attention")
+            if waves_on and choice is not None:
+                from kernel_gym.kernels.decode_attention import SPACE
+
+                if SPACE.is_valid(choice, self._workload(key)):
+                    waves = self._waves_s(choice, contexts)
+                    if waves is not None:
+                        self.decode_waves_s += (waves - t) * self.model.num_layers
+                        self.decode_waves_untimed_s += waves * self.model.num_layers
+                        self.decode_waves_steps += 1
+                        return waves
             return t  # a fallback stands in for an untimed choice: its own longest-sequence time says nothing of it
         cfg = self._last_cfg.get("decode_attention")
         if cfg is None:  # a subclass that prices kernels its own way (parallel.ParallelSimulator's pricer)
+            return t
+        if waves_on:
+            waves = self._waves_s(cfg, contexts)
+            if waves is not None:
+                self.decode_waves_s += (waves - t) * self.model.num_layers
+                self.decode_waves_steps += 1
+                return waves
+        if batch == 1 or max_ctx is None or max_ctx <= 1.5 * mean_ctx:  # within the rows' own spread
             return t
         mk = (("decode_attention", 1, round_log4(max_ctx)), cfg)
         longest = self._memo.get(mk)
@@ -633,6 +667,48 @@ class Simulator:
             self.decode_longest_s += (longest - t) * self.model.num_layers
             return longest
         return t
+
+    def _waves_s(self, cfg: Config, contexts: Any) -> float | None:
+        """The wave model's seconds for this batch's contexts under `cfg` (traffic.decode_waves), or None where the
+        config's times do not fit it. Contexts are rounded up to 16-token pages for the memo: a batch's price then
+        changes once a page, not every step."""
+        from kernel_gym.kernels.decode_attention import program_rounds
+
+        fit = self._wave_fits.get(cfg, False)
+        if fit is False:
+            fit = self._wave_fits[cfg] = self._fit_waves(cfg)
+        if fit is None:
+            return None
+        ctx = tuple(int(-(-int(c) // 16) * 16) for c in contexts)
+        mk = (cfg, ctx)
+        t = self._wave_memo.get(mk)
+        if t is None:
+            m = self.model
+            t = self._wave_memo[mk] = fit.seconds(program_rounds(list(ctx), cfg, m.num_heads, m.num_kv_heads))
+        return t
+
+    def _fit_waves(self, cfg: Config) -> Any:
+        """decode_waves.fit over the timer's times of `cfg` at the fit grid (points where the config is invalid or
+        the timer has no time are left out)."""
+        from kernel_gym.kernels.decode_attention import SPACE, program_rounds
+        from kernel_gym.traffic import decode_waves
+
+        m = self.model
+
+        def time_at(batch: int, context: int) -> float | None:
+            wl = self._workload(("decode_attention", batch, context))
+            if not SPACE.is_valid(cfg, wl):
+                return None
+            try:
+                return float(self.timer.time_s("decode_attention", wl, cfg))
+            except (LookupError, RuntimeError, ValueError):
+                return None
+
+        def rounds_at(batch: int, context: int) -> list[list[int]]:
+            wl = self._workload(("decode_attention", batch, context))
+            return program_rounds(wl.context_lens(), cfg, m.num_heads, m.num_kv_heads)
+
+        return decode_waves.fit(time_at, rounds_at)
 
     def _chunks_s(self, chunks: list[tuple[int, int, int]], stall: list) -> float:
         """Seconds per layer of this step's prefill chunks [(request, chunk, offset)] (see chunk_attention)."""
@@ -679,10 +755,10 @@ class Simulator:
         return "piecewise" if has_chunks else "graph"
 
     def price_step(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float, n_logits: int,
-                   stall: list, max_ctx: float | None = None) -> tuple[float, float]:
+                   stall: list, max_ctx: float | None = None, contexts: Any = None) -> tuple[float, float]:
         """(tuned-kernel seconds over all layers, untuned dense seconds) of one step: its prefill chunks
-        [(request, chunk, offset)], `batch` decodes at mean context `mean_ctx` (the longest `max_ctx`, where
-        known: _decode_s), the MoE over all its tokens at the routing's skew now, and the dense ops with `n_logits`
+        [(request, chunk, offset)], `batch` decodes at mean context `mean_ctx` (the longest `max_ctx` and every
+        sequence's `contexts`, where known: _decode_s), the MoE over all its tokens at the routing's skew now, and the dense ops with `n_logits`
         rows through the LM head (step() charges this, plus the step overhead and stalls)."""
         num_tokens = batch + sum(c for _, c, _ in chunks)
         if num_tokens <= self.graph_max_tokens:
@@ -691,7 +767,7 @@ class Simulator:
         if chunks:
             kernel_s += self._chunks_s(chunks, stall)
         if batch:
-            kernel_s += self._decode_s(batch, mean_ctx, max_ctx, stall)
+            kernel_s += self._decode_s(batch, mean_ctx, max_ctx, stall, contexts)
         shares = self.routing.load_shares(self.clock)
         if shares is not self._route_shares:
             self._route_shares = shares
@@ -773,7 +849,8 @@ class Simulator:
         max_ctx = float(kv[dec].max()) + 1.0 if batch else 0.0
         completing = [rid for rid, c, _ in chunks if kv[rid] + c >= self.target[rid]]
         n_logits = batch + len(completing)
-        kernel_s, dense = self.price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx)
+        kernel_s, dense = self.price_step(chunks, batch, mean_ctx, n_logits, stall, max_ctx,
+                                          kv[dec] + 1 if batch else None)
         stall_s = 0.0
         for s, reason in stall:
             stall_s += s
@@ -971,6 +1048,9 @@ class Simulator:
             "e2e_mean_s": float(e2e.mean()) if len(e2e) else float("nan"),
             "tuned_kernel_s": float(self.tuned_kernel_total),
             "decode_longest_s": float(self.decode_longest_s),
+            "decode_waves_s": float(self.decode_waves_s),
+            "decode_waves_steps": float(self.decode_waves_steps),
+            "decode_waves_untimed_s": float(self.decode_waves_untimed_s),
             "stall_s": float(self.stall_total),
             "busy_s": busy,
             "configs_used": float(sum(len(v) for v in r.configs_used.values())),
