@@ -35,6 +35,25 @@ def shape_of(wl: DecodeWorkload) -> str:
     return f"{wl.num_heads}/{wl.num_kv_heads}/{wl.head_dim}/{wl.dtype}"
 
 
+def fit_config(timer: BackendTimer, shape: tuple[int, int, int, str], cfg: object) -> dw.WaveFit | None:
+    """decode_waves.fit for one config at one shape, with the timer's times at the fit grid (as the simulator)."""
+    h, kvh, d, dtype = shape
+
+    def time_at(b: int, c: int) -> float | None:
+        wl = DecodeWorkload(h, kvh, d, b, c, dtype)
+        if not SPACE.is_valid(cfg, wl):
+            return None
+        try:
+            return timer.time_s("decode_attention", wl, cfg)
+        except (LookupError, RuntimeError, ValueError):
+            return None
+
+    def rounds_at(b: int, c: int) -> list[list[int]]:
+        return program_rounds(DecodeWorkload(h, kvh, d, b, c, dtype).context_lens(), cfg, h, kvh)
+
+    return dw.fit(time_at, rounds_at)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=HERE / "fits.json")
@@ -64,20 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         fitted, unfitted, fit_errors, held_errors = 0, 0, [], []
         for cfg_key, measured in per_cfg.items():
             cfg = backend._cfg(configs[cfg_key]) if hasattr(backend, "_cfg") else configs[cfg_key]
-
-            def time_at(b: int, c: int, cfg=cfg) -> float | None:
-                wl = DecodeWorkload(h, kvh, d, b, c, dtype)
-                if not SPACE.is_valid(cfg, wl):
-                    return None
-                try:
-                    return timer.time_s("decode_attention", wl, cfg)
-                except (LookupError, RuntimeError, ValueError):
-                    return None
-
-            def rounds_at(b: int, c: int, cfg=cfg) -> list[list[int]]:
-                return program_rounds(DecodeWorkload(h, kvh, d, b, c, dtype).context_lens(), cfg, h, kvh)
-
-            fit = dw.fit(time_at, rounds_at)
+            fit = fit_config(timer, (h, kvh, d, dtype), cfg)
             if fit is None:
                 unfitted += 1
                 continue
@@ -95,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             "held_out_rows": len(held_errors),
             "held_out_abs_error": {"median": q(held_errors, 50), "p90": q(held_errors, 90)}}
         s = out["shapes"][shape]
-        print(f"{shape:>16}: {fitted:4d} of {len(per_cfg):4d} configs fit (median error {s['fit_median_error']['median']}"
-              f"), {len(held_errors)} held-out rows: |error| median {s['held_out_abs_error']['median']}, p90 "
-              f"{s['held_out_abs_error']['p90']}", file=sys.stderr, flush=True)
+        print(f"{shape:>18}: {fitted:4d} of {len(per_cfg):4d} configs fit (median error "
+              f"{s['fit_median_error']['median']}), {len(held_errors)} held-out rows: |error| median "
+              f"{s['held_out_abs_error']['median']}, p90 {s['held_out_abs_error']['p90']}", file=sys.stderr, flush=True)
     out["seconds"] = round(time.time() - t0, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

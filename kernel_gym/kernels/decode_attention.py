@@ -410,7 +410,8 @@ def program_rounds(context_lens: list[int], config: Config, num_heads: int, num_
     for z in range(splits):
         row = []
         for n in context_lens:
-            chunk = -(-(-(-n // splits)) // bn) * bn
+            per_split = -(-n // splits)
+            chunk = -(-per_split // bn) * bn
             part = max(0, min(chunk, n - z * chunk))
             row.append(-(-part // bn) * bn)
         rounds += [row] * heads

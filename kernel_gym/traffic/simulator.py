@@ -758,8 +758,9 @@ class Simulator:
                    stall: list, max_ctx: float | None = None, contexts: Any = None) -> tuple[float, float]:
         """(tuned-kernel seconds over all layers, untuned dense seconds) of one step: its prefill chunks
         [(request, chunk, offset)], `batch` decodes at mean context `mean_ctx` (the longest `max_ctx` and every
-        sequence's `contexts`, where known: _decode_s), the MoE over all its tokens at the routing's skew now, and the dense ops with `n_logits`
-        rows through the LM head (step() charges this, plus the step overhead and stalls)."""
+        sequence's `contexts`, where known: _decode_s), the MoE over all its tokens at the routing's skew now, and
+        the dense ops with `n_logits` rows through the LM head (step() charges this, plus the step overhead and
+        stalls)."""
         num_tokens = batch + sum(c for _, c, _ in chunks)
         if num_tokens <= self.graph_max_tokens:
             num_tokens = capture_size(num_tokens)
