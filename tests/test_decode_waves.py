@@ -171,3 +171,43 @@ def test_recorded_steps_get_their_contexts_back_from_the_live_schedule():
     wrong = copy.deepcopy(steps)
     wrong[50]["decode_batch"] += 1
     assert le.step_contexts(wrong, model, trace, args, "bfloat16") is None
+
+
+def test_replay_with_decode_waves_prices_an_untimed_valid_choice_from_its_own_fit_and_reports_it():
+    """On the recorded H200 data: a policy whose split-KV decode config the data cannot time at batch 1 (pruned
+    there by the family's search rules, yet valid) is charged the family default's time without the wave model, and
+    its own fitted time with it; the replay's metrics and table say how much the model moved and how much of that is
+    for untimed choices."""
+    import warnings
+
+    from kernel_gym.dispatch.baselines import DefaultPolicy
+    from kernel_gym.evaluate import replay
+    from kernel_gym.evaluate.replay_report import markdown
+    from kernel_gym.measure import make_backend
+    from kernel_gym.traffic.routing import UniformRouting
+    from kernel_gym.traffic.simulator import KVLayout, OverloadWarning
+
+    model = load_model("mixtral-8x7b")
+    split8 = Config(PAGE_SIZE=16, LAYOUT="NHD", NUM_SPLITS=8, BLOCK_N=32, num_warps=4, num_stages=2, GQA_GROUPED=1)
+
+    class Split8(DefaultPolicy):
+        name = "split8"
+
+        def choose(self, kernel, workload, kv):
+            return split8 if kernel == "decode_attention" else super().choose(kernel, workload, kv)
+
+    backend = make_backend("recorded")  # as the live check prices (no proxies for untimed shapes)
+    trace = Trace("one", np.array([0.0]), np.array([400]), np.array([40]))  # one sequence decoding at 400-440 tokens
+    runs = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OverloadWarning)
+        for waves in (False, True):
+            runs[waves] = replay.run_policy("split8", Split8(model, KVLayout(16, "NHD")), model, trace,
+                                            UniformRouting(model.num_experts, model.top_k), backend,
+                                            decode_waves=waves)
+    off, on = runs[False].metrics, runs[True].metrics
+    assert off["fallbacks"] > 0 and "decode_waves_s" not in off  # untimed at batch 1: the default config charged
+    assert on["decode_waves_untimed_s"] > 0 and on["decode_waves_s"] < 0  # its own fit: faster than the default's
+    assert on["tuned_kernel_s"] < off["tuned_kernel_s"]
+    rep = {"trace": "one", "model": model.name, "policies": {"split8": on}}
+    assert "untimed)" in markdown(rep)

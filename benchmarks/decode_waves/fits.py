@@ -2,10 +2,11 @@
 
 For each decode shape (heads, kv heads, head dim, dtype) and each config the packaged H200 dataset times there, this
 fits the model exactly as the simulator does (Simulator._fit_waves: the timer's times at the fit grid of batches and
-contexts), then checks it on the config's stored rows off that grid (other batches and contexts: times the fit never
-saw). CPU only, from the committed dataset.
+contexts, interpolated where the grid point has no row): `fitted`. Then, to check the model on times it never saw, it
+fits again on the config's stored rows at the grid points only (no interpolation) and compares with its stored rows
+off the grid (other batches and contexts): `held_out_abs_error`. CPU only, from the committed dataset.
 
-    python benchmarks/decode_waves/fits.py                 # every shape: fits.json beside this file (~2 minutes)
+    python benchmarks/decode_waves/fits.py                 # every shape: fits.json beside this file (~30 s)
     python benchmarks/decode_waves/fits.py --out /tmp/f.json --shapes 32/8/128
 """
 
@@ -35,11 +36,15 @@ def shape_of(wl: DecodeWorkload) -> str:
     return f"{wl.num_heads}/{wl.num_kv_heads}/{wl.head_dim}/{wl.dtype}"
 
 
-def fit_config(timer: BackendTimer, shape: tuple[int, int, int, str], cfg: object) -> dw.WaveFit | None:
-    """decode_waves.fit for one config at one shape, with the timer's times at the fit grid (as the simulator)."""
+def fit_config(timer: BackendTimer, shape: tuple[int, int, int, str], cfg: object,
+               stored: dict[tuple[int, int], float] | None = None) -> dw.WaveFit | None:
+    """decode_waves.fit for one config at one shape: with the timer's times at the fit grid (as the simulator), or
+    with `stored` {(batch, context): seconds}, the config's own rows there only."""
     h, kvh, d, dtype = shape
 
     def time_at(b: int, c: int) -> float | None:
+        if stored is not None:
+            return stored.get((b, c))
         wl = DecodeWorkload(h, kvh, d, b, c, dtype)
         if not SPACE.is_valid(cfg, wl):
             return None
@@ -80,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape, per_cfg in sorted(rows.items()):
         heads, kv_heads, head_dim, dtype = shape.split("/")
         h, kvh, d = int(heads), int(kv_heads), int(head_dim)
-        fitted, unfitted, fit_errors, held_errors = 0, 0, [], []
+        fitted, unfitted, strict_fitted, fit_errors, held_errors = 0, 0, 0, [], []
         for cfg_key, measured in per_cfg.items():
             cfg = backend._cfg(configs[cfg_key]) if hasattr(backend, "_cfg") else configs[cfg_key]
             fit = fit_config(timer, (h, kvh, d, dtype), cfg)
@@ -89,14 +94,20 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             fitted += 1
             fit_errors.append(fit.median_error)
+            strict = fit_config(timer, (h, kvh, d, dtype), cfg, {(wl.batch, wl.context_len): t for wl, t in measured})
+            if strict is None:
+                continue
+            strict_fitted += 1
             for wl, t in measured:
                 if wl.batch in dw.FIT_BATCHES and wl.context_len in dw.FIT_CONTEXTS:
                     continue  # a fit point: in sample
-                pred = fit.seconds(program_rounds(wl.context_lens(), cfg, h, kvh))
+                pred = strict.seconds(program_rounds(wl.context_lens(), cfg, h, kvh))
                 held_errors.append(abs(pred / t - 1))
         q = (lambda a, p: float(np.percentile(a, p)) if len(a) else None)
         out["shapes"][shape] = {
+            "workloads": len({wl.key() for rows_ in per_cfg.values() for wl, _ in rows_}),
             "configs": len(per_cfg), "fitted": fitted, "unfitted": unfitted,
+            "fitted_on_stored_grid_rows": strict_fitted,
             "fit_median_error": {"median": q(fit_errors, 50), "p90": q(fit_errors, 90)},
             "held_out_rows": len(held_errors),
             "held_out_abs_error": {"median": q(held_errors, 50), "p90": q(held_errors, 90)}}

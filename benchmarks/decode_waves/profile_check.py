@@ -46,15 +46,28 @@ def main() -> int:
                 _, meta, model, trace, backend, timer, _ = le.predict_setup(args)
                 priced = le.priced_steps(args.out, spec, model, trace, timer, backend, args, meta)
                 steps = le.read_steps(args.out, spec)
-                pairs = [(s["decode_batch"], s["kernels"]["by_part_us"].get("decode_attention", 0.0) * 1e-6,
-                          p[5].get("decode_attention", 0.0))
-                         for s, p in zip(steps, priced)
-                         if "kernels" in s and not s["chunks"] and s["decode_batch"]]
-                a = np.array(pairs)
+                profiled = [(s, p) for s, p in zip(steps, priced)
+                            if "kernels" in s and not s["chunks"] and s["decode_batch"]]
+                a = np.array([(s["decode_batch"], s["kernels"]["by_part_us"].get("decode_attention", 0.0) * 1e-6,
+                               p[5].get("decode_attention", 0.0)) for s, p in profiled])
+                by_config: dict = {}
+                for s, p in profiled:  # per decode config: mean measured and priced microseconds per layer
+                    c = by_config.setdefault(s["configs"]["decode_attention"], [0, 0.0, 0.0])
+                    c[0] += 1
+                    c[1] += s["kernels"]["by_part_us"].get("decode_attention", 0.0) / model.num_layers
+                    c[2] += p[5].get("decode_attention", 0.0) * 1e6 / model.num_layers
+                parts = {}  # every priced part over its profiled time (the other parts do not move with the model)
+                for part in ("fused_moe", "decode_attention", "dense"):
+                    measured = sum(s["kernels"]["by_part_us"].get(part, 0.0) * 1e-6 for s, _ in profiled)
+                    if measured > 0:
+                        parts[part] = sum(p[5].get(part, 0.0) for _, p in profiled) / measured
                 row[waves] = {"steps": len(a), "price_over_measured": float(a[:, 2].sum() / a[:, 1].sum()),
                               "by_batch": {f"{lo}-{hi}": float(a[m, 2].sum() / a[m, 1].sum())
                                            for lo, hi in BATCHES
-                                           if (m := (a[:, 0] >= lo) & (a[:, 0] <= hi)).sum() >= 3}}
+                                           if (m := (a[:, 0] >= lo) & (a[:, 0] <= hi)).sum() >= 3},
+                              "parts_price_over_measured": parts,
+                              "by_config_us_per_layer": {k: {"steps": n, "measured": m / n, "price": pr / n}
+                                                         for k, (n, m, pr) in by_config.items()}}
             out["runs"][f"{run.split('live_e2e/')[-1]} {spec}"] = row
             print(f"{run.split('live_e2e/')[-1]:32s} {spec[:24]:24s} {row['off']['steps']:4d} steps: price / "
                   f"measured {row['off']['price_over_measured']:.3f} -> {row['on']['price_over_measured']:.3f} "

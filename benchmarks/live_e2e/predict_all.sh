@@ -6,7 +6,8 @@
 # for the others, as every run's own prediction did. About 11 minutes on 2 cores; JOBS=N runs N at once.
 #   bash benchmarks/live_e2e/predict_all.sh
 # To compare a --predict option: PREDICT_ARGS="--decode-waves off" P=/tmp/off bash benchmarks/live_e2e/predict_all.sh
-# (the live check is written over those summaries too: `git checkout kernel_gym/data/live_check.json` after).
+# (the live check is written over those summaries too: `git checkout kernel_gym/data/live_check.json
+# benchmarks/live_e2e/live_check.png` after).
 set -eu
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}

@@ -1102,6 +1102,7 @@ class PredictSimulator(Simulator):
         else:
             self._eager_rows = num_tokens
         self._moe_routing_inside = False
+        self._decode_scaled = False
         self._has_chunks = bool(chunks)
         self._chunk_tokens = sum(c for _, c, _ in chunks)
         try:
@@ -1153,8 +1154,14 @@ class PredictSimulator(Simulator):
             except LookupError:
                 continue
             self.scaled_decode_s += t * self.model.num_layers
+            self._decode_scaled = True  # the call just chosen was a smaller batch's: no wave price on it
             return t
         raise LookupError(f"no decode time at any batch <= {batch} for context {key[2]}")
+
+    _decode_scaled = False  # the step's decode time is a smaller batch's scaled (_kernel_s): kept, no wave price
+
+    def _waves_s(self, cfg: Config, contexts: Any) -> float | None:
+        return None if self._decode_scaled else super()._waves_s(cfg, contexts)
 
     def _table_moe(self, t: float) -> float:
         """The dataset's MoE seconds `t` for the config just chosen, or the live call's measured time for it (noted in
@@ -1309,7 +1316,8 @@ def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, di
                    "moe_graph": moe_graph_setup(args, model), "moe_eager": moe_eager_setup(args, model),
                    "moe_chunk": moe_chunk_setup(args, model), "chunk_routing": chunk_routing_setup(args, model),
                    "dense_eager": dense_eager_setup(args, model), "step_overheads": step_host_setup(args),
-                   "eager_issue": eager_issue_setup(args)}
+                   "eager_issue": eager_issue_setup(args),
+                   "decode_waves": getattr(args, "decode_waves", "on")}
     return data, meta, model, trace, backend, timer, prediction
 
 
@@ -1318,8 +1326,10 @@ def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
     return {"predicted": {k: pred[k] for k in METRICS},
             "chunk_attention_estimated_s": pred["chunk_attention_estimated_s"],
             # the routing charge is measured time: in the denominator, not the estimated part
-            "estimated_share": (sum(guard.estimated_s.values())
-                                / max(sum(guard.kernel_s.values()) + sim.moe_routing_charged_s, 1e-12)
+            # the wave model's prices of choices the data cannot time are estimates too (and it moved the total)
+            "estimated_share": ((sum(guard.estimated_s.values()) + sim.decode_waves_untimed_s)
+                                / max(sum(guard.kernel_s.values()) + sim.moe_routing_charged_s + sim.decode_waves_s,
+                                      1e-12)
                                 if guard is not None else None),
             "moe_routing_charged_s": sim.moe_routing_charged_s,
             "dense_charged_s": sim.dense_charged_s, "dense_roofline_s": sim.dense_roofline_s,
@@ -1443,8 +1453,10 @@ def run_predict(args: Any) -> int:
         plain = getattr(args, "step_host_s", None) or dict.fromkeys(STEP_KINDS, STEP_OVERHEAD_S)
         summary["step_check"] = {}
         for spec, measured in data["measured"].items():
-            priced = priced_steps(args.out, spec, model, trace, timer, backend, args, meta, guards)
+            recovered: dict = {}
+            priced = priced_steps(args.out, spec, model, trace, timer, backend, args, meta, guards, recovered)
             summary["step_check"][spec] = step_check(priced, plain)
+            summary["step_check"][spec]["contexts_recovered"] = recovered.get(spec)
             if measured.get("profiled_kernels_us"):  # every profiled step, by kernel name
                 summary["step_check"][spec]["profile"] = profile_check(priced, measured["profiled_kernels_us"])
         from kernel_gym.evaluate.replay import write_untimed_plan
@@ -1687,7 +1699,8 @@ class _RecordedSchedule(Simulator):
         r = self.steps[len(self.contexts)]
         ctx = [int(self.kv[i]) + 1 for i in dec]
         self.matched &= (len(ctx) == r["decode_batch"] and [list(c) for c in chunks] == r["chunks"]
-                         and max(ctx, default=0) == r.get("max_context", max(ctx, default=0)))
+                         and max(ctx, default=0) == r.get("max_context", max(ctx, default=0))
+                         and abs((float(np.mean(ctx)) if ctx else 0.0) - r["mean_context"]) < 1e-6)
         self.contexts.append(ctx)
         return float(r["seconds"])
 
@@ -1698,16 +1711,22 @@ def step_contexts(steps: list[dict], model: ModelSpec, trace: Trace, args: Any, 
     sim = _RecordedSchedule(model, trace, steps, dtype, **sim_kwargs(args, model))
     while len(sim.contexts) < len(steps) and sim.matched and sim.step():
         pass
-    return sim.contexts if sim.matched and len(sim.contexts) == len(steps) else None
+    if sim.matched and len(sim.contexts) == len(steps):
+        return sim.contexts
+    log(f"the step records do not follow the simulator's schedule (step {len(sim.contexts)} of {len(steps)}): their "
+        "decode is priced from the mean and longest context alone")
+    return None
 
 
 def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
-                 meta: dict, guards: list | None = None) -> list[tuple[str, bool, float, float, int, dict, Any]]:
+                 meta: dict, guards: list | None = None,
+                 recovered: dict | None = None) -> list[tuple[str, bool, float, float, int, dict, Any]]:
     """A policy's measured steps, each as (its kind: Simulator.step_kind, whether it has prefill chunks, measured
     seconds, the simulator's kernel and dense seconds for the same step: its chunks, decode batch and context,
     tokens; the step's decode batch; those seconds by kernel family and "dense"; the step's kernel profile or None:
     --profile-every); [] without step records. The
-    pricing chooser goes to `guards` (its untimed choices are planned too)."""
+    pricing chooser goes to `guards` (its untimed choices are planned too); `recovered[spec]`: whether every step's
+    decode contexts were recovered for the wave model (step_contexts; None with --decode-waves off)."""
     from kernel_gym.evaluate.replay import GuardedChooser
 
     steps = read_steps(out, spec)
@@ -1721,6 +1740,8 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     if guards is not None:
         guards.append(guard)
     contexts = step_contexts(steps, model, trace, args, meta.get("dtype", "bfloat16")) if sim.decode_waves else None
+    if recovered is not None:
+        recovered[spec] = None if not sim.decode_waves else contexts is not None
     priced = []
     for i, r in enumerate(steps):
         chunks = [tuple(c) for c in r["chunks"]]

@@ -290,11 +290,18 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
     metrics["fallbacks"] = float(guard.fallbacks)
     metrics["snapped"] = float(guard.snapped)
     metrics["layout_fallbacks"] = float(guard.layout_fallbacks)
-    for k, v in guard.kernel_s.items():
+    kernel_s, estimated_s = dict(guard.kernel_s), dict(guard.estimated_s)
+    if sim.decode_waves:  # --decode-waves: the guard booked the mean-context prices; the wave model moved decode's, and
+        # its prices of choices the data cannot time are estimates
+        kernel_s["decode_attention"] += s["decode_waves_s"]
+        estimated_s["decode_attention"] += s["decode_waves_untimed_s"]
+        metrics["decode_waves_s"] = float(s["decode_waves_s"])
+        metrics["decode_waves_untimed_s"] = float(s["decode_waves_untimed_s"])
+    for k, v in kernel_s.items():
         metrics[f"tuned_kernel_s.{k}"] = v
-        metrics[f"estimated_share.{k}"] = guard.estimated_s[k] / v if v > 0 else 0.0
-    total = sum(guard.kernel_s.values())
-    metrics["estimated_share"] = sum(guard.estimated_s.values()) / total if total > 0 else 0.0
+        metrics[f"estimated_share.{k}"] = min(1.0, estimated_s[k] / v) if v > 0 else 0.0
+    total = sum(kernel_s.values())
+    metrics["estimated_share"] = min(1.0, sum(estimated_s.values()) / total) if total > 0 else 0.0
     metrics["kv_page_size"] = float(kv.page_size)
     for k in ("prefix_hit_rate", "prefix_hit_tokens", "prefix_block_tokens", "prefix_evicted_blocks"):
         if k in s:  # a trace with hash_ids: the prefix cache's work (Simulator._prefix_summary)

@@ -86,6 +86,14 @@ def markdown(rep: dict[str, Any]) -> str:
     note = estimate_note(rep)
     if note:
         lines += ["", note]
+    waves = {n: m for n, m in pols.items() if "decode_waves_s" in m}
+    if waves:
+        lines += ["", "Decode priced from each batch's own contexts (`--decode-waves`: the wave model, fitted per config "
+                  "on the measured rows; docs/simulator.md). Seconds it moved against the mean-context price, and "
+                  "those for choices the data has no time for (estimates, where a fallback was charged before; in the "
+                  "estimated share). The same-traffic kernel seconds stay at the mean-context prices: "
+                  + ", ".join(f"{n} {m['decode_waves_s']:+.1f} s ({m['decode_waves_untimed_s']:.1f} s untimed)"
+                              for n, m in waves.items()) + "."]
     live = live_check_note()
     if live:
         lines += ["", live]
@@ -107,7 +115,8 @@ def live_check_note(path: Path = LIVE_CHECK) -> str:
                                       ("tpot_p50_s", "TPOT p50")))
     return (f"Simulator vs live: against {len(check['rows'])} policy runs in {len(check['runs'])} live replays on one "
             f"H200 ({', '.join(check['models'])}; "
-            f"continuous batching with CUDA graphs, real trace windows) this simulator's predictions were off by "
+            f"continuous batching with CUDA graphs, real trace windows) this simulator's predictions, with the live "
+            f"stack's own measured price tables and decode priced as `--decode-waves` prices it, were off by "
             f"{span} (docs/live.md). Read every tokens/s, TTFT and TPOT figure above with that error.")
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 PROGRAM_TOKENS = 16  # a program's fixed work (setup, the output store) in tokens of KV: one 16-token page
-MAX_JOBS = 4096  # larger launches are simulated on every g-th round with slots / g (same fluid shape, bounded cost)
+MAX_JOBS = 4096  # larger launches are simulated on every g-th round with about slots / g (bounded cost), rescaled
 FIT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIT_CONTEXTS = (256, 1024, 4096, 16384)
 SLOT_CANDIDATES = tuple(round(32 * 2 ** (k / 4)) for k in range(33))  # 32 .. 8192 programs in flight
@@ -38,8 +38,12 @@ def makespan(rounds: Sequence[Sequence[int]], slots: int) -> float:
     if jobs <= slots:
         return float(max(max(r) for r in rounds if r) + PROGRAM_TOKENS)
     g = max(1, math.ceil(jobs / MAX_JOBS))
-    if g > 1:  # every g-th round on slots / g: the same schedule's shape at a bounded cost
-        rounds, slots = rounds[::g], max(1, round(slots / g))
+    scale = 1.0
+    if g > 1:  # every g-th round on about slots / g: the same schedule's shape at a bounded cost, rescaled by how far
+        # the kept rounds and the whole slots stray from the exact 1 / g (else the price would jump as g changes)
+        kept, whole = rounds[::g], max(1, round(slots / g))
+        scale = (len(rounds) / len(kept)) * (whole / slots)
+        rounds, slots = kept, whole
     free = [0.0] * slots
     end = 0.0
     for r in rounds:
@@ -48,7 +52,7 @@ def makespan(rounds: Sequence[Sequence[int]], slots: int) -> float:
             if t > end:
                 end = t
             heapq.heappush(free, t)
-    return end
+    return end * scale
 
 
 @dataclass(frozen=True)

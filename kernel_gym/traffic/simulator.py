@@ -235,6 +235,9 @@ class SimResult:
 
 # ---- the simulator ------------------------------------------------------------------------------------------------
 
+WAVE_MEMO_MAX = 200_000  # decode batches whose wave price is kept (Simulator._waves_s)
+
+
 class OverloadWarning(UserWarning):
     """The offered load exceeded what the simulated server sustains: latencies grow with the trace's length."""
 
@@ -398,6 +401,7 @@ class Simulator:
         self.decode_waves_untimed_s = 0.0  # ... of which for choices the data has no time for (estimates)
         self._wave_fits: dict[Config, Any] = {}
         self._wave_memo: dict[tuple, float] = {}
+        self._last_wl: dict[str, Any] = {}  # per kernel, the workload of its last call (as the chooser saw it)
         self.stall_total = 0.0
         self.num_preemptions = 0
 
@@ -586,7 +590,7 @@ class Simulator:
         return wl
 
     def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
-        wl = self._workload(key)
+        wl = self._last_wl[kernel] = self._workload(key)
         cfg = self.chooser.choose(kernel, wl, self.kv_layout)
         if follows_kv(kernel) and (cfg, self.kv_layout) not in self._checked_decode:
             kv = self.kv_layout
@@ -636,7 +640,8 @@ class Simulator:
             if waves_on and choice is not None:
                 from kernel_gym.kernels.decode_attention import SPACE
 
-                if SPACE.is_valid(choice, self._workload(key)):
+                wl = self._last_wl.get("decode_attention")
+                if wl is not None and SPACE.is_valid(choice, wl):
                     waves = self._waves_s(choice, contexts)
                     if waves is not None:
                         self.decode_waves_s += (waves - t) * self.model.num_layers
@@ -683,6 +688,8 @@ class Simulator:
         mk = (cfg, ctx)
         t = self._wave_memo.get(mk)
         if t is None:
+            if len(self._wave_memo) >= WAVE_MEMO_MAX:  # a long replay's batches rarely repeat after a while
+                self._wave_memo.clear()
             m = self.model
             t = self._wave_memo[mk] = fit.seconds(program_rounds(list(ctx), cfg, m.num_heads, m.num_kv_heads))
         return t
