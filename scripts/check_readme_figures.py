@@ -555,7 +555,7 @@ FIGURES = [
            rf"the model fits {N} of the 721 Mixtral-shape configs", FITS,
            at(FITS, "shapes", "32/8/128/bfloat16", "fitted"), 0.0, "json"),
     Figure("decode waves: held-out error on Mixtral-shape rows (%)", "docs/simulator.md",
-           rf"off the fit grid it is off by {N}% / ", FITS,
+           rf"the fit grid it is off by {N}% / ", FITS,
            at(FITS, "shapes", "32/8/128/bfloat16", "held_out_abs_error", "median", scale=100), 0.06, "json"),
     Figure("decode waves: default configs' decode price / profiled time", "docs/live.md",
            rf"\| window1_spans, default configs \| 59 \| 0.742 \| {N} \|", PROFILED,

@@ -88,10 +88,10 @@ def markdown(rep: dict[str, Any]) -> str:
         lines += ["", note]
     waves = {n: m for n, m in pols.items() if "decode_waves_s" in m}
     if waves:
-        lines += ["", "Decode priced from each batch's own contexts (`--decode-waves`: the wave model, fitted per config "
-                  "on the measured rows; docs/simulator.md). Seconds it moved against the mean-context price, and "
-                  "those for choices the data has no time for (estimates, where a fallback was charged before; in the "
-                  "estimated share). The same-traffic kernel seconds stay at the mean-context prices: "
+        lines += ["", "Decode priced from each batch's own contexts (`--decode-waves`: the wave model, fitted per "
+                  "config on the measured rows; docs/simulator.md). The same-traffic kernel seconds stay at the "
+                  "mean-context prices. Seconds the model moved against those, and the seconds of choices the data "
+                  "has no time for (estimates, where a fallback was charged before; in the estimated share): "
                   + ", ".join(f"{n} {m['decode_waves_s']:+.1f} s ({m['decode_waves_untimed_s']:.1f} s untimed)"
                               for n, m in waves.items()) + "."]
     live = live_check_note()
