@@ -144,25 +144,28 @@ def build_plan(model_name: str, tokens: list[int], policies: list[str], smoke: b
 # ---- the measurements (GPU; the CPU smoke runs the same path under the interpreter) -------------------------------
 
 
-def _checked(fn: Any, ref: Any, dtype: str, out: Any = None) -> tuple[Any, str | None]:
+def _checked(fn: Any, ref: Any, dtype: str, out: Any = None, family: Any = None) -> tuple[Any, str | None]:
     """Run fn under poisoned_empty (unwritten floating buffers are NaN), check its output (what it returns, or the
     buffer `out` a graph replay writes) against the reference, fill the output with NaN, run again and check again
-    (as WorkloadRunner checks a row before timing it): (the output, None) or (None, why it is wrong)."""
+    (as WorkloadRunner checks a row before timing it): (the output, None) or (None, why it is wrong). `family`: whose
+    tolerance (default fused_moe's)."""
     from kernel_gym.kernels import fused_moe as fm
     from kernel_gym.measure.worker import compare, poison_outputs, poisoned_empty
+
+    family = family or fm.FAMILY
 
     with poisoned_empty():
         got = fn()
     _sync()
     got = got if out is None else out
-    wrong = compare(fm.FAMILY, got, ref, dtype)
+    wrong = compare(family, got, ref, dtype)
     if wrong:
         return None, wrong
     poison_outputs(got)
     again = fn()
     _sync()
     got = again if out is None else out
-    wrong = compare(fm.FAMILY, got, ref, dtype)
+    wrong = compare(family, got, ref, dtype)
     return (None, f"second run over a NaN-filled output: {wrong}") if wrong else (got, None)
 
 
@@ -302,8 +305,14 @@ def graph_layers(meas: Measurer, inputs: list, ref0: Any, cfg: Any, dtype: str) 
     (the graph's median / layers), with the whole graph's timing; or {"error": why}."""
     from kernel_gym.kernels import fused_moe as fm
 
-    calls = [fm.prepare_layer(li, cfg, route_in_launch=True) for li in inputs]
-    out0, wrong = _checked(calls[0], ref0, dtype)
+    return replayed_layers(meas, [fm.prepare_layer(li, cfg, route_in_launch=True) for li in inputs], ref0, dtype)
+
+
+def replayed_layers(meas: Measurer, calls: list, ref0: Any, dtype: str, family: Any = None) -> dict:
+    """The layers' calls captured back to back in one graph and replayed without the L2 flush; layer 0 checked
+    against the reference (with `family`'s tolerance, default fused_moe's) eagerly and through the replay. ms per
+    layer (the graph's median / layers), with the whole graph's timing; or {"error": why}."""
+    out0, wrong = _checked(calls[0], ref0, dtype, family=family)
     if wrong:
         return {"error": f"layer 0: {wrong}"}
     for call in calls[1:]:
@@ -313,7 +322,7 @@ def graph_layers(meas: Measurer, inputs: list, ref0: Any, cfg: Any, dtype: str) 
         return [call() for call in calls][0]
 
     graph = meas.graph(stack)
-    _, wrong = _checked(graph, ref0, dtype, out0)
+    _, wrong = _checked(graph, ref0, dtype, out0, family)
     if wrong:
         return {"error": f"graph replay, layer 0: {wrong}"}
     whole = meas.time(graph, flush=False)

@@ -1159,9 +1159,27 @@ class PredictSimulator(Simulator):
         raise LookupError(f"no decode time at any batch <= {batch} for context {key[2]}")
 
     _decode_scaled = False  # the step's decode time is a smaller batch's scaled (_kernel_s): kept, no wave price
+    decode_graph: dict | None = None  # --decode-graph: {config: {(batch, context): s}} timed as the graphs run them
+    decode_graph_fits = 0  # configs whose wave model was fitted on that table's times
 
     def _waves_s(self, cfg: Config, contexts: Any) -> float | None:
         return None if self._decode_scaled else super()._waves_s(cfg, contexts)
+
+    def _fit_waves(self, cfg: Config) -> Any:
+        """The wave model of `cfg` fitted on --decode-graph's times where that table times the config (the launches
+        as the stack's graphs replay them), else on the dataset's (Simulator._fit_waves)."""
+        points = (self.decode_graph or {}).get(str(cfg))
+        if points:
+            from kernel_gym.kernels.decode_attention import program_rounds
+            from kernel_gym.traffic import decode_waves
+
+            m = self.model
+            fit = decode_waves.fit(lambda b, c: points.get((b, c)), lambda b, c: program_rounds(
+                self._workload(("decode_attention", b, c)).context_lens(), cfg, m.num_heads, m.num_kv_heads))
+            if fit is not None:
+                self.decode_graph_fits += 1
+                return fit
+        return super()._fit_waves(cfg)
 
     def _table_moe(self, t: float) -> float:
         """The dataset's MoE seconds `t` for the config just chosen, or the live call's measured time for it (noted in
@@ -1244,6 +1262,7 @@ def attach_tables(sim: Any, args: Any) -> None:
     sim.chunk_routing = getattr(args, "chunk_routing_s", None)
     sim.dense_eager = getattr(args, "dense_eager_s", None)
     sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
+    sim.decode_graph = getattr(args, "decode_graph_s", None)
 
 
 def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any, meta: dict,
@@ -1317,7 +1336,7 @@ def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, di
                    "moe_chunk": moe_chunk_setup(args, model), "chunk_routing": chunk_routing_setup(args, model),
                    "dense_eager": dense_eager_setup(args, model), "step_overheads": step_host_setup(args),
                    "eager_issue": eager_issue_setup(args),
-                   "decode_waves": getattr(args, "decode_waves", "on")}
+                   "decode_waves": getattr(args, "decode_waves", "on"), "decode_graph": decode_graph_setup(args, model)}
     return data, meta, model, trace, backend, timer, prediction
 
 
@@ -1348,6 +1367,7 @@ def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
             "decode_longest_s": sim.decode_longest_s,
             "decode_waves": {"extra_s": sim.decode_waves_s, "steps": sim.decode_waves_steps,
                              "untimed_choices_s": sim.decode_waves_untimed_s,
+                             "configs_fitted_on_graph_times": sim.decode_graph_fits,
                              "configs_fitted": sum(1 for f in sim._wave_fits.values() if f is not None),
                              "configs_unfitted": sum(1 for f in sim._wave_fits.values() if f is None)},
             "host_bound_s": sim.host_bound_s,
@@ -1623,6 +1643,21 @@ def dense_eager_setup(args: Any, model: ModelSpec) -> dict | str:
     return {"table": shown, "model": model.name,
             "note": "an eager step's dense ops from the stack's ops timed eagerly (no graph) per layer by token count, "
                     "where the table spans the step's tokens; else --dense-ops (dense_eager missed_steps per policy)"}
+
+
+def decode_graph_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.decode_graph (a decode_graph_table.py table's path, or "none") -> args.decode_graph_s ({config: {(batch,
+    context): seconds}} or None: the wave model fitted on the dataset's rows) and the note summary.json carries."""
+    from benchmarks.live_e2e.decode_graph_table import graph_times
+
+    times, shown = _measured_table(str(getattr(args, "decode_graph", None) or "none"), "--decode-graph",
+                                   "a decode_graph_table.py table", graph_times, model)
+    args.decode_graph_s = times
+    if times is None:
+        return f"{shown} (the decode wave model fitted on the dataset's rows)"
+    return {"table": shown, "model": model.name, "configs": len(times),
+            "note": "the decode wave model fitted, per config the table times, on the decode launches timed as the "
+                    "stack's CUDA graphs replay them (no flush) at the fit grid; other configs on the dataset's rows"}
 
 
 def _live_runs(choice: str, flag: str, off: str) -> tuple[list[Path], list[str]]:
@@ -1997,6 +2032,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: price each decode batch from its sequences' contexts as its programs fill the GPU "
                         "(on, default; kernel_gym.traffic.decode_waves); off: at its mean context, no less than its "
                         "longest sequence alone")
+    p.add_argument("--decode-graph", default="none", metavar="TABLE.json",
+                   help="--predict: fit the decode wave model, per config this decode_graph_table.py table times, on "
+                        "the launches timed as the stack's CUDA graphs replay them (none, default: on the dataset's "
+                        "rows, until the table is measured)")
     p.add_argument("--chunk-routing", default="none", metavar="TABLE.json",
                    help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
                         "(a chunk_routing.py table: each layer's matching skew), from the dataset's rows at those "

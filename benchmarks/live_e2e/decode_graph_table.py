@@ -1,0 +1,208 @@
+"""The live policies' decode attention as the stack's CUDA graphs run it: the times `run.py --predict --decode-graph`
+fits the decode wave model on.
+
+The wave model (kernel_gym/traffic/decode_waves.py) is fitted per config on the dataset's rows, which time one launch
+at a time after an L2 flush, with its launch latency. A graphed step replays the layers' launches back to back with
+no flush. On the profiled live steps the learned table's 16-split config was priced at 66.7 us per layer where its
+kernels took 25.2 us (benchmarks/decode_waves/profile_check.json), so its rows, not the model, set that error. This
+script times what the graphs run, at the wave model's fit grid (decode_waves.FIT_BATCHES x FIT_CONTEXTS):
+
+- the plan (CPU, `--plan FILE`): per model, every decode config a live policy chooses at the fit grid's points (the
+  chooser run.py's live stack asks), and the points where the family's rules accept it (and its KV fits the cap);
+- the timings (GPU, `--out DIR`): per point, `--layers` layers with their own paged caches (the family's inputs, one
+  seed a layer), each config checked against the fp32 reference on layer 0 (eagerly and through the replay), the
+  layers' launches captured in one graph and replayed without the flush; ms per layer (the median / layers). One JSON
+  file, decode_graph.json; a short table last.
+
+    python3 benchmarks/live_e2e/decode_graph_table.py --plan benchmarks/live_e2e/decode_graph_plan.json  # CPU
+    python3 benchmarks/live_e2e/decode_graph_table.py --out $OUT/decode_graph                               # GPU
+    TRITON_INTERPRET=1 python3 benchmarks/live_e2e/decode_graph_table.py --smoke --out /tmp/dgt   # CPU dry run
+
+The GPU mode imports only torch, triton, numpy, the standard library and kernel_gym.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.live_e2e.moe_price_check import Measurer, _gpu_state, replayed_layers  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PLAN_PATH = HERE / "decode_graph_plan.json"
+OUT_NAME = "decode_graph.json"
+RETRAINED = tuple(f"table:benchmarks/live_e2e/tables/mixtral_seed{s}/dispatch_table.json" for s in (0, 1, 2))
+MODEL_POLICIES = {"mixtral-8x7b": ("default", "vllm-table", "table:benchmarks/live_replay/inputs/dispatch_table.json",
+                                   *RETRAINED),
+                  "olmoe-1b-7b": ("default", "vllm-table")}
+MAX_KV_TOKENS = 1 << 19  # batch x context per point: a layer's K and V of Mixtral then take 4 GB, x --layers
+SMOKE_BATCHES, SMOKE_CONTEXTS = (1, 2, 4), (32, 64)
+
+
+def log(msg: str) -> None:
+    print(f"[decode_graph_table {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def build_plan(model_policies: dict[str, tuple[str, ...]], smoke: bool = False) -> dict:
+    """Per model: {config: [[batch, context], ...]}, the fit grid's points where a live policy chooses the config and
+    the family's rules accept it there."""
+    from dataclasses import asdict
+
+    from benchmarks.live_e2e import run as le
+    from kernel_gym.kernels.decode_attention import SPACE
+    from kernel_gym.kernels.workloads import DecodeWorkload
+    from kernel_gym.models import load_model
+    from kernel_gym.traffic import decode_waves as dw
+
+    dtype = "float32" if smoke else "bfloat16"
+    batches, contexts = (SMOKE_BATCHES, SMOKE_CONTEXTS) if smoke else (dw.FIT_BATCHES, dw.FIT_CONTEXTS)
+    plan: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "dtype": dtype,
+                            "max_kv_tokens": MAX_KV_TOKENS, "models": {}}
+    for name, policies in model_policies.items():
+        model = le.TINY if smoke else load_model(name)
+        configs: set[str] = set()
+        for spec in policies:
+            chooser = le.make_chooser(spec, model)
+            for b in batches:
+                for c in contexts:
+                    wl = DecodeWorkload(model.num_heads, model.num_kv_heads, model.head_dim, b, c, dtype)
+                    configs.add(str(chooser.choose("decode_attention", wl, le.PAGE)))
+        points = {}
+        for cfg in sorted(configs):
+            from kernel_gym.kernels.space import Config
+
+            parsed = Config.parse(cfg)
+            ok = [[b, c] for b in batches for c in contexts if b * c <= MAX_KV_TOKENS
+                  and SPACE.is_valid(parsed, DecodeWorkload(model.num_heads, model.num_kv_heads, model.head_dim, b,
+                                                            c, dtype))]
+            if ok:
+                points[cfg] = ok
+        plan["models"][model.name] = {"model_spec": asdict(model), "policies": list(policies), "points": points}
+        log(f"{model.name}: {len(points)} configs, {sum(len(v) for v in points.values())} points")
+    return plan
+
+
+def time_point(meas: Measurer, family: Any, wl: Any, cfg: Any, layers: int, device: str) -> dict:
+    """One config at one workload: `layers` layers with their own caches, layer 0 checked against the reference
+    (eagerly, then through the graph's replay), the launches replayed in one graph without the flush."""
+    inputs = [family.make_inputs(wl, device, seed=i) for i in range(layers)]
+    return replayed_layers(meas, [family.prepare(x, cfg) for x in inputs], family.reference(inputs[0]), wl.dtype,
+                           family)
+
+
+def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False) -> dict:
+    import torch
+
+    from kernel_gym.kernels.decode_attention import FAMILY
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.kernels.workloads import DecodeWorkload
+
+    cuda = torch.cuda.is_available() and not smoke and os.environ.get("TRITON_INTERPRET") != "1"
+    if not cuda and not smoke:
+        raise SystemExit("no CUDA device (or TRITON_INTERPRET=1): the timings need the GPU; --smoke is the CPU dry run")
+    device, dtype = ("cuda", plan["dtype"]) if cuda else ("cpu", "float32")
+    meas = Measurer(cuda)
+    start = time.monotonic()
+    doc: dict[str, Any] = {"meta": {
+        "what": "decode_attention (the family's paged launch) for `layers` layers with their own caches in one CUDA "
+                "graph, no L2 flush; ms per layer (the graph's median / layers); layer 0 checked against the fp32 "
+                "reference first", "layers": layers, "dtype": dtype, "budget_s": budget_s,
+        "device": torch.cuda.get_device_name() if cuda else "cpu-interpreter", "torch": torch.__version__,
+        "triton": __import__("triton").__version__, "commit": os.environ.get("KERNEL_GYM_COMMIT"),
+        "gpu_before": _gpu_state(cuda)}, "models": {}}
+    counts = {name: sum(len(v) for v in entry["points"].values()) for name, entry in plan["models"].items()}
+    done_share = 0.0
+    for name, entry in plan["models"].items():
+        done_share += counts[name] / max(1, sum(counts.values()))  # the budget shared by the models' points
+        deadline = start + budget_s * done_share
+        spec = entry["model_spec"]
+        table: dict[str, dict[str, dict]] = {}
+        skipped = 0
+        for cfg_text, points in entry["points"].items():
+            cfg = Config.parse(cfg_text)
+            for b, c in points:
+                if time.monotonic() > deadline:
+                    skipped += 1
+                    continue
+                wl = DecodeWorkload(spec["num_heads"], spec["num_kv_heads"], spec["head_dim"], b, c, dtype)
+                try:
+                    res = time_point(meas, FAMILY, wl, cfg, layers, device)
+                except Exception as exc:  # noqa: BLE001 - one failed point must not lose the others
+                    res = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                table.setdefault(cfg_text, {})[f"{b},{c}"] = res
+                if cuda:
+                    torch.cuda.empty_cache()
+        doc["models"][name] = {"policies": entry["policies"], "ms": table, "skipped_points": skipped}
+        log(f"{name} done ({time.monotonic() - start:.0f} s so far; {skipped} points skipped by the budget)")
+    doc["meta"]["gpu_after"] = _gpu_state(cuda)
+    doc["meta"]["wall_s"] = round(time.monotonic() - start, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_path = out_dir / OUT_NAME
+    out_path.write_text(json.dumps(doc, indent=1))
+    log(f"wrote {out_path} ({doc['meta']['wall_s']} s)")
+    for name, entry in doc["models"].items():
+        timed = [r["ms"] for per in entry["ms"].values() for r in per.values() if "ms" in r]
+        failed = sum(1 for per in entry["ms"].values() for r in per.values() if "error" in r)
+        print(f"{name}: {len(timed)} points timed over {len(entry['ms'])} configs, {failed} failed, "
+              f"{entry['skipped_points']} skipped")
+    return doc
+
+
+def graph_times(path: Path | str, model: str) -> dict[str, dict[tuple[int, int], float]] | None:
+    """A decode_graph.json's timed points of one model: {config: {(batch, context): seconds}}, or None."""
+    doc = json.loads(Path(path).read_text())
+    entry = doc.get("models", {}).get(model)
+    if entry is None:
+        return None
+    out: dict[str, dict[tuple[int, int], float]] = {}
+    for cfg, per in entry["ms"].items():
+        for point, res in per.items():
+            if "ms" in res:
+                b, c = (int(x) for x in point.split(","))
+                out.setdefault(cfg, {})[(b, c)] = res["ms"] * 1e-3
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plan", type=Path, default=None,
+                   help="without --out: write the plan here (CPU); with --out: the plan to read (default: the "
+                        "committed benchmarks/live_e2e/decode_graph_plan.json)")
+    p.add_argument("--out", type=Path, default=None, help="GPU: time the plan, write DIR/decode_graph.json")
+    p.add_argument("--layers", type=int, default=4, help="layers with their own caches captured back to back")
+    p.add_argument("--budget-s", type=float, default=420.0,
+                   help="GPU: start no new point after this many seconds (shared by the models' point counts)")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan, wall clocks")
+    args = p.parse_args(argv)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        if args.out is None:
+            p.error("--smoke needs --out")
+        plan = build_plan({"tiny-moe": ("default", MODEL_POLICIES["mixtral-8x7b"][2])}, smoke=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
+        run_measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
+        return 0
+    if args.out is None:
+        if args.plan is None:
+            p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
+        args.plan.write_text(json.dumps(build_plan(MODEL_POLICIES), indent=1) + "\n")
+        log(f"wrote {args.plan}")
+        return 0
+    path = args.plan or PLAN_PATH
+    if not path.exists():
+        raise SystemExit(f"{path}: no plan; write one on the CPU first (--plan {path})")
+    run_measure(json.loads(path.read_text()), args.out, args.layers, args.budget_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

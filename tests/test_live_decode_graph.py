@@ -1,0 +1,73 @@
+"""benchmarks/live_e2e/decode_graph_table.py (the live policies' decode configs timed as the stack's CUDA graphs
+replay them) and run.py --predict --decode-graph, which fits the decode wave model on those times."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.live_e2e import decode_graph_table as dgt
+from benchmarks.live_e2e import run as le
+from kernel_gym.kernels.decode_attention import program_rounds
+from kernel_gym.kernels.workloads import DecodeWorkload
+from kernel_gym.measure.roofline import RooflineTimer
+from kernel_gym.traffic import decode_waves as dw
+
+
+def test_smoke_times_every_planned_point_checked_and_the_table_reads_back(tmp_path):
+    """CPU dry run under the interpreter: the tiny model's plan, every point timed (wall clock) after its layer-0
+    check, the table written and read back as {config: {(batch, context): seconds}}."""
+    assert dgt.main(["--smoke", "--out", str(tmp_path)]) == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    doc = json.loads((tmp_path / dgt.OUT_NAME).read_text())
+    points = plan["models"]["tiny-moe"]["points"]
+    timed = doc["models"]["tiny-moe"]["ms"]
+    assert set(timed) == set(points) and points
+    for cfg, pts in points.items():
+        assert {f"{b},{c}" for b, c in pts} == set(timed[cfg])
+        assert all("ms" in r and "error" not in r for r in timed[cfg].values())
+    back = dgt.graph_times(tmp_path / dgt.OUT_NAME, "tiny-moe")
+    cfg = next(iter(points))
+    b, c = points[cfg][0]
+    assert back[cfg][(b, c)] == pytest.approx(timed[cfg][f"{b},{c}"]["ms"] * 1e-3)
+    assert dgt.graph_times(tmp_path / dgt.OUT_NAME, "other") is None
+
+
+def test_committed_plan_holds_the_live_policies_configs_within_the_kv_cap():
+    plan = json.loads(dgt.PLAN_PATH.read_text())
+    assert set(plan["models"]) == set(dgt.MODEL_POLICIES)
+    for entry in plan["models"].values():
+        assert entry["points"]
+        for pts in entry["points"].values():
+            assert all(b * c <= plan["max_kv_tokens"] for b, c in pts)
+    # the learned table's split-KV config the profiled steps over-priced is planned
+    assert any('"NUM_SPLITS":16' in cfg for cfg in plan["models"]["mixtral-8x7b"]["points"])
+
+
+def test_predict_fits_the_wave_model_on_the_graph_table_where_it_times_the_config():
+    trace = le.window_trace("bundled", 0.0, 30.0, 1.0, 60, 3).head(le.SMOKE_REQUESTS)
+    sim = le.PredictSimulator(le.TINY, trace, RooflineTimer(0.5), le.DefaultChooser(), None, kv_layout=le.PAGE,
+                              dtype="float32", gpu_memory_bytes=le.pool_memory(le.TINY, 0.002),
+                              max_num_batched_tokens=48, max_num_seqs=256, decode_waves=True)
+    m = le.TINY
+    contexts = np.array([900, 100, 100, 100])
+    sim._decode_s(4, float(contexts.mean()), 900.0, [], contexts)  # the config the chooser serves, on the roofline
+    cfg = sim._last_cfg["decode_attention"]
+    slots, launch, token = 64, 3e-6, 2e-8  # a graph table that follows the model with these
+
+    def rounds(b, c, cfg=cfg):
+        return program_rounds(DecodeWorkload(m.num_heads, m.num_kv_heads, m.head_dim, b, c, "float32").context_lens(),
+                              cfg, m.num_heads, m.num_kv_heads)
+
+    table = {str(cfg): {(b, c): launch + token * dw.makespan(rounds(b, c), slots)
+                        for b in dw.FIT_BATCHES for c in dw.FIT_CONTEXTS}}
+    graphed = le.PredictSimulator(le.TINY, trace, RooflineTimer(0.5), le.DefaultChooser(), None, kv_layout=le.PAGE,
+                                  dtype="float32", gpu_memory_bytes=le.pool_memory(le.TINY, 0.002),
+                                  max_num_batched_tokens=48, max_num_seqs=256, decode_waves=True)
+    graphed.decode_graph = table
+    t = graphed._decode_s(4, float(contexts.mean()), 900.0, [], contexts)
+    assert graphed.decode_graph_fits == 1
+    ctx = [int(-(-c // 16) * 16) for c in contexts]
+    want = launch + token * dw.makespan(program_rounds(ctx, cfg, m.num_heads, m.num_kv_heads), slots)
+    assert t == pytest.approx(want, rel=0.1)
+    assert sim.decode_graph_fits == 0  # without the table: the timer's times (here the roofline)
