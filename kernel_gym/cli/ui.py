@@ -47,12 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return proc.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - a server that ignores SIGTERM is killed
-            proc.kill()
-            proc.wait(timeout=10)
+        tracking.stop_ui(proc)
 
 
 def runs_pages(tracking_uri: str) -> list[tuple[str, str, int]]:

@@ -432,7 +432,7 @@ def free_port() -> int:
 
 
 def start_ui(port: int = 5000, tracking_uri: str | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
-    """Start `mlflow server` (one worker, no job runner: answers in ~5 s) for the store; stop it with .terminate().
+    """Start `mlflow server` (one worker, no job runner: answers in ~5 s) for the store; stop it with stop_ui.
 
     The server is bound to 127.0.0.1 by default: it has no authentication."""
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_store()[0]
@@ -443,10 +443,32 @@ def start_ui(port: int = 5000, tracking_uri: str | None = None, host: str = "127
         cmd += ["--default-artifact-root", artifacts.resolve().as_uri()]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     log = tempfile.NamedTemporaryFile("w+", prefix="kernel-gym-ui-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own process group: stop_ui reaches the uvicorn child too
     proc.log_path = log.name  # type: ignore[attr-defined]  # the server's output, for error messages
     log.close()
     return proc
+
+
+def stop_ui(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a start_ui server and its uvicorn child: SIGTERM to its process group, SIGKILL to the group after
+    grace_s. Killing only the `mlflow server` process (it forwards SIGTERM, but a loaded machine may take longer than
+    the grace) would leave the child serving the port."""
+    import signal
+
+    def signal_group(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # the whole group is gone already
+            pass
+
+    signal_group(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    signal_group(signal.SIGKILL)  # the child may outlive the leader's exit; nothing of the group survives this
+    proc.wait(timeout=grace_s)
 
 
 def wait_for_ui(

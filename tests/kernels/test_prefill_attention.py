@@ -150,6 +150,8 @@ def test_pack_gqa_matches_reference_and_the_unpacked_kernel(workload: PrefillWor
     """PACK_GQA=1: one program per (token tile, kv head), rows = tokens x the group's q heads."""
     failures = []
     inputs = FAMILY.make_inputs(workload, DEVICE, seed=7)
+    # the two kernels sum in different tile orders: equal to float32's noise, or one float16 ulp (2^-10 relative)
+    tol = 1e-5 if workload.dtype == "float32" else 1e-3
     for bm, bn in ((16, 16), (64, 32), (32, 64)):
         config = Config(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2)
         packed = Config({**config, "PACK_GQA": 1})
@@ -157,7 +159,7 @@ def test_pack_gqa_matches_reference_and_the_unpacked_kernel(workload: PrefillWor
             continue
         failures += [msg for msg in [_check(workload, packed, seed=7)] if msg]
         torch.testing.assert_close(FAMILY.prepare(inputs, packed)(), FAMILY.prepare(inputs, config)(),
-                                   atol=1e-5, rtol=1e-5)
+                                   atol=tol, rtol=tol)
     assert not failures, "\n".join(failures)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import mlflow
@@ -34,6 +35,32 @@ def test_ui_serves_the_store_and_stops(tmp_path):
         assert [x["info"]["run_id"] for x in runs] == [run.info.run_id]
         assert runs[0]["data"]["metrics"][0]["value"] == pytest.approx(0.98)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        tracking.stop_ui(proc, grace_s=30)
     assert proc.returncode is not None
+
+
+def test_stop_ui_stops_a_child_that_ignores_sigterm():
+    """The MLflow server is a CLI with a uvicorn child holding the port: stop_ui ends the whole group, even a child
+    still alive after the grace (a loaded CI machine once left it serving the port after kernel-gym ui exited)."""
+    import os
+    import subprocess
+    import sys
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    parent = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {stubborn!r}]); "
+              "print(c.pid, flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(proc.stdout.readline())
+    tracking.stop_ui(proc, grace_s=1)
+    assert proc.returncode is not None
+    for _ in range(100):  # the killed child is reaped by init; it is gone once kill(pid, 0) fails
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as f:  # a zombie awaiting its reaper counts as stopped
+            if f.read().split(") ")[1].startswith("Z"):
+                break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"child {child} still running after stop_ui")
