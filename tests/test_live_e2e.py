@@ -244,10 +244,16 @@ def test_live_check_refuses_eager_runs_and_the_replay_note_reads_it(tmp_path):
     (run / "summary.json").write_text(json.dumps(summary))
     check = le.live_check([run])
     assert check["range"]["ttft_p50_s"] == [0.2, 0.2]
+    assert check["within_target"]["tokens_per_s"] == {"within": 1, "of": 1, "range": [-0.05, -0.05]}
+    assert check["within_target"]["ttft_p50_s"]["within"] == 0
+    assert check["without_compiles_timed"] == check["within_target"]  # no run timed its compiles
+    summary["policies"]["p"]["measured_compiles_timed"] = True
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert le.live_check([run])["without_compiles_timed"]["tpot_p50_s"] == {"within": 0, "of": 0, "range": None}
     (tmp_path / "check.json").write_text(json.dumps(check))
     note = live_check_note(tmp_path / "check.json")
     assert "tokens/s -5% to -5%" in note and "TTFT p50 +20% to +20%" in note
-    assert "1 policy runs in 1 live replays" in note
+    assert "1 policy runs in 1 live replays" in note and "within 5% / 10% / 5% on 1, 0, 1 of 1" in note
     assert live_check_note(tmp_path / "absent.json") == ""
 
 

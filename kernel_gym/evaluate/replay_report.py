@@ -113,11 +113,15 @@ def live_check_note(path: Path = LIVE_CHECK) -> str:
     span = ", ".join(f"{label} {100 * ranges[k][0]:+.0f}% to {100 * ranges[k][1]:+.0f}%"
                      for k, label in (("tokens_per_s", "tokens/s"), ("ttft_p50_s", "TTFT p50"),
                                       ("tpot_p50_s", "TPOT p50")))
+    counts = check.get("within_target")
+    within = ("; within 5% / 10% / 5% on " + ", ".join(f"{counts[k]['within']}" for k in
+                                                        ("tokens_per_s", "ttft_p50_s", "tpot_p50_s"))
+              + f" of {len(check['rows'])}") if counts else ""
     return (f"Simulator vs live: against {len(check['rows'])} policy runs in {len(check['runs'])} live replays on one "
             f"H200 ({', '.join(check['models'])}; "
             f"continuous batching with CUDA graphs, real trace windows) this simulator's predictions, with the live "
             f"stack's own measured price tables and decode priced as `--decode-waves` prices it, were off by "
-            f"{span} (docs/live.md). Read every tokens/s, TTFT and TPOT figure above with that error.")
+            f"{span}{within} (docs/live.md). Read every tokens/s, TTFT and TPOT figure above with that error.")
 
 
 DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (cli/replay.py), the demo's and the README figures'
