@@ -1959,6 +1959,7 @@ def plot_live_check(check: dict, path: Path) -> Path:
     handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=m) for m, c in colours.items()]
     handles += [plt.Line2D([], [], color="k", marker=mk, ls="", label=p) for p, mk in
                 (("default configs", "s"), ("vllm-table", "o"), ("learned table", "^"))]
+    handles.append(plt.Line2D([], [], color="k", marker="o", mfc="none", ls="", label="compiles timed (hollow)"))
     axes[0].legend(handles=handles, fontsize=8, loc="lower left")
     fig.suptitle(f"Plain simulator vs {len(rows)} live policy runs on one H200 (CUDA graphs)")
     fig.tight_layout()
