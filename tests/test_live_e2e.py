@@ -254,6 +254,9 @@ def test_live_check_refuses_eager_runs_and_the_replay_note_reads_it(tmp_path):
     note = live_check_note(tmp_path / "check.json")
     assert "tokens/s -5% to -5%" in note and "TTFT p50 +20% to +20%" in note
     assert "1 policy runs in 1 live replays" in note and "within 5% / 10% / 5% on 1, 0, 1 of 1" in note
+    assert "pass --decode-waves" not in note
+    off = live_check_note(tmp_path / "check.json", decode_waves=False)
+    assert "pass --decode-waves to price it the same way" in off
     assert live_check_note(tmp_path / "absent.json") == ""
 
 

@@ -94,7 +94,7 @@ def markdown(rep: dict[str, Any]) -> str:
                   "has no time for (estimates, where a fallback was charged before; in the estimated share): "
                   + ", ".join(f"{n} {m['decode_waves_s']:+.1f} s ({m['decode_waves_untimed_s']:.1f} s untimed)"
                               for n, m in waves.items()) + "."]
-    live = live_check_note()
+    live = live_check_note(decode_waves=bool(waves))
     if live:
         lines += ["", live]
     return "\n".join(lines) + "\n"
@@ -103,7 +103,7 @@ def markdown(rep: dict[str, Any]) -> str:
 LIVE_CHECK = Path(__file__).resolve().parent.parent / "data" / "live_check.json"
 
 
-def live_check_note(path: Path = LIVE_CHECK) -> str:
+def live_check_note(path: Path = LIVE_CHECK, decode_waves: bool = True) -> str:
     """How far this simulator was from live H200 serving runs (kernel_gym/data/live_check.json, written from the
     committed runs by benchmarks/live_e2e/run.py --live-check): printed under every replay table, beside its figures."""
     if not path.exists():
@@ -121,7 +121,9 @@ def live_check_note(path: Path = LIVE_CHECK) -> str:
             f"H200 ({', '.join(check['models'])}; "
             f"continuous batching with CUDA graphs, real trace windows) this simulator's predictions, with the live "
             f"stack's own measured price tables and decode priced as `--decode-waves` prices it, were off by "
-            f"{span}{within} (docs/live.md). Read every tokens/s, TTFT and TPOT figure above with that error.")
+            f"{span}{within} (docs/live.md). Read every tokens/s, TTFT and TPOT figure above with that error."
+            + ("" if decode_waves else " This replay priced decode at each batch's mean context, not as the check "
+               "did: pass --decode-waves to price it the same way."))
 
 
 DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (cli/replay.py), the demo's and the README figures'
