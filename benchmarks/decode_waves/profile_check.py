@@ -4,7 +4,9 @@ model and without it (benchmarks/live_e2e/run.py --predict --decode-waves on / o
 The profiled runs (`run.py --profile-every N`) ran every N-th step once more under torch's profiler: its decode
 kernels' summed durations are the measurement here, set beside the price --predict gives the same step (its decode
 batch's contexts recovered from the run's schedule, run.step_contexts). Kernel durations leave out launch gaps, which
-a CUDA graph's replay mostly hides, so a price a little above 1.0x is expected. CPU only, from committed runs.
+a CUDA graph's replay mostly hides, so a price a little above 1.0x is expected. Each run's `clocks` are the GPU's
+clock and power state before and after it (its measured.json); the dataset's are in `dataset`. CPU only, from committed
+runs.
 
     python benchmarks/decode_waves/profile_check.py          # profile_check.json beside this file (~2 minutes)
 """
@@ -37,13 +39,14 @@ def main() -> int:
 
     t0 = time.time()
     out: dict = {"what": "decode attention: price / profiled kernel time, decode-only steps", "commit": git_commit(),
-                 "runs": {}}
+                 "dataset": None, "runs": {}}
     for run, policies in RUNS.items():
         for spec in policies:
             row: dict = {}
             for waves in ("off", "on"):
                 args = le.build_parser().parse_args(["--out", str(ROOT / run), "--predict", "--decode-waves", waves])
                 _, meta, model, trace, backend, timer, _ = le.predict_setup(args)
+                out["dataset"] = out["dataset"] or getattr(backend, "describe", lambda: None)()
                 priced = le.priced_steps(args.out, spec, model, trace, timer, backend, args, meta)
                 steps = le.read_steps(args.out, spec)
                 profiled = [(s, p) for s, p in zip(steps, priced)
@@ -68,6 +71,8 @@ def main() -> int:
                               "parts_price_over_measured": parts,
                               "by_config_us_per_layer": {k: {"steps": n, "measured": m / n, "price": pr / n}
                                                          for k, (n, m, pr) in by_config.items()}}
+            measured = json.loads((ROOT / run / "measured.json").read_text())["measured"][spec]
+            row["clocks"] = {k: measured.get(k) for k in ("gpu_before", "gpu_after")}  # the GPU's state around the run
             out["runs"][f"{run.split('live_e2e/')[-1]} {spec}"] = row
             print(f"{run.split('live_e2e/')[-1]:32s} {spec[:24]:24s} {row['off']['steps']:4d} steps: price / "
                   f"measured {row['off']['price_over_measured']:.3f} -> {row['on']['price_over_measured']:.3f} "

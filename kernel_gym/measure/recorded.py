@@ -21,6 +21,7 @@ benchmarks/recorded_backend/run.py). Imports only numpy and the standard library
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -174,19 +175,34 @@ class RecordedBackend:
         self._configs: dict[str, Config] = {}
         self._check_validity = check_validity
         self._spaces: dict[str, Any] = {}
+        self._described: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
-        """What prices: the device and, per kernel, the source hash, versions and row count (printed by replay and the
-        summaries beside their numbers)."""
-        return {"device": self.device, "dataset_hash": self.dataset_hash, "notes": list(self.notes),
+        """What prices: the device and, per kernel, the source hash, versions, row count and the clocks its rows were
+        timed under (summary.power_states; printed by replay and the summaries beside their numbers, and written into
+        every results file priced from this data, since an absolute time means little without its clocks)."""
+        if self._described is None:
+            from kernel_gym.measure.summary import power_states
+
+            self._described = {
+                "device": self.device, "dataset_hash": self.dataset_hash, "notes": list(self.notes),
                 "kernels": {k: {"source_hash": c.source_hash, "triton": c.triton_version, "torch": c.torch_version,
-                                "rows": sum(len(v) for v in self._rows.get(k, {}).values())}
+                                "rows": sum(len(v) for v in self._rows.get(k, {}).values()),
+                                "power": power_states([m.power for v in self._rows.get(k, {}).values()
+                                                       for m in v.values() if m.ok])}
                             for k, c in sorted(self.contexts.items())}}
+        return copy.deepcopy(self._described)
 
     def describe_line(self) -> str:
         d = self.describe()
+        def clocks(pw: dict[str, Any]) -> str:
+            sm = pw["sm_mhz_p10_p50_p90"]
+            return (f"; {pw['rows_recorded']} with clocks, SM p50 {sm[1]:.0f} MHz, {pw['share_slowed']:.0%} slowed"
+                    if pw["rows_recorded"] and sm and pw["share_slowed"] is not None else "")
+
         return (f"recorded data: device {d['device']}; " + "; ".join(
-            f"{k} source {v['source_hash']} (triton {v['triton']}, {v['rows']} rows)" for k, v in d["kernels"].items()))
+            f"{k} source {v['source_hash']} (triton {v['triton']}, {v['rows']} rows{clocks(v['power'])})"
+            for k, v in d["kernels"].items()))
 
     # ---- indexing --------------------------------------------------------------------------------------------
 

@@ -144,7 +144,8 @@ _NUMBERS = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")  # reasons differ only in numb
 def power_states(states: list[str]) -> dict[str, Any]:
     """What the ok rows' recorded power states (Measurement.power, issue 24) say: rows with one, the p10 / p50 / p90 of
     their median SM clock and temperature, and the share timed under a power or thermal slowdown. Rows stored before
-    the power state was recorded (the packaged dataset's) count as not recorded."""
+    the power state was recorded (most of the packaged dataset's) count as not recorded; rows whose timer had no reader
+(no NVML, no nvidia-smi) as unavailable."""
     from kernel_gym.measure.power import PowerSummary
 
     got = [PowerSummary.from_compact(s) for s in states]
@@ -157,7 +158,8 @@ def power_states(states: list[str]) -> dict[str, Any]:
         return [v[int(f * (len(v) - 1))] for f in (0.1, 0.5, 0.9)]
 
     slowed = [p.slowdown_fraction for p in ok if p.slowdown_fraction is not None]
-    return {"rows_recorded": len(ok), "rows_unavailable": len(got) - len(ok),
+    return {"rows_recorded": len(ok), "rows_unavailable": sum(1 for p in got if p is not None and not p.available),
+            "rows_not_recorded": sum(1 for p in got if p is None),
             "sm_mhz_p10_p50_p90": q([p.sm_mhz[1] for p in ok if p.sm_mhz]),
             "temp_c_p10_p50_p90": q([p.temp_c[2] for p in ok if p.temp_c]),
             "share_slowed": sum(1 for f in slowed if f > 0) / len(slowed) if slowed else None}
@@ -185,5 +187,7 @@ def format_summary(info: dict[str, Any]) -> str:
                          + (f", SM clock p10/p50/p90 {sm[0]:.0f}/{sm[1]:.0f}/{sm[2]:.0f} MHz" if sm else "")
                          + (f", max temperature p50 {temp[1]:.0f} C" if temp else "")
                          + (f", {slow:.0%} timed under a power or thermal slowdown" if slow is not None else "")
-                         + (f" ({pw['rows_unavailable']} rows: no reader)" if pw["rows_unavailable"] else ""))
+                         + (f" ({pw['rows_unavailable']} rows: no reader)" if pw["rows_unavailable"] else "")
+                         + (f" ({pw['rows_not_recorded']} rows stored before power states were recorded)"
+                            if pw.get("rows_not_recorded") else ""))
     return "\n".join(lines)

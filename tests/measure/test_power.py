@@ -286,3 +286,23 @@ def test_pci_bus_id_from_a_loaded_torch_finds_the_device(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=types.SimpleNamespace(
         is_available=lambda: True, device_count=lambda: 1, get_device_properties=lambda i: object())))
     assert power.cuda_pci_bus_id(0) is None  # an older torch without the PCI fields: the index path
+
+
+def test_what_prices_says_under_which_clocks_its_rows_were_timed():
+    """RecordedBackend.describe (written into every replay's results file) carries each kernel's clock summary, and
+    counts rows stored before clocks were recorded apart from rows whose timer had no reader."""
+    from kernel_gym.kernels.workloads import MoEWorkload
+    from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.measure.types import Measurement
+
+    capped = PowerSummary.of([power.PowerSample(0.0, 1500, 3201, 690, 700, 60, 4)], "nvml").compact()
+    no_reader = PowerSummary.unavailable("no NVML, no nvidia-smi").compact()
+    rows = [Measurement("fused_moe", MoEWorkload(t, 8, 2, 64, 96).key(), '{"BLOCK_M":16}', "ok", 0.1 * t, 0.01, 3,
+                        power=p) for t, p in ((1, capped), (2, ""), (4, no_reader))]
+    b = RecordedBackend(groups=[(_ctx(), rows)], check_validity=False)
+    pw = b.describe()["kernels"]["fused_moe"]["power"]
+    assert (pw["rows_recorded"], pw["rows_not_recorded"], pw["rows_unavailable"]) == (1, 1, 1)
+    assert pw["sm_mhz_p10_p50_p90"] == [1500, 1500, 1500] and pw["share_slowed"] == 1.0
+    assert "1 with clocks, SM p50 1500 MHz, 100% slowed" in b.describe_line()
+    b.describe()["kernels"]["fused_moe"]["power"]["rows_recorded"] = 99  # a caller's edit leaves the cache alone
+    assert b.describe()["kernels"]["fused_moe"]["power"]["rows_recorded"] == 1
