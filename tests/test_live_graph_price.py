@@ -177,3 +177,24 @@ def test_moe_graph_tables_union_first_wins_and_a_model_missing_from_one_is_skipp
     assert table("cfg1", 64) is None and table("cfg3", 8) is None
     none = argparse.Namespace(moe_graph="none")
     assert le.moe_graph_setup(none, model).startswith("none") and none.moe_graph_s is None
+
+
+def test_host_issue_reports_each_policys_host_bound_eager_steps(tmp_path):
+    """benchmarks/live_e2e/host_issue.py: per policy, the timed eager steps with chunks, the host-bound ones (the rule
+    --eager-issue uses) and their median issue time per layer; a policy with no issue times is left out."""
+    from benchmarks.live_e2e import host_issue
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "measured.json").write_text(json.dumps({"meta": {"smoke": True}, "measured": {"default": {}, "old": {}}}))
+    layers = le.TINY.num_layers
+    eager = {"chunks": [[0, 600, 0]], "ran_untimed_first": False}
+    (run / "default_steps.json").write_text(json.dumps([
+        {**eager, "seconds": 0.010, "issue_s": 0.0099}, {**eager, "seconds": 0.012, "issue_s": 0.0118},
+        {**eager, "seconds": 0.050, "issue_s": 0.020}, {**eager, "ran_untimed_first": True, "seconds": 1.0,
+                                                         "issue_s": 1.0}]))
+    (run / "old_steps.json").write_text(json.dumps([{**eager, "seconds": 0.010}]))  # before issue_s was recorded
+    got = host_issue.issue_times(run)
+    assert list(got) == ["default"]
+    assert got["default"]["eager_chunk_steps"] == 3 and got["default"]["host_bound"] == 2
+    assert got["default"]["issue_ms_per_layer_median"] == pytest.approx((9.9 + 11.8) / 2 / layers)

@@ -35,7 +35,6 @@ from benchmarks.live_e2e import run as le  # noqa: E402
 
 REPREDICT = ("window6_01d3818/olmoe_w6", "window5_f269e69/olmoe_prof", "olmoe_rep_6331459/olmoe_rep_300")
 CALIBRATION = HERE / "predicted" / "graphs" / "window1" / "summary.json"
-HOST_BOUND = 0.95  # run.measured_eager_issue's rule
 METRICS = ("ttft_p50_s", "tpot_p50_s", "tokens_per_s")
 
 
@@ -44,17 +43,15 @@ def issue_times(folder: Path) -> dict:
     per layer (ms). {} when the run's records carry no issue time."""
     data = json.loads((folder / "measured.json").read_text())
     meta = data.get("meta", {})
-    if meta.get("smoke"):
-        return {}
-    layers = le.load_model(meta["model"]).num_layers
+    layers = (le.TINY if meta.get("smoke") else le.load_model(meta["model"])).num_layers
     out = {}
     for spec in data["measured"]:
         steps = [r for r in le.read_steps(folder, spec) or [] if not r["ran_untimed_first"] and r["chunks"]
                  and "piecewise_rows" not in r and r.get("issue_s") is not None]
         if not steps:
             continue
-        bound = [r["issue_s"] / layers * 1e3 for r in steps if r["issue_s"] >= HOST_BOUND * r["seconds"]]
-        out[spec] = {"model": meta["model"], "eager_chunk_steps": len(steps), "host_bound": len(bound),
+        bound = [r["issue_s"] / layers * 1e3 for r in steps if r["issue_s"] >= le.HOST_BOUND_SHARE * r["seconds"]]
+        out[spec] = {"model": meta.get("model", "smoke"), "eager_chunk_steps": len(steps), "host_bound": len(bound),
                      "issue_ms_per_layer_median": float(np.median(bound)) if bound else None,
                      "issue_ms_per_layer_p10_p90": [float(np.percentile(bound, q)) for q in (10, 90)] if bound
                      else None}
@@ -90,14 +87,14 @@ def main(argv: list[str] | None = None) -> int:
 
     calibration = le.measured_eager_issue(le.EAGER_ISSUE_RUNS)
     out: dict = {"what": "host issue time of eager steps per live run, and the prediction with each run's own",
-                 "commit": git_commit(), "host_bound_rule": f"issue_s >= {HOST_BOUND} x step seconds",
+                 "commit": git_commit(), "host_bound_rule": f"issue_s >= {le.HOST_BOUND_SHARE} x step seconds",
                  "calibration": {"runs": [str(r.relative_to(ROOT)) for r in le.EAGER_ISSUE_RUNS],
                                  "issue_ms_per_layer": calibration["per_layer_s"] * 1e3,
                                  "steps": calibration["steps"]},
                  "runs": {}, "repredicted": {}}
     for measured in sorted(HERE.glob("**/measured.json")):
         folder = measured.parent
-        if "predicted" in folder.parts:
+        if "predicted" in folder.parts or json.loads(measured.read_text()).get("meta", {}).get("smoke"):
             continue
         got = issue_times(folder)
         if got:
