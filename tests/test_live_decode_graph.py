@@ -71,3 +71,33 @@ def test_predict_fits_the_wave_model_on_the_graph_table_where_it_times_the_confi
     want = launch + token * dw.makespan(program_rounds(ctx, cfg, m.num_heads, m.num_kv_heads), slots)
     assert t == pytest.approx(want, rel=0.1)
     assert sim.decode_graph_fits == 0  # without the table: the timer's times (here the roofline)
+
+
+def test_a_plan_timed_in_two_parts_skips_what_the_first_timed_and_predict_reads_both(tmp_path):
+    """--done TABLE drops the points an earlier table timed (not its errors), and --decode-graph A,B merges the two
+    tables' points per config."""
+    cfg = '{"BLOCK_N":16}'
+    plan = {"models": {"m": {"points": {cfg: [[1, 128], [4, 128], [16, 128]]}}}}
+
+    def table(path, points):
+        path.write_text(json.dumps({"meta": {}, "models": {"m": {"ms": {cfg: points}, "skipped_points": 1}}}))
+        return path
+
+    first = table(tmp_path / "a.json", {"1,128": {"ms": 0.01}, "4,128": {"error": "RuntimeError: x"}})
+    rest, dropped = dgt.drop_done(plan, [first])
+    assert dropped == 1 and rest["models"]["m"]["points"][cfg] == [[4, 128], [16, 128]]
+    assert plan["models"]["m"]["points"][cfg] == [[1, 128], [4, 128], [16, 128]]  # the plan itself is left as it was
+    second = table(tmp_path / "b.json", {"4,128": {"ms": 0.02}, "16,128": {"ms": 0.03}})
+    args = le.build_parser().parse_args(["--out", str(tmp_path), "--predict", "--decode-graph", f"{first},{second}"])
+    shown = le.decode_graph_setup(args, le.TINY.__class__(**{**le.TINY.__dict__, "name": "m"}))
+    assert args.decode_graph_s == {cfg: {(1, 128): 1e-5, (4, 128): 2e-5, (16, 128): 3e-5}}
+    assert shown["configs"] == 1 and "a.json" in shown["table"] and "b.json" in shown["table"]
+    with pytest.raises(SystemExit, match="no such file"):
+        dgt.main(["--out", str(tmp_path / "o"), "--done", str(tmp_path / "missing.json")])
+
+
+def test_the_rest_of_a_plan_times_the_most_served_configs_first():
+    plan = {"models": {"m": {"points": {"A": [[1, 128]], "B": [[1, 128], [4, 128]], "C": [[1, 128]]}}}}
+    rest = dgt.rest_plan(plan, [], {("m", "A"): 5, ("m", "B"): 500, ("m", "C"): 50}, min_steps=10)
+    assert list(rest["models"]["m"]["points"]) == ["B", "C"]  # most served first, A (5 steps) left out
+    assert rest["models"]["m"]["served_steps"] == {"B": 500, "C": 50}

@@ -16,6 +16,8 @@ script times what the graphs run, at the wave model's fit grid (decode_waves.FIT
 
     python3 benchmarks/live_e2e/decode_graph_table.py --plan benchmarks/live_e2e/decode_graph_plan.json  # CPU
     python3 benchmarks/live_e2e/decode_graph_table.py --out $OUT/decode_graph                               # GPU
+    python3 benchmarks/live_e2e/decode_graph_table.py --plan REST.json --done FIRST/decode_graph.json  # CPU: the rest
+    python3 benchmarks/live_e2e/decode_graph_table.py --plan REST.json --out $OUT/rest                 # GPU: time it
     TRITON_INTERPRET=1 python3 benchmarks/live_e2e/decode_graph_table.py --smoke --out /tmp/dgt   # CPU dry run
 
 The GPU mode imports only torch, triton, numpy, the standard library and kernel_gym.
@@ -95,6 +97,53 @@ def time_point(meas: Measurer, family: Any, wl: Any, cfg: Any, layers: int, devi
     inputs = [family.make_inputs(wl, device, seed=i) for i in range(layers)]
     return replayed_layers(meas, [family.prepare(x, cfg) for x in inputs], family.reference(inputs[0]), wl.dtype,
                            family)
+
+
+def drop_done(plan: dict, done: list[Path]) -> tuple[dict, int]:
+    """The plan less the points these earlier decode_graph.json tables timed (an error there is timed again), so a
+    second GPU command times the rest; run.py --decode-graph reads the tables together. (the plan, points dropped)"""
+    timed: set[tuple[str, str, tuple[int, int]]] = set()
+    for path in done:
+        for name in plan["models"]:
+            for cfg, points in (graph_times(path, name) or {}).items():
+                timed.update((name, cfg, bc) for bc in points)
+    out = json.loads(json.dumps(plan))
+    dropped = 0
+    for name, entry in out["models"].items():
+        for cfg, points in entry["points"].items():
+            keep = [p for p in points if (name, cfg, (p[0], p[1])) not in timed]
+            dropped += len(points) - len(keep)
+            entry["points"][cfg] = keep
+    return out, dropped
+
+
+def served_steps(rows: list[dict]) -> dict[tuple[str, str], int]:
+    """Decode steps each (model, config) served in the live runs (live_check.json's rows: run, model, policy), from
+    their step records: what a plan cut short should time first."""
+    from benchmarks.live_e2e import run as le
+
+    root = Path(__file__).resolve().parents[2]
+    counts: dict[tuple[str, str], int] = {}
+    for row in rows:
+        run = root / row["run"].replace("live_e2e/predicted/", "live_e2e/")
+        for step in le.read_steps(run, row["policy"]) or []:
+            cfg = (step.get("configs") or {}).get("decode_attention")
+            if cfg and step.get("decode_batch"):
+                counts[(row["model"], cfg)] = counts.get((row["model"], cfg), 0) + 1
+    return counts
+
+
+def rest_plan(plan: dict, done: list[Path], served: dict[tuple[str, str], int], min_steps: int) -> dict:
+    """The points `done` has not timed, each model's configs ordered by the live decode steps they served, those
+    that served fewer than min_steps left out (so a budget spends itself where the live check prices most)."""
+    out, _ = drop_done(plan, done)
+    for name, entry in out["models"].items():
+        ranked = sorted(((served.get((name, cfg), 0), cfg) for cfg, pts in entry["points"].items() if pts),
+                        key=lambda x: -x[0])
+        entry["points"] = {cfg: entry["points"][cfg] for n, cfg in ranked if n >= min_steps}
+        entry["served_steps"] = {cfg: n for n, cfg in ranked if n >= min_steps}
+    out["rest_of"] = {"done": [str(t) for t in done], "min_steps": min_steps}
+    return out
 
 
 def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False) -> dict:
@@ -179,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=4, help="layers with their own caches captured back to back")
     p.add_argument("--budget-s", type=float, default=420.0,
                    help="GPU: start no new point after this many seconds (shared by the models' point counts)")
+    p.add_argument("--done", default="", metavar="TABLE.json[,...]",
+                   help="skip the points these earlier decode_graph.json tables timed (the rest of a plan a budget "
+                        "cut short). GPU: time the rest; CPU (--plan OUT without --out): write the rest of the "
+                        "committed plan, configs ordered by the live decode steps they served (--min-steps)")
+    p.add_argument("--min-steps", type=int, default=100,
+                   help="--done on the CPU: leave out configs that served fewer live decode steps than this")
     p.add_argument("--smoke", action="store_true",
                    help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan, wall clocks")
     args = p.parse_args(argv)
@@ -191,16 +246,33 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
         run_measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
         return 0
+    done = [Path(t) for t in args.done.split(",") if t]
+    missing = [str(t) for t in done if not t.exists()]
+    if missing:
+        raise SystemExit(f"--done {','.join(missing)}: no such file (earlier decode_graph.json tables)")
     if args.out is None:
         if args.plan is None:
             p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
+        if done:
+            check = json.loads((Path(__file__).resolve().parents[2] / "kernel_gym" / "data" / "live_check.json")
+                               .read_text())
+            plan = rest_plan(json.loads(PLAN_PATH.read_text()), done, served_steps(check["rows"]), args.min_steps)
+            args.plan.write_text(json.dumps(plan, indent=1) + "\n")
+            log(f"wrote {args.plan}: " + ", ".join(f"{m} {sum(map(len, e['points'].values()))} points"
+                                                  for m, e in plan["models"].items()))
+            return 0
         args.plan.write_text(json.dumps(build_plan(MODEL_POLICIES), indent=1) + "\n")
         log(f"wrote {args.plan}")
         return 0
     path = args.plan or PLAN_PATH
     if not path.exists():
         raise SystemExit(f"{path}: no plan; write one on the CPU first (--plan {path})")
-    run_measure(json.loads(path.read_text()), args.out, args.layers, args.budget_s)
+    plan = json.loads(path.read_text())
+    if done:
+        plan, dropped = drop_done(plan, done)
+        left = sum(len(v) for e in plan["models"].values() for v in e["points"].values())
+        log(f"--done: {dropped} points already timed, {left} left")
+    run_measure(plan, args.out, args.layers, args.budget_s)
     return 0
 
 

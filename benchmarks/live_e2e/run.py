@@ -1650,12 +1650,22 @@ def dense_eager_setup(args: Any, model: ModelSpec) -> dict | str:
 
 
 def decode_graph_setup(args: Any, model: ModelSpec) -> dict | str:
-    """args.decode_graph (a decode_graph_table.py table's path, or "none") -> args.decode_graph_s ({config: {(batch,
-    context): seconds}} or None: the wave model fitted on the dataset's rows) and the note summary.json carries."""
+    """args.decode_graph (decode_graph_table.py tables' paths, comma-separated: a plan timed in parts, or "none") ->
+    args.decode_graph_s ({config: {(batch, context): seconds}} over all of them, or None: the wave model fitted on the
+    dataset's rows) and the note summary.json carries."""
     from benchmarks.live_e2e.decode_graph_table import graph_times
 
-    times, shown = _measured_table(str(getattr(args, "decode_graph", None) or "none"), "--decode-graph",
-                                   "a decode_graph_table.py table", graph_times, model)
+    times, shown = None, "none: --decode-graph none"
+    for choice in str(getattr(args, "decode_graph", None) or "none").split(","):
+        part, part_shown = _measured_table(choice, "--decode-graph", "a decode_graph_table.py table", graph_times,
+                                           model)
+        if part is not None:
+            times = times or {}
+            for cfg, points in part.items():
+                times.setdefault(cfg, {}).update(points)
+            shown = part_shown if shown.startswith("none") else f"{shown},{part_shown}"
+        elif times is None:
+            shown = part_shown
     args.decode_graph_s = times
     if times is None:
         return f"{shown} (the decode wave model fitted on the dataset's rows)"
@@ -2051,7 +2061,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: price each decode batch from its sequences' contexts as its programs fill the GPU "
                         "(on, default; kernel_gym.traffic.decode_waves); off: at its mean context, no less than its "
                         "longest sequence alone")
-    p.add_argument("--decode-graph", default="none", metavar="TABLE.json",
+    p.add_argument("--decode-graph", default="none", metavar="TABLE.json[,...]",
                    help="--predict: fit the decode wave model, per config this decode_graph_table.py table times, on "
                         "the launches timed as the stack's CUDA graphs replay them (none, default: on the dataset's "
                         "rows, until the table is measured)")
