@@ -1,7 +1,7 @@
 """The MoE of steps with prefill chunks (session 49): the live stack routes a chunk's tokens to few experts (they attend
 to the same earlier tokens), so moe_graph_table.py --chunk times the live call with every layer's inputs from a
 model-shaped forward of one chunk, and run.py --predict --moe-chunk prices those steps' MoE from it; decode-only steps
-and runs without the flag are priced as before."""
+and `--moe-chunk none` are priced as before. The tables timed in session 52 are the default."""
 
 import json
 from pathlib import Path
@@ -15,6 +15,7 @@ from benchmarks.live_e2e.moe_price_check import real_router_logits
 from kernel_gym.kernels import fused_moe as fm
 from kernel_gym.kernels.workloads import MoEWorkload
 from kernel_gym.measure.roofline import RooflineTimer
+from kernel_gym.models import load_model
 
 SPEC = dict(hidden=256, num_heads=4, num_kv_heads=2, head_dim=64, num_layers=8, num_experts=8, top_k=2,
             intermediate=512)
@@ -105,10 +106,14 @@ def test_only_steps_with_chunks_read_the_chunk_tables_and_a_miss_falls_to_the_gr
     assert eager.moe_chunk_charged_s == pytest.approx(1e-3 * layers)
 
 
-def test_run_py_takes_the_flag_and_defaults_to_none():
+def test_run_py_defaults_to_the_committed_chunk_tables_and_none_turns_them_off():
     args = le.build_parser().parse_args(["--out", "x", "--predict"])
-    assert args.moe_chunk == "none"
-    assert le.moe_chunk_setup(args, le.TINY).startswith("none") and args.moe_chunk_s == (None, None)
+    assert args.moe_chunk.split(",") == [str(t) for t in le.MOE_CHUNK_TABLES] and all(
+        t.exists() for t in le.MOE_CHUNK_TABLES)
+    shown = le.moe_chunk_setup(args, load_model("mixtral-8x7b"))
+    assert shown["graph"] and shown["eager"] and all(t is not None for t in args.moe_chunk_s)
+    off = le.build_parser().parse_args(["--out", "x", "--predict", "--moe-chunk", "none"])
+    assert le.moe_chunk_setup(off, le.TINY).startswith("none") and off.moe_chunk_s == (None, None)
     assert Path(le.__file__).with_name("chunk_session.sh").exists()
 
 

@@ -1010,6 +1010,10 @@ DENSE_OPS_TABLE = Path(__file__).resolve().parent / "dense_217cbde" / "dense_ops
 EAGER_TABLES = Path(__file__).resolve().parent / "eager_ab2db7d"
 MOE_EAGER_TABLE = EAGER_TABLES / "moe_eager" / "moe_eager.json"
 DENSE_EAGER_TABLE = EAGER_TABLES / "dense_eager.json"
+# the chunk-routed MoE tables --predict reads by default for steps with prefill chunks (chunk_session.sh, session 52,
+# tree 17d3f2b): graphed (16-512 rows) and eager (512-4,096 tokens)
+CHUNK_TABLES = Path(__file__).resolve().parent / "chunk_decode_17d3f2b" / "chunk" / "e2e" / "moe_chunk"
+MOE_CHUNK_TABLES = (CHUNK_TABLES / "moe_chunk_graph.json", CHUNK_TABLES / "moe_chunk_eager.json")
 
 
 class DenseOps:
@@ -2069,10 +2073,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
                         "(a chunk_routing.py table: each layer's matching skew), from the dataset's rows at those "
                         "skews; none (default): at even routing")
-    p.add_argument("--moe-chunk", default="none", metavar="TABLE.json[,...]",
+    p.add_argument("--moe-chunk", default=",".join(str(t) for t in MOE_CHUNK_TABLES), metavar="TABLE.json[,...]",
                    help="--predict: price the MoE of steps with prefill chunks from these moe_graph_table.py --chunk "
-                        "tables (graph and --eager ones; their tokens routed as the live stack routes a chunk); none "
-                        "(default): as the other steps")
+                        "tables (graph and --eager ones; their tokens routed as the live stack routes a chunk; "
+                        "default: the two timed in session 52); none: as the other steps")
     p.add_argument("--dense-eager", default=str(DENSE_EAGER_TABLE), metavar="TABLE.json",
                    help="--predict: price eager steps' dense ops from this dense_price_check.py --eager table "
                         "(default: the one timed in session 49); none: --dense-ops")
