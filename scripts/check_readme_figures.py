@@ -272,6 +272,14 @@ PROF5 = "benchmarks/live_e2e/eager_ab2db7d/window1_prof5/measured.json"  # eager
 ROUTING = "benchmarks/live_e2e/chunk_routing.json"  # chunk_routing.py: the live stack's routing of a chunk (CPU)
 BEFORE = "benchmarks/decode_waves/live_check_before.json"  # session 49's live check (before the decode wave model)
 WAVES_CHECK = "benchmarks/live_e2e/live_check_before_chunk_tables.json"  # sessions 50-51's (before the chunk tables)
+HOST_ISSUE = "benchmarks/live_e2e/host_issue.json"  # host_issue.py: eager steps' host issue time per live run
+CHUNK_CHECK = "benchmarks/live_e2e/chunk_tables_check.json"  # compare_checks.py: before / with the chunk tables
+
+
+def host_ttft(run: str, which: str) -> Callable[[], float]:
+    """host_issue.json: minus the vllm-table's TTFT p50 error (%) of one run (the docs print the sign), priced with the
+    calibration run's host issue time or with its own."""
+    return lambda: -100 * committed(HOST_ISSUE)["repredicted"][run]["vllm-table"][which]["ttft_p50_s"]
 FITS = "benchmarks/decode_waves/fits.json"  # decode_waves/fits.py: the wave model over the dataset's decode configs
 PROFILED = "benchmarks/decode_waves/profile_check.json"  # decode_waves/profile_check.py: price / profiled kernel time
 WAVES_REPLAY = ("benchmarks/decode_waves/replay/off.json", "benchmarks/decode_waves/replay/on.json")
@@ -569,6 +577,32 @@ FIGURES = [
            at(PROFILED, "runs", "graph_5ebaec4/window1_spans default", "on", "price_over_measured"), 0.0006, "json"),
     Figure("decode waves: largest move of the README's replay (%)", "docs/simulator.md",
            rf"It moves the README's replay by up to {N}%", WAVES_REPLAY[1], waves_replay_shift, 0.06, "json"),
+    *[Figure(f"host issue: {run} vllm-table TTFT error, {which} (%)", "docs/live.md", pattern, HOST_ISSUE,
+             host_ttft(run, which), 0.06, "json")
+      for run, which, pattern in (
+          ("window6_01d3818/olmoe_w6", "calibration_run_issue", rf"TTFT p50 error goes from -{N}% to\n-2.8% on"),
+          ("window6_01d3818/olmoe_w6", "own_issue", rf"goes from -18.3% to\n-{N}% on `olmoe_w6`"),
+          ("window5_f269e69/olmoe_prof", "calibration_run_issue", rf"and from -{N}% to -4.9% on `olmoe_prof`"),
+          ("window5_f269e69/olmoe_prof", "own_issue", rf"and from -14.6% to -{N}% on `olmoe_prof`"))],
+    Figure("host issue: olmoe_w6 vllm-table ms per layer", "docs/live.md", rf"{N} in `window6_01d3818/olmoe_w6`",
+           HOST_ISSUE, at(HOST_ISSUE, "runs", "window6_01d3818/olmoe_w6", "vllm-table", "issue_ms_per_layer_median"),
+           0.006, "json"),
+    Figure("host issue: olmoe_prof vllm-table ms per layer", "docs/live.md",
+           rf"and {N} in `window5_f269e69/olmoe_prof`",
+           HOST_ISSUE, at(HOST_ISSUE, "runs", "window5_f269e69/olmoe_prof", "vllm-table", "issue_ms_per_layer_median"),
+           0.006, "json"),
+    *[Figure(f"chunk tables: {label} runs within the {metric} target, with them", "docs/live.md",
+             rf"\| {label} \| [0-9]+ \| (?:[0-9]+ / [0-9]+ \| ){{{col}}}[0-9]+ / {N} \|", CHUNK_CHECK,
+             at(CHUNK_CHECK, "by_group", group, "after", metric, "within"), 0.0, "json")
+      for label, group in (("Mixtral, vllm-table", "mixtral-8x7b vllm-table"),
+                           ("Mixtral, learned tables", "mixtral-8x7b learned table"),
+                           ("OLMoE, default configs", "olmoe-1b-7b default"))
+      for col, metric in ((1, "ttft_p50_s"), (2, "tpot_p50_s"))],
+    Figure("chunk tables: runs within the TTFT target now", "docs/live.md", rf"\| all \| 65 \| 65 / 65 \| 44 / {N} \|",
+           CHECK, within(CHECK, "ttft_p50_s", 0.10), 0.0, "gpu"),
+    Figure("chunk tables: runs within the TPOT target now", "docs/live.md",
+           rf"\| all \| 65 \| 65 / 65 \| 44 / [0-9]+ \| 30 / {N} \|", CHECK, within(CHECK, "tpot_p50_s", 0.05), 0.0,
+           "gpu"),
     # ---- benchmarks/README.md, the index: each study's headline figure, equal to its committed results file ----
     Figure("index: live check (session 49), runs within the TTFT target", BENCH,
            rf"within 10% of TTFT p50 on {N} of 65", BEFORE, within(BEFORE, "ttft_p50_s", 0.10), 0.0, "gpu"),
