@@ -101,3 +101,19 @@ def test_the_rest_of_a_plan_times_the_most_served_configs_first():
     rest = dgt.rest_plan(plan, [], {("m", "A"): 5, ("m", "B"): 500, ("m", "C"): 50}, min_steps=10)
     assert list(rest["models"]["m"]["points"]) == ["B", "C"]  # most served first, A (5 steps) left out
     assert rest["models"]["m"]["served_steps"] == {"B": 500, "C": 50}
+
+
+def test_served_steps_counts_each_configs_decode_steps_in_the_live_runs(tmp_path, monkeypatch):
+    """served_steps reads each check row's step records (under live_e2e/, not predicted/) and counts the decode steps
+    per (model, config); steps with no decode rows or no config are not counted."""
+    steps = [{"decode_batch": 4, "configs": {"decode_attention": "A"}},
+             {"decode_batch": 0, "configs": {"decode_attention": "A"}},  # a prefill-only step
+             {"decode_batch": 2, "configs": {"decode_attention": "B"}},
+             {"decode_batch": 2, "configs": {}}]
+    seen = []
+    monkeypatch.setattr(le, "read_steps", lambda run, spec: seen.append((run, spec)) or steps)
+    rows = [{"run": "benchmarks/live_e2e/predicted/w/r", "model": "m", "policy": "vllm-table"}]
+    assert dgt.served_steps(rows) == {("m", "A"): 1, ("m", "B"): 1}
+    assert seen[0][0].as_posix().endswith("benchmarks/live_e2e/w/r") and seen[0][1] == "vllm-table"
+    with pytest.raises(SystemExit):
+        dgt.main(["--plan", str(dgt.PLAN_PATH), "--done", str(dgt.PLAN_PATH)])  # would overwrite the plan itself

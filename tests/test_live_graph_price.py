@@ -198,3 +198,26 @@ def test_host_issue_reports_each_policys_host_bound_eager_steps(tmp_path):
     assert list(got) == ["default"]
     assert got["default"]["eager_chunk_steps"] == 3 and got["default"]["host_bound"] == 2
     assert got["default"]["issue_ms_per_layer_median"] == pytest.approx((9.9 + 11.8) / 2 / layers)
+
+
+def test_compare_checks_counts_by_model_and_policy_and_refuses_checks_of_other_runs(tmp_path):
+    from benchmarks.live_e2e import compare_checks as cc
+
+    def row(run, policy, ttft):
+        return {"run": run, "model": "m", "policy": policy, "tokens_per_s": 0.01, "ttft_p50_s": ttft,
+                "tpot_p50_s": 0.2}
+    before = {"rows": [row("a", "vllm-table", -0.2), row("a", "table:x.json", 0.05)]}
+    after = {"rows": [row("a", "vllm-table", -0.05), row("a", "table:x.json", 0.05)]}
+    got = cc.counts(after)
+    assert set(got) == {"m vllm-table", "m learned table"}
+    assert got["m vllm-table"]["ttft_p50_s"]["within"] == 1 and got["m vllm-table"]["tpot_p50_s"]["within"] == 0
+    paths = []
+    other = {"rows": [row("other", "vllm-table", 0.0)] + after["rows"][1:]}
+    for name, check in (("b", before), ("a", after), ("o", other)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(check))
+    assert cc.main([str(paths[0]), str(paths[1]), "--json", str(tmp_path / "c.json")]) == 0
+    by = json.loads((tmp_path / "c.json").read_text())["by_group"]["m vllm-table"]
+    assert (by["before"]["ttft_p50_s"]["within"], by["after"]["ttft_p50_s"]["within"]) == (0, 1)
+    with pytest.raises(SystemExit, match="different policy runs"):
+        cc.main([str(paths[0]), str(paths[2])])

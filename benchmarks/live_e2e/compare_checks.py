@@ -42,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write both sides' counts here")
     args = p.parse_args(argv)
     before, after = (json.loads(f.read_text()) for f in (args.before, args.after))
+    runs_a, runs_b = ({(r["run"], r["policy"]) for r in c["rows"]} for c in (before, after))
+    if runs_a != runs_b:
+        raise SystemExit(f"the two checks cover different policy runs ({len(runs_a - runs_b)} only in {args.before}, "
+                         f"{len(runs_b - runs_a)} only in {args.after}, e.g. {sorted(runs_a ^ runs_b)[0]}): compare "
+                         "checks over the same runs")
     a, b = counts(before), counts(after)
-    if set(a) != set(b) or any(a[g]["runs"] != b[g]["runs"] for g in a):
-        runs_a, runs_b = ({g: v["runs"] for g, v in c.items()} for c in (a, b))
-        raise SystemExit(f"the two checks cover different policy runs ({args.before}: {runs_a}, {args.after}: "
-                         f"{runs_b}): compare checks over the same runs")
     print(f"{'model, policy':28s} {'runs':>4s}  " + "  ".join(f"{m} within {int(t * 100)}%" for m, t in
                                                                 TARGETS.items()))
     for g in a:

@@ -254,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan is None:
             p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
         if done:
+            if args.plan.resolve() == PLAN_PATH.resolve():
+                p.error(f"--done writes the rest of {PLAN_PATH.name} to --plan: give another path, not the plan itself")
             check = json.loads((Path(__file__).resolve().parents[2] / "kernel_gym" / "data" / "live_check.json")
                                .read_text())
             plan = rest_plan(json.loads(PLAN_PATH.read_text()), done, served_steps(check["rows"]), args.min_steps)

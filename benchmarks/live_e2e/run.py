@@ -1660,7 +1660,7 @@ def decode_graph_setup(args: Any, model: ModelSpec) -> dict | str:
     from benchmarks.live_e2e.decode_graph_table import graph_times
 
     times, shown = None, "none: --decode-graph none"
-    for choice in str(getattr(args, "decode_graph", None) or "none").split(","):
+    for choice in (c.strip() for c in str(getattr(args, "decode_graph", None) or "none").split(",")):
         part, part_shown = _measured_table(choice, "--decode-graph", "a decode_graph_table.py table", graph_times,
                                            model)
         if part is not None:

@@ -145,7 +145,7 @@ def power_states(states: list[str]) -> dict[str, Any]:
     """What the ok rows' recorded power states (Measurement.power, issue 24) say: rows with one, the p10 / p50 / p90 of
     their median SM clock and temperature, and the share timed under a power or thermal slowdown. Rows stored before
     the power state was recorded (most of the packaged dataset's) count as not recorded; rows whose timer had no reader
-(no NVML, no nvidia-smi) as unavailable."""
+    (no NVML, no nvidia-smi) as unavailable."""
     from kernel_gym.measure.power import PowerSummary
 
     got = [PowerSummary.from_compact(s) for s in states]
@@ -187,7 +187,5 @@ def format_summary(info: dict[str, Any]) -> str:
                          + (f", SM clock p10/p50/p90 {sm[0]:.0f}/{sm[1]:.0f}/{sm[2]:.0f} MHz" if sm else "")
                          + (f", max temperature p50 {temp[1]:.0f} C" if temp else "")
                          + (f", {slow:.0%} timed under a power or thermal slowdown" if slow is not None else "")
-                         + (f" ({pw['rows_unavailable']} rows: no reader)" if pw["rows_unavailable"] else "")
-                         + (f" ({pw['rows_not_recorded']} rows stored before power states were recorded)"
-                            if pw.get("rows_not_recorded") else ""))
+                         + (f" ({pw['rows_unavailable']} rows: no reader)" if pw["rows_unavailable"] else ""))
     return "\n".join(lines)
