@@ -117,3 +117,17 @@ def test_served_steps_counts_each_configs_decode_steps_in_the_live_runs(tmp_path
     assert seen[0][0].as_posix().endswith("benchmarks/live_e2e/w/r") and seen[0][1] == "vllm-table"
     with pytest.raises(SystemExit):
         dgt.main(["--plan", str(dgt.PLAN_PATH), "--done", str(dgt.PLAN_PATH)])  # would overwrite the plan itself
+
+
+def test_predict_refuses_a_table_timed_on_another_gpu(tmp_path):
+    """A decode_graph.json (or any --predict table) whose meta.device differs from the live run's is refused by name;
+    the committed tables all match the committed runs' H200."""
+    table = tmp_path / "decode_graph.json"
+    table.write_text(json.dumps({"meta": {"device": "NVIDIA H100 80GB HBM3"}, "models": {}}))
+    args = le.build_parser().parse_args(["--out", str(tmp_path), "--predict", "--decode-graph", str(table)])
+    with pytest.raises(SystemExit, match=r"--decode-graph .*timed on NVIDIA H100 80GB HBM3, but the live run ran on "
+                                         r"NVIDIA H200"):
+        le.check_table_devices(args, "NVIDIA H200")
+    le.check_table_devices(args, None)  # a run that names no device: nothing to compare
+    defaults = le.build_parser().parse_args(["--out", str(tmp_path), "--predict"])
+    le.check_table_devices(defaults, "NVIDIA H200")

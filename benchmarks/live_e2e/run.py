@@ -1304,6 +1304,28 @@ def fit_overheads(priced: list[tuple]) -> dict[str, dict]:
     return out
 
 
+TABLE_OPTIONS = ("moe_routing", "dense_ops", "moe_graph", "moe_eager", "moe_chunk", "dense_eager", "decode_graph")
+
+
+def check_table_devices(args: Any, device: str | None) -> None:
+    """Every --predict table that names the GPU it was timed on (meta.device) must name the live run's: a table from
+    another GPU (an H100 lent where an H200 was asked for) would price the run with another chip's times."""
+    if not device:
+        return
+    for option in TABLE_OPTIONS:
+        for path in str(getattr(args, option, None) or "none").split(","):
+            path = path.strip()
+            if path in ("", "none") or not Path(path).is_file():
+                continue
+            try:
+                timed_on = json.loads(Path(path).read_text()).get("meta", {}).get("device")
+            except (json.JSONDecodeError, AttributeError):
+                continue  # not a JSON object with meta: the option's own loader says what is wrong
+            if timed_on and timed_on != device:
+                raise SystemExit(f"--{option.replace('_', '-')} {path}: timed on {timed_on}, but the live run ran on "
+                                 f"{device}: pass tables timed on the run's GPU (or none)")
+
+
 def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, dict]:
     """What --predict prices a measured run's window with: measured.json's data and meta, the model, the window's
     trace, the recorded backend and its timer (the roofline for a smoke run), and the measured tables it reads
@@ -1316,6 +1338,7 @@ def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, di
         raise SystemExit(f"{path} is absent: run the live replay with --out {args.out} first")
     data = json.loads(path.read_text())
     meta = data["meta"]
+    check_table_devices(args, None if meta["smoke"] else meta.get("device"))  # a smoke run: the CPU, no tables
     model = TINY if meta["smoke"] else load_model(meta["model"])
     start, seconds, rate = meta["window"]
     trace = window_trace(meta["trace"], start, seconds, rate, meta["max_prompt"], meta["max_output"])

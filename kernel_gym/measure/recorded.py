@@ -179,10 +179,10 @@ class RecordedBackend:
 
     def describe(self) -> dict[str, Any]:
         """What prices: the device and, per kernel, the source hash, versions, row count and the clocks its rows were
-        timed under (summary.power_states; printed by replay and the summaries beside their numbers, and written into
+        timed under (power.power_states; printed by replay and the summaries beside their numbers, and written into
         every results file priced from this data, since an absolute time means little without its clocks)."""
         if self._described is None:
-            from kernel_gym.measure.summary import power_states
+            from kernel_gym.measure.power import power_states
 
             self._described = {
                 "device": self.device, "dataset_hash": self.dataset_hash, "notes": list(self.notes),

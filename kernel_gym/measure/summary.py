@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+from kernel_gym.measure.power import power_states
 from kernel_gym.measure.recorded import MAX_SPREAD
 from kernel_gym.measure.store import PACKAGED_SNAPSHOT, load_rows
 from kernel_gym.measure.types import OK
@@ -139,30 +140,6 @@ def _space_fractions(kernel: str, workloads: dict[str, set[str]]) -> dict[str, A
 
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")  # reasons differ only in numbers (sizes, errors): group them
-
-
-def power_states(states: list[str]) -> dict[str, Any]:
-    """What the ok rows' recorded power states (Measurement.power, issue 24) say: rows with one, the p10 / p50 / p90 of
-    their median SM clock and temperature, and the share timed under a power or thermal slowdown. Rows stored before
-    the power state was recorded (most of the packaged dataset's) count as not recorded; rows whose timer had no reader
-    (no NVML, no nvidia-smi) as unavailable."""
-    from kernel_gym.measure.power import PowerSummary
-
-    got = [PowerSummary.from_compact(s) for s in states]
-    ok = [p for p in got if p is not None and p.available]
-
-    def q(vals: list[float]) -> list[float] | None:
-        if not vals:
-            return None
-        v = sorted(vals)
-        return [v[int(f * (len(v) - 1))] for f in (0.1, 0.5, 0.9)]
-
-    slowed = [p.slowdown_fraction for p in ok if p.slowdown_fraction is not None]
-    return {"rows_recorded": len(ok), "rows_unavailable": sum(1 for p in got if p is not None and not p.available),
-            "rows_not_recorded": sum(1 for p in got if p is None),
-            "sm_mhz_p10_p50_p90": q([p.sm_mhz[1] for p in ok if p.sm_mhz]),
-            "temp_c_p10_p50_p90": q([p.temp_c[2] for p in ok if p.temp_c]),
-            "share_slowed": sum(1 for f in slowed if f > 0) / len(slowed) if slowed else None}
 
 
 def format_summary(info: dict[str, Any]) -> str:
