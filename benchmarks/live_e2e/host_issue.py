@@ -46,11 +46,10 @@ def issue_times(folder: Path) -> dict:
     layers = (le.TINY if meta.get("smoke") else le.load_model(meta["model"])).num_layers
     out = {}
     for spec in data["measured"]:
-        steps = [r for r in le.read_steps(folder, spec) or [] if not r["ran_untimed_first"] and r["chunks"]
-                 and "piecewise_rows" not in r and r.get("issue_s") is not None]
+        steps = [r for r in le.read_steps(folder, spec) or [] if not r["ran_untimed_first"] and le.eager_issued(r)]
         if not steps:
             continue
-        bound = [r["issue_s"] / layers * 1e3 for r in steps if r["issue_s"] >= le.HOST_BOUND_SHARE * r["seconds"]]
+        bound = [r["issue_s"] / layers * 1e3 for r in steps if le.host_bound(r)]
         out[spec] = {"model": meta.get("model", "smoke"), "eager_chunk_steps": len(steps), "host_bound": len(bound),
                      "issue_ms_per_layer_median": float(np.median(bound)) if bound else None,
                      "issue_ms_per_layer_p10_p90": [float(np.percentile(bound, q)) for q in (10, 90)] if bound

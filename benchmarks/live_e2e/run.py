@@ -960,6 +960,16 @@ EAGER_ISSUE_RUNS = (Path(__file__).resolve().parent / "window5_f269e69" / "olmoe
 HOST_BOUND_SHARE = 0.95  # an eager step whose issue time is at least this share of its seconds waited on the host
 
 
+def eager_issued(r: dict) -> bool:
+    """A step record of an eager step with prefill chunks that carries the host's issue time (tree f269e69 on)."""
+    return bool(r["chunks"]) and "piecewise_rows" not in r and r.get("issue_s") is not None
+
+
+def host_bound(r: dict) -> bool:
+    """An eager_issued step the GPU waited on: its issue time is at least HOST_BOUND_SHARE of the step."""
+    return r["issue_s"] >= HOST_BOUND_SHARE * r["seconds"]
+
+
 def timed_records(runs: tuple[Path, ...] | list[Path]) -> Any:
     """(the run's meta, a step record) for every timed step (not run untimed first) of every policy in these live run
     folders."""
@@ -976,14 +986,16 @@ def measured_eager_issue(runs: tuple[Path, ...] | list[Path]) -> dict:
     issue_s / the model's layers over the timed eager steps whose issue time is at least 0.95 of the step (the GPU
     waited on the host). On GPU-bound steps the issue time also holds the launch queue's back-pressure, so they are
     left out. {"per_layer_s": s, "steps": n, "of_eager_steps": m}."""
-    per_layer, eager = [], 0
+    per_layer, eager, layers = [], 0, {}
     for meta, r in timed_records(runs):
-        if not r["chunks"] or "piecewise_rows" in r or r.get("issue_s") is None:
+        if not eager_issued(r):
             continue
         eager += 1
-        if r["issue_s"] >= HOST_BOUND_SHARE * r["seconds"]:
-            model = TINY if meta.get("smoke") else load_model(meta["model"])
-            per_layer.append(r["issue_s"] / model.num_layers)
+        if host_bound(r):
+            name = "smoke" if meta.get("smoke") else meta["model"]
+            if name not in layers:
+                layers[name] = (TINY if name == "smoke" else load_model(name)).num_layers
+            per_layer.append(r["issue_s"] / layers[name])
     if not per_layer:
         raise SystemExit(f"--eager-issue: no host-bound eager steps with issue_s in {[str(r) for r in runs]}; give "
                          "runs made at tree f269e69 or later whose eager steps waited on the host, or none")
