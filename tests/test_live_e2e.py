@@ -4,6 +4,7 @@ shape."""
 
 import datetime
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
     got = json.loads((tmp_path / "measured.json").read_text())
     row = got["measured"]["default"]
     assert got["meta"]["cuda_graphs"] is (graphs == "on")
+    assert got["meta"]["host"]["cores"] == os.cpu_count()  # the host that issued the kernels (host_issue.py)
     assert row["complete"] and row["finished"] == row["requests"] == le.SMOKE_REQUESTS
     assert row["attention_rows_checked"] >= 300 and row["config_fallbacks"] == 0
     ended = datetime.datetime.strptime(row["ended_at"], "%Y/%m/%d %H:%M:%S.%f")  # nvidia-smi's format

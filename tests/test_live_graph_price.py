@@ -186,7 +186,10 @@ def test_host_issue_reports_each_policys_host_bound_eager_steps(tmp_path):
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "measured.json").write_text(json.dumps({"meta": {"smoke": True}, "measured": {"default": {}, "old": {}}}))
+    gpu = {"sm_mhz": 1980.0, "throttle": 0}
+    host = {"cpu": "some cpu", "cores": 16, "python": "3.12"}
+    (run / "measured.json").write_text(json.dumps({"meta": {"smoke": True, "host": host},
+                                                   "measured": {"default": {"gpu_before": gpu}, "old": {}}}))
     layers = le.TINY.num_layers
     eager = {"chunks": [[0, 600, 0]], "ran_untimed_first": False}
     (run / "default_steps.json").write_text(json.dumps([
@@ -198,6 +201,8 @@ def test_host_issue_reports_each_policys_host_bound_eager_steps(tmp_path):
     assert list(got) == ["default"]
     assert got["default"]["eager_chunk_steps"] == 3 and got["default"]["host_bound"] == 2
     assert got["default"]["issue_ms_per_layer_median"] == pytest.approx((9.9 + 11.8) / 2 / layers)
+    assert got["default"]["host"] == host and got["default"]["gpu_before"] == gpu  # the machine beside its time
+    assert got["default"]["gpu_after"] is None
 
 
 def test_compare_checks_counts_by_model_and_policy_and_refuses_checks_of_other_runs(tmp_path):

@@ -40,7 +40,8 @@ METRICS = ("ttft_p50_s", "tpot_p50_s", "tokens_per_s")
 
 def issue_times(folder: Path) -> dict:
     """Per policy of one live run: timed eager steps with chunks, the host-bound ones and their median issue time
-    per layer (ms). {} when the run's records carry no issue time."""
+    per layer (ms), and the machine it ran on (the host CPU where the run recorded it, the GPU's state before and
+    after the policy). {} when the run's records carry no issue time."""
     data = json.loads((folder / "measured.json").read_text())
     meta = data.get("meta", {})
     layers = (le.TINY if meta.get("smoke") else le.load_model(meta["model"])).num_layers
@@ -53,7 +54,9 @@ def issue_times(folder: Path) -> dict:
         out[spec] = {"model": meta.get("model", "smoke"), "eager_chunk_steps": len(steps), "host_bound": len(bound),
                      "issue_ms_per_layer_median": float(np.median(bound)) if bound else None,
                      "issue_ms_per_layer_p10_p90": [float(np.percentile(bound, q)) for q in (10, 90)] if bound
-                     else None}
+                     else None,
+                     "host": meta.get("host"), "gpu_before": data["measured"][spec].get("gpu_before"),
+                     "gpu_after": data["measured"][spec].get("gpu_after")}
     return out
 
 

@@ -53,6 +53,7 @@ import functools
 import json
 import math
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -822,8 +823,22 @@ def write_measured(args: Any, model: ModelSpec, trace: Trace, device: str, dtype
             "max_batched_tokens": args.max_batched_tokens, "max_seqs": args.max_seqs, "page": [16, "NHD"],
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu-interpreter",
             "torch": torch.__version__, "triton": triton_version(), "commit": os.environ.get("KERNEL_GYM_COMMIT"),
-            "cuda_graphs": graphs, "requests": len(trace), "smoke": bool(args.smoke), "dtype": dtype_name}
+            "cuda_graphs": graphs, "requests": len(trace), "smoke": bool(args.smoke), "dtype": dtype_name,
+            "host": host_cpu()}
     (args.out / "measured.json").write_text(json.dumps({"meta": meta, "measured": results}, indent=1))
+
+
+def host_cpu() -> dict:
+    """The host CPU that issued the run's kernels: eager steps' issue time depends on it (host_issue.py)."""
+    name = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": name or platform.processor() or None, "cores": os.cpu_count(), "python": platform.python_version()}
 
 
 def gpu_state(device: str) -> dict | None:
