@@ -235,7 +235,7 @@ def test_live_check_refuses_eager_runs_and_the_replay_note_reads_it(tmp_path):
 
     run = tmp_path / "run"
     run.mkdir()
-    summary = {"meta": {"cuda_graphs": False, "model": "m"}, "policies": {}}
+    summary = {"meta": {"cuda_graphs": False, "model": "m", "trace": "bundled"}, "policies": {}}
     (run / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match="not a CUDA-graph run"):
         le.live_check([run])
@@ -249,6 +249,13 @@ def test_live_check_refuses_eager_runs_and_the_replay_note_reads_it(tmp_path):
     assert check["within_target"]["tokens_per_s"] == {"within": 1, "of": 1, "range": [-0.05, -0.05]}
     assert check["within_target"]["ttft_p50_s"]["within"] == 0
     assert check["without_compiles_timed"] == check["within_target"]  # no run timed its compiles
+    other = tmp_path / "other"  # a run on another trace is counted apart as well as in the whole
+    other.mkdir()
+    (other / "summary.json").write_text(json.dumps({**summary, "meta": {**summary["meta"], "trace": "code.csv"},
+                                                    "policies": {"q": summary["policies"]["p"]}}))
+    both = le.live_check([run, other])
+    assert both["by_trace"]["bundled"] == check["within_target"] and both["by_trace"]["code.csv"]["ttft_p50_s"]["of"] == 1
+    assert both["within_target"]["tokens_per_s"]["of"] == 2
     summary["policies"]["p"]["measured_compiles_timed"] = True
     (run / "summary.json").write_text(json.dumps(summary))
     assert le.live_check([run])["without_compiles_timed"]["tpot_p50_s"] == {"within": 0, "of": 0, "range": None}

@@ -1971,8 +1971,8 @@ def live_check(runs: list[Path]) -> dict:
         for spec, row in s["policies"].items():
             # a policy its budget cut before the window ended served other requests than its prediction: left out
             if "relative_error" in row and row.get("measured_run_complete") is not False:
-                rows.append({"run": name, "model": s["meta"]["model"], "policy": spec,
-                             "commit": s["meta"].get("commit"), **row["relative_error"],
+                rows.append({"run": name, "model": s["meta"]["model"], "trace": s["meta"].get("trace"),
+                             "policy": spec, "commit": s["meta"].get("commit"), **row["relative_error"],
                              "measured_compiles_timed": bool(row.get("measured_compiles_timed"))})
     if not rows:
         raise SystemExit(f"no predicted policies in {[str(r) for r in runs]}: run --predict on each first")
@@ -1982,7 +1982,9 @@ def live_check(runs: list[Path]) -> dict:
             "range": {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in METRICS},
             "within_target": within_target(rows),
             # the same without the policy runs whose measured steps held Triton compiles (trees before e41f161)
-            "without_compiles_timed": within_target([r for r in rows if not r["measured_compiles_timed"]])}
+            "without_compiles_timed": within_target([r for r in rows if not r["measured_compiles_timed"]]),
+            # per trace: the traces nothing was fitted on (heldout_trace/) apart from the bundled one everything was
+            "by_trace": {t: within_target([r for r in rows if r["trace"] == t]) for t in sorted({r["trace"] for r in rows})}}
 
 
 def within_target(rows: list[dict]) -> dict:
