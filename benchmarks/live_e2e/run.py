@@ -1984,7 +1984,8 @@ def live_check(runs: list[Path]) -> dict:
             # the same without the policy runs whose measured steps held Triton compiles (trees before e41f161)
             "without_compiles_timed": within_target([r for r in rows if not r["measured_compiles_timed"]]),
             # per trace: the traces nothing was fitted on (heldout_trace/) apart from the bundled one everything was
-            "by_trace": {t: within_target([r for r in rows if r["trace"] == t]) for t in sorted({r["trace"] for r in rows})}}
+            "by_trace": {t: within_target([r for r in rows if r["trace"] == t])
+                         for t in sorted({r["trace"] for r in rows})}}
 
 
 def within_target(rows: list[dict]) -> dict:
