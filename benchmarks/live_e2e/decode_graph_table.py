@@ -35,7 +35,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.live_e2e.moe_price_check import Measurer, _gpu_state, replayed_layers  # noqa: E402
+from benchmarks.live_e2e.moe_price_check import (  # noqa: E402
+    PLAN_OR_OUT,
+    Measurer,
+    _gpu_state,
+    replayed_layers,
+    smoke_measure,
+)
 
 HERE = Path(__file__).resolve().parent
 PLAN_PATH = HERE / "decode_graph_plan.json"
@@ -238,21 +244,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan, wall clocks")
     args = p.parse_args(argv)
     if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        if args.out is None:
-            p.error("--smoke needs --out")
-        plan = build_plan({"tiny-moe": ("default", MODEL_POLICIES["mixtral-8x7b"][2])}, smoke=True)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
-        run_measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
-        return 0
+        return smoke_measure(p, args, lambda: build_plan({"tiny-moe": ("default", MODEL_POLICIES["mixtral-8x7b"][2])},
+                                                         smoke=True), run_measure)
     done = [Path(t) for t in args.done.split(",") if t]
     missing = [str(t) for t in done if not t.exists()]
     if missing:
         raise SystemExit(f"--done {','.join(missing)}: no such file (earlier decode_graph.json tables)")
     if args.out is None:
         if args.plan is None:
-            p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
+            p.error(PLAN_OR_OUT)
         if done:
             if args.plan.resolve() == PLAN_PATH.resolve():
                 p.error(f"--done writes the rest of {PLAN_PATH.name} to --plan: give another path, not the plan itself")

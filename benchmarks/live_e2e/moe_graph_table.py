@@ -49,6 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.live_e2e.moe_price_check import (  # noqa: E402
+    PLAN_OR_OUT,
     TABLE_POLICY,
     Measurer,
     _checked,
@@ -56,6 +57,7 @@ from benchmarks.live_e2e.moe_price_check import (  # noqa: E402
     graph_layers,
     live_config,
     real_router_logits,
+    smoke_measure,
 )
 from benchmarks.live_e2e.run import EAGER_GRID  # noqa: E402
 
@@ -346,18 +348,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan (T=4, 8), wall clocks")
     args = p.parse_args(argv)
     if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        if args.out is None:
-            p.error("--smoke needs --out")
-        plan = build_plan({"tiny-moe": ("default", TABLE_POLICY)}, SMOKE_EAGER_GRID if args.eager else SMOKE_GRID,
-                          smoke=True, eager=args.eager, chunk=args.chunk)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
-        run_measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
-        return 0
+        return smoke_measure(p, args, lambda: build_plan({"tiny-moe": ("default", TABLE_POLICY)},
+                                                         SMOKE_EAGER_GRID if args.eager else SMOKE_GRID, smoke=True,
+                                                         eager=args.eager, chunk=args.chunk), run_measure)
     if args.out is None:
         if args.plan is None:
-            p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
+            p.error(PLAN_OR_OUT)
         chosen = EAGER_MODEL_POLICIES if args.eager or args.chunk else MODEL_POLICIES
         if args.policies:
             model, _, specs = args.policies.partition("=")

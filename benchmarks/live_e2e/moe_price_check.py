@@ -538,6 +538,23 @@ def routing_table(models: list[str], out_path: Path, tokens: tuple[int, ...] = R
     return doc
 
 
+PLAN_OR_OUT = "give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)"
+
+
+def smoke_measure(p: argparse.ArgumentParser, args: argparse.Namespace, build: Any, measure: Any) -> int:
+    """--smoke of the table scripts (this one, moe_graph_table.py, decode_graph_table.py): the tiny model's plan from
+    `build()` written to --out/plan.json and timed there by `measure` under Triton's interpreter (wall clocks), so
+    the GPU path is exercised on the CPU before a GPU minute is spent on it."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if args.out is None:
+        p.error("--smoke needs --out")
+    plan = build()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
+    measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plan", type=Path, default=None,
@@ -561,17 +578,11 @@ def main(argv: list[str] | None = None) -> int:
         routing_table([m for m in args.models.split(",") if m], args.routing_table)
         return 0
     if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        if args.out is None:
-            p.error("--smoke needs --out")
-        plan = build_plan("tiny-moe", list(SMOKE_TOKENS), list(SMOKE_POLICIES), smoke=True)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
-        run_measure(plan, args.out, min(args.layers, 2), args.budget_s, smoke=True)
-        return 0
+        return smoke_measure(p, args, lambda: build_plan("tiny-moe", list(SMOKE_TOKENS), list(SMOKE_POLICIES),
+                                                         smoke=True), run_measure)
     if args.out is None:
         if args.plan is None:
-            p.error("give --plan PLAN.json (CPU: write the plan) or --out DIR (GPU: time the plan)")
+            p.error(PLAN_OR_OUT)
         plan = build_plan(args.model, [int(t) for t in args.tokens.split(",")], args.policies.split(","))
         args.plan.write_text(json.dumps(plan, indent=1) + "\n")
         log(f"wrote {args.plan}: {len(plan['rows'])} rows, "
