@@ -8,15 +8,16 @@
 source benchmarks/live_e2e/session_common.sh
 TRACE=${TRACE:-benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv}
 START=${START:-300}
-POL=default,vllm-table,table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json
+POL=vllm-table,table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json,default  # default last: predicted
+# to overload the GPU on this window, the slowest to serve
 log "Mixtral, $TRACE from $START s, $(left) s left"
-timeout $(( $(left) - 200 )) python3 benchmarks/live_e2e/run.py --out "$E/code_mixtral" --trace "$TRACE" \
-  --start-s "$START" --seconds 30 --rate 1.0 --budget-s 300 --policy-budget-s 90 --policies $POL \
+timeout $(( $(left) - 170 )) python3 benchmarks/live_e2e/run.py --out "$E/code_mixtral" --trace "$TRACE" \
+  --start-s "$START" --seconds 30 --rate 1.0 --budget-s 330 --policy-budget-s 110 --policies $POL \
   > "$E/code_mixtral.log" 2>&1
 log "Mixtral: exit $? $(grep -a 'tok/s' "$E/code_mixtral.log" | tr '\n' ' ')"
 log "OLMoE x1.5, $(left) s left"
 timeout $(( $(left) - 10 )) python3 benchmarks/live_e2e/run.py --out "$E/code_olmoe" --model olmoe-1b-7b --vocab 50304 \
-  --trace "$TRACE" --start-s "$START" --seconds 30 --rate 1.5 --budget-s 170 --policy-budget-s 80 \
+  --trace "$TRACE" --start-s "$START" --seconds 30 --rate 1.5 --budget-s 110 --policy-budget-s 70 \
   --policies default,vllm-table > "$E/code_olmoe.log" 2>&1
 log "OLMoE: exit $? $(grep -a 'tok/s' "$E/code_olmoe.log" | tr '\n' ' ')"
 finish
