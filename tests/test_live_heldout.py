@@ -23,7 +23,7 @@ def test_heldout_check_sets_the_preregistered_prediction_beside_the_measured_run
     measured = {"tokens_per_s": 100.0, "ttft_p50_s": 0.25, "tpot_p50_s": 0.05}
     after = {"tokens_per_s": 100.0, "ttft_p50_s": 0.25, "tpot_p50_s": 0.06}
     _write(runs / "code_m" / "summary.json", {"meta": meta, "prediction": {"commit": "def"}, "policies": {
-        "vllm-table": {"measured": measured, "predicted": after},
+        "vllm-table": {"measured": measured, "predicted": after, "gpu_before": {"sm_mhz": 1980.0}},
         "default": {"measured": measured, "predicted": after, "measured_run_complete": False},
         "table:x": {"measured": measured, "predicted": after}}})
     got = hc.check(runs, pre)["code_m"]
@@ -31,6 +31,7 @@ def test_heldout_check_sets_the_preregistered_prediction_beside_the_measured_run
     assert row["error_preregistered"]["tokens_per_s"] == pytest.approx(0.10)
     assert row["error_preregistered"]["ttft_p50_s"] == pytest.approx(-0.2)
     assert row["error_after"]["tpot_p50_s"] == pytest.approx(0.2) and row["estimated_share"] == 0.4
+    assert row["gpu_before"] == {"sm_mhz": 1980.0} and row["gpu_after"] is None  # the clocks beside the errors
     assert "did not finish" in got["policies"]["default"]["skipped"]       # cut by its budget: no error
     assert "no preregistered" in got["policies"]["table:x"]["skipped"]     # predicted only after the run
     assert got["preregistered_commit"] == "abc" and got["after_commit"] == "def"

@@ -51,7 +51,9 @@ def check(predicted_runs: Path, preregistered: Path = PREREGISTERED) -> dict:
                           "estimated_share": pre_row.get("estimated_share"),
                           "error_preregistered": {k: pre_row["predicted"][k] / m[k] - 1.0 for k in METRICS},
                           "error_after": {k: row["predicted"][k] / m[k] - 1.0 for k in METRICS},
-                          "measured_compiles_timed": bool(row.get("measured_compiles_timed"))}
+                          "measured_compiles_timed": bool(row.get("measured_compiles_timed")),
+                          # the GPU's clocks around the measured policy (its run's power.csv has them per second)
+                          "gpu_before": row.get("gpu_before"), "gpu_after": row.get("gpu_after")}
         out[run] = {"model": after["meta"]["model"], "trace": after["meta"]["trace"],
                     "window": after["meta"]["window"], "preregistered_commit": before["prediction"].get("commit"),
                     "after_commit": after["prediction"].get("commit"), "policies": rows}
