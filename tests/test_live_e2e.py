@@ -31,6 +31,9 @@ def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
     assert got["meta"]["host"]["cores"] == os.cpu_count()  # the host that issued the kernels (host_issue.py)
     assert row["complete"] and row["finished"] == row["requests"] == le.SMOKE_REQUESTS
     assert row["attention_rows_checked"] >= 300 and row["config_fallbacks"] == 0
+    issue = row["host_issue_calibration"]  # measured before the replay through the eager path, graphs on or off
+    assert issue["steps"] == le.ISSUE_CALIBRATION_STEPS and issue["per_layer_s"] > 0
+    assert issue["p10_p90_s"][0] <= issue["per_layer_s"] <= issue["p10_p90_s"][1]
     ended = datetime.datetime.strptime(row["ended_at"], "%Y/%m/%d %H:%M:%S.%f")  # nvidia-smi's format
     assert abs((datetime.datetime.now() - ended).total_seconds()) < 600
     steps = json.loads((tmp_path / "default_steps.json").read_text())
@@ -43,6 +46,15 @@ def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
         assert len(graph_steps) + len(piecewise) == len(steps)  # the smoke's steps are all small enough
     else:
         assert not graph_steps and not piecewise
+        # every step eager: --predict floors each at the policy's host calibration x layers, not another run's
+        assert le.main(["--out", str(tmp_path), "--predict", "--smoke"]) == 0
+        pred = json.loads((tmp_path / "summary.json").read_text())["policies"]["default"]
+        assert pred["eager_issue"] == {"per_layer_s": issue["per_layer_s"], "from": "host calibration before the replay"}
+        assert pred["host_bound_s"] > 0
+        assert le.main(["--out", str(tmp_path), "--predict", "--smoke", "--eager-issue", "none"]) == 0
+        off = json.loads((tmp_path / "summary.json").read_text())["policies"]["default"]
+        assert off["eager_issue"]["from"] == "none" and off["host_bound_s"] == 0
+        assert off["predicted"]["ttft_p50_s"] < pred["predicted"]["ttft_p50_s"]
 
 
 def test_a_policys_tma_moe_config_is_run_not_replaced():
@@ -343,3 +355,17 @@ def test_predict_policies_prices_a_policy_as_predict_does_and_writes_its_untimed
     with pytest.raises(SystemExit):  # a calibration belongs to --predict, which compares with measurements
         le.main(["--out", str(run), "--predict-policies", spec, "--predict-json", str(tmp_path / "q.json"),
                  "--calibration-from", str(run / "summary.json")])
+
+
+def test_a_policys_host_calibration_sets_its_eager_issue_floor():
+    """--predict floors a measured policy's eager steps at its own host calibration when the run has one, at
+    --eager-issue's runs when not, and at nothing with --eager-issue none."""
+    from types import SimpleNamespace
+
+    cal = {"host_issue_calibration": {"per_layer_s": 2.3e-3, "steps": 8}}
+    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=1.1e-3), cal) == (2.3e-3, "host calibration before the "
+                                                                                     "replay")
+    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=1.1e-3), {})[0] is None  # the runs' value stays
+    failed = {"host_issue_calibration": {"error": "no timed eager chunk step came out of the calibration"}}
+    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=1.1e-3), failed)[0] is None
+    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=0.0), cal) == (None, "none")

@@ -4,7 +4,7 @@ alone), the measured figures and the same run's `--predict` afterwards (predicte
 relative errors of both. The two predictions differ only where the tree changed between them; the first is the
 out-of-sample figure. CPU only.
 
-    python benchmarks/live_e2e/heldout_check.py benchmarks/live_e2e/predicted/heldout_<commit>   # heldout_check.json
+    python benchmarks/live_e2e/heldout_check.py benchmarks/live_e2e/predicted/heldout_<commit> [...]   # heldout_check.json
 """
 
 from __future__ import annotations
@@ -64,10 +64,13 @@ def check(predicted_runs: Path, preregistered: Path = PREREGISTERED) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("predicted_runs", type=Path, help="the held-out runs' --predict summaries (predicted/heldout_X)")
+    p.add_argument("predicted_runs", type=Path, nargs="+",
+                   help="the held-out runs' --predict summaries (predicted/heldout_X), one folder per session")
     p.add_argument("--json", type=Path, default=HERE / "heldout_check.json")
     args = p.parse_args(argv)
-    got = check(args.predicted_runs)
+    got: dict = {}
+    for folder in args.predicted_runs:  # each session's held-out runs; a run's name is its preregistered folder's
+        got |= check(folder)
     args.json.write_text(json.dumps(got, indent=1) + "\n")
     print(f"{'run':14s} {'policy':16s} " + " ".join(f"{k:>26s}" for k in METRICS) + "  (measured, error before /"
           " after the run)")

@@ -29,8 +29,9 @@ projections, KV writes, adds, LM head) from the stack's own timed table (`--dens
 dense_217cbde/dense_ops.json from dense_price_check.py; `none`: the simulator's roofline, which kernel profiles of
 live steps found 4-9x too low). A graphed step's MoE is priced from the live call timed as its graphs run it
 (`--moe-graph`, moe_graph_table.py; routing inside), each step's host overhead from the host's part measured in live
-runs' records (`--step-host`: seconds minus the GPU span), an eager step no lower than the host's measured issue time
-(`--eager-issue`), and no compile stalls: the live run compiles and captures untimed. An eager step's MoE is priced
+runs' records (`--step-host`: seconds minus the GPU span), an eager step no lower than the host's issue time (measured
+on the serving host before each policy's replay, calibrate_issue; for runs without it, `--eager-issue`'s runs),
+and no compile stalls: the live run compiles and captures untimed. An eager step's MoE is priced
 from the live call timed as eager steps run it (`--moe-eager`, moe_graph_table.py --eager; routing inside) and its
 dense ops from the ops timed eagerly (`--dense-eager`, dense_price_check.py --eager). Steps with prefill chunks can
 be priced from MoE tables timed with the live stack's routing of a chunk (`--moe-chunk`, moe_graph_table.py --chunk:
@@ -783,6 +784,8 @@ def run_live(args: Any) -> int:
                 if not warm.step():
                     break
             stack.release_except(set())
+        issue_cal = calibrate_issue(model, chooser, stack, dtype_name, args)
+        stack.release_except(set())
         deadline = t0 + args.policy_budget_s
         while sim.step():
             if time.time() > deadline:
@@ -802,6 +805,7 @@ def run_live(args: Any) -> int:
         results[spec]["profiled_steps"] = sum(1 for r in sim.record if "kernels" in r)
         if sim.profiled_names_us:
             results[spec]["profiled_kernels_us"] = dict(sorted(sim.profiled_names_us.items(), key=lambda kv: -kv[1]))
+        results[spec]["host_issue_calibration"] = issue_cal
         results[spec]["gpu_before"], results[spec]["gpu_after"] = power_before, gpu_state(device)
         # the replay's end on the local wall clock, as nvidia-smi's CSV stamps its samples: with the steps' seconds it
         # places each step beside the GPU's clocks (retrained/clock_check.py)
@@ -812,6 +816,37 @@ def run_live(args: Any) -> int:
         write_measured(args, model, trace, device, dtype_name, graphs, results)  # after each policy: a cut-off run
     print(json.dumps(results, indent=1))                                          # keeps the finished ones
     return 0
+
+
+ISSUE_CALIBRATION_TOKENS = 1024  # one request's prompt as one chunk: over PIECEWISE_MAX_TOKENS, an eager step
+ISSUE_CALIBRATION_STEPS = 8  # timed repeats (one more first, untimed: it compiles)
+
+
+def calibrate_issue(model: ModelSpec, chooser: Any, stack: Stack, dtype: str, args: Any) -> dict:
+    """The host's seconds per layer to issue one eager step with this policy's configs, measured before the replay on
+    the host that serves it: one request's chunk of ISSUE_CALIBRATION_TOKENS (or the chunk budget, if smaller) run
+    ISSUE_CALIBRATION_STEPS times through the replay's eager path (the one a step over PIECEWISE_MAX_TOKENS takes),
+    each on fresh state. `--predict` floors the policy's eager steps at this x layers (policy_issue_s): the issue time
+    is the serving host's, not another run's (1.10 to 2.27 ms per layer across the committed runs, host_issue.json).
+    The step has no host sync inside, so issue_s is the host's time to launch it; `host_bound` counts the repeats
+    that waited on the host (issue_s >= HOST_BOUND_SHARE of the step)."""
+    tokens = min(ISSUE_CALIBRATION_TOKENS, args.max_batched_tokens, args.max_prompt)
+    one = Trace("issue calibration", np.zeros(1), np.array([tokens]), np.array([2]), "calibrate_issue")
+    issue, bound, compiled = [], 0, set()
+    for _ in range(ISSUE_CALIBRATION_STEPS + 1):
+        stack.release_except(set())
+        cal = LiveSimulator(model, one, chooser, stack, dtype, False, **sim_kwargs(args, model))  # eager
+        cal.compiled = compiled  # shared: only the first repeat compiles
+        cal.step()
+        r = cal.record[-1]
+        if not eager_issued(r) or r["ran_untimed_first"]:
+            continue
+        issue.append(r["issue_s"] / model.num_layers)
+        bound += host_bound(r)
+    if not issue:
+        return {"error": "no timed eager chunk step came out of the calibration", "tokens": tokens}
+    return {"per_layer_s": float(np.median(issue)), "p10_p90_s": [float(np.percentile(issue, 10)),
+            float(np.percentile(issue, 90))], "steps": len(issue), "host_bound": bound, "tokens": tokens}
 
 
 def write_measured(args: Any, model: ModelSpec, trace: Trace, device: str, dtype_name: str, graphs: bool,
@@ -1298,9 +1333,9 @@ def attach_tables(sim: Any, args: Any) -> None:
 
 
 def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any, meta: dict,
-                 overheads: dict[str, float] | None = None) -> tuple[dict, Any, Any]:
+                 overheads: dict[str, float] | None = None, issue_s: float | None = None) -> tuple[dict, Any, Any]:
     """The plain simulator's summary for one policy on the window (with these per-kind step overheads, where
-    given: a calibration)."""
+    given: a calibration; with this eager issue time per layer, where given: the policy's host calibration)."""
     chooser: Any = make_chooser(spec, model)
     guard = None
     if backend is not None:  # as `kernel-gym replay`: a config the dataset cannot time falls back, counted
@@ -1313,9 +1348,21 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
                            step_overheads=overheads if overheads is not None else plain, **sim_kwargs(args, model),
                            compile_s=lambda kernel, config: 0.0, **graph_kwargs(meta), **waves_kwargs(args))
     attach_tables(sim, args)
+    if issue_s is not None:
+        sim.eager_issue_per_layer_s = issue_s
     if guard is not None:
         guard.sim = sim
     return sim.run().summary, sim, guard
+
+
+def policy_issue_s(args: Any, measured: dict) -> tuple[float | None, str]:
+    """The eager issue time per layer --predict charges a measured policy: its own host calibration, measured before
+    its replay on the serving host (calibrate_issue; runs from this tree on), else --eager-issue's runs (None: as
+    eager_issue_setup set it). `--eager-issue none` charges none either way."""
+    cal = measured.get("host_issue_calibration") or {}
+    if getattr(args, "eager_issue_s", 0.0) and cal.get("per_layer_s"):
+        return float(cal["per_layer_s"]), "host calibration before the replay"
+    return None, "--eager-issue runs" if getattr(args, "eager_issue_s", 0.0) else "none"
 
 
 def fit_overheads(priced: list[tuple]) -> dict[str, dict]:
@@ -1439,8 +1486,9 @@ def run_predict_policies(args: Any) -> int:
     out: dict = {"run": str(args.out), "meta": meta, "prediction": prediction, "policies": {}}
     guards = []
     for spec in [s for s in args.predict_policies.split(",") if s]:
-        try:
-            pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
+        try:  # a policy the run measured: its host calibration, as --predict charges it
+            pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta,
+                                            issue_s=policy_issue_s(args, data["measured"].get(spec, {}))[0])
         except (LookupError, RuntimeError) as exc:  # as --predict: say why, keep the others
             out["policies"][spec] = {"prediction_error": f"{type(exc).__name__}: {exc}"[:400]}
             log(f"{spec}: no prediction: {exc}")
@@ -1484,7 +1532,8 @@ def run_predict(args: Any) -> int:
                                   "scaled_by_layers": [layers, model.num_layers]}
         args.calibrate = args.calibrate or "(another run)"
     elif args.calibrate:
-        fit = fit_overheads(priced_steps(args.out, args.calibrate, model, trace, timer, backend, args, meta))
+        fit = fit_overheads(priced_steps(args.out, args.calibrate, model, trace, timer, backend, args, meta,
+                                         issue_s=policy_issue_s(args, data["measured"][args.calibrate])[0]))
         if not fit:
             raise SystemExit(f"--calibrate {args.calibrate}: no step records of that policy in {args.out}")
         overheads = {k: v["overhead_s"] for k, v in fit.items()}
@@ -1496,10 +1545,12 @@ def run_predict(args: Any) -> int:
             + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in overheads.items()))
     guards: list = []  # every prediction's chooser: their untimed choices become untimed_plan.json
     for spec, measured in data["measured"].items():
+        issue_s, issue_from = policy_issue_s(args, measured)
         try:
-            pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta)
+            pred, sim, guard = _predict_one(spec, model, trace, timer, backend, args, meta, issue_s=issue_s)
             guards.append(guard)
-            cal = _predict_one(spec, model, trace, timer, backend, args, meta, overheads)[0] if overheads else None
+            cal = (_predict_one(spec, model, trace, timer, backend, args, meta, overheads, issue_s)[0] if overheads
+                   else None)
         except (LookupError, RuntimeError) as exc:  # the dataset cannot time some step: say so, keep the others
             summary["policies"][spec] = {"measured": {k: measured[k] for k in METRICS},
                                          "prediction_error": f"{type(exc).__name__}: {exc}"[:400]}
@@ -1512,7 +1563,8 @@ def run_predict(args: Any) -> int:
                # compiles while warming up): their measured TTFT holds those stalls, the prediction does not
                "measured_compiles_timed": "steps_compiled_in_timed_run" not in measured,
                # the GPU's clocks, power and throttle reasons around the measured policy (measure/power.py)
-               "gpu_before": measured.get("gpu_before"), "gpu_after": measured.get("gpu_after")}
+               "gpu_before": measured.get("gpu_before"), "gpu_after": measured.get("gpu_after"),
+               "eager_issue": {"per_layer_s": sim.eager_issue_per_layer_s, "from": issue_from}}
         if cal is not None:
             row["calibrated"] = {"predicted": {k: cal[k] for k in METRICS},
                                  "relative_error": {k: (cal[k] - measured[k]) / measured[k] for k in METRICS
@@ -1532,7 +1584,8 @@ def run_predict(args: Any) -> int:
         summary["step_check"] = {}
         for spec, measured in data["measured"].items():
             recovered: dict = {}
-            priced = priced_steps(args.out, spec, model, trace, timer, backend, args, meta, guards, recovered)
+            priced = priced_steps(args.out, spec, model, trace, timer, backend, args, meta, guards, recovered,
+                                  policy_issue_s(args, measured)[0])
             summary["step_check"][spec] = step_check(priced, plain)
             summary["step_check"][spec]["contexts_recovered"] = recovered.get(spec)
             if measured.get("profiled_kernels_us"):  # every profiled step, by kernel name
@@ -1822,12 +1875,12 @@ def step_contexts(steps: list[dict], model: ModelSpec, trace: Trace, args: Any, 
 
 
 def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any,
-                 meta: dict, guards: list | None = None,
-                 recovered: dict | None = None) -> list[tuple[str, bool, float, float, int, dict, Any]]:
+                 meta: dict, guards: list | None = None, recovered: dict | None = None,
+                 issue_s: float | None = None) -> list[tuple[str, bool, float, float, int, dict, Any]]:
     """A policy's measured steps, each as (its kind: Simulator.step_kind, whether it has prefill chunks, measured
     seconds, the simulator's kernel and dense seconds for the same step: its chunks, decode batch and context,
     tokens; the step's decode batch; those seconds by kernel family and "dense"; the step's kernel profile or None:
-    --profile-every); [] without step records. The
+    --profile-every); [] without step records. issue_s: the eager issue time per layer (policy_issue_s). The
     pricing chooser goes to `guards` (its untimed choices are planned too); `recovered[spec]`: whether every step's
     decode contexts were recovered for the wave model (step_contexts; None with --decode-waves off)."""
     from kernel_gym.evaluate.replay import GuardedChooser
@@ -1839,6 +1892,8 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     sim = PredictSimulator(model, trace, timer, guard, None, kv_layout=PAGE, dtype=meta.get("dtype", "bfloat16"),
                            **sim_kwargs(args, model), **graph_kwargs(meta), **waves_kwargs(args))
     attach_tables(sim, args)
+    if issue_s is not None:
+        sim.eager_issue_per_layer_s = issue_s
     guard.sim = sim
     if guards is not None:
         guards.append(guard)
@@ -2139,8 +2194,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{STEP_OVERHEAD_S * 1e3:g} ms")
     p.add_argument("--eager-issue", default=",".join(str(r) for r in EAGER_ISSUE_RUNS), metavar="RUN[,RUN]",
                    help="--predict: an eager step costs no less than the host's issue time per layer measured on "
-                        "these live runs' host-bound eager steps (default: the committed window5_f269e69/olmoe_w5); "
-                        "none: off")
+                        "these live runs' host-bound eager steps (default: the committed window5_f269e69/olmoe_w5), "
+                        "or, for a policy whose run measured it, the host calibration before its replay "
+                        "(calibrate_issue); none: off")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
     return p
 
