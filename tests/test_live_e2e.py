@@ -49,7 +49,8 @@ def test_smoke_serves_every_request_with_checked_attention(tmp_path, graphs):
         # every step eager: --predict floors each at the policy's host calibration x layers, not another run's
         assert le.main(["--out", str(tmp_path), "--predict", "--smoke"]) == 0
         pred = json.loads((tmp_path / "summary.json").read_text())["policies"]["default"]
-        assert pred["eager_issue"] == {"per_layer_s": issue["per_layer_s"], "from": "host calibration before the replay"}
+        assert pred["eager_issue"] == {"per_layer_s": issue["per_layer_s"],
+                                       "from": "host calibration before the replay"}
         assert pred["host_bound_s"] > 0
         assert le.main(["--out", str(tmp_path), "--predict", "--smoke", "--eager-issue", "none"]) == 0
         off = json.loads((tmp_path / "summary.json").read_text())["policies"]["default"]

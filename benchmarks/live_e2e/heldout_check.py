@@ -4,7 +4,7 @@ alone), the measured figures and the same run's `--predict` afterwards (predicte
 relative errors of both. The two predictions differ only where the tree changed between them; the first is the
 out-of-sample figure. CPU only.
 
-    python benchmarks/live_e2e/heldout_check.py benchmarks/live_e2e/predicted/heldout_<commit> [...]   # heldout_check.json
+    python benchmarks/live_e2e/heldout_check.py benchmarks/live_e2e/predicted/heldout_<commit> [...]
 """
 
 from __future__ import annotations
