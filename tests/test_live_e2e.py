@@ -359,14 +359,22 @@ def test_predict_policies_prices_a_policy_as_predict_does_and_writes_its_untimed
 
 
 def test_a_policys_host_calibration_sets_its_eager_issue_floor():
-    """--predict floors a measured policy's eager steps at its own host calibration when the run has one, at
-    --eager-issue's runs when not, and at nothing with --eager-issue none."""
+    """--predict floors a measured policy's eager steps at its own host calibration when the run has one (--eager-issue
+    host, the default), at the fitted runs' figure when not or when runs are named, and at nothing with none."""
     from types import SimpleNamespace
 
+    host = SimpleNamespace(eager_issue_s=1.1e-3, eager_issue_host=True)
     cal = {"host_issue_calibration": {"per_layer_s": 2.3e-3, "steps": 8}}
-    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=1.1e-3), cal) == (2.3e-3, "host calibration before the "
-                                                                                     "replay")
-    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=1.1e-3), {})[0] is None  # the runs' value stays
+    assert le.policy_issue_s(host, cal) == (2.3e-3, "host calibration before the replay")
+    assert le.policy_issue_s(host, {})[0] is None  # the runs' value stays
     failed = {"host_issue_calibration": {"error": "no timed eager chunk step came out of the calibration"}}
-    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=1.1e-3), failed)[0] is None
-    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=0.0), cal) == (None, "none")
+    assert le.policy_issue_s(host, failed)[0] is None
+    named = SimpleNamespace(eager_issue_s=1.1e-3, eager_issue_host=False)  # --eager-issue RUN: that run's, for all
+    assert le.policy_issue_s(named, cal) == (None, "--eager-issue runs")
+    assert le.policy_issue_s(SimpleNamespace(eager_issue_s=0.0, eager_issue_host=False), cal) == (None, "none")
+    args = le.build_parser().parse_args(["--out", "x", "--predict"])
+    note = le.eager_issue_setup(args)
+    assert args.eager_issue_host and note["host_calibration_first"] and args.eager_issue_s == note["per_layer_s"]
+    args = le.build_parser().parse_args(["--out", "x", "--predict", "--eager-issue", "no/such/run"])
+    with pytest.raises(SystemExit, match="no measured.json"):
+        le.eager_issue_setup(args)

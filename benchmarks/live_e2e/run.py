@@ -30,7 +30,7 @@ dense_217cbde/dense_ops.json from dense_price_check.py; `none`: the simulator's 
 live steps found 4-9x too low). A graphed step's MoE is priced from the live call timed as its graphs run it
 (`--moe-graph`, moe_graph_table.py; routing inside), each step's host overhead from the host's part measured in live
 runs' records (`--step-host`: seconds minus the GPU span), an eager step no lower than the host's issue time (measured
-on the serving host before each policy's replay, calibrate_issue; for runs without it, `--eager-issue`'s runs),
+on the serving host before each policy's replay, calibrate_issue; for runs without it, a committed run's: `--eager-issue`),
 and no compile stalls: the live run compiles and captures untimed. An eager step's MoE is priced
 from the live call timed as eager steps run it (`--moe-eager`, moe_graph_table.py --eager; routing inside) and its
 dense ops from the ops timed eagerly (`--dense-eager`, dense_price_check.py --eager). Steps with prefill chunks can
@@ -1356,11 +1356,11 @@ def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend:
 
 
 def policy_issue_s(args: Any, measured: dict) -> tuple[float | None, str]:
-    """The eager issue time per layer --predict charges a measured policy: its own host calibration, measured before
-    its replay on the serving host (calibrate_issue; runs from this tree on), else --eager-issue's runs (None: as
-    eager_issue_setup set it). `--eager-issue none` charges none either way."""
+    """The eager issue time per layer --predict charges a measured policy: with `--eager-issue host` (the default),
+    its own host calibration, measured before its replay on the serving host (calibrate_issue; runs from session 54
+    on), else the runs' figure eager_issue_setup set (None: that one). `--eager-issue none` charges none."""
     cal = measured.get("host_issue_calibration") or {}
-    if getattr(args, "eager_issue_s", 0.0) and cal.get("per_layer_s"):
+    if getattr(args, "eager_issue_s", 0.0) and getattr(args, "eager_issue_host", False) and cal.get("per_layer_s"):
         return float(cal["per_layer_s"]), "host calibration before the replay"
     return None, "--eager-issue runs" if getattr(args, "eager_issue_s", 0.0) else "none"
 
@@ -1808,19 +1808,25 @@ def step_host_setup(args: Any) -> dict | str:
 
 
 def eager_issue_setup(args: Any) -> dict | str:
-    """args.eager_issue ("none", or run folders with issue_s in their step records) -> args.eager_issue_s (the host's
-    seconds per layer to issue an eager step, or 0.0: none) and the note for summary.json."""
+    """args.eager_issue -> args.eager_issue_s (the host's seconds per layer to issue an eager step, or 0.0: none),
+    args.eager_issue_host (whether a policy's own host calibration comes first: policy_issue_s) and the note for
+    summary.json. "host" (the default): each policy's calibration where its run measured one (calibrate_issue),
+    else EAGER_ISSUE_RUNS'; run folders with issue_s in their step records: those runs' for every policy; "none"."""
     choice = str(getattr(args, "eager_issue", None) or "none")
+    args.eager_issue_host = choice == "host"
     if choice == "none":
         args.eager_issue_s = 0.0
         return "none: eager steps cost their kernels and dense ops"
-    runs, shown = _live_runs(choice, "--eager-issue", "none")
+    runs, shown = _live_runs(",".join(str(r) for r in EAGER_ISSUE_RUNS) if choice == "host" else choice,
+                             "--eager-issue", "host' or 'none")
     issue = measured_eager_issue(runs)
     args.eager_issue_s = issue["per_layer_s"]
-    return {"runs": shown, **issue,
+    return {"runs": shown, **issue, "host_calibration_first": args.eager_issue_host,
             "note": "an eager step (over the graphs' largest size) costs no less than the host's time to issue it: "
-                    "per_layer_s x layers, the median over the host-bound eager steps of those runs (host_bound_s "
-                    "per policy: the seconds charged above the kernels and dense ops for it)"}
+                    "per_layer_s x layers, the median over the host-bound eager steps of those runs, or (with "
+                    "host_calibration_first) the policy's own host calibration where its run measured one "
+                    "(eager_issue per policy; host_bound_s: the seconds charged above the kernels and dense ops "
+                    "for it)"}
 
 
 def steps_path(out: Path, spec: str) -> Path:
@@ -2192,11 +2198,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: the step overhead per kind of step, measured on these live runs' records (seconds "
                         "minus the GPU span; default: the committed graph_5ebaec4 runs); assumed: the simulator's "
                         f"{STEP_OVERHEAD_S * 1e3:g} ms")
-    p.add_argument("--eager-issue", default=",".join(str(r) for r in EAGER_ISSUE_RUNS), metavar="RUN[,RUN]",
-                   help="--predict: an eager step costs no less than the host's issue time per layer measured on "
-                        "these live runs' host-bound eager steps (default: the committed window5_f269e69/olmoe_w5), "
-                        "or, for a policy whose run measured it, the host calibration before its replay "
-                        "(calibrate_issue); none: off")
+    p.add_argument("--eager-issue", default="host", metavar="host|RUN[,RUN]|none",
+                   help="--predict: an eager step costs no less than the host's issue time per layer: host (default) "
+                        "the one each policy's run measured before its replay (calibrate_issue), for runs without it "
+                        "the committed window5_f269e69/olmoe_w5's; RUN[,RUN]: measured on these live runs' "
+                        "host-bound eager steps; none: off")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: a 2-layer tiny model, 6 requests, fp32")
     return p
 
