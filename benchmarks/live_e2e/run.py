@@ -29,9 +29,9 @@ projections, KV writes, adds, LM head) from the stack's own timed table (`--dens
 dense_217cbde/dense_ops.json from dense_price_check.py; `none`: the simulator's roofline, which kernel profiles of
 live steps found 4-9x too low). A graphed step's MoE is priced from the live call timed as its graphs run it
 (`--moe-graph`, moe_graph_table.py; routing inside), each step's host overhead from the host's part measured in live
-runs' records (`--step-host`: seconds minus the GPU span), an eager step no lower than the host's issue time (measured
-on the serving host before each policy's replay, calibrate_issue; for runs without it, a committed run's: `--eager-issue`),
-and no compile stalls: the live run compiles and captures untimed. An eager step's MoE is priced
+runs' records (`--step-host`: seconds minus the GPU span), an eager step no lower than the host's issue time
+(measured on the serving host before each policy's replay, calibrate_issue; for runs without it, a committed run's:
+`--eager-issue`), and no compile stalls: the live run compiles and captures untimed. An eager step's MoE is priced
 from the live call timed as eager steps run it (`--moe-eager`, moe_graph_table.py --eager; routing inside) and its
 dense ops from the ops timed eagerly (`--dense-eager`, dense_price_check.py --eager). Steps with prefill chunks can
 be priced from MoE tables timed with the live stack's routing of a chunk (`--moe-chunk`, moe_graph_table.py --chunk:
