@@ -189,7 +189,10 @@ def test_host_issue_reports_each_policys_host_bound_eager_steps(tmp_path):
     gpu = {"sm_mhz": 1980.0, "throttle": 0}
     host = {"cpu": "some cpu", "cores": 16, "python": "3.12"}
     (run / "measured.json").write_text(json.dumps({"meta": {"smoke": True, "host": host},
-                                                   "measured": {"default": {"gpu_before": gpu}, "old": {}}}))
+                                                   "measured": {"default": {"gpu_before": gpu,
+                                                                            "host_issue_calibration": {
+                                                                                "per_layer_s": 4e-3}},
+                                                                "old": {}}}))
     layers = le.TINY.num_layers
     eager = {"chunks": [[0, 600, 0]], "ran_untimed_first": False}
     (run / "default_steps.json").write_text(json.dumps([
@@ -203,6 +206,7 @@ def test_host_issue_reports_each_policys_host_bound_eager_steps(tmp_path):
     assert got["default"]["issue_ms_per_layer_median"] == pytest.approx((9.9 + 11.8) / 2 / layers)
     assert got["default"]["host"] == host and got["default"]["gpu_before"] == gpu  # the machine beside its time
     assert got["default"]["gpu_after"] is None
+    assert got["default"]["calibration_before_replay"] == {"per_layer_s": 4e-3}  # run.py's calibrate_issue
 
 
 def test_compare_checks_counts_by_model_and_policy_and_refuses_checks_of_other_runs(tmp_path):

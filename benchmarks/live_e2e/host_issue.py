@@ -40,8 +40,9 @@ METRICS = ("ttft_p50_s", "tpot_p50_s", "tokens_per_s")
 
 def issue_times(folder: Path) -> dict:
     """Per policy of one live run: timed eager steps with chunks, the host-bound ones and their median issue time
-    per layer (ms), and the machine it ran on (the host CPU where the run recorded it, the GPU's state before and
-    after the policy). {} when the run's records carry no issue time."""
+    per layer (ms), the issue time the policy measured before its replay (where it did), and the machine it ran on
+    (the host CPU where the run recorded it, the GPU's state before and after the policy). {} when the run's records
+    carry no issue time."""
     data = json.loads((folder / "measured.json").read_text())
     meta = data.get("meta", {})
     layers = (le.TINY if meta.get("smoke") else le.load_model(meta["model"])).num_layers
@@ -55,6 +56,8 @@ def issue_times(folder: Path) -> dict:
                      "issue_ms_per_layer_median": float(np.median(bound)) if bound else None,
                      "issue_ms_per_layer_p10_p90": [float(np.percentile(bound, q)) for q in (10, 90)] if bound
                      else None,
+                     # the issue time the policy measured before its replay (run.py's calibrate_issue, session 54 on)
+                     "calibration_before_replay": data["measured"][spec].get("host_issue_calibration"),
                      "host": meta.get("host"), "gpu_before": data["measured"][spec].get("gpu_before"),
                      "gpu_after": data["measured"][spec].get("gpu_after")}
     return out
@@ -106,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     for run, per in out["runs"].items():
         for spec, r in per.items():
             med = r["issue_ms_per_layer_median"]
+            cal = (r["calibration_before_replay"] or {}).get("per_layer_s")
             print(f"  {run:42s} {spec[:14]:14s} {r['host_bound']:4d} of {r['eager_chunk_steps']:4d} host-bound"
-                  + (f", {med:.3f} ms per layer" if med is not None else ""), file=sys.stderr)
+                  + (f", {med:.3f} ms per layer" if med is not None else "")
+                  + (f" (measured before the replay: {cal * 1e3:.3f})" if cal else ""), file=sys.stderr)
     runs = [r for r in args.repredict.split(",") if r and r != "none"]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:
         for run, got in zip(runs, pool.map(lambda r: repredict(r, Path(tmp)), runs)):

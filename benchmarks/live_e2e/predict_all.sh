@@ -22,7 +22,7 @@ retrained/run2_seeds12_b9a8a42/window6 retrained/run3_seed0_43be02e/window1 retr
 retrained/run4_seed0_43be02e/window7 retrained/run4_seed0_43be02e/window8 window4_5ee0534/olmoe_w4_vllm
 window4_5ee0534/window4 window5_f269e69/olmoe_prof window5_f269e69/olmoe_w5 window5_f269e69/window5
 window6_01d3818/olmoe_w6 window6_01d3818/window6 eager_ab2db7d/window1_prof5
-heldout_32cded3/code_mixtral heldout_32cded3/code_olmoe"
+heldout_32cded3/code_mixtral heldout_32cded3/code_olmoe heldout_bffac01/code540_mixtral heldout_bffac01/code540_olmoe"
 echo "[predict_all] graphs/window1 (the calibration run)"
 $PY $L/run.py --out $L/graphs/window1 --predict --calibrate vllm-table $X --summary-dir $P/graphs/window1 > /dev/null
 for r in $RUNS; do
