@@ -785,7 +785,6 @@ def run_live(args: Any) -> int:
                     break
             stack.release_except(set())
         issue_cal = calibrate_issue(model, chooser, stack, dtype_name, args)
-        stack.release_except(set())
         deadline = t0 + args.policy_budget_s
         while sim.step():
             if time.time() > deadline:
@@ -818,35 +817,64 @@ def run_live(args: Any) -> int:
     return 0
 
 
-ISSUE_CALIBRATION_TOKENS = 1024  # one request's prompt as one chunk: over PIECEWISE_MAX_TOKENS, an eager step
-ISSUE_CALIBRATION_STEPS = 8  # timed repeats (one more first, untimed: it compiles)
+ISSUE_CALIBRATION_TOKENS = 1024  # the single-chunk step: one request's prompt, over PIECEWISE_MAX_TOKENS (eager)
+ISSUE_CALIBRATION_STEPS = 8  # its repeats (after the mixed passes, which compiled its configs)
+ISSUE_MIX_PROMPTS = 6  # the mixed calibration: prompts of sizes spread over the eager range, arriving together...
+ISSUE_MIX_DECODES = 4  # ...while this many short requests decode, as a replay's eager steps mix chunks and decodes
+ISSUE_MIX_REPEATS = 3  # its passes (the first compiles the sizes' configs; its steps that did are left out)
 
 
 def calibrate_issue(model: ModelSpec, chooser: Any, stack: Stack, dtype: str, args: Any) -> dict:
-    """The host's seconds per layer to issue one eager step with this policy's configs, measured before the replay on
-    the host that serves it: one request's chunk of ISSUE_CALIBRATION_TOKENS (or the chunk budget, if smaller) run
-    ISSUE_CALIBRATION_STEPS times through the replay's eager path (the one a step over PIECEWISE_MAX_TOKENS takes),
-    each on fresh state. `--predict` floors the policy's eager steps at this x layers (policy_issue_s): the issue time
-    is the serving host's, not another run's (1.10 to 2.27 ms per layer across the committed runs, host_issue.json).
-    The step has no host sync inside, so issue_s is the host's time to launch it; `host_bound` counts the repeats
+    """The host's seconds per layer to issue an eager step with this policy's configs, measured before the replay on
+    the host that serves it, through the replay's eager path (the one a step over PIECEWISE_MAX_TOKENS takes), so
+    `--predict` floors the policy's eager steps with the serving host's figure (policy_issue_s), not another run's
+    (1.10 to 2.27 ms per layer across the committed runs, host_issue.json). Two workloads, each on fresh state:
+    - `single_chunk`: one request's chunk of ISSUE_CALIBRATION_TOKENS (or the budget), ISSUE_CALIBRATION_STEPS times;
+    - the mixed one (`per_layer_s`, what --predict reads): a short replay of ISSUE_MIX_PROMPTS prompts of sizes
+      spread over the eager range arriving while ISSUE_MIX_DECODES requests decode, ISSUE_MIX_REPEATS times: steps
+      of varied sizes with chunks and decodes, as the replay's eager steps are (on the first held-out window's OLMoE
+      the single chunk read 1.74 ms per layer where the replay's eager steps took 2.10).
+    The steps have no host sync inside, so issue_s is the host's time to launch them; `host_bound` counts the steps
     that waited on the host (issue_s >= HOST_BOUND_SHARE of the step)."""
-    tokens = min(ISSUE_CALIBRATION_TOKENS, args.max_batched_tokens, args.max_prompt)
-    one = Trace("issue calibration", np.zeros(1), np.array([tokens]), np.array([2]), "calibrate_issue")
-    issue, bound, compiled = [], 0, set()
-    for _ in range(ISSUE_CALIBRATION_STEPS + 1):
+    hi = min(args.max_batched_tokens, args.max_prompt)
+    lo = min(PIECEWISE_MAX_TOKENS + 1, hi)
+    single = min(ISSUE_CALIBRATION_TOKENS, hi)
+    one = Trace("issue calibration", np.zeros(1), np.array([single]), np.array([2]), "calibrate_issue")
+    sizes = np.unique(np.geomspace(lo, hi, ISSUE_MIX_PROMPTS).astype(int))
+    n_dec = ISSUE_MIX_DECODES
+    mixed = Trace("issue calibration, mixed", np.r_[np.zeros(n_dec), np.full(len(sizes), 1e-4)],
+                  np.r_[np.full(n_dec, 16), sizes], np.r_[np.full(n_dec, args.max_output), np.full(len(sizes), 2)],
+                  "calibrate_issue")
+    compiled: set = set()  # shared by every pass: a config compiles once
+    got = _issue_steps(model, chooser, stack, dtype, args, mixed, ISSUE_MIX_REPEATS, compiled)
+    got["single_chunk"] = _issue_steps(model, chooser, stack, dtype, args, one, ISSUE_CALIBRATION_STEPS, compiled)
+    got["single_chunk"]["tokens"] = single
+    got["prompt_sizes"] = [int(x) for x in sizes]
+    return got
+
+
+def _issue_steps(model: ModelSpec, chooser: Any, stack: Stack, dtype: str, args: Any, trace: Trace, passes: int,
+                 compiled: set) -> dict:
+    """calibrate_issue's passes over one workload (eager, each on fresh state, ended once every prompt has been
+    prefilled): the median issue time per layer of its timed eager steps with chunks, its p10-p90 and counts."""
+    issue, bound = [], 0
+    prompt_total = int(trace.prompt_tokens.sum())
+    for _ in range(passes):
         stack.release_except(set())
-        cal = LiveSimulator(model, one, chooser, stack, dtype, False, **sim_kwargs(args, model))  # eager
-        cal.compiled = compiled  # shared: only the first repeat compiles
-        cal.step()
-        r = cal.record[-1]
-        if not eager_issued(r) or r["ran_untimed_first"]:
-            continue
-        issue.append(r["issue_s"] / model.num_layers)
-        bound += host_bound(r)
+        cal = LiveSimulator(model, trace, chooser, stack, dtype, False, **sim_kwargs(args, model))  # every step eager
+        cal.compiled = compiled
+        prefilled = 0
+        while prefilled < prompt_total and cal.step():
+            r = cal.record[-1]
+            prefilled += sum(c for _, c, _ in r["chunks"])
+            if eager_issued(r) and not r["ran_untimed_first"]:
+                issue.append(r["issue_s"] / model.num_layers)
+                bound += host_bound(r)
+    stack.release_except(set())
     if not issue:
-        return {"error": "no timed eager chunk step came out of the calibration", "tokens": tokens}
+        return {"error": "no timed eager step with chunks came out of the calibration"}
     return {"per_layer_s": float(np.median(issue)), "p10_p90_s": [float(np.percentile(issue, 10)),
-            float(np.percentile(issue, 90))], "steps": len(issue), "host_bound": bound, "tokens": tokens}
+            float(np.percentile(issue, 90))], "steps": len(issue), "host_bound": bound}
 
 
 def write_measured(args: Any, model: ModelSpec, trace: Trace, device: str, dtype_name: str, graphs: bool,
