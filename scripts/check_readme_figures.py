@@ -274,6 +274,7 @@ BEFORE = "benchmarks/decode_waves/live_check_before.json"  # session 49's live c
 WAVES_CHECK = "benchmarks/live_e2e/live_check_before_chunk_tables.json"  # sessions 50-51's (before the chunk tables)
 HOST_ISSUE = "benchmarks/live_e2e/host_issue.json"  # host_issue.py: eager steps' host issue time per live run
 CHUNK_CHECK = "benchmarks/live_e2e/chunk_tables_check.json"  # compare_checks.py: before / with the chunk tables
+DECODE_GRAPH_CHECK = "benchmarks/live_e2e/decode_graph_check.json"  # compare_checks.py: session 54's decode table
 HELDOUT = "benchmarks/live_e2e/heldout_check.json"  # heldout_check.py: the held-out trace's runs, predicted first
 HELDOUT_TRACE = "benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv"
 
@@ -285,6 +286,19 @@ def host_ttft(run: str, which: str) -> Callable[[], float]:
 FITS = "benchmarks/decode_waves/fits.json"  # decode_waves/fits.py: the wave model over the dataset's decode configs
 PROFILED = "benchmarks/decode_waves/profile_check.json"  # decode_waves/profile_check.py: price / profiled kernel time
 WAVES_REPLAY = ("benchmarks/decode_waves/replay/off.json", "benchmarks/decode_waves/replay/on.json")
+
+
+def _group_total(path: str, side: str, metric: str) -> Callable[[], float]:
+    """A compare_checks.py file's runs within `metric`'s target on one side ("before" / "after"), over every group."""
+    return lambda: float(sum(g[side][metric]["within"] for g in committed(path)["by_group"].values()))
+
+
+def chunk_check_total(metric: str) -> Callable[[], float]:
+    return _group_total(CHUNK_CHECK, "after", metric)
+
+
+def decode_graph_total(metric: str, side: str) -> Callable[[], float]:
+    return _group_total(DECODE_GRAPH_CHECK, side, metric)
 
 
 def within(path: str, metric: str, limit: float) -> Callable[[], float]:
@@ -612,14 +626,36 @@ FIGURES = [
                                ("OLMoE x1.5, default configs", "code_olmoe", "default"),
                                ("OLMoE x1.5, vllm-table", "code_olmoe", "vllm-table"))
       for col, metric in ((0, "tokens_per_s"), (1, "ttft_p50_s"), (2, "tpot_p50_s"))],
-    Figure("held-out trace: runs within the TTFT target", "docs/live.md", rf"on the held-out trace alone [0-9]+, {N}",
+    # the second window (session 54): the preregistered error, and after the arrow today's --predict's of the run
+    *[Figure(f"held-out 540 s: {label} {metric} error{' after' if after else ''} (%)", "docs/live.md",
+             rf"\| 540 s: {label} \| (?:[^|]+\| ){{{col}}}[0-9.,]+ m?s? ?\("
+             + (rf"[+-][0-9.]+% → [+-]{N}%\)" if after else rf"[+-]{N}%"), HELDOUT,
+             lambda run=run, spec=spec, metric=metric, after=after: abs(100 * committed(HELDOUT)[run]["policies"][spec]
+                                                                ["error_after" if after else "error_preregistered"]
+                                                                [metric]), 0.06, "json")
+      for label, run, spec in (
+          ("Mixtral, vllm-table", "code540_mixtral", "vllm-table"),
+          ("Mixtral, learned table \\(seed 0\\)", "code540_mixtral",
+           "table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json"),
+          ("Mixtral, default configs", "code540_mixtral", "default"),
+          ("OLMoE, default configs", "code540_olmoe", "default"),
+          ("OLMoE, vllm-table", "code540_olmoe", "vllm-table"))
+      for col, metric in ((0, "tokens_per_s"), (1, "ttft_p50_s"), (2, "tpot_p50_s"))
+      for after in (False, True)],
+    Figure("held-out trace: runs within the TTFT target", "docs/live.md", rf"- Held-out trace: [0-9]+, {N} and",
            CHECK, lambda: float(committed(CHECK)["by_trace"][HELDOUT_TRACE]["ttft_p50_s"]["within"]), 0.0, "gpu"),
-    # the 65 runs of the bundled trace that session 52's check covered (by_trace: the held-out runs came later)
-    Figure("chunk tables: runs within the TTFT target now", "docs/live.md", rf"\| all \| 65 \| 65 / 65 \| 44 / {N} \|",
-           CHECK, at(CHECK, "by_trace", "bundled", "ttft_p50_s", "within"), 0.0, "gpu"),
-    Figure("chunk tables: runs within the TPOT target now", "docs/live.md",
-           rf"\| all \| 65 \| 65 / 65 \| 44 / [0-9]+ \| 30 / {N} \|", CHECK,
-           at(CHECK, "by_trace", "bundled", "tpot_p50_s", "within"), 0.0, "gpu"),
+    # the 65 runs session 52's check covered, with the chunk tables (its comparison's "after", summed over groups)
+    Figure("chunk tables: runs within the TTFT target then", "docs/live.md",
+           rf"\| all \| 65 \| 65 / 65 \| 44 / {N} \|", CHUNK_CHECK, chunk_check_total("ttft_p50_s"), 0.0, "json"),
+    Figure("chunk tables: runs within the TPOT target then", "docs/live.md",
+           rf"\| all \| 65 \| 65 / 65 \| 44 / [0-9]+ \| 30 / {N} \|", CHUNK_CHECK, chunk_check_total("tpot_p50_s"),
+           0.0, "json"),
+    # session 54's comparison: every run predicted with the decode graph table, against the check without it
+    *[Figure(f"decode graph default: all runs within the {metric} target, {side}", "docs/live.md",
+             rf"\| all \| 75 \| (?:[0-9]+ → [0-9]+ \| ){{{col}}}" + (rf"{N} → [0-9]+ \|" if side == "before" else
+                                                                     rf"[0-9]+ → {N} \|"), DECODE_GRAPH_CHECK,
+             decode_graph_total(metric, side), 0.0, "json")
+      for col, metric in ((0, "tokens_per_s"), (1, "ttft_p50_s"), (2, "tpot_p50_s")) for side in ("before", "after")],
     # ---- benchmarks/README.md, the index: each study's headline figure, equal to its committed results file ----
     Figure("index: live check (session 49), runs within the TTFT target", BENCH,
            rf"within 10% of TTFT p50 on {N} of 65 graphed policy runs, within 5%", BEFORE,
@@ -627,10 +663,10 @@ FIGURES = [
     Figure("index: live check with the wave model, runs within 10% of TPOT", BENCH,
            rf"within 10% of TPOT p50 on {N} of 65", WAVES_CHECK, within(WAVES_CHECK, "tpot_p50_s", 0.10), 0.0, "gpu"),
     Figure("index: chunk tables, runs within the TTFT target", BENCH,
-           rf"within 10% of TTFT p50 on {N} of 65 graphed policy runs \(44 before\)", CHECK,
-           at(CHECK, "by_trace", "bundled", "ttft_p50_s", "within"), 0.0, "gpu"),
+           rf"within 10% of TTFT p50 on {N} of 65 graphed policy runs \(44 before\)", CHUNK_CHECK,
+           chunk_check_total("ttft_p50_s"), 0.0, "json"),
     Figure("index: chunk tables, runs within the TPOT target", BENCH, rf"within 5% of TPOT p50 on {N} \(30 before\)",
-           CHECK, at(CHECK, "by_trace", "bundled", "tpot_p50_s", "within"), 0.0, "gpu"),
+           CHUNK_CHECK, chunk_check_total("tpot_p50_s"), 0.0, "json"),
     Figure("index: h200_kernels records", BENCH, rf"`h200_kernels\.json` \({N} records\)", KERNELS,
            lambda: float(len(committed(KERNELS))), 0.0, "gpu"),
     *[Figure(f"index: stand-in {key}", BENCH, figure_at(STANDIN_TEXT, i), STANDIN, at(STANDIN, "bench", key), 0.0005,

@@ -39,3 +39,22 @@ def test_heldout_check_sets_the_preregistered_prediction_beside_the_measured_run
                                               "policies": {}})
     with pytest.raises(SystemExit, match="not the same window"):
         hc.check(runs, pre)
+
+
+def test_heldout_check_merges_each_sessions_runs(tmp_path):
+    """Each session's held-out runs sit in their own predicted/ folder; one call sets them all side by side."""
+    meta = {"model": "m", "trace": "code.csv", "window": [300.0, 30.0, 1.0]}
+    guess = {"tokens_per_s": 100.0, "ttft_p50_s": 0.2, "tpot_p50_s": 0.05}
+    pre = tmp_path / "pre"
+    for run, folder in (("code_m", "first"), ("code540_m", "second")):
+        window = {**meta, "window": [540.0, 30.0, 1.0]} if run == "code540_m" else meta
+        _write(pre / run / "predicted.json", {"meta": window, "prediction": {},
+                                              "policies": {"d": {"predicted": guess}}})
+        _write(tmp_path / folder / run / "summary.json", {"meta": window, "prediction": {}, "policies": {
+            "d": {"measured": guess, "predicted": guess}}})
+    out = tmp_path / "check.json"
+    assert hc.main([str(tmp_path / "first"), str(tmp_path / "second"), "--json", str(out),
+                    "--preregistered", str(pre)]) == 0
+    got = json.loads(out.read_text())
+    assert sorted(got) == ["code540_m", "code_m"] and got["code540_m"]["window"][0] == 540.0
+    assert got["code_m"]["policies"]["d"]["error_preregistered"]["ttft_p50_s"] == 0.0

@@ -67,10 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("predicted_runs", type=Path, nargs="+",
                    help="the held-out runs' --predict summaries (predicted/heldout_X), one folder per session")
     p.add_argument("--json", type=Path, default=HERE / "heldout_check.json")
+    p.add_argument("--preregistered", type=Path, default=PREREGISTERED,
+                   help="the predictions committed before the runs, one folder per run (predicted.json)")
     args = p.parse_args(argv)
     got: dict = {}
     for folder in args.predicted_runs:  # each session's held-out runs; a run's name is its preregistered folder's
-        got |= check(folder)
+        got |= check(folder, args.preregistered)
     args.json.write_text(json.dumps(got, indent=1) + "\n")
     print(f"{'run':14s} {'policy':16s} " + " ".join(f"{k:>26s}" for k in METRICS) + "  (measured, error before /"
           " after the run)")

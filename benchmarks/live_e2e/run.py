@@ -36,6 +36,9 @@ from the live call timed as eager steps run it (`--moe-eager`, moe_graph_table.p
 dense ops from the ops timed eagerly (`--dense-eager`, dense_price_check.py --eager). Steps with prefill chunks can
 be priced from MoE tables timed with the live stack's routing of a chunk (`--moe-chunk`, moe_graph_table.py --chunk:
 a chunk's tokens go to few experts) or, on the CPU, at the dataset's matching skew (`--chunk-routing`); both off.
+A decode batch is priced from its own contexts by the wave model, fitted per config on that config's launches timed
+as the stack's CUDA graphs replay them where the decode graph table times it (`--decode-graph`), else on the
+dataset's rows.
 `--summary-dir DIR` writes the prediction there instead of beside the run (predict_all.sh: every graphed run).
 
     python3 benchmarks/live_e2e/run.py --out $OUT/live_e2e --policies default,table:TABLE.json --budget-s 420   # GPU
@@ -832,8 +835,8 @@ def calibrate_issue(model: ModelSpec, chooser: Any, stack: Stack, dtype: str, ar
     - `single_chunk`: one request's chunk of ISSUE_CALIBRATION_TOKENS (or the budget), ISSUE_CALIBRATION_STEPS times;
     - the mixed one (`per_layer_s`, what --predict reads): a short replay of ISSUE_MIX_PROMPTS prompts of sizes
       spread over the eager range arriving while ISSUE_MIX_DECODES requests decode, ISSUE_MIX_REPEATS times: steps
-      of varied sizes with chunks and decodes, as the replay's eager steps are (on the first held-out window's OLMoE
-      the single chunk read 1.74 ms per layer where the replay's eager steps took 2.10).
+      of varied sizes with chunks and decodes, as the replay's eager steps are (on OLMoE's vllm-table in
+      heldout_bffac01 the single chunk read 1.74 ms per layer where the replay's host-bound eager steps took 2.10).
     The steps have no host sync inside, so issue_s is the host's time to launch them; `host_bound` counts the steps
     that waited on the host (issue_s >= HOST_BOUND_SHARE of the step)."""
     hi = min(args.max_batched_tokens, args.max_prompt)
@@ -1104,6 +1107,11 @@ DENSE_EAGER_TABLE = EAGER_TABLES / "dense_eager.json"
 # tree 17d3f2b): graphed (16-512 rows) and eager (512-4,096 tokens)
 CHUNK_TABLES = Path(__file__).resolve().parent / "chunk_decode_17d3f2b" / "chunk" / "e2e" / "moe_chunk"
 MOE_CHUNK_TABLES = (CHUNK_TABLES / "moe_chunk_graph.json", CHUNK_TABLES / "moe_chunk_eager.json")
+# the decode graph table, timed in three parts (decode_graph_table.py --plan ... --done ...): the default since session
+# 54, when every graphed run predicted with it came within 5% of TPOT p50 on 52 of 75 (44 without; docs/live.md)
+DECODE_GRAPH_TABLES = tuple(Path(__file__).resolve().parent / part / "decode_graph" / "decode_graph.json"
+                            for part in ("chunk_decode_17d3f2b/decode/e2e", "decode_rest_2571e03",
+                                         "decode_rest2_bffac01"))
 
 
 class DenseOps:
@@ -2207,10 +2215,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: price each decode batch from its sequences' contexts as its programs fill the GPU "
                         "(on, default; kernel_gym.traffic.decode_waves); off: at its mean context, no less than its "
                         "longest sequence alone")
-    p.add_argument("--decode-graph", default="none", metavar="TABLE.json[,...]",
-                   help="--predict: fit the decode wave model, per config this decode_graph_table.py table times, on "
-                        "the launches timed as the stack's CUDA graphs replay them (none, default: on the dataset's "
-                        "rows, until the table is measured)")
+    p.add_argument("--decode-graph", default=",".join(str(t) for t in DECODE_GRAPH_TABLES), metavar="TABLE.json[,...]",
+                   help="--predict: fit the decode wave model, per config these decode_graph_table.py tables time, on "
+                        "the launches timed as the stack's CUDA graphs replay them (default: the three committed "
+                        "parts); none: on the dataset's rows")
     p.add_argument("--chunk-routing", default="none", metavar="TABLE.json",
                    help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
                         "(a chunk_routing.py table: each layer's matching skew), from the dataset's rows at those "
