@@ -648,7 +648,7 @@ FIGURES = [
              lambda spec=spec, metric=metric: abs(100 * committed(CAL_ONLY)["code540_olmoe"]["policies"][spec]
                                                   ["error_after"][metric]), 0.06, "json")
       for where, spec, metric, pattern in (
-          ("docs/live.md", "vllm-table", "ttft_p50_s", rf"the TTFT error halves\n?\s*\(-28.6% → -{N}%\)"),
+          ("docs/live.md", "vllm-table", "ttft_p50_s", rf"the TTFT error\s+halves\s+\(-28.6% → -{N}%\)"),
           ("docs/live.md", "vllm-table", "tpot_p50_s", rf"TPOT comes within target\s+\(-8.4% → -{N}%\)"),
           ("docs/live.md", "default", "ttft_p50_s", rf"TTFT went from -11.6% to -{N}%"),
           ("docs/live.md", "default", "tpot_p50_s", rf"TPOT from\s+-7.7% to -{N}%"),
