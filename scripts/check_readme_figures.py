@@ -597,10 +597,17 @@ FIGURES = [
     *[Figure(f"host issue: {run} vllm-table TTFT error, {which} (%)", "docs/live.md", pattern, HOST_ISSUE,
              host_ttft(run, which), 0.06, "json")
       for run, which, pattern in (
-          ("window6_01d3818/olmoe_w6", "calibration_run_issue", rf"TTFT p50 error goes from -{N}% to\n-2.8% on"),
-          ("window6_01d3818/olmoe_w6", "own_issue", rf"goes from -18.3% to\n-{N}% on `olmoe_w6`"),
-          ("window5_f269e69/olmoe_prof", "calibration_run_issue", rf"and from -{N}% to -4.9% on `olmoe_prof`"),
-          ("window5_f269e69/olmoe_prof", "own_issue", rf"and from -14.6% to -{N}% on `olmoe_prof`"))],
+          ("window6_01d3818/olmoe_w6", "calibration_run_issue", rf"TTFT p50 error goes from -{N}% to\n-3.3% on"),
+          ("window6_01d3818/olmoe_w6", "own_issue", rf"goes from -21.7% to\n-{N}% on `olmoe_w6`"),
+          ("window5_f269e69/olmoe_prof", "calibration_run_issue", rf"and from -{N}% to -13.2% on `olmoe_prof`"),
+          ("window5_f269e69/olmoe_prof", "own_issue", rf"and from -18.7% to -{N}% on `olmoe_prof`"))],
+    *[Figure(f"host issue: code540_olmoe {spec} ms per layer, {what}", "docs/live.md", pattern, HOST_ISSUE,
+             at(HOST_ISSUE, "runs", "heldout_bffac01/code540_olmoe", spec, *keys, scale=scale), 0.006, "json")
+      for spec, what, keys, scale, pattern in (
+          ("vllm-table", "replay", ("issue_ms_per_layer_median",), 1.0, rf"eager steps took {N} ms per layer"),
+          ("default", "replay", ("issue_ms_per_layer_median",), 1.0, rf"\(vllm-table\) and {N} ms \(default\)"),
+          ("vllm-table", "calibration", ("calibration_before_replay", "per_layer_s"), 1e3,
+           rf"calibration \({N} ms per layer against the fitted 1.10\)"))],
     Figure("host issue: olmoe_w6 vllm-table ms per layer", "docs/live.md", rf"{N} in `window6_01d3818/olmoe_w6`",
            HOST_ISSUE, at(HOST_ISSUE, "runs", "window6_01d3818/olmoe_w6", "vllm-table", "issue_ms_per_layer_median"),
            0.006, "json"),
