@@ -849,17 +849,19 @@ def calibrate_issue(model: ModelSpec, chooser: Any, stack: Stack, dtype: str, ar
                   np.r_[np.full(n_dec, 16), sizes], np.r_[np.full(n_dec, args.max_output), np.full(len(sizes), 2)],
                   "calibrate_issue")
     compiled: set = set()  # shared by every pass: a config compiles once
-    got = _issue_steps(model, chooser, stack, dtype, args, mixed, ISSUE_MIX_REPEATS, compiled)
-    got["single_chunk"] = _issue_steps(model, chooser, stack, dtype, args, one, ISSUE_CALIBRATION_STEPS, compiled)
+    got = _issue_steps(model, chooser, stack, dtype, args, mixed, ISSUE_MIX_REPEATS, compiled, lo)
+    got["single_chunk"] = _issue_steps(model, chooser, stack, dtype, args, one, ISSUE_CALIBRATION_STEPS, compiled,
+                                       lo)
     got["single_chunk"]["tokens"] = single
     got["prompt_sizes"] = [int(x) for x in sizes]
     return got
 
 
 def _issue_steps(model: ModelSpec, chooser: Any, stack: Stack, dtype: str, args: Any, trace: Trace, passes: int,
-                 compiled: set) -> dict:
+                 compiled: set, min_tokens: int) -> dict:
     """calibrate_issue's passes over one workload (eager, each on fresh state, ended once every prompt has been
-    prefilled): the median issue time per layer of its timed eager steps with chunks, its p10-p90 and counts."""
+    prefilled): the median issue time per layer of its timed steps with chunks of at least min_tokens (the replay
+    runs smaller ones through piecewise graphs, not eagerly), its p10-p90 and counts."""
     issue, bound = [], 0
     prompt_total = int(trace.prompt_tokens.sum())
     for _ in range(passes):
@@ -870,7 +872,7 @@ def _issue_steps(model: ModelSpec, chooser: Any, stack: Stack, dtype: str, args:
         while prefilled < prompt_total and cal.step():
             r = cal.record[-1]
             prefilled += sum(c for _, c, _ in r["chunks"])
-            if eager_issued(r) and not r["ran_untimed_first"]:
+            if eager_issued(r) and not r["ran_untimed_first"] and r["tokens"] >= min_tokens:
                 issue.append(r["issue_s"] / model.num_layers)
                 bound += host_bound(r)
     stack.release_except(set())
