@@ -288,7 +288,7 @@ class Dispatcher:
         self._lock = threading.Lock()  # serialises writers (swap); readers never take it
         self._tables: dict[str, KernelTable] = dict(table.kernels)
         self.table = table
-        self._follow: dict[tuple[Config, Any, Any], Config] = {}
+        self._follow: dict[tuple[Config, Any, Any], Config] = {}  # (config, KV layout, workload) -> moved config
         self._snap: dict[tuple[str, Config, tuple[Config, ...]], Config] = {}
         self._fits: dict[tuple[Any, ...], Config] = {}
         self._safe: dict[tuple[str, int, int], bool] = {}  # interior buckets whose config is valid at all corners
@@ -440,9 +440,15 @@ class Dispatcher:
         return cfg
 
     def _follow_kv(self, cfg: Config, workload: Any, kv: Any) -> Config:
-        key = (cfg, kv, workload.head_dim)
+        """cfg moved onto the KV layout in force. Remembered per workload: where cfg's knobs are invalid on that
+        layout, the nearest valid config depends on the batch and context (decode's split counts), so a memo keyed
+        without them answered every later shape with the first shape's move (a served config that depended on the
+        order of earlier calls)."""
+        key = (cfg, kv, workload)
         out = self._follow.get(key)
         if out is None:
+            if len(self._follow) >= FIT_MEMO:
+                self._follow.clear()
             out = self._follow[key] = on_layout(cfg, workload, kv.page_size, kv.layout)
         return out
 

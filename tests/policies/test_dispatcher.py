@@ -131,7 +131,7 @@ def test_precompiled_set_is_every_config_the_table_can_choose(table):
 
 def test_the_hot_path_is_lookups_and_a_bounded_memo(table):
     """No wall clock: the per-call work is checked by what it touches. Repeated decode calls under one KV layout
-    reuse one memo entry per (config, layout, head_dim), and choose() equals the bare bisect lookup."""
+    reuse one memo entry per (config, layout, workload), and choose() equals the bare bisect lookup."""
     d = Dispatcher(table)
     wls = [moe(m, s) for m in (1, 24, 300, 4096) for s in (0.0, 0.7)]
     dec = DecodeWorkload(32, 8, 128, 64, 2048)
@@ -140,6 +140,23 @@ def test_the_hot_path_is_lookups_and_a_bounded_memo(table):
         assert d.choose("fused_moe", wls[i & 7], None) == d.moe_config(wls[i & 7].num_tokens, wls[i & 7].skew)
         d.choose("decode_attention", dec, other)
     assert len(d._follow) == 1  # one bucket's config moved to one layout: memoised once, not per call
+
+
+def test_a_config_moved_to_the_layout_in_force_does_not_depend_on_earlier_calls():
+    """A decode config that is invalid on the serving layout is moved to the nearest valid one there, which depends on
+    the batch and context (split counts). The live runs' learned tables (128-token HND pages, served on 16-token NHD
+    pages) were once answered with the first shape's move at every later shape: the served config depended on the
+    order of earlier calls."""
+    learned = Config(BLOCK_N=64, COMBINE=1, GQA_GROUPED=1, KV_TMA=1, LAYOUT="HND", NUM_SPLITS=8, PAGE_SIZE=128,
+                     num_stages=2, num_warps=4)
+    table = build_table(MODEL, {"decode_attention": (lambda ws: [learned] * len(ws), {"model_uri": "test"})})
+    serving = KVLayout(16, "NHD")
+    shapes = [DecodeWorkload(32, 8, 128, b, c) for b in (1, 4, 8, 19, 32, 64) for c in (256, 1218, 4096, 16384)]
+    fresh = {w: Dispatcher(table).choose("decode_attention", w, serving) for w in shapes}
+    assert len(set(fresh.values())) > 1  # the move differs by shape: else this test could not fail
+    for order in (shapes, shapes[::-1], shapes[1::2] + shapes[::2]):
+        d = Dispatcher(table)
+        assert {w: d.choose("decode_attention", w, serving) for w in order} == fresh
 
 
 def test_choose_within_keeps_the_policy_choice_inside_the_available_configs(table):
