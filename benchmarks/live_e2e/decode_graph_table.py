@@ -42,6 +42,7 @@ from benchmarks.live_e2e.moe_price_check import (  # noqa: E402
     replayed_layers,
     smoke_measure,
 )
+from kernel_gym.traffic.decode_waves import FIT_BATCHES, FIT_CONTEXTS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PLAN_PATH = HERE / "decode_graph_plan.json"
@@ -152,6 +153,59 @@ def rest_plan(plan: dict, done: list[Path], served: dict[tuple[str, str], int], 
     return out
 
 
+def served_plan(runs: list[Path], done: list[Path], batches: tuple[int, ...], contexts: tuple[int, ...],
+                min_steps: int = 1) -> dict:
+    """Per model: the decode configs today's chooser serves at the recorded decode steps of these live runs (every
+    policy, asked as --predict's simulator asks: the batch and the mean context on the memo grid), less those the
+    `done` tables time, each at the points of batches x contexts where the family's rules accept it, ordered by the
+    steps they serve. A table cell's config moved onto the serving KV layout depends on the step's shape, so configs
+    served between the fit grid's points are ones build_plan (the grid's own choices) never meets."""
+    from dataclasses import asdict
+
+    from benchmarks.live_e2e import run as le
+    from kernel_gym.kernels.decode_attention import SPACE
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.kernels.workloads import DecodeWorkload
+    from kernel_gym.models import load_model
+    from kernel_gym.traffic.simulator import round_count, round_log4
+
+    plan: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "dtype": "bfloat16",
+                            "max_kv_tokens": MAX_KV_TOKENS, "models": {}, "served_by": [str(r) for r in runs],
+                            "rest_of": {"done": [str(t) for t in done]}}
+    for run in runs:
+        path = run / "measured.json"
+        if not path.exists():
+            raise SystemExit(f"--served-by {run}: no measured.json there (a live run's folder)")
+        data = json.loads(path.read_text())
+        model = load_model(data["meta"]["model"])
+        entry = plan["models"].setdefault(model.name, {"model_spec": asdict(model), "policies": [], "points": {},
+                                                       "served_steps": {}})
+        timed = set().union(*[set(graph_times(t, model.name) or {}) for t in done])
+        for spec in data["measured"]:
+            chooser = le.make_chooser(spec, model)
+            if spec not in entry["policies"]:
+                entry["policies"].append(spec)
+            for step in le.read_steps(run, spec) or []:
+                if not step.get("decode_batch"):
+                    continue
+                wl = DecodeWorkload(model.num_heads, model.num_kv_heads, model.head_dim,
+                                    round_count(step["decode_batch"]), round_log4(step["mean_context"]), "bfloat16")
+                cfg = str(chooser.choose("decode_attention", wl, le.PAGE))
+                if cfg not in timed:
+                    entry["served_steps"][cfg] = entry["served_steps"].get(cfg, 0) + 1
+    for name, entry in plan["models"].items():
+        m = entry["model_spec"]
+        ranked = sorted(((c, n) for c, n in entry["served_steps"].items() if n >= min_steps), key=lambda x: -x[1])
+        entry["served_steps"] = dict(ranked)
+        for cfg, _ in ranked:
+            ok = [[b, c] for b in batches for c in contexts if b * c <= MAX_KV_TOKENS and SPACE.is_valid(
+                Config.parse(cfg), DecodeWorkload(m["num_heads"], m["num_kv_heads"], m["head_dim"], b, c, "bfloat16"))]
+            if ok:
+                entry["points"][cfg] = ok
+        log(f"{name}: {len(entry['points'])} configs untimed, {sum(map(len, entry['points'].values()))} points")
+    return plan
+
+
 def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False) -> dict:
     import torch
 
@@ -239,7 +293,13 @@ def main(argv: list[str] | None = None) -> int:
                         "cut short). GPU: time the rest; CPU (--plan OUT without --out): write the rest of the "
                         "committed plan, configs ordered by the live decode steps they served (--min-steps)")
     p.add_argument("--min-steps", type=int, default=100,
-                   help="--done on the CPU: leave out configs that served fewer live decode steps than this")
+                   help="--done or --served-by on the CPU: leave out configs that served fewer live decode steps than "
+                        "this")
+    p.add_argument("--served-by", default="", metavar="RUN[,RUN]",
+                   help="CPU, with --plan OUT: plan the configs today's chooser serves at these live runs' decode "
+                        "steps that the --done tables do not time (served_plan)")
+    p.add_argument("--batches", default=",".join(map(str, FIT_BATCHES)), help="--served-by: the batches to time")
+    p.add_argument("--contexts", default=",".join(map(str, FIT_CONTEXTS)), help="--served-by: the contexts to time")
     p.add_argument("--smoke", action="store_true",
                    help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan, wall clocks")
     args = p.parse_args(argv)
@@ -253,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         if args.plan is None:
             p.error(PLAN_OR_OUT)
+        if args.served_by:
+            plan = served_plan([Path(r) for r in args.served_by.split(",")], done,
+                               tuple(int(x) for x in args.batches.split(",")),
+                               tuple(int(x) for x in args.contexts.split(",")), args.min_steps)
+            args.plan.write_text(json.dumps(plan, indent=1) + "\n")
+            log(f"wrote {args.plan}")
+            return 0
         if done:
             if args.plan.resolve() == PLAN_PATH.resolve():
                 p.error(f"--done writes the rest of {PLAN_PATH.name} to --plan: give another path, not the plan itself")
