@@ -131,3 +131,31 @@ def test_predict_refuses_a_table_timed_on_another_gpu(tmp_path):
     le.check_table_devices(args, None)  # a run that names no device: nothing to compare
     defaults = le.build_parser().parse_args(["--out", str(tmp_path), "--predict"])
     le.check_table_devices(defaults, "NVIDIA H200")
+
+
+def test_the_served_plan_holds_the_configs_the_chooser_serves_at_recorded_steps_that_no_table_times(tmp_path):
+    """--served-by: the configs today's chooser serves at a run's recorded decode steps (the committed held-out
+    window's learned table among its policies: moved onto 16-token pages per shape), less those a --done table times,
+    each at the points its rules accept; a folder without measured.json is refused by name."""
+    from kernel_gym.kernels.decode_attention import SPACE
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.traffic.simulator import round_count, round_log4
+
+    run = dgt.HERE / "heldout_bffac01" / "code540_mixtral"
+    m = le.load_model("mixtral-8x7b")
+    spec = "table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json"
+    step = next(r for r in le.read_steps(run, spec) if r["decode_batch"])
+    first = str(le.make_chooser(spec, m).choose("decode_attention", DecodeWorkload(
+        m.num_heads, m.num_kv_heads, m.head_dim, round_count(step["decode_batch"]), round_log4(step["mean_context"]),
+        "bfloat16"), le.PAGE))
+    done = tmp_path / "decode_graph.json"
+    done.write_text(json.dumps({"models": {"mixtral-8x7b": {"ms": {first: {"4,1024": {"ms": 0.01}}}}}}))
+    plan = dgt.served_plan([run], [done], (4, 8, 16, 32, 64), (1024, 4096), min_steps=2)["models"]["mixtral-8x7b"]
+    assert first not in plan["served_steps"] and plan["served_steps"]
+    assert all(n >= 2 for n in plan["served_steps"].values())
+    assert set(plan["points"]) <= set(plan["served_steps"])
+    for cfg, pts in plan["points"].items():
+        assert pts and all(SPACE.is_valid(Config.parse(cfg), DecodeWorkload(m.num_heads, m.num_kv_heads, m.head_dim,
+                                                                            b, c, "bfloat16")) for b, c in pts)
+    with pytest.raises(SystemExit, match="measured.json"):
+        dgt.served_plan([tmp_path], [], (4,), (1024,))
