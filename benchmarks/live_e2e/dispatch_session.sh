@@ -4,8 +4,9 @@
 #    before, the first shape's move answered every later one, so up to 35% of a learned table's decode steps in the
 #    committed runs were served a config that depended on earlier calls). Mixtral, seed 0's table, on the held-out
 #    code window from 540 s, as heldout_bffac01/code540_mixtral served it before the fix.
-# 2. The decode graph table for the configs the fixed chooser serves on that window and no table timed yet
-#    (decode_graph_served_plan.json: decode_graph_table.py --served-by), so the prediction of (1) prices them.
+# 2. The decode graph table for the configs the fixed chooser serves on both held-out Mixtral windows and no table
+#    timed yet (decode_graph_served_plan.json: decode_graph_table.py --served-by), most served first: the prediction
+#    priced them at the default config's time (the fallback for a config the data cannot time).
 # 3. OLMoE on the held-out windows with what time is left, each policy's host issue time calibrated first: does the
 #    mixed calibration match the replay's own eager issue time (host_issue.py)?
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/dispatch_session.sh
@@ -17,8 +18,8 @@ timeout 150 python3 benchmarks/live_e2e/run.py --out "$E/code540_mixtral" --trac
   --policies table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json > "$E/code540_mixtral.log" 2>&1
 log "Mixtral: exit $? $(grep -a 'tok/s' "$E/code540_mixtral.log" | tr '\n' ' ')"
 log "decode graph table, the served plan, $(left) s left"
-timeout 240 python3 benchmarks/live_e2e/decode_graph_table.py --out "$E/decode_graph" \
-  --plan benchmarks/live_e2e/decode_graph_served_plan.json --budget-s 200 > "$E/decode_graph.log" 2>&1
+timeout 260 python3 benchmarks/live_e2e/decode_graph_table.py --out "$E/decode_graph" \
+  --plan benchmarks/live_e2e/decode_graph_served_plan.json --budget-s 230 > "$E/decode_graph.log" 2>&1
 log "decode graph: exit $? $(tail -n 3 "$E/decode_graph.log" | tr '\n' ' ')"
 for w in "code540_olmoe 540 1.0" "code_olmoe 300 1.5"; do
   set -- $w
