@@ -277,6 +277,8 @@ CHUNK_CHECK = "benchmarks/live_e2e/chunk_tables_check.json"  # compare_checks.py
 DECODE_GRAPH_CHECK = "benchmarks/live_e2e/decode_graph_check.json"  # compare_checks.py: session 54's decode table
 HELDOUT = "benchmarks/live_e2e/heldout_check.json"  # heldout_check.py: the held-out trace's runs, predicted first
 CAL_ONLY = "benchmarks/live_e2e/heldout_bffac01/calibration_only/heldout_check.json"  # the host calibration alone
+DISPATCH_ORDER = "benchmarks/live_e2e/dispatch_order.json"  # dispatch_order.py: steps served a call-order config
+LEARNED_SEED0 = "table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json"
 HELDOUT_TRACE = "benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv"
 
 
@@ -608,6 +610,26 @@ FIGURES = [
           ("default", "replay", ("issue_ms_per_layer_median",), 1.0, rf"\(vllm-table\) and {N} ms \(default\)"),
           ("vllm-table", "calibration", ("calibration_before_replay", "per_layer_s"), 1e3,
            rf"calibration \({N} ms per layer against the fitted 1.10\)"))],
+    # session 55: decode configs that depended on earlier calls, and the mixed calibration on an H100 host
+    *[Figure(f"dispatch order: {run} steps served another config", "docs/live.md", pattern, DISPATCH_ORDER,
+             at(DISPATCH_ORDER, "runs", run, spec, "served_another_config"), 0.0, "json")
+      for run, spec, pattern in (
+          ("graphs/window1", "table:benchmarks/live_replay/inputs/dispatch_table.json", rf"\({N} of 1,332 in"),
+          ("heldout_bffac01/code540_mixtral", LEARNED_SEED0, rf"; {N} of 427 in `heldout_bffac01"))],
+    Figure("dispatch fix: held-out 540 s learned TPOT error (%)", "docs/live.md",
+           rf"`heldout_bffac01/code540_mixtral`\n  \+12.0% → \+{N}%", CHECK,
+           lambda: 100 * next(r["tpot_p50_s"] for r in committed(CHECK)["rows"]
+                              if r["run"].endswith("heldout_bffac01/code540_mixtral") and r["policy"] == LEARNED_SEED0),
+           0.06, "json"),
+    *[Figure(f"host issue (H100): {run} vllm-table ms per layer, {what}", "docs/live.md", pattern, HOST_ISSUE,
+             at(HOST_ISSUE, "runs", f"issue_h100_8588b1f/{run}", "vllm-table", *keys, scale=scale), 0.0006, "json")
+      for run, what, keys, scale, pattern in (
+          ("code540_olmoe", "replay", ("issue_ms_per_layer_median",), 1.0, rf"the replay took {N} and"),
+          ("code_olmoe", "replay", ("issue_ms_per_layer_median",), 1.0, rf"the replay took [0-9.]+ and {N} ms per"),
+          ("code540_olmoe", "mixed", ("calibration_before_replay", "per_layer_s"), 1e3,
+           rf"mixed calibration measured {N} and"),
+          ("code_olmoe", "mixed", ("calibration_before_replay", "per_layer_s"), 1e3,
+           rf"mixed calibration measured [0-9.]+ and {N} \("))],
     Figure("host issue: olmoe_w6 vllm-table ms per layer", "docs/live.md", rf"{N} in `window6_01d3818/olmoe_w6`",
            HOST_ISSUE, at(HOST_ISSUE, "runs", "window6_01d3818/olmoe_w6", "vllm-table", "issue_ms_per_layer_median"),
            0.006, "json"),

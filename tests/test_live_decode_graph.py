@@ -139,15 +139,12 @@ def test_the_served_plan_holds_the_configs_the_chooser_serves_at_recorded_steps_
     each at the points its rules accept; a folder without measured.json is refused by name."""
     from kernel_gym.kernels.decode_attention import SPACE
     from kernel_gym.kernels.space import Config
-    from kernel_gym.traffic.simulator import round_count, round_log4
 
     run = dgt.HERE / "heldout_bffac01" / "code540_mixtral"
     m = le.load_model("mixtral-8x7b")
     spec = "table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json"
     step = next(r for r in le.read_steps(run, spec) if r["decode_batch"])
-    first = str(le.make_chooser(spec, m).choose("decode_attention", DecodeWorkload(
-        m.num_heads, m.num_kv_heads, m.head_dim, round_count(step["decode_batch"]), round_log4(step["mean_context"]),
-        "bfloat16"), le.PAGE))
+    first = le.step_decode_config(le.make_chooser(spec, m), m, step)
     done = tmp_path / "decode_graph.json"
     done.write_text(json.dumps({"models": {"mixtral-8x7b": {"ms": {first: {"4,1024": {"ms": 0.01}}}}}}))
     plan = dgt.served_plan([run], [done], (4, 8, 16, 32, 64), (1024, 4096), min_steps=2)["models"]["mixtral-8x7b"]

@@ -167,11 +167,11 @@ def served_plan(runs: list[Path], done: list[Path], batches: tuple[int, ...], co
     from kernel_gym.kernels.space import Config
     from kernel_gym.kernels.workloads import DecodeWorkload
     from kernel_gym.models import load_model
-    from kernel_gym.traffic.simulator import round_count, round_log4
 
     plan: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "dtype": "bfloat16",
                             "max_kv_tokens": MAX_KV_TOKENS, "models": {}, "served_by": [str(r) for r in runs],
                             "rest_of": {"done": [str(t) for t in done]}}
+    timed_by_model: dict[str, set[str]] = {}  # the configs the done tables time, read once per model
     for run in runs:
         path = run / "measured.json"
         if not path.exists():
@@ -180,7 +180,9 @@ def served_plan(runs: list[Path], done: list[Path], batches: tuple[int, ...], co
         model = load_model(data["meta"]["model"])
         entry = plan["models"].setdefault(model.name, {"model_spec": asdict(model), "policies": [], "points": {},
                                                        "served_steps": {}})
-        timed = set().union(*[set(graph_times(t, model.name) or {}) for t in done])
+        if model.name not in timed_by_model:
+            timed_by_model[model.name] = set().union(*[set(graph_times(t, model.name) or {}) for t in done])
+        timed = timed_by_model[model.name]
         for spec in data["measured"]:
             chooser = le.make_chooser(spec, model)
             if spec not in entry["policies"]:
@@ -188,9 +190,7 @@ def served_plan(runs: list[Path], done: list[Path], batches: tuple[int, ...], co
             for step in le.read_steps(run, spec) or []:
                 if not step.get("decode_batch"):
                     continue
-                wl = DecodeWorkload(model.num_heads, model.num_kv_heads, model.head_dim,
-                                    round_count(step["decode_batch"]), round_log4(step["mean_context"]), "bfloat16")
-                cfg = str(chooser.choose("decode_attention", wl, le.PAGE))
+                cfg = le.step_decode_config(chooser, model, step)
                 if cfg not in timed:
                     entry["served_steps"][cfg] = entry["served_steps"].get(cfg, 0) + 1
     for name, entry in plan["models"].items():

@@ -26,9 +26,6 @@ from benchmarks.live_e2e import run as le  # noqa: E402
 def served_other(folder: Path) -> dict:
     """Per table policy of one live run: its decode steps and those whose recorded config today's chooser would not
     serve there."""
-    from kernel_gym.kernels.workloads import DecodeWorkload
-    from kernel_gym.traffic.simulator import round_count, round_log4
-
     data = json.loads((folder / "measured.json").read_text())
     if data["meta"].get("smoke"):
         return {}
@@ -40,9 +37,7 @@ def served_other(folder: Path) -> dict:
         chooser = le.make_chooser(spec, model)
         steps = [r for r in le.read_steps(folder, spec) or []
                  if r["decode_batch"] and (r.get("configs") or {}).get("decode_attention")]
-        other = sum(1 for r in steps if str(chooser.choose("decode_attention", DecodeWorkload(
-            model.num_heads, model.num_kv_heads, model.head_dim, round_count(r["decode_batch"]),
-            round_log4(r["mean_context"]), "bfloat16"), le.PAGE)) != r["configs"]["decode_attention"])
+        other = sum(1 for r in steps if le.step_decode_config(chooser, model, r) != r["configs"]["decode_attention"])
         if steps:
             out[spec] = {"decode_steps": len(steps), "served_another_config": other,
                          "share": round(other / len(steps), 4)}

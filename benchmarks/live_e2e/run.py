@@ -1882,6 +1882,16 @@ def read_steps(out: Path, spec: str) -> list[dict] | None:
     return json.loads(gzip.decompress(packed.read_bytes())) if packed.exists() else None
 
 
+def step_decode_config(chooser: Any, model: ModelSpec, step: dict) -> str:
+    """The decode config `chooser` serves at a recorded step with decode rows, asked as the live stack asks
+    (LiveSimulator._decode_choice: the batch and the mean context on the memo grid, the stack's pages)."""
+    from kernel_gym.kernels.workloads import DecodeWorkload
+
+    wl = DecodeWorkload(model.num_heads, model.num_kv_heads, model.head_dim, round_count(step["decode_batch"]),
+                        round_log4(step["mean_context"]), "bfloat16")
+    return str(chooser.choose("decode_attention", wl, PAGE))
+
+
 class _RecordedSchedule(Simulator):
     """The live run's own scheduling again, each step lasting its recorded seconds (LiveSimulator's settings), to
     recover what a step record leaves out: every decode sequence's context (the records keep the mean and longest)."""
