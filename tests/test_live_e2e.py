@@ -159,6 +159,14 @@ def test_step_check_sums_by_group_and_splits_the_residual_into_fixed_and_per_seq
     assert pre["sum_error"] == pytest.approx(0.0, abs=1e-12) and dec["sum_error"] < 0
     assert dec["price_shares"] == pytest.approx({"decode_attention": 0.2, "dense": 0.05, "fused_moe": 0.75})
     assert pre["price_shares"] == pytest.approx({"fused_moe": 0.8, "prefix_prefill": 0.2})
+    # by decode batch band (the graph capture sizes): the unpriced 1 ms + 0.2 ms per sequence weighs more on small
+    # steps; a band holds exactly its batches
+    bands = dec["by_decode_batch"]
+    assert list(bands) == ["1", "2", "3-4", "5-8", "9-16", "17-24", "25-32"]
+    assert [v["steps"] for v in bands.values()] == [1, 1, 2, 4, 8, 8, 8]
+    assert bands["1"]["sum_error"] == pytest.approx(0.022 / 0.0232 - 1.0)
+    assert all(v["sum_error"] < 0 for v in bands.values()) and pre["by_decode_batch"]["9-16"]["steps"] == 1
+    assert le.band_name(129, le.BATCH_BANDS[-1][1]) == "129+" and le.band_name(0, 0) == "0"
 
 
 def test_kernel_part_names_each_profiled_kernel_by_the_price_part_that_charges_it():

@@ -1991,6 +1991,16 @@ def priced_steps(out: Path, spec: str, model: ModelSpec, trace: Trace, timer: An
     return priced
 
 
+BATCH_BANDS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 24), (25, 32), (33, 64), (65, 128), (129, 1 << 20))
+"""step_check's decode batch bands: the live stack's graph capture sizes (1, 2, 4, 8, 16, 24, 32, ...; 0: a step of
+prefill chunks alone), so each band's decode-only steps replay one graph size's MoE launch (a price that is off at one
+capture size shows as one band)."""
+
+
+def band_name(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}+" if hi == BATCH_BANDS[-1][1] else f"{lo}-{hi}"
+
+
 def step_check(priced: list[tuple[str, bool, float, float, int, dict, Any]], overheads: dict[str, float]) -> dict:
     """Each measured step beside the simulator's price for it (priced_steps plus its kind's overhead), decode-only
     steps apart from steps with prefill chunks: where the prediction's error comes from, whatever the scheduling did
@@ -1999,7 +2009,8 @@ def step_check(priced: list[tuple[str, bool, float, float, int, dict, Any]], ove
     or host work per sequence, that the data gets wrong). `price_shares`: each kernel family's and the dense ops'
     share of the price (overheads left out), so an error can be weighed against the part it can come from.
     `profile`: over the profiled steps (profile_check), each part's measured kernel time beside its price.
-    `by_step_kind`: steps and sum_error per kind of step (graph, piecewise, eager)."""
+    `by_step_kind`: steps and sum_error per kind of step (graph, piecewise, eager). `by_decode_batch`: steps and
+    sum_error per band of decode batch (BATCH_BANDS), where an error that the sums average away shows."""
     kinds: dict[str, list[tuple[float, float, int]]] = {"decode_only": [], "with_prefill": []}
     by_step_kind: dict[str, dict[str, list[float]]] = {"decode_only": {}, "with_prefill": {}}
     parts: dict[str, dict[str, float]] = {"decode_only": {}, "with_prefill": {}}
@@ -2018,7 +2029,10 @@ def step_check(priced: list[tuple[str, bool, float, float, int, dict, Any]], ove
                            "sum_error": float(p.sum() / m.sum() - 1.0), "median_measured_over_predicted":
                            float(np.median(m / p)),
                            "by_step_kind": {k: {"steps": n, "sum_error": pk / mk - 1.0}
-                                            for k, (n, mk, pk) in sorted(by_step_kind[kind].items())}}
+                                            for k, (n, mk, pk) in sorted(by_step_kind[kind].items())},
+                           "by_decode_batch": {band_name(lo, hi): {
+                               "steps": int(band.sum()), "sum_error": float(p[band].sum() / m[band].sum() - 1.0)}
+                               for lo, hi in BATCH_BANDS if (band := (b >= lo) & (b <= hi)).any()}}
             if len(set(b.tolist())) > 1:
                 (fixed, per_seq), *_ = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, m - p, rcond=None)
                 check[kind]["residual_fit"] = {"fixed_s": float(fixed), "per_sequence_s": float(per_seq)}
