@@ -1,0 +1,112 @@
+"""Where a policy's decode price is off, by decode batch: each predicted live run's decode-only steps, their summed
+price over their summed measured seconds by band of decode batch (run.py's step_check `by_decode_batch`; the bands
+are the stack's CUDA graph capture sizes), gathered per model and kind of policy over every predicted run.
+
+A TPOT error is the end of a chain: the steps' prices, then the scheduling that turns them into per-request times. A
+price that is right on average can still be off at one capture size, which the summed decode-only error hides and
+the TPOT p50 does not (a request's tokens come mostly from the busier steps). One band off in every run of a policy
+names the part to re-time; a band off in a few runs names those runs. CPU only, from the committed summaries.
+
+    python benchmarks/live_e2e/band_check.py    # band_check.json and band_check.png beside this file; a table last
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from benchmarks.live_e2e.run import BATCH_BANDS, band_name  # noqa: E402
+
+PREDICTED = HERE / "predicted"
+
+
+def policy_group(spec: str) -> str:
+    """default / vllm-table / learned table (every `table:` policy, whichever seed or retraining)."""
+    return "learned table" if spec.startswith("table:") else spec
+
+
+def gather(predicted: Path = PREDICTED) -> dict:
+    """{"<model> <policy group>": {band: {runs, steps, median, min, max, by_run: {run policy: sum_error}}}} over the
+    decode-only steps of every summary under `predicted` that has a step check."""
+    groups: dict[str, dict[str, dict]] = {}
+    for path in sorted(predicted.rglob("summary.json")):
+        summary = json.loads(path.read_text())
+        run = path.parent.relative_to(predicted).as_posix()
+        for spec, check in (summary.get("step_check") or {}).items():
+            bands = (check.get("decode_only") or {}).get("by_decode_batch")
+            if not bands:
+                continue
+            group = groups.setdefault(f"{summary['meta']['model']} {policy_group(spec)}", {})
+            for band, v in bands.items():
+                cell = group.setdefault(band, {"steps": 0, "by_run": {}})
+                cell["steps"] += v["steps"]
+                cell["by_run"][f"{run} {spec}"] = v["sum_error"]
+    order = [band_name(lo, hi) for lo, hi in BATCH_BANDS]
+    out: dict[str, dict[str, dict]] = {}
+    for name, group in sorted(groups.items()):
+        out[name] = {}
+        for band in sorted(group, key=order.index):
+            errors = np.array(list(group[band]["by_run"].values()))
+            out[name][band] = {"runs": len(errors), "steps": group[band]["steps"], "median": float(np.median(errors)),
+                               "min": float(errors.min()), "max": float(errors.max()), "by_run": group[band]["by_run"]}
+    return out
+
+
+def plot(groups: dict, path: Path) -> Path:
+    """One panel per model: per policy group, the median decode-only error by band with the runs' range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({g.split(" ")[0] for g in groups})
+    order = [band_name(lo, hi) for lo, hi in BATCH_BANDS if lo > 0]  # decode-only steps have a decode batch
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = {g: v for g, v in groups.items() if g.startswith(model + " ")}
+        for k, (name, bands) in enumerate(sorted(mine.items())):
+            xs = [order.index(b) + 0.12 * (k - (len(mine) - 1) / 2) for b in bands]
+            med = [100 * v["median"] for v in bands.values()]
+            lo = [100 * (v["median"] - v["min"]) for v in bands.values()]
+            hi = [100 * (v["max"] - v["median"]) for v in bands.values()]
+            ax.errorbar(xs, med, yerr=[lo, hi], fmt="o-", capsize=3, lw=1, ms=4, label=name[len(model) + 1:])
+        ax.axhspan(-5, 5, color="0.9", zorder=0)
+        ax.axhline(0.0, color="0.5", lw=0.8)
+        ax.set_xticks(range(len(order)), order, fontsize=8)
+        ax.set_xlabel("decode batch (graph capture sizes)")
+        ax.set_ylabel("decode-only steps: price / measured - 1, %")
+        ax.set_title(f"{model}: median over runs, bars the runs' range", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--predicted", type=Path, default=PREDICTED, help="the predicted summaries (predict_all.sh's)")
+    p.add_argument("--out", type=Path, default=HERE / "band_check.json")
+    args = p.parse_args(argv)
+    groups = gather(args.predicted)
+    if not groups:
+        raise SystemExit(f"no step check with decode bands under {args.predicted}: run predict_all.sh first")
+    args.out.write_text(json.dumps({"what": __doc__.splitlines()[0], "source": str(args.predicted.relative_to(
+        HERE.parents[1]) if args.predicted.is_relative_to(HERE.parents[1]) else args.predicted), "groups": groups},
+        indent=1) + "\n")
+    png = plot(groups, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {png}")
+    for name, bands in groups.items():
+        print(f"{name}: " + ", ".join(f"{b} {100 * v['median']:+.1f}% ({v['runs']})" for b, v in bands.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
