@@ -7,7 +7,12 @@ price that is right on average can still be off at one capture size, which the s
 the TPOT p50 does not (a request's tokens come mostly from the busier steps). One band off in every run of a policy
 names the part to re-time; a band off in a few runs names those runs. CPU only, from the committed summaries.
 
+`--profiled RUN` (a run with `--profile-every` steps) also prices that run's profiled decode-only steps again
+(run.priced_steps) and sets, per band, each part's price beside its profiled kernel time (the eager profile of the
+same step: its kernels' durations, launch gaps left out) and the step's measured seconds beside its busy kernel time.
+
     python benchmarks/live_e2e/band_check.py    # band_check.json and band_check.png beside this file; a table last
+    python benchmarks/live_e2e/band_check.py --profiled benchmarks/live_e2e/graph_5ebaec4/window1_spans  # ~3 minutes
 """
 
 from __future__ import annotations
@@ -59,6 +64,38 @@ def gather(predicted: Path = PREDICTED) -> dict:
     return out
 
 
+def profiled_parts(run: Path) -> dict:
+    """{policy: {band: {steps, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}}}}} per step (means)
+    over the profiled decode-only steps of `run`, priced as `run.py --predict` prices them. The MoE's price holds its
+    routing (the graph table times the launch with the routing inside), so fused_moe's measured time here is the MoE
+    kernels' plus the routing's."""
+    from benchmarks.live_e2e import run as le
+
+    args = le.build_parser().parse_args(["--out", str(run), "--predict"])
+    data, meta, model, trace, backend, timer, _ = le.predict_setup(args)
+    out: dict[str, dict] = {}
+    for spec, measured in data["measured"].items():
+        priced = le.priced_steps(run, spec, model, trace, timer, backend, args, meta,
+                                 issue_s=le.policy_issue_s(args, measured)[0])
+        rows = [r for r in priced if not r[1] and r[6] and "by_part_us" in r[6]]
+        for lo, hi in BATCH_BANDS:
+            band = [r for r in rows if lo <= r[4] <= hi]
+            if not band:
+                continue
+            parts: dict[str, dict[str, float]] = {}
+            for r in band:
+                kernels = dict(r[6]["by_part_us"])
+                kernels["fused_moe"] = kernels.get("fused_moe", 0.0) + kernels.pop("moe_routing", 0.0)
+                for part in set(kernels) | set(r[5]):
+                    cell = parts.setdefault(part, {"priced_ms": 0.0, "measured_ms": 0.0})
+                    cell["priced_ms"] += 1e3 * r[5].get(part, 0.0) / len(band)
+                    cell["measured_ms"] += 1e-3 * kernels.get(part, 0.0) / len(band)
+            out.setdefault(spec, {})[band_name(lo, hi)] = {
+                "steps": len(band), "measured_step_ms": 1e3 * float(np.mean([r[2] for r in band])),
+                "busy_ms": 1e-3 * float(np.mean([r[6]["busy_us"] for r in band])), "parts": parts}
+    return out
+
+
 def plot(groups: dict, path: Path) -> Path:
     """One panel per model: per policy group, the median decode-only error by band with the runs' range."""
     import matplotlib
@@ -90,17 +127,29 @@ def plot(groups: dict, path: Path) -> Path:
     return path
 
 
+def _name(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(HERE.parents[1]) if path.is_relative_to(HERE.parents[1]) else path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--predicted", type=Path, default=PREDICTED, help="the predicted summaries (predict_all.sh's)")
     p.add_argument("--out", type=Path, default=HERE / "band_check.json")
+    p.add_argument("--profiled", type=Path, metavar="RUN",
+                   help="also each part's price beside its profiled kernel time by band on this run's profiled steps")
     args = p.parse_args(argv)
     groups = gather(args.predicted)
     if not groups:
         raise SystemExit(f"no step check with decode bands under {args.predicted}: run predict_all.sh first")
-    args.out.write_text(json.dumps({"what": __doc__.splitlines()[0], "source": str(args.predicted.relative_to(
-        HERE.parents[1]) if args.predicted.is_relative_to(HERE.parents[1]) else args.predicted), "groups": groups},
-        indent=1) + "\n")
+    doc = {"what": __doc__.splitlines()[0], "source": _name(args.predicted), "groups": groups}
+    if args.profiled:
+        doc["profiled"] = {"run": _name(args.profiled), "policies": profiled_parts(args.profiled)}
+        for spec, bands in doc["profiled"]["policies"].items():
+            print(f"profiled {spec[:40]}: " + "; ".join(
+                f"{b} " + " ".join(f"{part} {v['priced_ms'] / v['measured_ms']:.2f}" for part, v in sorted(
+                    cell["parts"].items()) if v["measured_ms"] > 0) for b, cell in bands.items()))
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
     png = plot(groups, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {png}")
     for name, bands in groups.items():
