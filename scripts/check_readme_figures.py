@@ -279,6 +279,7 @@ HELDOUT = "benchmarks/live_e2e/heldout_check.json"  # heldout_check.py: the held
 CAL_ONLY = "benchmarks/live_e2e/heldout_bffac01/calibration_only/heldout_check.json"  # the host calibration alone
 DISPATCH_ORDER = "benchmarks/live_e2e/dispatch_order.json"  # dispatch_order.py: steps served a call-order config
 LEARNED_SEED0 = "table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json"
+BANDS = "benchmarks/live_e2e/band_check.json"  # band_check.py --profiled ...window1_spans: decode price by batch band
 HELDOUT_TRACE = "benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv"
 
 
@@ -644,6 +645,19 @@ FIGURES = [
                            ("Mixtral, learned tables", "mixtral-8x7b learned table"),
                            ("OLMoE, default configs", "olmoe-1b-7b default"))
       for col, metric in ((1, "ttft_p50_s"), (2, "tpot_p50_s"))],
+    # session 56: the decode-only price by decode batch band, and each part's price beside its profiled kernels
+    *[Figure(f"decode bands: {group} {band} median error (%)", "docs/live.md", pattern, BANDS,
+             lambda group=group, band=band: abs(100 * committed(BANDS)["groups"][group][band]["median"]), 0.06, "json")
+      for group, band, pattern in (
+          ("mixtral-8x7b default", "9-16", rf"\| Mixtral, default configs \(11 runs\) \| (?:[^|]+\| ){{3}}\*\*-{N}%"),
+          ("mixtral-8x7b default", "25-32", rf"\*\*-{N}%\*\* \(-14.0..-7.3\) \|"),
+          ("mixtral-8x7b vllm-table", "5-8", rf"\| Mixtral, vllm-table \(21 runs\) \| (?:[^|]+\| ){{2}}\+{N}% \|"),
+          ("mixtral-8x7b learned table", "17-24", rf"\| \+{N}% \(\+0.8..\+41.4\) \|"))],
+    *[Figure(f"decode bands: window1_spans default fused MoE price / kernels at {band}", "docs/live.md", pattern,
+             BANDS, lambda band=band: (lambda c: c["priced_ms"] / c["measured_ms"])(
+                 committed(BANDS)["profiled"]["policies"]["default"][band]["parts"]["fused_moe"]), 0.006, "json")
+      for band, pattern in (("9-16", rf"\| default: fused MoE \| (?:[^|]+\| ){{3}}\*\*{N}\*\*"),
+                            ("17-24", rf"\| default: fused MoE \| (?:[^|]+\| ){{4}}\*\*{N}\*\*"))],
     # the held-out trace's table: each measured figure's error against the prediction committed before the run
     *[Figure(f"held-out trace: {label} {metric} error (%)", "docs/live.md",
              rf"\| {label} \| (?:[^|]+\| ){{{col}}}[0-9.,]+ m?s? ?\([+-]{N}%\)", HELDOUT,
