@@ -8,8 +8,9 @@ the TPOT p50 does not (a request's tokens come mostly from the busier steps). On
 names the part to re-time; a band off in a few runs names those runs. CPU only, from the committed summaries.
 
 `--profiled RUN` (a run with `--profile-every` steps) also prices that run's profiled decode-only steps again
-(run.priced_steps) and sets, per band, each part's price beside its profiled kernel time (the eager profile of the
-same step: its kernels' durations, launch gaps left out) and the step's measured seconds beside its busy kernel time.
+(run.priced_steps) and sets, per band, each part's price beside its profiled kernel time (the profile of the same
+step's graph replay where the run has it, else of its eager launch: the kernels' durations, launch gaps left out) and
+the step's measured seconds beside its busy kernel time.
 
     python benchmarks/live_e2e/band_check.py    # band_check.json and band_check.png beside this file; a table last
     python benchmarks/live_e2e/band_check.py --profiled benchmarks/live_e2e/graph_5ebaec4/window1_spans  # ~3 minutes
@@ -65,8 +66,10 @@ def gather(predicted: Path = PREDICTED) -> dict:
 
 
 def profiled_parts(run: Path) -> dict:
-    """{policy: {band: {steps, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}}}}} per step (means)
-    over the profiled decode-only steps of `run`, priced as `run.py --predict` prices them. The MoE's price holds its
+    """{policy: {band: {steps, graph_profiled, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}}}}}
+    per step (means) over the profiled decode-only steps of `run`, priced as `run.py --predict` prices them, measured
+    from the profile of each step's graph replay where it has one (`graph_profiled` steps), else of its eager launch
+    (`run.py --profile-every`). The MoE's price holds its
     routing (the graph table times the launch with the routing inside), so fused_moe's measured time here is the MoE
     kernels' plus the routing's."""
     from benchmarks.live_e2e import run as le
@@ -77,7 +80,11 @@ def profiled_parts(run: Path) -> dict:
     for spec, measured in data["measured"].items():
         priced = le.priced_steps(run, spec, model, trace, timer, backend, args, meta,
                                  issue_s=le.policy_issue_s(args, measured)[0])
-        rows = [r for r in priced if not r[1] and r[6] and "by_part_us" in r[6]]
+        # a step's graph replay profiled (runs after tree 380bf90) is what the graph ran; else its eager launch
+        records = le.read_steps(run, spec) or []
+        rows = [(*r[:6], *((rec["kernels_graph"], True) if "by_part_us" in (rec.get("kernels_graph") or {})
+                           else (r[6], False))) for r, rec in zip(priced, records)]
+        rows = [r for r in rows if not r[1] and r[6] and "by_part_us" in r[6]]
         for lo, hi in BATCH_BANDS:
             band = [r for r in rows if lo <= r[4] <= hi]
             if not band:
@@ -91,7 +98,8 @@ def profiled_parts(run: Path) -> dict:
                     cell["priced_ms"] += 1e3 * r[5].get(part, 0.0) / len(band)
                     cell["measured_ms"] += 1e-3 * kernels.get(part, 0.0) / len(band)
             out.setdefault(spec, {})[band_name(lo, hi)] = {
-                "steps": len(band), "measured_step_ms": 1e3 * float(np.mean([r[2] for r in band])),
+                "steps": len(band), "graph_profiled": sum(r[7] for r in band),
+                "measured_step_ms": 1e3 * float(np.mean([r[2] for r in band])),
                 "busy_ms": 1e-3 * float(np.mean([r[6]["busy_us"] for r in band])), "parts": parts}
     return out
 

@@ -3,7 +3,9 @@
 # 1. The learned table with the Dispatcher fixed (a config moved onto the serving KV layout is remembered per shape;
 #    before, the first shape's move answered every later one, so up to 35% of a learned table's decode steps in the
 #    committed runs were served a config that depended on earlier calls). Mixtral, seed 0's table, on the held-out
-#    code window from 540 s, as heldout_bffac01/code540_mixtral served it before the fix.
+#    code window from 540 s, as heldout_bffac01/code540_mixtral served it before the fix. Every 8th step is profiled
+#    again, eagerly and as its graph replays (band_check.py --profiled: is the MoE graph table's 1.14-1.24x over the
+#    eager profile's kernels there in the graph replay too?).
 # 2. The decode graph table for the configs the fixed chooser serves on both held-out Mixtral windows and no table
 #    timed yet (decode_graph_served_plan.json: decode_graph_table.py --served-by), most served first: the prediction
 #    priced them at the default config's time (the fallback for a config the data cannot time).
@@ -15,6 +17,7 @@ TRACE=benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.c
 log "Mixtral, learned table, code window from 540 s, $(left) s left"
 timeout 150 python3 benchmarks/live_e2e/run.py --out "$E/code540_mixtral" --trace "$TRACE" --start-s 540 \
   --seconds 30 --rate 1.0 --budget-s 140 --policy-budget-s 110 \
+  --profile-every 8 \
   --policies table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json > "$E/code540_mixtral.log" 2>&1
 log "Mixtral: exit $? $(grep -a 'tok/s' "$E/code540_mixtral.log" | tr '\n' ' ')"
 log "decode graph table, the served plan, $(left) s left"
