@@ -40,13 +40,15 @@ def test_bands_are_gathered_per_model_and_policy_group_with_the_median_and_range
 
 
 def test_profiled_parts_prefer_a_steps_graph_replay_profile_and_add_the_routing_to_the_moe(monkeypatch, tmp_path):
-    """Two profiled decode-only steps in band 9-16, one with its graph replay profiled too: that step's kernels come
-    from the replay's profile, the other's from its eager launch; the routing's kernels count with the MoE's (its
-    price holds them); a step with prefill chunks or without a profile is left out."""
+    """Two profiled decode-only steps in band 9-16, one with its graph replay profiled too: that step's parts come
+    from the replay's profile with the gaps before their kernels, the other's from its eager launch's durations; the
+    routing's kernels count with the MoE's (its price holds them); a step with prefill chunks or without a profile is
+    left out."""
     from benchmarks.live_e2e import run as le
 
     eager = {"busy_us": 9000.0, "by_part_us": {"fused_moe": 6000.0, "moe_routing": 1000.0, "dense": 2000.0}}
-    graph = {"busy_us": 7000.0, "by_part_us": {"fused_moe": 4500.0, "moe_routing": 500.0, "dense": 2000.0}}
+    graph = {"busy_us": 7000.0, "by_part_us": {"fused_moe": 4500.0, "moe_routing": 500.0, "dense": 2000.0},
+             "by_part_span_us": {"fused_moe": 5000.0, "moe_routing": 600.0, "dense": 2400.0}}
     parts = {"fused_moe": 0.006, "dense": 0.0015}
     priced = [("graph", False, 0.010, 0.0075, 12, parts, eager), ("graph", False, 0.008, 0.0075, 10, parts, eager),
               ("piecewise", True, 0.05, 0.04, 12, parts, eager), ("graph", False, 0.01, 0.0075, 12, parts, None)]
@@ -58,6 +60,6 @@ def test_profiled_parts_prefer_a_steps_graph_replay_profile_and_add_the_routing_
     band = bc.profiled_parts(tmp_path)["p"]["9-16"]
     assert band["steps"] == 2 and band["graph_profiled"] == 1
     assert band["busy_ms"] == pytest.approx(8.0) and band["measured_step_ms"] == pytest.approx(9.0)
-    assert band["parts"]["fused_moe"]["measured_ms"] == pytest.approx((5.0 + 7.0) / 2)
+    assert band["parts"]["fused_moe"]["measured_ms"] == pytest.approx((5.6 + 7.0) / 2)
     assert band["parts"]["fused_moe"]["priced_ms"] == pytest.approx(6.0)
-    assert band["parts"]["dense"]["measured_ms"] == pytest.approx(2.0) and "moe_routing" not in band["parts"]
+    assert band["parts"]["dense"]["measured_ms"] == pytest.approx(2.2) and "moe_routing" not in band["parts"]

@@ -185,6 +185,19 @@ def test_kernel_part_names_each_profiled_kernel_by_the_price_part_that_charges_i
         "fused_moe": 100.0, "dense": 5.0}
 
 
+def test_part_spans_add_to_each_part_the_idle_time_before_its_kernels():
+    """A replay's timeline: each part gets its kernels' durations plus the gap since the previous kernel ended
+    (overlapping kernels add no gap; the first kernel none); annotation spans are no kernels but end nothing either."""
+    kernels = [(10.0, 30.0, "_gate_up_kernel"), (0.0, 8.0, "nvjet_sm90_qkv"), (33.0, 40.0, "_down_kernel"),
+               (38.0, 45.0, "_decode_grouped_kernel"), (50.0, 51.0, "void at::native::sbtopk::gatherTopK")]
+    got = le.part_spans_us(kernels)
+    assert got == pytest.approx({"dense": 8.0, "fused_moe": (2 + 20) + (3 + 7), "decode_attention": 7.0,
+                                 "moe_routing": 5 + 1})
+    # the replay's wall time, first start to last end, plus what kernels overlap (none on one stream; 2 us here)
+    assert sum(got.values()) == pytest.approx(51.0 + 2.0)
+    assert le.part_spans_us([]) == {}
+
+
 def test_profile_check_sets_each_parts_measured_kernels_beside_its_price():
     """Two profiled decode-only steps: the MoE's kernels against the fused_moe row, the routing's against its
     charge, the norms and projections against the dense price; the step's time beyond its kernels is the idle share.

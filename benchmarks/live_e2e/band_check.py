@@ -68,8 +68,9 @@ def gather(predicted: Path = PREDICTED) -> dict:
 def profiled_parts(run: Path) -> dict:
     """{policy: {band: {steps, graph_profiled, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}}}}}
     per step (means) over the profiled decode-only steps of `run`, priced as `run.py --predict` prices them, measured
-    from the profile of each step's graph replay where it has one (`graph_profiled` steps), else of its eager launch
-    (`run.py --profile-every`). The MoE's price holds its
+    from the profile of each step's graph replay where it has one (`graph_profiled` steps: each part's kernels with
+    the gaps before them, run.part_spans_us), else of its eager launch (`run.py --profile-every`: the kernels'
+    durations). The MoE's price holds its
     routing (the graph table times the launch with the routing inside), so fused_moe's measured time here is the MoE
     kernels' plus the routing's."""
     from benchmarks.live_e2e import run as le
@@ -91,7 +92,9 @@ def profiled_parts(run: Path) -> dict:
                 continue
             parts: dict[str, dict[str, float]] = {}
             for r in band:
-                kernels = dict(r[6]["by_part_us"])
+                # a graph replay's parts with the gaps before their kernels (run.part_spans_us), as the graph-timed
+                # tables price them; an eager launch's durations alone (its gaps are the host's)
+                kernels = dict(r[6]["by_part_span_us"] if r[7] and "by_part_span_us" in r[6] else r[6]["by_part_us"])
                 kernels["fused_moe"] = kernels.get("fused_moe", 0.0) + kernels.pop("moe_routing", 0.0)
                 for part in set(kernels) | set(r[5]):
                     cell = parts.setdefault(part, {"priced_ms": 0.0, "measured_ms": 0.0})

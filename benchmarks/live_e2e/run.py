@@ -436,12 +436,29 @@ def profile_kernels(forward: Any) -> dict:
         forward()
         torch.cuda.synchronize()
     by_name: dict[str, float] = {}
+    spans = []
     for e in prof.events():
         if e.device_type == DeviceType.CUDA and not e.name.startswith(ANNOTATION_PREFIX):
             by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+            spans.append((e.time_range.start, e.time_range.end, e.name))
     by_part = parts_us(by_name)
     return {"busy_us": float(sum(by_part.values())), "by_part_us": {k: round(v, 2) for k, v in sorted(by_part.items())},
-            "by_name_us": by_name}
+            "by_part_span_us": {k: round(v, 2) for k, v in sorted(part_spans_us(spans).items())}, "by_name_us": by_name}
+
+
+def part_spans_us(kernels: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Per price part, its kernels' durations plus the idle time before each (since the previous kernel ended): in a
+    graph replay, where nothing waits on the host, a part's share of the step's wall time. A table timed as a graph
+    replays (the MoE graph table, the dense ops, the decode graph table) holds its own kernels' gaps, so this, not the
+    summed durations, is what its price stands beside. (Of an eager launch the gaps are the host's.)"""
+    out: dict[str, float] = {}
+    end = None
+    for start, stop, name in sorted(kernels):
+        part = kernel_part(name)
+        if part is not None:
+            out[part] = out.get(part, 0.0) + (stop - start) + (max(0.0, start - end) if end is not None else 0.0)
+        end = stop if end is None else max(end, stop)
+    return out
 
 
 class LiveSimulator(Simulator):
