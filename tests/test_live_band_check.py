@@ -63,3 +63,34 @@ def test_profiled_parts_prefer_a_steps_graph_replay_profile_and_add_the_routing_
     assert band["parts"]["fused_moe"]["measured_ms"] == pytest.approx((5.6 + 7.0) / 2)
     assert band["parts"]["fused_moe"]["priced_ms"] == pytest.approx(6.0)
     assert band["parts"]["dense"]["measured_ms"] == pytest.approx(2.2) and "moe_routing" not in band["parts"]
+
+
+def test_profile_pairs_set_a_steps_eager_and_graph_profiles_side_by_side(tmp_path):
+    """Only decode-only steps profiled both ways count; per band the means per step of each part's eager and graph
+    durations and graph span, and the replay's wall time (its spans summed); a run with none says what to run."""
+    import gzip
+
+    from benchmarks.live_e2e import run as le
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "measured.json").write_text(json.dumps({"measured": {"vllm-table": {}}}))
+    both = {"kernels": {"busy_us": 900.0, "by_part_us": {"fused_moe": 600.0, "dense": 300.0}},
+            "kernels_graph": {"busy_us": 800.0, "by_part_us": {"fused_moe": 500.0, "dense": 300.0},
+                              "by_part_span_us": {"fused_moe": 700.0, "dense": 400.0}}}
+    steps = [{"chunks": [], "decode_batch": 3, "seconds": 0.0012, **both},
+             {"chunks": [], "decode_batch": 4, "seconds": 0.0014, **both},
+             {"chunks": [], "decode_batch": 4, "seconds": 0.001, "kernels": both["kernels"]},
+             {"chunks": [[1, 64, 0]], "decode_batch": 4, "seconds": 0.01, **both}]
+    with gzip.open(le.steps_path(run, "vllm-table").with_suffix(".json.gz"), "wt") as f:
+        json.dump(steps, f)
+    band = bc.profile_pairs(run)["vllm-table"]["3-4"]
+    assert band["steps"] == 2 and band["measured_step_ms"] == pytest.approx(1.3)
+    assert band["graph_wall_ms"] == pytest.approx(1.1) and band["eager_busy_ms"] == pytest.approx(0.9)
+    assert band["parts"]["fused_moe"] == pytest.approx({"eager_ms": 0.6, "graph_ms": 0.5, "graph_span_ms": 0.7})
+    out = tmp_path / "pairs.json"
+    assert bc.main(["--profiles", str(run), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["policies"]["vllm-table"]["3-4"] == band
+    (run / "vllm-table_steps.json.gz").unlink()
+    with pytest.raises(SystemExit, match="profile-every"):
+        bc.main(["--profiles", str(run), "--out", str(out)])

@@ -13,7 +13,8 @@ step's graph replay where the run has it, else of its eager launch: the kernels'
 the step's measured seconds beside its busy kernel time.
 
     python benchmarks/live_e2e/band_check.py    # band_check.json and band_check.png beside this file; a table last
-    python benchmarks/live_e2e/band_check.py --profiled benchmarks/live_e2e/graph_5ebaec4/window1_spans  # ~3 minutes
+    python benchmarks/live_e2e/band_check.py --profiled benchmarks/live_e2e/graph_5ebaec4/window1_spans  # ~1 minute
+    python benchmarks/live_e2e/band_check.py --profiles RUN --out FILE   # a run's eager and graph profiles side by side
 """
 
 from __future__ import annotations
@@ -107,6 +108,39 @@ def profiled_parts(run: Path) -> dict:
     return out
 
 
+def profile_pairs(run: Path) -> dict:
+    """{policy: {band: {steps, measured_step_ms, eager_busy_ms, graph_busy_ms, graph_wall_ms, parts: {part:
+    {eager_ms, graph_ms, graph_span_ms}}}}} (means per step) over the decode-only steps of `run` profiled both ways
+    (`kernels` and `kernels_graph`): whether a graph replay runs each part's kernels as long as the eager launch does,
+    and how much of the replay's wall time lies between them. No prices: any GPU's run answers it."""
+    from benchmarks.live_e2e import run as le
+
+    measured = json.loads((run / "measured.json").read_text())["measured"]
+    out: dict[str, dict] = {}
+    for spec in measured:
+        steps = [r for r in le.read_steps(run, spec) or [] if not r["chunks"]
+                 and "by_part_us" in (r.get("kernels") or {}) and "by_part_span_us" in (r.get("kernels_graph") or {})]
+        for lo, hi in BATCH_BANDS:
+            band = [r for r in steps if lo <= r["decode_batch"] <= hi]
+            if not band:
+                continue
+            parts: dict[str, dict[str, float]] = {}
+            for r in band:
+                eager, graph = r["kernels"]["by_part_us"], r["kernels_graph"]
+                for part in set(eager) | set(graph["by_part_us"]):
+                    cell = parts.setdefault(part, {"eager_ms": 0.0, "graph_ms": 0.0, "graph_span_ms": 0.0})
+                    cell["eager_ms"] += 1e-3 * eager.get(part, 0.0) / len(band)
+                    cell["graph_ms"] += 1e-3 * graph["by_part_us"].get(part, 0.0) / len(band)
+                    cell["graph_span_ms"] += 1e-3 * graph["by_part_span_us"].get(part, 0.0) / len(band)
+            out.setdefault(spec, {})[band_name(lo, hi)] = {
+                "steps": len(band), "measured_step_ms": 1e3 * float(np.mean([r["seconds"] for r in band])),
+                "eager_busy_ms": 1e-3 * float(np.mean([r["kernels"]["busy_us"] for r in band])),
+                "graph_busy_ms": 1e-3 * float(np.mean([r["kernels_graph"]["busy_us"] for r in band])),
+                "graph_wall_ms": 1e-3 * float(np.mean([sum(r["kernels_graph"]["by_part_span_us"].values())
+                                                       for r in band])), "parts": parts}
+    return out
+
+
 def plot(groups: dict, path: Path) -> Path:
     """One panel per model: per policy group, the median decode-only error by band with the runs' range."""
     import matplotlib
@@ -149,7 +183,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "band_check.json")
     p.add_argument("--profiled", type=Path, metavar="RUN",
                    help="also each part's price beside its profiled kernel time by band on this run's profiled steps")
+    p.add_argument("--profiles", type=Path, metavar="RUN",
+                   help="only set the eager and the graph replay profiles of RUN's steps side by side, by band "
+                        "(written to --out; no prices)")
     args = p.parse_args(argv)
+    if args.profiles:
+        pairs = profile_pairs(args.profiles)
+        if not pairs:
+            raise SystemExit(f"{args.profiles}: no decode-only step profiled both ways (run.py --profile-every N on a "
+                             "tree from 380bf90 on, with CUDA graphs)")
+        args.out.write_text(json.dumps({"what": profile_pairs.__doc__.splitlines()[0], "run": _name(args.profiles),
+                                        "policies": pairs}, indent=1) + "\n")
+        for spec, bands in pairs.items():
+            for b, c in bands.items():
+                print(f"{spec[:24]:24s} {b:6s} {c['steps']:3d} steps: step {c['measured_step_ms']:.2f} ms, replay wall "
+                      f"{c['graph_wall_ms']:.2f}, busy graph {c['graph_busy_ms']:.2f} / eager {c['eager_busy_ms']:.2f}:"
+                      " "
+                      "graph / eager ms "
+                      + " ".join(f"{part} {v['graph_ms'] / v['eager_ms']:.2f}" for part, v in sorted(c["parts"].items())
+                                 if v["eager_ms"] > 0))
+        return 0
     groups = gather(args.predicted)
     if not groups:
         raise SystemExit(f"no step check with decode bands under {args.predicted}: run predict_all.sh first")
