@@ -486,7 +486,7 @@ class LiveSimulator(Simulator):
         self.last_gpu_s: float | None = None  # _timed's CUDA-event span of the step just run (None on the CPU)
         self.last_issue_s = 0.0  # _timed's host seconds to issue the step (an eager step's launches), before the sync
 
-    def _maybe_profile(self, record: dict, eager: Any, graph: Any = None) -> None:
+    def _maybe_profile(self, record: dict, eager: Any, replay: Any = None) -> None:
         """Profile every profile_every-th step (not one that compiled or captured first): its eager forward's kernel
         times by part go into the step's record (`kernels`), by name into the policy's sum (profiled_names_us). A
         graphed step's replay is profiled too (`kernels_graph`: CUPTI times each kernel of the replay), so a price
@@ -500,9 +500,9 @@ class LiveSimulator(Simulator):
                 self.profiled_names_us[name] = self.profiled_names_us.get(name, 0.0) + us
         except Exception as exc:  # noqa: BLE001 - a diagnostic: the replay goes on without it
             record["kernels"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        if graph is not None:
+        if replay is not None:
             try:
-                record["kernels_graph"] = profile_kernels(graph.replay)
+                record["kernels_graph"] = profile_kernels(replay)
                 record["kernels_graph"].pop("by_name_us")
             except Exception as exc:  # noqa: BLE001 - likewise
                 record["kernels_graph"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -606,7 +606,7 @@ class LiveSimulator(Simulator):
         return self._timed(graph if graph is not None else forward), {"graph_rows": rows,
                                                                        "captured_first": captured_first,
                                           "configs": {"decode_attention": str(cfg_d), "fused_moe": str(cfg_m)},
-                                                                       "eager": forward, "graph": graph}
+                                                                       "eager": forward, "replay": graph}
 
     def _count_checked(self, layer: dict, chunks: list, dec: list, ctx: list) -> None:
         self.checked += check_attention(self.stack, layer, chunks, dec, ctx)
@@ -631,12 +631,12 @@ class LiveSimulator(Simulator):
         t = tc + len(dec)
         if self.cuda_graphs and not chunks:
             seconds, extra = self._graph_step(dec, ctx, slots)
-            eager, graph = extra.pop("eager"), extra.pop("graph")
+            eager, replay = extra.pop("eager"), extra.pop("replay")
             self.record.append({"t": self.clock, "chunks": [], "decode_batch": len(dec),
                                 "mean_context": float(np.mean(ctx)), "max_context": max(ctx), "tokens": t,
                                 "seconds": seconds, "gpu_s": self.last_gpu_s, "issue_s": self.last_issue_s,
                                 "ran_untimed_first": extra["captured_first"], **extra})
-            self._maybe_profile(self.record[-1], eager, graph)
+            self._maybe_profile(self.record[-1], eager, replay)
             return seconds
         dev = st.device
         slot_t = torch.tensor(slots, dtype=torch.int64, device=dev)
