@@ -279,6 +279,7 @@ HELDOUT = "benchmarks/live_e2e/heldout_check.json"  # heldout_check.py: the held
 CAL_ONLY = "benchmarks/live_e2e/heldout_bffac01/calibration_only/heldout_check.json"  # the host calibration alone
 DISPATCH_ORDER = "benchmarks/live_e2e/dispatch_order.json"  # dispatch_order.py: steps served a call-order config
 LEARNED_SEED0 = "table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.json"
+PAIRS = "benchmarks/live_e2e/graph_profile_h100_dd2acd0/profiles.json"  # band_check.py --profiles: graph vs eager
 BANDS = "benchmarks/live_e2e/band_check.json"  # band_check.py --profiled ...window1_spans: decode price by batch band
 HELDOUT_TRACE = "benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv"
 
@@ -658,6 +659,12 @@ FIGURES = [
                  committed(BANDS)["profiled"]["policies"]["default"][band]["parts"]["fused_moe"]), 0.006, "json")
       for band, pattern in (("9-16", rf"\| default: fused MoE \| (?:[^|]+\| ){{3}}\*\*{N}\*\*"),
                             ("17-24", rf"\| default: fused MoE \| (?:[^|]+\| ){{4}}\*\*{N}\*\*"))],
+    *[Figure(f"graph profile (H100): dense ops span / durations, {which}", "docs/live.md", pattern, PAIRS,
+             lambda pick=pick: pick(c["parts"]["dense"]["graph_span_ms"] / c["parts"]["dense"]["graph_ms"]
+                                    for bands in committed(PAIRS)["policies"].values() for c in bands.values()),
+             0.006, "json")
+      for which, pick, pattern in (("lowest", min, rf"over its kernels' durations: dense ops {N}-"),
+                                   ("highest", max, rf"durations: dense ops [0-9.]+-{N}, routing"))],
     # the held-out trace's table: each measured figure's error against the prediction committed before the run
     *[Figure(f"held-out trace: {label} {metric} error (%)", "docs/live.md",
              rf"\| {label} \| (?:[^|]+\| ){{{col}}}[0-9.,]+ m?s? ?\([+-]{N}%\)", HELDOUT,
