@@ -9,8 +9,9 @@ names the part to re-time; a band off in a few runs names those runs. CPU only, 
 
 `--profiled RUN` (a run with `--profile-every` steps) also prices that run's profiled decode-only steps again
 (run.priced_steps) and sets, per band, each part's price beside its profiled kernel time (the profile of the same
-step's graph replay where the run has it, else of its eager launch: the kernels' durations, launch gaps left out) and
-the step's measured seconds beside its busy kernel time.
+step's graph replay where the run has it: each part's kernels with the gaps before them; else of its eager launch:
+the kernels' durations, gaps left out) and the step's measured seconds beside its busy kernel time. `--profiles RUN`
+sets a run's two profiles of each step, eager and graph replay, side by side (no prices: any GPU's run answers it).
 
     python benchmarks/live_e2e/band_check.py    # band_check.json and band_check.png beside this file; a table last
     python benchmarks/live_e2e/band_check.py --profiled benchmarks/live_e2e/graph_5ebaec4/window1_spans  # ~1 minute
