@@ -654,6 +654,10 @@ FIGURES = [
           ("mixtral-8x7b default", "25-32", rf"\*\*-{N}%\*\* \(-14.0..-7.3\) \|"),
           ("mixtral-8x7b vllm-table", "5-8", rf"\| Mixtral, vllm-table \(21 runs\) \| (?:[^|]+\| ){{2}}\+{N}% \|"),
           ("mixtral-8x7b learned table", "17-24", rf"\| \+{N}% \(\+0.8..\+41.4\) \|"))],
+    *[Figure(f"index: decode bands, Mixtral default {band} median error (%)", "benchmarks/README.md",
+             figure_at("steps at 9-32 sequences priced -{}% / -{}% / -{}% \\(median of 11 runs\\)", i), BANDS,
+             lambda band=band: abs(100 * committed(BANDS)["groups"]["mixtral-8x7b default"][band]["median"]), 0.06,
+             "json") for i, band in enumerate(("9-16", "17-24", "25-32"))],
     *[Figure(f"decode bands: window1_spans default fused MoE price / kernels at {band}", "docs/live.md", pattern,
              BANDS, lambda band=band: (lambda c: c["priced_ms"] / c["measured_ms"])(
                  committed(BANDS)["profiled"]["policies"]["default"][band]["parts"]["fused_moe"]), 0.006, "json")

@@ -74,7 +74,8 @@ def test_profile_pairs_set_a_steps_eager_and_graph_profiles_side_by_side(tmp_pat
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "measured.json").write_text(json.dumps({"measured": {"vllm-table": {}}}))
+    (run / "measured.json").write_text(json.dumps({"meta": {"device": "GPU"}, "measured": {"vllm-table": {
+        "gpu_before": {"sm_mhz": 1980.0}}}}))
     both = {"kernels": {"busy_us": 900.0, "by_part_us": {"fused_moe": 600.0, "dense": 300.0}},
             "kernels_graph": {"busy_us": 800.0, "by_part_us": {"fused_moe": 500.0, "dense": 300.0},
                               "by_part_span_us": {"fused_moe": 700.0, "dense": 400.0}}}
@@ -90,7 +91,10 @@ def test_profile_pairs_set_a_steps_eager_and_graph_profiles_side_by_side(tmp_pat
     assert band["parts"]["fused_moe"] == pytest.approx({"eager_ms": 0.6, "graph_ms": 0.5, "graph_span_ms": 0.7})
     out = tmp_path / "pairs.json"
     assert bc.main(["--profiles", str(run), "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["policies"]["vllm-table"]["3-4"] == band
+    written = json.loads(out.read_text())
+    assert written["policies"]["vllm-table"]["3-4"] == band
+    assert written["clocks"] == {"device": "GPU", "policies": {"vllm-table": {"gpu_before": {"sm_mhz": 1980.0},
+                                                                              "gpu_after": None}}}
     (run / "vllm-table_steps.json.gz").unlink()
     with pytest.raises(SystemExit, match="profile-every"):
         bc.main(["--profiles", str(run), "--out", str(out)])

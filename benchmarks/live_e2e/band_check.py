@@ -98,7 +98,7 @@ def profiled_parts(run: Path) -> dict:
                 # tables price them; an eager launch's durations alone (its gaps are the host's)
                 kernels = dict(r[6]["by_part_span_us"] if r[7] and "by_part_span_us" in r[6] else r[6]["by_part_us"])
                 kernels["fused_moe"] = kernels.get("fused_moe", 0.0) + kernels.pop("moe_routing", 0.0)
-                for part in set(kernels) | set(r[5]):
+                for part in sorted(set(kernels) | set(r[5])):
                     cell = parts.setdefault(part, {"priced_ms": 0.0, "measured_ms": 0.0})
                     cell["priced_ms"] += 1e3 * r[5].get(part, 0.0) / len(band)
                     cell["measured_ms"] += 1e-3 * kernels.get(part, 0.0) / len(band)
@@ -128,7 +128,7 @@ def profile_pairs(run: Path) -> dict:
             parts: dict[str, dict[str, float]] = {}
             for r in band:
                 eager, graph = r["kernels"]["by_part_us"], r["kernels_graph"]
-                for part in set(eager) | set(graph["by_part_us"]):
+                for part in sorted(set(eager) | set(graph["by_part_us"])):
                     cell = parts.setdefault(part, {"eager_ms": 0.0, "graph_ms": 0.0, "graph_span_ms": 0.0})
                     cell["eager_ms"] += 1e-3 * eager.get(part, 0.0) / len(band)
                     cell["graph_ms"] += 1e-3 * graph["by_part_us"].get(part, 0.0) / len(band)
@@ -140,6 +140,15 @@ def profile_pairs(run: Path) -> dict:
                 "graph_wall_ms": 1e-3 * float(np.mean([sum(r["kernels_graph"]["by_part_span_us"].values())
                                                        for r in band])), "parts": parts}
     return out
+
+
+def run_clocks(run: Path) -> dict:
+    """The run's GPU and each policy's clock and power state before and after it (measured.json), to keep beside
+    figures drawn from its profiles: an absolute kernel time means little without them."""
+    data = json.loads((run / "measured.json").read_text())
+    return {"device": data["meta"].get("device"),
+            "policies": {spec: {k: m.get(k) for k in ("gpu_before", "gpu_after")}
+                         for spec, m in data["measured"].items()}}
 
 
 def plot(groups: dict, path: Path) -> Path:
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.profiles}: no decode-only step profiled both ways (run.py --profile-every N on a "
                              "tree from 380bf90 on, with CUDA graphs)")
         args.out.write_text(json.dumps({"what": profile_pairs.__doc__.splitlines()[0], "run": _name(args.profiles),
-                                        "policies": pairs}, indent=1) + "\n")
+                                        "clocks": run_clocks(args.profiles), "policies": pairs}, indent=1) + "\n")
         for spec, bands in pairs.items():
             for b, c in bands.items():
                 print(f"{spec[:24]:24s} {b:6s} {c['steps']:3d} steps: step {c['measured_step_ms']:.2f} ms, replay wall "
@@ -207,9 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     groups = gather(args.predicted)
     if not groups:
         raise SystemExit(f"no step check with decode bands under {args.predicted}: run predict_all.sh first")
-    doc = {"what": __doc__.splitlines()[0], "source": _name(args.predicted), "groups": groups}
+    doc = {"what": __doc__.splitlines()[0], "source": _name(args.predicted),
+           "clocks": "each run's and policy's gpu_before / gpu_after: its summary.json under the source",
+           "groups": groups}
     if args.profiled:
-        doc["profiled"] = {"run": _name(args.profiled), "policies": profiled_parts(args.profiled)}
+        doc["profiled"] = {"run": _name(args.profiled), "clocks": run_clocks(args.profiled),
+                           "policies": profiled_parts(args.profiled)}
         for spec, bands in doc["profiled"]["policies"].items():
             print(f"profiled {spec[:40]}: " + "; ".join(
                 f"{b} " + " ".join(f"{part} {v['priced_ms'] / v['measured_ms']:.2f}" for part, v in sorted(
