@@ -12,10 +12,13 @@ names the part to re-time; a band off in a few runs names those runs. CPU only, 
 step's graph replay where the run has it: each part's kernels with the gaps before them; else of its eager launch:
 the kernels' durations, gaps left out) and the step's measured seconds beside its busy kernel time. `--profiles RUN`
 sets a run's two profiles of each step, eager and graph replay, side by side (no prices: any GPU's run answers it).
+`--tables DIR` prices the profiled steps from the tables one machine timed beside its run (same_gpu_session.sh), so
+a part's price and its kernels come from the same GPU: a check of the tables' method, whichever GPU ran it.
 
     python benchmarks/live_e2e/band_check.py    # band_check.json and band_check.png beside this file; a table last
     python benchmarks/live_e2e/band_check.py --profiled benchmarks/live_e2e/graph_5ebaec4/window1_spans  # ~1 minute
     python benchmarks/live_e2e/band_check.py --profiles RUN --out FILE   # a run's eager and graph profiles side by side
+    python benchmarks/live_e2e/band_check.py --profiled RUN --tables DIR --out FILE  # priced from DIR's tables
 """
 
 from __future__ import annotations
@@ -67,17 +70,31 @@ def gather(predicted: Path = PREDICTED) -> dict:
     return out
 
 
-def profiled_parts(run: Path) -> dict:
+def table_args(tables: Path | None) -> list[str]:
+    """run.py --predict's options that price a graphed decode step's three parts from one machine's tables
+    (same_gpu_session.sh's layout: dense_ops.json, moe_graph/moe_graph.json, decode_graph/decode_graph.json);
+    [] for the committed H200 tables (run.py's defaults)."""
+    if tables is None:
+        return []
+    paths = {"--dense-ops": tables / "dense_ops.json", "--moe-graph": tables / "moe_graph" / "moe_graph.json",
+             "--decode-graph": tables / "decode_graph" / "decode_graph.json"}
+    missing = [str(v) for v in paths.values() if not v.exists()]
+    if missing:
+        raise SystemExit(f"--tables {tables}: no {', '.join(missing)} (same_gpu_session.sh writes all three)")
+    return [x for k, v in paths.items() for x in (k, str(v))]
+
+
+def profiled_parts(run: Path, tables: Path | None = None) -> dict:
     """{policy: {band: {steps, graph_profiled, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}}}}}
     per step (means) over the profiled decode-only steps of `run`, priced as `run.py --predict` prices them, measured
     from the profile of each step's graph replay where it has one (`graph_profiled` steps: each part's kernels with
     the gaps before them, run.part_spans_us), else of its eager launch (`run.py --profile-every`: the kernels'
     durations). The MoE's price holds its
     routing (the graph table times the launch with the routing inside), so fused_moe's measured time here is the MoE
-    kernels' plus the routing's."""
+    kernels' plus the routing's. `tables`: price from that machine's tables (table_args), not the H200's."""
     from benchmarks.live_e2e import run as le
 
-    args = le.build_parser().parse_args(["--out", str(run), "--predict"])
+    args = le.build_parser().parse_args(["--out", str(run), "--predict", *table_args(tables)])
     data, meta, model, trace, backend, timer, _ = le.predict_setup(args)
     out: dict[str, dict] = {}
     for spec, measured in data["measured"].items():
@@ -193,10 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "band_check.json")
     p.add_argument("--profiled", type=Path, metavar="RUN",
                    help="also each part's price beside its profiled kernel time by band on this run's profiled steps")
+    p.add_argument("--tables", type=Path, metavar="DIR",
+                   help="with --profiled: price from the tables one machine timed beside its run (same_gpu_session.sh's "
+                        "folder), not the committed H200 tables")
     p.add_argument("--profiles", type=Path, metavar="RUN",
                    help="only set the eager and the graph replay profiles of RUN's steps side by side, by band "
                         "(written to --out; no prices)")
     args = p.parse_args(argv)
+    if args.tables and not args.profiled:
+        p.error("--tables prices a profiled run: give --profiled RUN with it")
     if args.profiles:
         pairs = profile_pairs(args.profiles)
         if not pairs:
@@ -221,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
            "groups": groups}
     if args.profiled:
         doc["profiled"] = {"run": _name(args.profiled), "clocks": run_clocks(args.profiled),
-                           "policies": profiled_parts(args.profiled)}
+                           "tables": _name(args.tables) if args.tables else "the committed H200 tables",
+                           "policies": profiled_parts(args.profiled, args.tables)}
         for spec, bands in doc["profiled"]["policies"].items():
             print(f"profiled {spec[:40]}: " + "; ".join(
                 f"{b} " + " ".join(f"{part} {v['priced_ms'] / v['measured_ms']:.2f}" for part, v in sorted(
