@@ -81,7 +81,9 @@ def table_args(tables: Path | None) -> list[str]:
     missing = [str(v) for v in paths.values() if not v.exists()]
     if missing:
         raise SystemExit(f"--tables {tables}: no {', '.join(missing)} (same_gpu_session.sh writes all three)")
-    return [x for k, v in paths.items() for x in (k, str(v))]
+    # the tables of steps with prefill chunks and of eager steps are the H200's: off (decode-only steps never read them)
+    off = ["--moe-eager", "none", "--moe-chunk", "none", "--dense-eager", "none"]
+    return [x for k, v in paths.items() for x in (k, str(v))] + off
 
 
 def profiled_parts(run: Path, tables: Path | None = None) -> dict:
