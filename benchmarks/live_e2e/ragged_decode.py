@@ -88,13 +88,14 @@ def case_lens(case: str, batch: int, long: int, short: int) -> tuple[int, ...]:
     raise ValueError(f"case {case!r}: one of {', '.join(CASES)}")
 
 
-def plan_points(batches: tuple[int, ...], long: int, short: int) -> list[tuple[int, str, tuple[int, ...]]]:
+def plan_points(batches: tuple[int, ...], long: int, short: int,
+                cases: tuple[str, ...] = CASES) -> list[tuple[int, str, tuple[int, ...]]]:
     """(batch, case, contexts) with duplicates dropped (at batch 1 every case is one sequence at L; without padding
-    `padded` is `long_first` and `alone` is batch 1)."""
+    `padded` is `long_first` and `alone` is batch 1); batch 1 always, the reference of every ratio."""
     seen: set[tuple[int, ...]] = set()
     out = []
-    for b in batches:
-        for case in CASES:
+    for b in sorted(set(batches) | {1}):
+        for case in cases if b > 1 else ("uniform",):
             lens = case_lens(case, b, long, short)
             if lens not in seen:
                 seen.add(lens)
@@ -182,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", type=int, default=4096, help="the long sequence's context L")
     p.add_argument("--short", type=int, default=1024, help="the other sequences' context S")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="batch sizes (decode rows before padding)")
+    p.add_argument("--cases", default=",".join(CASES), help=f"cases to time ({', '.join(CASES)})")
+    p.add_argument("--configs", default="", metavar="CFG;CFG",
+                   help="decode configs to time, ';'-separated (default: the model's live default and vllm-table "
+                        "configs)")
     p.add_argument("--layers", type=int, default=4, help="layers with their own caches captured back to back")
     p.add_argument("--budget-s", type=float, default=240.0, help="start no new point after this many seconds")
     p.add_argument("--smoke", action="store_true", help="CPU dry run under TRITON_INTERPRET=1: tiny-moe, short contexts")
@@ -189,12 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.model not in CONFIGS and not args.smoke:
         p.error(f"--model {args.model}: the probe knows the live configs of {', '.join(CONFIGS)}")
     batches = tuple(int(x) for x in args.batches.split(","))
+    cases = tuple(c for c in args.cases.split(",") if c)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        p.error(f"--cases {','.join(unknown)}: the cases are {', '.join(CASES)}")
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         run_measure("tiny-moe", CONFIGS["olmoe-1b-7b"], plan_points((1, 3), 48, 16), args.out, 2, args.budget_s,
                     smoke=True)
         return 0
-    run_measure(args.model, CONFIGS[args.model], plan_points(batches, args.long, args.short), args.out, args.layers,
+    configs = tuple(c for c in args.configs.split(";") if c) or CONFIGS[args.model]
+    run_measure(args.model, configs, plan_points(batches, args.long, args.short, cases), args.out, args.layers,
                 args.budget_s)
     return 0
 
