@@ -70,12 +70,13 @@ def gather(predicted: Path = PREDICTED) -> dict:
     return out
 
 
-def table_args(tables: Path | None) -> list[str]:
+def table_args(tables: Path | None, ragged: Path | None = None) -> list[str]:
     """run.py --predict's options that price a graphed decode step's three parts from one machine's tables
     (same_gpu_session.sh's layout: dense_ops.json, moe_graph/moe_graph.json, decode_graph/decode_graph.json);
-    [] for the committed H200 tables (run.py's defaults)."""
+    [] for the committed H200 tables (run.py's defaults). `ragged`: a ragged_decode.py table (--decode-ragged)."""
+    extra = ["--decode-ragged", str(ragged)] if ragged is not None else []
     if tables is None:
-        return []
+        return extra
     paths = {"--dense-ops": tables / "dense_ops.json", "--moe-graph": tables / "moe_graph" / "moe_graph.json",
              "--decode-graph": tables / "decode_graph" / "decode_graph.json"}
     missing = [str(v) for v in paths.values() if not v.exists()]
@@ -83,10 +84,10 @@ def table_args(tables: Path | None) -> list[str]:
         raise SystemExit(f"--tables {tables}: no {', '.join(missing)} (same_gpu_session.sh writes all three)")
     # the tables of steps with prefill chunks and of eager steps are the H200's: off (decode-only steps never read them)
     off = ["--moe-eager", "none", "--moe-chunk", "none", "--dense-eager", "none"]
-    return [x for k, v in paths.items() for x in (k, str(v))] + off
+    return [x for k, v in paths.items() for x in (k, str(v))] + off + extra
 
 
-def profiled_parts(run: Path, tables: Path | None = None) -> dict:
+def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = None) -> dict:
     """{policy: {band: {steps, graph_profiled, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}}}}}
     per step (means) over the profiled decode-only steps of `run`, priced as `run.py --predict` prices them, measured
     from the profile of each step's graph replay where it has one (`graph_profiled` steps: each part's kernels with
@@ -96,7 +97,7 @@ def profiled_parts(run: Path, tables: Path | None = None) -> dict:
     kernels' plus the routing's. `tables`: price from that machine's tables (table_args), not the H200's."""
     from benchmarks.live_e2e import run as le
 
-    args = le.build_parser().parse_args(["--out", str(run), "--predict", *table_args(tables)])
+    args = le.build_parser().parse_args(["--out", str(run), "--predict", *table_args(tables, ragged)])
     data, meta, model, trace, backend, timer, _ = le.predict_setup(args)
     out: dict[str, dict] = {}
     for spec, measured in data["measured"].items():
@@ -213,14 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profiled", type=Path, metavar="RUN",
                    help="also each part's price beside its profiled kernel time by band on this run's profiled steps")
     p.add_argument("--tables", type=Path, metavar="DIR",
-                   help="with --profiled: price from the tables one machine timed beside its run (same_gpu_session.sh's "
+                   help="with --profiled: price from the tables one machine timed beside its run (same_gpu_session.sh "
                         "folder), not the committed H200 tables")
+    p.add_argument("--ragged", type=Path, metavar="TABLE.json",
+                   help="with --profiled: also run.py --decode-ragged TABLE.json (a ragged_decode.py table)")
     p.add_argument("--profiles", type=Path, metavar="RUN",
                    help="only set the eager and the graph replay profiles of RUN's steps side by side, by band "
                         "(written to --out; no prices)")
     args = p.parse_args(argv)
-    if args.tables and not args.profiled:
-        p.error("--tables prices a profiled run: give --profiled RUN with it")
+    if (args.tables or args.ragged) and not args.profiled:
+        p.error("--tables and --ragged price a profiled run: give --profiled RUN with them")
     if args.profiles:
         pairs = profile_pairs(args.profiles)
         if not pairs:
@@ -246,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profiled:
         doc["profiled"] = {"run": _name(args.profiled), "clocks": run_clocks(args.profiled),
                            "tables": _name(args.tables) if args.tables else "the committed H200 tables",
-                           "policies": profiled_parts(args.profiled, args.tables)}
+                           "decode_ragged": _name(args.ragged) if args.ragged else None,
+                           "policies": profiled_parts(args.profiled, args.tables, args.ragged)}
         for spec, bands in doc["profiled"]["policies"].items():
             print(f"profiled {spec[:40]}: " + "; ".join(
                 f"{b} " + " ".join(f"{part} {v['priced_ms'] / v['measured_ms']:.2f}" for part, v in sorted(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -172,6 +173,40 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def ragged_factors(path: Path | str, model: str) -> dict[str, dict[int, float]] | None:
+    """A ragged_decode.json's launch factors for `model`: {config: {capture size: the ragged launch's time over the
+    long sequence's alone}}, from the cases a live graph launches (`padded`, and `long_first` where the batch is its
+    own capture size: the same launch), the median where several batches share a capture size; None if the file
+    holds another model. run.py --predict --decode-ragged reads these."""
+    doc = json.loads(Path(path).read_text())
+    if doc.get("meta", {}).get("model") != model:
+        return None
+    out: dict[str, dict[int, float]] = {}
+    for cfg, rows in doc.get("configs", {}).items():
+        one = next((r["ms"] for r in rows if r["batch"] == 1 and "ms" in r), None)
+        by_rows: dict[int, list[float]] = {}
+        for r in rows:
+            rows_launched = len(r["contexts"])
+            if ("ms" in r and one and r["batch"] > 1 and r["case"] in ("padded", "long_first")
+                    and rows_launched == capture_size(r["batch"])):
+                by_rows.setdefault(rows_launched, []).append(r["ms"] / one)
+        if by_rows:
+            out[cfg] = {b: statistics.median(v) for b, v in sorted(by_rows.items())}
+    return out
+
+
+def factor_at(factors: dict[int, float], rows: int) -> float | None:
+    """The launch factor at a capture size: measured there, else linear between the measured sizes around it; None
+    outside them (no correction: the step keeps the wave model's price)."""
+    if rows in factors:
+        return factors[rows]
+    sizes = sorted(factors)
+    for lo, hi in zip(sizes, sizes[1:]):
+        if lo < rows < hi:
+            return factors[lo] + (factors[hi] - factors[lo]) * (rows - lo) / (hi - lo)
+    return None
+
+
 def log(msg: str) -> None:
     print(f"[ragged_decode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -189,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                         "configs)")
     p.add_argument("--layers", type=int, default=4, help="layers with their own caches captured back to back")
     p.add_argument("--budget-s", type=float, default=240.0, help="start no new point after this many seconds")
-    p.add_argument("--smoke", action="store_true", help="CPU dry run under TRITON_INTERPRET=1: tiny-moe, short contexts")
+    p.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1): tiny-moe, short contexts")
     args = p.parse_args(argv)
     if args.model not in CONFIGS and not args.smoke:
         p.error(f"--model {args.model}: the probe knows the live configs of {', '.join(CONFIGS)}")

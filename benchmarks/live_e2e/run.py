@@ -1292,8 +1292,28 @@ class PredictSimulator(Simulator):
     decode_graph: dict | None = None  # --decode-graph: {config: {(batch, context): s}} timed as the graphs run them
     decode_graph_fits = 0  # configs whose wave model was fitted on that table's times
 
+    decode_ragged: dict | None = None  # --decode-ragged: {config: {capture size: launch factor}} (ragged_factors)
+    decode_ragged_s = 0.0  # seconds (all layers) the launch factor added over the wave model's price
+    decode_ragged_steps = 0
+
     def _waves_s(self, cfg: Config, contexts: Any) -> float | None:
-        return None if self._decode_scaled else super()._waves_s(cfg, contexts)
+        """The wave model's price; on a graphed decode-only step whose config --decode-ragged measured, no less than
+        the longest sequence's price alone x the launch factor at the step's capture size (ragged_decode.py: in
+        a launch with more programs than the GPU runs at once, the long sequence's programs share SMs and slow;
+        the wave model's slots run at one rate)."""
+        waves = None if self._decode_scaled else super()._waves_s(cfg, contexts)
+        factors = (self.decode_ragged or {}).get(str(cfg))
+        if waves is None or not factors or self._has_chunks or not self._graph_rows or len(contexts) < 2:
+            return waves
+        from benchmarks.live_e2e.ragged_decode import factor_at
+
+        factor = factor_at(factors, self._graph_rows)
+        alone = super()._waves_s(cfg, [max(contexts)])
+        if factor is None or alone is None or factor * alone <= waves:
+            return waves
+        self.decode_ragged_s += (factor * alone - waves) * self.model.num_layers
+        self.decode_ragged_steps += 1
+        return factor * alone
 
     def _fit_waves(self, cfg: Config) -> Any:
         """The wave model of `cfg` fitted on --decode-graph's times where that table times the config (the launches
@@ -1393,6 +1413,7 @@ def attach_tables(sim: Any, args: Any) -> None:
     sim.dense_eager = getattr(args, "dense_eager_s", None)
     sim.eager_issue_per_layer_s = getattr(args, "eager_issue_s", 0.0) or 0.0
     sim.decode_graph = getattr(args, "decode_graph_s", None)
+    sim.decode_ragged = getattr(args, "decode_ragged_s", None)
 
 
 def _predict_one(spec: str, model: ModelSpec, trace: Trace, timer: Any, backend: Any, args: Any, meta: dict,
@@ -1441,7 +1462,8 @@ def fit_overheads(priced: list[tuple]) -> dict[str, dict]:
     return out
 
 
-TABLE_OPTIONS = ("moe_routing", "dense_ops", "moe_graph", "moe_eager", "moe_chunk", "dense_eager", "decode_graph")
+TABLE_OPTIONS = ("moe_routing", "dense_ops", "moe_graph", "moe_eager", "moe_chunk", "dense_eager", "decode_graph",
+                 "decode_ragged")
 
 
 def check_table_devices(args: Any, device: str | None) -> None:
@@ -1501,7 +1523,8 @@ def predict_setup(args: Any) -> tuple[dict, dict, ModelSpec, Trace, Any, Any, di
                    "moe_chunk": moe_chunk_setup(args, model), "chunk_routing": chunk_routing_setup(args, model),
                    "dense_eager": dense_eager_setup(args, model), "step_overheads": step_host_setup(args),
                    "eager_issue": eager_issue_setup(args),
-                   "decode_waves": getattr(args, "decode_waves", "on"), "decode_graph": decode_graph_setup(args, model)}
+                   "decode_waves": getattr(args, "decode_waves", "on"), "decode_graph": decode_graph_setup(args, model),
+                   "decode_ragged": decode_ragged_setup(args, model)}
     return data, meta, model, trace, backend, timer, prediction
 
 
@@ -1534,7 +1557,8 @@ def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
                              "untimed_choices_s": sim.decode_waves_untimed_s,
                              "configs_fitted_on_graph_times": sim.decode_graph_fits,
                              "configs_fitted": sum(1 for f in sim._wave_fits.values() if f is not None),
-                             "configs_unfitted": sum(1 for f in sim._wave_fits.values() if f is None)},
+                             "configs_unfitted": sum(1 for f in sim._wave_fits.values() if f is None),
+                             "ragged_extra_s": sim.decode_ragged_s, "ragged_steps": sim.decode_ragged_steps},
             "host_bound_s": sim.host_bound_s,
             "predicted_busy_s": pred["busy_s"]}
 
@@ -1817,6 +1841,23 @@ def dense_eager_setup(args: Any, model: ModelSpec) -> dict | str:
     return {"table": shown, "model": model.name,
             "note": "an eager step's dense ops from the stack's ops timed eagerly (no graph) per layer by token count, "
                     "where the table spans the step's tokens; else --dense-ops (dense_eager missed_steps per policy)"}
+
+
+def decode_ragged_setup(args: Any, model: ModelSpec) -> dict | str:
+    """args.decode_ragged (a ragged_decode.py table's path, or "none") -> args.decode_ragged_s ({config: {capture
+    size: factor}} or None) and the note summary.json carries."""
+    from benchmarks.live_e2e.ragged_decode import ragged_factors
+
+    factors, shown = _measured_table(str(getattr(args, "decode_ragged", None) or "none"), "--decode-ragged",
+                                     "a ragged_decode.py table", ragged_factors, model)
+    args.decode_ragged_s = factors
+    if factors is None:
+        return f"{shown} (a ragged decode-only step priced by the wave model alone)"
+    return {"table": shown, "model": model.name,
+            "factors": {cfg: {str(b): round(f, 4) for b, f in per.items()} for cfg, per in factors.items()},
+            "note": "a graphed decode-only step of these configs costs no less than its longest sequence's price "
+                    "alone x the factor at its capture size (ragged launches timed against the long sequence alone); "
+                    "the extra in each policy row's decode_waves.ragged_extra_s"}
 
 
 def decode_graph_setup(args: Any, model: ModelSpec) -> dict | str:
@@ -2270,6 +2311,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: fit the decode wave model, per config these decode_graph_table.py tables time, on "
                         "the launches timed as the stack's CUDA graphs replay them (default: the three committed "
                         "parts); none: on the dataset's rows")
+    p.add_argument("--decode-ragged", default="none", metavar="TABLE.json",
+                   help="--predict: a ragged_decode.py table: a graphed decode-only step of the configs it times costs "
+                        "no less than its longest sequence alone x the ragged launch's factor at its capture size; "
+                        "none (default): the wave model alone")
     p.add_argument("--chunk-routing", default="none", metavar="TABLE.json",
                    help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
                         "(a chunk_routing.py table: each layer's matching skew), from the dataset's rows at those "
