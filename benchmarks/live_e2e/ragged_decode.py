@@ -11,7 +11,7 @@ probe times the cases that separate the candidate causes, per config, at batch s
 - `long_first` / `long_last`: one sequence at L, the others at the short context S (where the long one launches);
 - `padded`: `long_first` plus the graph's padding rows (one-token contexts) up to the capture size, as run.py's
   graphs launch a step of that batch;
-- `alone`: the long sequence and padding rows only.
+- `alone`: the same launch as `padded` with every other row a padding row (the long sequence among padding only).
 
 Each case as decode_graph_table.py times a point: `--layers` layers with their own paged caches, layer 0 checked
 against the fp32 reference (eagerly and through the replay), the layers' launches replayed in one CUDA graph without
@@ -84,8 +84,8 @@ def case_lens(case: str, batch: int, long: int, short: int) -> tuple[int, ...]:
         return (short,) * (batch - 1) + (long,)
     if case == "padded":
         return (long,) + (short,) * (batch - 1) + pad
-    if case == "alone":
-        return (long,) + pad
+    if case == "alone":  # the same launch as `padded`, every other row padding (before tree 9cbe06f: only the
+        return (long,) + (1,) * (capture_size(batch) - 1)  # capture size's padding beside the long row)
     raise ValueError(f"case {case!r}: one of {', '.join(CASES)}")
 
 
