@@ -63,6 +63,22 @@ def test_profiled_parts_prefer_a_steps_graph_replay_profile_and_add_the_routing_
     assert band["parts"]["fused_moe"]["measured_ms"] == pytest.approx((5.6 + 7.0) / 2)
     assert band["parts"]["fused_moe"]["priced_ms"] == pytest.approx(6.0)
     assert band["parts"]["dense"]["measured_ms"] == pytest.approx(2.2) and "moe_routing" not in band["parts"]
+    assert band["dense_and_moe"] == pytest.approx({"priced_ms": 7.5, "measured_ms": (5.6 + 7.0) / 2 + 2.2})
+
+
+def test_table_args_price_from_one_machines_tables_and_say_what_is_missing(tmp_path):
+    assert bc.table_args(None) == []
+    assert bc.table_args(None, tmp_path / "r.json") == ["--decode-ragged", str(tmp_path / "r.json")]
+    with pytest.raises(SystemExit, match="dense_ops.json.*same_gpu_session.sh"):
+        bc.table_args(tmp_path)
+    for rel in ("dense_ops.json", "moe_graph/moe_graph.json", "decode_graph/decode_graph.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}")
+    got = bc.table_args(tmp_path)
+    assert got[got.index("--dense-ops") + 1] == str(tmp_path / "dense_ops.json")
+    assert got[got.index("--moe-eager") + 1] == "none"  # the H200's chunk and eager tables off
+    with pytest.raises(SystemExit):
+        bc.main(["--tables", str(tmp_path)])  # without --profiled
 
 
 def test_profile_pairs_set_a_steps_eager_and_graph_profiles_side_by_side(tmp_path):

@@ -88,13 +88,14 @@ def table_args(tables: Path | None, ragged: Path | None = None) -> list[str]:
 
 
 def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = None) -> dict:
-    """{policy: {band: {steps, graph_profiled, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}}}}}
-    per step (means) over the profiled decode-only steps of `run`, priced as `run.py --predict` prices them, measured
-    from the profile of each step's graph replay where it has one (`graph_profiled` steps: each part's kernels with
-    the gaps before them, run.part_spans_us), else of its eager launch (`run.py --profile-every`: the kernels'
-    durations). The MoE's price holds its
-    routing (the graph table times the launch with the routing inside), so fused_moe's measured time here is the MoE
-    kernels' plus the routing's. `tables`: price from that machine's tables (table_args), not the H200's."""
+    """{policy: {band: {steps, graph_profiled, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}},
+    dense_and_moe}}} per step (means) over the profiled decode-only steps of `run`, priced as `run.py --predict` prices
+    them, measured from the profile of each step's graph replay where it has one (`graph_profiled` steps: each part's
+    kernels with the gaps before them, run.part_spans_us), else of its eager launch (`run.py --profile-every`: the
+    kernels' durations). The MoE's price holds its routing (the graph table times the launch with the routing inside),
+    so fused_moe's measured time here is the MoE kernels' plus the routing's; `dense_and_moe` sums the two parts (the
+    MoE call's elementwise kernels are counted as dense by name, so only the sum compares like with like). `tables`,
+    `ragged`: price from that machine's tables (table_args), not the H200's."""
     from benchmarks.live_e2e import run as le
 
     args = le.build_parser().parse_args(["--out", str(run), "--predict", *table_args(tables, ragged)])
@@ -122,10 +123,16 @@ def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = 
                     cell = parts.setdefault(part, {"priced_ms": 0.0, "measured_ms": 0.0})
                     cell["priced_ms"] += 1e3 * r[5].get(part, 0.0) / len(band)
                     cell["measured_ms"] += 1e-3 * kernels.get(part, 0.0) / len(band)
+            # the MoE call's own torch kernels (its routing's elementwise, index, fill and copy ops on the GPU) carry
+            # no routing word in their names, so kernel_part counts them as dense ops: the two parts' split is off
+            # by them, their sum is not
+            both = {k: sum(parts.get(p, {}).get(k, 0.0) for p in ("dense", "fused_moe"))
+                    for k in ("priced_ms", "measured_ms")}
             out.setdefault(spec, {})[band_name(lo, hi)] = {
                 "steps": len(band), "graph_profiled": sum(r[7] for r in band),
                 "measured_step_ms": 1e3 * float(np.mean([r[2] for r in band])),
-                "busy_ms": 1e-3 * float(np.mean([r[6]["busy_us"] for r in band])), "parts": parts}
+                "busy_ms": 1e-3 * float(np.mean([r[6]["busy_us"] for r in band])), "parts": parts,
+                "dense_and_moe": both}
     return out
 
 
@@ -254,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         for spec, bands in doc["profiled"]["policies"].items():
             print(f"profiled {spec[:40]}: " + "; ".join(
                 f"{b} " + " ".join(f"{part} {v['priced_ms'] / v['measured_ms']:.2f}" for part, v in sorted(
-                    cell["parts"].items()) if v["measured_ms"] > 0) for b, cell in bands.items()))
+                    {**cell["parts"], "dense+moe": cell["dense_and_moe"]}.items()) if v["measured_ms"] > 0)
+                for b, cell in bands.items()))
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     png = plot(groups, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {png}")
