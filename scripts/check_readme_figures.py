@@ -282,6 +282,27 @@ LEARNED_SEED0 = "table:benchmarks/live_e2e/tables/mixtral_seed0/dispatch_table.j
 PAIRS = "benchmarks/live_e2e/graph_profile_h100_dd2acd0/profiles.json"  # band_check.py --profiles: graph vs eager
 BANDS = "benchmarks/live_e2e/band_check.json"  # band_check.py --profiled ...window1_spans: decode price by batch band
 HELDOUT_TRACE = "benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv"
+SAME_GPU = "benchmarks/live_e2e/same_gpu_h100_298d0ec/band_check_same_gpu.json"  # one H100's tables vs its replay
+SAME_GPU_RAGGED = "benchmarks/live_e2e/same_gpu_h100_298d0ec/band_check_same_gpu_ragged.json"  # ... --ragged
+RAGGED = "benchmarks/live_e2e/ragged_h100_6b74fdc/{}/ragged_decode.json"  # ragged_decode.py on an H100
+
+
+def profiled_ratio(path: str, policy: str, band: str, part: str) -> Callable[[], float]:
+    """A band_check.py --profiled file's price / replayed kernels of one part (or "dense_and_moe") in one band."""
+    def get() -> float:
+        cell = committed(path)["profiled"]["policies"][policy][band]
+        c = cell["dense_and_moe"] if part == "dense_and_moe" else cell["parts"][part]
+        return c["priced_ms"] / c["measured_ms"]
+    return get
+
+
+def ragged_ratio(model: str, batch: int, case: str) -> Callable[[], float]:
+    """ragged_decode.py: one case's time over the long sequence alone (batch 1), the default config."""
+    def get() -> float:
+        rows = next(iter(committed(RAGGED.format(model))["configs"].values()))
+        one = next(r["ms"] for r in rows if r["batch"] == 1)
+        return next(r["ms"] for r in rows if r["batch"] == batch and r["case"] == case) / one
+    return get
 
 
 def host_ttft(run: str, which: str) -> Callable[[], float]:
@@ -669,6 +690,24 @@ FIGURES = [
              0.006, "json")
       for which, pick, pattern in (("lowest", min, rf"over its kernels' durations: dense ops {N}-"),
                                    ("highest", max, rf"durations: dense ops [0-9.]+-{N}, routing"))],
+    # session 57: one H100's tables against its own replay, and the ragged decode launches
+    *[Figure(f"same GPU: {policy} {part} at {band}", "docs/live.md", pattern, SAME_GPU,
+             profiled_ratio(SAME_GPU, policy, band, part), 0.006, "json")
+      for policy, part, band, pattern in (
+          ("default", "decode_attention", "9-16", rf"\| default: decode attention \| (?:[^|]+\| ){{4}}\*\*{N}\*\*"),
+          ("default", "decode_attention", "1", rf"\| default: decode attention \| {N} \(113\)"),
+          ("default", "dense_and_moe", "1", rf"\| default: dense ops \+ MoE \| {N} \|"),
+          ("vllm-table", "dense_and_moe", "9-16", rf"\| vllm-table: dense ops \+ MoE \| (?:[^|]+\| ){{4}}{N} \|"))],
+    Figure("same GPU, ragged factor: default decode attention at 9-16", "docs/live.md",
+           rf"goes from 0.78 to \*\*{N}\*\*", SAME_GPU_RAGGED,
+           profiled_ratio(SAME_GPU_RAGGED, "default", "9-16", "decode_attention"), 0.006, "json"),
+    *[Figure(f"ragged launches: {model} {case} at {batch}", "docs/live.md", pattern, RAGGED.format(model),
+             ragged_ratio(model, batch, case), 0.006, "json")
+      for model, batch, case, pattern in (
+          ("olmoe-1b-7b", 9, "padded", rf"\| OLMoE, `padded` \| (?:[^|]+\| ){{3}}{N} \|"),
+          ("olmoe-1b-7b", 20, "padded", rf"\| OLMoE, `padded` \| (?:[^|]+\| ){{8}}{N} \|"),
+          ("mixtral-8x7b", 10, "padded", rf"\| Mixtral, `padded` \| (?:[^|]+\| ){{4}}{N} \|"),
+          ("mixtral-8x7b", 24, "long_first", rf"\| Mixtral, `padded` \| (?:[^|]+\| ){{9}}{N} \|"))],
     # the held-out trace's table: each measured figure's error against the prediction committed before the run
     *[Figure(f"held-out trace: {label} {metric} error (%)", "docs/live.md",
              rf"\| {label} \| (?:[^|]+\| ){{{col}}}[0-9.,]+ m?s? ?\([+-]{N}%\)", HELDOUT,
