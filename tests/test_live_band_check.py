@@ -114,3 +114,22 @@ def test_profile_pairs_set_a_steps_eager_and_graph_profiles_side_by_side(tmp_pat
     (run / "vllm-table_steps.json.gz").unlink()
     with pytest.raises(SystemExit, match="profile-every"):
         bc.main(["--profiles", str(run), "--out", str(out)])
+
+
+def test_profiled_parts_prefer_the_parts_placed_by_position(monkeypatch, tmp_path):
+    """A profile that also holds the parts by each kernel's place in the step (run.call_parts, from session 57) is
+    read by those: the MoE call's elementwise kernels count with the MoE, not with the dense ops."""
+    from benchmarks.live_e2e import run as le
+
+    graph = {"busy_us": 7000.0, "by_part_us": {"fused_moe": 4500.0, "dense": 2500.0},
+             "by_part_span_us": {"fused_moe": 5000.0, "dense": 3000.0},
+             "by_call_span_us": {"fused_moe": 5000.0, "moe_routing": 800.0, "dense": 2200.0}}
+    priced = [("graph", False, 0.010, 0.0075, 12, {"fused_moe": 0.006, "dense": 0.002}, graph)]
+    monkeypatch.setattr(le, "predict_setup", lambda args: ({"measured": {"p": {}}}, {}, None, None, None, None, {}))
+    monkeypatch.setattr(le, "priced_steps", lambda *a, **k: priced)
+    monkeypatch.setattr(le, "read_steps", lambda out, spec: [{"kernels": graph, "kernels_graph": graph}])
+    monkeypatch.setattr(le, "policy_issue_s", lambda args, measured: (None, ""))
+    band = bc.profiled_parts(tmp_path)["p"]["9-16"]
+    assert band["parts"]["fused_moe"]["measured_ms"] == pytest.approx(5.8)
+    assert band["parts"]["dense"]["measured_ms"] == pytest.approx(2.2)
+    assert band["dense_and_moe"]["measured_ms"] == pytest.approx(8.0)

@@ -185,6 +185,26 @@ def test_kernel_part_names_each_profiled_kernel_by_the_price_part_that_charges_i
         "fused_moe": 100.0, "dense": 5.0}
 
 
+def test_call_parts_give_a_moe_calls_own_elementwise_kernels_to_the_moe():
+    """Between two attention launches, the dense-named kernels after the MoE call's first routing kernel and before
+    its last fused-MoE kernel are the call's (its routing and alignment), and so is the cast just before; the router
+    projection before it and the residual add after it stay dense ops; the part-by-name fields are unchanged."""
+    names = ["nvjet_qkv", "_decode_grouped_kernel", "nvjet_o_proj", "nvjet_router", "direct_copy_kernel_cuda",
+             "softmax_warp_forward", "CUDAFunctor_add<long>", "radixSortKVInPlace", "FillFunctor<long>",
+             "_gate_up_kernel", "index_elementwise_kernel", "_down_kernel", "CUDAFunctor_add<bf16>", "rsqrt_kernel",
+             "_decode_grouped_kernel", "nvjet_o_proj", "softmax_warp_forward", "where_kernel"]
+    kernels = [(10.0 * i, 10.0 * i + 5.0, n) for i, n in enumerate(names)]
+    parts = [p for _, _, p in le.call_parts(kernels[::-1])]  # any input order: by start
+    assert parts == ["dense", "decode_attention", "dense", "dense", "moe_routing", "moe_routing", "moe_routing",
+                     "moe_routing", "moe_routing", "fused_moe", "moe_routing", "fused_moe", "dense", "dense",
+                     "decode_attention", "dense", "moe_routing", "dense"]  # the last: no fused kernel after it
+    by_call = le.part_spans_us(kernels, by_call=True)
+    by_name = le.part_spans_us(kernels)
+    assert by_call["moe_routing"] == pytest.approx(by_name["moe_routing"] + 4 * 10.0)
+    assert by_call["dense"] == pytest.approx(by_name["dense"] - 4 * 10.0)
+    assert sum(by_call.values()) == pytest.approx(sum(by_name.values()))
+
+
 def test_part_spans_add_to_each_part_the_idle_time_before_its_kernels():
     """A replay's timeline: each part gets its kernels' durations plus the gap since the previous kernel ended
     (overlapping kernels add no gap; the first kernel none); annotation spans are no kernels but end nothing either."""

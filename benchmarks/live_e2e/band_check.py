@@ -93,8 +93,9 @@ def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = 
     them, measured from the profile of each step's graph replay where it has one (`graph_profiled` steps: each part's
     kernels with the gaps before them, run.part_spans_us), else of its eager launch (`run.py --profile-every`: the
     kernels' durations). The MoE's price holds its routing (the graph table times the launch with the routing inside),
-    so fused_moe's measured time here is the MoE kernels' plus the routing's; `dense_and_moe` sums the two parts (the
-    MoE call's elementwise kernels are counted as dense by name, so only the sum compares like with like). `tables`,
+    so fused_moe's measured time here is the MoE kernels' plus the routing's; `dense_and_moe` sums the two parts (a
+    profile by kernel name alone counts the MoE call's elementwise kernels as dense: then only the sum compares like
+    with like; profiles from session 57 on also place them by position, run.call_parts, which this prefers). `tables`,
     `ragged`: price from that machine's tables (table_args), not the H200's."""
     from benchmarks.live_e2e import run as le
 
@@ -117,15 +118,20 @@ def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = 
             for r in band:
                 # a graph replay's parts with the gaps before their kernels (run.part_spans_us), as the graph-timed
                 # tables price them; an eager launch's durations alone (its gaps are the host's)
-                kernels = dict(r[6]["by_part_span_us"] if r[7] and "by_part_span_us" in r[6] else r[6]["by_part_us"])
+                # parts by each kernel's place in the step (run.call_parts: the MoE call's own elementwise kernels with
+                # the MoE) where the profile has them (runs from session 57 on), else by kernel name
+                prof = r[6]
+                graphed = r[7] and "by_part_span_us" in prof
+                kernels = dict(prof.get("by_call_span_us") or prof["by_part_span_us"] if graphed
+                               else prof.get("by_call_us") or prof["by_part_us"])
                 kernels["fused_moe"] = kernels.get("fused_moe", 0.0) + kernels.pop("moe_routing", 0.0)
                 for part in sorted(set(kernels) | set(r[5])):
                     cell = parts.setdefault(part, {"priced_ms": 0.0, "measured_ms": 0.0})
                     cell["priced_ms"] += 1e3 * r[5].get(part, 0.0) / len(band)
                     cell["measured_ms"] += 1e-3 * kernels.get(part, 0.0) / len(band)
             # the MoE call's own torch kernels (its routing's elementwise, index, fill and copy ops on the GPU) carry
-            # no routing word in their names, so kernel_part counts them as dense ops: the two parts' split is off
-            # by them, their sum is not
+            # no routing word in their names: a profile by name alone (runs before session 57) counts them as dense
+            # ops, so the two parts' split is off by them; their sum is not
             both = {k: sum(parts.get(p, {}).get(k, 0.0) for p in ("dense", "fused_moe"))
                     for k in ("priced_ms", "measured_ms")}
             out.setdefault(spec, {})[band_name(lo, hi)] = {

@@ -442,19 +442,50 @@ def profile_kernels(forward: Any) -> dict:
             by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
             spans.append((e.time_range.start, e.time_range.end, e.name))
     by_part = parts_us(by_name)
+    by_call: dict[str, float] = {}
+    for start, stop, part in call_parts(spans):
+        if part is not None:
+            by_call[part] = by_call.get(part, 0.0) + (stop - start)
     return {"busy_us": float(sum(by_part.values())), "by_part_us": {k: round(v, 2) for k, v in sorted(by_part.items())},
-            "by_part_span_us": {k: round(v, 2) for k, v in sorted(part_spans_us(spans).items())}, "by_name_us": by_name}
+            "by_part_span_us": {k: round(v, 2) for k, v in sorted(part_spans_us(spans).items())},
+            "by_call_us": {k: round(v, 2) for k, v in sorted(by_call.items())},
+            "by_call_span_us": {k: round(v, 2) for k, v in sorted(part_spans_us(spans, by_call=True).items())},
+            "by_name_us": by_name}
 
 
-def part_spans_us(kernels: list[tuple[float, float, str]]) -> dict[str, float]:
+def call_parts(kernels: list[tuple[float, float, str]]) -> list[tuple[float, float, str | None]]:
+    """The kernels in start order, each with its part by its place in the step, not its name alone: between two
+    attention launches, the kernels after a MoE call's first routing kernel and before its last fused-MoE kernel are
+    the call's own (its routing and alignment run as torch elementwise, index, fill and copy ops whose names say
+    nothing of routing), and so is the cast just before that first routing kernel. They go to "moe_routing"; every
+    other kernel keeps kernel_part's part."""
+    rows = [(start, stop, name, kernel_part(name)) for start, stop, name in sorted(kernels)]
+    parts = [r[3] for r in rows]
+    bounds = [i for i, p in enumerate(parts) if p in ("decode_attention", "prefix_prefill")]
+    for lo, hi in zip([-1] + bounds, bounds + [len(rows)]):
+        seg = range(lo + 1, hi)
+        first = next((i for i in seg if parts[i] == "moe_routing"), None)
+        last = next((i for i in reversed(seg) if parts[i] == "fused_moe"), None)
+        if first is None or last is None or last < first:
+            continue
+        if first - 1 > lo and parts[first - 1] == "dense" and "copy" in rows[first - 1][2].lower():
+            parts[first - 1] = "moe_routing"
+        for i in range(first + 1, last):
+            if parts[i] == "dense":
+                parts[i] = "moe_routing"
+    return [(r[0], r[1], part) for r, part in zip(rows, parts)]
+
+
+def part_spans_us(kernels: list[tuple[float, float, str]], by_call: bool = False) -> dict[str, float]:
     """Per price part, its kernels' durations plus the idle time before each (since the previous kernel ended): in a
     graph replay, where nothing waits on the host, a part's share of the step's wall time. A table timed as a graph
     replays (the MoE graph table, the dense ops, the decode graph table) holds its own kernels' gaps, so this, not the
-    summed durations, is what its price stands beside. (Of an eager launch the gaps are the host's.)"""
+    summed durations, is what its price stands beside. (Of an eager launch the gaps are the host's.) by_call: parts
+    by each kernel's place in the step (call_parts), else by its name (kernel_part)."""
     out: dict[str, float] = {}
     end = None
-    for start, stop, name in sorted(kernels):
-        part = kernel_part(name)
+    rows = call_parts(kernels) if by_call else [(a, b, kernel_part(n)) for a, b, n in sorted(kernels)]
+    for start, stop, part in rows:
         if part is not None:
             out[part] = out.get(part, 0.0) + (stop - start) + (max(0.0, start - end) if end is not None else 0.0)
         end = stop if end is None else max(end, stop)
