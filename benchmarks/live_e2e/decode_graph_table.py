@@ -41,6 +41,7 @@ from benchmarks.live_e2e.moe_price_check import (  # noqa: E402
     _gpu_state,
     replayed_layers,
     smoke_measure,
+    write_doc,
 )
 from kernel_gym.traffic.decode_waves import FIT_BATCHES, FIT_CONTEXTS  # noqa: E402
 
@@ -250,11 +251,7 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
                     torch.cuda.empty_cache()
         doc["models"][name] = {"policies": entry["policies"], "ms": table, "skipped_points": skipped}
         log(f"{name} done ({time.monotonic() - start:.0f} s so far; {skipped} points skipped by the budget)")
-    doc["meta"]["gpu_after"] = _gpu_state(cuda)
-    doc["meta"]["wall_s"] = round(time.monotonic() - start, 1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out_path = out_dir / OUT_NAME
-    out_path.write_text(json.dumps(doc, indent=1))
+    out_path = write_doc(doc, out_dir / OUT_NAME, start, cuda)
     log(f"wrote {out_path} ({doc['meta']['wall_s']} s)")
     for name, entry in doc["models"].items():
         timed = [r["ms"] for per in entry["ms"].values() for r in per.values() if "ms" in r]

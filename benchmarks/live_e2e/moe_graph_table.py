@@ -58,6 +58,7 @@ from benchmarks.live_e2e.moe_price_check import (  # noqa: E402
     live_config,
     real_router_logits,
     smoke_measure,
+    write_doc,
 )
 from benchmarks.live_e2e.run import EAGER_GRID  # noqa: E402
 
@@ -299,11 +300,7 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
         doc["models"][name] = {"policies": entry["policies"], "ms": table, "skipped_T": skipped,
                                **({"routing_balance": balance} if chunk else {})}
         log(f"{name} done ({time.monotonic() - start:.0f} s so far; skipped T {skipped})")
-    doc["meta"]["gpu_after"] = _gpu_state(cuda)
-    doc["meta"]["wall_s"] = round(time.monotonic() - start, 1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out_path = out_dir / out_name(eager, chunk)
-    out_path.write_text(json.dumps(doc, indent=1))
+    out_path = write_doc(doc, out_dir / out_name(eager, chunk), start, cuda)
     log(f"wrote {out_path} ({doc['meta']['wall_s']} s)")
     print_table(doc)
     return doc

@@ -337,6 +337,16 @@ def _gpu_state(cuda: bool) -> dict | None:
     return gpu_state()
 
 
+def write_doc(doc: dict, path: Path, start: float, cuda: bool) -> Path:
+    """A GPU table's results file closed and written: the GPU's state after, the wall seconds since `start`
+    (time.monotonic), the JSON at `path` (its folder made)."""
+    doc["meta"]["gpu_after"] = _gpu_state(cuda)
+    doc["meta"]["wall_s"] = round(time.monotonic() - start, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
+    return path
+
+
 def _ratio(a: Any, b: Any) -> float | None:
     return a / b if a is not None and b else None
 

@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.live_e2e.decode_graph_table import time_point  # noqa: E402
-from benchmarks.live_e2e.moe_price_check import Measurer, _gpu_state  # noqa: E402
+from benchmarks.live_e2e.moe_price_check import Measurer, _gpu_state, write_doc  # noqa: E402
 from kernel_gym.kernels.workloads import DecodeWorkload  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -148,11 +148,7 @@ def run_measure(model_name: str, configs: tuple[str, ...], points: list, out_dir
                 torch.cuda.empty_cache()
         log(f"{cfg_text}: {len(rows)} points ({time.monotonic() - start:.0f} s so far)")
     doc["meta"]["skipped_points"] = skipped
-    doc["meta"]["gpu_after"] = _gpu_state(cuda)
-    doc["meta"]["wall_s"] = round(time.monotonic() - start, 1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / OUT_NAME
-    path.write_text(json.dumps(doc, indent=1))
+    path = write_doc(doc, out_dir / OUT_NAME, start, cuda)
     log(f"wrote {path} ({doc['meta']['wall_s']} s, {skipped} points skipped by the budget)")
     print(table(doc))
     return doc
