@@ -284,6 +284,7 @@ BANDS = "benchmarks/live_e2e/band_check.json"  # band_check.py --profiled ...win
 HELDOUT_TRACE = "benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv"
 SAME_GPU = "benchmarks/live_e2e/same_gpu_h100_298d0ec/band_check_same_gpu.json"  # one H100's tables vs its replay
 SAME_GPU_RAGGED = "benchmarks/live_e2e/same_gpu_h100_298d0ec/band_check_same_gpu_ragged.json"  # ... --ragged
+SAME_GPU_S56 = "benchmarks/live_e2e/same_gpu_h100_298d0ec/band_check_session56_run_ragged.json"  # session 56's run
 RAGGED = "benchmarks/live_e2e/ragged_h100_6b74fdc/{}/ragged_decode.json"  # ragged_decode.py on an H100
 
 
@@ -698,6 +699,9 @@ FIGURES = [
           ("default", "decode_attention", "1", rf"\| default: decode attention \| {N} \(113\)"),
           ("default", "dense_and_moe", "1", rf"\| default: dense ops \+ MoE \| {N} \|"),
           ("vllm-table", "dense_and_moe", "9-16", rf"\| vllm-table: dense ops \+ MoE \| (?:[^|]+\| ){{4}}{N} \|"))],
+    Figure("session 56's H100 run, ragged factor: default decode attention at 9-16", "docs/live.md",
+           rf"0.78 without the factor, \*\*{N}\*\* with it", SAME_GPU_S56,
+           profiled_ratio(SAME_GPU_S56, "default", "9-16", "decode_attention"), 0.006, "json"),
     Figure("same GPU, ragged factor: default decode attention at 9-16", "docs/live.md",
            rf"goes from 0.78 to \*\*{N}\*\*", SAME_GPU_RAGGED,
            profiled_ratio(SAME_GPU_RAGGED, "default", "9-16", "decode_attention"), 0.006, "json"),
