@@ -17,7 +17,7 @@ Each case as decode_graph_table.py times a point: `--layers` layers with their o
 against the fp32 reference (eagerly and through the replay), the layers' launches replayed in one CUDA graph without
 the L2 flush; ms per layer. One JSON file, ragged_decode.json; a table last.
 
-    python3 benchmarks/live_e2e/ragged_decode.py --out $OUT/ragged --model olmoe-1b-7b        # GPU (~2 min)
+    python3 benchmarks/live_e2e/ragged_decode.py --out $OUT/ragged --model olmoe-1b-7b   # GPU (--budget-s 240)
     TRITON_INTERPRET=1 python3 benchmarks/live_e2e/ragged_decode.py --smoke --out /tmp/ragged  # CPU dry run
 
 The GPU mode imports only torch, triton, numpy, the standard library and kernel_gym.
@@ -41,7 +41,6 @@ from benchmarks.live_e2e.decode_graph_table import time_point  # noqa: E402
 from benchmarks.live_e2e.moe_price_check import Measurer, _gpu_state, write_doc  # noqa: E402
 from kernel_gym.kernels.workloads import DecodeWorkload  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 OUT_NAME = "ragged_decode.json"
 BATCHES = (1, 2, 4, 6, 8, 9, 10, 12, 14, 16, 20, 24, 32)
 CASES = ("uniform", "long_first", "long_last", "padded", "alone")
