@@ -122,8 +122,8 @@ def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = 
                 # the MoE) where the profile has them (runs from session 57 on), else by kernel name
                 prof = r[6]
                 graphed = r[7] and "by_part_span_us" in prof
-                kernels = dict(prof.get("by_call_span_us") or prof["by_part_span_us"] if graphed
-                               else prof.get("by_call_us") or prof["by_part_us"])
+                kernels = dict((prof.get("by_call_span_us") or prof["by_part_span_us"]) if graphed
+                               else (prof.get("by_call_us") or prof["by_part_us"]))
                 kernels["fused_moe"] = kernels.get("fused_moe", 0.0) + kernels.pop("moe_routing", 0.0)
                 for part in sorted(set(kernels) | set(r[5])):
                     cell = parts.setdefault(part, {"priced_ms": 0.0, "measured_ms": 0.0})

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.live_e2e.decode_graph_table import time_point  # noqa: E402
 from benchmarks.live_e2e.moe_price_check import Measurer, _gpu_state, write_doc  # noqa: E402
 from kernel_gym.kernels.workloads import DecodeWorkload  # noqa: E402
+from kernel_gym.traffic.simulator import capture_size  # noqa: E402  (the rows a graphed step of a batch launches)
 
 OUT_NAME = "ragged_decode.json"
 BATCHES = (1, 2, 4, 6, 8, 9, 10, 12, 14, 16, 20, 24, 32)
@@ -65,13 +66,6 @@ class RaggedDecode(DecodeWorkload):
         return list(self.lens)
 
 
-def capture_size(batch: int) -> int:
-    """The graph a step of `batch` decode rows replays (run.py: 1, 2, 4, then multiples of 8)."""
-    from kernel_gym.traffic.simulator import capture_size as cs
-
-    return cs(batch)
-
-
 def case_lens(case: str, batch: int, long: int, short: int) -> tuple[int, ...]:
     """The contexts of one case (module docstring); padding rows have one token, as run.py's graphs pad."""
     pad = (1,) * (capture_size(batch) - batch)
@@ -83,7 +77,7 @@ def case_lens(case: str, batch: int, long: int, short: int) -> tuple[int, ...]:
         return (short,) * (batch - 1) + (long,)
     if case == "padded":
         return (long,) + (short,) * (batch - 1) + pad
-    if case == "alone":  # the same launch as `padded`, every other row padding (before tree 9cbe06f: only the
+    if case == "alone":  # the same launch as `padded`, every other row padding (before tree dc8db50: only the
         return (long,) + (1,) * (capture_size(batch) - 1)  # capture size's padding beside the long row)
     raise ValueError(f"case {case!r}: one of {', '.join(CASES)}")
 

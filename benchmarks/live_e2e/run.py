@@ -442,14 +442,15 @@ def profile_kernels(forward: Any) -> dict:
             by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
             spans.append((e.time_range.start, e.time_range.end, e.name))
     by_part = parts_us(by_name)
+    placed = call_parts(spans)  # once: its durations and its spans
     by_call: dict[str, float] = {}
-    for start, stop, part in call_parts(spans):
+    for start, stop, part in placed:
         if part is not None:
             by_call[part] = by_call.get(part, 0.0) + (stop - start)
     return {"busy_us": float(sum(by_part.values())), "by_part_us": {k: round(v, 2) for k, v in sorted(by_part.items())},
             "by_part_span_us": {k: round(v, 2) for k, v in sorted(part_spans_us(spans).items())},
             "by_call_us": {k: round(v, 2) for k, v in sorted(by_call.items())},
-            "by_call_span_us": {k: round(v, 2) for k, v in sorted(part_spans_us(spans, by_call=True).items())},
+            "by_call_span_us": {k: round(v, 2) for k, v in sorted(_spans_by_part(placed).items())},
             "by_name_us": by_name}
 
 
@@ -482,9 +483,13 @@ def part_spans_us(kernels: list[tuple[float, float, str]], by_call: bool = False
     replays (the MoE graph table, the dense ops, the decode graph table) holds its own kernels' gaps, so this, not the
     summed durations, is what its price stands beside. (Of an eager launch the gaps are the host's.) by_call: parts
     by each kernel's place in the step (call_parts), else by its name (kernel_part)."""
+    return _spans_by_part(call_parts(kernels) if by_call else [(a, b, kernel_part(n)) for a, b, n in sorted(kernels)])
+
+
+def _spans_by_part(rows: list[tuple[float, float, str | None]]) -> dict[str, float]:
+    """part_spans_us over kernels already in start order with their parts (None: not a kernel)."""
     out: dict[str, float] = {}
     end = None
-    rows = call_parts(kernels) if by_call else [(a, b, kernel_part(n)) for a, b, n in sorted(kernels)]
     for start, stop, part in rows:
         if part is not None:
             out[part] = out.get(part, 0.0) + (stop - start) + (max(0.0, start - end) if end is not None else 0.0)
