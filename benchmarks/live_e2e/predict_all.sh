@@ -8,6 +8,8 @@
 # To compare a --predict option: PREDICT_ARGS="--decode-waves off" P=/tmp/off bash benchmarks/live_e2e/predict_all.sh
 # (the live check is written over those summaries too: `git checkout kernel_gym/data/live_check.json
 # benchmarks/live_e2e/live_check.png` after).
+# ONLY=<grep -E pattern> re-predicts only the runs it matches (e.g. ONLY=window for the Mixtral runs, the calibration
+# run included); the others' committed summaries are copied into $P unchanged, so the live check still covers all.
 set -eu
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -23,11 +25,14 @@ retrained/run4_seed0_43be02e/window7 retrained/run4_seed0_43be02e/window8 window
 window4_5ee0534/window4 window5_f269e69/olmoe_prof window5_f269e69/olmoe_w5 window5_f269e69/window5
 window6_01d3818/olmoe_w6 window6_01d3818/window6 eager_ab2db7d/window1_prof5
 heldout_32cded3/code_mixtral heldout_32cded3/code_olmoe heldout_bffac01/code540_mixtral heldout_bffac01/code540_olmoe"
+ONLY=${ONLY:-.}
 echo "[predict_all] graphs/window1 (the calibration run)"
 $PY $L/run.py --out $L/graphs/window1 --predict --calibrate vllm-table $X --summary-dir $P/graphs/window1 > /dev/null
 for r in $RUNS; do
   [ "$r" = graphs/window1 ] && continue
-  echo "$r"
+  if echo "$r" | grep -qE "$ONLY"; then echo "$r"
+  elif [ "$P" != "$L/predicted" ]; then mkdir -p "$P/$r" && cp "$L/predicted/$r/summary.json" "$P/$r/"
+  fi
 done | xargs -P "${JOBS:-2}" -I{} sh -c "$PY $L/run.py --out $L/{} --predict $X --summary-dir $P/{} \
   --calibration-from $P/graphs/window1/summary.json > /dev/null 2>&1 && echo '[predict_all] {}' || \
   { echo '[predict_all] FAILED {}'; exit 255; }"
