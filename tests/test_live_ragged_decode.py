@@ -126,3 +126,24 @@ def test_predict_reads_the_table_and_refuses_one_from_another_gpu(tmp_path):
         le.check_table_devices(args, "NVIDIA H200")
     none = le.build_parser().parse_args(["--out", str(tmp_path), "--predict"])
     assert "wave model alone" in le.decode_ragged_setup(none, le.TINY) and none.decode_ragged_s is None
+
+
+def test_predict_picks_the_table_for_the_run_model_among_several(tmp_path):
+    other, mine = tmp_path / "other.json", tmp_path / "mine.json"
+    other.write_text(json.dumps(_doc(model="mixtral-8x7b")))
+    mine.write_text(json.dumps(_doc(model=le.TINY.name)))
+    args = le.build_parser().parse_args(["--out", str(tmp_path), "--predict", "--decode-ragged", f"{other},{mine}"])
+    shown = le.decode_ragged_setup(args, le.TINY)
+    assert shown["table"].endswith("mine.json") and set(args.decode_ragged_s["CFG"]) == {8, 16}
+    only_other = le.build_parser().parse_args(["--out", str(tmp_path), "--predict", "--decode-ragged", str(other)])
+    assert "no measured table for" in le.decode_ragged_setup(only_other, le.TINY)
+    assert only_other.decode_ragged_s is None
+
+
+def test_any_zoo_model_with_its_configs_and_clear_errors_otherwise(capsys):
+    with pytest.raises(SystemExit):
+        rd.main(["--out", "/tmp/x", "--model", "no-such-model"])
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rd.main(["--out", "/tmp/x", "--model", "qwen2-57b-a14b"])
+    assert "pass the decode configs to time with --configs" in capsys.readouterr().err

@@ -203,7 +203,7 @@ def log(msg: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="the folder for ragged_decode.json")
-    p.add_argument("--model", default="olmoe-1b-7b", help=f"a zoo model ({', '.join(CONFIGS)})")
+    p.add_argument("--model", default="olmoe-1b-7b", help=f"a zoo model (--configs needed beyond {', '.join(CONFIGS)})")
     p.add_argument("--long", type=int, default=4096, help="the long sequence's context L")
     p.add_argument("--short", type=int, default=1024, help="the other sequences' context S")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="batch sizes (decode rows before padding)")
@@ -215,8 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=240.0, help="start no new point after this many seconds")
     p.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1): tiny-moe, short contexts")
     args = p.parse_args(argv)
-    if args.model not in CONFIGS and not args.smoke:
-        p.error(f"--model {args.model}: the probe knows the live configs of {', '.join(CONFIGS)}")
+    if not args.smoke:
+        from kernel_gym.models import load_model
+
+        try:
+            load_model(args.model)
+        except (KeyError, ValueError, FileNotFoundError) as e:
+            p.error(f"--model {args.model}: {e}")
+        if args.model not in CONFIGS and not args.configs:
+            p.error(f"--model {args.model}: the probe knows the live configs of {', '.join(CONFIGS)} only; pass the "
+                    "decode configs to time with --configs")
     batches = tuple(int(x) for x in args.batches.split(","))
     cases = tuple(c for c in args.cases.split(",") if c)
     unknown = [c for c in cases if c not in CASES]

@@ -1880,12 +1880,17 @@ def dense_eager_setup(args: Any, model: ModelSpec) -> dict | str:
 
 
 def decode_ragged_setup(args: Any, model: ModelSpec) -> dict | str:
-    """args.decode_ragged (a ragged_decode.py table's path, or "none") -> args.decode_ragged_s ({config: {capture
-    size: factor}} or None) and the note summary.json carries."""
+    """args.decode_ragged (ragged_decode.py tables' paths, comma-separated: one per model probed; or "none") ->
+    args.decode_ragged_s ({config: {capture size: factor}} of the first table for this model, or None) and the note
+    summary.json carries."""
     from benchmarks.live_e2e.ragged_decode import ragged_factors
 
-    factors, shown = _measured_table(str(getattr(args, "decode_ragged", None) or "none"), "--decode-ragged",
-                                     "a ragged_decode.py table", ragged_factors, model)
+    factors, shown = None, "none: --decode-ragged none"
+    for choice in str(getattr(args, "decode_ragged", None) or "none").split(","):
+        factors, shown = _measured_table(choice.strip() or "none", "--decode-ragged", "a ragged_decode.py table",
+                                         ragged_factors, model)
+        if factors is not None:
+            break
     args.decode_ragged_s = factors
     if factors is None:
         return f"{shown} (a ragged decode-only step priced by the wave model alone)"
@@ -2347,9 +2352,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: fit the decode wave model, per config these decode_graph_table.py tables time, on "
                         "the launches timed as the stack's CUDA graphs replay them (default: the three committed "
                         "parts); none: on the dataset's rows")
-    p.add_argument("--decode-ragged", default="none", metavar="TABLE.json",
-                   help="--predict: a ragged_decode.py table: a graphed decode-only step of the configs it times costs "
-                        "no less than its longest sequence alone x the ragged launch's factor at its capture size; "
+    p.add_argument("--decode-ragged", default="none", metavar="TABLE.json[,...]",
+                   help="--predict: ragged_decode.py tables (one per model, comma-separated): a graphed "
+                        "decode-only step of the configs the run's model's table times costs no less than its "
+                        "longest sequence alone x the ragged launch's factor at its capture size; "
                         "none (default): the wave model alone")
     p.add_argument("--chunk-routing", default="none", metavar="TABLE.json",
                    help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
