@@ -7,8 +7,9 @@
 #    than alone (ragged_h100_6b74fdc/), which the wave model leaves out; this times it on the H200 the prices are
 #    from (run.py --predict --decode-ragged). Then the same at OLMoE's shape for its default config (1.07-1.37x on
 #    the H100).
-# 2. The decode graph table for the configs the fixed chooser serves on both held-out Mixtral windows and no table
-#    timed yet (decode_graph_served_plan.json: decode_graph_table.py --served-by), most served first, leaving 165 s for 3:
+# 2. The decode graph table's last 13 OLMoE points (decode_graph_rest3_plan.json: the default config, which rest2's
+#    budget cut short), then the configs the fixed chooser serves on both held-out Mixtral windows and no table timed
+#    yet (decode_graph_served_plan.json: decode_graph_table.py --served-by), most served first, leaving 165 s for 3:
 #    the prediction priced them at the default config's time (the fallback for a config the data cannot time).
 # 3. The learned table with the Dispatcher fixed (a config moved onto the serving KV layout is remembered per shape;
 #    before, the first shape's move answered every later one, so up to 35% of a learned table's decode steps in the
@@ -23,8 +24,8 @@ CFGS='{"BLOCK_N":16,"GQA_GROUPED":0,"LAYOUT":"NHD","NUM_SPLITS":1,"PAGE_SIZE":16
 for splits in 1 2; do
   CFGS="$CFGS;{\"BLOCK_N\":16,\"GQA_GROUPED\":1,\"LAYOUT\":\"NHD\",\"NUM_SPLITS\":$splits,\"PAGE_SIZE\":16,\"num_stages\":2,\"num_warps\":4}"
 done
-timeout 140 python3 benchmarks/live_e2e/ragged_decode.py --model mixtral-8x7b --out "$E/ragged" --cases padded,alone \
-  --batches 4,6,8,9,12,16,20,24,32 --configs "$CFGS" --budget-s 120 > "$E/ragged.log" 2>&1
+timeout 125 python3 benchmarks/live_e2e/ragged_decode.py --model mixtral-8x7b --out "$E/ragged" --cases padded,alone \
+  --batches 6,8,9,12,16,20,24,32 --configs "$CFGS" --budget-s 105 > "$E/ragged.log" 2>&1
 log "ragged: exit $? $(grep -a 'wrote' "$E/ragged.log")"
 log "ragged decode launches (OLMoE, default config), $(left) s left"
 timeout 80 python3 benchmarks/live_e2e/ragged_decode.py --model olmoe-1b-7b --out "$E/ragged_olmoe" \
@@ -32,9 +33,13 @@ timeout 80 python3 benchmarks/live_e2e/ragged_decode.py --model olmoe-1b-7b --ou
   --configs "${CFGS%%;*}" \
   --budget-s 60 > "$E/ragged_olmoe.log" 2>&1
 log "ragged OLMoE: exit $? $(grep -a 'wrote' "$E/ragged_olmoe.log")"
+log "decode graph table, OLMoE's last points (rest3), $(left) s left"
+timeout 95 python3 benchmarks/live_e2e/decode_graph_table.py --out "$E/decode_rest3" \
+  --plan benchmarks/live_e2e/decode_graph_rest3_plan.json --budget-s 70 > "$E/decode_rest3.log" 2>&1
+log "decode rest3: exit $? $(tail -n 3 "$E/decode_rest3.log" | tr '\n' ' ')"
 log "decode graph table, the served plan, $(left) s left"
-[ "$(left)" -gt 220 ] && timeout $(( $(left) - 165 )) python3 benchmarks/live_e2e/decode_graph_table.py \
-  --out "$E/decode_graph" --plan benchmarks/live_e2e/decode_graph_served_plan.json --budget-s $(( $(left) - 200 )) \
+[ "$(left)" -gt 200 ] && timeout $(( $(left) - 165 )) python3 benchmarks/live_e2e/decode_graph_table.py \
+  --out "$E/decode_graph" --plan benchmarks/live_e2e/decode_graph_served_plan.json --budget-s $(( $(left) - 190 )) \
   > "$E/decode_graph.log" 2>&1
 log "decode graph: exit $? $(tail -n 3 "$E/decode_graph.log" | tr '\n' ' ')"
 log "Mixtral, learned table, code window from 540 s, $(left) s left"
