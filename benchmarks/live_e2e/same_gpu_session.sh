@@ -8,6 +8,12 @@
 # E/code540_olmoe --tables E` prices the profiled steps from this machine's tables only. Any GPU answers it (the
 # machine is in machine.txt); it checks the tables' method, not the H200's prices.
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/same_gpu_session.sh
+# Session 58: the window, its rate and the decode plan are settable, and RAGGED=<batches> runs ragged_decode.py's
+# padded and alone cases for OLMoE's default config on the same machine before the replay (band_check.py --ragged):
+#   NAME=w5_olmoe TRACE=bundled START=300 RATE=1.5 DECODE_PLAN=benchmarks/live_e2e/same_gpu_decode_plan32.json \
+#   RAGGED=8,9,12,16,20,24,32 KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/same_gpu_session.sh
+# (same_gpu_decode_plan32.json: decode_graph_table.py --plan ... --served-by graph_profile_h100_dd2acd0/code540_olmoe,
+# window5_f269e69/olmoe_w5 --min-steps 20 --batches 1,2,4,8,16,24,32 --contexts 256,1024,4096.)
 source benchmarks/live_e2e/session_common.sh
 L=benchmarks/live_e2e
 log "dense ops table (OLMoE)"
@@ -18,13 +24,21 @@ timeout 100 python3 $L/moe_graph_table.py --plan $L/same_gpu_moe_plan.json --out
   > "$E/moe_graph.log" 2>&1
 log "moe graph: exit $? $(tail -n 2 "$E/moe_graph.log" | tr '\n' ' ')"
 log "decode graph table (OLMoE), $(left) s left"
-timeout 190 python3 $L/decode_graph_table.py --plan $L/same_gpu_decode_plan.json --out "$E/decode_graph" \
-  --budget-s 160 > "$E/decode_graph.log" 2>&1
+timeout 190 python3 $L/decode_graph_table.py --plan "${DECODE_PLAN:-$L/same_gpu_decode_plan.json}" \
+  --out "$E/decode_graph" --budget-s 160 > "$E/decode_graph.log" 2>&1
 log "decode graph: exit $? $(tail -n 2 "$E/decode_graph.log" | tr '\n' ' ')"
-TRACE=$L/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv
-log "OLMoE code540_olmoe, profiled every 4th step, $(left) s left"
-timeout $(( $(left) - 10 )) python3 $L/run.py --out "$E/code540_olmoe" --model olmoe-1b-7b --vocab 50304 \
-  --trace "$TRACE" --start-s 540 --seconds 30 --rate 1.0 --budget-s $(( $(left) - 30 )) \
-  --policy-budget-s $(( ($(left) - 40) / 2 )) --profile-every 4 --policies default,vllm-table > "$E/code540_olmoe.log" 2>&1
-log "code540_olmoe: exit $? $(grep -a 'tok/s' "$E/code540_olmoe.log" | tr '\n' ' ')"
+if [ -n "${RAGGED:-}" ]; then
+  log "ragged decode launches (OLMoE, default config), $(left) s left"
+  timeout 90 python3 $L/ragged_decode.py --model olmoe-1b-7b --out "$E/ragged" --cases padded,alone \
+    --batches "$RAGGED" --configs "$(python3 -c 'from benchmarks.live_e2e.ragged_decode import CONFIGS
+print(CONFIGS["olmoe-1b-7b"][0])')" --budget-s 70 > "$E/ragged.log" 2>&1
+  log "ragged: exit $? $(grep -a 'wrote' "$E/ragged.log")"
+fi
+TRACE=${TRACE:-$L/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv}
+NAME=${NAME:-code540_olmoe}
+log "OLMoE $NAME, profiled every 4th step, $(left) s left"
+timeout $(( $(left) - 10 )) python3 $L/run.py --out "$E/$NAME" --model olmoe-1b-7b --vocab 50304 \
+  --trace "$TRACE" --start-s "${START:-540}" --seconds 30 --rate "${RATE:-1.0}" --budget-s $(( $(left) - 30 )) \
+  --policy-budget-s $(( ($(left) - 40) / 2 )) --profile-every 4 --policies default,vllm-table > "$E/$NAME.log" 2>&1
+log "$NAME: exit $? $(grep -a 'tok/s' "$E/$NAME.log" | tr '\n' ' ')"
 finish
