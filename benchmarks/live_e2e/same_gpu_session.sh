@@ -8,9 +8,9 @@
 # E/code540_olmoe --tables E` prices the profiled steps from this machine's tables only. Any GPU answers it (the
 # machine is in machine.txt); it checks the tables' method, not the H200's prices.
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/same_gpu_session.sh
-# Session 58: the window, its rate and the decode plan are settable, and RAGGED=<batches> runs ragged_decode.py's
+# Session 58: the window, its rate, the policies and the decode plan are settable, and RAGGED=<batches> runs ragged_decode.py's
 # padded and alone cases for OLMoE's default config on the same machine before the replay (band_check.py --ragged):
-#   NAME=w5_olmoe TRACE=bundled START=300 RATE=1.5 DECODE_PLAN=benchmarks/live_e2e/same_gpu_decode_plan32.json \
+#   NAME=w5_olmoe TRACE=bundled START=300 RATE=1.5 POLICIES=default DECODE_PLAN=benchmarks/live_e2e/same_gpu_decode_plan32.json \
 #   RAGGED=8,9,12,16,20,24,32 KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/same_gpu_session.sh
 # (same_gpu_decode_plan32.json: decode_graph_table.py --plan ... --served-by graph_profile_h100_dd2acd0/code540_olmoe,
 # window5_f269e69/olmoe_w5 --min-steps 20 --batches 1,2,4,8,16,24,32 --contexts 256,1024,4096.)
@@ -36,9 +36,11 @@ print(CONFIGS["olmoe-1b-7b"][0])')" --budget-s 70 > "$E/ragged.log" 2>&1
 fi
 TRACE=${TRACE:-$L/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv}
 NAME=${NAME:-code540_olmoe}
+POLICIES=${POLICIES:-default,vllm-table}
 log "OLMoE $NAME, profiled every 4th step, $(left) s left"
 timeout $(( $(left) - 10 )) python3 $L/run.py --out "$E/$NAME" --model olmoe-1b-7b --vocab 50304 \
   --trace "$TRACE" --start-s "${START:-540}" --seconds 30 --rate "${RATE:-1.0}" --budget-s $(( $(left) - 30 )) \
-  --policy-budget-s $(( ($(left) - 40) / 2 )) --profile-every 4 --policies default,vllm-table > "$E/$NAME.log" 2>&1
+  --policy-budget-s $(( ($(left) - 40) / $(echo "$POLICIES" | tr ',' '\n' | wc -l) )) --profile-every 4 \
+  --policies "$POLICIES" > "$E/$NAME.log" 2>&1
 log "$NAME: exit $? $(grep -a 'tok/s' "$E/$NAME.log" | tr '\n' ' ')"
 finish
