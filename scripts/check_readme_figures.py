@@ -286,6 +286,8 @@ SAME_GPU = "benchmarks/live_e2e/same_gpu_h100_298d0ec/band_check_same_gpu.json" 
 SAME_GPU_RAGGED = "benchmarks/live_e2e/same_gpu_h100_298d0ec/band_check_same_gpu_ragged.json"  # ... --ragged
 SAME_GPU_S56 = "benchmarks/live_e2e/same_gpu_h100_298d0ec/band_check_session56_run_ragged.json"  # session 56's run
 RAGGED = "benchmarks/live_e2e/ragged_h100_6b74fdc/{}/ragged_decode.json"  # ragged_decode.py on an H100
+SAME_GPU_W5 = "benchmarks/live_e2e/same_gpu_h100_8868229/band_check_same_gpu.json"  # session 58: window 5, 9-64 seqs
+SAME_GPU_W5_RAGGED = "benchmarks/live_e2e/same_gpu_h100_8868229/band_check_same_gpu_ragged.json"  # ... --ragged
 
 
 def profiled_ratio(path: str, policy: str, band: str, part: str) -> Callable[[], float]:
@@ -729,6 +731,18 @@ FIGURES = [
           ("olmoe-1b-7b", 20, "padded", rf"\| OLMoE, `padded` \| (?:[^|]+\| ){{8}}{N} \|"),
           ("mixtral-8x7b", 10, "padded", rf"\| Mixtral, `padded` \| (?:[^|]+\| ){{4}}{N} \|"),
           ("mixtral-8x7b", 24, "long_first", rf"\| Mixtral, `padded` \| (?:[^|]+\| ){{9}}{N} \|"))],
+    # session 58: the same on window 5 at 9-64 sequences, with the same machine's probe
+    *[Figure(f"same GPU, window 5: default {part} at {band}{' (ragged)' if path == SAME_GPU_W5_RAGGED else ''}",
+             "docs/live.md", pattern, path, profiled_ratio(path, "default", band, part), 0.006, "json")
+      for path, part, band, pattern in (
+          (SAME_GPU_W5, "decode_attention", "17-24", rf"\| decode attention \| (?:[^|]+\| ){{4}}{N} \|"),
+          (SAME_GPU_W5_RAGGED, "decode_attention", "9-16",
+           rf"\| decode attention, with this machine's ragged factor \| (?:[^|]+\| ){{3}}\*\*{N}\*\*"),
+          (SAME_GPU_W5_RAGGED, "decode_attention", "17-24",
+           rf"\| decode attention, with this machine's ragged factor \| (?:[^|]+\| ){{4}}\*\*{N}\*\*"),
+          (SAME_GPU_W5_RAGGED, "decode_attention", "25-32",
+           rf"\| decode attention, with this machine's ragged factor \| (?:[^|]+\| ){{5}}\*\*{N}\*\*"),
+          (SAME_GPU_W5, "dense_and_moe", "17-24", rf"\| dense ops \+ MoE \| (?:[^|]+\| ){{4}}{N} \|"))],
     # the held-out trace's table: each measured figure's error against the prediction committed before the run
     *[Figure(f"held-out trace: {label} {metric} error (%)", "docs/live.md",
              rf"\| {label} \| (?:[^|]+\| ){{{col}}}[0-9.,]+ m?s? ?\([+-]{N}%\)", HELDOUT,
