@@ -8,10 +8,12 @@
 # E/code540_olmoe --tables E` prices the profiled steps from this machine's tables only. Any GPU answers it (the
 # machine is in machine.txt); it checks the tables' method, not the H200's prices.
 #   KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/same_gpu_session.sh
-# Session 58: the window, its rate, the policies and the decode plan are settable, and RAGGED=<batches> runs ragged_decode.py's
-# padded and alone cases for OLMoE's default config on the same machine before the replay (band_check.py --ragged):
-#   NAME=w5_olmoe TRACE=bundled START=300 RATE=1.5 POLICIES=default DECODE_PLAN=benchmarks/live_e2e/same_gpu_decode_plan32.json \
-#   RAGGED=8,9,12,16,20,24,32 KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/same_gpu_session.sh
+# Session 58: the window, its rate, the policies and the decode plan are settable, and RAGGED=<batches> runs
+# ragged_decode.py's padded and alone cases for OLMoE's default config on the same machine before the replay
+# (band_check.py --ragged):
+#   NAME=w5_olmoe TRACE=bundled START=300 RATE=1.5 POLICIES=default RAGGED=8,9,12,16,20,24,32 \
+#   DECODE_PLAN=benchmarks/live_e2e/same_gpu_decode_plan32.json KERNEL_GYM_COMMIT=<tree> OUT=... \
+#   bash benchmarks/live_e2e/same_gpu_session.sh
 # (same_gpu_decode_plan32.json: decode_graph_table.py --plan ... --served-by graph_profile_h100_dd2acd0/code540_olmoe,
 # window5_f269e69/olmoe_w5 --min-steps 20 --batches 1,2,4,8,16,24,32 --contexts 256,1024,4096.)
 source benchmarks/live_e2e/session_common.sh
