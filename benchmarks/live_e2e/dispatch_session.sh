@@ -24,17 +24,18 @@ CFGS='{"BLOCK_N":16,"GQA_GROUPED":0,"LAYOUT":"NHD","NUM_SPLITS":1,"PAGE_SIZE":16
 for splits in 1 2; do
   CFGS="$CFGS;{\"BLOCK_N\":16,\"GQA_GROUPED\":1,\"LAYOUT\":\"NHD\",\"NUM_SPLITS\":$splits,\"PAGE_SIZE\":16,\"num_stages\":2,\"num_warps\":4}"
 done
-timeout 125 python3 benchmarks/live_e2e/ragged_decode.py --model mixtral-8x7b --out "$E/ragged" --cases padded,alone \
-  --batches 6,8,9,12,16,20,24,32 --configs "$CFGS" --budget-s 105 > "$E/ragged.log" 2>&1
+T=$(( $(left) < 125 ? $(left) : 125 ))  # a short SESSION_S still ends with the tarball
+timeout $T python3 benchmarks/live_e2e/ragged_decode.py --model mixtral-8x7b --out "$E/ragged" --cases padded,alone \
+  --batches 6,8,9,12,16,20,24,32 --configs "$CFGS" --budget-s $(( T - 20 )) > "$E/ragged.log" 2>&1
 log "ragged: exit $? $(grep -a 'wrote' "$E/ragged.log")"
 log "ragged decode launches (OLMoE, default config), $(left) s left"
-timeout 80 python3 benchmarks/live_e2e/ragged_decode.py --model olmoe-1b-7b --out "$E/ragged_olmoe" \
-  --cases padded,alone --batches 4,8,9,12,16,20,24,32 \
+[ "$(left)" -gt 85 ] && timeout 80 python3 benchmarks/live_e2e/ragged_decode.py --model olmoe-1b-7b \
+  --out "$E/ragged_olmoe" --cases padded,alone --batches 4,8,9,12,16,20,24,32 \
   --configs "${CFGS%%;*}" \
   --budget-s 60 > "$E/ragged_olmoe.log" 2>&1
 log "ragged OLMoE: exit $? $(grep -a 'wrote' "$E/ragged_olmoe.log")"
 log "decode graph table, OLMoE's last points (rest3), $(left) s left"
-timeout 95 python3 benchmarks/live_e2e/decode_graph_table.py --out "$E/decode_rest3" \
+[ "$(left)" -gt 100 ] && timeout 95 python3 benchmarks/live_e2e/decode_graph_table.py --out "$E/decode_rest3" \
   --plan benchmarks/live_e2e/decode_graph_rest3_plan.json --budget-s 70 > "$E/decode_rest3.log" 2>&1
 log "decode rest3: exit $? $(tail -n 3 "$E/decode_rest3.log" | tr '\n' ' ')"
 log "decode graph table, the served plan, $(left) s left"
