@@ -138,6 +138,9 @@ def test_predict_picks_the_table_for_the_run_model_among_several(tmp_path):
     only_other = le.build_parser().parse_args(["--out", str(tmp_path), "--predict", "--decode-ragged", str(other)])
     assert "no measured table for" in le.decode_ragged_setup(only_other, le.TINY)
     assert only_other.decode_ragged_s is None
+    both_other = le.build_parser().parse_args(["--out", str(tmp_path), "--predict", "--decode-ragged",
+                                               f"{other},{other}"])
+    assert f"{other}, {other}" in le.decode_ragged_setup(both_other, le.TINY)
 
 
 def test_any_zoo_model_with_its_configs_and_clear_errors_otherwise(capsys):

@@ -1885,12 +1885,15 @@ def decode_ragged_setup(args: Any, model: ModelSpec) -> dict | str:
     summary.json carries."""
     from benchmarks.live_e2e.ragged_decode import ragged_factors
 
+    choices = [c.strip() for c in str(getattr(args, "decode_ragged", None) or "none").split(",") if c.strip()]
     factors, shown = None, "none: --decode-ragged none"
-    for choice in str(getattr(args, "decode_ragged", None) or "none").split(","):
-        factors, shown = _measured_table(choice.strip() or "none", "--decode-ragged", "a ragged_decode.py table",
-                                         ragged_factors, model)
+    for choice in choices:
+        factors, shown = _measured_table(choice, "--decode-ragged", "a ragged_decode.py table", ragged_factors, model)
         if factors is not None:
             break
+    else:
+        if len(choices) > 1:  # name every table that was read, not only the last
+            shown = f"none: no measured table for {model.name} in {', '.join(choices)}"
     args.decode_ragged_s = factors
     if factors is None:
         return f"{shown} (a ragged decode-only step priced by the wave model alone)"
