@@ -211,3 +211,43 @@ def test_replay_with_decode_waves_prices_an_untimed_valid_choice_from_its_own_fi
     assert on["tuned_kernel_s"] < off["tuned_kernel_s"]
     rep = {"trace": "one", "model": model.name, "policies": {"split8": on}}
     assert "untimed)" in markdown(rep)
+
+
+def test_an_untimed_choice_is_priced_by_its_nearest_timed_siblings_fit_and_only_an_untimed_one():
+    """A guarding chooser served the default for a choice the data cannot time (its KV_TMA and COMBINE knobs on):
+    the wave model prices the choice with the fit of its nearest sibling the data does time (the same grid, the
+    later-added knobs set otherwise) and names that sibling; the timed config of a normal step gets no sibling; and
+    where no sibling is timed either, the fallback's time stands."""
+    choice = Config(dict(SPLIT4, COMBINE=1, KV_TMA=1))
+    plain = SPLIT4  # two knobs away: the nearest the timer below times
+
+    class NoLater(_WaveTimer):
+        def __init__(self, timed_siblings: bool) -> None:
+            super().__init__()
+            self.timed_siblings = timed_siblings
+
+        def time_s(self, kernel, wl, cfg):
+            if kernel == "decode_attention" and cfg != PER_HEAD and (cfg != plain or not self.timed_siblings):
+                raise LookupError("untimed")
+            return super().time_s(kernel, wl, cfg)
+
+    class Guard(_Chooser):
+        last_fallback = {"decode_attention": True}
+        last_choice = {"decode_attention": choice}
+
+    contexts = np.array([3000] + [400] * 7)
+    mean, longest = float(contexts.mean()), float(contexts.max())
+    model = load_model("mixtral-8x7b")
+    trace = Trace("t", np.array([0.0]), np.array([16]), np.array([2]))
+    sims = {timed: Simulator(model, trace, NoLater(timed), Guard(), decode_waves=True) for timed in (True, False)}
+    priced = sims[True]._decode_s(8, mean, longest, [], contexts)
+    rounds = program_rounds([int(-(-c // 16) * 16) for c in contexts], choice, 32, 8)
+    assert priced == pytest.approx(sims[True]._wave_fits[plain].seconds(rounds))
+    assert sims[True].decode_waves_siblings == {choice: plain}
+    assert sims[True].decode_waves_untimed_s == pytest.approx(priced * model.num_layers)
+    fallback = sims[False]._decode_s(8, mean, longest, [], contexts)  # no sibling timed: the default's time
+    assert sims[False].decode_waves_siblings == {choice: None} and sims[False].decode_waves_untimed_s == 0.0
+    assert fallback != pytest.approx(priced)
+    normal = _sim(True)  # a timed config whose own fit prices it: no sibling is looked for
+    normal._decode_s(8, mean, longest, [], contexts)
+    assert normal.decode_waves_siblings == {}

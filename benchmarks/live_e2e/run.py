@@ -1591,6 +1591,8 @@ def predicted_row(pred: dict, sim: Any, guard: Any) -> dict:
             "decode_longest_s": sim.decode_longest_s,
             "decode_waves": {"extra_s": sim.decode_waves_s, "steps": sim.decode_waves_steps,
                              "untimed_choices_s": sim.decode_waves_untimed_s,
+                             "untimed_priced_by_sibling": {str(c): str(s) for c, s in sim.decode_waves_siblings.items()
+                                                           if s is not None},
                              "configs_fitted_on_graph_times": sim.decode_graph_fits,
                              "configs_fitted": sum(1 for f in sim._wave_fits.values() if f is not None),
                              "configs_unfitted": sum(1 for f in sim._wave_fits.values() if f is None),

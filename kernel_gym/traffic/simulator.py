@@ -12,6 +12,7 @@ plus a fixed per-step overhead, plus stalls (first-use compiles, KV re-layouts, 
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections import Counter, OrderedDict, deque
@@ -401,6 +402,8 @@ class Simulator:
         self.decode_waves_untimed_s = 0.0  # ... of which for choices the data has no time for (estimates)
         self._wave_fits: dict[Config, Any] = {}
         self._wave_memo: dict[tuple, float] = {}
+        self._untimed_choices: set[Config] = set()  # choices priced as untimed (their sibling's fit may stand in)
+        self.decode_waves_siblings: dict[Config, Config | None] = {}  # untimed choice -> the sibling that priced it
         self._last_wl: dict[str, Any] = {}  # per kernel, the workload of its last call (as the chooser saw it)
         self.stall_total = 0.0
         self.num_preemptions = 0
@@ -631,7 +634,8 @@ class Simulator:
         A config a guarding chooser served as a fallback (`last_fallback`: the policy's choice, `last_choice`, has no
         time in the data) keeps the fallback's time, unless the wave model prices the choice itself where the
         family's rules accept it: that is the config a deployment runs (an estimate, summed in
-        decode_waves_untimed_s)."""
+        decode_waves_untimed_s), fitted on the choice's own times where any source has them, else on its nearest
+        timed sibling's (_sibling_fit)."""
         key = ("decode_attention", round_count(batch), round_log4(mean_ctx))
         t = self._kernel_s("decode_attention", key, stall)
         waves_on = self.decode_waves and contexts is not None and len(contexts) == batch
@@ -642,6 +646,7 @@ class Simulator:
 
                 wl = self._last_wl.get("decode_attention")
                 if wl is not None and SPACE.is_valid(choice, wl):
+                    self._untimed_choices.add(choice)
                     waves = self._waves_s(choice, contexts)
                     if waves is not None:
                         self.decode_waves_s += (waves - t) * self.model.num_layers
@@ -682,6 +687,8 @@ class Simulator:
         fit = self._wave_fits.get(cfg, False)
         if fit is False:
             fit = self._wave_fits[cfg] = self._fit_waves(cfg)
+        if fit is None and cfg in self._untimed_choices:
+            fit = self._sibling_fit(cfg)
         if fit is None:
             return None
         ctx = tuple(int(-(-int(c) // 16) * 16) for c in contexts)
@@ -693,6 +700,35 @@ class Simulator:
             m = self.model
             t = self._wave_memo[mk] = fit.seconds(program_rounds(list(ctx), cfg, m.num_heads, m.num_kv_heads))
         return t
+
+    def _sibling_fit(self, cfg: Config) -> Any:
+        """The wave fit of `cfg`'s nearest timed sibling: the config with some of its later-added knobs (those with
+        a legacy value: how a program reads its pages or combines its splits) set otherwise, fewest changed first,
+        then in the space's order. Those knobs leave the grid of programs, which the wave model prices, as it is; on
+        the H200's decode graph table such siblings' times are within 0.94-1.02x of each other at the median
+        (docs/live.md). None where no sibling has a fit; which sibling priced the choice is kept in
+        decode_waves_siblings."""
+        from kernel_gym.kernels.decode_attention import SPACE
+
+        if cfg in self.decode_waves_siblings:
+            sib = self.decode_waves_siblings[cfg]
+            return None if sib is None else self._wave_fits[sib]
+        later = [k for k in SPACE.knobs if k.legacy is not None]
+        values = {k.name: SPACE.value(cfg, k.name) for k in SPACE.knobs}
+        siblings = []
+        for combo in itertools.product(*(k.values for k in later)):
+            changed = sum(v != values[k.name] for k, v in zip(later, combo))
+            if changed:
+                siblings.append((changed, SPACE.config(values | {k.name: v for k, v in zip(later, combo)})))
+        self.decode_waves_siblings[cfg] = None
+        for _, sib in sorted(siblings, key=lambda x: x[0]):  # stable: the space's order within a distance
+            fit = self._wave_fits.get(sib, False)
+            if fit is False:
+                fit = self._wave_fits[sib] = self._fit_waves(sib)
+            if fit is not None:
+                self.decode_waves_siblings[cfg] = sib
+                return fit
+        return None
 
     def _fit_waves(self, cfg: Config) -> Any:
         """decode_waves.fit over the timer's times of `cfg` at the fit grid (points where the config is invalid or
