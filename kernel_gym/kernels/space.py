@@ -134,6 +134,20 @@ class KnobSpace:
                               for values in itertools.product(*(k.values for k in self.knobs)))
         return iter(self._all)
 
+    def later_knob_siblings(self, config: Config) -> list[Config]:
+        """The configs that differ from `config` only in knobs added later (those with a legacy value), fewest
+        changed first, then in the space's order. Such knobs change how a program works (how it loads, how it
+        combines), not the tiles or the grid, so a sibling's times are the nearest measured stand-in for a config
+        nothing timed (Simulator._sibling_fit)."""
+        later = [k for k in self.knobs if k.legacy is not None]
+        values = {k.name: self.value(config, k.name) for k in self.knobs}
+        out = []
+        for combo in itertools.product(*(k.values for k in later)):
+            changed = sum(v != values[k.name] for k, v in zip(later, combo))
+            if changed:
+                out.append((changed, self.config(values | {k.name: v for k, v in zip(later, combo)})))
+        return [c for _, c in sorted(out, key=lambda x: x[0])]  # stable: the space's order within a distance
+
     def why_invalid(self, config: Config, workload: Any) -> str | None:
         """None when valid; otherwise the first violated rule's explanation."""
         return self._shape_reason(config) or self._rule_reason(config, workload)

@@ -12,7 +12,6 @@ plus a fixed per-step overhead, plus stalls (first-use compiles, KV re-layouts, 
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
 from collections import Counter, OrderedDict, deque
@@ -702,26 +701,17 @@ class Simulator:
         return t
 
     def _sibling_fit(self, cfg: Config) -> Any:
-        """The wave fit of `cfg`'s nearest timed sibling: the config with some of its later-added knobs (those with
-        a legacy value: how a program reads its pages or combines its splits) set otherwise, fewest changed first,
-        then in the space's order. Those knobs leave the grid of programs, which the wave model prices, as it is; on
-        the H200's decode graph table such siblings' times are within 0.94-1.02x of each other at the median
-        (docs/live.md). None where no sibling has a fit; which sibling priced the choice is kept in
-        decode_waves_siblings."""
+        """The wave fit of `cfg`'s nearest timed sibling (KnobSpace.later_knob_siblings: its later-added knobs set
+        otherwise, which leave the grid of programs the wave model prices as it is; how close a sibling's price
+        comes on the H200: benchmarks/live_e2e/sibling_check.py). None where no sibling has a fit; which sibling
+        priced the choice is kept in decode_waves_siblings."""
         from kernel_gym.kernels.decode_attention import SPACE
 
         if cfg in self.decode_waves_siblings:
             sib = self.decode_waves_siblings[cfg]
             return None if sib is None else self._wave_fits[sib]
-        later = [k for k in SPACE.knobs if k.legacy is not None]
-        values = {k.name: SPACE.value(cfg, k.name) for k in SPACE.knobs}
-        siblings = []
-        for combo in itertools.product(*(k.values for k in later)):
-            changed = sum(v != values[k.name] for k, v in zip(later, combo))
-            if changed:
-                siblings.append((changed, SPACE.config(values | {k.name: v for k, v in zip(later, combo)})))
         self.decode_waves_siblings[cfg] = None
-        for _, sib in sorted(siblings, key=lambda x: x[0]):  # stable: the space's order within a distance
+        for sib in SPACE.later_knob_siblings(cfg):
             fit = self._wave_fits.get(sib, False)
             if fit is False:
                 fit = self._wave_fits[sib] = self._fit_waves(sib)
