@@ -251,3 +251,35 @@ def test_an_untimed_choice_is_priced_by_its_nearest_timed_siblings_fit_and_only_
     normal = _sim(True)  # a timed config whose own fit prices it: no sibling is looked for
     normal._decode_s(8, mean, longest, [], contexts)
     assert normal.decode_waves_siblings == {}
+
+
+def test_later_knob_siblings_change_only_later_knobs_nearest_first():
+    from kernel_gym.kernels.decode_attention import SPACE
+
+    choice = Config(dict(SPLIT4, COMBINE=1, KV_TMA=1))
+    sibs = SPACE.later_knob_siblings(choice)
+    later = {"COMBINE", "PRELOAD_PAGES", "KV_TMA"}
+    assert len(sibs) == 2 ** 3 - 1 and choice not in sibs and SPLIT4 in sibs
+    dist = [sum(SPACE.value(s, k) != SPACE.value(choice, k) for k in later) for s in sibs]
+    assert dist == sorted(dist) and dist[0] == 1
+    for s in sibs:  # the grid and tiles stay; canonical configs (legacy values left out)
+        assert all(s[k] == choice[k] for k in SPLIT4)
+        assert SPACE._shape_reason(s) is None
+
+
+def test_sibling_check_prices_each_timed_config_from_its_sibling_on_the_committed_tables(tmp_path):
+    from benchmarks.live_e2e import sibling_check
+
+    out = tmp_path / "s.json"
+    assert sibling_check.main(["--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = doc["models"]["mixtral-8x7b"]
+    assert rows and all(r["sibling"] != r["config"] for r in rows)
+    for r in rows:
+        own, sib = json.loads(r["config"]), json.loads(r["sibling"])
+        grid = ("NUM_SPLITS", "BLOCK_N", "GQA_GROUPED", "num_warps", "num_stages", "PAGE_SIZE", "LAYOUT")
+        assert all(own[k] == sib[k] for k in grid)
+        q = r["sibling_price_over_measured"]
+        assert q["min"] <= q["median"] <= q["max"] and r["points"] >= 8
+    with pytest.raises(SystemExit, match="no such file"):
+        sibling_check.main(["--tables", str(tmp_path / "absent.json"), "--out", str(out)])
