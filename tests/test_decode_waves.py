@@ -208,6 +208,7 @@ def test_replay_with_decode_waves_prices_an_untimed_valid_choice_from_its_own_fi
     off, on = runs[False].metrics, runs[True].metrics
     assert off["fallbacks"] > 0 and "decode_waves_s" not in off  # untimed at batch 1: the default config charged
     assert on["decode_waves_untimed_s"] > 0 and on["decode_waves_s"] < 0  # its own fit: faster than the default's
+    assert on["decode_waves_sibling_configs"] == 0  # it has times of its own: no sibling stands in
     assert on["tuned_kernel_s"] < off["tuned_kernel_s"]
     rep = {"trace": "one", "model": model.name, "policies": {"split8": on}}
     assert "untimed)" in markdown(rep)

@@ -297,6 +297,7 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
         estimated_s["decode_attention"] += s["decode_waves_untimed_s"]
         metrics["decode_waves_s"] = float(s["decode_waves_s"])
         metrics["decode_waves_untimed_s"] = float(s["decode_waves_untimed_s"])
+        metrics["decode_waves_sibling_configs"] = float(s["decode_waves_sibling_configs"])
     for k, v in kernel_s.items():
         metrics[f"tuned_kernel_s.{k}"] = v
         metrics[f"estimated_share.{k}"] = min(1.0, estimated_s[k] / v) if v > 0 else 0.0

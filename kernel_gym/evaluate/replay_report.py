@@ -91,8 +91,11 @@ def markdown(rep: dict[str, Any]) -> str:
         lines += ["", "Decode priced from each batch's own contexts (`--decode-waves`: the wave model, fitted per "
                   "config on the measured rows; docs/simulator.md). The same-traffic kernel seconds stay at the "
                   "mean-context prices. Seconds the model moved against those, and the seconds of choices the data "
-                  "has no time for (estimates, where a fallback was charged before; in the estimated share): "
-                  + ", ".join(f"{n} {m['decode_waves_s']:+.1f} s ({m['decode_waves_untimed_s']:.1f} s untimed)"
+                  "has no time for (estimates, where a fallback was charged before; in the estimated share; a "
+                  "choice with no times of its own is priced from its nearest timed sibling's): "
+                  + ", ".join(f"{n} {m['decode_waves_s']:+.1f} s ({m['decode_waves_untimed_s']:.1f} s untimed"
+                              + (f", {m['decode_waves_sibling_configs']:.0f} configs by a sibling"
+                                 if m.get("decode_waves_sibling_configs") else "") + ")"
                               for n, m in waves.items()) + "."]
     live = live_check_note(decode_waves=bool(waves))
     if live:

@@ -1085,6 +1085,7 @@ class Simulator:
             "decode_waves_s": float(self.decode_waves_s),
             "decode_waves_steps": float(self.decode_waves_steps),
             "decode_waves_untimed_s": float(self.decode_waves_untimed_s),
+            "decode_waves_sibling_configs": float(sum(v is not None for v in self.decode_waves_siblings.values())),
             "stall_s": float(self.stall_total),
             "busy_s": busy,
             "configs_used": float(sum(len(v) for v in r.configs_used.values())),
