@@ -276,6 +276,8 @@ BEFORE = "benchmarks/decode_waves/live_check_before.json"  # session 49's live c
 WAVES_CHECK = "benchmarks/live_e2e/live_check_before_chunk_tables.json"  # sessions 50-51's (before the chunk tables)
 HOST_ISSUE = "benchmarks/live_e2e/host_issue.json"  # host_issue.py: eager steps' host issue time per live run
 CHUNK_CHECK = "benchmarks/live_e2e/chunk_tables_check.json"  # compare_checks.py: before / with the chunk tables
+SIBLING_CHECK = "benchmarks/live_e2e/sibling_fix_check.json"  # compare_checks.py: session 59's sibling price
+SIBLING_PRICES = "benchmarks/live_e2e/sibling_check.json"  # sibling_check.py on the H200 decode graph tables
 DECODE_GRAPH_CHECK = "benchmarks/live_e2e/decode_graph_check.json"  # compare_checks.py: session 54's decode table
 HELDOUT = "benchmarks/live_e2e/heldout_check.json"  # heldout_check.py: the held-out trace's runs, predicted first
 CAL_ONLY = "benchmarks/live_e2e/heldout_bffac01/calibration_only/heldout_check.json"  # the host calibration alone
@@ -798,6 +800,17 @@ FIGURES = [
                                                                      rf"[0-9]+ → {N} \|"), DECODE_GRAPH_CHECK,
              decode_graph_total(metric, side), 0.0, "json")
       for col, metric in ((0, "tokens_per_s"), (1, "ttft_p50_s"), (2, "tpot_p50_s")) for side in ("before", "after")],
+    # session 59's comparison: untimed decode choices priced from their nearest timed sibling
+    *[Figure(f"sibling price: all runs within the {metric} target, {side}", "docs/live.md",
+             rf"\| all policy runs \| 75 \| (?:[0-9]+ → [0-9]+ \| ){{{col}}}"
+             + (rf"{N} → [0-9]+ \|" if side == "before" else rf"[0-9]+ → {N} \|"), SIBLING_CHECK,
+             _group_total(SIBLING_CHECK, side, metric), 0.0, "json")
+      for col, metric in ((0, "tokens_per_s"), (1, "ttft_p50_s"), (2, "tpot_p50_s")) for side in ("before", "after")],
+    *[Figure(f"sibling check: sibling price / own time, {which} median", "docs/live.md", pattern, SIBLING_PRICES,
+             lambda pick=pick: pick(r["sibling_price_over_measured"]["median"]
+                                    for r in committed(SIBLING_PRICES)["models"]["mixtral-8x7b"]), 0.006, "json")
+      for which, pick, pattern in (("lowest", min, rf"The sibling's price is {N}-[0-9.]+x"),
+                                   ("highest", max, rf"The sibling's price is [0-9.]+-{N}x"))],
     # ---- benchmarks/README.md, the index: each study's headline figure, equal to its committed results file ----
     Figure("index: live check (session 49), runs within the TTFT target", BENCH,
            rf"within 10% of TTFT p50 on {N} of 65 graphed policy runs, within 5%", BEFORE,
