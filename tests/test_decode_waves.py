@@ -13,7 +13,7 @@ from kernel_gym.kernels.space import Config
 from kernel_gym.kernels.workloads import DecodeWorkload
 from kernel_gym.models import load_model
 from kernel_gym.traffic import decode_waves as dw
-from kernel_gym.traffic.simulator import Simulator
+from kernel_gym.traffic.simulator import Simulator, round_log4
 from kernel_gym.traffic.traces import Trace
 
 PER_HEAD = Config(PAGE_SIZE=16, LAYOUT="NHD", NUM_SPLITS=1, BLOCK_N=16, num_warps=4, num_stages=2, GQA_GROUPED=0)
@@ -216,21 +216,22 @@ def test_replay_with_decode_waves_prices_an_untimed_valid_choice_from_its_own_fi
 
 def test_an_untimed_choice_is_priced_by_its_nearest_timed_siblings_fit_and_only_an_untimed_one():
     """A guarding chooser served the default for a choice the data cannot time (its KV_TMA and COMBINE knobs on):
-    the wave model prices the choice with the fit of its nearest sibling the data does time (the same grid, the
-    later-added knobs set otherwise) and names that sibling; the timed config of a normal step gets no sibling; and
-    where no sibling is timed either, the fallback's time stands."""
+    the wave model prices the choice with the fit of its nearest sibling the data does time (one knob away before
+    two, whatever their speeds), and names it; where no sibling is timed either, the default's time stands; and a
+    config the data times but whose times fit no line keeps no wave price, even after it was once an untimed
+    choice (the sibling is for untimed choices only, whatever the order of calls)."""
     choice = Config(dict(SPLIT4, COMBINE=1, KV_TMA=1))
-    plain = SPLIT4  # two knobs away: the nearest the timer below times
+    near, far = Config(dict(SPLIT4, COMBINE=1)), SPLIT4  # one knob away, two knobs away
 
-    class NoLater(_WaveTimer):
-        def __init__(self, timed_siblings: bool) -> None:
+    class Siblings(_WaveTimer):
+        def __init__(self, timed: tuple) -> None:
             super().__init__()
-            self.timed_siblings = timed_siblings
+            self.timed = timed
 
         def time_s(self, kernel, wl, cfg):
-            if kernel == "decode_attention" and cfg != PER_HEAD and (cfg != plain or not self.timed_siblings):
+            if kernel == "decode_attention" and cfg != PER_HEAD and cfg not in self.timed:
                 raise LookupError("untimed")
-            return super().time_s(kernel, wl, cfg)
+            return super().time_s(kernel, wl, cfg) * (1.5 if cfg == near else 1.0)
 
     class Guard(_Chooser):
         last_fallback = {"decode_attention": True}
@@ -240,18 +241,33 @@ def test_an_untimed_choice_is_priced_by_its_nearest_timed_siblings_fit_and_only_
     mean, longest = float(contexts.mean()), float(contexts.max())
     model = load_model("mixtral-8x7b")
     trace = Trace("t", np.array([0.0]), np.array([16]), np.array([2]))
-    sims = {timed: Simulator(model, trace, NoLater(timed), Guard(), decode_waves=True) for timed in (True, False)}
-    priced = sims[True]._decode_s(8, mean, longest, [], contexts)
+
+    def sim(timer) -> Simulator:
+        return Simulator(model, trace, timer, Guard(), decode_waves=True)
+
+    both, far_only, none = sim(Siblings((near, far))), sim(Siblings((far,))), sim(Siblings(()))
     rounds = program_rounds([int(-(-c // 16) * 16) for c in contexts], choice, 32, 8)
-    assert priced == pytest.approx(sims[True]._wave_fits[plain].seconds(rounds))
-    assert sims[True].decode_waves_siblings == {choice: plain}
-    assert sims[True].decode_waves_untimed_s == pytest.approx(priced * model.num_layers)
-    fallback = sims[False]._decode_s(8, mean, longest, [], contexts)  # no sibling timed: the default's time
-    assert sims[False].decode_waves_siblings == {choice: None} and sims[False].decode_waves_untimed_s == 0.0
-    assert fallback != pytest.approx(priced)
-    normal = _sim(True)  # a timed config whose own fit prices it: no sibling is looked for
-    normal._decode_s(8, mean, longest, [], contexts)
-    assert normal.decode_waves_siblings == {}
+    priced = both._decode_s(8, mean, longest, [], contexts)
+    assert both.decode_waves_siblings == {choice: near}  # the nearer sibling, though the slower one
+    assert priced == pytest.approx(both._sibling_fits[near].seconds(rounds))
+    assert both.decode_waves_untimed_s == pytest.approx(priced * model.num_layers)
+    by_far = far_only._decode_s(8, mean, longest, [], contexts)
+    assert far_only.decode_waves_siblings == {choice: far}
+    assert by_far == pytest.approx(far_only._sibling_fits[far].seconds(rounds)) and by_far < priced
+    default_t = none._decode_s(8, mean, longest, [], contexts)  # no sibling timed: the default's time
+    assert none.decode_waves_siblings == {choice: None} and none.decode_waves_untimed_s == 0.0
+    key = ("decode_attention", 8, round_log4(mean))
+    assert default_t == pytest.approx(none.timer.time_s("decode_attention", none._workload(key), PER_HEAD))
+
+    class Unfit(Siblings):  # the choice has times, but they fit no line; its sibling fits
+        def time_s(self, kernel, wl, cfg):
+            if cfg == choice:
+                return 1e-5 * (1 + (wl.batch * 7919 + wl.context_len) % 13)
+            return super().time_s(kernel, wl, cfg)
+
+    unfit = sim(Unfit((far,)))
+    assert unfit._waves_s(choice, contexts, untimed=True) is not None  # as an untimed choice: the sibling
+    assert unfit._waves_s(choice, contexts) is None  # as a timed config, after that: no wave price, as before
 
 
 def test_later_knob_siblings_change_only_later_knobs_nearest_first():
@@ -265,7 +281,7 @@ def test_later_knob_siblings_change_only_later_knobs_nearest_first():
     assert dist == sorted(dist) and dist[0] == 1
     for s in sibs:  # the grid and tiles stay; canonical configs (legacy values left out)
         assert all(s[k] == choice[k] for k in SPLIT4)
-        assert SPACE._shape_reason(s) is None
+        assert s == SPACE.config({k: SPACE.value(s, k) for k in SPACE.names})
 
 
 def test_sibling_check_prices_each_timed_config_from_its_sibling_on_the_committed_tables(tmp_path):
@@ -275,7 +291,7 @@ def test_sibling_check_prices_each_timed_config_from_its_sibling_on_the_committe
     assert sibling_check.main(["--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     rows = doc["models"]["mixtral-8x7b"]
-    assert rows and all(r["sibling"] != r["config"] for r in rows)
+    assert rows
     for r in rows:
         own, sib = json.loads(r["config"]), json.loads(r["sibling"])
         grid = ("NUM_SPLITS", "BLOCK_N", "GQA_GROUPED", "num_warps", "num_stages", "PAGE_SIZE", "LAYOUT")

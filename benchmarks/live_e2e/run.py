@@ -1332,19 +1332,19 @@ class PredictSimulator(Simulator):
     decode_ragged_s = 0.0  # seconds (all layers) the launch factor added over the wave model's price
     decode_ragged_steps = 0
 
-    def _waves_s(self, cfg: Config, contexts: Any) -> float | None:
+    def _waves_s(self, cfg: Config, contexts: Any, untimed: bool = False) -> float | None:
         """The wave model's price; on a graphed decode-only step whose config --decode-ragged measured, no less than
         the longest sequence's price alone x the launch factor at the step's capture size (ragged_decode.py: in
         a launch with more programs than the GPU runs at once, the long sequence's programs share SMs and slow;
         the wave model's slots run at one rate)."""
-        waves = None if self._decode_scaled else super()._waves_s(cfg, contexts)
+        waves = None if self._decode_scaled else super()._waves_s(cfg, contexts, untimed)
         factors = (self.decode_ragged or {}).get(str(cfg))
         if waves is None or not factors or self._has_chunks or not self._graph_rows or len(contexts) < 2:
             return waves
         from benchmarks.live_e2e.ragged_decode import factor_at
 
         factor = factor_at(factors, self._graph_rows)
-        alone = super()._waves_s(cfg, [max(contexts)])
+        alone = super()._waves_s(cfg, [max(contexts)], untimed)
         if factor is None or alone is None or factor * alone <= waves:
             return waves
         self.decode_ragged_s += (factor * alone - waves) * self.model.num_layers

@@ -401,7 +401,7 @@ class Simulator:
         self.decode_waves_untimed_s = 0.0  # ... of which for choices the data has no time for (estimates)
         self._wave_fits: dict[Config, Any] = {}
         self._wave_memo: dict[tuple, float] = {}
-        self._untimed_choices: set[Config] = set()  # choices priced as untimed (their sibling's fit may stand in)
+        self._sibling_fits: dict[Config, Any] = {}  # the fits of siblings tried for untimed choices (_sibling_fit)
         self.decode_waves_siblings: dict[Config, Config | None] = {}  # untimed choice -> the sibling that priced it
         self._last_wl: dict[str, Any] = {}  # per kernel, the workload of its last call (as the chooser saw it)
         self.stall_total = 0.0
@@ -645,8 +645,7 @@ class Simulator:
 
                 wl = self._last_wl.get("decode_attention")
                 if wl is not None and SPACE.is_valid(choice, wl):
-                    self._untimed_choices.add(choice)
-                    waves = self._waves_s(choice, contexts)
+                    waves = self._waves_s(choice, contexts, untimed=True)
                     if waves is not None:
                         self.decode_waves_s += (waves - t) * self.model.num_layers
                         self.decode_waves_untimed_s += waves * self.model.num_layers
@@ -677,16 +676,16 @@ class Simulator:
             return longest
         return t
 
-    def _waves_s(self, cfg: Config, contexts: Any) -> float | None:
+    def _waves_s(self, cfg: Config, contexts: Any, untimed: bool = False) -> float | None:
         """The wave model's seconds for this batch's contexts under `cfg` (traffic.decode_waves), or None where the
-        config's times do not fit it. Contexts are rounded up to 16-token pages for the memo: a batch's price then
-        changes once a page, not every step."""
+        config's times do not fit it. For an `untimed` choice (the guard served a fallback for it) without a fit of
+        its own, its nearest timed sibling's fit prices it; a config the data times keeps its own price or none.
+        Contexts are rounded up to 16-token pages for the memo: a batch's price then changes once a page, not every
+        step."""
         from kernel_gym.kernels.decode_attention import program_rounds
 
-        fit = self._wave_fits.get(cfg, False)
-        if fit is False:
-            fit = self._wave_fits[cfg] = self._fit_waves(cfg)
-        if fit is None and cfg in self._untimed_choices:
+        fit = self._own_fit(cfg, self._wave_fits)
+        if fit is None and untimed:
             fit = self._sibling_fit(cfg)
         if fit is None:
             return None
@@ -709,16 +708,20 @@ class Simulator:
 
         if cfg in self.decode_waves_siblings:
             sib = self.decode_waves_siblings[cfg]
-            return None if sib is None else self._wave_fits[sib]
+            return None if sib is None else self._sibling_fits[sib]
         self.decode_waves_siblings[cfg] = None
         for sib in SPACE.later_knob_siblings(cfg):
-            fit = self._wave_fits.get(sib, False)
-            if fit is False:
-                fit = self._wave_fits[sib] = self._fit_waves(sib)
+            fit = self._own_fit(sib, self._sibling_fits)
             if fit is not None:
                 self.decode_waves_siblings[cfg] = sib
                 return fit
         return None
+
+    def _own_fit(self, cfg: Config, memo: dict[Config, Any]) -> Any:
+        """`cfg`'s wave fit on its own times (None where they do not fit), fitted once per memo."""
+        if cfg not in memo:
+            memo[cfg] = self._fit_waves(cfg)
+        return memo[cfg]
 
     def _fit_waves(self, cfg: Config) -> Any:
         """decode_waves.fit over the timer's times of `cfg` at the fit grid (points where the config is invalid or
