@@ -7,8 +7,10 @@ pages). The simulator prices such a choice with the wave model fitted on its nea
 with some later-added knobs set otherwise (KnobSpace.later_knob_siblings), which leaves the grid of programs as it
 is (Simulator._sibling_fit). Before, it charged the family default's time. This check leaves each config the decode
 graph tables time out in turn, prices its measured points from its nearest sibling's fit, and sets that price
-beside the config's own measured time, and beside the default config's measured time at the same point (the charge
-before). CPU only, from the committed tables.
+beside the config's own measured time, and beside the default config's time at the same point in the same tables
+(what the fallback charged, though the simulator took it from the dataset's row at the batch's mean context). Only
+siblings these tables time are tried; the simulator also fits a sibling on the dataset's rows. CPU only, from the
+committed tables.
 
     python benchmarks/live_e2e/sibling_check.py            # sibling_check.json beside this file; a table last
     python benchmarks/live_e2e/sibling_check.py --tables A.json,B.json --out FILE
@@ -114,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | config (its later knobs) | sibling's | points | sibling price / measured, median (p10-p90) | "
           "default's time / measured, median |")
     print("|---|---|---|---:|---|---|")
-    later = ("COMBINE", "KV_TMA", "PRELOAD_PAGES")
+    from kernel_gym.kernels.decode_attention import SPACE
+
+    later = [k.name for k in SPACE.knobs if k.legacy is not None]
     for m, rows in doc["models"].items():
         for r in rows:
             own, sib = json.loads(r["config"]), json.loads(r["sibling"])

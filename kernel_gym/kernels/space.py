@@ -136,9 +136,9 @@ class KnobSpace:
 
     def later_knob_siblings(self, config: Config) -> list[Config]:
         """The configs that differ from `config` only in knobs added later (those with a legacy value), fewest
-        changed first, then in the space's order. Such knobs change how a program works (how it loads, how it
-        combines), not the tiles or the grid, so a sibling's times are the nearest measured stand-in for a config
-        nothing timed (Simulator._sibling_fit)."""
+        changed first, then in the space's order (fixed, so a replay's prices never depend on the order of calls).
+        Such knobs change how a program works (how it loads, how it combines), not the tiles or the grid, so a
+        sibling's times are the nearest measured stand-in for a config nothing timed (Simulator._sibling_fit)."""
         later = [k for k in self.knobs if k.legacy is not None]
         values = {k.name: self.value(config, k.name) for k in self.knobs}
         out = []
