@@ -558,9 +558,14 @@ FIGURES = [
            lambda: -100 * min(r["ttft_p50_s"] for r in committed(CHECK)["rows"]
                               if r["model"] == "olmoe-1b-7b" and r["policy"] == "vllm-table"), 0.06, "gpu"),
     Figure("live check at a glance: Mixtral learned tables' highest TPOT error (%)", "docs/live.md",
-           rf"TPOT \+7.6% to \+{N}%: runs served before the Dispatcher fix", CHECK,
+           rf"TPOT \+[0-9.]+% to \+{N}%: runs served before the Dispatcher fix", CHECK,
            lambda: 100 * max(r["tpot_p50_s"] for r in committed(CHECK)["rows"]
                              if r["model"] == "mixtral-8x7b" and r["policy"].startswith("table:")), 0.6, "gpu"),
+    Figure("live check at a glance: Mixtral learned tables' lowest TPOT miss (%)", "docs/live.md",
+           rf"TPOT \+{N}% to \+[0-9.]+%: runs served before the Dispatcher fix", CHECK,
+           lambda: 100 * min(r["tpot_p50_s"] for r in committed(CHECK)["rows"]
+                             if r["model"] == "mixtral-8x7b" and r["policy"].startswith("table:")
+                             and r["tpot_p50_s"] > 0.05), 0.06, "gpu"),
     Figure("retrained tables live: TPOT p50 / vllm-table's, geomean", "README.md", rf"TPOT p50 \*\*{N}x\*\* its in",
            RETRAINED, at(RETRAINED, "geomean_learned_over_vllm_table", "tpot_p50_s"), 0.0005, "gpu"),
     Figure("retrained tables live: window runs with lower TPOT", "README.md", rf"command \(lower in {N} of 10;",
