@@ -109,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"what": "each decode config the tables time, priced from its nearest timed sibling's wave fit (as the "
                    "simulator prices a choice nothing times) over its own measured seconds; and the default config's "
                    "measured seconds over it (the charge before)",
-           "commit": git_commit(), "tables": shown, "models": {m: check_model(merged_times(tables, m), m)
-                                                               for m in models}}
+           "commit": git_commit(), "tables": shown,
+           # a CPU check of GPU times: each table's GPU and clock state when it was timed, as its meta recorded them
+           "timed_on": {name: {k: json.loads(t.read_text())["meta"].get(k)
+                               for k in ("device", "gpu_before", "gpu_after")} for name, t in zip(shown, tables)},
+           "models": {m: check_model(merged_times(tables, m), m) for m in models}}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     print("| model | config (its later knobs) | sibling's | points | sibling price / measured, median (p10-p90) | "
