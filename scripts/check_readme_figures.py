@@ -91,7 +91,8 @@ def policy_quality(env: str) -> dict[str, Any]:
 def policy_geomean(env: str, model: str, rerun: bool = True) -> float:
     """The held-out geomean of (env, model): from a rerun, or (rerun=False) from benchmarks/policy_quality.json."""
     rows = (policy_quality(env) if rerun else committed("benchmarks/policy_quality.json"))["results"]
-    return next(r["geomean_policy"] for r in rows if r["env_id"] == env and r["model"] == model)
+    return next(r["geomean_policy"] for r in rows
+                if r["env_id"] == env and r["model"] == model and r.get("seed", 0) == 0)
 
 
 @lru_cache(maxsize=None)

@@ -2,7 +2,11 @@
 score the learned policy on held-out workloads against the oracle, the default config and the best static config.
 
     python benchmarks/policy_quality/run.py                       # all envs x both models, 30k steps each
+    python benchmarks/policy_quality/run.py --seeds 0 1 2         # the same with three seeds (one row each)
     python benchmarks/policy_quality/run.py --timesteps 12000 --envs KernelGym/MoE-v0 --models olmoe-1b-7b
+
+A model whose data holds no rows of an env's kernel family (OLMoE has no prefix_prefill rows) is skipped with a note
+in the output (`skipped`), not scored.
 
 Writes benchmarks/policy_quality.json, benchmarks/policy_quality.md and benchmarks/policy_curves/<env>-<model>.png;
 every run is an MLflow run (experiment kernel-gym-bench) like `kernel-gym train`. Held-out workloads are whole
@@ -27,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ENVS = ("KernelGym/MoE-v0", "KernelGym/DecodeAttention-v0", "KernelGym/PrefillAttention-v0")
+ENVS = ("KernelGym/MoE-v0", "KernelGym/DecodeAttention-v0", "KernelGym/PrefillAttention-v0", "KernelGym/PrefixPrefill-v0")
 MODELS = ("mixtral-8x7b", "olmoe-1b-7b")
 TARGET = 0.97
 
@@ -38,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--timesteps", type=int, default=30_000, help="training steps per (env, model)")
     p.add_argument("--eval-freq", type=int, default=2_000, help="held-out evaluation every this many steps (curve)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds, one result row each")
     p.add_argument("--out", type=Path, default=Path("benchmarks"))
     p.add_argument("--tracking-uri", default="", help="MLflow URI (default: MLFLOW_TRACKING_URI or mlruns/mlflow.db)")
     p.add_argument("--log-model", action=argparse.BooleanOptionalAction, default=False,
@@ -115,16 +119,18 @@ def write_markdown(doc: dict, out: Path) -> str:
         f"`{doc['command'].strip()}` on {cpus} CPU cores. Geomean over held-out workloads of "
         "oracle time / chosen time (1.0 = the best measured config everywhere); held-out workloads are whole "
         "token-count / batch / prompt-total values never seen in training.", "",
-        "| env | model | policy | default | best static | held-out | steps | train s | meets 0.97 | "
+        "| env | model | seed | policy | default | best static | held-out | steps | train s | meets 0.97 | "
         "estimated: workloads / oracle time |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
         est = (f"{r['estimated_workloads']} of {r['heldout_workloads']} / {r['estimated_oracle_time_share']:.1%}"
                if "estimated_workload_share" in r else "not computed")
-        lines.append(f"| {r['env_id']} | {r['model']} | {r['geomean_policy']:.3f} | {r['geomean_default']:.3f} | "
+        lines.append(f"| {r['env_id']} | {r['model']} | {r.get('seed', 0)} | {r['geomean_policy']:.3f} | {r['geomean_default']:.3f} | "
                      f"{r['geomean_static']:.3f} | {r['heldout_workloads']} | {r['timesteps']} | "
                      f"{r['train_seconds']:.0f} | {'yes' if r['meets_target'] else 'no'} | {est} |")
+    lines += [f"\nSkipped (no rows of the family for the model): {k['env_id']} {k['model']}."
+              for k in doc.get("skipped", [])]
     lines += ["", "Estimated: held-out workloads whose oracle or policy time is an estimate (interpolated between "
               "measured shapes) rather than a measurement of that workload and config, and the share of the summed "
               "oracle time resting on estimates; computed from the sources of the scoring times (0 = every score "
@@ -174,59 +180,67 @@ def main(argv: list[str] | None = None) -> int:
     backend = make_backend("recorded", path=args.data or None)
     curves_dir = args.out / "policy_curves"
     curves_dir.mkdir(parents=True, exist_ok=True)
-    results = []
-    for env_id in args.envs:
-        for model in args.models:
-            short = env_id.split("/")[-1].lower()
-            targs = TrainArgs(env_id=env_id, model=model, total_timesteps=args.timesteps, seed=args.seed,
-                              eval_freq=args.eval_freq, checkpoint_freq=0, experiment="kernel-gym-bench",
-                              run_name=f"bench-{short}-{model}-seed{args.seed}", tracking_uri=args.tracking_uri,
-                              checkpoint_dir=f"out/checkpoints/bench-{short}-{model}", progress_bar=False,
-                              log_model=args.log_model, register_model=args.log_model)
-            t0 = time.perf_counter()
+    results, skipped = [], []
+    for env_id, model, seed in ((e, m, sd) for e in args.envs for m in args.models for sd in args.seeds):
+        if (env_id, model) in {(k["env_id"], k["model"]) for k in skipped}:
+            continue
+        short = env_id.split("/")[-1].lower()
+        targs = TrainArgs(env_id=env_id, model=model, total_timesteps=args.timesteps, seed=seed,
+                          eval_freq=args.eval_freq, checkpoint_freq=0, experiment="kernel-gym-bench",
+                          run_name=f"bench-{short}-{model}-seed{seed}", tracking_uri=args.tracking_uri,
+                          checkpoint_dir=f"out/checkpoints/bench-{short}-{model}-seed{seed}", progress_bar=False,
+                          log_model=args.log_model, register_model=args.log_model)
+        t0 = time.perf_counter()
+        try:
             res = train(targs, backend=backend)
-            seconds = time.perf_counter() - t0
-            client = mlflow.tracking.MlflowClient()
-            curve = [{"step": m.step, "geomean_policy": m.value}
-                     for m in client.get_metric_history(res.run_id, "eval/geomean_policy")]
-            e = res.evaluation
-            row = {
-                "env_id": env_id, "model": model, "seed": args.seed, "timesteps": res.num_timesteps,
-                "train_seconds": round(seconds, 1), "heldout_workloads": e.num_workloads,
-                "geomean_policy": e.geomean_policy, "geomean_default": e.geomean_default,
-                "geomean_static": e.geomean_static, "policy_failures": e.policy_failures,
-                "train_geomean_policy": res.metrics.get("final/train_geomean_policy"),
-                "random_policy_geomean": res.metrics.get("final/random_policy_geomean"),
-                "catalogue_size": len(res.catalogue), "static_config": e.static_config,
-                "meets_target": e.geomean_policy >= TARGET, "run_id": res.run_id, "curve": curve,
-                "heldout": [{k: r[k] for k in ("workload", "chosen", "ratio_policy", "ratio_default", "ratio_static",
-                                               "oracle_config", "oracle_ms") if k in r}
-                            for r in e.rows],
-            }
-            row.update(estimated_shares(backend, ENV_KERNELS[env_id], row["heldout"]))
-            results.append(row)
-            print(f"{env_id} {model}: policy {e.geomean_policy:.3f} default {e.geomean_default:.3f} static "
-                  f"{e.geomean_static:.3f} ({e.num_workloads} held-out, {seconds:.0f} s)", flush=True)
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            ax.plot([c["step"] for c in curve], [c["geomean_policy"] for c in curve], "o-", label="learned policy")
-            ax.axhline(e.geomean_static, ls="--", color="C1", label="best static config")
-            ax.axhline(e.geomean_default, ls=":", color="C2", label="default config")
-            ax.axhline(TARGET, color="grey", lw=0.8, label=f"target {TARGET}")
-            ax.set_xlabel("environment steps")
-            ax.set_ylabel("held-out geomean vs oracle")
-            ax.set_title(f"{short} / {model} ({seconds:.0f} s on {os.cpu_count()} cores)", fontsize=9)
-            ax.set_ylim(0, 1.02)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="lower right")
-            fig.tight_layout()
-            fig.savefig(curves_dir / f"{short}-{model}.png", dpi=80)
-            plt.close(fig)
+        except ValueError as exc:  # the data holds no rows of this family for this model: nothing to score
+            if "has an ok measurement" not in str(exc):
+                raise
+            skipped.append({"env_id": env_id, "model": model, "why": str(exc)})
+            print(f"{env_id} {model}: skipped, {exc}", flush=True)
+            continue
+        seconds = time.perf_counter() - t0
+        client = mlflow.tracking.MlflowClient()
+        curve = [{"step": m.step, "geomean_policy": m.value}
+                 for m in client.get_metric_history(res.run_id, "eval/geomean_policy")]
+        e = res.evaluation
+        row = {
+            "env_id": env_id, "model": model, "seed": seed, "timesteps": res.num_timesteps,
+            "train_seconds": round(seconds, 1), "heldout_workloads": e.num_workloads,
+            "geomean_policy": e.geomean_policy, "geomean_default": e.geomean_default,
+            "geomean_static": e.geomean_static, "policy_failures": e.policy_failures,
+            "train_geomean_policy": res.metrics.get("final/train_geomean_policy"),
+            "random_policy_geomean": res.metrics.get("final/random_policy_geomean"),
+            "catalogue_size": len(res.catalogue), "static_config": e.static_config,
+            "meets_target": e.geomean_policy >= TARGET, "run_id": res.run_id, "curve": curve,
+            "heldout": [{k: r[k] for k in ("workload", "chosen", "ratio_policy", "ratio_default", "ratio_static",
+                                           "oracle_config", "oracle_ms") if k in r}
+                        for r in e.rows],
+        }
+        row.update(estimated_shares(backend, ENV_KERNELS[env_id], row["heldout"]))
+        results.append(row)
+        print(f"{env_id} {model}: policy {e.geomean_policy:.3f} default {e.geomean_default:.3f} static "
+              f"{e.geomean_static:.3f} ({e.num_workloads} held-out, {seconds:.0f} s)", flush=True)
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot([c["step"] for c in curve], [c["geomean_policy"] for c in curve], "o-", label="learned policy")
+        ax.axhline(e.geomean_static, ls="--", color="C1", label="best static config")
+        ax.axhline(e.geomean_default, ls=":", color="C2", label="default config")
+        ax.axhline(TARGET, color="grey", lw=0.8, label=f"target {TARGET}")
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel("held-out geomean vs oracle")
+        ax.set_title(f"{short} / {model} ({seconds:.0f} s on {os.cpu_count()} cores)", fontsize=9)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        fig.savefig(curves_dir / f"{short}-{model}{'' if seed == args.seeds[0] else f'-seed{seed}'}.png", dpi=80)
+        plt.close(fig)
     doc = {
         "command": "python benchmarks/policy_quality/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "backend": "recorded", "dataset_hash": str(getattr(backend, "dataset_hash", "") or "n/a"),
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "python": platform.python_version()},
-        "target": TARGET, "results": results,
+        "target": TARGET, "results": results, "skipped": skipped,
     }
     (args.out / "policy_quality.json").write_text(json.dumps(doc, indent=1))
     print(write_markdown(doc, args.out / "policy_quality.md"))
