@@ -403,6 +403,7 @@ STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
 GEN_TEXT = r"zero-shot MoE geomean {} \(p5 {}\), decode {} \(p5 {}\); the second far split {} \(p5 {}\)"
 LOMO_TEXT = r"\| MoE {} \(p5 {}\), decode {} \(p5 {}\);"
 PQ_TEXT = r"MoE {} / {}, decode {} / {}, prefill {} / {} \(mixtral / olmoe\)"
+NEIGHBOURS = "benchmarks/policy_quality/neighbours.json"  # policy_quality/neighbours.py: interpolation's reach
 N = r"(?P<v>[0-9][0-9,]*(?:\.[0-9]+)?)"  # a number as printed: 142,156 or 0.976
 
 FIGURES = [
@@ -454,6 +455,22 @@ FIGURES = [
                               ("prefill", "KernelGym/PrefillAttention-v0",
                                r"MoE [0-9.]+ / [0-9.]+, decode [0-9.]+ / [0-9.]+, prefill "))
       for model in ("mixtral-8x7b", "olmoe-1b-7b")],
+    Figure("learned prefix prefill, mixtral-8x7b (committed JSON)", "README.md",
+           rf"chunked prefill\s+over a paged prefix {N} \(mixtral", "benchmarks/policy_quality.json",
+           lambda: policy_geomean("KernelGym/PrefixPrefill-v0", "mixtral-8x7b", False), 0.0005, "json"),
+    Figure("learned decode, mixtral-8x7b, lowest of three seeds", "README.md", rf"decode {N}-[0-9.]+ / 0.966",
+           "benchmarks/policy_quality.json",
+           lambda: min(r["geomean_policy"] for r in committed("benchmarks/policy_quality.json")["results"]
+                       if r["env_id"] == "KernelGym/DecodeAttention-v0" and r["model"] == "mixtral-8x7b"),
+           0.0005, "json"),
+    Figure("neighbours' best, decode mixtral split 0", "README.md", rf"hindsight, scores {N} on both",
+           NEIGHBOURS, lambda: next(r["geomean"] for r in committed(NEIGHBOURS)["results"]
+                                    if r["kernel"] == "decode_attention" and r["model"] == "mixtral-8x7b"
+                                    and r["split_seed"] == 0), 0.0005, "json"),
+    Figure("neighbours: decode winners measured at both neighbours", "README.md", rf"decode: {N} of 36 measured",
+           NEIGHBOURS, lambda: float(next(r["oracle_measured_at_neighbours"] for r in committed(NEIGHBOURS)["results"]
+                                          if r["kernel"] == "decode_attention" and r["model"] == "mixtral-8x7b"
+                                          and r["split_seed"] == 0)), 0.0, "json"),
     Figure("Serving-v0 agent estimated share", "README.md", rf"Estimated share of\s+tuned-kernel time: agent {N}%",
            "python benchmarks/serving/run.py (benchmarks/serving/serving_v0.md's command)",
            lambda: 100 * serving_v0()["agent_estimated_share"], 0.05, "all"),
