@@ -25,6 +25,10 @@ MoE's TMA_LOADS, prefill's IMPL) at every measured shape: for the families the b
 (prefill) every valid config that sets such a knob, for the others each shape's `--top` fastest stored configs at
 every new value (with_new_knobs, what `kernel-gym bench` times too).
 
+`--neighbour-winners` plans, at every measured shape, the `--top` fastest stored configs of its neighbours along the
+first axis that it has not stored: a held-out shape's winner is then measured on both sides of it (the policies'
+held-out scores on Mixtral's decode and prefill are limited by that, benchmarks/policy_quality/neighbours.py).
+
 The plans are made by kernel_gym.train.measurement_plans; this is their command line.
 """
 
@@ -50,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="--new-knobs: every family, prefill too, gets only the new-knob variants of each shape's "
                         "--top fastest stored configs (prefill otherwise gets every valid config: a plan cut to fit "
                         "a GPU budget)")
+    p.add_argument("--neighbour-winners", action="store_true",
+                   help="plan each measured shape's neighbours' --top fastest configs that it has not stored")
     p.add_argument("--configs-per-shape", type=int, default=48, help="--new-shapes: collect's seeded sample size")
     p.add_argument("--neighbour-top", type=int, default=16, help="--new-shapes: fastest configs of each neighbour")
     p.add_argument("--fill", action="store_true",
@@ -62,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--fill goes with --new-shapes")
     if args.variants_only and not args.new_knobs:
         p.error("--variants-only goes with --new-knobs")
-    if args.new_shapes and args.new_knobs:
-        p.error("--new-shapes and --new-knobs make separate plans: give one")
+    if args.new_shapes + args.new_knobs + args.neighbour_winners > 1:
+        p.error("--new-shapes, --new-knobs and --neighbour-winners make separate plans: give one")
 
     from kernel_gym.measure.recorded import RecordedBackend
     from kernel_gym.train import measurement_plans as plans
@@ -75,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_shapes:
         plan, summary = plans.new_shapes_plan(backend, kernels, models, args.configs_per_shape, args.neighbour_top,
                                               log, fill=args.fill)
+    elif args.neighbour_winners:
+        plan, summary = plans.neighbour_winners_plan(backend, kernels, models, args.top, log)
     elif args.new_knobs:
         plan, summary = plans.new_knobs_plan(backend, kernels, models, args.top, log,
                                              exhaustive=not args.variants_only)

@@ -81,6 +81,42 @@ def coverage_plan(backend: Any, kernels: list[str], models: list[str], depth: in
     return plan, summary
 
 
+def neighbour_winners_plan(backend: Any, kernels: list[str], models: list[str], top: int,
+                           log: Log = print) -> tuple[list[dict], dict]:
+    """(plan, per-kernel summary): at every measured shape, the `top` fastest stored configs of its measured
+    neighbours below and above along the primary axis (`neighbours`) that are valid there and not stored.
+
+    Why: the policies are scored on whole held-out values of that axis, and a held-out shape's fastest config is
+    often one its neighbours never measured (knob variants planned per shape: of Mixtral's 36 held-out decode
+    shapes, 7 had their winner stored at both neighbours; benchmarks/policy_quality/neighbours.py). Then neither
+    a policy nor interpolation can learn it there. Measuring each shape's winners at its neighbours makes a winner
+    visible on both sides of the shapes between them."""
+    from kernel_gym.kernels import get_family
+    from kernel_gym.train.train import prepare_data
+
+    plan, summary = [], {}
+    for kernel in kernels:
+        space = get_family(kernel).space
+        stored = backend.stored_keys(kernel)
+        refs: dict = {}
+        for model in models:
+            data = prepare_data(kernel, backend, model)
+            refs.update({r.key: r for r in data.train + data.heldout})
+        everyone = list(refs.values())
+        n = 0
+        for key, ref in sorted(refs.items()):
+            wanted: dict = {}
+            for near in neighbours(ref.workload, everyone):
+                wanted.update(dict.fromkeys(sorted(near.times, key=near.times.__getitem__)[:top]))
+            missing = [str(c) for c in wanted if (key, str(c)) not in stored and space.is_valid(c, ref.workload)]
+            if missing:
+                plan.append({"kernel": kernel, "workload": key, "configs": missing})
+                n += len(missing)
+        summary[kernel] = {"shapes": len(refs), "to_measure": n}
+        log(f"{kernel}: the {top} fastest of each shape's neighbours, {n} not stored at {len(refs)} shapes")
+    return plan, summary
+
+
 def new_shapes_plan(backend: Any, kernels: list[str], models: list[str], per_shape: int, neighbour_top: int,
                     log: Log = print, fill: bool = False) -> tuple[list[dict], dict]:
     """Per grid shape without stored rows: collect's seeded sample, the default, the training catalogue, and the

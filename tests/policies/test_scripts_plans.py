@@ -223,3 +223,26 @@ def test_plan_zoo_remaining_drops_stored_and_invalid_configs_and_puts_large_m_fi
     assert [e["workload"] for e in rest] == [large.key(), small.key()]  # M = 4096 first
     assert rest[0]["configs"] == large_cfgs  # the config the rules now reject is gone
     assert rest[1]["configs"] == valid[1:]  # the stored one is gone
+
+
+def test_plan_coverage_neighbour_winners_plans_each_neighbours_fastest_where_not_stored(tmp_path):
+    from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.train.train import prepare_data
+
+    out = tmp_path / "plan.json"
+    args = ["--kernels", "prefill_attention", "--models", "mixtral-8x7b", "--top", "2", "--neighbour-winners",
+            "--out", str(out)]
+    assert load_script("plan_coverage").main(args) == 0
+    plan = json.loads(out.read_text())
+    backend = RecordedBackend()
+    stored = backend.stored_keys("prefill_attention")
+    data = prepare_data("prefill_attention", backend, "mixtral-8x7b")
+    refs = {r.key: r for r in data.train + data.heldout}
+    assert plan
+    for e in plan:
+        near = neighbours(refs[e["workload"]].workload, list(refs.values()))
+        fastest = {str(c) for r in near for c in sorted(r.times, key=r.times.__getitem__)[:2]}
+        assert e["configs"] and set(e["configs"]) <= fastest  # only the neighbours' two fastest ...
+        assert not any((e["workload"], c) in stored for c in e["configs"])  # ... that this shape has not stored
+    with pytest.raises(SystemExit):
+        load_script("plan_coverage").main(["--neighbour-winners", "--new-shapes", "--out", str(out)])
