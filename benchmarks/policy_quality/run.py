@@ -31,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-ENVS = ("KernelGym/MoE-v0", "KernelGym/DecodeAttention-v0", "KernelGym/PrefillAttention-v0", "KernelGym/PrefixPrefill-v0")
+ENVS = ("KernelGym/MoE-v0", "KernelGym/DecodeAttention-v0", "KernelGym/PrefillAttention-v0",
+        "KernelGym/PrefixPrefill-v0")
 MODELS = ("mixtral-8x7b", "olmoe-1b-7b")
 TARGET = 0.97
 
@@ -126,7 +127,8 @@ def write_markdown(doc: dict, out: Path) -> str:
     for r in doc["results"]:
         est = (f"{r['estimated_workloads']} of {r['heldout_workloads']} / {r['estimated_oracle_time_share']:.1%}"
                if "estimated_workload_share" in r else "not computed")
-        lines.append(f"| {r['env_id']} | {r['model']} | {r.get('seed', 0)} | {r['geomean_policy']:.3f} | {r['geomean_default']:.3f} | "
+        lines.append(f"| {r['env_id']} | {r['model']} | {r.get('seed', 0)} | {r['geomean_policy']:.3f} | "
+                     f"{r['geomean_default']:.3f} | "
                      f"{r['geomean_static']:.3f} | {r['heldout_workloads']} | {r['timesteps']} | "
                      f"{r['train_seconds']:.0f} | {'yes' if r['meets_target'] else 'no'} | {est} |")
     lines += [f"\nSkipped (no rows of the family for the model): {k['env_id']} {k['model']}."
