@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 command (session 60): measure each shape's neighbours' three fastest configs where it has not stored them
 # (neighbour_winners_plan.json, `scripts/plan_coverage.py --neighbour-winners --top 3`), so that a held-out shape's
-# winner is seen on both sides of it. Prefill first (22 configs), then decode by the plan's order. Raw rows, the log
+# winner is seen on both sides of it. Raw rows, the log
 # and the GPU's clocks once a second under $OUT; merged into the packaged dataset on the CPU afterwards
 # (benchmarks/new_knob_rows/README.md, "Merged"), then `benchmarks/policy_quality/run.py --seeds 0 1 2` again.
 #   BUDGET_S=560 OUT=... bash benchmarks/policy_quality/coverage_session.sh
@@ -13,13 +13,12 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 smi=$!
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${KERNEL_GYM_COMMIT:-unknown}" > "$OUT/commit.txt"
 B=${BUDGET_S:-480}
-collect() {  # kernel, timeout, budget (collect stops starting chunks at its budget; the timeout bounds the rest)
-  timeout "$2" python3 scripts/collect.py --plan benchmarks/policy_quality/neighbour_winners_plan.json --kernels "$1" \
-    --db /tmp/neighbour_winners.sqlite --compile-workers 14 --budget-s "$3" >> "$OUT/collect.log" 2>&1
-  echo "[coverage_session] $1: exit $?" >> "$OUT/collect.log"
-}
-collect prefill_attention 110 60
-collect decode_attention $(( B - 150 )) $(( B - 220 ))
+# one call over both kernels (collect --plan refuses entries of a kernel --kernels leaves out); it stops starting
+# chunks at its budget, and the timeout bounds the chunk in flight and the integrity check
+timeout $(( B - 30 )) python3 scripts/collect.py --plan benchmarks/policy_quality/neighbour_winners_plan.json \
+  --kernels decode_attention,prefill_attention --db /tmp/neighbour_winners.sqlite --compile-workers 14 \
+  --budget-s $(( B - 100 )) >> "$OUT/collect.log" 2>&1
+echo "[coverage_session] collect: exit $?" >> "$OUT/collect.log"
 python3 -c "from kernel_gym.measure.store import MeasurementStore as S; S('/tmp/neighbour_winners.sqlite').export_snapshot('$OUT/neighbour_winner_rows.jsonl.gz')" >> "$OUT/collect.log" 2>&1
 kill "$smi" 2>/dev/null
 tail -n 5 "$OUT/collect.log"
