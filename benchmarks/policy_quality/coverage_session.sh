@@ -4,14 +4,14 @@
 # winner is seen on both sides of it. Raw rows, the log
 # and the GPU's clocks once a second under $OUT; merged into the packaged dataset on the CPU afterwards
 # (benchmarks/new_knob_rows/README.md, "Merged"), then `benchmarks/policy_quality/run.py --seeds 0 1 2` again.
-#   BUDGET_S=560 OUT=... bash benchmarks/policy_quality/coverage_session.sh
+#   BUDGET_S=560 KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/policy_quality/coverage_session.sh   (about 500 of 675)
 set -u
 OUT=${OUT:?set OUT}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/kernel_gym_triton_cache KERNEL_GYM_HEAT=0
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
   --format=csv -l 1 > "$OUT/power.csv" 2>&1 &
 smi=$!
-git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "${KERNEL_GYM_COMMIT:-unknown}" > "$OUT/commit.txt"
+echo "${KERNEL_GYM_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" > "$OUT/commit.txt"  # the tree sent
 B=${BUDGET_S:-480}
 # one call over both kernels (collect --plan refuses entries of a kernel --kernels leaves out); it stops starting
 # chunks at its budget, and the timeout bounds the chunk in flight and the integrity check
