@@ -463,7 +463,7 @@ FIGURES = [
            lambda: min(r["geomean_policy"] for r in committed("benchmarks/policy_quality.json")["results"]
                        if r["env_id"] == "KernelGym/DecodeAttention-v0" and r["model"] == "mixtral-8x7b"),
            0.0005, "json"),
-    Figure("neighbours' best, decode mixtral split 0", "README.md", rf"hindsight, scores {N} on both",
+    Figure("neighbours' best, decode mixtral split 0", "README.md", rf"hindsight, scores {N} on decode",
            NEIGHBOURS, lambda: next(r["geomean"] for r in committed(NEIGHBOURS)["results"]
                                     if r["kernel"] == "decode_attention" and r["model"] == "mixtral-8x7b"
                                     and r["split_seed"] == 0), 0.0005, "json"),

@@ -1,6 +1,6 @@
 """How far interpolation between measured shapes can go on today's data: for each held-out workload of the policy
-quality split, the config that is best on its two nearest training workloads (among the configs measured at all
-three), scored like the policy (oracle time / its time at the held-out workload).
+quality split, the config that is best on its nearest training workloads below and above it along the primary axis
+(among the configs measured at all three), scored like the policy (oracle time / its time at the held-out workload).
 
 Why: a policy scored below the 0.97 target either learned badly or faces winners its training shapes do not show.
 This baseline sees the training shapes' times in hindsight, so where it scores no better than the policy the gap is
@@ -23,23 +23,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernel_gym.measure import make_backend  # noqa: E402
+from kernel_gym.train.measurement_plans import neighbours  # noqa: E402
 from kernel_gym.train.train import prepare_data  # noqa: E402
 
 
-def features(workload) -> tuple[float, ...]:
-    """The workload's position on its grid in log2 units (decode: batch, context; prefill: total and longest)."""
-    if hasattr(workload, "context_len"):
-        return math.log2(workload.batch), math.log2(workload.context_len)
-    return math.log2(sum(workload.seq_lens)), math.log2(max(workload.seq_lens))
-
-
-def neighbours_best(train: list, heldout: list, neighbours: int = 2) -> list[dict]:
-    """Per held-out reference: the config with the highest summed log ratio on its nearest training references."""
+def neighbours_best(train: list, heldout: list) -> list[dict]:
+    """Per held-out reference: the config with the highest summed log ratio on its nearest training references
+    below and above along the primary axis (measurement_plans.neighbours: what --neighbour-winners plans from)."""
     rows = []
     for h in heldout:
-        f = features(h.workload)
-        near = sorted(train, key=lambda t: sum((a - b) ** 2 for a, b in zip(features(t.workload), f)))[:neighbours]
-        options = [c for c in h.times if all(c in n.times for n in near)]
+        near = neighbours(h.workload, train)
+        options = [c for c in h.times if near and all(c in n.times for n in near)]
         if not options:
             continue
         pick = max(options, key=lambda c: sum(math.log(n.times[n.best_config] / n.times[c]) for n in near))

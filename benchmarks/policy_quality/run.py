@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlflow
     import torch
 
+    from kernel_gym.dispatch.catalogue import NoMeasurementsError
     from kernel_gym.envs import ENV_KERNELS
     from kernel_gym.measure import make_backend
     from kernel_gym.train.train import TrainArgs, train
@@ -195,9 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             res = train(targs, backend=backend)
-        except ValueError as exc:  # the data holds no rows of this family for this model: nothing to score
-            if "has an ok measurement" not in str(exc):
-                raise
+        except NoMeasurementsError as exc:  # the data holds no rows of this family for this model: nothing to score
             skipped.append({"env_id": env_id, "model": model, "why": str(exc)})
             print(f"{env_id} {model}: skipped, {exc}", flush=True)
             continue

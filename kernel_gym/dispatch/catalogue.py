@@ -145,6 +145,11 @@ class Catalogue:
 MAX_CATALOGUE = 64
 
 
+class NoMeasurementsError(ValueError):
+    """The data holds no ok time for any workload of the kernel (e.g. a model without that family's rows): nothing
+    to build a catalogue from or to score. A ValueError, so callers that report bad input keep doing so."""
+
+
 def build_catalogue(
     kernel: str, refs: Sequence[WorkloadReference], near: float = 0.02, max_size: int = MAX_CATALOGUE, depth: int = 1
 ) -> Catalogue:
@@ -158,7 +163,8 @@ def build_catalogue(
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     if not refs:
-        raise ValueError(f"no {kernel} workload has an ok measurement: cannot build a catalogue (check the backend)")
+        raise NoMeasurementsError(f"no {kernel} workload has an ok measurement: cannot build a catalogue (check the "
+                                  "backend)")
     if not 0 <= near < 1:
         raise ValueError(f"near must be in [0, 1), got {near}")
     chosen: list[Config] = list(dict.fromkeys(r.default for r in refs))
