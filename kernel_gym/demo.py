@@ -34,6 +34,14 @@ def run_demo(*, out: Path = Path("out/demo"), model: str = "mixtral-8x7b", times
     t0 = time.time()
     say = lambda msg: print(f"[demo {time.time() - t0:5.0f}s] {msg}", flush=True)  # noqa: E731
     backend = make_backend("recorded")
+    from kernel_gym.dispatch.baselines import unmeasured_kernels, unmeasured_message
+    from kernel_gym.models import kernel_spec, load_model
+
+    missing = unmeasured_kernels(backend, kernel_spec(load_model(model)))
+    if missing:  # before minutes of training, not after
+        raise ValueError(unmeasured_message(model, missing, "then train and replay with --backend STORE (the demo "
+                                            "reads the packaged data only, which holds every kernel of "
+                                            "mixtral-8x7b and olmoe-1b-7b)"))
     out.mkdir(parents=True, exist_ok=True)
     uris: dict[str, str] = {}
     evaluations: dict[str, dict] = {}

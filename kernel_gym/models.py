@@ -24,7 +24,15 @@ from pathlib import Path
 from kernel_gym.kernels.workloads import padded_head_dim
 
 # ModelSpec and friends live in modelspec.py (re-exported here: every caller imports them from kernel_gym.models)
-from kernel_gym.modelspec import BUILTIN_MODELS, OPTIONAL_ZERO, SPEC_LIMITS, ModelSpec, spec_from_dict
+from kernel_gym.modelspec import (
+    BUILTIN_MODELS,
+    OPTIONAL_ZERO,
+    SPEC_LIMITS,
+    ModelSpec,
+    is_hf_config,
+    spec_from_dict,
+    spec_from_hf_config,
+)
 
 __all__ = ["BUILTIN_MODELS", "OPTIONAL_ZERO", "SPEC_LIMITS", "ModelSpec", "kernel_spec", "load_model", "spec_caveats",
            "spec_from_dict"]
@@ -64,8 +72,8 @@ def kernel_spec(spec: ModelSpec) -> ModelSpec:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A built-in or zoo spec by name, or a spec from a JSON file with ModelSpec's fields; "NAME@tpN" or
-    "PATH.json@tpN": its tensor-parallel shard (what one GPU runs)."""
+    """A built-in or zoo spec by name, or a spec from a JSON file: ModelSpec's fields, or a Hugging Face config.json
+    (spec_from_hf_config); "NAME@tpN" or "PATH.json@tpN": its tensor-parallel shard (what one GPU runs)."""
     if name_or_path in BUILTIN_MODELS:
         return BUILTIN_MODELS[name_or_path]
     from kernel_gym import zoo  # lazily: the zoo's table is only needed for a name that is not built in
@@ -95,4 +103,8 @@ def load_model(name_or_path: str) -> ModelSpec:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); fix the file") from exc
+    if is_hf_config(data):  # a Hugging Face config.json, named after its folder (or file, if not config.json)
+        hf_name = (data.get("_name_or_path") or "").rstrip("/").split("/")[-1] \
+            or (path.resolve().parent.name if path.name == "config.json" else path.stem)
+        return spec_from_hf_config(data, str(path), hf_name)
     return spec_from_dict(data, str(path))

@@ -125,3 +125,45 @@ def spec_from_dict(data: object, where: str = "model spec") -> ModelSpec:
             f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}; expected {sorted(names)}"
         )
     return ModelSpec(**data)
+
+
+HF_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # the routed expert count, by model family
+HF_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def is_hf_config(data: object) -> bool:
+    """A Hugging Face config.json rather than a ModelSpec: it names the architecture or its layers the HF way."""
+    return isinstance(data, dict) and any(k in data for k in ("model_type", "architectures", "num_hidden_layers"))
+
+
+def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
+    """A ModelSpec from a Hugging Face MoE config.json, by the mapping docs/agent.md tables ("Your own model"): the
+    routed experts, one expert's intermediate size, shared experts (DeepSeek's n_shared_experts, Qwen-MoE's one) and
+    MLA where kv_lora_rank is set. A multimodal config's text part (text_config) is the language model's."""
+    cfg = {**data, **data["text_config"]} if isinstance(data.get("text_config"), dict) else data
+
+    def need(*keys: str) -> int:
+        for k in keys:
+            if cfg.get(k) is not None:
+                return cfg[k]
+        raise ValueError(f"{where}: a Hugging Face config.json without {' or '.join(keys)}: "
+                         + ("not a mixture-of-experts model (kernel_gym tunes MoE serving)" if keys == HF_EXPERT_KEYS
+                            else "write the model as a ModelSpec JSON (docs/agent.md, Your own model)"))
+
+    hidden, heads = need("hidden_size"), need("num_attention_heads")
+    mla = cfg.get("kv_lora_rank") is not None
+    head_dim = cfg.get("head_dim") or (cfg.get("v_head_dim") if mla else None) or hidden // heads
+    if cfg.get("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
+        shared, shared_inter = int(cfg["n_shared_experts"]), int(need("moe_intermediate_size"))
+    elif cfg.get("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own width
+        shared, shared_inter = 1, int(cfg["shared_expert_intermediate_size"])
+    else:
+        shared, shared_inter = 0, 0
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    return ModelSpec(
+        name=name, num_layers=need("num_hidden_layers"), hidden=hidden, num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim, num_experts=need(*HF_EXPERT_KEYS),
+        top_k=need("num_experts_per_tok"), intermediate=need("moe_intermediate_size", "intermediate_size"),
+        dtype_bytes=HF_DTYPE_BYTES.get(dtype, 2), num_shared_experts=shared, shared_intermediate=shared_inter,
+        attention="mla" if mla else "gqa", kv_lora_rank=int(cfg["kv_lora_rank"]) if mla else 0,
+        rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0) if mla else 0)

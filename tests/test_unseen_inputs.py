@@ -339,3 +339,125 @@ def test_a_nan_lookup_is_refused_not_answered_from_the_last_bucket():
         d.moe_config(64, float("nan"))
     with pytest.raises(ValueError, match="is not a number"):
         d.decode_config(float("nan"), 1024)
+
+
+# ---- a new user's path: a model the data never measured, their own trace and config.json (session 61) ----------
+
+def test_replay_and_demo_stop_at_once_for_an_unmeasured_model_and_name_commands_that_work(tmp_path):
+    """A model outside the data was told to run `tune`, which cannot measure prefill, and only after the baselines
+    (or mid-replay, as a LookupError suggesting a lighter load)."""
+    from kernel_gym.demo import run_demo
+    from kernel_gym.evaluate.replay import run_replay
+
+    spec = tmp_path / "coder.json"
+    spec.write_text(json.dumps(dataclasses.asdict(QWEN3_CODER)))
+    for policies in ("default,oracle", "default,static,vllm-table,oracle"):
+        with pytest.raises(ValueError, match="no measurement of prefill_attention, decode_attention, fused_moe") as e:
+            run_replay(json_path=tmp_path / "r.json", model=f"{spec}@tp8", policies=policies, no_mlflow=True)
+        msg = str(e.value)
+        assert "kernel-gym tune --model SPEC --kernels decode_attention,fused_moe" in msg
+        assert "kernel-gym collect --model SPEC --kernels prefill_attention" in msg and "--backend STORE" in msg
+        assert "kernel-gym plan" in msg
+    with pytest.raises(ValueError, match="the demo reads the packaged data only"):
+        run_demo(out=tmp_path / "demo", model=f"{spec}@tp8", timesteps=512)
+    assert not (tmp_path / "demo").exists()  # refused before anything was written
+
+
+def test_engine_file_of_a_shard_spec_refuses_a_second_tp():
+    """`export --format vllm --model X@tp8 --tp 2` wrote N = intermediate / 16: right for neither degree."""
+    from kernel_gym.deploy.engine_export import shard_shape
+    from kernel_gym.zoo import shard
+
+    with pytest.raises(ValueError, match="already names a shard and --tp 2 another"):
+        shard_shape(shard(QWEN3_CODER, 8), tp=2)
+    assert shard_shape(shard(QWEN3_CODER, 8)).n == 320 == shard_shape(QWEN3_CODER, tp=8).n
+
+
+def test_a_request_csv_of_ones_own_loads_and_a_missing_column_is_named(tmp_path):
+    from kernel_gym.traffic.traces import detect_format
+
+    log = tmp_path / "requests.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,user\n0.5,100,20,a\n1.25,300,40,b\n")
+    t = load_trace(log)
+    assert detect_format(log) == "plain" and list(t.prompt_tokens) == [100, 300] and t.duration_s == 0.75
+    bad = tmp_path / "burst.csv"
+    bad.write_text("Timestamp,Request tokens\n0.5,100\n")  # was: "matches no known trace format"
+    with pytest.raises(TraceError, match=r"looks like a BurstGPT CSV but lacks \['Response tokens'\]"):
+        load_trace(bad)
+
+
+def test_a_mooncake_trace_with_seconds_for_milliseconds_is_warned_about(tmp_path):
+    """Seconds in Mooncake's millisecond field replayed 1,000 times too fast with only an overload warning."""
+    from kernel_gym.traffic.traces import TraceWarning
+
+    secs, ms = tmp_path / "secs.jsonl", tmp_path / "ms.jsonl"
+    secs.write_text("".join(json.dumps({"timestamp": i * 0.5, "input_length": 100, "output_length": 10}) + "\n"
+                            for i in range(40)))
+    ms.write_text("".join(json.dumps({"timestamp": i * 500, "input_length": 100, "output_length": 10}) + "\n"
+                          for i in range(40)))
+    with pytest.warns(TraceWarning, match="Mooncake timestamps are milliseconds; if yours are seconds"):
+        load_trace(secs)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        assert load_trace(ms).duration_s == pytest.approx(19.5)  # 2 requests/s: no warning
+
+
+def test_a_hugging_face_config_json_is_read_as_a_spec(tmp_path):
+    """A config.json was refused with two lists of field names."""
+    from kernel_gym.models import load_model
+
+    qwen3 = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+             "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+             "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "intermediate_size": 6144,
+             "torch_dtype": "bfloat16", "vocab_size": 151936}
+    folder = tmp_path / "Qwen3-30B-A3B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(qwen3))
+    spec = load_model(str(folder / "config.json"))
+    assert (spec.name, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.num_experts, spec.top_k,
+            spec.intermediate, spec.num_shared_experts) == ("Qwen3-30B-A3B", 48, 32, 4, 128, 8, 768, 0)
+    assert load_model(f"{folder / 'config.json'}@tp8").intermediate == 96
+    deepseek = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+                "num_key_value_heads": 128, "n_routed_experts": 256, "num_experts_per_tok": 8,
+                "moe_intermediate_size": 2048, "intermediate_size": 18432, "n_shared_experts": 1, "kv_lora_rank": 512,
+                "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "torch_dtype": "bfloat16"}
+    (tmp_path / "ds.json").write_text(json.dumps(deepseek))
+    ds = load_model(str(tmp_path / "ds.json"))
+    assert (ds.name, ds.attention, ds.kv_lora_rank, ds.rope_head_dim, ds.head_dim, ds.num_experts,
+            ds.num_shared_experts, ds.shared_intermediate) == ("ds", "mla", 512, 64, 128, 256, 1, 2048)
+    dense = {k: v for k, v in qwen3.items() if k not in ("num_experts", "num_experts_per_tok")}
+    (tmp_path / "dense.json").write_text(json.dumps(dense))
+    with pytest.raises(ValueError, match="not a mixture-of-experts model"):
+        load_model(str(tmp_path / "dense.json"))
+
+
+def test_a_file_tracking_store_is_refused_before_the_work_when_mlflow_refuses_it(monkeypatch):
+    """file:PATH was refused as an unknown scheme while the message listed "file"; file:///PATH passed the check and
+    MLflow 3.17 refused it after the whole command had run."""
+    from kernel_gym.train import tracking
+
+    monkeypatch.setattr(tracking, "file_store_refused", lambda: "maintenance mode")
+    for uri in ("file:/tmp/mlruns", "file:///tmp/mlruns", "/tmp/mlruns"):
+        with pytest.raises(ValueError, match="a file store, which MLflow .* refuses .*sqlite:///PATH/mlflow.db"):
+            tracking.check_tracking_uri(uri)
+    monkeypatch.setattr(tracking, "file_store_refused", lambda: "")
+    tracking.check_tracking_uri("file:/tmp/mlruns")  # an MLflow that keeps the file store
+    with pytest.raises(ValueError, match="use sqlite:///PATH/mlflow.db, http"):
+        tracking.check_tracking_uri("ftp://host/x")
+
+
+def test_replay_without_a_policy_names_replays_own_flags(tmp_path, monkeypatch):
+    """Replay suggested `--policy-dir`, an export flag replay refuses."""
+    from kernel_gym.deploy import export
+    from kernel_gym.evaluate.replay import learned_policy
+    from kernel_gym.models import load_model
+
+    monkeypatch.setattr(export, "latest_model_uris", lambda name: {})
+    monkeypatch.setattr(export, "registered_policy_names", lambda: [])
+    with pytest.raises(export.NoPolicyError) as e:
+        learned_policy(load_model("mixtral-8x7b"))
+    assert "--policy-dir benchmarks/generalisation/policies --out DIR`) and pass --table DIR/dispatch_table.json" \
+        in str(e.value)
+    assert "or pass `--policy-dir" in export.no_policy_message("m")  # export's own wording is kept

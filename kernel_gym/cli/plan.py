@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engine's context limit, prompt + output tokens (default 32768): passed in the launch "
                         "commands; each deployment's KV cache must hold one such request, longer requests are "
                         "refused")
+    p.add_argument("--backend", default="recorded",
+                   help="recorded (the packaged H200 data) or a measurement store path (what tune / collect --db "
+                        "wrote for a model the data does not hold)")
     return p
 
 
@@ -54,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                train_steps=args.train_steps, samples=args.samples, refine_rounds=args.refine_rounds,
                                next_best=args.next, model_id=args.model_id, json_path=args.json,
                                no_mlflow=args.no_mlflow, tracking_uri=args.tracking_uri, seed=args.seed,
-                               max_model_len=args.max_model_len)
+                               max_model_len=args.max_model_len, backend=args.backend)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"kernel-gym plan: {exc}", file=sys.stderr)
+        print(f"kernel-gym plan: error: {exc}", file=sys.stderr)
         return 2

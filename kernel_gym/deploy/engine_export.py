@@ -107,6 +107,8 @@ def shard_shape(model: Any, tp: int = 1, dtype: str = "", ep: int = 1) -> MoESha
     for flag, degree in (("--tp", tp), ("--ep", ep)):
         if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
             raise ValueError(f"{flag} {degree}: a parallel degree is an integer >= 1 (1: not split)")
+    if tp > 1 and "@tp" in model.name:  # the spec is one GPU's shard already: a second split would name neither
+        raise ValueError(f"--model {model.name} already names a shard and --tp {tp} another: pass one of them")
     if model.intermediate % tp:
         raise ValueError(f"--tp {tp}: the intermediate size {model.intermediate} of {model.name} must split into "
                          f"{tp} equal shards")

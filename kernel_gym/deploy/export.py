@@ -406,7 +406,7 @@ def load_policies(items: Sequence[str], model: Any = None) -> dict[str, tuple[Pr
     model_name = getattr(model, "name", model)
     uris = parse_model_uris(items) if items else latest_model_uris(model_name)
     if not uris:
-        raise ValueError(no_policy_message(model_name))
+        raise NoPolicyError(no_policy_message(model_name))
     out: dict[str, tuple[Predictor, dict[str, Any]]] = {}
     for key, uri in uris.items():
         kernel = key if key and not key.startswith("?") else None
@@ -419,7 +419,11 @@ def load_policies(items: Sequence[str], model: Any = None) -> dict[str, tuple[Pr
     return out
 
 
-def no_policy_message(model_name: str | None) -> str:
+class NoPolicyError(ValueError):
+    """The MLflow store holds no policy usable for the model (no_policy_message says what to do)."""
+
+
+def no_policy_message(model_name: str | None, command: str = "export") -> str:
     """The one-line error when the store has no policy usable for the model, naming the fixes that work: after the
     demo the store holds policies for the demo's model only, and a model without its own policy needs the
     model-conditioned one (trained by `train --model zoo`, or shipped as bundles in the repository)."""
@@ -429,8 +433,12 @@ def no_policy_message(model_name: str | None) -> str:
     return (f"no registered kernel-gym-* policy for {model_name or 'this model'} in the MLflow store "
             f"(MLFLOW_TRACKING_URI or mlruns/): {held}; for a model without its own policy train the model-conditioned "
             "policy (`kernel-gym train --model zoo --env-id KernelGym/MoE-v0`, and the same with "
-            "--env-id KernelGym/DecodeAttention-v0), or pass `--policy-dir benchmarks/generalisation/policies` "
-            "(the zoo policies the repository ships); or pass --model-uri")
+            "--env-id KernelGym/DecodeAttention-v0), or "
+            + ("pass `--policy-dir benchmarks/generalisation/policies` (the zoo policies the repository ships)"
+               if command == "export" else
+               "export the zoo policies the repository ships (`kernel-gym export --model SPEC --policy-dir "
+               f"benchmarks/generalisation/policies --out DIR`) and pass --table DIR/{TABLE_FILE}")
+            + "; or pass --model-uri")
 
 
 def registered_policy_names() -> list[str]:

@@ -50,6 +50,17 @@ def parse_slo(text: str) -> tuple[float, float]:
     return out["ttft"], out["tpot"]
 
 
+def store_backend(backend: str) -> Any:
+    """--backend: "recorded" (the packaged H200 data), else the recorded backend over that store's path."""
+    if backend == "recorded":
+        return "recorded"
+    from kernel_gym.measure import make_backend
+
+    if not Path(backend).exists():
+        raise ValueError(f"--backend {backend}: no such store; pass recorded or the --db path tune / collect wrote")
+    return make_backend("recorded", path=backend)
+
+
 def make_env(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float,
              window_s: float, split: str = "train", routing: Any = None, table: Any = None,
              backend: Any = None, pricer: Any = None, max_model_len: int = 0) -> Any:
@@ -224,18 +235,21 @@ def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
 def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float = 1.0,
               window_s: float = 60.0, train_steps: int = 64, samples: int = 2, train_windows: int = 2,
               seed: int = 0, routing: Any = None, table: Any = None, env: Any = None,
-              refine_rounds: int = 1, pricer: Any = None, max_model_len: int = 0) -> dict[str, Any]:
+              refine_rounds: int = 1, pricer: Any = None, max_model_len: int = 0,
+              backend: Any = None) -> dict[str, Any]:
     """The agent's choice on the training windows (module docstring): the ranked candidates with their mean
     training goodput, the winner first. refine_rounds > 0: a coordinate search over the knobs starting at the best
     candidate refines it (the agent proposes, the simulator replays decide)."""
     t0 = time.time()
     env = env or make_env(spec, gpus, engine, trace, slo, rate_scale, window_s, "train", routing, table,
-                          pricer=pricer, max_model_len=max_model_len)
+                          backend=backend, pricer=pricer, max_model_len=max_model_len)
     starts = window_starts(env, train_windows)
     agent = train_agent(env, train_steps, seed)
     agent_deps = proposals(env, agent, starts, samples, seed)
     floor = baselines(spec, engine, gpus)
     cands = list(dict.fromkeys([*agent_deps, *floor.values()]))
+    print(f"[plan] agent trained ({time.time() - t0:.0f} s); replaying {len(cands)} candidate deployments on "
+          f"{len(starts)} training windows", file=sys.stderr, flush=True)
     scores = {d: score(env, d, starts) for d in cands}
     agent_best = max(agent_deps, key=scores.__getitem__) if agent_deps else None
     refined: list = []
@@ -244,6 +258,8 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
 
         # two starts: the agent's best proposal and the best of the floor (coordinate ascent stops at local optima)
         floor_best = max(floor.values(), key=scores.__getitem__)
+        print(f"[plan] refining the best ({refine_rounds} coordinate-search round{'s' if refine_rounds != 1 else ''}, "
+              f"{time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
         for start in dict.fromkeys(d for d in (agent_best, floor_best) if d is not None):
             _, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus, start,
                                            refine_rounds, env.pricer.max_model_len)
@@ -426,11 +442,13 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
                     rate_scale: float = 1.0, window_s: float = 60.0, routing: str = "zipf:1.2", train_steps: int = 64,
                     samples: int = 2, refine_rounds: int = 1, next_best: int = 3, model_id: str = "",
                     json_path: str = "", no_mlflow: bool = False, tracking_uri: str = "", seed: int = 0,
-                    max_model_len: int = 0) -> int:
+                    max_model_len: int = 0, backend: str = "recorded") -> int:
     """`kernel-gym plan` (module docstring): the recommended deployment and the `next_best` others printed, the plan
     written to `json_path` (when given) and logged to MLflow (unless `no_mlflow`). max_model_len: the engine's
     context limit (prompt + output tokens; default MAX_MODEL_LEN), in the launch commands; every deployment's KV
-    cache must hold one request of it, and the trace's longer requests are refused (they miss the SLO)."""
+    cache must hold one request of it, and the trace's longer requests are refused (they miss the SLO). `backend`:
+    "recorded" (the packaged H200 data) or a measurement store's path (the rows `tune` / `collect` wrote there)."""
+    from kernel_gym.dispatch.baselines import measure_commands
     from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.evaluate.replay_report import json_safe
     from kernel_gym.models import kernel_spec, load_model, spec_caveats
@@ -438,6 +456,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     from kernel_gym.traffic.windows import resolve_trace
 
     limits = parse_slo(slo)
+    store = store_backend(backend)
     engine_name, engine_version = split_engine(engine)
     engine = f"{engine_name}-{engine_version}"  # every deployment below carries the release whose defaults it prices
     if not 1 <= gpus <= 8:
@@ -479,13 +498,16 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     with warnings.catch_warnings(record=True) as overloaded:  # one line for them all, in plan's own flags
         warnings.simplefilter("always", OverloadWarning)
         rec = recommend(spec, gpus, engine, replayed, limits, rate_scale, window_s, train_steps,
-                        samples, seed=seed, routing=profile, refine_rounds=refine_rounds, max_model_len=max_model_len)
+                        samples, seed=seed, routing=profile, refine_rounds=refine_rounds, max_model_len=max_model_len,
+                        backend=store)
         ranked, seen = [], set()
         for r in rec["ranked"]:  # the winner, then the best deployment of each other layout
             if r["deployment"].layout_name not in seen and len(ranked) <= next_best:
                 ranked.append(r)
                 seen.add(r["deployment"].layout_name)
         deps = [r["deployment"] for r in ranked]
+        print(f"[plan] {len(rec['ranked'])} deployments scored ({rec['wall_s']:.0f} s); replaying the {len(deps)} best "
+              "on the held-out window", file=sys.stderr, flush=True)
         held, _ = heldout_replay(spec, gpus, engine, replayed, limits, rate_scale, window_s, deps, profile,
                                  pricer=rec["env"].pricer)
     for w in overloaded:
@@ -525,6 +547,10 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     print(f"  predicted goodput {p['goodput_req_per_s']:.2f} req/s ({p['slo_attainment']:.0%} within SLO, "
           f"{p['goodput_tokens_per_s_per_gpu']:.0f} good tokens/s/GPU); estimated share {p['estimated_share']:.0%}, "
           f"prior share {p['prior_share']:.0%} of the step time")
+    if p.get("roofline_priced"):
+        print(f"  priced from the roofline, no measured rows at this model's shapes: {', '.join(p['roofline_priced'])}"
+              f" (in the estimated share); to price them from measurements: "
+              f"{measure_commands(p['roofline_priced'])} on a GPU, then plan again with --backend STORE")
 
     def lat(key: str, scale: float, unit: str) -> str:
         vals = [p.get(f"{key}_p50_s"), p.get(f"{key}_p99_s")]

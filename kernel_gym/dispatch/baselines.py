@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from kernel_gym.dispatch.rules import default_for, fastest, follow_kv, follows_kv, kv_key
 from kernel_gym.kernels import get_family, profiles
@@ -261,17 +261,40 @@ def training_references(backend: Any, model: Any, kernels: Iterable[str] = KERNE
     return {k: measure_reference(backend, get_family(k), model_workloads(k, model)) for k in kernels}
 
 
-def static_configs(refs: dict[str, list[Any]]) -> dict[str, Config]:
+def measure_commands(kernels: Sequence[str]) -> str:
+    """The GPU commands that measure `kernels` at a model's shapes into a store (--backend STORE reads it): `tune`
+    for the kernels it tunes, `collect` for the others."""
+    from kernel_gym.deploy.tune import KERNELS as TUNED
+
+    tuned, rest = [k for k in kernels if k in TUNED], [k for k in kernels if k not in TUNED]
+    cmds = [f"`kernel-gym {cmd} --model SPEC --kernels {','.join(ks)} --db STORE`"
+            for cmd, ks in (("tune", tuned), ("collect", rest)) if ks]
+    return " and ".join(cmds)
+
+
+def unmeasured_message(model_name: str, kernels: Sequence[str], then: str = "then pass --backend STORE") -> str:
+    """Why a model whose grid has no measured workload of `kernels` cannot be trained on or replayed, and what fixes
+    it: measuring them (`then`: how the command reads the store), or `plan`, which prices a model without
+    measurements from the roofline."""
+    return (f"{model_name}: the data holds no measurement of {', '.join(kernels)} at this model's shapes, and "
+            f"training and replay score configs on measured times only; measure them on a GPU "
+            f"({measure_commands(kernels)}), {then}; or, without a GPU, estimate a serving plan from the roofline "
+            "with `kernel-gym plan --model SPEC`")
+
+
+def unmeasured_kernels(backend: Any, model: Any, kernels: Iterable[str] = KERNELS) -> list[str]:
+    """The kernels of which `backend` stores no config at any workload of the model's grid (lookups only, no timing:
+    a check before a replay or a training run, not after minutes of it)."""
+    return [k for k in kernels if not any(backend.available_configs(k, w) for w in model_workloads(k, model))]
+
+
+def static_configs(refs: dict[str, list[Any]], model_name: str = "this model") -> dict[str, Config]:
     from kernel_gym.dispatch.catalogue import best_static_config
 
-    out = {}
-    for k, r in refs.items():
-        if not r:
-            raise ValueError(f"no {k} workload of this model's grid has a measurement, and replay scores every policy "
-                             "on measured times: measure the model first (kernel-gym tune --model SPEC, or "
-                             "kernel-gym collect --model SPEC, on a GPU) or replay a measured model")
-        out[k] = best_static_config(r)
-    return out
+    missing = [k for k, r in refs.items() if not r]
+    if missing:
+        raise ValueError(unmeasured_message(model_name, missing))
+    return {k: best_static_config(r) for k, r in refs.items()}
 
 
 def best_layout(decode_refs: list[Any]) -> KVLayout:
@@ -319,7 +342,7 @@ def make_baselines(names: Iterable[str], backend: Any, model: Any, budget: int =
     need_refs = {"static", "vllm-table", "oracle"} & set(names)
     if need_refs and refs is None:
         refs = training_references(backend, model)
-    static = static_configs(refs) if {"static", "vllm-table"} & set(names) else {}
+    static = static_configs(refs, model.name) if {"static", "vllm-table"} & set(names) else {}
     out: dict[str, Callable[[], Policy]] = {}
     for n in names:
         if n == "default":

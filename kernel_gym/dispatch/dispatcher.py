@@ -523,8 +523,8 @@ def check_table_for(table: DispatchTable, model: Any, where: str = "dispatch tab
     config must be valid at the bucket's workload (a table of unusable choices cannot be scored as if it were one)."""
     name = getattr(model, "name", None)
     if table.model.get("name") != name:
-        raise ValueError(f"{where} was exported for model {table.model.get('name')}, not {name}: pass --model "
-                         f"{table.model.get('name')} or export a table for {name}")
+        raise ValueError(f"{where} was exported for model {table.model.get('name')}, not {name}: pass --model with "
+                         f"that model (its name, or the spec file it came from) or export a table for {name}")
     from kernel_gym.kernels.workloads import padded_head_dim
 
     for field_name, value in table.model.items():

@@ -27,7 +27,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kernel_gym.dispatch.baselines import BASELINE_NAMES, SEARCH_BUDGET, OraclePolicy, Policy, make_baselines
+from kernel_gym.dispatch.baselines import (
+    BASELINE_NAMES,
+    SEARCH_BUDGET,
+    OraclePolicy,
+    Policy,
+    make_baselines,
+    unmeasured_kernels,
+    unmeasured_message,
+)
 from kernel_gym.dispatch.rules import fastest
 from kernel_gym.evaluate.replay_report import DEFAULT_ROUTING, log_mlflow, markdown, write_outputs
 from kernel_gym.kernels import profiles
@@ -312,11 +320,21 @@ def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing:
 
 def learned_policy(model: Any, model_uris: Sequence[str] = (), table_path: str | None = None) -> Any:
     """The Dispatcher over a dispatch table: from a file, or exported now from the given (or latest) policies."""
-    from kernel_gym.deploy.export import print_basis_notes, stale_dataset, stale_line, table_from_registry
+    from kernel_gym.deploy.export import (
+        NoPolicyError,
+        no_policy_message,
+        print_basis_notes,
+        stale_dataset,
+        stale_line,
+        table_from_registry,
+    )
     from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
 
     if not table_path:
-        table = table_from_registry(model, model_uris)
+        try:
+            table = table_from_registry(model, model_uris)
+        except NoPolicyError:  # the fixes as replay's own flags name them
+            raise NoPolicyError(no_policy_message(model.name, "replay")) from None
         print_basis_notes({k: r for k, r in table.meta.get("rests_on", {}).items() if k in table.kernels})
         return Dispatcher(table)
     from kernel_gym.dispatch.dispatcher import check_table_for
@@ -465,6 +483,9 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     if hasattr(backend, "describe_line"):
         print(backend.describe_line(), file=sys.stderr, flush=True)
     covered = CoveredBackend(backend)
+    missing = unmeasured_kernels(covered, spec)
+    if missing:
+        raise ValueError(unmeasured_message(spec.name, missing))
     factories: dict[str, Callable[[], Any]] = {}
     base = make_baselines([n for n in names if n in BASELINE_NAMES], covered, spec, budget, seed)
     for n in names:

@@ -323,7 +323,9 @@ class Simulator:
         if self.pool_bytes <= 0:
             raise ValueError(
                 f"{model.name}: weights ({model.weight_bytes / 1e9:.1f} GB) exceed {gpu_memory_utilization} x "
-                f"{gpu_memory_bytes / 1e9:.0f} GB of GPU memory; use a larger GPU or a smaller model"
+                f"{gpu_memory_bytes / 1e9:.0f} GB of GPU memory; replay one GPU's tensor-parallel shard "
+                "(--model NAME@tpN or SPEC.json@tpN, N GPUs), or a smaller model; `kernel-gym plan` chooses the "
+                "parallelism"
             )
 
         self.arrival = np.asarray(requests.arrival_s, dtype=np.float64)

@@ -8,6 +8,8 @@ Formats (columns as published; origins and licences: README.md, Data and licence
   published `qwen_traceA_blksz_16.jsonl`) sets the block size of either.
 - BurstGPT (CSV): Timestamp (s), [Session ID, Elapsed time,] Model, Request tokens, Response tokens, Total tokens,
   Log Type.
+- Your own requests (CSV): arrival_s (seconds, any origin), prompt_tokens, output_tokens; other columns ignored. The
+  format to write a deployment's request log in.
 
 A gzip-compressed file (`.csv.gz`, `.jsonl.gz`: recognised by its gzip header, whatever its name) is read as the
 text inside it.
@@ -29,6 +31,7 @@ import json
 import math
 import os
 import re
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-FORMATS = ("azure", "mooncake", "burstgpt")
+FORMATS = ("azure", "mooncake", "burstgpt", "plain")
+PLAIN_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -57,6 +61,15 @@ NAMED_TRACES = {
 
 class TraceError(ValueError):
     """A trace file that cannot be replayed as is; the message names file, line and fix."""
+
+
+class TraceWarning(UserWarning):
+    """A trace that loads but whose numbers look like another unit than its format's (the replay would mislead)."""
+
+
+# A Mooncake trace read at over this many requests per second (with at least SECONDS_CHECK_MIN requests) most likely
+# holds seconds where the format says milliseconds: the published traces run at 1-30 requests/s.
+SECONDS_CHECK_RATE, SECONDS_CHECK_MIN = 1000.0, 20
 
 
 @dataclass(frozen=True)
@@ -295,6 +308,11 @@ def load_burstgpt(path: str | Path, name: str | None = None) -> Trace:
     return _load_csv(Path(path), BURSTGPT_COLUMNS, "BurstGPT", name, float, "a number of seconds")
 
 
+def load_plain(path: str | Path, name: str | None = None) -> Trace:
+    """A request log in kernel-gym's own CSV: arrival_s (seconds), prompt_tokens, output_tokens (others ignored)."""
+    return _load_csv(Path(path), PLAIN_COLUMNS, "kernel-gym request CSV", name, float, "a number of seconds")
+
+
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash_ids block in the published Mooncake traces
 BAILIAN_BLOCK_TOKENS = 16  # the same in Alibaba's Qwen Bailian traces (their files say so: qwen_*_blksz_16.jsonl)
 BAILIAN_FIELD = "chat_id"  # a Bailian record's own field: its timestamps are seconds, Mooncake's milliseconds
@@ -361,6 +379,11 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
     if not rows:
         raise _err(path, 1, "the file is empty", f"give a Mooncake JSONL trace with fields {list(MOONCAKE_FIELDS)}")
     trace = _finish(path, name or _stem(path), rows, {})
+    if not bailian and len(trace) >= SECONDS_CHECK_MIN and trace.mean_rate > SECONDS_CHECK_RATE:
+        warnings.warn(f"{path}: {len(trace)} requests within {trace.duration_s * 1e3:.0f} ms of timestamps "
+                      f"({trace.mean_rate:.0f} requests/s): Mooncake timestamps are milliseconds; if yours are "
+                      f"seconds, multiply them by 1000, or write the trace as a CSV with columns {list(PLAIN_COLUMNS)}",
+                      TraceWarning, stacklevel=2)
     if not hashes:
         return trace
     kept = [r[0] for r in rows if r[2] > 0 and r[3] > 0]  # the rows _finish kept, in order
@@ -380,7 +403,7 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
 
 
 def detect_format(path: str | Path) -> str:
-    """'azure' | 'mooncake' | 'burstgpt' from the extension and header."""
+    """'azure' | 'mooncake' | 'burstgpt' | 'plain' from the extension and header."""
     path = Path(path)
     if plain_suffix(path) in (".jsonl", ".json"):
         return "mooncake"
@@ -393,16 +416,23 @@ def detect_format(path: str | Path) -> str:
         return "azure"
     if all(c in header for c in BURSTGPT_COLUMNS):
         return "burstgpt"
+    if all(c in header for c in PLAIN_COLUMNS):
+        return "plain"
     if first.lstrip().startswith("{"):
         return "mooncake"
-    raise _err(path, 1, f"header {header} matches no known trace format",
-               f"use an Azure CSV {list(AZURE_COLUMNS)}, a BurstGPT CSV {list(BURSTGPT_COLUMNS)} "
-               f"or a Mooncake JSONL with {list(MOONCAKE_FIELDS)}")
+    formats = {"a request CSV": PLAIN_COLUMNS, "an Azure CSV": AZURE_COLUMNS, "a BurstGPT CSV": BURSTGPT_COLUMNS}
+    near, cols = max(formats.items(), key=lambda kv: sum(c in header for c in kv[1]))
+    lacks = [c for c in cols if c not in header]
+    what = (f"header {header} looks like {near} but lacks {lacks}" if len(lacks) < len(cols)
+            else f"header {header} matches no known trace format")
+    raise _err(path, 1, what, f"write a CSV with columns {list(PLAIN_COLUMNS)} (seconds, tokens, tokens), or use an "
+               f"Azure CSV {list(AZURE_COLUMNS)}, a BurstGPT CSV {list(BURSTGPT_COLUMNS)} or a Mooncake JSONL with "
+               f"{list(MOONCAKE_FIELDS)}")
 
 
 def _loader(fmt: str) -> Callable[..., Trace]:
     """The format's loader, turning a file that is not UTF-8 text into a one-line TraceError."""
-    fn = {"azure": load_azure, "mooncake": load_mooncake, "burstgpt": load_burstgpt}[fmt]
+    fn = {"azure": load_azure, "mooncake": load_mooncake, "burstgpt": load_burstgpt, "plain": load_plain}[fmt]
 
     def load(path: str | Path, name: str | None = None) -> Trace:
         try:

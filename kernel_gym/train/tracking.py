@@ -206,7 +206,15 @@ TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "m
 
 
 def check_tracking_uri(uri: str) -> None:
-    """A one-line error for a tracking URI MLflow cannot use: unknown scheme, or a sqlite file in a missing folder."""
+    """A one-line error for a tracking URI MLflow cannot use: unknown scheme, a sqlite file in a missing folder, or a
+    file store (file:PATH, or a bare path) where the installed MLflow refuses one (file_store_refused)."""
+    if uri.partition(":")[0].lower() == "file" or "://" not in uri and not uri.startswith(("sqlite:", "databricks")):
+        why = file_store_refused()
+        if why:
+            raise ValueError(f"tracking URI {uri!r}: a file store, which MLflow {mlflow.__version__} refuses ({why}); "
+                             "use sqlite:///PATH/mlflow.db (`mlflow migrate-filestore` moves an existing folder "
+                             "over), or set MLFLOW_ALLOW_FILE_STORE=true to keep the file store")
+        return
     scheme, sep, rest = uri.partition("://")
     if not sep or scheme.split("+")[0] not in TRACKING_SCHEMES:
         raise ValueError(f"tracking URI {uri!r}: use sqlite:///PATH/mlflow.db, http(s)://HOST:PORT or another MLflow "
@@ -216,6 +224,19 @@ def check_tracking_uri(uri: str) -> None:
         if rest not in ("/:memory:", ":memory:") and not path.parent.is_dir():
             raise ValueError(f"tracking URI {uri!r}: folder {path.parent} does not exist; create it or pass another "
                              "--tracking-uri")
+
+
+def file_store_refused() -> str:
+    """Why the installed MLflow refuses a file tracking store ('' where it accepts one): since 3.x it raises when one
+    is opened unless MLFLOW_ALLOW_FILE_STORE is set, which failed a command only when it logged, after its work."""
+    from mlflow.store.tracking.file_store import FileStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            FileStore(tmp)
+        except mlflow.exceptions.MlflowException as exc:
+            return "maintenance mode" if "maintenance" in str(exc) else str(exc)[:80]
+    return ""
 
 
 def check_server(uri: str, timeout_s: float = 5.0) -> None:
