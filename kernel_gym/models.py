@@ -104,7 +104,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); fix the file") from exc
     if is_hf_config(data):  # a Hugging Face config.json, named after its folder (or file, if not config.json)
-        hf_name = (data.get("_name_or_path") or "").rstrip("/").split("/")[-1] \
+        hf_name = str(data.get("_name_or_path") or "").rstrip("/").split("/")[-1] \
             or (path.resolve().parent.name if path.name == "config.json" else path.stem)
         return spec_from_hf_config(data, str(path), hf_name)
     return spec_from_dict(data, str(path))

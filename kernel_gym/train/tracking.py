@@ -208,7 +208,7 @@ TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "m
 def check_tracking_uri(uri: str) -> None:
     """A one-line error for a tracking URI MLflow cannot use: unknown scheme, a sqlite file in a missing folder, or a
     file store (file:PATH, or a bare path) where the installed MLflow refuses one (file_store_refused)."""
-    if uri.partition(":")[0].lower() == "file" or "://" not in uri and not uri.startswith(("sqlite:", "databricks")):
+    if uri.partition(":")[0].lower() == "file" or ":" not in uri or uri.startswith(("/", ".")):  # a folder
         why = file_store_refused()
         if why:
             raise ValueError(f"tracking URI {uri!r}: a file store, which MLflow {mlflow.__version__} refuses ({why}); "
@@ -231,7 +231,8 @@ def file_store_refused() -> str:
     is opened unless MLFLOW_ALLOW_FILE_STORE is set, which failed a command only when it logged, after its work."""
     from mlflow.store.tracking.file_store import FileStore
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a deprecation notice where it still accepts one
         try:
             FileStore(tmp)
         except mlflow.exceptions.MlflowException as exc:
