@@ -1,0 +1,75 @@
+"""How far the decode wave model's line lies from the graph table's own times at the points it is fitted on.
+
+Per config of the committed decode graph tables (run.DECODE_GRAPH_TABLES, or --tables), decode_waves.fit on the
+table's points as run.py --predict fits it, then the line's price / the table's time - 1 at each point, one row per
+batch, one column per context (docs/live.md, session 61: the points at small batches and contexts lie below the line).
+CPU only, a few seconds.
+
+    python benchmarks/live_e2e/fit_residuals.py --model mixtral-8x7b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from benchmarks.live_e2e.decode_graph_table import graph_times  # noqa: E402
+from benchmarks.live_e2e.run import DECODE_GRAPH_TABLES  # noqa: E402
+
+
+def residuals(model_name: str, tables: list[Path]) -> dict[str, dict]:
+    """{config: {"slots", "median_error", "by_point": {(batch, context): line / table - 1}}} (None: no fit)."""
+    from kernel_gym.kernels.decode_attention import program_rounds
+    from kernel_gym.kernels.space import Config
+    from kernel_gym.kernels.workloads import DecodeWorkload
+    from kernel_gym.models import load_model
+    from kernel_gym.traffic import decode_waves
+
+    m = load_model(model_name)
+    times: dict[str, dict[tuple[int, int], float]] = {}
+    for t in tables:
+        for cfg, points in (graph_times(t, model_name) or {}).items():
+            times.setdefault(cfg, {}).update(points)
+    out: dict[str, dict] = {}
+    for key, points in sorted(times.items()):
+        cfg = Config(json.loads(key))
+
+        def rounds(b: int, c: int, cfg: Config = cfg) -> list[list[int]]:
+            wl = DecodeWorkload(m.num_heads, m.num_kv_heads, m.head_dim, b, c)
+            return program_rounds(wl.context_lens(), cfg, m.num_heads, m.num_kv_heads)
+
+        fit = decode_waves.fit(lambda b, c, pts=points: pts.get((b, c)), rounds)
+        out[key] = None if fit is None else {
+            "slots": fit.slots, "median_error": fit.median_error,
+            "by_point": {p: fit.seconds(rounds(*p)) / t - 1 for p, t in sorted(points.items())}}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="mixtral-8x7b")
+    p.add_argument("--tables", default=",".join(str(t) for t in DECODE_GRAPH_TABLES),
+                   help="decode_graph_table.py tables, comma-separated (default: the committed ones)")
+    args = p.parse_args(argv)
+    res = residuals(args.model, [Path(t) for t in args.tables.split(",")])
+    for key, r in res.items():
+        print(key)
+        if r is None:
+            print("   no fit (too few points, or the line misses them by more than decode_waves.MAX_FIT_ERROR)")
+            continue
+        contexts = sorted({c for _, c in r["by_point"]})
+        print(f"   slots {r['slots']}, median error {r['median_error']:.3f}; line / table - 1 by batch, contexts "
+              + " ".join(str(c) for c in contexts))
+        for b in sorted({b for b, _ in r["by_point"]}):
+            print(f"   batch {b:4d}: " + " ".join(f"{r['by_point'][(b, c)]:+.3f}" if (b, c) in r["by_point"]
+                                                 else "     -" for c in contexts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
