@@ -156,3 +156,14 @@ def test_the_served_plan_holds_the_configs_the_chooser_serves_at_recorded_steps_
                                                                             b, c, "bfloat16")) for b, c in pts)
     with pytest.raises(SystemExit, match="measured.json"):
         dgt.served_plan([tmp_path], [], (4,), (1024,))
+
+
+def test_graph_times_reads_the_flushed_times_only_where_a_point_has_them(tmp_path):
+    """--also-flushed adds flushed_ms beside ms; graph_times(key="flushed_ms") reads those, and only those."""
+    from benchmarks.live_e2e.decode_graph_table import graph_times
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"meta": {}, "models": {"m": {"ms": {"cfg": {
+        "1,256": {"ms": 0.010, "flushed_ms": 0.013}, "2,256": {"ms": 0.011}, "4,256": {"error": "x"}}}}}}))
+    assert graph_times(path, "m") == {"cfg": {(1, 256): pytest.approx(1.0e-5), (2, 256): pytest.approx(1.1e-5)}}
+    assert graph_times(path, "m", key="flushed_ms") == {"cfg": {(1, 256): pytest.approx(1.3e-5)}}

@@ -99,12 +99,14 @@ def build_plan(model_policies: dict[str, tuple[str, ...]], smoke: bool = False) 
     return plan
 
 
-def time_point(meas: Measurer, family: Any, wl: Any, cfg: Any, layers: int, device: str) -> dict:
+def time_point(meas: Measurer, family: Any, wl: Any, cfg: Any, layers: int, device: str,
+               also_flushed: bool = False) -> dict:
     """One config at one workload: `layers` layers with their own caches, layer 0 checked against the reference
-    (eagerly, then through the graph's replay), the launches replayed in one graph without the flush."""
+    (eagerly, then through the graph's replay), the launches replayed in one graph without the flush (and, with
+    `also_flushed`, after an L2 flush before each replay: replayed_layers)."""
     inputs = [family.make_inputs(wl, device, seed=i) for i in range(layers)]
     return replayed_layers(meas, [family.prepare(x, cfg) for x in inputs], family.reference(inputs[0]), wl.dtype,
-                           family)
+                           family, also_flushed)
 
 
 def drop_done(plan: dict, done: list[Path]) -> tuple[dict, int]:
@@ -207,7 +209,8 @@ def served_plan(runs: list[Path], done: list[Path], batches: tuple[int, ...], co
     return plan
 
 
-def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False) -> dict:
+def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False,
+                also_flushed: bool = False) -> dict:
     import torch
 
     from kernel_gym.kernels.decode_attention import FAMILY
@@ -223,7 +226,8 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
     doc: dict[str, Any] = {"meta": {
         "what": "decode_attention (the family's paged launch) for `layers` layers with their own caches in one CUDA "
                 "graph, no L2 flush; ms per layer (the graph's median / layers); layer 0 checked against the fp32 "
-                "reference first", "layers": layers, "dtype": dtype, "budget_s": budget_s,
+                "reference first" + ("; flushed_ms: the same graph with the L2 flushed before each replay"
+                                     if also_flushed else ""), "layers": layers, "dtype": dtype, "budget_s": budget_s,
         "device": torch.cuda.get_device_name() if cuda else "cpu-interpreter", "torch": torch.__version__,
         "triton": __import__("triton").__version__, "commit": os.environ.get("KERNEL_GYM_COMMIT"),
         "gpu_before": _gpu_state(cuda)}, "models": {}}
@@ -243,7 +247,7 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
                     continue
                 wl = DecodeWorkload(spec["num_heads"], spec["num_kv_heads"], spec["head_dim"], b, c, dtype)
                 try:
-                    res = time_point(meas, FAMILY, wl, cfg, layers, device)
+                    res = time_point(meas, FAMILY, wl, cfg, layers, device, also_flushed)
                 except Exception as exc:  # noqa: BLE001 - one failed point must not lose the others
                     res = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 table.setdefault(cfg_text, {})[f"{b},{c}"] = res
@@ -261,8 +265,9 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
     return doc
 
 
-def graph_times(path: Path | str, model: str) -> dict[str, dict[tuple[int, int], float]] | None:
-    """A decode_graph.json's timed points of one model: {config: {(batch, context): seconds}}, or None."""
+def graph_times(path: Path | str, model: str, key: str = "ms") -> dict[str, dict[tuple[int, int], float]] | None:
+    """A decode_graph.json's timed points of one model: {config: {(batch, context): seconds}}, or None. `key`:
+    "flushed_ms" for the times after an L2 flush (--also-flushed), where the table has them."""
     doc = json.loads(Path(path).read_text())
     entry = doc.get("models", {}).get(model)
     if entry is None:
@@ -270,9 +275,9 @@ def graph_times(path: Path | str, model: str) -> dict[str, dict[tuple[int, int],
     out: dict[str, dict[tuple[int, int], float]] = {}
     for cfg, per in entry["ms"].items():
         for point, res in per.items():
-            if "ms" in res:
+            if key in res:
                 b, c = (int(x) for x in point.split(","))
-                out.setdefault(cfg, {})[(b, c)] = res["ms"] * 1e-3
+                out.setdefault(cfg, {})[(b, c)] = res[key] * 1e-3
     return out
 
 
@@ -297,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                         "steps that the --done tables do not time (served_plan)")
     p.add_argument("--batches", default=",".join(map(str, FIT_BATCHES)), help="--served-by: the batches to time")
     p.add_argument("--contexts", default=",".join(map(str, FIT_CONTEXTS)), help="--served-by: the contexts to time")
+    p.add_argument("--also-flushed", action="store_true",
+                   help="GPU: time each point's graph again with the L2 flushed before each replay (flushed_ms): "
+                        "a live step reads each layer's KV once, after the MoE streamed its weights through L2")
     p.add_argument("--smoke", action="store_true",
                    help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan, wall clocks")
     args = p.parse_args(argv)
@@ -338,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         plan, dropped = drop_done(plan, done)
         left = sum(len(v) for e in plan["models"].values() for v in e["points"].values())
         log(f"--done: {dropped} points already timed, {left} left")
-    run_measure(plan, args.out, args.layers, args.budget_s)
+    run_measure(plan, args.out, args.layers, args.budget_s, also_flushed=args.also_flushed)
     return 0
 
 

@@ -308,10 +308,13 @@ def graph_layers(meas: Measurer, inputs: list, ref0: Any, cfg: Any, dtype: str) 
     return replayed_layers(meas, [fm.prepare_layer(li, cfg, route_in_launch=True) for li in inputs], ref0, dtype)
 
 
-def replayed_layers(meas: Measurer, calls: list, ref0: Any, dtype: str, family: Any = None) -> dict:
+def replayed_layers(meas: Measurer, calls: list, ref0: Any, dtype: str, family: Any = None,
+                    also_flushed: bool = False) -> dict:
     """The layers' calls captured back to back in one graph and replayed without the L2 flush; layer 0 checked
     against the reference (with `family`'s tolerance, default fused_moe's) eagerly and through the replay. ms per
-    layer (the graph's median / layers), with the whole graph's timing; or {"error": why}."""
+    layer (the graph's median / layers), with the whole graph's timing; or {"error": why}. `also_flushed`: the same
+    graph timed again with the L2 flushed before each replay (`flushed_ms` per layer), so that every layer reads its
+    inputs from memory once, as in a live step where the other layers' work has streamed through L2 in between."""
     out0, wrong = _checked(calls[0], ref0, dtype, family=family)
     if wrong:
         return {"error": f"layer 0: {wrong}"}
@@ -326,7 +329,11 @@ def replayed_layers(meas: Measurer, calls: list, ref0: Any, dtype: str, family: 
     if wrong:
         return {"error": f"graph replay, layer 0: {wrong}"}
     whole = meas.time(graph, flush=False)
-    return {**whole, "ms": whole["ms"] / len(calls), "layers": len(calls), "total_ms": whole["ms"]}
+    out = {**whole, "ms": whole["ms"] / len(calls), "layers": len(calls), "total_ms": whole["ms"]}
+    if also_flushed:
+        cold = meas.time(graph, flush=True)
+        out.update(flushed_ms=cold["ms"] / len(calls), flushed_spread=cold.get("spread"))
+    return out
 
 
 def _gpu_state(cuda: bool) -> dict | None:
