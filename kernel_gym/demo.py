@@ -37,11 +37,19 @@ def run_demo(*, out: Path = Path("out/demo"), model: str = "mixtral-8x7b", times
     from kernel_gym.dispatch.baselines import unmeasured_kernels, unmeasured_message
     from kernel_gym.models import kernel_spec, load_model
 
-    missing = unmeasured_kernels(backend, kernel_spec(load_model(model)))
+    spec = kernel_spec(load_model(model))
+    missing = unmeasured_kernels(backend, spec)
     if missing:  # before minutes of training, not after
         raise ValueError(unmeasured_message(model, missing, "then train and replay with --backend STORE (the demo "
                                             "reads the packaged data only, which holds every kernel of "
                                             "mixtral-8x7b and olmoe-1b-7b)"))
+    from kernel_gym.evaluate.replay import routing_profile
+    from kernel_gym.traffic.traces import load_trace
+
+    load_trace(trace)  # the replay's inputs checked before training registers policies and exports files
+    routing_profile(routing, spec, seed)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: pass a folder for the exported files and the replay")
     out.mkdir(parents=True, exist_ok=True)
     uris: dict[str, str] = {}
     evaluations: dict[str, dict] = {}

@@ -461,3 +461,49 @@ def test_replay_without_a_policy_names_replays_own_flags(tmp_path, monkeypatch):
     assert "--policy-dir benchmarks/generalisation/policies --out DIR`) and pass --table DIR/dispatch_table.json" \
         in str(e.value)
     assert "or pass `--policy-dir" in export.no_policy_message("m")  # export's own wording is kept
+
+
+def test_demo_checks_its_replay_inputs_before_training(tmp_path):
+    """A wrong --trace failed after training had registered new policy versions and overwritten the exports."""
+    from kernel_gym.demo import run_demo
+
+    with pytest.raises(FileNotFoundError, match="neither a known name"):
+        run_demo(out=tmp_path / "demo", trace=str(tmp_path / "nosuch.csv"), timesteps=512)
+    with pytest.raises(ValueError, match="--routing 'zipfx'"):
+        run_demo(out=tmp_path / "demo", routing="zipfx", timesteps=512)
+    assert not (tmp_path / "demo").exists()
+
+
+def test_train_refuses_to_overwrite_another_runs_checkpoint(tmp_path, capsys):
+    from kernel_gym.cli import main
+
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    (ckpt / "latest.zip").write_bytes(b"another run")
+    assert main(["train", "--checkpoint-dir", str(ckpt), "--total-timesteps", "512"]) != 0
+    assert "holds another run's checkpoint" in capsys.readouterr().err
+    assert (ckpt / "latest.zip").read_bytes() == b"another run"
+
+
+def test_plan_refuses_a_json_directory_before_the_work(tmp_path, capsys):
+    from kernel_gym.cli.plan import main
+
+    assert main(["--model", "mixtral-8x7b", "--gpus", "8", "--trace", "bundled", "--json", str(tmp_path),
+                 "--no-mlflow"]) == 2
+    err = capsys.readouterr().err
+    assert "a directory; pass a file name" in err and "[plan] mixtral" not in err  # nothing ran
+
+
+def test_small_flags_say_what_they_mean(tmp_path, monkeypatch):
+    """A bare --routing zipf meant exponent 1.0 where the default is 1.2; ui had no --tracking-uri its errors named;
+    the shipped policies' path was relative to the repository, wrong from any other folder."""
+    from kernel_gym.cli.ui import build_parser
+    from kernel_gym.deploy.export import shipped_policy_dir
+    from kernel_gym.evaluate.replay import routing_profile
+    from kernel_gym.models import load_model
+
+    assert routing_profile("zipf", load_model("mixtral-8x7b")).exponent == 1.2
+    assert build_parser().parse_args(["--tracking-uri", "sqlite:///x.db"]).tracking_uri == "sqlite:///x.db"
+    monkeypatch.chdir(tmp_path)
+    path = Path(shipped_policy_dir())
+    assert path.is_absolute() and (path / "fused_moe.json").exists()

@@ -69,9 +69,16 @@ def train_args(ns: argparse.Namespace) -> TrainArgs:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pathlib import Path
+
     from kernel_gym.train.train import train
 
-    result = train(train_args(build_parser().parse_args(argv)))
+    args = train_args(build_parser().parse_args(argv))
+    ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    if ckpt is not None and not args.resume and ((ckpt / "state.json").exists() or (ckpt / "latest.zip").exists()):
+        raise ValueError(f"--checkpoint-dir {ckpt} holds another run's checkpoint (state.json, latest.zip) that a new "
+                         "run would overwrite: pass --resume to continue it, or another --checkpoint-dir")
+    result = train(args)
     e = result.evaluation
     print(json.dumps({"run_id": result.run_id, "model_uri": result.model_uri, "geomean_policy": e.geomean_policy,
                       "geomean_static": e.geomean_static, "geomean_default": e.geomean_default}, indent=1))

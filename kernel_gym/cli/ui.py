@@ -12,6 +12,8 @@ RUNS_KIND = "custom_model_development"  # the runs view; without the tag MLflow 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-gym ui")
     p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
+    p.add_argument("--tracking-uri", default="",
+                   help="the MLflow store to browse (default: MLFLOW_TRACKING_URI, else mlruns/ here)")
     return p
 
 
@@ -30,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:
             raise ValueError(f"--port {args.port} is in use on 127.0.0.1 ({exc.strerror}): pass another --port, or "
                              "stop the process listening there") from None
-    uri = tracking.setup_tracking()
+    uri = tracking.setup_tracking(args.tracking_uri or None)
     pages = runs_pages(uri)
     proc = tracking.start_ui(port=args.port, tracking_uri=uri)
 

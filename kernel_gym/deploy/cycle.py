@@ -422,6 +422,19 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+def check_out(current: Path, out: Path) -> None:
+    """Refuse, before any work, an --out that would lose files: the live folder itself (the change would land
+    unconfirmed, with no .prev to roll back to), or a folder a cycle did not write (its report is its mark: an earlier
+    cycle's proposal is replaced, anything else is the user's)."""
+    if out.resolve() == current.resolve():
+        raise ValueError(f"--out {out} is the --current folder: a cycle writes its proposal beside the live files; "
+                         "pass --install to move it into place (the current folder is kept as "
+                         f"{prev_of(current).name} for --rollback)")
+    if out.exists() and not (out.is_dir() and (out / REPORT_JSON).exists()):
+        raise ValueError(f"--out {out} exists and is not a folder an earlier cycle wrote (no {REPORT_JSON} in it): "
+                         "pass another --out, or move that one away first")
+
+
 def write_folder(current: Path, out: Path, write: Any) -> Path:
     """Copy `current` to a temporary sibling of `out`, let `write(tmp)` change it, fsync everything, rename it to
     `out` (an existing `out` is replaced). A crash leaves either the old `out` or the new one, never a half."""
@@ -565,6 +578,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
                                 "configs from (VLLM_TUNED_CONFIG_FOLDER / SGLANG_MOE_CONFIG_DIR)")
     if min_gain < 0:
         raise ValueError(f"--min-gain must be >= 0, got {min_gain}")
+    check_out(current, out or current.with_name(current.name + ".next"))
     spec = load_model(model)
     shape = ee.shard_shape(spec, tp)
     path, triton_version = engine_file(current, engine, shape, device)
@@ -628,6 +642,11 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
         gpu_s = float(getattr(confirmer, "gpu_s", 0.0))
     new_table = {kp.key: Config.parse(kp.proposed) for kp in plans}
     common, unpriced = priced_weights([table, new_table], profile.m_weights, skew, pricer)
+    if not common and not gpu:  # "no change" would claim a comparison that was never made
+        raise ValueError(f"{path.name}: none of the traffic's batch sizes can be priced from the measured rows at "
+                         f"this shape (E={shape.num_experts}, N={shape.n}, {device}): the CPU cannot decide; pass "
+                         "--gpu to time the candidates on this GPU, or measure the shape first (kernel-gym tune "
+                         f"--engine {engine} --model {model}{f' --tp {tp}' if tp > 1 else ''} on a GPU)")
     p_cur = price(table, common, skew, pricer)
     p_new = price(new_table, common, skew, pricer)
     p_orc = price_oracle(common, skew, pricer, [table, new_table])

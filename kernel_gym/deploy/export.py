@@ -183,7 +183,7 @@ def absent_fix(kernel: str, model: Any) -> str:
         return f"train one ({train_command(kernel, model)}) and export again"
     if kernel in zoo.TEST_MODELS:  # the kernels the model-conditioned policy is trained and tested on
         return (f"train the model-conditioned policy (kernel-gym train --model zoo --env-id {env}) or pass "
-                "--policy-dir benchmarks/generalisation/policies, and export again")
+                f"--policy-dir {shipped_policy_dir()}, and export again")
     return (f"no model-conditioned {kernel} policy exists and the packaged data has no {kernel} rows of this shape: "
             f"measure them on a GPU (kernel-gym collect --model {as_arg} --kernels {kernel}), then "
             f"{train_command(kernel, model)}")
@@ -419,6 +419,18 @@ def load_policies(items: Sequence[str], model: Any = None) -> dict[str, tuple[Pr
     return out
 
 
+SHIPPED_POLICIES = Path("benchmarks") / "generalisation" / "policies"
+
+
+def shipped_policy_dir() -> str:
+    """The zoo policies the repository ships, as a --policy-dir that works from where the command runs: relative at
+    the repository's root, else the repository's absolute path (where the package runs from a clone)."""
+    if SHIPPED_POLICIES.is_dir():
+        return str(SHIPPED_POLICIES)
+    in_repo = Path(__file__).resolve().parents[2] / SHIPPED_POLICIES
+    return str(in_repo if in_repo.is_dir() else SHIPPED_POLICIES)
+
+
 class NoPolicyError(ValueError):
     """The MLflow store holds no policy usable for the model (no_policy_message says what to do)."""
 
@@ -434,10 +446,10 @@ def no_policy_message(model_name: str | None, command: str = "export") -> str:
             f"(MLFLOW_TRACKING_URI or mlruns/): {held}; for a model without its own policy train the model-conditioned "
             "policy (`kernel-gym train --model zoo --env-id KernelGym/MoE-v0`, and the same with "
             "--env-id KernelGym/DecodeAttention-v0), or "
-            + ("pass `--policy-dir benchmarks/generalisation/policies` (the zoo policies the repository ships)"
+            + (f"pass `--policy-dir {shipped_policy_dir()}` (the zoo policies the repository ships)"
                if command == "export" else
                "export the zoo policies the repository ships (`kernel-gym export --model SPEC --policy-dir "
-               f"benchmarks/generalisation/policies --out DIR`) and pass --table DIR/{TABLE_FILE}")
+               f"{shipped_policy_dir()} --out DIR`) and pass --table DIR/{TABLE_FILE}")
             + "; or pass --model-uri")
 
 
@@ -465,7 +477,7 @@ def load_policy_dir(folder: Path, model: Any = None) -> dict[str, tuple[Predicto
     found = [k for k in TABLE_KERNELS if (folder / f"{k}.json").exists()]
     if not folder.is_dir() or not found:
         raise ValueError(f"--policy-dir {folder}: {'no such folder' if not folder.is_dir() else 'no KERNEL.json'} "
-                         "with a policy bundle; pass benchmarks/generalisation/policies (the zoo policies the "
+                         f"with a policy bundle; pass {shipped_policy_dir()} (the zoo policies the "
                          "repository ships) or a folder written by `kernel-gym tune --save-policies DIR`")
     out: dict[str, tuple[Predictor, dict[str, Any]]] = {}
     for kernel in found:

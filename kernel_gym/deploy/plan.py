@@ -404,6 +404,9 @@ def log_mlflow(params: dict[str, Any], report: dict[str, Any], curve: dict[str, 
     name = f"plan-{params['model']}-g{params['gpus']}-{params['engine']}"
     with mlflow.start_run(experiment_id=exp, run_name=name) as run:
         mlflow.log_params(params)
+        from kernel_gym.train.tracking import git_commit
+
+        mlflow.set_tag("git_commit", git_commit())
         best = report["recommended"]
         mlflow.log_metrics({"goodput_req_per_s": best["predicted"]["goodput_req_per_s"],
                             "estimated_share": best["predicted"]["estimated_share"],
@@ -457,6 +460,9 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
 
     limits = parse_slo(slo)
     store = store_backend(backend)
+    if json_path and (Path(json_path).is_dir() or str(json_path).endswith(("/", "\\"))):  # before the work, not after
+        raise ValueError(f"--json {json_path}: a directory; pass a file name, e.g. --json "
+                         f"{Path(json_path) / 'plan.json'}")
     engine_name, engine_version = split_engine(engine)
     engine = f"{engine_name}-{engine_version}"  # every deployment below carries the release whose defaults it prices
     if not 1 <= gpus <= 8:
@@ -603,8 +609,11 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
         report["goodput_vs_load"] = curve
         report["goodput_vs_load_notes"] = notes
         write_json()
+        data = getattr(rec["env"].backend, "inner", rec["env"].backend)  # the rows the plan was priced from
         params = {"model": model, "gpus": gpus, "engine": engine, "trace": trace, "slo": slo, "rate_scale": rate_scale,
-                  "train_steps": train_steps}
+                  "train_steps": train_steps, "window_s": window_s, "routing": routing, "seed": seed,
+                  "backend": backend, "max_model_len": max_model_len,
+                  "dataset_sha256_16": str(getattr(data, "dataset_hash", "") or "")}
         try:
             report["mlflow_run_id"] = log_mlflow(params, report, curve, tracking_uri, notes)
         except (ValueError, RuntimeError):

@@ -248,7 +248,7 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
             meta, params, provenance = load_bundle(policy_dir, kernel)
             cost = load_cost_model(policy_dir, kernel)  # fused_moe: ranks round 1 as `export` ranks zero-shot
         else:
-            from kernel_gym.deploy.export import latest_model_uris, parse_model_uris
+            from kernel_gym.deploy.export import latest_model_uris, parse_model_uris, shipped_policy_dir
 
             given = parse_model_uris(model_uris)
             uri = given.get(kernel) or latest_model_uris(spec.name).get(kernel)
@@ -256,7 +256,7 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
                 others = [k for k in kernels if k != kernel]
                 subset = f", or leave it out (--kernels {','.join(others)})" if others else ""
                 raise ValueError(f"no {kernel} policy in the MLflow store: pass --policy-dir "
-                                 "benchmarks/generalisation/policies (the zoo policies the repository ships), train "
+                                 f"{shipped_policy_dir()} (the zoo policies the repository ships), train "
                                  f"one (kernel-gym train --model zoo --env-id ...), pass --model-uri {kernel}=URI"
                                  + subset)
             meta, params, provenance = policy_bundle(uri, kernel)

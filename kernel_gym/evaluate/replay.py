@@ -261,7 +261,8 @@ class PolicyRun:
 
 
 def routing_profile(spec: str, model: Any, seed: int = 0) -> Any:
-    """"uniform", "zipf:EXPONENT" or "drift:EXPONENT[:DWELL_S]" for the model's experts."""
+    """"uniform", "zipf:EXPONENT" or "drift:EXPONENT[:DWELL_S]" for the model's experts; a bare "zipf" or "drift"
+    takes 1.2, the default routing's exponent."""
     from kernel_gym.traffic.routing import DriftingHotRouting, UniformRouting, ZipfRouting
 
     kind, _, rest = spec.partition(":")
@@ -269,7 +270,7 @@ def routing_profile(spec: str, model: Any, seed: int = 0) -> Any:
         if kind == "uniform":
             return UniformRouting(model.num_experts, model.top_k, seed)
         if kind == "zipf":
-            return ZipfRouting(model.num_experts, model.top_k, seed, exponent=float(rest or 1.0))
+            return ZipfRouting(model.num_experts, model.top_k, seed, exponent=float(rest or 1.2))
         if kind == "drift":
             exp, _, dwell = rest.partition(":")
             return DriftingHotRouting(model.num_experts, model.top_k, seed, exponent=float(exp or 1.2),
@@ -483,6 +484,7 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     if hasattr(backend, "describe_line"):
         print(backend.describe_line(), file=sys.stderr, flush=True)
     covered = CoveredBackend(backend)
+    params["dataset_sha256_16"] = str(getattr(backend, "dataset_hash", "") or "")  # the rows every policy is priced by
     missing = unmeasured_kernels(covered, spec)
     if missing:
         raise ValueError(unmeasured_message(spec.name, missing))
@@ -496,6 +498,8 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
                 setup_tracking(tracking_uri or None)
             disp = learned_policy(spec, model_uris, table or None)
             factories[n] = lambda disp=disp: _fresh(disp)
+            params["learned_policies"] = {k: t.policy.get("model_uri") or t.policy.get("policy_dir") or "?"
+                                          for k, t in disp.table.kernels.items()}  # what "learned" ran, not "[]"
         else:
             factories[n] = base[n]
     profile = routing_profile(routing, spec, seed)
@@ -507,6 +511,7 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
                                                   "priced_by": priced_by,
                                                   "proxied_workloads": len(covered.proxied),
                                                   "borrowed_answers": len(covered.borrowed),
+                                                  "dataset_sha256_16": params["dataset_sha256_16"],
                                                   "decode_waves": decode_waves,
                                                   **load_info(replayed, rate_scale, window)})
     paths = write_outputs(rep, runs, json_path)

@@ -554,7 +554,8 @@ def load_rows(path: str | Path) -> list[tuple[Context, list[Measurement]]]:
     if path.suffix == ".gz":
         return list(iter_snapshot(path))
     if not path.exists():
-        raise FileNotFoundError(f"no measurement store at {path}")
+        raise FileNotFoundError(f"no measurement store at {path}: pass the .sqlite store or .jsonl.gz snapshot that "
+                                "collect / tune wrote (--db, --out)")
     store = MeasurementStore(path, read_only=True)
     try:
         groups: dict[Context, list[Measurement]] = {}

@@ -105,7 +105,9 @@ def replica_rows(conn: sqlite3.Connection) -> Iterator[dict[str, Any]]:
 def _open_ro(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise FileNotFoundError(f"no measurement store at {path}" + (" (a folder): pass the .sqlite file in it"
-                                                                     if path.is_dir() else ""))
+                                                                     if path.is_dir() else
+                                                                     ": pass the .sqlite file collect / tune wrote "
+                                                                     "(their --db)"))
     try:  # a WAL store in a read-only folder is read as it is, unless its -wal holds rows (connect_read_only)
         conn = connect_read_only(path)
     except sqlite3.DatabaseError as exc:

@@ -266,3 +266,32 @@ def test_a_noisy_current_entry_is_judged_on_the_candidates_noise_and_said_so(tmp
     changed = [k for k in rep["keys"] if k["proposed"] != k["current"]]
     assert code == cycle.UNCONFIRMED and changed
     assert all("too noisy to rank" in k["why"] for k in changed)
+
+
+def test_out_that_would_lose_files_is_refused_before_the_work(tmp_path):
+    """--out set to --current replaced the live files with the unconfirmed change and no .prev; an --out holding
+    anything else (another export) was deleted."""
+    cur = current_folder(tmp_path)
+    traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)]
+    before = {p.name: p.read_text() for p in cur.iterdir()}
+    with pytest.raises(ValueError, match="is the --current folder.*--install"):
+        cycle_on(cur, traffic, tmp_path, out=cur)
+    other = tmp_path / "sglang_export"
+    other.mkdir()
+    (other / "mine.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a folder an earlier cycle wrote"):
+        cycle_on(cur, traffic, tmp_path, out=other)
+    assert (other / "mine.json").read_text() == "{}"
+    assert {p.name: p.read_text() for p in cur.iterdir()} == before
+    code, rep = cycle_on(cur, traffic, tmp_path)  # a cycle's own proposal (moe.next) may be made again
+    code2, rep2 = cycle_on(cur, traffic, tmp_path)
+    assert code == code2 == cycle.UNCONFIRMED and rep2["new_folder"] == rep["new_folder"]
+
+
+def test_traffic_the_rows_cannot_price_is_not_called_no_change(tmp_path):
+    """The live file's configs never measured at the shape (an engine's own table): nothing priced, and the cycle said
+    "0.0000 ms -> 0.0000 ms", no change needed (exit 0)."""
+    cur = current_folder(tmp_path)  # every key holds A
+    others = [r for r in ROWS if r.config != A]
+    with pytest.raises(ValueError, match="none of the traffic's batch sizes can be priced.*--gpu"):
+        cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 0.0)], tmp_path, rows=others)
