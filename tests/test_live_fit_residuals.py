@@ -41,3 +41,13 @@ def test_a_table_on_the_line_has_no_residual_and_a_slow_point_shows_below_it(tmp
     _, key = _table(slow, lambda b, c: line.seconds(_rounds(b, c)) * (2.0 if (b, c) == (1, 256) else 1.0))
     r = residuals("mixtral-8x7b", [slow])[key]
     assert r["by_point"][(1, 256)] == pytest.approx(-0.5, abs=0.05)
+
+
+def test_flush_ratios_pair_each_point_with_its_flushed_time(tmp_path):
+    from benchmarks.live_e2e.fit_residuals import flush_ratios
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"meta": {}, "models": {"m": {"ms": {"cfg": {
+        "1,256": {"ms": 0.020, "flushed_ms": 0.029}, "1,4096": {"ms": 0.40, "flushed_ms": 0.40},
+        "2,256": {"ms": 0.021}}}}}}))
+    assert flush_ratios(path, "m") == {"cfg": {(1, 256): pytest.approx(1.45), (1, 4096): pytest.approx(1.0)}}

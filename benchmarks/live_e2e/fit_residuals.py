@@ -3,9 +3,13 @@
 Per config of the committed decode graph tables (run.DECODE_GRAPH_TABLES, or --tables), decode_waves.fit on the
 table's points as run.py --predict fits it, then the line's price / the table's time - 1 at each point, one row per
 batch, one column per context (docs/live.md, session 61: the points at small batches and contexts lie below the line).
-CPU only, a few seconds.
+CPU only, a few seconds. `--flush-ratios TABLE` prints instead, per config and point of a table timed with
+decode_graph_table.py --also-flushed, its time after an L2 flush over its time without (the points below the line are
+the ones whose layers' KV stays in L2 between the table's replays).
 
     python benchmarks/live_e2e/fit_residuals.py --model mixtral-8x7b
+    python benchmarks/live_e2e/fit_residuals.py --flush-ratios \
+        benchmarks/live_e2e/l2_check_h100_b57c3d4/l2_check/decode_graph.json
 """
 
 from __future__ import annotations
@@ -50,12 +54,34 @@ def residuals(model_name: str, tables: list[Path]) -> dict[str, dict]:
     return out
 
 
+def flush_ratios(table: Path, model_name: str) -> dict[str, dict[tuple[int, int], float]]:
+    """{config: {(batch, context): flushed time / unflushed time}} over the points that have both."""
+    plain, flushed = graph_times(table, model_name) or {}, graph_times(table, model_name, key="flushed_ms") or {}
+    return {cfg: {p: flushed[cfg][p] / t for p, t in sorted(pts.items()) if p in flushed.get(cfg, {})}
+            for cfg, pts in plain.items() if cfg in flushed}
+
+
+def _print_grid(by_point: dict[tuple[int, int], float], fmt: str) -> None:
+    contexts = sorted({c for _, c in by_point})
+    print("   batch / context " + " ".join(f"{c:>7d}" for c in contexts))
+    for b in sorted({b for b, _ in by_point}):
+        print(f"   batch {b:4d}:       " + " ".join(format(by_point[(b, c)], fmt) if (b, c) in by_point else "      -"
+                                                for c in contexts))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mixtral-8x7b")
     p.add_argument("--tables", default=",".join(str(t) for t in DECODE_GRAPH_TABLES),
                    help="decode_graph_table.py tables, comma-separated (default: the committed ones)")
+    p.add_argument("--flush-ratios", type=Path, default=None, metavar="TABLE.json",
+                   help="print a --also-flushed table's flushed / unflushed times instead")
     args = p.parse_args(argv)
+    if args.flush_ratios is not None:
+        for cfg, by_point in flush_ratios(args.flush_ratios, args.model).items():
+            print(f"{cfg}\n   time after an L2 flush / time without:")
+            _print_grid(by_point, "7.3f")
+        return 0
     res = residuals(args.model, [Path(t) for t in args.tables.split(",")])
     for key, r in res.items():
         print(key)
