@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from kernel_gym.dispatch.baselines import TUNE_KERNELS
 from kernel_gym.kernels.space import Config
 from kernel_gym.train.bundle import load_bundle, policy_bundle, save_bundle  # noqa: F401 (re-exported)
 from kernel_gym.train.candidates import (  # noqa: F401 (re-exported: callers use tune.ranker etc.)
@@ -39,7 +40,7 @@ from kernel_gym.train.candidates import (  # noqa: F401 (re-exported: callers us
     zero_shot_ranker,
 )
 
-KERNELS = ("fused_moe", "decode_attention")
+KERNELS = TUNE_KERNELS  # the kernels with a model-conditioned policy to rank candidates (dispatch/baselines.py)
 
 
 LOCAL_STEPS = 4  # one-knob neighbours of the best measured config, measured in the second round

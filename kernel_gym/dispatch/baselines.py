@@ -261,12 +261,13 @@ def training_references(backend: Any, model: Any, kernels: Iterable[str] = KERNE
     return {k: measure_reference(backend, get_family(k), model_workloads(k, model)) for k in kernels}
 
 
+TUNE_KERNELS = ("fused_moe", "decode_attention")  # the kernels `kernel-gym tune` measures (deploy/tune.py KERNELS)
+
+
 def measure_commands(kernels: Sequence[str]) -> str:
     """The GPU commands that measure `kernels` at a model's shapes into a store (--backend STORE reads it): `tune`
     for the kernels it tunes, `collect` for the others."""
-    from kernel_gym.deploy.tune import KERNELS as TUNED
-
-    tuned, rest = [k for k in kernels if k in TUNED], [k for k in kernels if k not in TUNED]
+    tuned, rest = [k for k in kernels if k in TUNE_KERNELS], [k for k in kernels if k not in TUNE_KERNELS]
     cmds = [f"`kernel-gym {cmd} --model SPEC --kernels {','.join(ks)} --db STORE`"
             for cmd, ks in (("tune", tuned), ("collect", rest)) if ks]
     return " and ".join(cmds)
