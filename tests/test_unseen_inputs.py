@@ -507,3 +507,13 @@ def test_small_flags_say_what_they_mean(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = Path(shipped_policy_dir())
     assert path.is_absolute() and (path / "fused_moe.json").exists()
+
+
+def test_export_says_when_it_replaces_another_models_table(tmp_path, capsys):
+    from kernel_gym.deploy.export import TABLE_FILE, replaced_model_note
+
+    (tmp_path / TABLE_FILE).write_text(json.dumps({"model": {"name": "mixtral-8x7b"}}))
+    replaced_model_note(tmp_path / TABLE_FILE, "mixtral-8x7b")
+    assert capsys.readouterr().err == ""  # the same model's table again: nothing to say
+    replaced_model_note(tmp_path / TABLE_FILE, "olmoe-1b-7b")
+    assert "the table of another model (mixtral-8x7b)" in capsys.readouterr().err

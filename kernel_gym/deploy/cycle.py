@@ -717,4 +717,7 @@ def summary_lines(code: int, rep: dict[str, Any], report_dir: Path) -> list[str]
         where = f" installed at {rep['installed']} (previous: {rep['previous_folder']})" if rep.get("installed") else ""
         lines.append(f"[cycle] new folder {rep['new_folder']}{where}")
     lines.append(f"[cycle] {rep['decision']} (exit {code}); report {report_dir / REPORT_MD}")
+    if code == UNCONFIRMED and not rep.get("installed"):
+        lines.append("[cycle] next: confirm the change on the serving GPU (the same command with --gpu), or put it in "
+                     "place as it is with --install (--rollback undoes it)")
     return lines

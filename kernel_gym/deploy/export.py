@@ -590,6 +590,7 @@ def export_files(*, out: Path, fmt: str = "dispatch", model: str = "mixtral-8x7b
         print(f"note: {line}", file=sys.stderr)
     table = table_from_registry(spec, model_uris, device, parse_kv_layout(kv_layout), policy_dir)
     if fmt == "dispatch":
+        replaced_model_note(out / TABLE_FILE, spec.name)
         path = table.save(out / TABLE_FILE)
     else:
         path = write_vllm(table, out, skew)
@@ -609,6 +610,19 @@ def export_files(*, out: Path, fmt: str = "dispatch", model: str = "mixtral-8x7b
         for k, t in table.kernels.items()},
         "left_out": [k for k, r in rests.items() if r["basis"] == "absent"]}, indent=1))
     return 0
+
+
+def replaced_model_note(path: Path, model_name: str) -> None:
+    """One stderr line when an export replaces a table written for another model (a folder shared by mistake)."""
+    if not path.exists():
+        return
+    try:
+        held = json.loads(path.read_text()).get("model", {}).get("name")
+    except (OSError, ValueError, AttributeError):
+        held = None
+    if held != model_name:
+        print(f"export: replacing {path}, " + (f"the table of another model ({held})" if held else
+                                                 "which was not a readable dispatch table"), file=sys.stderr)
 
 
 def print_basis_notes(rests: dict[str, Any]) -> None:

@@ -301,7 +301,7 @@ def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str
 
     files = moe_config_files(spec, dep)
     for f in files:
-        f["configs_used"] = replay.get("moe_configs", {})
+        f["configs_used"] = replay.get("moe_configs", {})  # kernel_gym's kernel (its own knobs), as priced
         if spec.dtype_bytes == 1:  # kernel_gym measures bf16 kernels; export refuses fp8 files (engine_export)
             f["write_with"] = ("vLLM's own tuner: benchmarks/kernels/benchmark_moe.py --model CHECKPOINT "
                                f"--tp-size {dep.tp} --dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only)")
@@ -550,6 +550,8 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     for cmd in best["launch"]:
         print(f"  {cmd}")
     print(f"  kernel configs: {', '.join(f['file'] for f in best['kernel_config_files'])}")
+    for how in dict.fromkeys(f["write_with"] for f in best["kernel_config_files"] if f.get("write_with")):
+        print(f"    write them with: {how}")
     print(f"  predicted goodput {p['goodput_req_per_s']:.2f} req/s ({p['slo_attainment']:.0%} within SLO, "
           f"{p['goodput_tokens_per_s_per_gpu']:.0f} good tokens/s/GPU); estimated share {p['estimated_share']:.0%}, "
           f"prior share {p['prior_share']:.0%} of the step time")
