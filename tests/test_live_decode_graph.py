@@ -167,3 +167,23 @@ def test_graph_times_reads_the_flushed_times_only_where_a_point_has_them(tmp_pat
         "1,256": {"ms": 0.010, "flushed_ms": 0.013}, "2,256": {"ms": 0.011}, "4,256": {"error": "x"}}}}}}))
     assert graph_times(path, "m") == {"cfg": {(1, 256): pytest.approx(1.0e-5), (2, 256): pytest.approx(1.1e-5)}}
     assert graph_times(path, "m", key="flushed_ms") == {"cfg": {(1, 256): pytest.approx(1.3e-5)}}
+
+
+def test_predict_fits_on_the_flushed_times_when_asked_and_says_so(tmp_path):
+    import argparse
+
+    from kernel_gym.models import load_model
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"meta": {}, "models": {"mixtral-8x7b": {"ms": {"cfg": {
+        "1,256": {"ms": 0.010, "flushed_ms": 0.013}}}}}}))
+    m = load_model("mixtral-8x7b")
+    args = argparse.Namespace(decode_graph=str(path), decode_graph_times="flushed")
+    note = le.decode_graph_setup(args, m)
+    assert args.decode_graph_s == {"cfg": {(1, 256): pytest.approx(1.3e-5)}} and note["times"] == "flushed"
+    args = argparse.Namespace(decode_graph=str(path))
+    assert le.decode_graph_setup(args, m)["times"] == "unflushed" and args.decode_graph_s["cfg"][(1, 256)] == 1e-5
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"meta": {}, "models": {"mixtral-8x7b": {"ms": {"cfg": {"1,256": {"ms": 0.010}}}}}}))
+    with pytest.raises(SystemExit, match="no flushed times"):
+        le.decode_graph_setup(argparse.Namespace(decode_graph=str(plain), decode_graph_times="flushed"), m)

@@ -70,11 +70,12 @@ def gather(predicted: Path = PREDICTED) -> dict:
     return out
 
 
-def table_args(tables: Path | None, ragged: Path | None = None) -> list[str]:
+def table_args(tables: Path | None, ragged: Path | None = None, flushed: bool = False) -> list[str]:
     """run.py --predict's options that price a graphed decode step's three parts from one machine's tables
     (same_gpu_session.sh's layout: dense_ops.json, moe_graph/moe_graph.json, decode_graph/decode_graph.json);
     [] for the committed H200 tables (run.py's defaults). `ragged`: a ragged_decode.py table (--decode-ragged)."""
-    extra = ["--decode-ragged", str(ragged)] if ragged is not None else []
+    extra = (["--decode-ragged", str(ragged)] if ragged is not None else []) \
+        + (["--decode-graph-times", "flushed"] if flushed else [])
     if tables is None:
         return extra
     paths = {"--dense-ops": tables / "dense_ops.json", "--moe-graph": tables / "moe_graph" / "moe_graph.json",
@@ -87,7 +88,7 @@ def table_args(tables: Path | None, ragged: Path | None = None) -> list[str]:
     return [x for k, v in paths.items() for x in (k, str(v))] + off + extra
 
 
-def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = None) -> dict:
+def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = None, flushed: bool = False) -> dict:
     """{policy: {band: {steps, graph_profiled, measured_step_ms, busy_ms, parts: {part: {priced_ms, measured_ms}},
     dense_and_moe}}} per step (means) over the profiled decode-only steps of `run`, priced as `run.py --predict` prices
     them, measured from the profile of each step's graph replay where it has one (`graph_profiled` steps: each part's
@@ -99,7 +100,7 @@ def profiled_parts(run: Path, tables: Path | None = None, ragged: Path | None = 
     `ragged`: price from that machine's tables (table_args), not the H200's."""
     from benchmarks.live_e2e import run as le
 
-    args = le.build_parser().parse_args(["--out", str(run), "--predict", *table_args(tables, ragged)])
+    args = le.build_parser().parse_args(["--out", str(run), "--predict", *table_args(tables, ragged, flushed)])
     data, meta, model, trace, backend, timer, _ = le.predict_setup(args)
     out: dict[str, dict] = {}
     for spec, measured in data["measured"].items():
@@ -231,12 +232,15 @@ def main(argv: list[str] | None = None) -> int:
                         "folder), not the committed H200 tables")
     p.add_argument("--ragged", type=Path, metavar="TABLE.json",
                    help="with --profiled: also run.py --decode-ragged TABLE.json (a ragged_decode.py table)")
+    p.add_argument("--flushed", action="store_true",
+                   help="with --profiled: fit the decode wave model on the tables' times after an L2 flush (run.py "
+                        "--decode-graph-times flushed; tables timed with decode_graph_table.py --also-flushed)")
     p.add_argument("--profiles", type=Path, metavar="RUN",
                    help="only set the eager and the graph replay profiles of RUN's steps side by side, by band "
                         "(written to --out; no prices)")
     args = p.parse_args(argv)
-    if (args.tables or args.ragged) and not args.profiled:
-        p.error("--tables and --ragged price a profiled run: give --profiled RUN with them")
+    if (args.tables or args.ragged or args.flushed) and not args.profiled:
+        p.error("--tables, --ragged and --flushed price a profiled run: give --profiled RUN with them")
     if args.profiles:
         pairs = profile_pairs(args.profiles)
         if not pairs:
@@ -263,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         doc["profiled"] = {"run": _name(args.profiled), "clocks": run_clocks(args.profiled),
                            "tables": _name(args.tables) if args.tables else "the committed H200 tables",
                            "decode_ragged": _name(args.ragged) if args.ragged else None,
-                           "policies": profiled_parts(args.profiled, args.tables, args.ragged)}
+                           "decode_graph_times": "flushed" if args.flushed else "unflushed",
+                           "policies": profiled_parts(args.profiled, args.tables, args.ragged, args.flushed)}
         for spec, bands in doc["profiled"]["policies"].items():
             print(f"profiled {spec[:40]}: " + "; ".join(
                 f"{b} " + " ".join(f"{part} {v['priced_ms'] / v['measured_ms']:.2f}" for part, v in sorted(

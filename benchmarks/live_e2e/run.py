@@ -1912,10 +1912,14 @@ def decode_graph_setup(args: Any, model: ModelSpec) -> dict | str:
     dataset's rows) and the note summary.json carries."""
     from benchmarks.live_e2e.decode_graph_table import graph_times
 
+    key = "flushed_ms" if getattr(args, "decode_graph_times", "unflushed") == "flushed" else "ms"
     times, shown = None, "none: --decode-graph none"
     for choice in (c.strip() for c in str(getattr(args, "decode_graph", None) or "none").split(",")):
-        part, part_shown = _measured_table(choice, "--decode-graph", "a decode_graph_table.py table", graph_times,
-                                           model)
+        part, part_shown = _measured_table(choice, "--decode-graph", "a decode_graph_table.py table",
+                                           lambda path, name: graph_times(path, name, key), model)
+        if not part and key != "ms" and choice != "none":
+            raise SystemExit(f"--decode-graph-times flushed: {choice} has no flushed times for {model.name} (time it "
+                             "with decode_graph_table.py --also-flushed), or pass --decode-graph-times unflushed")
         if part is not None:
             times = times or {}
             for cfg, points in part.items():
@@ -1927,8 +1931,11 @@ def decode_graph_setup(args: Any, model: ModelSpec) -> dict | str:
     if times is None:
         return f"{shown} (the decode wave model fitted on the dataset's rows)"
     return {"table": shown, "model": model.name, "configs": len(times),
+            "times": "flushed" if key != "ms" else "unflushed",
             "note": "the decode wave model fitted, per config the table times, on the decode launches timed as the "
-                    "stack's CUDA graphs replay them (no flush) at the fit grid; other configs on the dataset's rows"}
+                    "stack's CUDA graphs replay them at the fit grid (" + ("after an L2 flush before each replay"
+                                                                         if key != "ms" else "no flush")
+                    + "); other configs on the dataset's rows"}
 
 
 def _live_runs(choice: str, flag: str, off: str) -> tuple[list[Path], list[str]]:
@@ -2357,6 +2364,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: fit the decode wave model, per config these decode_graph_table.py tables time, on "
                         "the launches timed as the stack's CUDA graphs replay them (default: the three committed "
                         "parts); none: on the dataset's rows")
+    p.add_argument("--decode-graph-times", choices=("unflushed", "flushed"), default="unflushed",
+                   help="--predict: fit on the --decode-graph tables' times without a flush (default) or after an L2 "
+                        "flush before each replay (tables timed with decode_graph_table.py --also-flushed: a live "
+                        "step reads each layer's KV after the MoE streamed its weights through L2)")
     p.add_argument("--decode-ragged", default="none", metavar="TABLE.json[,...]",
                    help="--predict: ragged_decode.py tables (one per model, comma-separated): a graphed "
                         "decode-only step of the configs the run's model's table times costs no less than its "
