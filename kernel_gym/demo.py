@@ -57,6 +57,7 @@ def run_demo(*, out: Path = Path("out/demo"), model: str = "mixtral-8x7b", times
         say(f"training {env_id} for {timesteps} steps on the recorded H200 data")
         result = train(TrainArgs(env_id=env_id, model=model, total_timesteps=timesteps, seed=seed,
                                  eval_freq=max(2048, timesteps // 4), checkpoint_freq=0,
+                                 checkpoint_dir=str(out / "checkpoints" / env_id.split("/")[-1].lower()),
                                  run_name=f"demo-{env_id.split('/')[-1].lower()}"), backend=backend)
         uris[kernel] = result.model_uri
         evaluations[kernel] = result.evaluation.to_dict()

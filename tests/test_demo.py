@@ -46,6 +46,7 @@ def test_demo_trains_exports_and_replays_every_policy(tmp_path, monkeypatch, cap
 
     assert demo.run_demo(timesteps=512, trace=str(trace), out=out) == 0
     assert "done: results in" in capsys.readouterr().out
+    assert (out / "checkpoints").is_dir() and not (tmp_path / "out").exists()  # the run's files under --out only
 
     # 1. one held-out evaluation and one registered model per kernel family
     training = json.loads((out / "training.json").read_text())
