@@ -40,9 +40,9 @@ def run_demo(*, out: Path = Path("out/demo"), model: str = "mixtral-8x7b", times
     spec = kernel_spec(load_model(model))
     missing = unmeasured_kernels(backend, spec)
     if missing:  # before minutes of training, not after
-        raise ValueError(unmeasured_message(model, missing, "then train and replay with --backend STORE (the demo "
-                                            "reads the packaged data only, which holds every kernel of "
-                                            "mixtral-8x7b and olmoe-1b-7b)"))
+        raise ValueError(unmeasured_message(model, missing, "then replay with --backend STORE (the demo reads the "
+                                            "packaged data only, which holds every kernel of mixtral-8x7b and "
+                                            "olmoe-1b-7b)"))
     from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.traffic.traces import load_trace
 
