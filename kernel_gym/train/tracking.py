@@ -202,7 +202,7 @@ def ensure_sqlite_store(db: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")  # file: check_tracking_uri
 
 
 def check_tracking_uri(uri: str) -> None:
