@@ -187,3 +187,48 @@ def test_predict_fits_on_the_flushed_times_when_asked_and_says_so(tmp_path):
     plain.write_text(json.dumps({"meta": {}, "models": {"mixtral-8x7b": {"ms": {"cfg": {"1,256": {"ms": 0.010}}}}}}))
     with pytest.raises(SystemExit, match="no flushed times"):
         le.decode_graph_setup(argparse.Namespace(decode_graph=str(plain), decode_graph_times="flushed"), m)
+
+
+def test_repeats_build_fresh_caches_and_keep_the_median_of_their_graphs(tmp_path, monkeypatch):
+    """--repeats N: each repeat builds the layers' caches from new seeds and times its own graph; the point's ms is
+    the median over the repeats (each kept), so one allocation sitting on a slow speed does not set the table."""
+    seeds, times = [], iter([1.0, 1.3, 0.9])
+
+    class Family:
+        def make_inputs(self, wl, device, seed):
+            seeds.append(seed)
+            return seed
+
+        def prepare(self, x, cfg):
+            return x
+
+        def reference(self, x):
+            return x
+
+    def fake_replayed(meas, calls, ref0, dtype, family, also_flushed):
+        t = next(times)
+        return {"ms": t, "flushed_ms": 2 * t, "spread": 0.01}
+
+    monkeypatch.setattr(dgt, "replayed_layers", fake_replayed)
+    wl = type("WL", (), {"dtype": "float32"})()
+    res = dgt.time_point(None, Family(), wl, None, layers=2, device="cpu", also_flushed=True, repeats=3)
+    assert seeds == [0, 1, 2, 3, 4, 5]  # every repeat's layers get caches of their own
+    assert res["ms"] == 1.0 and res["repeat_ms"] == [1.0, 1.3, 0.9]
+    assert res["flushed_ms"] == 2.0 and res["repeat_flushed_ms"] == [2.0, 2.6, 1.8]
+    assert res["repeat_ratio"] == pytest.approx(1.3 / 0.9)
+
+    monkeypatch.setattr(dgt, "replayed_layers", lambda *a: {"error": "layer 0: wrong"} if seeds[-1] > 2 else
+                        {"ms": 1.0})
+    seeds.clear()
+    assert dgt.time_point(None, Family(), wl, None, 2, "cpu", repeats=3) == {"error": "repeat 1: layer 0: wrong"}
+
+
+def test_smoke_with_repeats_writes_each_repeat_and_refuses_zero(tmp_path):
+    assert dgt.main(["--smoke", "--out", str(tmp_path), "--repeats", "2"]) == 0
+    doc = json.loads((tmp_path / dgt.OUT_NAME).read_text())
+    assert doc["meta"]["repeats"] == 2
+    rows = [r for per in doc["models"]["tiny-moe"]["ms"].values() for r in per.values()]
+    assert rows and all(len(r["repeat_ms"]) == 2 and r["ms"] == pytest.approx(np.median(r["repeat_ms"]))
+                        for r in rows)
+    with pytest.raises(SystemExit):
+        dgt.main(["--smoke", "--out", str(tmp_path), "--repeats", "0"])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -100,13 +101,36 @@ def build_plan(model_policies: dict[str, tuple[str, ...]], smoke: bool = False) 
 
 
 def time_point(meas: Measurer, family: Any, wl: Any, cfg: Any, layers: int, device: str,
-               also_flushed: bool = False) -> dict:
+               also_flushed: bool = False, repeats: int = 1) -> dict:
     """One config at one workload: `layers` layers with their own caches, layer 0 checked against the reference
     (eagerly, then through the graph's replay), the launches replayed in one graph without the flush (and, with
-    `also_flushed`, after an L2 flush before each replay: replayed_layers)."""
-    inputs = [family.make_inputs(wl, device, seed=i) for i in range(layers)]
-    return replayed_layers(meas, [family.prepare(x, cfg) for x in inputs], family.reference(inputs[0]), wl.dtype,
-                           family, also_flushed)
+    `also_flushed`, after an L2 flush before each replay: replayed_layers).
+
+    `repeats` > 1 builds the layers' caches afresh (new seeds, new allocations) and captures and times a new graph
+    each time: two H100 tables of the same plan disagreed by 1.20-1.34x at 4 of 42 points (docs/live.md, session 61),
+    more than one timing's spread, so one allocation's graph can sit on either of two speeds. The point's ms (and
+    flushed_ms) is then the median over the repeats, each repeat's in repeat_ms (repeat_flushed_ms), and
+    repeat_ratio says how far apart they fell (slowest / fastest)."""
+    runs = []
+    for r in range(repeats):
+        inputs = [family.make_inputs(wl, device, seed=r * layers + i) for i in range(layers)]
+        res = replayed_layers(meas, [family.prepare(x, cfg) for x in inputs], family.reference(inputs[0]), wl.dtype,
+                              family, also_flushed)
+        if "error" in res:
+            return res if r == 0 else {**res, "error": f"repeat {r}: {res['error']}"}
+        runs.append(res)
+        del inputs
+    if repeats == 1:
+        return runs[0]
+    out = dict(runs[len(runs) // 2])
+    for key in ("ms", "flushed_ms"):
+        if key in runs[0]:
+            vals = [run[key] for run in runs]
+            out[key] = statistics.median(vals)
+            out[f"repeat_{key}"] = vals
+    out.update(total_ms=out["ms"] * layers, repeats_built=repeats,
+               repeat_ratio=max(out["repeat_ms"]) / min(out["repeat_ms"]))
+    return out
 
 
 def drop_done(plan: dict, done: list[Path]) -> tuple[dict, int]:
@@ -210,7 +234,7 @@ def served_plan(runs: list[Path], done: list[Path], batches: tuple[int, ...], co
 
 
 def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: bool = False,
-                also_flushed: bool = False) -> dict:
+                also_flushed: bool = False, repeats: int = 1) -> dict:
     import torch
 
     from kernel_gym.kernels.decode_attention import FAMILY
@@ -227,7 +251,9 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
         "what": "decode_attention (the family's paged launch) for `layers` layers with their own caches in one CUDA "
                 "graph, no L2 flush; ms per layer (the graph's median / layers); layer 0 checked against the fp32 "
                 "reference first" + ("; flushed_ms: the same graph with the L2 flushed before each replay"
-                                     if also_flushed else ""), "layers": layers, "dtype": dtype, "budget_s": budget_s,
+                                     if also_flushed else "")
+                + (f"; the median of {repeats} graphs, each over caches built afresh (repeat_ms)" if repeats > 1
+                   else ""), "layers": layers, "repeats": repeats, "dtype": dtype, "budget_s": budget_s,
         "device": torch.cuda.get_device_name() if cuda else "cpu-interpreter", "torch": torch.__version__,
         "triton": __import__("triton").__version__, "commit": os.environ.get("KERNEL_GYM_COMMIT"),
         "gpu_before": _gpu_state(cuda)}, "models": {}}
@@ -247,7 +273,7 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
                     continue
                 wl = DecodeWorkload(spec["num_heads"], spec["num_kv_heads"], spec["head_dim"], b, c, dtype)
                 try:
-                    res = time_point(meas, FAMILY, wl, cfg, layers, device, also_flushed)
+                    res = time_point(meas, FAMILY, wl, cfg, layers, device, also_flushed, repeats)
                 except Exception as exc:  # noqa: BLE001 - one failed point must not lose the others
                     res = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 table.setdefault(cfg_text, {})[f"{b},{c}"] = res
@@ -262,6 +288,12 @@ def run_measure(plan: dict, out_dir: Path, layers: int, budget_s: float, smoke: 
         failed = sum(1 for per in entry["ms"].values() for r in per.values() if "error" in r)
         print(f"{name}: {len(timed)} points timed over {len(entry['ms'])} configs, {failed} failed, "
               f"{entry['skipped_points']} skipped")
+        apart = sorted(((r["repeat_ratio"], cfg, pt) for cfg, per in entry["ms"].items() for pt, r in per.items()
+                        if "repeat_ratio" in r), reverse=True)
+        if apart:
+            print(f"  repeats (graphs over fresh caches) slowest / fastest: median "
+                  f"{statistics.median(a for a, _, _ in apart):.3f}, max {apart[0][0]:.3f} at {apart[0][2]}; "
+                  f"{sum(a > 1.1 for a, _, _ in apart)} of {len(apart)} points beyond 1.10")
     return doc
 
 
@@ -305,12 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--also-flushed", action="store_true",
                    help="GPU: time each point's graph again with the L2 flushed before each replay (flushed_ms): "
                         "a live step reads each layer's KV once, after the MoE streamed its weights through L2")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="GPU: build each point's caches and graph this many times (fresh allocations) and keep the "
+                        "median; repeat_ms keeps each, to tell a bistable point from a noisy one")
     p.add_argument("--smoke", action="store_true",
                    help="CPU dry run under TRITON_INTERPRET=1: the tiny model's plan, wall clocks")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give 1 or more (graphs per point)")
     if args.smoke:
         return smoke_measure(p, args, lambda: build_plan({"tiny-moe": ("default", MODEL_POLICIES["mixtral-8x7b"][2])},
-                                                         smoke=True), run_measure)
+                                                         smoke=True),
+                             lambda *a, **k: run_measure(*a, **k, repeats=args.repeats))
     done = [Path(t) for t in args.done.split(",") if t]
     missing = [str(t) for t in done if not t.exists()]
     if missing:
@@ -346,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         plan, dropped = drop_done(plan, done)
         left = sum(len(v) for e in plan["models"].values() for v in e["points"].values())
         log(f"--done: {dropped} points already timed, {left} left")
-    run_measure(plan, args.out, args.layers, args.budget_s, also_flushed=args.also_flushed)
+    run_measure(plan, args.out, args.layers, args.budget_s, also_flushed=args.also_flushed,
+                repeats=args.repeats)
     return 0
 
 

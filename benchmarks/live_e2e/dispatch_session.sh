@@ -16,7 +16,8 @@
 #    committed runs were served a config that depended on earlier calls). Mixtral, seed 0's table, on the held-out
 #    code window from 540 s, as heldout_bffac01/code540_mixtral served it before the fix. Every 8th step is profiled
 #    again, eagerly and as its graph replays (band_check.py --profiled).
-# The decode tables also time each point after an L2 flush (--also-flushed, flushed_ms: docs/live.md, session 61).
+# The decode tables also time each point after an L2 flush (--also-flushed, flushed_ms: docs/live.md, session 61);
+# OLMoE's last points are timed over two fresh allocations each (--repeats 2: one H100 point had two speeds).
 #   SESSION_S=<seconds> KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/live_e2e/dispatch_session.sh
 source benchmarks/live_e2e/session_common.sh
 TRACE=benchmarks/live_e2e/heldout_trace/AzureLLMInferenceTrace_code_first10min.csv
@@ -37,7 +38,8 @@ log "ragged decode launches (OLMoE, default config), $(left) s left"
 log "ragged OLMoE: exit $? $(grep -a 'wrote' "$E/ragged_olmoe.log")"
 log "decode graph table, OLMoE's last points (rest3), $(left) s left"
 [ "$(left)" -gt 100 ] && timeout 95 python3 benchmarks/live_e2e/decode_graph_table.py --out "$E/decode_rest3" \
-  --plan benchmarks/live_e2e/decode_graph_rest3_plan.json --budget-s 70 --also-flushed > "$E/decode_rest3.log" 2>&1
+  --plan benchmarks/live_e2e/decode_graph_rest3_plan.json --budget-s 70 --also-flushed --repeats 2 \
+  > "$E/decode_rest3.log" 2>&1
 log "decode rest3: exit $? $(tail -n 3 "$E/decode_rest3.log" | tr '\n' ' ')"
 log "decode graph table, the served plan, $(left) s left"
 [ "$(left)" -gt 200 ] && timeout $(( $(left) - 165 )) python3 benchmarks/live_e2e/decode_graph_table.py \
