@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kernel_gym import zoo
+from kernel_gym.dispatch.baselines import unmeasured_kernels
 from kernel_gym.dispatch.dispatcher import (  # noqa: F401 - the bucket grid and KV-layout choice, re-exported
     AXES,
     EXPORT_SKEWS,
@@ -661,9 +662,7 @@ def sharded_model(name: str, tp: int) -> Any:
 
 
 def measured_model(kernel: str, model: Any) -> bool:
-    """Whether the packaged data holds any workload of this model's shape for the kernel (its fixed dimensions)."""
+    """Whether the packaged data holds the kernel at any workload of this model's grid: the same question replay and
+    demo ask of any backend before they start (dispatch.baselines.unmeasured_kernels), asked of the packaged data."""
     backend = recorded_backend()
-    if kernel not in backend.kernels():
-        return False
-    fixed = fixed_dims(kernel, model)
-    return any(all(getattr(w, f, v) == v for f, v in fixed.items()) for w in backend.workloads(kernel))
+    return kernel in backend.kernels() and not unmeasured_kernels(backend, model, (kernel,))
