@@ -52,6 +52,7 @@ EXPERIMENT = "kernel-gym-cycle"
 DEFAULT_DEVICE = "NVIDIA H200"
 SHARE_MOVE = 0.02  # a key moved when its share of steps changed by more than this (absolute) and by half (relative)
 SKEW_MOVE = 0.15  # ... or the routing skew by more than this
+SKEW_TOLERANCE = 0.05  # a skew this close to a measured one is priced as measured there
 CELL_MOVE = 0.5  # ... or the mean log2 M inside its cell by more than this
 MIN_SHARE = 0.002  # keys serving less than this share of the steps are left alone
 NOISE_MARGIN = 0.5  # a lead must exceed this x (spread of the current row + the candidate's): the export's rule
@@ -147,7 +148,7 @@ class Pricer:
         if skew <= sk[0] + 1e-6 or skew >= sk[-1] - 1e-6 or len(sk) == 1:
             s = sk[0] if skew <= sk[0] + 1e-6 or len(sk) == 1 else sk[-1]
             t, est = self._at_skew(cfg, m, s)
-            out = (t, est or abs(skew - s) > 0.05)
+            out = (t, est or abs(skew - s) > SKEW_TOLERANCE)
         else:
             s0 = max(s for s in sk if s <= skew)
             s1 = min(s for s in sk if s >= skew)
@@ -496,6 +497,16 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def skew_range_note(skew: float, measured: Sequence[float] | None) -> str:
+    """Said beside the skew when it lies outside the measured skews: the Pricer prices it at the nearest measured
+    skew (counted as estimated), which a user reading 'skew 2.50' next to a price would not otherwise know."""
+    if not measured or measured[0] - SKEW_TOLERANCE <= skew <= measured[1] + SKEW_TOLERANCE:
+        return ""
+    near = measured[0] if skew < measured[0] else measured[1]
+    return (f"; **outside the measured skews ({measured[0]:.2f}-{measured[1]:.2f}): priced at {near:.2f}**, so the "
+            "prices below are estimates there; `--gpu` times the candidates at this skew")
+
+
 def report_md(rep: dict[str, Any]) -> str:
     p, b = rep["profile"], rep.get("profile_before")
     lines = [f"# kernel-gym cycle: {rep['decision']} (exit {rep['exit_code']})", "",
@@ -504,7 +515,8 @@ def report_md(rep: dict[str, Any]) -> str:
              f"{p['steps']:.0f} steps" + (f" over {p['span_s']:.0f} s" if p.get("span_s") else ""),
              f"- stored profile: {'none (everything counts as moved)' if b is None else 'yes'}",
              f"- routing skew: now {rep['skew']:.2f} ({rep['skew_source']})"
-             + (f", before {rep['skew_before']:.2f}" if rep.get("skew_before") is not None else ""),
+             + (f", before {rep['skew_before']:.2f}" if rep.get("skew_before") is not None else "")
+             + skew_range_note(rep["skew"], rep.get("skew_measured")),
              f"- prompt p50/p90: {p['prompt'].get('p50', float('nan')):.0f}/{p['prompt'].get('p90', float('nan')):.0f}"
              + (f" (before {b['prompt'].get('p50', float('nan')):.0f}/{b['prompt'].get('p90', float('nan')):.0f})"
                 if b else "") + f"; decode context mean {p['decode'].get('context_mean', float('nan')):.0f}"
@@ -657,7 +669,8 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
         "decision": DECISIONS[code], "exit_code": code, "model": spec.name, "tp": tp, "engine": engine,
         "device": device, "current": str(current), "engine_file": str(path.relative_to(current)),
         "gpu": bool(gpu), "gpu_s": gpu_s, "skew": skew, "skew_source": skew_source,
-        "skew_before": skew_before, "profile": profile.to_json(),
+        "skew_before": skew_before, "skew_measured": [pricer.skews[0], pricer.skews[-1]] if pricer.skews else None,
+        "profile": profile.to_json(),
         "profile_before": before.to_json() if before else None,
         "price_current": p_cur, "price_new": p_new, "price_oracle": p_orc,
         "expected_gain": p_cur["ms"] / p_new["ms"] if p_new["ms"] > 0 else 1.0, "unpriced_step_share": unpriced,
@@ -713,6 +726,9 @@ def summary_lines(code: int, rep: dict[str, Any], report_dir: Path) -> list[str]
              f"{rep['changed_keys']} changed; priced fused-MoE time current {rep['price_current']['ms']:.4f} ms -> "
              f"{rep['price_new']['ms']:.4f} ms: expected gain x{rep['expected_gain']:.4f}, "
              f"{_pct(rep['price_new']['estimated_share'])} of it on estimated times"]
+    beyond = skew_range_note(rep["skew"], rep.get("skew_measured"))
+    if beyond:
+        lines.append(f"[cycle] routing skew {rep['skew']:.2f}{beyond.replace('**', '')}")
     if rep.get("new_folder"):
         where = f" installed at {rep['installed']} (previous: {rep['previous_folder']})" if rep.get("installed") else ""
         lines.append(f"[cycle] new folder {rep['new_folder']}{where}")

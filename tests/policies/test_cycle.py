@@ -295,3 +295,19 @@ def test_traffic_the_rows_cannot_price_is_not_called_no_change(tmp_path):
     others = [r for r in ROWS if r.config != A]
     with pytest.raises(ValueError, match="none of the traffic's batch sizes can be priced.*--gpu"):
         cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 0.0)], tmp_path, rows=others)
+
+
+def test_a_skew_beyond_the_measured_ones_is_said_to_be_priced_at_the_nearest(tmp_path):
+    """Rows measured at skews 0 and 1.2; traffic at Zipf 2.5 is priced at 1.2 (estimated), and the report and the
+    printed summary say so; traffic inside the range gets no such note."""
+    cur = current_folder(tmp_path)
+    code, rep = cycle_on(cur, [scrape(tmp_path, STEPS), experts(tmp_path, 2.5)], tmp_path)
+    assert rep["skew"] > 1.5 and rep["skew_measured"] == [0.0, 1.2]
+    assert rep["price_new"]["estimated_share"] == pytest.approx(1.0)
+    md = (tmp_path / "report" / cycle.REPORT_MD).read_text()
+    assert "outside the measured skews (0.00-1.20): priced at 1.20" in md
+    assert any("outside the measured skews" in line for line in cycle.summary_lines(code, rep, tmp_path))
+    code, rep = cycle_on(current_folder(tmp_path / "in"), [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)],
+                         tmp_path / "in")
+    assert not any("outside the measured" in line for line in cycle.summary_lines(code, rep, tmp_path))
+    assert cycle.skew_range_note(1.2, [0.0, 1.2]) == "" and cycle.skew_range_note(-0.3, [0.0, 1.2])
