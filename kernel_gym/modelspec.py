@@ -142,28 +142,65 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     MLA where kv_lora_rank is set. A multimodal config's text part (text_config) is the language model's."""
     cfg = {**data, **data["text_config"]} if isinstance(data.get("text_config"), dict) else data
 
+    def number(key: str) -> int | None:
+        value = cfg.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: {key} must be an integer, got {value!r}: fix the config.json (a Hugging Face "
+                             "config writes sizes and counts as JSON numbers, not strings)")
+        return value
+
     def need(*keys: str) -> int:
         for k in keys:
-            if cfg.get(k) is not None:
-                return cfg[k]
+            value = number(k)
+            if value is not None:
+                return value
         raise ValueError(f"{where}: a Hugging Face config.json without {' or '.join(keys)}: "
                          + ("not a mixture-of-experts model (kernel_gym tunes MoE serving)" if keys == HF_EXPERT_KEYS
                             else "write the model as a ModelSpec JSON (docs/agent.md, Your own model)"))
 
     hidden, heads = need("hidden_size"), need("num_attention_heads")
-    mla = cfg.get("kv_lora_rank") is not None
-    head_dim = cfg.get("head_dim") or (cfg.get("v_head_dim") if mla else None) or hidden // heads
-    if cfg.get("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
-        shared, shared_inter = int(cfg["n_shared_experts"]), int(need("moe_intermediate_size"))
-    elif cfg.get("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own width
-        shared, shared_inter = 1, int(cfg["shared_expert_intermediate_size"])
+    if heads < 1:
+        raise ValueError(f"{where}: num_attention_heads must be positive, got {heads}: fix the config.json")
+    mla = number("kv_lora_rank") is not None
+    head_dim = number("head_dim") or (number("v_head_dim") if mla else None) or hidden // heads
+    if number("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
+        shared, shared_inter = need("n_shared_experts"), need("moe_intermediate_size")
+    elif number("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own width
+        shared, shared_inter = 1, need("shared_expert_intermediate_size")
     else:
         shared, shared_inter = 0, 0
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     return ModelSpec(
         name=name, num_layers=need("num_hidden_layers"), hidden=hidden, num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim, num_experts=need(*HF_EXPERT_KEYS),
+        num_kv_heads=number("num_key_value_heads") or heads, head_dim=head_dim, num_experts=need(*HF_EXPERT_KEYS),
         top_k=need("num_experts_per_tok"), intermediate=need("moe_intermediate_size", "intermediate_size"),
-        dtype_bytes=HF_DTYPE_BYTES.get(dtype, 2), num_shared_experts=shared, shared_intermediate=shared_inter,
-        attention="mla" if mla else "gqa", kv_lora_rank=int(cfg["kv_lora_rank"]) if mla else 0,
-        rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0) if mla else 0)
+        dtype_bytes=hf_weight_bytes(cfg, dtype, where), num_shared_experts=shared, shared_intermediate=shared_inter,
+        attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,
+        rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0)
+
+
+class SpecWarning(UserWarning):
+    """A spec was read, but part of the model it describes is not modelled (said once, on stderr)."""
+
+
+def hf_weight_bytes(cfg: dict, dtype: str, where: str) -> int:
+    """Bytes per weight of a Hugging Face config: its quantization_config's where kernel_gym models it (fp8: 1 byte,
+    so memory and KV room are sized as deployed, and the engines' fp8 MoE files are named), else torch_dtype's. Any
+    other method (mxfp4, AWQ, GPTQ, ...) is counted at torch_dtype's size with a SpecWarning: its weights take less
+    memory than counted, and the engine runs another MoE kernel than the bf16 one kernel_gym measures."""
+    size = HF_DTYPE_BYTES.get(dtype, 2)
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, dict):
+        return size
+    method = str(quant.get("quant_method") or "").lower()
+    if method == "fp8":
+        return 1
+    import warnings
+
+    warnings.warn(f"{where}: quantization_config {method or '(no quant_method)'!r} is not modelled: weights counted "
+                  f"at {dtype} ({size} bytes each), more memory than they take (so less KV room), and the engine's "
+                  "MoE kernel for these weights is not the bf16 one kernel_gym measures; for a bf16 deployment of "
+                  "this model the figures hold as they are", SpecWarning, stacklevel=3)
+    return size

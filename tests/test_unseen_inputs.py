@@ -517,3 +517,67 @@ def test_export_says_when_it_replaces_another_models_table(tmp_path, capsys):
     assert capsys.readouterr().err == ""  # the same model's table again: nothing to say
     replaced_model_note(tmp_path / TABLE_FILE, "olmoe-1b-7b")
     assert "the table of another model (mixtral-8x7b)" in capsys.readouterr().err
+
+
+# ---- session 62: an audit of plan / export / cycle with models the project does not ship --------------------------
+
+def test_a_config_json_with_a_string_where_a_number_goes_names_the_field(tmp_path):
+    """'"hidden_size": "4096"' failed with "TypeError: unsupported operand type(s) for //", naming neither file nor
+    field."""
+    from kernel_gym.models import load_model
+
+    cfg = {"model_type": "mixtral", "hidden_size": "4096", "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 14336}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"config.json: hidden_size must be an integer, got '4096'"):
+        load_model(str(tmp_path / "config.json"))
+    cfg.update(hidden_size=4096, num_experts_per_tok=True)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="num_experts_per_tok must be an integer"):
+        load_model(str(tmp_path / "config.json"))
+
+
+def test_a_config_jsons_quantization_is_read_or_said_to_be_ignored(tmp_path):
+    """quantization_config was ignored: a block-fp8 checkpoint (DeepSeek-V3, Kimi-K2) was sized as bf16, and an
+    mxfp4 one (gpt-oss) too, without a word."""
+    import warnings
+
+    from kernel_gym.deploy.engine_export import shard_shape
+    from kernel_gym.models import load_model
+    from kernel_gym.modelspec import SpecWarning
+
+    base = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+            "moe_intermediate_size": 768, "torch_dtype": "bfloat16"}
+    fp8 = {**base, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    (tmp_path / "fp8.json").write_text(json.dumps(fp8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpecWarning)
+        spec = load_model(str(tmp_path / "fp8.json"))
+    assert spec.dtype_bytes == 1
+    with pytest.raises(ValueError, match="dtype=fp8_w8a8"):  # the engine file it would need is not bf16's
+        shard_shape(spec, 8)
+    (tmp_path / "mxfp4.json").write_text(json.dumps({**base, "quantization_config": {"quant_method": "mxfp4"}}))
+    with pytest.warns(SpecWarning, match="'mxfp4' is not modelled"):
+        assert load_model(str(tmp_path / "mxfp4.json")).dtype_bytes == 2
+    (tmp_path / "plain.json").write_text(json.dumps(base))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpecWarning)
+        assert load_model(str(tmp_path / "plain.json")).dtype_bytes == 2
+
+
+def test_an_engine_export_keeps_a_file_it_did_not_write_and_refuses_vllm_tp_with_ep(tmp_path, capsys):
+    """A hand-tuned E=..,N=.. file in --out was replaced without a word; --tp 2 --ep 4 wrote E=2,N=7168 for vLLM,
+    which slices experts over TP or places them whole over EP, never both."""
+    from kernel_gym.deploy.engine_export import SIDECAR, export_and_print
+
+    mine = tmp_path / "E=8,N=7168,device_name=NVIDIA_H200.json"
+    mine.write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}}))
+    assert export_and_print(model="mixtral-8x7b", fmt="vllm", out=tmp_path, tp=2, force=True) == 0
+    assert "kept as E=8,N=7168,device_name=NVIDIA_H200.json.bak" in capsys.readouterr().err
+    assert json.loads((tmp_path / (mine.name + ".bak")).read_text()) == {"1": {"BLOCK_SIZE_M": 16}}
+    assert mine.name in json.loads((tmp_path / SIDECAR).read_text())["files"]
+    export_and_print(model="mixtral-8x7b", fmt="vllm", out=tmp_path, tp=2, force=True)  # its own file: no backup
+    assert not (tmp_path / (mine.name + ".bak.1")).exists()
+    with pytest.raises(ValueError, match="never both; pass one of --tp and --ep"):
+        export_and_print(model="mixtral-8x7b", fmt="vllm", out=tmp_path / "mixed", tp=2, ep=4, force=True)

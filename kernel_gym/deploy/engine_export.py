@@ -402,6 +402,11 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
         raise ValueError(f"format {fmt!r}: use one of {FORMATS}")
     dtype = dtype or engine_dtype(model)
     engine = vllm_tables.parse_engine(f"{fmt}-{engine_version}" if engine_version else fmt)
+    if fmt == "vllm" and tp > 1 and ep > 1:  # parallel/deploy.why_invalid_deployment masks it in plan too
+        raise ValueError(f"--tp {tp} --ep {ep}: vLLM runs the experts either sliced over TP (the file's N = "
+                         "intermediate / tp) or whole over expert-parallel ranks (--enable-expert-parallel: E = "
+                         "experts / ep, N whole), never both; pass one of --tp and --ep (SGLang's --tp/--ep layout "
+                         "slices experts inside expert-parallel groups: --format sglang)")
     shape = shard_shape(model, tp, dtype, ep)
     label, skew = parse_routing(routing)
     tv = vllm_tables.sglang_triton_version(engine, triton_version) if fmt == "sglang" else triton_version
@@ -464,8 +469,39 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
             note["warning"] = ("SGLang ships a separate second-GEMM (_down) table for this shape: if you copied its "
                                "configs/ into DIR, delete " + ", ".join(note["sglang_down_files"]) + " there, or "
                                "SGLang pairs those entries with this file's")
+    kept = keep_users_file(out, engine_path(out, fmt, shape, device, tv or "0.0.0"), content)
+    if kept:
+        note["replaced"] = kept
     path = write_engine_file(out, fmt, shape, device, content, tv or "0.0.0", note)
     return path, note
+
+
+def keep_users_file(out: Path, path: Path, content: dict[str, dict[str, int]]) -> str:
+    """Before an export replaces a config file that kernel_gym did not write (its sidecar does not list it: a
+    hand-tuned file, the engine's own copy), the file is kept beside it as NAME.bak (NAME.bak.N if taken): the
+    engines read the exact name only, so the copy is inert, and nothing a user stored is lost. Returns what was done,
+    for the note and the printed summary; '' when there was nothing to keep."""
+    if not path.exists():
+        return ""
+    try:
+        same = json.loads(path.read_text()) == json.loads(json.dumps(content))
+    except ValueError:
+        same = False
+    if same:
+        return ""
+    side = out / SIDECAR
+    try:
+        ours = str(path.relative_to(out)) in json.loads(side.read_text()).get("files", {}) if side.exists() else False
+    except ValueError:
+        ours = False
+    if ours:
+        return f"replaced the file an earlier export wrote ({path.name})"
+    backup = path.with_name(path.name + ".bak")
+    n = 1
+    while backup.exists():
+        backup, n = path.with_name(f"{path.name}.bak.{n}"), n + 1
+    path.rename(backup)
+    return f"an existing {path.name} that kernel_gym did not write was kept as {backup.name}"
 
 
 def summary_lines(note: dict[str, Any]) -> list[str]:
@@ -503,7 +539,8 @@ def export_and_print(*, model: str, fmt: str, out: Path, device: str = "NVIDIA H
     path, note = export(load_model(model), fmt, out, device, tp, routing, stores, force, min_gain, triton_version,
                         ep=ep, engine_version=engine_version, confirmations=confirmations)
     print("\n".join([f"{note['engine']} file {path} ({note['routing']}, {'ESTIMATE: ' + note['why'] if note['estimate'] else 'measured on ' + str(note['measured_on'])}):",  # noqa: E501
-                     *summary_lines(note), *([f"WARNING: {note['warning']}"] if note.get("warning") else [])]),
+                     *summary_lines(note), *([f"WARNING: {note['warning']}"] if note.get("warning") else []),
+                     *([f"note: {note['replaced']}"] if note.get("replaced") else [])]),
           file=sys.stderr)
     print(json.dumps({"format": fmt, "engine": note["engine"], "path": str(path),
                       "estimate": note["estimate"], "keys": len(note["keys"]), **note["summary"],
