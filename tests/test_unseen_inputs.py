@@ -581,3 +581,33 @@ def test_an_engine_export_keeps_a_file_it_did_not_write_and_refuses_vllm_tp_with
     assert not (tmp_path / (mine.name + ".bak.1")).exists()
     with pytest.raises(ValueError, match="never both; pass one of --tp and --ep"):
         export_and_print(model="mixtral-8x7b", fmt="vllm", out=tmp_path / "mixed", tp=2, ep=4, force=True)
+
+
+def test_train_reads_ones_own_store_and_an_unmeasured_model_names_the_commands(tmp_path):
+    """`train --backend STORE` was refused ("unknown backend"), so the measure-then-train fix export and replay name
+    could not be completed; a model without rows failed with "cannot build a catalogue (check the backend)"; and
+    --no-register-model failed at the end, tagging MLflow 3's unregistered models:/m-<id> as a registered version."""
+    from kernel_gym.cli.train import build_parser, train_args
+    from kernel_gym.kernels.workloads import model_workloads
+    from kernel_gym.measure import resolve_backend
+    from kernel_gym.measure.store import PACKAGED_SNAPSHOT, MeasurementStore, iter_snapshot
+    from kernel_gym.models import load_model
+    from kernel_gym.train.train import prepare_data, train
+    from tests.fakes.mlflow_store import fresh_store
+
+    keys = {w.key() for w in model_workloads("decode_attention", load_model("olmoe-1b-7b"))}
+    store = tmp_path / "mine.sqlite"
+    with MeasurementStore(store) as db:
+        for ctx, rows in iter_snapshot(PACKAGED_SNAPSHOT):
+            db.put_many(ctx, [m for m in rows if m.kernel == "decode_attention" and m.workload in keys])
+    args = train_args(build_parser().parse_args([
+        "--env-id", "KernelGym/DecodeAttention-v0", "--model", "olmoe-1b-7b", "--backend", str(store),
+        "--total-timesteps", "128", "--n-envs", "2", "--eval-freq", "0", "--checkpoint-freq", "0",
+        "--checkpoint-dir", str(tmp_path / "ck"), "--tracking-uri", fresh_store(tmp_path), "--no-register-model",
+        "--no-progress-bar"]))
+    res = train(args)
+    assert res.num_timesteps >= 128 and res.evaluation is not None
+    with pytest.raises(ValueError, match=r"no fused_moe measurement of any of olmoe-1b-7b's .* --backend STORE"):
+        prepare_data("fused_moe", resolve_backend(str(store)), "olmoe-1b-7b")
+    with pytest.raises(ValueError, match="neither a backend .* nor an existing store file"):
+        train(dataclasses.replace(args, backend=str(tmp_path / "missing.sqlite")))

@@ -73,6 +73,16 @@ def resolve_profile(profile: Any, kernel: str, model: Any) -> WorkloadProfile:
     return WorkloadProfile(profile, list(model_workloads(kernel, spec, grid)), anchors=anchors)
 
 
+def unmeasured_profile_message(backend: Any, kernel: str, model: Any, profile: Any) -> str:
+    """Why an env or a training run cannot start on a model the backend never measured, and the commands that fix it
+    (measure into a store, then train on it), said before a catalogue or a reference is built."""
+    name = getattr(model, "name", model)
+    return (f"the {getattr(backend, 'name', 'given')} backend has no {kernel} measurement of any of {name}'s "
+            f"{len(profile.workloads)} workloads (profile {profile.name!r}; the packaged data covers the zoo's shapes): "
+            f"measure them on a GPU (kernel-gym collect --model SPEC --kernels {kernel} --db STORE), then train on "
+            "them with --backend STORE (Python: backend=\"STORE\")")
+
+
 def split_profile(
     backend: Any, family: Any, profile: WorkloadProfile, holdout: float = 0.25, split_seed: int = 0
 ) -> tuple[list[WorkloadReference], list[WorkloadReference]]:
@@ -130,12 +140,7 @@ class KernelConfigEnv(gym.Env):
         if references is None:
             train, heldout = split_profile(self.backend, self.family, self.profile, holdout, split_seed)
             if not train and not heldout:  # a model the data never measured: say so, not "check the backend"
-                name = getattr(model, "name", model)
-                raise ValueError(
-                    f"the {getattr(self.backend, 'name', 'given')} backend has no {self.kernel} measurement of any of "
-                    f"{name}'s {len(self.profile.workloads)} workloads (profile {self.profile.name!r}; the packaged "
-                    "data covers the zoo's shapes): measure them on a GPU (kernel-gym collect --model SPEC --db STORE) "
-                    "and pass backend=kernel_gym.measure.make_backend(\"recorded\", path=STORE)")
+                raise ValueError(unmeasured_profile_message(self.backend, self.kernel, model, self.profile))
             references = {"train": train, "heldout": heldout, "all": train + heldout}[split]
             if catalogue is None:
                 catalogue = build_catalogue(self.kernel, train, near, max_catalogue, catalogue_depth)

@@ -435,10 +435,13 @@ def policy_identity(env_id: str, specs: Sequence[Any], dataset_hash: str) -> dic
 
 
 def tag_model_version(model_uri: str, tags: dict[str, str]) -> None:
-    """Set tags on the registered version behind models:/NAME/VERSION (no-op for other URIs)."""
+    """Set tags on the registered version behind models:/NAME/VERSION (no-op for other URIs, such as MLflow 3's
+    models:/m-<id> of a model logged without registering it: --no-register-model)."""
     if not model_uri.startswith("models:/"):
         return
     name, _, version = model_uri[len("models:/"):].rpartition("/")
+    if not name or not version.isdigit():
+        return
     client = mlflow.tracking.MlflowClient()
     for k, v in tags.items():
         client.set_model_version_tag(name, version, k, v)

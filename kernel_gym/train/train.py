@@ -30,6 +30,7 @@ from kernel_gym.dispatch.catalogue import (
     MAX_CATALOGUE,
     Catalogue,
     Evaluation,
+    NoMeasurementsError,
     WorkloadReference,
     action_mask,
     best_static_config,
@@ -52,7 +53,8 @@ class TrainArgs:
     env_id: str = "KernelGym/MoE-v0"
     """Gymnasium id of a kernel env (KernelGym/MoE-v0, KernelGym/DecodeAttention-v0, KernelGym/PrefillAttention-v0)."""
     backend: str = "recorded"
-    """Measurement backend: "recorded" (H200 store, CPU) or "live" (GPU); tests pass a Backend object to train()."""
+    """Measurement backend: "recorded" (the packaged H200 data, CPU), the path of a measurement store (the --db tune
+    and collect write: your own model's rows) or "live" (GPU); tests pass a Backend object to train()."""
     model: str = "mixtral-8x7b"
     """Model spec whose shapes make the workload grid: a built-in or zoo name (NAME@tpN for a tensor-parallel shard), a
     ModelSpec JSON file, or "zoo": one model-conditioned policy over every zoo training model (kernel_gym/zoo.py)."""
@@ -207,7 +209,7 @@ def prepare_data(
 ) -> PreparedData:
     """Measure the profile's workloads through the backend, split them, and build catalogue and static baseline from
     the training part only (model "zoo": without the rows of `exclude_models` too)."""
-    from kernel_gym.envs.base import resolve_profile, split_profile
+    from kernel_gym.envs.base import resolve_profile, split_profile, unmeasured_profile_message
     from kernel_gym.kernels import get_family
 
     family = get_family(kernel)
@@ -217,6 +219,8 @@ def prepare_data(
         raise ValueError("exclude_models applies to the zoo policy only (--model zoo)")
     resolved = resolve_profile(profile, kernel, model)
     train, heldout = split_profile(backend, family, resolved, holdout, split_seed)
+    if not train and not heldout:
+        raise NoMeasurementsError(unmeasured_profile_message(backend, kernel, model, resolved))
     candidates = train
     if model == zoo_policy.ZOO_MODEL:  # actions only among configs measured at (almost) every zoo shape
         common = zoo_policy.common_configs(train, set(resolved.anchors), family.space)
