@@ -78,9 +78,9 @@ def unmeasured_profile_message(backend: Any, kernel: str, model: Any, profile: A
     (measure into a store, then train on it), said before a catalogue or a reference is built."""
     name = getattr(model, "name", model)
     return (f"the {getattr(backend, 'name', 'given')} backend has no {kernel} measurement of any of {name}'s "
-            f"{len(profile.workloads)} workloads (profile {profile.name!r}; the packaged data covers the zoo's shapes): "
-            f"measure them on a GPU (kernel-gym collect --model SPEC --kernels {kernel} --db STORE), then train on "
-            "them with --backend STORE (Python: backend=\"STORE\")")
+            f"{len(profile.workloads)} workloads (profile {profile.name!r}; the packaged data covers the zoo's "
+            f"shapes): measure them on a GPU (kernel-gym collect --model SPEC --kernels {kernel} --db STORE), then "
+            "train on them with --backend STORE (Python: backend=\"STORE\")")
 
 
 def split_profile(
