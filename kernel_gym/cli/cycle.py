@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeatable: a Prometheus scrape or folder of scrapes, a request log (Azure / Mooncake / "
                         "BurstGPT), per-expert counts (SGLang recorder dump, vLLM EPLB state, JSON)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (the engine file's N = intermediate/tp)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree, as kernel-gym export --ep (the engine "
+                   "file's E = the local expert count, experts/ep)")
     p.add_argument("--device", default=DEFAULT_DEVICE, help="GPU name as torch.cuda.get_device_name() says")
     p.add_argument("--gpu", action="store_true", help="time the changed keys on this machine's GPU and keep only the "
                    "ones a paired round confirms")
@@ -53,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[cycle] restored {args.current} from {cycle.prev_of(args.current)}; the replaced folder is {undone}")
         return 0
     code, rep = cycle.run_cycle(
-        current=args.current, model=args.model, engine=args.engine, traffic=args.traffic, tp=args.tp,
+        current=args.current, model=args.model, engine=args.engine, traffic=args.traffic, tp=args.tp, ep=args.ep,
         device=args.device, gpu=args.gpu, gpu_budget_s=args.gpu_budget_s, top_k=args.top_k, out=args.out,
         install=args.install, report_dir=args.report_dir, stores=args.store, min_gain=args.min_gain,
         noise_margin=args.noise_margin, share_move=args.share_move, skew_move=args.skew_move,

@@ -6,8 +6,9 @@ and hand the pipeline a safe change with an exit code.
 
 1. Profile (traffic/metrics.py): the period's M distribution (tokens per engine step, the fused-MoE batch), prompt
    and output lengths, decode context, routing skew (from per-expert counts when given), from Prometheus scrapes,
-   a request log or both; compared with `traffic_profile.json` stored beside the current files (none: everything
-   counts as moved). A key of the engine file "moved" when its share of the steps, the M mix inside its cell or the
+   a request log or both; compared with `traffic_profile.json` stored beside the current files, else the one a
+   "no change" cycle left in `--report-dir` for the same engine file (stored_profile; none: everything counts as
+   moved). A key of the engine file "moved" when its share of the steps, the M mix inside its cell or the
    skew changed beyond the thresholds (`--share-move`, `--skew-move`).
 2. Price: the engine's lookup (nearest key) over the profile's M distribution at its skew, with the fused-MoE times
    of vLLM's kernel design recorded on the H200 (the `vllm_fused_moe` rows; between measured M and skews the
@@ -18,7 +19,8 @@ and hand the pipeline a safe change with an exit code.
    the zero-shot change, unconfirmed (exit 11). With `--gpu` (deploy/cycle_gpu.py) each changed key's candidates are
    timed on the GPU in vLLM's kernel design and the change is kept only if it beats the current entry again in a
    paired round (samples interleaved one by one); the others keep the current entry (exit 10 when any change is
-   confirmed).
+   confirmed). A shape without recorded rows is refused on the CPU; with `--gpu` it is timed there and priced from
+   those timings (gpu_prices), or reported unpriced.
 4. Output: the new folder (a copy of the current one with the changed engine file, its sidecar
    `kernel_gym_export.json` and the new `traffic_profile.json`) written atomically: a temporary folder, every file
    fsynced, then renamed to `--out` (default `<current>.next`); `--install` then moves it into the current folder's
@@ -32,6 +34,7 @@ line naming the problem and the fix).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -67,9 +70,11 @@ class Pricer:
     config lacks a bracketing measurement its nearest measured time scaled by the best config's ratio; above the
     largest measured M linear in M; between measured skews log-linear; outside them the nearest. Everything but an
     exact hit is flagged estimated. Rows too noisy to rank (spread above the recorded backend's MAX_SPREAD) price
-    their own config but never make it a candidate or the per-M best."""
+    their own config but never make it a candidate or the per-M best. required=False (the --gpu path): a shape
+    without rows prices nothing (every time None) instead of refusing, so that the GPU's timings decide."""
 
-    def __init__(self, shape: Any, device: str = DEFAULT_DEVICE, rows: Any = None, engine: str = "vllm") -> None:
+    def __init__(self, shape: Any, device: str = DEFAULT_DEVICE, rows: Any = None, engine: str = "vllm",
+                 required: bool = True) -> None:
         from kernel_gym.deploy import engine_export as ee
         from kernel_gym.kernels import vllm_tables
 
@@ -86,7 +91,7 @@ class Pricer:
         # the timed interval inflate it, docs/measurement.md): it still prices its own config (an upper bound), but
         # never makes a config a candidate or the per-M best
         self.max_spread = MAX_SPREAD
-        if not self.times:
+        if not self.times and required:
             raise ValueError(f"no recorded vllm_fused_moe times for E={shape.num_experts}, N={shape.n}, "
                              f"H={shape.hidden}, top_k={shape.top_k} on {device}: measure the shape (python3 "
                              "benchmarks/vllm_export/run.py, or kernel-gym collect --kernels vllm_fused_moe) and "
@@ -145,6 +150,8 @@ class Pricer:
         if hit is not None:
             return hit
         sk = self.skews
+        if not sk:
+            return None, True
         if skew <= sk[0] + 1e-6 or skew >= sk[-1] - 1e-6 or len(sk) == 1:
             s = sk[0] if skew <= sk[0] + 1e-6 or len(sk) == 1 else sk[-1]
             t, est = self._at_skew(cfg, m, s)
@@ -372,6 +379,38 @@ def replan(table: dict[int, Config], now: TrafficProfile, before: TrafficProfile
     return plans
 
 
+def gpu_ms(kp: KeyPlan) -> tuple[float | None, float | None]:
+    """(current, kept entry) ms of a key from its GPU confirmation: the paired round's where there was one, else the
+    current entry's sweep time (nothing else is kept without a paired round); (None, None) when nothing was timed."""
+    res = kp.confirm or {}
+    paired = res.get("paired")
+    if paired:
+        return paired["current_ms"], (paired["new_ms"] if kp.confirmed else paired["current_ms"])
+    t = (res.get("timed") or {}).get(kp.current)
+    return t, t
+
+
+def gpu_prices(plans: Sequence[KeyPlan], weights: dict[int, float]) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """(current, re-planned, share of steps left out) where no recorded time prices the traffic (--gpu on an
+    unmeasured shape): each timed key's steps at its entries' GPU times at the key's M (the steps at another M of
+    its cell count as estimated); the steps of keys not timed are left out. Prices nothing rather than invent."""
+    cell = cells(sorted(kp.key for kp in plans), weights)
+    cur = new = est_cur = est_new = left = 0.0
+    for kp in plans:
+        share = sum(cell[kp.key].values())
+        t_cur, t_new = gpu_ms(kp)
+        if t_cur is None or t_new is None:
+            left += share
+            continue
+        kp.current_ms, kp.proposed_ms = t_cur, t_new  # one source per report: this GPU's
+        off = share - cell[kp.key].get(kp.key, 0.0)
+        cur, new = cur + share * t_cur, new + share * t_new
+        est_cur, est_new = est_cur + off * t_cur, est_new + off * t_new
+    if cur <= 0:
+        return {"ms": None, "estimated_share": None}, {"ms": None, "estimated_share": None}, sum(weights.values())
+    return ({"ms": cur, "estimated_share": est_cur / cur}, {"ms": new, "estimated_share": est_new / new}, left)
+
+
 # ---- the engine folder --------------------------------------------------------------------------------------------
 
 def engine_file(folder: Path, engine: str, shape: Any, device: str) -> tuple[Path, str]:
@@ -384,12 +423,13 @@ def engine_file(folder: Path, engine: str, shape: Any, device: str) -> tuple[Pat
         if not path.is_file():
             raise FileNotFoundError(f"--current {folder}: no vLLM config file {name} (E={shape.num_experts}, "
                                     f"N={shape.n}); write one first (kernel-gym export --format vllm --model ... "
-                                    f"--tp ... --out {folder}) or check --model / --tp")
+                                    f"--tp ... --out {folder}) or check --model / --tp / --ep")
         return path, ""
     hits = sorted(folder.glob(f"configs/triton_*/{name}"))
     if not hits:
         raise FileNotFoundError(f"--current {folder}: no SGLang config file configs/triton_*/{name}; write one "
-                                f"first (kernel-gym export --format sglang ... --out {folder}) or check --model / --tp")
+                                f"first (kernel-gym export --format sglang ... --out {folder}) or check --model / "
+                                "--tp / --ep")
     path = hits[-1]
     return path, path.parent.name.removeprefix("triton_").replace("_", ".")
 
@@ -406,6 +446,29 @@ def read_table(path: Path) -> dict[int, Config]:
     if not table:
         raise ValueError(f"{path}: no M keys; export the file again (kernel-gym export --format vllm|sglang)")
     return table
+
+
+PROFILE_FOR = ("model", "engine", "tp", "ep", "device", "engine_file", "engine_file_sha256")
+
+
+def stored_profile(current: Path, report_dir: Path, made_for: dict[str, Any]) -> tuple[TrafficProfile | None, str]:
+    """(the profile the current files were last judged on, where it came from): the current folder's (a cycle's new
+    folder carries it), else the report folder's when the cycle that wrote it changed nothing on the same engine file
+    (PROFILE_FOR: model, TP, EP, engine, device, path and content). A "no change" cycle writes nothing into --current,
+    so its profile is kept in the report folder; a proposal's profile is not the live file's (it may never be put in
+    place)."""
+    here = current / PROFILE_FILE
+    if here.exists():
+        return load_profile(here), f"the current folder's ({here})"
+    there = report_dir / PROFILE_FILE
+    try:
+        last = json.loads((report_dir / REPORT_JSON).read_text())
+    except (OSError, ValueError):
+        return None, ""
+    if (not there.exists() or not isinstance(last, dict) or last.get("exit_code") != NO_CHANGE
+            or any(last.get(k) != made_for[k] for k in PROFILE_FOR)):
+        return None, ""
+    return load_profile(there), f"the report folder's ({there}; the last cycle there: no change, same engine file)"
 
 
 def _fsync_tree(root: Path) -> None:
@@ -507,13 +570,38 @@ def skew_range_note(skew: float, measured: Sequence[float] | None) -> str:
             "prices below are estimates there; `--gpu` times the candidates at this skew")
 
 
+def price_lines(rep: dict[str, Any]) -> list[str]:
+    """The report's prices and where they come from: recorded rows, this cycle's GPU timings (a shape the rows lack),
+    or nothing (then it says so rather than print 0 ms)."""
+    cur, new, left = rep["price_current"], rep["price_new"], _pct(rep["unpriced_step_share"])
+    src = rep.get("price_source", "recorded")
+    if src == "none":
+        return ["- fused-MoE time per call on this traffic: **not priced**: no recorded vllm_fused_moe times at this "
+                "shape and nothing timed on the GPU (each key's GPU result is in cycle_report.json)",
+                f"- steps left out of the prices: {left}"]
+    est = (f"; share resting on estimates {_pct(new['estimated_share'])} (current {_pct(cur['estimated_share'])})"
+           + (" (steps at another M than their key's)" if src == "gpu" else ""))
+    if src == "gpu":
+        head = ("- priced fused-MoE time per call on this traffic **from this cycle's GPU timings** (no recorded "
+                "times at this shape; each timed key's steps at its entries' times at the key's M, paired where a "
+                f"change was tried): current {cur['ms']:.4f} ms, re-planned {new['ms']:.4f} ms")
+        why = "keys not timed on the GPU"
+    else:
+        head = (f"- priced fused-MoE time per call on this traffic: current {cur['ms']:.4f} ms, re-planned "
+                f"{new['ms']:.4f} ms, per-M best {rep['price_oracle']['ms']:.4f} ms")
+        why = "an entry without any recorded time at this shape"
+    return [head, f"- steps left out of the prices ({why}): {left}",
+            f"- **expected gain x{rep['expected_gain']:.4f}**{est}"]
+
+
 def report_md(rep: dict[str, Any]) -> str:
-    p, b = rep["profile"], rep.get("profile_before")
+    p, b, src = rep["profile"], rep.get("profile_before"), rep.get("profile_before_source") or ""
+    ep = f" EP {rep['ep']}" if rep.get("ep", 1) > 1 else ""
     lines = [f"# kernel-gym cycle: {rep['decision']} (exit {rep['exit_code']})", "",
-             f"- model {rep['model']} TP {rep['tp']}, engine {rep['engine']}, file `{rep['engine_file']}`",
+             f"- model {rep['model']} TP {rep['tp']}{ep}, engine {rep['engine']}, file `{rep['engine_file']}`",
              f"- traffic: {', '.join(p['sources'])} ({p['m_source']}); {p['requests']:.0f} requests, "
              f"{p['steps']:.0f} steps" + (f" over {p['span_s']:.0f} s" if p.get("span_s") else ""),
-             f"- stored profile: {'none (everything counts as moved)' if b is None else 'yes'}",
+             f"- stored profile: {'none (everything counts as moved)' if b is None else 'yes, ' + src}",
              f"- routing skew: now {rep['skew']:.2f} ({rep['skew_source']})"
              + (f", before {rep['skew_before']:.2f}" if rep.get("skew_before") is not None else "")
              + skew_range_note(rep["skew"], rep.get("skew_measured")),
@@ -521,12 +609,7 @@ def report_md(rep: dict[str, Any]) -> str:
              + (f" (before {b['prompt'].get('p50', float('nan')):.0f}/{b['prompt'].get('p90', float('nan')):.0f})"
                 if b else "") + f"; decode context mean {p['decode'].get('context_mean', float('nan')):.0f}"
              + (f" (before {b['decode'].get('context_mean', float('nan')):.0f})" if b else ""),
-             f"- priced fused-MoE time per call on this traffic: current {rep['price_current']['ms']:.4f} ms, "
-             f"re-planned {rep['price_new']['ms']:.4f} ms, per-M best {rep['price_oracle']['ms']:.4f} ms",
-             f"- steps left out of the prices (an entry without any recorded time at this shape): "
-             f"{_pct(rep['unpriced_step_share'])}",
-             f"- **expected gain x{rep['expected_gain']:.4f}**; share resting on estimates "
-             f"{_pct(rep['price_new']['estimated_share'])} (current {_pct(rep['price_current']['estimated_share'])})",
+             *price_lines(rep),
              f"- moved keys {rep['moved_keys']}, changed {rep['changed_keys']}"
              + (f", confirmed on the GPU {rep['confirmed_keys']}" if rep["gpu"] else " (zero-shot, no GPU: "
                 "unconfirmed)"), f"- GPU-seconds this cycle: {rep['gpu_s']:.1f}", "",
@@ -555,16 +638,18 @@ def log_mlflow(rep: dict[str, Any], files: list[Path], tracking_uri: str | None)
     uri = tracking.setup_tracking(tracking_uri)
     exp = tracking.get_or_create_experiment(EXPERIMENT, uri)
     with mlflow.start_run(experiment_id=exp, run_name=f"cycle {rep['model']} {rep['engine']}") as run:
-        mlflow.log_params({"model": rep["model"], "engine": rep["engine"], "tp": rep["tp"], "gpu": rep["gpu"],
-                           "current": rep["current"], "traffic": ",".join(rep["profile"]["sources"])[:500],
+        mlflow.log_params({"model": rep["model"], "engine": rep["engine"], "tp": rep["tp"], "ep": rep["ep"],
+                           "gpu": rep["gpu"], "price_source": rep["price_source"], "current": rep["current"],
+                           "traffic": ",".join(rep["profile"]["sources"])[:500],
                            "engine_file": rep["engine_file"]})
         mlflow.set_tags({"decision": rep["decision"], "git_commit": tracking.git_commit()})
-        mlflow.log_metrics({"exit_code": rep["exit_code"], "expected_gain": rep["expected_gain"],
-                            "estimated_share": rep["price_new"]["estimated_share"],
-                            "moved_keys": rep["moved_keys"], "changed_keys": rep["changed_keys"],
-                            "confirmed_keys": rep["confirmed_keys"], "skew": rep["skew"], "gpu_s": rep["gpu_s"],
-                            "price_current_ms": rep["price_current"]["ms"], "price_new_ms": rep["price_new"]["ms"],
-                            "price_oracle_ms": rep["price_oracle"]["ms"], "requests": rep["profile"]["requests"]})
+        values = {"exit_code": rep["exit_code"], "expected_gain": rep["expected_gain"],
+                  "estimated_share": rep["price_new"]["estimated_share"],
+                  "moved_keys": rep["moved_keys"], "changed_keys": rep["changed_keys"],
+                  "confirmed_keys": rep["confirmed_keys"], "skew": rep["skew"], "gpu_s": rep["gpu_s"],
+                  "price_current_ms": rep["price_current"]["ms"], "price_new_ms": rep["price_new"]["ms"],
+                  "price_oracle_ms": rep["price_oracle"]["ms"], "requests": rep["profile"]["requests"]}
+        mlflow.log_metrics({k: v for k, v in values.items() if v is not None})  # an unpriced cycle logs no price
         for f in files:
             if f.exists():
                 mlflow.log_artifact(str(f))
@@ -572,14 +657,16 @@ def log_mlflow(rep: dict[str, Any], files: list[Path], tracking_uri: str | None)
 
 
 def run_cycle(*, current: Path, model: str | None = None, engine: str | None = None,
-              traffic: Sequence[str | Path] = (), tp: int = 1, device: str = DEFAULT_DEVICE, gpu: bool = False,
-              gpu_budget_s: float = 300.0, top_k: int = 4, out: Path | None = None, install: bool = False,
+              traffic: Sequence[str | Path] = (), tp: int = 1, ep: int = 1, device: str = DEFAULT_DEVICE,
+              gpu: bool = False, gpu_budget_s: float = 300.0, top_k: int = 4, out: Path | None = None,
+              install: bool = False,
               report_dir: Path = Path("."), stores: Sequence[str | Path] = (), min_gain: float = 0.01,
               noise_margin: float = NOISE_MARGIN, share_move: float = SHARE_MOVE, skew_move: float = SKEW_MOVE,
               no_mlflow: bool = False, tracking_uri: str = "", rows: Any = None,
               confirmer: Any = None) -> tuple[int, dict[str, Any]]:
-    """One cycle on the engine files in `current` (module docstring); returns (exit code, report). `rows` replaces
-    the measured rows (default: `stores`, else the packaged dataset) and `confirmer` the GPU's (tests)."""
+    """One cycle on the engine files in `current` (module docstring); returns (exit code, report). `ep` is the
+    expert-parallel degree (export's --ep: the file is named by the local expert count). `rows` replaces the measured
+    rows (default: `stores`, else the packaged dataset) and `confirmer` the GPU's (tests)."""
     from kernel_gym.deploy import engine_export as ee
     from kernel_gym.models import load_model
 
@@ -592,18 +679,20 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
         raise ValueError(f"--min-gain must be >= 0, got {min_gain}")
     check_out(current, out or current.with_name(current.name + ".next"))
     spec = load_model(model)
-    shape = ee.shard_shape(spec, tp)
+    shape = ee.shard_shape(spec, tp, ep=ep)
     path, triton_version = engine_file(current, engine, shape, device)
     table = read_table(path)
     sim_model, sim_memory = spec, None
-    if tp > 1:  # the request log / SGLang rate replayed on one GPU of the TP deployment, its KV pool the layout's
+    if tp > 1 or ep > 1:  # the request log / SGLang rate replayed on one GPU of the layout, its KV pool the layout's
         from kernel_gym.parallel.layout import Layout, attention_spec, pool_memory_bytes
 
-        layout = Layout(tp, 1)
+        layout = Layout(tp, ep)
         sim_model, sim_memory = attention_spec(spec, layout), pool_memory_bytes(spec, layout)
     profile = read_traffic(list(traffic), spec, engine, sim_model, sim_memory)
-    before_path = current / PROFILE_FILE
-    before = load_profile(before_path) if before_path.exists() else None
+    made_for = {"model": spec.name, "engine": engine, "tp": tp, "ep": ep, "device": device,
+                "engine_file": str(path.relative_to(current)),
+                "engine_file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    before, before_source = stored_profile(current, report_dir, made_for)
     side = current / ee.SIDECAR
     side_note = {}
     if side.exists():
@@ -628,7 +717,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
         from kernel_gym.measure.store import PACKAGED_SNAPSHOT
 
         rows = ee.measured_rows([PACKAGED_SNAPSHOT])
-    pricer = Pricer(shape, device, rows, engine)
+    pricer = Pricer(shape, device, rows, engine, required=not gpu)  # --gpu times a shape the rows lack
     plans = replan(table, profile, before, skew, skew_before, pricer, min_gain, share_move, skew_move,
                    noise_margin)
     gpu_s = 0.0
@@ -644,6 +733,11 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
             if not kp.moved:
                 continue
             cands = [c for c in pricer.candidates(kp.key, skew) if str(c) != kp.current]
+            if not pricer.times:  # an unmeasured shape: the nearest measured shapes' winners at --device
+                from kernel_gym.deploy import engine_tune as et
+
+                near = et.nearest_shapes(rows, shape, device)
+                cands = [c for c in et.nearest_winners(rows, shape, kp.key, skew, device, near) if str(c) != kp.current]
             ranked = sorted(cands, key=lambda c: pricer.time(c, kp.key, skew)[0] or math.inf)[: top_k]
             res = confirmer.tune_key(kp.key, skew, Config.parse(kp.current), ranked, min_gain)
             kp.confirm = res
@@ -655,25 +749,32 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
     new_table = {kp.key: Config.parse(kp.proposed) for kp in plans}
     common, unpriced = priced_weights([table, new_table], profile.m_weights, skew, pricer)
     if not common and not gpu:  # "no change" would claim a comparison that was never made
+        degrees = (f" --tp {tp}" if tp > 1 else "") + (f" --ep {ep}" if ep > 1 else "")
         raise ValueError(f"{path.name}: none of the traffic's batch sizes can be priced from the measured rows at "
                          f"this shape (E={shape.num_experts}, N={shape.n}, {device}): the CPU cannot decide; pass "
                          "--gpu to time the candidates on this GPU, or measure the shape first (kernel-gym tune "
-                         f"--engine {engine} --model {model}{f' --tp {tp}' if tp > 1 else ''} on a GPU)")
-    p_cur = price(table, common, skew, pricer)
-    p_new = price(new_table, common, skew, pricer)
-    p_orc = price_oracle(common, skew, pricer, [table, new_table])
+                         f"--engine {engine} --model {model}{degrees} on a GPU)")
+    if common or not gpu:
+        price_source = "recorded"
+        p_cur = price(table, common, skew, pricer)
+        p_new = price(new_table, common, skew, pricer)
+        p_orc = price_oracle(common, skew, pricer, [table, new_table])
+    else:  # nothing recorded prices these steps: this cycle's GPU timings do, or nothing does (never a made-up 0 ms)
+        p_cur, p_new, unpriced = gpu_prices(plans, profile.m_weights)
+        price_source = "gpu" if p_cur["ms"] is not None else "none"
+        p_orc = {"ms": None, "estimated_share": None}
     changed = [kp for kp in plans if kp.changed]
     code = NO_CHANGE if not changed else (CONFIRMED if gpu and all(kp.confirmed for kp in changed)
                                           else UNCONFIRMED)
     rep = {
-        "decision": DECISIONS[code], "exit_code": code, "model": spec.name, "tp": tp, "engine": engine,
-        "device": device, "current": str(current), "engine_file": str(path.relative_to(current)),
+        "decision": DECISIONS[code], "exit_code": code, **made_for, "current": str(current),
         "gpu": bool(gpu), "gpu_s": gpu_s, "skew": skew, "skew_source": skew_source,
         "skew_before": skew_before, "skew_measured": [pricer.skews[0], pricer.skews[-1]] if pricer.skews else None,
         "profile": profile.to_json(),
-        "profile_before": before.to_json() if before else None,
-        "price_current": p_cur, "price_new": p_new, "price_oracle": p_orc,
-        "expected_gain": p_cur["ms"] / p_new["ms"] if p_new["ms"] > 0 else 1.0, "unpriced_step_share": unpriced,
+        "profile_before": before.to_json() if before else None, "profile_before_source": before_source or None,
+        "price_source": price_source, "price_current": p_cur, "price_new": p_new, "price_oracle": p_orc,
+        "expected_gain": None if p_new["ms"] is None else (p_cur["ms"] / p_new["ms"] if p_new["ms"] > 0 else 1.0),
+        "unpriced_step_share": unpriced,
         "moved_keys": sum(kp.moved for kp in plans), "changed_keys": len(changed),
         "confirmed_keys": sum(bool(kp.confirmed) for kp in changed),
         "keys": [asdict(kp) for kp in plans], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -710,11 +811,10 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
             rep["previous_folder"] = str(install_folder(current.resolve(), new_folder))
             rep["installed"] = str(current)
         js = json.dumps(rep, indent=1, default=str) + "\n"
+    prof_path = profile.save(report_dir / PROFILE_FILE)  # the next cycle's stored profile after a "no change"
     (report_dir / REPORT_MD).write_text(md)
-    (report_dir / REPORT_JSON).write_text(js)
+    (report_dir / REPORT_JSON).write_text(js)  # last: it vouches for the profile beside it (stored_profile)
     if not no_mlflow:
-        prof_path = report_dir / PROFILE_FILE
-        profile.save(prof_path)
         rep["mlflow_run_id"] = log_mlflow(rep, [report_dir / REPORT_MD, report_dir / REPORT_JSON, prof_path],
                                           tracking_uri or None)
     return code, rep
@@ -722,10 +822,14 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
 
 def summary_lines(code: int, rep: dict[str, Any], report_dir: Path) -> list[str]:
     """What `kernel-gym cycle` prints after a cycle: the priced change, the new folder, the decision."""
+    src = rep.get("price_source", "recorded")
+    by = " from this cycle's GPU timings" if src == "gpu" else ""
+    priced = ("not priced (no recorded times at this shape, nothing timed on the GPU)" if src == "none" else
+              f"priced fused-MoE time{by} current "
+              f"{rep['price_current']['ms']:.4f} ms -> {rep['price_new']['ms']:.4f} ms: expected gain "
+              f"x{rep['expected_gain']:.4f}, {_pct(rep['price_new']['estimated_share'])} of it on estimated times")
     lines = [f"[cycle] {rep['model']} {rep['engine']} {rep['engine_file']}: {rep['moved_keys']} keys moved, "
-             f"{rep['changed_keys']} changed; priced fused-MoE time current {rep['price_current']['ms']:.4f} ms -> "
-             f"{rep['price_new']['ms']:.4f} ms: expected gain x{rep['expected_gain']:.4f}, "
-             f"{_pct(rep['price_new']['estimated_share'])} of it on estimated times"]
+             f"{rep['changed_keys']} changed; {priced}"]
     beyond = skew_range_note(rep["skew"], rep.get("skew_measured"))
     if beyond:
         lines.append(f"[cycle] routing skew {rep['skew']:.2f}{beyond.replace('**', '')}")

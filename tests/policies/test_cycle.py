@@ -32,7 +32,7 @@ def cfg(bm: int, bn: int, warps: int = 4) -> Config:
 A, B, C = cfg(16, 64), cfg(32, 128), cfg(64, 128, 8)
 
 
-def rows() -> list[ee.Row]:
+def rows(shape: ee.MoEShape = SHAPE) -> list[ee.Row]:
     """A is best under uniform routing; B is 20% faster than A under Zipf 1.2; C is slower everywhere."""
     out = []
     for m in KEYS:
@@ -40,16 +40,16 @@ def rows() -> list[ee.Row]:
         for skew, times in ((0.0, {A: base, B: base * 1.1, C: base * 1.5}),
                             (1.2, {A: base * 1.2, B: base, C: base * 1.5})):
             for c, t in times.items():
-                out.append(ee.Row(DEV, "3.6.0", SHAPE.workload(m, skew), c, t, 0.01, ee.engine_path_kind(SHAPE, m)))
+                out.append(ee.Row(DEV, "3.6.0", shape.workload(m, skew), c, t, 0.01, ee.engine_path_kind(shape, m)))
     return out
 
 
 ROWS = rows()
 
 
-def current_folder(tmp_path: Path, engine: str = "vllm", skew: float = 0.0) -> Path:
+def current_folder(tmp_path: Path, engine: str = "vllm", skew: float = 0.0, shape: ee.MoEShape = SHAPE) -> Path:
     d = tmp_path / "moe"
-    ee.write_engine_file(d, engine, SHAPE, DEV, {str(k): to_entry(A) for k in KEYS}, "3.6.0", {"skew": skew})
+    ee.write_engine_file(d, engine, shape, DEV, {str(k): to_entry(A) for k in KEYS}, "3.6.0", {"skew": skew})
     return d
 
 
@@ -258,6 +258,32 @@ def test_gpu_confirmer_logic_under_the_interpreter():
     assert g.gpu_s > 0
 
 
+def test_gpu_confirmer_proposes_candidates_without_recorded_rows_or_cycle_candidates(monkeypatch):
+    """A shape the rows never measured gives the confirmer no candidates: it still tries the current entry's one-knob
+    neighbours (timings faked: which configs are tried is the point, not their speed)."""
+    from types import SimpleNamespace
+
+    from kernel_gym.deploy.cycle_gpu import GpuConfirmer
+    from kernel_gym.kernels import vllm_moe as vm
+    from kernel_gym.measure import engine_timing
+
+    shape = ee.MoEShape(4, 64, 64, 2, "float32")
+    cur = Config({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4,
+                  "num_stages": 2})
+    tried = []
+
+    def measure(inputs, ref, c, timer, sync, engine):
+        tried.append(c)
+        return SimpleNamespace(median_ms=1.0 if c == cur else 0.9, status="ok", reason=""), (lambda: None)
+
+    monkeypatch.setattr(engine_timing, "measure_config", measure)
+    monkeypatch.setattr(engine_timing, "confirm", lambda timer, a, b, rounds, gain: (True, 1.0, 0.9))
+    res = GpuConfirmer(shape, budget_s=60.0, rows=[], smoke=True).tune_key(24, 0.0, cur, [], 0.01)
+    assert tried[0] == cur and len(tried) > 1
+    assert set(tried[1:]) <= set(vm.neighbours(cur, shape.workload(24, 0.0)))
+    assert res["confirmed"] and res["config"] in {str(c) for c in tried[1:]}
+
+
 def test_a_noisy_current_entry_is_judged_on_the_candidates_noise_and_said_so(tmp_path):
     noisy = [r if r.config != A else ee.Row(r.device, r.triton_version, r.workload, A, r.median_ms, 0.9, r.path)
              for r in ROWS]
@@ -311,3 +337,89 @@ def test_a_skew_beyond_the_measured_ones_is_said_to_be_priced_at_the_nearest(tmp
                          tmp_path / "in")
     assert not any("outside the measured" in line for line in cycle.summary_lines(code, rep, tmp_path))
     assert cycle.skew_range_note(1.2, [0.0, 1.2]) == "" and cycle.skew_range_note(-0.3, [0.0, 1.2])
+
+
+class TimedFake:
+    """A confirmer that answers as GpuConfirmer does: the current entry timed at `cur_ms`, and (with `new_ms`) a
+    paired round against B that confirms it; with `timed=False` nothing is timed (the budget ran out)."""
+
+    def __init__(self, cur_ms: float = 1.0, new_ms: float | None = 0.8, timed: bool = True) -> None:
+        self.cur_ms, self.new_ms, self.timed, self.gpu_s, self.calls = cur_ms, new_ms, timed, 0.0, []
+
+    def tune_key(self, m, skew, current, candidates, min_gain):
+        self.calls.append((m, current, candidates))
+        if not self.timed:
+            return {"M": m, "timed": {}, "dropped": {}, "confirmed": False, "skipped": "GPU budget reached"}
+        self.gpu_s += 1.0
+        res = {"M": m, "timed": {str(current): self.cur_ms}, "dropped": {}, "confirmed": False}
+        if self.new_ms is not None:
+            res["timed"][str(B)] = self.new_ms
+            res["paired"] = {"current_ms": self.cur_ms, "new_ms": self.new_ms, "gain": self.cur_ms / self.new_ms,
+                             "pick": str(B)}
+            res["confirmed"], res["config"] = self.cur_ms / self.new_ms >= 1 + min_gain, str(B)
+        return res
+
+
+def test_gpu_cycles_a_shape_the_rows_never_measured(tmp_path, capsys):
+    """Qwen3-30B-A3B at TP 8 (E=128, N=96) has no recorded rows: the CPU refuses it (clear message), --gpu was refused
+    too (the Pricer raised before the GPU branch); now the GPU times it and the report says the prices are its."""
+    shape = ee.shard_shape(load_model("qwen3-30b-a3b"), 8)
+    cur = current_folder(tmp_path, shape=shape)
+    traffic = [scrape(tmp_path, STEPS)]  # no expert counts: uniform routing assumed
+    kw = {"model": "qwen3-30b-a3b", "tp": 8}
+    with pytest.raises(ValueError, match="no recorded vllm_fused_moe times for E=128, N=96.*--gpu"):
+        cycle_on(cur, traffic, tmp_path, **kw)
+    fake = TimedFake()
+    code, rep = cycle_on(cur, traffic, tmp_path, gpu=True, confirmer=fake, **kw)
+    assert code == cycle.CONFIRMED and rep["changed_keys"] == rep["confirmed_keys"] == len(fake.calls) == 3
+    assert all(c for _, _, c in fake.calls)  # the nearest measured shape's winners are proposed
+    assert rep["price_source"] == "gpu" and rep["expected_gain"] == pytest.approx(1.25)
+    assert rep["price_current"]["ms"] == pytest.approx(1.0 * (1 - rep["unpriced_step_share"]))
+    md = (tmp_path / "report" / cycle.REPORT_MD).read_text()
+    assert "from this cycle's GPU timings" in md and "per-M best" not in md
+    assert "GPU timings" in cycle.summary_lines(code, rep, tmp_path)[0]
+    code, rep = cycle_on(cur, traffic, tmp_path, gpu=True, confirmer=TimedFake(timed=False), out=tmp_path / "x", **kw)
+    assert code == cycle.NO_CHANGE and rep["price_source"] == "none" and rep["price_current"]["ms"] is None
+    assert rep["unpriced_step_share"] == pytest.approx(1.0) and rep["expected_gain"] is None
+    assert "**not priced**" in (tmp_path / "report" / cycle.REPORT_MD).read_text()
+    assert "not priced" in cycle.summary_lines(code, rep, tmp_path)[0]
+
+
+def test_an_expert_parallel_folder_is_found_and_priced(tmp_path, capsys):
+    """Mixtral at EP 2 runs E=4 experts per GPU (export --ep 2 names the file E=4,...); cycle had no --ep and looked
+    for E=8."""
+    from kernel_gym import cli
+
+    shape = ee.shard_shape(MODEL, 1, ep=2)
+    cur = current_folder(tmp_path, shape=shape)
+    traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)]
+    code, rep = cycle_on(cur, traffic, tmp_path, ep=2, rows=rows(shape))
+    assert rep["engine_file"] == "E=4,N=14336,device_name=NVIDIA_H200.json" and rep["ep"] == 2
+    assert code == cycle.UNCONFIRMED and rep["price_current"]["ms"] > 0
+    assert rep["expected_gain"] == pytest.approx(1.2, rel=0.03)
+    assert "TP 1 EP 2" in (tmp_path / "report" / cycle.REPORT_MD).read_text()
+    rc = cli.main(["cycle", "--model", "mixtral-8x7b", "--engine", "vllm", "--current", str(cur), "--ep", "2",
+                   "--traffic", str(traffic[0]), "--no-mlflow", "--report-dir", str(tmp_path / "r2")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no recorded vllm_fused_moe times for E=4, N=14336" in err  # found; the packaged rows lack it
+
+
+def test_a_no_change_cycle_stores_its_profile_in_the_report_folder(tmp_path):
+    """A "no change" cycle writes nothing into --current, so its profile was lost and the next cycle again had none
+    (everything moved, drift never detected); now the report folder keeps it for the same engine file."""
+    cur = current_folder(tmp_path)
+    live = {p.name: p.read_text() for p in cur.iterdir()}
+    traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 0.0)]
+    code, rep = cycle_on(cur, traffic, tmp_path)
+    assert code == cycle.NO_CHANGE and rep["profile_before"] is None and rep["moved_keys"] >= 3
+    assert (tmp_path / "report" / metrics.PROFILE_FILE).exists()
+    code, rep = cycle_on(cur, traffic, tmp_path)
+    assert code == cycle.NO_CHANGE and rep["profile_before"] is not None and rep["moved_keys"] == 0
+    assert "report folder" in rep["profile_before_source"]
+    assert all(k["why"] in ("unchanged", "no traffic") for k in rep["keys"])
+    assert "stored profile: yes, the report folder's" in (tmp_path / "report" / cycle.REPORT_MD).read_text()
+    assert {p.name: p.read_text() for p in cur.iterdir()} == live  # --current is never written
+    code, rep = cycle_on(cur, [traffic[0], experts(tmp_path, 1.2)], tmp_path)  # a proposal, not put in place
+    assert code == cycle.UNCONFIRMED and rep["profile_before"] is not None
+    code, rep = cycle_on(cur, [traffic[0], experts(tmp_path, 1.2)], tmp_path)
+    assert code == cycle.UNCONFIRMED and rep["profile_before"] is None  # its profile is not the live file's
