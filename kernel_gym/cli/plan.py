@@ -12,8 +12,11 @@ def build_parser() -> argparse.ArgumentParser:
     from kernel_gym.deploy.plan import SLO_HELP
 
     p = argparse.ArgumentParser(prog="kernel-gym plan", description=plan.__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="model spec: a zoo name (kernel-gym data lists them) or a JSON file")
-    p.add_argument("--gpus", type=int, required=True, help="H200 GPUs of the deployment (1-8)")
+    p.add_argument("--model", required=True, help="model spec: a zoo name (kernel-gym data lists them) or a JSON file; "
+                                                  "the whole model (plan chooses the parallelism: no NAME@tpN shard)")
+    p.add_argument("--gpus", type=int, required=True,
+                   help="H200 GPUs of the deployment (1-8; replicas count, e.g. 3 x TP1 on 3; where no deployment of "
+                        "all of them fits, the plan uses the most that one fits)")
     p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
     p.add_argument("--engine-version", default="",
                    help="the release you launch, whose defaults (block size, KV memory) the plan prices: vLLM 0.34.0 "

@@ -225,10 +225,25 @@ def tpe_search(env: Any, starts: list[float], trials: int, seed: int = 0) -> tup
 
 
 def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
-    from kernel_gym.parallel.deploy import engine_default, hand_picked
+    """The floor: the engine's default and the hand-picked layouts. The replicas pick is the most replicas of a
+    tensor-parallel server that the release's own memory rule accepts (hand_picked's checks the weights against the
+    whole GPU only, so a server whose KV cache then falls short would leave the floor without one)."""
+    from kernel_gym.parallel.deploy import (
+        Deployment,
+        engine_default,
+        engine_knobs,
+        hand_picked,
+        layout_choices,
+        why_invalid_deployment,
+    )
 
     out = {"engine_default": engine_default(spec, engine, gpus)}
     out.update({f"hand_{k}": v for k, v in hand_picked(spec, engine, gpus).items()})
+    servers = [Deployment(engine, r, lay.tp, 1, **engine_knobs(engine, lay.tp)) for r, lay in layout_choices(gpus)
+               if lay.ep == 1]
+    fits = [d for d in servers if not why_invalid_deployment(spec, d)]
+    if fits:
+        out["hand_replicas"] = max(fits, key=lambda d: d.replicas)
     return out
 
 
@@ -246,7 +261,8 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
     starts = window_starts(env, train_windows)
     agent = train_agent(env, train_steps, seed)
     agent_deps = proposals(env, agent, starts, samples, seed)
-    floor = baselines(spec, engine, gpus)
+    used = env.used_gpus  # gpus, or fewer where no deployment of all of them fits (ServingPlan-v0)
+    floor = baselines(spec, engine, used)
     cands = list(dict.fromkeys([*agent_deps, *floor.values()]))
     print(f"[plan] agent trained ({time.time() - t0:.0f} s); replaying {len(cands)} candidate deployments on "
           f"{len(starts)} training windows", file=sys.stderr, flush=True)
@@ -261,7 +277,7 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
         print(f"[plan] refining the best ({refine_rounds} coordinate-search round{'s' if refine_rounds != 1 else ''}, "
               f"{time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
         for start in dict.fromkeys(d for d in (agent_best, floor_best) if d is not None):
-            _, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, gpus, start,
+            _, _, hist = coordinate_search(lambda d: score(env, d, starts), spec, engine, used, start,
                                            refine_rounds, env.pricer.max_model_len)
             refined += [d for d, v in hist if v is not None and d not in scores and d not in refined]
         for d in refined:
@@ -295,20 +311,27 @@ def heldout_replay(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[flo
 
 
 def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str, Any]]:
-    """The fused-MoE config files for the layout, with the configs the replay used most (kernel_gym's knobs)."""
+    """The fused-MoE config files for the layout, with the configs the replay used most (kernel_gym's knobs), and the
+    command that writes each: its arguments give the file's local experts E / ep and N = intermediate / tp."""
     from kernel_gym.deploy.export import model_arg
     from kernel_gym.parallel.deploy import moe_config_files
 
     files = moe_config_files(spec, dep)
+    ep = f" --ep {dep.ep}" if dep.ep > 1 else ""
     for f in files:
         f["configs_used"] = replay.get("moe_configs", {})  # kernel_gym's kernel (its own knobs), as priced
-        if spec.dtype_bytes == 1:  # kernel_gym measures bf16 kernels; export refuses fp8 files (engine_export)
-            f["write_with"] = ("vLLM's own tuner: benchmarks/kernels/benchmark_moe.py --model CHECKPOINT "
-                               f"--tp-size {dep.tp} --dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only)")
+        if spec.dtype_bytes == 1 and dep.engine == "vllm":  # kernel_gym measures bf16 kernels; export refuses fp8
+            # vLLM's tuner: --enable-expert-parallel gives E / tp-size whole experts, else N / tp-size (never both)
+            par = (f"--tp-size {dep.tp * dep.ep} --enable-expert-parallel" if dep.ep > 1 else f"--tp-size {dep.tp}")
+            f["write_with"] = (f"vLLM's own tuner: benchmarks/kernels/benchmark_moe.py --model CHECKPOINT {par} "
+                               "--dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only)")
+        elif spec.dtype_bytes == 1:  # SGLang's tuner: --tp-size is all the server's GPUs, E / ep, N / (tp-size / ep)
+            f["write_with"] = ("SGLang's own tuner: benchmark/kernels/fused_moe_triton/tuning_fused_moe_triton.py "
+                               f"--model CHECKPOINT --tp-size {dep.tp * dep.ep} --ep-size {dep.ep} --dtype fp8_w8a8 "
+                               "--tune (kernel_gym measures bf16 kernels only)")
         else:
             f["write_with"] = (f"kernel-gym export --format {dep.engine} --engine-version {dep.version} --model "
-                               f"{model_arg(spec)} --tp {dep.tp} --out DIR (the engine's own kernel design; for EP "
-                               "the local-expert file above)")
+                               f"{model_arg(spec)} --tp {dep.tp}{ep} --out DIR (the engine's own kernel design)")
     return files
 
 
@@ -470,7 +493,13 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     if max_model_len < 0:
         raise ValueError(f"--max-model-len {max_model_len}: give the engine's context limit in tokens (> 0)")
     max_model_len = max_model_len or MAX_MODEL_LEN
+    if "@tp" in model:  # a shard planned as a whole model: its launch commands and predictions would be 1/N's
+        raise ValueError(f"--model {model} names one GPU's tensor-parallel shard: plan chooses the parallelism itself; "
+                         f"pass the whole model (--model {model.partition('@tp')[0]})")
     spec = load_model(model)
+    if "@tp" in spec.name:
+        raise ValueError(f"--model {model}: the spec {spec.name!r} is one GPU's tensor-parallel shard: plan chooses "
+                         "the parallelism itself; pass the whole model's spec")
     for line in spec_caveats(spec):
         print(f"[plan] note: {line}", file=sys.stderr)
     spec = kernel_spec(spec)
@@ -506,6 +535,10 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
         rec = recommend(spec, gpus, engine, replayed, limits, rate_scale, window_s, train_steps,
                         samples, seed=seed, routing=profile, refine_rounds=refine_rounds, max_model_len=max_model_len,
                         backend=store)
+        used = rec["env"].used_gpus
+        if used < gpus:
+            print(f"[plan] no deployment of {spec.name} on all {gpus} GPUs fits ({rec['env'].unfit_reasons}); "
+                  f"the plan uses {used} of them", file=sys.stderr)
         ranked, seen = [], set()
         for r in rec["ranked"]:  # the winner, then the best deployment of each other layout
             if r["deployment"].layout_name not in seen and len(ranked) <= next_best:
@@ -537,7 +570,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
                         "train_headroom": r["train_headroom"], "from_agent": r["from_agent"],
                         "baseline": r["baseline"], "predicted": {k: v for k, v in h.items() if k != "deployment"},
                         "kernel_config_files": kernel_configs(spec, d, h)})
-    report = {"model": spec.name, "gpus": gpus, "engine": engine_name,
+    report = {"model": spec.name, "gpus": gpus, "used_gpus": used, "engine": engine_name,
               "engine_version": engine_version, "trace": replayed.name, "rate_scale": rate_scale,
               "slo": {"ttft_s": limits[0], "tpot_s": limits[1]}, "routing": routing, "max_model_len": max_model_len,
               "collectives": {"source": None if table is None else table.source,

@@ -25,6 +25,7 @@ from kernel_gym.parallel.collectives import resolve_table
 from kernel_gym.parallel.layout import Layout, layouts_for, why_invalid
 from kernel_gym.parallel.step_time import StepPricer, serve
 from kernel_gym.traffic.routing import entropy_norm
+from kernel_gym.traffic.simulator import GPU_MEMORY_UTILIZATION, H200_MEMORY_BYTES
 from kernel_gym.traffic.windows import resolve_model, resolve_trace, slice_window
 
 CLIP = 4.0
@@ -119,10 +120,11 @@ class ParallelServingEnv(gym.Env):
         self.slo = (float(ttft_slo_s), float(tpot_slo_s))
         self.sim_kwargs = dict(sim_kwargs or {})
         self.layouts: list[Layout] = layouts_for(self.gpus)
-        self.reasons = [why_invalid(self.model, lay, self.gpus) for lay in self.layouts]
+        # the memory the serving simulator sizes this env's KV pool with (step_time.serve's defaults)
+        self.reasons = [why_invalid(self.model, lay, self.gpus, H200_MEMORY_BYTES, GPU_MEMORY_UTILIZATION)
+                        for lay in self.layouts]
         self._mask = np.array([not r for r in self.reasons], dtype=bool)
-        if not self._mask.any():
-            raise ValueError(f"{self.model.name} fits no layout on {self.gpus} GPUs: " + "; ".join(self.reasons))
+        self._refuse_unfit()
         self._pricers: dict[Layout, StepPricer] = {}
         lo, hi = split_bounds(self.trace.duration_s, holdout, split)
         span = (self.warmup_s + self.window_s) * self.rate_scale
@@ -147,6 +149,11 @@ class ParallelServingEnv(gym.Env):
         self.start_s = 0.0
         self._obs = np.zeros(len(FEATURES), np.float32)
         self._last: dict[str, Any] = {}
+
+    def _refuse_unfit(self) -> None:
+        """One server on all the GPUs is this env's only action: refuse a model no such layout fits."""
+        if not self._mask.any():
+            raise ValueError(f"{self.model.name} fits no layout on {self.gpus} GPUs: " + "; ".join(self.reasons))
 
     def action_masks(self) -> np.ndarray:
         return self._mask.copy()
@@ -232,8 +239,10 @@ class ServingPlanEnv(ParallelServingEnv):
     `MultiDiscrete([len(layout_choices(gpus)), len(BLOCK_SIZES), len(BATCHED_TOKENS), len(MAX_SEQS),
     len(GRAPH_MAX)])`. `action_masks()` (MaskablePPO's per-dimension convention, concatenated) is False for layouts
     that never fit (weights, divisibility, a layout the engine cannot express, no KV for one max-length request at
-    the smallest step); a knob combination that pushes a layout's memory over is refused at step time with reward 0
-    and `info["invalid"]` naming why.
+    the smallest step, collectives the table has no rows for, e.g. EP3); a knob combination that pushes a layout's
+    memory over is refused at step time with reward 0 and `info["invalid"]` naming why. Where no deployment of all
+    `gpus` GPUs fits (a model that needs TP4, on 5 or 6 GPUs), the choices are those of the most GPUs one fits
+    (`used_gpus`).
 
     ## Observation Space
 
@@ -272,20 +281,48 @@ class ServingPlanEnv(ParallelServingEnv):
         super().__init__(*args, **kw)
         self.engine = engine
         self.grids = (BLOCK_SIZES, BATCHED_TOKENS, MAX_SEQS, GRAPH_MAX)
-        self.choices = layout_choices(self.gpus)
-        self._Deployment, self._why = Deployment, why_invalid_deployment
+        self._Deployment, self._why_deployment = Deployment, why_invalid_deployment
         self.pricer = pricer if pricer is not None else DeploymentPricer(
             self.model, self.backend, self.table if self.gpus > 1 else None, self.routing, max_model_len)
-        lenient = [Deployment(engine, r, lay.tp, lay.ep, BLOCK_SIZES[0], BATCHED_TOKENS[0], MAX_SEQS[0], 0)
-                   for r, lay in self.choices]
-        self.choice_reasons = [why_invalid_deployment(self.model, d, max_model_len) for d in lenient]
-        self._choice_mask = np.array([not r for r in self.choice_reasons], dtype=bool)
-        if not self._choice_mask.any():
-            raise ValueError(f"{self.model.name} fits no deployment on {self.gpus} GPUs with {engine}: "
-                             + "; ".join(self.choice_reasons))
+        first = ""
+        for used in range(self.gpus, 0, -1):  # all the GPUs; where no deployment of them fits, the most that do
+            self.choices = layout_choices(used)
+            lenient = [Deployment(engine, r, lay.tp, lay.ep, BLOCK_SIZES[0], BATCHED_TOKENS[0], MAX_SEQS[0], 0)
+                       for r, lay in self.choices]
+            self.choice_reasons = [why_invalid_deployment(self.model, d, max_model_len) or self._unpriced(d.layout)
+                                   for d in lenient]
+            self._choice_mask = np.array([not r for r in self.choice_reasons], dtype=bool)
+            first = first or "; ".join(self.choice_reasons)
+            if self._choice_mask.any():
+                break
+        else:
+            fewer = " (nor on fewer)" if self.gpus > 1 else ""
+            raise ValueError(f"{self.model.name} fits no deployment on {self.gpus} GPUs{fewer} with {engine}: " + first)
+        self.used_gpus = used  # the GPUs the choices use: all of them unless no deployment of all of them fits
+        self.unfit_reasons = first if used < self.gpus else ""  # why none on all of them does
         self.action_space = gym.spaces.MultiDiscrete([len(self.choices), *(len(g) for g in self.grids)])
         self.observation_space = gym.spaces.Box(-CLIP, CLIP, (len(FEATURES) + 1,), np.float32)
         self._memo: dict[tuple[float, Any], dict[str, Any]] = {}
+
+    def _refuse_unfit(self) -> None:
+        """Replicas count here, and fewer GPUs than given (3 x TP1 on 3 GPUs): __init__ checks its own choices."""
+
+    def _unpriced(self, lay: Layout) -> str:
+        """Why the collectives table cannot price the layout ('' when it can): a group of n GPUs needs its n-GPU
+        rows (the prior and the measurement hold 2, 4 and 8)."""
+        for op, n in (("all_reduce", lay.tp), ("all_to_all", lay.ep)):
+            if n > 1 and not self.pricer.table.has(op, n):
+                return (f"{lay}: the collectives table has no {op} on {n} GPUs (it holds {self.pricer.table.gpu_counts}"
+                        f"); measure them: python3 benchmarks/multigpu/run_collectives.py --gpus {n} --out DIR")
+        return ""
+
+    def _why(self, model: Any, dep: Any, max_model_len: int) -> str:
+        """'' when the env replays `dep`, else why: a (replicas, layout) outside its choices or masked, or knobs
+        whose memory does not fit (deploy.why_invalid_deployment)."""
+        if (dep.replicas, dep.layout) not in self.choices:
+            return f"{dep.layout_name} is not a deployment on {self.used_gpus} GPUs (plan's choices here)"
+        why = self.choice_reasons[self.choices.index((dep.replicas, dep.layout))]
+        return why or self._why_deployment(model, dep, max_model_len)
 
     def action_masks(self) -> np.ndarray:
         return np.concatenate([self._choice_mask, *(np.ones(len(g), bool) for g in self.grids)])

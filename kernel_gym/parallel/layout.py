@@ -26,7 +26,13 @@ import numpy as np
 
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload, PrefillWorkload
 from kernel_gym.traffic.routing import effective_skew
-from kernel_gym.traffic.simulator import GPU_MEMORY_UTILIZATION, H200_MEMORY_BYTES, SKEW_GRID, round_count
+from kernel_gym.traffic.simulator import (
+    GPU_MEMORY_UTILIZATION,
+    H200_MEMORY_BYTES,
+    H200_TOTAL_MEMORY_BYTES,
+    SKEW_GRID,
+    round_count,
+)
 from kernel_gym.zoo import shard, tp_problem
 
 
@@ -68,16 +74,23 @@ def layouts_for(gpus: int) -> list[Layout]:
 
 
 def gpu_weight_bytes(spec: Any, layout: Layout) -> float:
-    """Parameter bytes one GPU holds: attention / tp, the router, E / ep experts at intermediate / tp."""
+    """Parameter bytes one GPU holds: attention / tp, the router, E / ep experts at intermediate / tp, and the shared
+    experts (a dense MLP every token passes: sliced by tp like attention, whole on every EP rank)."""
     attn = spec.hidden * (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim + spec.num_heads * spec.head_dim * \
         spec.hidden
     experts = spec.num_experts / layout.ep * 3 * spec.hidden * spec.intermediate / layout.tp
-    return spec.num_layers * (attn / layout.tp + spec.hidden * spec.num_experts + experts) * spec.dtype_bytes
+    shared = getattr(spec, "num_shared_experts", 0) * 3 * spec.hidden * \
+        (getattr(spec, "shared_intermediate", 0) or spec.intermediate)
+    return spec.num_layers * ((attn + shared) / layout.tp + spec.hidden * spec.num_experts + experts) * \
+        spec.dtype_bytes
 
 
-def why_invalid(spec: Any, layout: Layout, gpus: int, gpu_memory_bytes: float = H200_MEMORY_BYTES,
-                gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> str:
-    """'' when the layout can serve the model on `gpus` GPUs, else the reason."""
+def why_invalid(spec: Any, layout: Layout, gpus: int, gpu_memory_bytes: float = H200_TOTAL_MEMORY_BYTES,
+                gpu_memory_utilization: float = 1.0) -> str:
+    """'' when the layout can serve the model on `gpus` GPUs, else the reason. The memory check defaults to the
+    weights against the whole GPU: the share an engine gives weights and KV differs by release (vLLM 0.33: 0.92,
+    0.34: all of it less a margin, SGLang 0.9; parallel.deploy.memory_utilization), so a deployment's own share is
+    applied where its KV cache is sized (deploy.kv_tokens_per_rank); a caller that sizes a pool passes its share."""
     if layout.gpus != gpus:
         return f"{layout}: tp x ep = {layout.gpus}, not the {gpus} GPUs given"
     why = tp_problem(spec, layout.tp)
@@ -86,8 +99,9 @@ def why_invalid(spec: Any, layout: Layout, gpus: int, gpu_memory_bytes: float = 
     if spec.num_experts % layout.ep:
         return f"{layout}: {spec.num_experts} experts do not split evenly over ep={layout.ep}"
     if gpu_weight_bytes(spec, layout) >= gpu_memory_bytes * gpu_memory_utilization:
-        return (f"{layout}: {gpu_weight_bytes(spec, layout) / 1e9:.0f} GB of weights per GPU leave no KV cache in "
+        room = (f"the GPU's {gpu_memory_bytes / 1e9:.1f} GB" if gpu_memory_utilization == 1 else
                 f"{gpu_memory_utilization} x {gpu_memory_bytes / 1e9:.0f} GB")
+        return f"{layout}: {gpu_weight_bytes(spec, layout) / 1e9:.0f} GB of weights per GPU leave no KV cache in {room}"
     return ""
 
 

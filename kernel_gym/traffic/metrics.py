@@ -668,7 +668,8 @@ def classify(path: Path) -> str:
     if path.is_dir():
         files = sorted(f for f in path.iterdir() if f.is_file() and not f.name.startswith("."))
         if not files:
-            raise _err(path, "empty folder", "put the period's scrapes (curl .../metrics > t0.txt, t1.txt ...) in it")
+            raise _err(path, "empty folder", "put the period's scrapes (curl .../metrics > t0.txt, t1.txt ...) or "
+                       "expert counts in it, or leave it out of --traffic (without counts the stored skew is kept)")
         kinds = {classify(f) for f in files}
         if kinds == {"scrapes"}:
             return "scrapes"
