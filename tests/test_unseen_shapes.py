@@ -152,7 +152,8 @@ def test_env_on_an_unmeasured_model_names_the_model_and_how_to_measure_it():
 
     # was "no fused_moe workload has an ok measurement: cannot build a catalogue (check the backend)"
     with pytest.raises(ValueError, match=r"recorded backend has no fused_moe measurement of any of many-small@tp8's "
-                                         r".*kernel-gym collect --model SPEC --kernels fused_moe --db STORE.*--backend STORE"):
+                                         r".*kernel-gym collect --model SPEC --kernels fused_moe --db STORE"
+                                         r".*--backend STORE"):
         gymnasium.make("KernelGym/MoE-v0", model=shard(MANY_SMALL, 8))
 
 

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from kernel_gym.parallel.collectives import default_table, load_table
     from kernel_gym.parallel.layout import layouts_for, why_invalid
     from kernel_gym.parallel.step_time import serve
+    from kernel_gym.traffic.simulator import GPU_MEMORY_UTILIZATION, H200_MEMORY_BYTES
     from kernel_gym.traffic.traces import load_trace
     from kernel_gym.traffic.windows import slice_window
 
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         reqs = slice_window(trace, args.start_s, end, args.rate_scale)
         results, skipped = [], {}
         for layout in layouts_for(args.gpus):
-            why = why_invalid(spec, layout, args.gpus)
+            why = why_invalid(spec, layout, args.gpus, H200_MEMORY_BYTES, GPU_MEMORY_UTILIZATION)  # serve()'s pool
             if why:
                 skipped[layout.name] = why
                 continue

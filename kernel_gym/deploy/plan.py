@@ -225,25 +225,11 @@ def tpe_search(env: Any, starts: list[float], trials: int, seed: int = 0) -> tup
 
 
 def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
-    """The floor: the engine's default and the hand-picked layouts. The replicas pick is the most replicas of a
-    tensor-parallel server that the release's own memory rule accepts (hand_picked's checks the weights against the
-    whole GPU only, so a server whose KV cache then falls short would leave the floor without one)."""
-    from kernel_gym.parallel.deploy import (
-        Deployment,
-        engine_default,
-        engine_knobs,
-        hand_picked,
-        layout_choices,
-        why_invalid_deployment,
-    )
+    from kernel_gym.parallel.deploy import engine_default, hand_picked
 
-    out = {"engine_default": engine_default(spec, engine, gpus)}
+    default = engine_default(spec, engine, gpus)
+    out = {"engine_default": default} if default is not None else {}
     out.update({f"hand_{k}": v for k, v in hand_picked(spec, engine, gpus).items()})
-    servers = [Deployment(engine, r, lay.tp, 1, **engine_knobs(engine, lay.tp)) for r, lay in layout_choices(gpus)
-               if lay.ep == 1]
-    fits = [d for d in servers if not why_invalid_deployment(spec, d)]
-    if fits:
-        out["hand_replicas"] = max(fits, key=lambda d: d.replicas)
     return out
 
 
@@ -273,7 +259,7 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
         from kernel_gym.parallel.deploy import coordinate_search
 
         # two starts: the agent's best proposal and the best of the floor (coordinate ascent stops at local optima)
-        floor_best = max(floor.values(), key=scores.__getitem__)
+        floor_best = max(floor.values(), key=scores.__getitem__) if floor else None
         print(f"[plan] refining the best ({refine_rounds} coordinate-search round{'s' if refine_rounds != 1 else ''}, "
               f"{time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
         for start in dict.fromkeys(d for d in (agent_best, floor_best) if d is not None):

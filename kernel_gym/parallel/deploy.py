@@ -155,13 +155,15 @@ def layout_choices(gpus: int) -> list[tuple[int, Layout]]:
     return [(r, lay) for r in range(1, gpus + 1) if gpus % r == 0 for lay in layouts_for(gpus // r)]
 
 
-def engine_default(spec: Any, engine: str, gpus: int) -> Deployment:
+def engine_default(spec: Any, engine: str, gpus: int) -> Deployment | None:
     """What a user gets launching the engine on all G GPUs without tuning: one server, --tensor-parallel-size G
-    (--tp G), every knob at the engine's default; the smallest TP that divides the model when G does not."""
-    for r, lay in layout_choices(gpus):
-        if lay.ep == 1 and not why_invalid(spec, lay, lay.gpus):
-            return Deployment(engine, r, lay.tp, 1, **engine_knobs(engine, lay.tp))
-    raise ValueError(f"{spec.name} fits no tensor-parallel layout on {gpus} GPUs")
+    (--tp G), every knob at the engine's default; the smallest TP that divides the model when G does not. None when
+    no tensor-parallel server launches (a model only expert parallelism fits)."""
+    for r, lay in layout_choices(gpus):  # the first that launches under the release's own memory rule
+        dep = Deployment(engine, r, lay.tp, 1, **engine_knobs(engine, lay.tp))
+        if lay.ep == 1 and not why_invalid_deployment(spec, dep):
+            return dep
+    return None
 
 
 def hand_picked(spec: Any, engine: str, gpus: int) -> dict[str, Deployment]:
@@ -169,8 +171,9 @@ def hand_picked(spec: Any, engine: str, gpus: int) -> dict[str, Deployment]:
     smallest tensor-parallel server that fits (e.g. 8 x TP1 for a model that fits one GPU)."""
     out: dict[str, Deployment] = {}
     cands = {"tp_all": (1, Layout(gpus, 1)), "ep_all": (1, Layout(1, gpus))}
-    for r, lay in sorted(layout_choices(gpus), key=lambda x: -x[0]):
-        if lay.ep == 1 and not why_invalid(spec, lay, lay.gpus):
+    for r, lay in sorted(layout_choices(gpus), key=lambda x: -x[0]):  # judged by the release's own memory rule
+        if lay.ep == 1 and not why_invalid_deployment(spec, Deployment(engine, r, lay.tp, 1,
+                                                                       **engine_knobs(engine, lay.tp))):
             cands["replicas"] = (r, lay)
             break
     for name, (r, lay) in cands.items():
