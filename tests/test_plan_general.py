@@ -180,3 +180,31 @@ def test_floor_keeps_a_replicas_pick_the_release_can_launch():
     from kernel_gym.deploy.plan import baselines
 
     assert baselines(load_model("mixtral-8x22b"), "vllm", 8)["hand_replicas"].layout_name == "2xTP4"
+
+
+# ---- session 62, the docs audit: plan's flags and the command it prints --------------------------------------------
+
+def test_plan_refuses_bad_numbers_before_the_work(capsys):
+    """--next -1 failed after 20 s with IndexError; negative --train-steps ran ("training the agent (-5 steps)"); a
+    negative --rate-scale printed the banner, then a message naming no flag."""
+    base = ["--model", "mixtral-8x7b", "--gpus", "2", "--trace", "bundled", "--no-mlflow"]
+    for flag, value, said in (("--next", "-1", "--next -1: give an integer >= 0"),
+                              ("--train-steps", "-5", "--train-steps -5"), ("--refine-rounds", "-2", "--refine-rounds"),
+                              ("--rate-scale", "-1", "--rate-scale -1: give a positive number"),
+                              ("--window-s", "0", "--window-s 0")):
+        assert main([*base, flag, value]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "[plan] mixtral" not in err, (flag, err)
+
+
+def test_the_printed_export_command_runs_where_the_shape_is_unmeasured():
+    """plan printed `kernel-gym export ... --tp 8`, which export refuses where vLLM's kernel design was never timed at
+    the shape (Mixtral at TP 8); the command now carries --force and says it writes the engine's own entries."""
+    from kernel_gym.deploy.plan import kernel_configs
+
+    mixtral = load_model("mixtral-8x7b")
+    (tp8,) = kernel_configs(mixtral, Deployment("vllm", 1, 8, 1, 64, 8192, 256, 512), {})
+    (tp2,) = kernel_configs(mixtral, Deployment("vllm", 1, 2, 1, 64, 8192, 256, 512), {})
+    assert "--tp 8 --out DIR --force" in tp8["write_with"] and "kernel-gym tune --engine vllm" in tp8["write_with"]
+    assert "--force" not in tp2["write_with"]  # measured at TP 2: export writes it from measurements
+    assert "kernel_gym_configs_priced" in tp2 and "configs_used" not in tp2

@@ -16,6 +16,7 @@ from the measured table or, without one, aiconfigurator's labelled prior.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -304,21 +305,48 @@ def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str
 
     files = moe_config_files(spec, dep)
     ep = f" --ep {dep.ep}" if dep.ep > 1 else ""
+    measured = engine_shape_measured(spec, dep)
     for f in files:
-        f["configs_used"] = replay.get("moe_configs", {})  # kernel_gym's kernel (its own knobs), as priced
+        # what the replay priced: kernel_gym's own fused-MoE kernel and knobs, not entries of the engine's file
+        f["kernel_gym_configs_priced"] = replay.get("moe_configs", {})
         if spec.dtype_bytes == 1 and dep.engine == "vllm":  # kernel_gym measures bf16 kernels; export refuses fp8
             # vLLM's tuner: --enable-expert-parallel gives E / tp-size whole experts, else N / tp-size (never both)
             par = (f"--tp-size {dep.tp * dep.ep} --enable-expert-parallel" if dep.ep > 1 else f"--tp-size {dep.tp}")
             f["write_with"] = (f"vLLM's own tuner: benchmarks/kernels/benchmark_moe.py --model CHECKPOINT {par} "
-                               "--dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only)")
+                               "--dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only; a block-quantized "
+                               "checkpoint's file name also carries ,block_shape=[bn,bk])")
         elif spec.dtype_bytes == 1:  # SGLang's tuner: --tp-size is all the server's GPUs, E / ep, N / (tp-size / ep)
             f["write_with"] = ("SGLang's own tuner: benchmark/kernels/fused_moe_triton/tuning_fused_moe_triton.py "
                                f"--model CHECKPOINT --tp-size {dep.tp * dep.ep} --ep-size {dep.ep} --dtype fp8_w8a8 "
                                "--tune (kernel_gym measures bf16 kernels only)")
         else:
-            f["write_with"] = (f"kernel-gym export --format {dep.engine} --engine-version {dep.version} --model "
-                               f"{model_arg(spec)} --tp {dep.tp}{ep} --out DIR (the engine's own kernel design)")
+            cmd = (f"kernel-gym export --format {dep.engine} --engine-version {dep.version} --model "
+                   f"{model_arg(spec)} --tp {dep.tp}{ep} --out DIR")
+            f["write_with"] = (f"{cmd} (the engine's own kernel design)" if measured else
+                               f"{cmd} --force (no measurement of this shape in vLLM's kernel design: the engine's "
+                               f"own entries, as an estimate; to measure it: kernel-gym tune --engine {dep.engine} "
+                               f"--model {model_arg(spec)} --tp {dep.tp}{ep} on an H200)")
     return files
+
+
+@functools.lru_cache(maxsize=1)
+def _packaged_engine_rows() -> tuple:
+    from kernel_gym.deploy import engine_export as ee
+    from kernel_gym.measure.store import PACKAGED_SNAPSHOT
+
+    return tuple(ee.measured_rows([PACKAGED_SNAPSHOT]))
+
+
+def engine_shape_measured(spec: Any, dep: Any, device: str = "NVIDIA H200") -> bool:
+    """Whether the packaged data times this layout's engine-file shape in vLLM's kernel design at uniform routing:
+    what `kernel-gym export` (no --routing) needs to write a measured file rather than refuse without --force."""
+    from kernel_gym.deploy import engine_export as ee
+
+    if spec.dtype_bytes == 1:
+        return False
+    samples, _ = ee.samples_by_workload(_packaged_engine_rows(), ee.shard_shape(spec, dep.tp, ep=dep.ep), device,
+                                        f"{dep.engine}-{dep.version}")
+    return any(skew == 0 for _, skew in samples)
 
 
 CURVE_FACTORS = (0.5, 1, 2, 4)  # the goodput-vs-load curve's loads, x the trace's rate (x --rate-scale)
@@ -479,6 +507,14 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     if max_model_len < 0:
         raise ValueError(f"--max-model-len {max_model_len}: give the engine's context limit in tokens (> 0)")
     max_model_len = max_model_len or MAX_MODEL_LEN
+    for flag, value, low in (("--train-steps", train_steps, 0), ("--refine-rounds", refine_rounds, 0),
+                             ("--next", next_best, 0), ("--samples", samples, 0)):
+        if value < low:
+            raise ValueError(f"{flag} {value}: give an integer >= {low}")
+    for flag, value in (("--window-s", window_s), ("--rate-scale", rate_scale)):
+        if not value > 0 or not math.isfinite(value):
+            raise ValueError(f"{flag} {value:g}: give a positive number" + (" (1: the trace's own arrival rate)"
+                                                                           if flag == "--rate-scale" else ""))
     if "@tp" in model:  # a shard planned as a whole model: its launch commands and predictions would be 1/N's
         raise ValueError(f"--model {model} names one GPU's tensor-parallel shard: plan chooses the parallelism itself; "
                          f"pass the whole model (--model {model.partition('@tp')[0]})")
@@ -542,7 +578,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     if n_over:
         print(f"[plan] {n_over} of the replays were overloaded (the offered load exceeds what that deployment "
               "sustains, so its queue and TTFT grow with the window): their goodput is what they serve within the "
-              "SLO at this load; plan for a lighter one with --rate-scale below 1", file=sys.stderr)
+              f"SLO at this load; plan for a lighter one with --rate-scale below {rate_scale:g}", file=sys.stderr)
     if not model_id and spec.name not in HF_IDS:  # a user's spec: its name is no checkpoint the engine can load
         print(f"[plan] the launch commands name the model {spec.name!r} (the spec's name): pass --model-id with "
               "the checkpoint the engine loads (a Hugging Face repo id or a local path)", file=sys.stderr)
@@ -589,7 +625,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     if p["goodput_req_per_s"] <= 0:
         print(f"  no request of the held-out window met the SLO (TTFT <= {limits[0]:g} s and TPOT <= {limits[1]:g} s): "
               "compare the latencies above with it; loosen --slo, give more --gpus, or replay a lower load "
-              "(--rate-scale below 1)")
+              f"(--rate-scale below {rate_scale:g})")
     if p.get("refused_too_long"):
         print(f"  {p['refused_too_long']} of the held-out window's {p['requests']} requests refused: longer than "
               f"max_model_len {max_model_len}")
