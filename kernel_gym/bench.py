@@ -537,10 +537,13 @@ def bench_and_write(*, out: Path, md: Path | None, kernels: list[str], configs: 
     for k in kernels:
         get_family(k)  # unknown names fail early with the list of families
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = lambda records: out.write_text(json.dumps(records, indent=1))  # noqa: E731
+
+    def partial(records: list) -> None:  # the folder made with the first record, not before the GPU check
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(records, indent=1))
+
     result = run_bench(kernels, configs, budget_s, log=log, on_case=partial, n_recorded=recorded)
-    out.write_text(json.dumps(result["records"], indent=1))
+    partial(result["records"])
     details_path = out.with_name(out.stem + "_details.json")
     details_path.write_text(json.dumps({"env": result["env"], "details": result["details"]}, indent=1))
     text = to_markdown(result)

@@ -611,3 +611,25 @@ def test_train_reads_ones_own_store_and_an_unmeasured_model_names_the_commands(t
         prepare_data("fused_moe", resolve_backend(str(store)), "olmoe-1b-7b")
     with pytest.raises(ValueError, match="neither a backend .* nor an existing store file"):
         train(dataclasses.replace(args, backend=str(tmp_path / "missing.sqlite")))
+
+
+def test_small_refusals_from_the_docs_audit(tmp_path, monkeypatch):
+    """export --min-gain -1 was accepted (and hid a candidate); bench without a GPU left an empty benchmarks/ folder;
+    Dispatcher.precompile("cuda") without CUDA raised torch's bare AssertionError."""
+    import torch
+
+    from kernel_gym.bench import bench_and_write
+    from kernel_gym.deploy.engine_export import export_and_print
+    from kernel_gym.dispatch.dispatcher import Dispatcher, DispatchTable
+
+    with pytest.raises(ValueError, match="--min-gain -1: give the share"):
+        export_and_print(model="mixtral-8x7b", fmt="vllm", out=tmp_path / "v", tp=2, min_gain=-1)
+    assert not (tmp_path / "v").exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "b" / "h200_kernels.json"
+    with pytest.raises(Exception):  # noqa: B017 - whichever error the bench's GPU check raises; the folder is the test
+        bench_and_write(out=out, md=None, kernels=["fused_moe"], configs=1, recorded=0, budget_s=1)
+    assert not out.parent.exists()
+    monkeypatch.setattr(Dispatcher, "precompiled", property(lambda self: {("fused_moe", None)}))
+    with pytest.raises(RuntimeError, match="no CUDA device here"):
+        Dispatcher(DispatchTable(kernels={}, meta={})).precompile("cuda")

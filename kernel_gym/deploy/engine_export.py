@@ -402,6 +402,9 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
         raise ValueError(f"format {fmt!r}: use one of {FORMATS}")
     dtype = dtype or engine_dtype(model)
     engine = vllm_tables.parse_engine(f"{fmt}-{engine_version}" if engine_version else fmt)
+    if not 0 <= min_gain < 1:
+        raise ValueError(f"--min-gain {min_gain:g}: give the share a measured config must beat the engine's entry by, "
+                         "in [0, 1) (default 0.01: 1%)")
     if fmt == "vllm" and tp > 1 and ep > 1:  # parallel/deploy.why_invalid_deployment masks it in plan too
         raise ValueError(f"--tp {tp} --ep {ep}: vLLM runs the experts either sliced over TP (the file's N = "
                          "intermediate / tp) or whole over expert-parallel ranks (--enable-expert-parallel: E = "

@@ -493,6 +493,10 @@ class Dispatcher:
 
         from kernel_gym.kernels import get_family
 
+        if not torch.cuda.is_available():  # at start-up, before any config: not torch's assertion on the first launch
+            raise RuntimeError(f"precompile({device!r}): no CUDA device here (torch {torch.__version__}, "
+                               f"{'a CPU build' if torch.version.cuda is None else 'CUDA ' + torch.version.cuda}); "
+                               "run it on the serving GPU, or precompile('cpu') for the list only")
         for kernel, cfg in sorted(chosen, key=lambda kc: (kc[0], str(kc[1]))):
             family = get_family(kernel)
             wl = small_workload(kernel, self._tables[kernel].fixed)
