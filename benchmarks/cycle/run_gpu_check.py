@@ -89,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--dry-run", action="store_true", help="CPU: everything but the GPU timing")
     args = p.parse_args(argv)
+    if not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():  # before the output folder and the rows: nothing left behind
+            p.error("no CUDA device here: this check times configs on the GPU; --dry-run runs everything else on the "
+                    "CPU")
     t_start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = ee.measured_rows([PACKAGED_SNAPSHOT])

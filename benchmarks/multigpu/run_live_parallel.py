@@ -101,6 +101,7 @@ def plan(args: argparse.Namespace) -> int:
     out = {"model": spec.name, "hidden": spec.hidden, "intermediate": spec.intermediate,
            "num_experts": spec.num_experts, "top_k": spec.top_k, "gpus": n, "tokens": t, "layers": args.layers,
            "skew": args.skew, "seed": args.seed, "routing": ids, "layouts": layouts}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out) + "\n")
     print(f"[plan] {spec.name}, {t} tokens, {n} GPUs, {args.layers} layers -> {args.out}", file=sys.stderr)
     return 0

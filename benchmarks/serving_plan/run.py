@@ -390,4 +390,7 @@ def summary(doc: dict) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except (ValueError, FileNotFoundError) as exc:  # a trace not downloaded, a bad flag: the message, no traceback
+        raise SystemExit(f"serving_plan/run.py: error: {exc}") from None
