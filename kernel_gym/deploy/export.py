@@ -94,7 +94,14 @@ def table_from_registry(model: Any, model_uris: Sequence[str] = (), device: str 
     policies = load_policy_dir(policy_dir, model) if policy_dir is not None else load_policies(model_uris, model)
     scorer = default_scorer(device) if kv_layout is None and any(profiles.profile(k).follows_kv for k in policies) \
         else None
-    return build_table(model, policies, device, kv_layout=kv_layout, scorer=scorer, rests_on=True)
+    table = build_table(model, policies, device, kv_layout=kv_layout, scorer=scorer, rests_on=True)
+    if model_uris:  # a kernel left out of an explicit --model-uri list may have a registered policy: say which
+        registered = latest_model_uris(getattr(model, "name", None))
+        for k, basis in table.meta.get("rests_on", {}).items():
+            if basis.get("basis") == "absent" and k in registered and "fix" in basis:
+                basis["fix"] = (f"pass --model-uri {k}={registered[k]} as well (registered in the store), or leave "
+                                "--model-uri out to export every kernel's latest registered policy")
+    return table
 
 
 def versions() -> dict[str, str]:

@@ -343,3 +343,16 @@ def test_a_policy_logged_without_the_hash_is_checked_by_its_runs_tag(store, tmp_
     rests = DispatchTable.load(tmp_path / "t" / export.TABLE_FILE).meta["rests_on"]["fused_moe"]
     assert rests["stale"]["trained_on_dataset"] == "fedcba9876543210"
     assert "learned from recorded dataset fedcba9876543210" in capsys.readouterr().err
+
+
+def test_a_kernel_left_out_of_explicit_uris_names_its_registered_policy(store, tmp_path, monkeypatch):
+    """`--model-uri fused_moe=URI` alone told the user to train decode and prefill policies that the store already
+    held; the note now names the registered one."""
+    _, uri = store
+    held = "models:/kernel-gym-decodeattention-v0-mixtral-8x7b/3"
+    monkeypatch.setattr(export, "latest_model_uris", lambda name=None: {"decode_attention": held})
+    assert export_cli.main(["--model-uri", f"fused_moe={uri}", "--out", str(tmp_path)]) == 0
+    rests = json.loads((tmp_path / export.TABLE_FILE).read_text())["meta"]["rests_on"]
+    assert rests["decode_attention"]["basis"] == "absent"
+    assert f"--model-uri decode_attention={held} as well" in rests["decode_attention"]["fix"]
+    assert "train" in rests["prefill_attention"]["fix"] or "measure" in rests["prefill_attention"]["fix"]
