@@ -82,11 +82,17 @@ class ModelSpec:
         return 3 * self.hidden * self.intermediate * self.dtype_bytes
 
     @property
+    def activation_bytes(self) -> int:
+        """Bytes of one activation or KV-cache element: an fp8 checkpoint (dtype_bytes 1) computes and caches in bf16
+        (the engines' default kv-cache dtype "auto" follows the activations), so 2 there; else dtype_bytes."""
+        return 2 if self.dtype_bytes == 1 else self.dtype_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token occupies across all layers (K and V; MLA: the latent plus the rotary key)."""
         if self.attention == "mla":
-            return self.num_layers * (self.kv_lora_rank + self.rope_head_dim) * self.dtype_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+            return self.num_layers * (self.kv_lora_rank + self.rope_head_dim) * self.activation_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.activation_bytes
 
     @property
     def weight_bytes(self) -> int:
@@ -148,7 +154,7 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{where}: {key} must be an integer, got {value!r}: fix the config.json (a Hugging Face "
-                             "config writes sizes and counts as JSON numbers, not strings)")
+                             "config writes sizes and counts as JSON integers)")
         return value
 
     def need(*keys: str) -> int:
@@ -187,7 +193,8 @@ class SpecWarning(UserWarning):
 
 def hf_weight_bytes(cfg: dict, dtype: str, where: str) -> int:
     """Bytes per weight of a Hugging Face config: its quantization_config's where kernel_gym models it (fp8: 1 byte,
-    so memory and KV room are sized as deployed, and the engines' fp8 MoE files are named), else torch_dtype's. Any
+    so the weights' memory is sized as deployed, with KV and activations in bf16: ModelSpec.activation_bytes; and the
+    engines' fp8 MoE files are named), else torch_dtype's. Any
     other method (mxfp4, AWQ, GPTQ, ...) is counted at torch_dtype's size with a SpecWarning: its weights take less
     memory than counted, and the engine runs another MoE kernel than the bf16 one kernel_gym measures."""
     size = HF_DTYPE_BYTES.get(dtype, 2)

@@ -109,8 +109,8 @@ def time_point(meas: Measurer, family: Any, wl: Any, cfg: Any, layers: int, devi
     `repeats` > 1 builds the layers' caches afresh (new seeds, new allocations) and captures and times a new graph
     each time: two H100 tables of the same plan disagreed by 1.20-1.34x at 4 of 42 points (docs/live.md, session 61),
     more than one timing's spread, so one allocation's graph can sit on either of two speeds. The point's ms (and
-    flushed_ms) is then the median over the repeats, each repeat's in repeat_ms (repeat_flushed_ms), and
-    repeat_ratio says how far apart they fell (slowest / fastest)."""
+    flushed_ms) is then the median over the repeats (the lower middle one for an even count), each repeat's in
+    repeat_ms (repeat_flushed_ms), and repeat_ratio says how far apart they fell (slowest / fastest)."""
     runs = []
     for r in range(repeats):
         inputs = [family.make_inputs(wl, device, seed=r * layers + i) for i in range(layers)]
@@ -122,11 +122,13 @@ def time_point(meas: Measurer, family: Any, wl: Any, cfg: Any, layers: int, devi
         del inputs
     if repeats == 1:
         return runs[0]
-    out = dict(runs[len(runs) // 2])
+    # the median graph (for an even count the lower middle one: a time one graph ran at, never a mean of two
+    # speeds), with its own spread and percentiles
+    out = dict(sorted(runs, key=lambda run: run["ms"])[(len(runs) - 1) // 2])
     for key in ("ms", "flushed_ms"):
         if key in runs[0]:
             vals = [run[key] for run in runs]
-            out[key] = statistics.median(vals)
+            out[key] = statistics.median_low(vals)
             out[f"repeat_{key}"] = vals
     out.update(total_ms=out["ms"] * layers, repeats_built=repeats,
                repeat_ratio=max(out["repeat_ms"]) / min(out["repeat_ms"]))

@@ -49,7 +49,10 @@ def plan(args: argparse.Namespace) -> int:
         cand += [c for _, c in ok[:args.configs]]
     cand = list(dict.fromkeys(cand))
     entries = []
-    for layout in valid_layouts(spec, args.gpus):
+    from kernel_gym.traffic.simulator import GPU_MEMORY_UTILIZATION, H200_MEMORY_BYTES
+
+    for layout in valid_layouts(spec, args.gpus, gpu_memory_bytes=H200_MEMORY_BYTES,  # the pool `run` replays with
+                                gpu_memory_utilization=GPU_MEMORY_UTILIZATION):
         for wl in ep_plan_workloads(spec, layout, args.max_tokens):
             from kernel_gym.kernels.space import Config
 

@@ -448,7 +448,10 @@ def read_table(path: Path) -> dict[int, Config]:
     return table
 
 
-PROFILE_FOR = ("model", "engine", "tp", "ep", "device", "engine_file", "engine_file_sha256")
+PROFILE_FOR = ("model", "engine", "tp", "ep", "device", "current_folder", "engine_file", "engine_file_sha256")
+# The report folder's copy of the profile the files were last judged on, named apart from the traffic_profile.json a
+# new folder carries: --report-dir may be the --current folder itself, where that name would pass for the live one.
+REPORT_PROFILE_FILE = "cycle_traffic_profile.json"
 
 
 def stored_profile(current: Path, report_dir: Path, made_for: dict[str, Any]) -> tuple[TrafficProfile | None, str]:
@@ -460,7 +463,7 @@ def stored_profile(current: Path, report_dir: Path, made_for: dict[str, Any]) ->
     here = current / PROFILE_FILE
     if here.exists():
         return load_profile(here), f"the current folder's ({here})"
-    there = report_dir / PROFILE_FILE
+    there = report_dir / REPORT_PROFILE_FILE
     try:
         last = json.loads((report_dir / REPORT_JSON).read_text())
     except (OSError, ValueError):
@@ -690,6 +693,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
         sim_model, sim_memory = attention_spec(spec, layout), pool_memory_bytes(spec, layout)
     profile = read_traffic(list(traffic), spec, engine, sim_model, sim_memory)
     made_for = {"model": spec.name, "engine": engine, "tp": tp, "ep": ep, "device": device,
+                "current_folder": str(current.resolve()),
                 "engine_file": str(path.relative_to(current)),
                 "engine_file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     before, before_source = stored_profile(current, report_dir, made_for)
@@ -811,7 +815,10 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
             rep["previous_folder"] = str(install_folder(current.resolve(), new_folder))
             rep["installed"] = str(current)
         js = json.dumps(rep, indent=1, default=str) + "\n"
-    prof_path = profile.save(report_dir / PROFILE_FILE)  # the next cycle's stored profile after a "no change"
+    # the next cycle's stored profile after a "no change": the one the files were judged on. Where no key moved and
+    # a baseline was found, that baseline stays, so that drift below the thresholds each period still adds up
+    kept = before if before is not None and not rep["moved_keys"] else profile
+    prof_path = kept.save(report_dir / REPORT_PROFILE_FILE)
     (report_dir / REPORT_MD).write_text(md)
     (report_dir / REPORT_JSON).write_text(js)  # last: it vouches for the profile beside it (stored_profile)
     if not no_mlflow:

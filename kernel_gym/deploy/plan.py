@@ -225,12 +225,15 @@ def tpe_search(env: Any, starts: list[float], trials: int, seed: int = 0) -> tup
     return best, seen[best], len(study.trials)
 
 
-def baselines(spec: Any, engine: str, gpus: int) -> dict[str, Any]:
-    from kernel_gym.parallel.deploy import engine_default, hand_picked
+def baselines(spec: Any, engine: str, gpus: int, max_model_len: int = 0) -> dict[str, Any]:
+    """The floor every plan is compared with: the engine's default and the hand-picked layouts that launch and hold
+    a `max_model_len` request (0: the default context limit)."""
+    from kernel_gym.parallel.deploy import MAX_MODEL_LEN, engine_default, hand_picked
 
-    default = engine_default(spec, engine, gpus)
+    limit = max_model_len or MAX_MODEL_LEN
+    default = engine_default(spec, engine, gpus, limit)
     out = {"engine_default": default} if default is not None else {}
-    out.update({f"hand_{k}": v for k, v in hand_picked(spec, engine, gpus).items()})
+    out.update({f"hand_{k}": v for k, v in hand_picked(spec, engine, gpus, limit).items()})
     return out
 
 
@@ -249,7 +252,7 @@ def recommend(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, f
     agent = train_agent(env, train_steps, seed)
     agent_deps = proposals(env, agent, starts, samples, seed)
     used = env.used_gpus  # gpus, or fewer where no deployment of all of them fits (ServingPlan-v0)
-    floor = baselines(spec, engine, used)
+    floor = baselines(spec, engine, used, env.pricer.max_model_len)
     cands = list(dict.fromkeys([*agent_deps, *floor.values()]))
     print(f"[plan] agent trained ({time.time() - t0:.0f} s); replaying {len(cands)} candidate deployments on "
           f"{len(starts)} training windows", file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ submodules import torch/triton only when used.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,15 @@ def resolve_backend(backend: Any, **kw: Any) -> Any:
     """A Backend object as is; a name for make_backend ("recorded", "live", ...); or the path of a measurement store
     (the --db that tune and collect write, a snapshot): the recorded backend over it, so that what a user measured
     trains, replays and plans the same way the packaged data does. `kw` go to make_backend."""
+    if isinstance(backend, os.PathLike):
+        backend = os.fspath(backend)
     if not isinstance(backend, str):
         if not hasattr(backend, "measure") or not hasattr(backend, "available_configs"):
             raise TypeError(f"backend {backend!r} is neither a backend name nor a Backend (measure, available_configs)")
         return backend
     if backend in BACKENDS:
         return make_backend(backend, **kw)
-    if Path(backend).exists():
+    if backend and Path(backend).is_file():
         return make_backend("recorded", path=backend, **kw)
     raise ValueError(f"--backend {backend}: neither a backend ({', '.join(BACKENDS)}) nor an existing store file: pass "
                      "recorded (the packaged H200 data) or the --db path tune / collect wrote")

@@ -155,30 +155,30 @@ def layout_choices(gpus: int) -> list[tuple[int, Layout]]:
     return [(r, lay) for r in range(1, gpus + 1) if gpus % r == 0 for lay in layouts_for(gpus // r)]
 
 
-def engine_default(spec: Any, engine: str, gpus: int) -> Deployment | None:
+def engine_default(spec: Any, engine: str, gpus: int, max_model_len: int = MAX_MODEL_LEN) -> Deployment | None:
     """What a user gets launching the engine on all G GPUs without tuning: one server, --tensor-parallel-size G
     (--tp G), every knob at the engine's default; the smallest TP that divides the model when G does not. None when
     no tensor-parallel server launches (a model only expert parallelism fits)."""
     for r, lay in layout_choices(gpus):  # the first that launches under the release's own memory rule
         dep = Deployment(engine, r, lay.tp, 1, **engine_knobs(engine, lay.tp))
-        if lay.ep == 1 and not why_invalid_deployment(spec, dep):
+        if lay.ep == 1 and not why_invalid_deployment(spec, dep, max_model_len):
             return dep
     return None
 
 
-def hand_picked(spec: Any, engine: str, gpus: int) -> dict[str, Deployment]:
+def hand_picked(spec: Any, engine: str, gpus: int, max_model_len: int = MAX_MODEL_LEN) -> dict[str, Deployment]:
     """The layouts users pick by hand, engine-default knobs: TP = G, DP + EP = G, and as many replicas of the
     smallest tensor-parallel server that fits (e.g. 8 x TP1 for a model that fits one GPU)."""
     out: dict[str, Deployment] = {}
     cands = {"tp_all": (1, Layout(gpus, 1)), "ep_all": (1, Layout(1, gpus))}
     for r, lay in sorted(layout_choices(gpus), key=lambda x: -x[0]):  # judged by the release's own memory rule
         if lay.ep == 1 and not why_invalid_deployment(spec, Deployment(engine, r, lay.tp, 1,
-                                                                       **engine_knobs(engine, lay.tp))):
+                                                                       **engine_knobs(engine, lay.tp)), max_model_len):
             cands["replicas"] = (r, lay)
             break
     for name, (r, lay) in cands.items():
         d = Deployment(engine, r, lay.tp, lay.ep, **engine_knobs(engine, lay.tp))
-        if not why_invalid_deployment(spec, d):
+        if not why_invalid_deployment(spec, d, max_model_len):
             out[name] = d
     return out
 
@@ -187,7 +187,7 @@ def reserve_bytes(spec: Any, dep: Deployment) -> float:
     """Per-GPU bytes outside weights and KV: one step's activations + CUDA-graph buffers (estimates), plus, for vLLM
     0.34's cache sized after warm-up, its margin of max(1 GiB, 0.75 x the activation peak)."""
     tokens = dep.max_batched_tokens
-    act = tokens * (6 * spec.hidden + 3 * spec.top_k * spec.intermediate // dep.tp) * spec.dtype_bytes
+    act = tokens * (6 * spec.hidden + 3 * spec.top_k * spec.intermediate // dep.tp) * spec.activation_bytes
     margin = (max(VLLM_KV_MARGIN_FLOOR_BYTES, VLLM_KV_MARGIN_FRACTION * act)
               if dep.engine == "vllm" and _release(f"vllm-{dep.version}") >= (0, 34) else 0.0)
     return act + margin + GRAPH_BYTES_PER_BS * dep.graph_max

@@ -184,7 +184,7 @@ class StepPricer:
         """The busiest GPU's fused MoE plus every collective of the layer (they sit on the MoE's path). graphed=False:
         a step outside the engine's CUDA graphs, whose all-reduce runs in eager mode (`all_reduce_eager` when the
         table has it: the engines' custom all-reduce is slower outside a graph)."""
-        sh = moe_shard(self.spec, self.layout, num_tokens, skew, slot_counts, self.dtype, self.spec.dtype_bytes)
+        sh = moe_shard(self.spec, self.layout, num_tokens, skew, slot_counts, self.dtype, self.spec.activation_bytes)
         total, cfg = 0.0, None
         if sh.workload is not None:
             cfg, t, est = self.price("fused_moe", sh.workload)

@@ -412,7 +412,7 @@ def test_a_no_change_cycle_stores_its_profile_in_the_report_folder(tmp_path):
     traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 0.0)]
     code, rep = cycle_on(cur, traffic, tmp_path)
     assert code == cycle.NO_CHANGE and rep["profile_before"] is None and rep["moved_keys"] >= 3
-    assert (tmp_path / "report" / metrics.PROFILE_FILE).exists()
+    assert (tmp_path / "report" / cycle.REPORT_PROFILE_FILE).exists()
     code, rep = cycle_on(cur, traffic, tmp_path)
     assert code == cycle.NO_CHANGE and rep["profile_before"] is not None and rep["moved_keys"] == 0
     assert "report folder" in rep["profile_before_source"]
@@ -423,3 +423,23 @@ def test_a_no_change_cycle_stores_its_profile_in_the_report_folder(tmp_path):
     assert code == cycle.UNCONFIRMED and rep["profile_before"] is not None
     code, rep = cycle_on(cur, [traffic[0], experts(tmp_path, 1.2)], tmp_path)
     assert code == cycle.UNCONFIRMED and rep["profile_before"] is None  # its profile is not the live file's
+
+
+def test_drift_below_the_thresholds_each_period_still_adds_up(tmp_path):
+    """Each no-change cycle stored its own profile as the next baseline, so a skew rising 0.1 a period never moved
+    a key (review of session 62); the baseline now stays until a key moves."""
+    cur = current_folder(tmp_path)
+    steps = [scrape(tmp_path, STEPS)]
+    codes = [cycle_on(cur, [*steps, experts(tmp_path, round(0.1 * i, 1))], tmp_path)[0] for i in range(0, 13)]
+    assert codes[0] == cycle.NO_CHANGE and cycle.UNCONFIRMED in codes  # the drift is seen before skew 1.2
+
+
+def test_a_report_folder_that_is_the_current_folder_does_not_pass_a_proposal_off_as_live(tmp_path):
+    """With --report-dir equal to --current, a proposal's profile landed as the current folder's
+    traffic_profile.json and the next cycle took it as the live files' baseline."""
+    cur = current_folder(tmp_path)
+    traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)]
+    code, _ = cycle_on(cur, traffic, tmp_path, report_dir=cur)
+    assert code == cycle.UNCONFIRMED and not (cur / metrics.PROFILE_FILE).exists()
+    code, rep = cycle_on(cur, traffic, tmp_path, report_dir=cur, out=tmp_path / "again")
+    assert code == cycle.UNCONFIRMED and rep["profile_before"] is None
