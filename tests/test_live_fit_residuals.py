@@ -51,3 +51,21 @@ def test_flush_ratios_pair_each_point_with_its_flushed_time(tmp_path):
         "1,256": {"ms": 0.020, "flushed_ms": 0.029}, "1,4096": {"ms": 0.40, "flushed_ms": 0.40},
         "2,256": {"ms": 0.021}}}}}}))
     assert flush_ratios(path, "m") == {"cfg": {(1, 256): pytest.approx(1.45), (1, 4096): pytest.approx(1.0)}}
+
+
+def test_repeat_spreads_reads_each_points_slowest_over_fastest_repeat(tmp_path, capsys):
+    from benchmarks.live_e2e import fit_residuals as fr
+
+    cfg = '{"NUM_SPLITS":1}'
+    table = {"meta": {"repeats": 3}, "models": {"olmoe-1b-7b": {"ms": {cfg: {
+        "24,4096": {"ms": 0.5, "repeat_ms": [0.5, 0.62, 0.5], "repeat_ratio": 1.24},
+        "1,256": {"ms": 0.015, "repeat_ms": [0.015, 0.015, 0.015], "repeat_ratio": 1.0},
+        "2,256": {"ms": 0.02}}}}}}
+    once = {"models": {"olmoe-1b-7b": {"ms": {cfg: {"24,4096": {"ms": 0.62}}}}}}
+    (tmp_path / "r.json").write_text(json.dumps(table))
+    (tmp_path / "once.json").write_text(json.dumps(once))
+    assert fr.repeat_spreads(tmp_path / "r.json", "olmoe-1b-7b") == {cfg: {(24, 4096): 1.24, (1, 256): 1.0}}
+    assert fr.main(["--model", "olmoe-1b-7b", "--repeats", str(tmp_path / "r.json"), "--tables",
+                    str(tmp_path / "once.json")]) == 0
+    out = capsys.readouterr().out
+    assert "1.240" in out and "its time / the repeats' median" in out and "1.240" in out.split("median:")[1]

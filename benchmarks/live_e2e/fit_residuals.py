@@ -5,11 +5,17 @@ table's points as run.py --predict fits it, then the line's price / the table's 
 batch, one column per context (docs/live.md, session 61: the points at small batches and contexts lie below the line).
 CPU only, a few seconds. `--flush-ratios TABLE` prints instead, per config and point of a table timed with
 decode_graph_table.py --also-flushed, its time after an L2 flush over its time without (the points below the line are
-the ones whose layers' KV stays in L2 between the table's replays).
+the ones whose layers' KV stays in L2 between the table's replays). `--repeats TABLE` prints, for a table timed with
+decode_graph_table.py --repeats N, each point's slowest / fastest repeat, and each --tables table's time over its median
+(which of a bistable point's two speeds an earlier table timed once held).
 
     python benchmarks/live_e2e/fit_residuals.py --model mixtral-8x7b
     python benchmarks/live_e2e/fit_residuals.py --flush-ratios \
         benchmarks/live_e2e/l2_check_h100_b57c3d4/l2_check/decode_graph.json
+    python benchmarks/live_e2e/fit_residuals.py --model olmoe-1b-7b \
+        --repeats benchmarks/live_e2e/repeats_h100_51b9504/decode_graph/decode_graph.json \
+        --tables benchmarks/live_e2e/flushed_h100_b765fd9/decode_graph/decode_graph.json,\
+benchmarks/live_e2e/same_gpu_h100_8868229/decode_graph/decode_graph.json
 """
 
 from __future__ import annotations
@@ -61,6 +67,18 @@ def flush_ratios(table: Path, model_name: str) -> dict[str, dict[tuple[int, int]
             for cfg, pts in plain.items() if cfg in flushed}
 
 
+def repeat_spreads(table: Path, model_name: str) -> dict[str, dict[tuple[int, int], float]]:
+    """{config: {(batch, context): slowest / fastest repeat}} of a table timed with --repeats N (N > 1)."""
+    doc = json.loads(Path(table).read_text())
+    out: dict[str, dict[tuple[int, int], float]] = {}
+    for cfg, per in doc.get("models", {}).get(model_name, {}).get("ms", {}).items():
+        for point, res in per.items():
+            if "repeat_ratio" in res:
+                b, c = (int(x) for x in point.split(","))
+                out.setdefault(cfg, {})[(b, c)] = res["repeat_ratio"]
+    return out
+
+
 def _print_grid(by_point: dict[tuple[int, int], float], fmt: str) -> None:
     contexts = sorted({c for _, c in by_point})
     print("   batch / context " + " ".join(f"{c:>7d}" for c in contexts))
@@ -76,7 +94,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="decode_graph_table.py tables, comma-separated (default: the committed ones)")
     p.add_argument("--flush-ratios", type=Path, default=None, metavar="TABLE.json",
                    help="print a --also-flushed table's flushed / unflushed times instead")
+    p.add_argument("--repeats", type=Path, default=None, metavar="TABLE.json",
+                   help="print a --repeats table's slowest / fastest repeat per point, and each --tables table's time "
+                        "over its median")
     args = p.parse_args(argv)
+    if args.repeats is not None:
+        median = graph_times(args.repeats, args.model) or {}
+        for cfg, by_point in repeat_spreads(args.repeats, args.model).items():
+            print(f"{cfg}\n   slowest / fastest of the repeats (fresh allocations):")
+            _print_grid(by_point, "7.3f")
+            for t in [Path(t) for t in args.tables.split(",") if t]:
+                other = (graph_times(t, args.model) or {}).get(cfg, {})
+                ratio = {pt: other[pt] / v for pt, v in median.get(cfg, {}).items() if pt in other}
+                if ratio:
+                    print(f"   {t}: its time / the repeats' median:")
+                    _print_grid(ratio, "7.3f")
+        return 0
     if args.flush_ratios is not None:
         for cfg, by_point in flush_ratios(args.flush_ratios, args.model).items():
             print(f"{cfg}\n   time after an L2 flush / time without:")
