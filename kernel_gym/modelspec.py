@@ -173,6 +173,8 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     head_dim = number("head_dim") or (number("v_head_dim") if mla else None) or hidden // heads
     if number("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
         shared, shared_inter = need("n_shared_experts"), need("moe_intermediate_size")
+    elif number("num_shared_experts"):  # Bailing / Ling: the same, under another key
+        shared, shared_inter = need("num_shared_experts"), need("moe_intermediate_size")
     elif number("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own width
         shared, shared_inter = 1, need("shared_expert_intermediate_size")
     else:

@@ -427,6 +427,9 @@ def test_a_hugging_face_config_json_is_read_as_a_spec(tmp_path):
     ds = load_model(str(tmp_path / "ds.json"))
     assert (ds.name, ds.attention, ds.kv_lora_rank, ds.rope_head_dim, ds.head_dim, ds.num_experts,
             ds.num_shared_experts, ds.shared_intermediate) == ("ds", "mla", 512, 64, 128, 256, 1, 2048)
+    ling = {**qwen3, "num_shared_experts": 2}  # Bailing-style key (session 62)
+    (tmp_path / "ling.json").write_text(json.dumps(ling))
+    assert load_model(str(tmp_path / "ling.json")).num_shared_experts == 2
     dense = {k: v for k, v in qwen3.items() if k not in ("num_experts", "num_experts_per_tok")}
     (tmp_path / "dense.json").write_text(json.dumps(dense))
     with pytest.raises(ValueError, match="not a mixture-of-experts model"):
