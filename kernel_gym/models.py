@@ -57,6 +57,11 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
                    + (f"run it only zero-padded to {padded}, so replay and plan price the padded model (attention "
                       f"and KV cache at head_dim {padded}: kernel_spec) and exports leave its attention tables out"
                       if padded else "cannot run it (above 256), so exports leave its attention tables out"))
+    from kernel_gym.zoo import NO_DECODE, base_model
+
+    if spec.attention != "mla" and base_model(spec.name) in NO_DECODE:  # the zoo spec keeps GQA numbers for it
+        out.append(f"{spec.name}'s attention (latent or mixture-of-heads) is not what the paged decode kernel "
+                   "computes (zoo.NO_DECODE): its attention configs are chosen for a GQA stand-in of the same heads")
     if spec.num_shared_experts:
         out.append(f"{spec.name}'s {spec.num_shared_experts} shared expert(s) run as a dense MLP outside the fused-MoE "
                    "kernel: not tuned here")

@@ -639,3 +639,22 @@ def test_small_refusals_from_the_docs_audit(tmp_path, monkeypatch):
     monkeypatch.setattr(Dispatcher, "precompiled", property(lambda self: {("fused_moe", None)}))
     with pytest.raises(RuntimeError, match="no CUDA device here"):
         Dispatcher(DispatchTable(kernels={}, meta={})).precompile("cuda")
+
+
+def test_a_skew_beyond_the_measured_ones_is_said_and_nan_refused(tmp_path, capsys):
+    """zipf:2, 3, 5 and 100 replayed exactly like zipf:1.2 without a word, and zipf:nan like uniform; DeepSeek-V3's
+    attention was tuned as GQA without a caveat (audit 3, session 62)."""
+    from kernel_gym.evaluate.replay import routing_profile, run_replay
+    from kernel_gym.models import load_model, spec_caveats
+
+    mixtral = load_model("mixtral-8x7b")
+    for bad in ("zipf:nan", "drift:inf", "zipf:NaN"):
+        with pytest.raises(ValueError, match="give finite numbers"):
+            routing_profile(bad, mixtral)
+    with pytest.raises(ValueError, match="a dwell of at least the 10 s transition"):
+        routing_profile("drift:1.2:0.001", mixtral)
+    run_replay(trace="bundled", model="mixtral-8x7b", policies="default", window="0:5", routing="zipf:3",
+               no_mlflow=True, json_path=tmp_path / "r.json")
+    assert "routing skew 3 is beyond the largest measured (1.2)" in capsys.readouterr().err
+    assert any("zoo.NO_DECODE" in line for line in spec_caveats(load_model("deepseek-v3@tp8")))
+    assert not any("NO_DECODE" in line for line in spec_caveats(mixtral))

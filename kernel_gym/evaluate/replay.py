@@ -266,6 +266,8 @@ def routing_profile(spec: str, model: Any, seed: int = 0) -> Any:
     from kernel_gym.traffic.routing import DriftingHotRouting, UniformRouting, ZipfRouting
 
     kind, _, rest = spec.partition(":")
+    if any(part.strip().lower() in ("nan", "inf", "+inf", "-inf", "infinity") for part in rest.split(":")):
+        raise ValueError(f"--routing {spec!r}: give finite numbers, e.g. zipf:1.2")
     try:
         if kind == "uniform":
             return UniformRouting(model.num_experts, model.top_k, seed)
@@ -505,6 +507,12 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     profile = routing_profile(routing, spec, seed)
     print(f"routing profile: {routing} ({type(profile).__name__}, {spec.num_experts} experts, top-{spec.top_k}, "
           f"seed {seed})", file=sys.stderr, flush=True)
+    from kernel_gym.kernels.workloads import MOE_SKEWS
+
+    if getattr(profile, "exponent", 0.0) > max(MOE_SKEWS) + 0.05:  # the coverage layer clamps to the measured skews
+        print(f"note: routing skew {profile.exponent:g} is beyond the largest measured ({max(MOE_SKEWS):g}): fused-MoE "
+              f"times are priced at skew {max(MOE_SKEWS):g} (counted in the estimated share), so skews above it "
+              "replay alike", file=sys.stderr, flush=True)
     record = {n: steps for n in ("default", "learned", "oracle")} if steps_json else {}
     runs = replay(replayed, spec, factories, covered, profile, record, decode_waves=decode_waves)
     rep = report(replayed.name, spec.name, runs, {"routing": routing, "backend": getattr(backend, "name", ""),

@@ -21,7 +21,8 @@ COLUMNS = (  # (heading, definition): the table's footnote and docs/simulator.md
     ("tuned kernels (s)", "seconds of tuned-kernel time (prefill attention, decode attention, fused MoE) in this "
                           "policy's own run; its run batches requests its own way, so runs differ in work too"),
     ("same-traffic kernels (s)", "the tuned-kernel seconds this policy's configs take on the reference run's calls "
-                                 "(the oracle's): every policy priced on identical workloads"),
+                                 "(the oracle's when it ran, else the first policy's: same_traffic_reference in the "
+                                 "JSON): every policy priced on identical workloads"),
     ("kernel speed / oracle", "oracle's same-traffic kernel seconds divided by this policy's (1.000 = kernels as fast "
                               "as the oracle's on the same calls)"),
     ("tuning (GPU-s)", "GPU seconds spent measuring configs during the replay (autotune, random, tpe), charged as "

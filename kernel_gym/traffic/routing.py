@@ -215,8 +215,9 @@ class DriftingHotRouting(_Base):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.exponent < 0 or self.dwell_s <= 0 or not 0 <= self.transition_s <= self.dwell_s:
-            raise ValueError(f"need exponent >= 0, dwell_s > 0 and 0 <= transition_s <= dwell_s; got "
-                             f"{self.exponent}, {self.dwell_s}, {self.transition_s}")
+            raise ValueError(f"need exponent >= 0, dwell_s > 0 and 0 <= transition_s <= dwell_s (a dwell of at "
+                             f"least the {self.transition_s:g} s transition); got exponent {self.exponent}, dwell_s "
+                             f"{self.dwell_s}")
         self._base = zipf_popularity(self.num_experts, self.exponent)
         self._rankings: dict[int, np.ndarray] = {}
 
