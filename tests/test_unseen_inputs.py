@@ -658,3 +658,20 @@ def test_a_skew_beyond_the_measured_ones_is_said_and_nan_refused(tmp_path, capsy
     assert "routing skew 3 is beyond the largest measured (1.2)" in capsys.readouterr().err
     assert any("zoo.NO_DECODE" in line for line in spec_caveats(load_model("deepseek-v3@tp8")))
     assert not any("NO_DECODE" in line for line in spec_caveats(mixtral))
+
+
+def test_the_clis_own_warnings_print_as_one_line(monkeypatch):
+    """OverloadWarning printed Python's file path and a `return self.result()` source line."""
+    import warnings
+
+    from kernel_gym.cli import quiet_known_warnings
+    from kernel_gym.traffic.traces import TraceWarning
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    quiet_known_warnings()
+    assert warnings.formatwarning("too fast", TraceWarning, "/x/traces.py", 3, "src") == \
+        "warning (TraceWarning): too fast\n"
+    assert "/x/y.py:3" in warnings.formatwarning("other", UserWarning, "/x/y.py", 3, "src")
+    installed = warnings.formatwarning
+    quiet_known_warnings()
+    assert warnings.formatwarning is installed  # not wrapped again on every command

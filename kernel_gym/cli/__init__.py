@@ -49,6 +49,20 @@ def quiet_known_warnings() -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method", category=UserWarning)
+    plain = warnings.formatwarning
+    if getattr(plain, "kernel_gym", False):  # installed by an earlier call in this process
+        return
+
+    def kernel_gym_first(message, category, filename, lineno, line=None):  # type: ignore[no-untyped-def]
+        """kernel_gym's own warnings (OverloadWarning, TraceWarning, SpecWarning, ...) as one line naming their
+        kind, not Python's file, line number and source line, which point into the package; others as Python
+        prints them."""
+        if category.__module__.startswith("kernel_gym."):
+            return f"warning ({category.__name__}): {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    kernel_gym_first.kernel_gym = True  # type: ignore[attr-defined]
+    warnings.formatwarning = kernel_gym_first
 
 
 def main(argv: list[str] | None = None) -> int:

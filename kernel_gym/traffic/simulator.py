@@ -1058,7 +1058,8 @@ class Simulator:
         summary["overloaded"] = 1.0
         return [f"offered load exceeds what the server sustains: busy {util:.0%} of the {span:.1f} s arrival window; "
                 f"over its second half {arrived} requests arrived and the requests in the system grew from {mid:.0f} "
-                f"to {end:.0f} (offered / served ~ {summary['offered_over_served']:.2f}); TTFT grows with the "
+                f"to {end:.0f} (requests offered / requests completed over that half ~ "
+                f"{summary['offered_over_served']:.2f}); TTFT grows with the "
                 "window's length: lower the arrival rate (--rate-scale; Trace.scale_rate in Python) or shorten the "
                 "window (--window)"]
 
