@@ -675,3 +675,44 @@ def test_the_clis_own_warnings_print_as_one_line(monkeypatch):
     installed = warnings.formatwarning
     quiet_known_warnings()
     assert warnings.formatwarning is installed  # not wrapped again on every command
+
+
+def test_replay_and_plan_price_from_stored_rows_only(tmp_path):
+    """plan (store_backend), replay (its own make_backend call) and train (resolve_backend) answered --backend three
+    ways: replay --backend live built a recorded backend over a file named "live". Both now go through
+    measure.recorded_backend, which refuses the live and interpreter backends and a missing store by name."""
+    from kernel_gym.deploy.plan import plan_deployment
+    from kernel_gym.evaluate.replay import run_replay
+    from kernel_gym.measure import recorded_backend
+    from kernel_gym.measure.recorded import RecordedBackend
+
+    for name in ("live", "interpreter"):
+        with pytest.raises(ValueError, match=f"--backend {name}: replay and plan price from measured rows"):
+            recorded_backend(name)
+    with pytest.raises(ValueError, match="no such store file"):
+        recorded_backend(tmp_path / "missing.sqlite")
+    assert isinstance(recorded_backend("recorded"), RecordedBackend)
+    with pytest.raises(ValueError, match="--backend live: replay and plan"):
+        plan_deployment(model="olmoe-1b-7b", gpus=1, trace="bundled", backend="live", no_mlflow=True)
+    with pytest.raises(ValueError, match="no such store file"):
+        run_replay(json_path=tmp_path / "r.json", model="olmoe-1b-7b", policies="default", no_mlflow=True,
+                   backend=str(tmp_path / "missing.sqlite"))
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_replay_names_the_trace_origin_and_requests_over_the_context_limit(tmp_path, capsys):
+    """Audit 3: a negative --window start was taken silently (every trace is re-based to start at 0), and requests
+    longer than the engine's context limit replayed without a word."""
+    from kernel_gym.evaluate.replay import run_replay
+
+    trace = tmp_path / "mine.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n1000.0,40000,10\n1000.5,500,20\n1001.0,600,30\n")
+    with pytest.raises(ValueError, match=r"seconds from the trace's first request .* span 0 to 1 s"):
+        run_replay(json_path=tmp_path / "r.json", trace=str(trace), model="olmoe-1b-7b", policies="default",
+                   window="-100:5", no_mlflow=True)
+    with pytest.raises(ValueError, match="0 <= START < END"):
+        run_replay(json_path=tmp_path / "r.json", trace=str(trace), model="olmoe-1b-7b", policies="default",
+                   window="5:2", no_mlflow=True)
+    run_replay(json_path=tmp_path / "r.json", trace=str(trace), model="olmoe-1b-7b", policies="default",
+               no_mlflow=True)
+    assert "1 of the 3 requests are longer than 32,768 tokens" in capsys.readouterr().err

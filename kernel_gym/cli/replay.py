@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", default="", help="learned: a dispatch_table.json instead of MLflow models")
     p.add_argument("--budget", type=int, default=SEARCH_BUDGET, help="random/tpe: measurements per new shape")
     p.add_argument("--seed", type=int, default=0, help="seed of routing and search baselines")
-    p.add_argument("--window", default="", metavar="START:END", help="replay only arrivals in [START, END) seconds")
+    p.add_argument("--window", default="", metavar="START:END",
+                   help="replay only arrivals in [START, END) seconds from the trace's first request (each trace "
+                        "starts at 0)")
     p.add_argument("--rate-scale", type=float, default=1.0,
                    help="compress arrival times by this factor (2 = twice the trace's request rate): tokens/s only "
                         "separates policies when the server is saturated")

@@ -51,17 +51,6 @@ def parse_slo(text: str) -> tuple[float, float]:
     return out["ttft"], out["tpot"]
 
 
-def store_backend(backend: str) -> Any:
-    """--backend: "recorded" (the packaged H200 data), else the recorded backend over that store's path."""
-    if backend == "recorded":
-        return "recorded"
-    from kernel_gym.measure import make_backend
-
-    if not Path(backend).exists():
-        raise ValueError(f"--backend {backend}: no such store; pass recorded or the --db path tune / collect wrote")
-    return make_backend("recorded", path=backend)
-
-
 def make_env(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[float, float], rate_scale: float,
              window_s: float, split: str = "train", routing: Any = None, table: Any = None,
              backend: Any = None, pricer: Any = None, max_model_len: int = 0) -> Any:
@@ -499,7 +488,9 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     from kernel_gym.traffic.windows import resolve_trace
 
     limits = parse_slo(slo)
-    store = store_backend(backend)
+    from kernel_gym.measure import recorded_backend
+
+    store = recorded_backend(backend)
     if json_path and (Path(json_path).is_dir() or str(json_path).endswith(("/", "\\"))):  # before the work, not after
         raise ValueError(f"--json {json_path}: a directory; pass a file name, e.g. --json "
                          f"{Path(json_path) / 'plan.json'}")

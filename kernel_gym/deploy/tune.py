@@ -291,16 +291,31 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
     if save_policies:
         print(f"[tune] policies saved to {save_policies}: run `kernel-gym tune --model {model} "
               f"--policy-dir {save_policies}` on the GPU machine")
-    if dry_run or save_policies:
-        return 0
     from kernel_gym.measure.collect import CollectOptions, collect
+
+    def options(plan: list[dict[str, Any]], seconds: float, tmp: str) -> CollectOptions:
+        plan_path = Path(tmp) / "tune_plan.json"
+        plan_path.write_text(json.dumps(plan))
+        return CollectOptions(models=[], kernels=list(kernels), plan_file=str(plan_path), db=db, budget_s=seconds,
+                              device=device)
 
     def run(plan: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
-            plan_path = Path(tmp) / "tune_plan.json"
-            plan_path.write_text(json.dumps(plan))
-            return collect(CollectOptions(models=[], kernels=list(kernels), plan_file=str(plan_path), db=db,
-                                          budget_s=seconds, device=device))
+            return collect(options(plan, seconds, tmp))
+
+    if dry_run:
+        from kernel_gym.measure.collect import dry_run as collect_dry_run
+
+        with tempfile.TemporaryDirectory() as tmp:
+            est = collect_dry_run(options([e for p in plans.values() for e in p], budget_s, tmp))
+        fits = ("fits" if est["projected_s"] <= budget_s else
+                f"is more than the budget: about {budget_s / est['projected_s']:.0%} of it is measured before "
+                f"the budget ends; a rerun with the same --db resumes, or raise --budget-s")
+        print(f"[tune] round 1 projected at about {est['projected_s']:.0f} s (GPU ~{est['gpu_s']:.0f} s, compile "
+              f"~{est['compile_s']:.0f} s; a roofline estimate on an H200) against --budget-s {budget_s:g}: it {fits}; "
+              "the one-knob steps use what is left", flush=True)
+    if dry_run or save_policies:
+        return 0
 
     t0 = time.time()
     device_name = "cpu-interpreter" if device == "cpu" else __import__("torch").cuda.get_device_name(0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -437,6 +438,7 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     returns the report. `backend`: "recorded" (the H200 store), a store path, or a Backend object (tests).
     `decode_waves`: price each decode batch from its own contexts (Simulator's decode_waves)."""
     from kernel_gym.models import kernel_spec, load_model, spec_caveats
+    from kernel_gym.parallel.deploy import MAX_MODEL_LEN
     from kernel_gym.traffic.traces import load_trace
 
     names = parse_policies(policies)
@@ -470,18 +472,25 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
             start, end = (float(x) for x in window.split(":"))
         except ValueError as exc:
             raise ValueError(f"--window {window!r}: use START:END in seconds, e.g. 0:300") from exc
+        if start < 0 or end <= start:
+            raise ValueError(f"--window {window!r}: START and END are seconds from the trace's first request (every "
+                             f"trace starts at 0, whatever its timestamps' origin), with 0 <= START < END; its "
+                             f"{len(replayed)} requests span 0 to {replayed.arrival_s[-1]:g} s")
         replayed = replayed.window(start, end)
+    over_limit = int(np.count_nonzero(replayed.prompt_tokens + replayed.output_tokens > MAX_MODEL_LEN))
+    if over_limit:
+        print(f"note: {over_limit} of the {len(replayed)} requests are longer than {MAX_MODEL_LEN:,} tokens (prompt + "
+              f"output): an engine at the default max_model_len (plan --max-model-len) refuses them; the replay "
+              f"serves them as given", file=sys.stderr, flush=True)
     if rate_scale != 1.0:
         replayed = replayed.scale_rate(rate_scale)
-    if isinstance(backend, str):
-        from kernel_gym.measure import make_backend
+    if isinstance(backend, (str, os.PathLike)):
+        from kernel_gym.measure import recorded_backend
 
         # Scoring keeps the rows too noisy to rank configs by (recorded.MAX_SPREAD): a noisy median is an upper bound
         # of the kernel's time (host delays only add to it), so scoring a deployed config with it is conservative,
         # while leaving it out would make the replay substitute another config for the one the table deploys.
-        backend = make_backend("recorded", max_spread=math.inf,
-                               **({} if backend == "recorded" else {"path": backend}),
-                               **({"device": device} if device else {}))
+        backend = recorded_backend(backend, max_spread=math.inf, **({"device": device} if device else {}))
     priced_by = backend.describe() if hasattr(backend, "describe") else {"device": getattr(backend, "device", "?")}
     if hasattr(backend, "describe_line"):
         print(backend.describe_line(), file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
 """Measurement: one backend interface (types.Backend), three backends, the SQLite store, collection and summary.
 
-`make_backend("live" | "recorded" | "interpreter", **kw)` builds one (`resolve_backend`: from a name or as is);
+`make_backend("live" | "recorded" | "interpreter", **kw)` builds one (`resolve_backend`: from a name, a store path or
+as is; `recorded_backend`: the same for stored rows only);
 submodules import torch/triton only when used.
 """
 
@@ -51,4 +52,17 @@ def resolve_backend(backend: Any, **kw: Any) -> Any:
                      "recorded (the packaged H200 data) or the --db path tune / collect wrote")
 
 
-__all__ = ["BACKENDS", "Backend", "Measurement", "make_backend", "resolve_backend"]
+def recorded_backend(backend: Any, **kw: Any) -> Any:
+    """resolve_backend for the commands that price from stored rows only (plan, replay): "recorded" or a store path
+    becomes the recorded backend (`kw` to it), a Backend object stays as is, and "live" / "interpreter" are refused,
+    since a whole replay or plan would compile and time every config it prices."""
+    if isinstance(backend, str) and backend in BACKENDS and backend != "recorded":
+        raise ValueError(f"--backend {backend}: replay and plan price from measured rows; measure first (kernel-gym "
+                         "tune or collect --db FILE), then pass recorded or that --db path")
+    if isinstance(backend, (str, os.PathLike)) and os.fspath(backend) != "recorded" and not Path(backend).is_file():
+        raise ValueError(f"--backend {os.fspath(backend)}: no such store file; pass recorded (the packaged H200 data) "
+                         "or the --db path tune / collect wrote")
+    return resolve_backend(backend, **kw)
+
+
+__all__ = ["BACKENDS", "Backend", "Measurement", "make_backend", "recorded_backend", "resolve_backend"]
