@@ -18,6 +18,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import socket
 import sqlite3
 import sys
@@ -238,11 +239,49 @@ def noisy_plan(store: MeasurementStore, contexts: dict[str, Context], max_spread
     return out
 
 
+# Wall seconds per measured config per compile worker (the pool all GPUs share) on past H200 runs: the median and
+# the 10th-90th percentile of the collect / tune logs committed under benchmarks/ (plans of 500+ configs measured to
+# the end), as `fit_projection(committed_logs())` refits them (tests/measure/test_projection.py checks them against
+# it). The roofline alone projected those runs at 1/4 to 1/40 of their time: compiles and host work set the pace.
+WORKER_S_PER_CONFIG = 0.69
+WORKER_S_PER_CONFIG_RANGE = (0.35, 1.79)
+_PLAN_LINE = re.compile(r"compile pool (\d+); plan: \d+ workloads, \d+ configs; already stored \d+; to measure (\d+)")
+_WROTE_LINE = re.compile(r"wrote (\d+) rows in (?:(\d+)h)?(\d+)m(\d+)s")
+
+
+def committed_logs(root: Path | None = None) -> list[Path]:
+    """The collect / tune logs in the repository's benchmarks/ folder (empty in an installed package)."""
+    root = root or Path(__file__).resolve().parents[2] / "benchmarks"
+    return sorted(p for ext in ("*.log", "*.txt") for p in root.rglob(ext))
+
+
+def fit_projection(logs: list[Path], min_configs: int = 500) -> dict[str, Any]:
+    """Seconds per config per compile worker of each finished run in `logs` (wall x pool / configs), their median and
+    10th-90th percentile: what WORKER_S_PER_CONFIG and its range are set from."""
+    import numpy as np
+
+    runs = []
+    for path in logs:
+        text = path.read_text(errors="replace")
+        plan, wrote = _PLAN_LINE.search(text), _WROTE_LINE.search(text)
+        if not plan or not wrote:
+            continue
+        pool, todo = int(plan.group(1)), int(plan.group(2))
+        wall = int(wrote.group(2) or 0) * 3600 + int(wrote.group(3)) * 60 + int(wrote.group(4))
+        if int(wrote.group(1)) == todo >= min_configs and pool > 0:
+            runs.append({"log": str(path), "configs": todo, "pool": pool, "wall_s": wall,
+                         "worker_s_per_config": wall * pool / todo})
+    rates = np.array([r["worker_s_per_config"] for r in runs])
+    return {"runs": runs, "median": float(np.median(rates)) if runs else None,
+            "range": (float(np.percentile(rates, 10)), float(np.percentile(rates, 90))) if runs else None}
+
+
 def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: int, pool: int) -> dict[str, float]:
-    """A rough projection: GPU time from a roofline (kernel at 1/3 of peak on average, plus the 256 MB L2 flush per
-    sample and ~0.5 ms host overhead per config), compile time from 0.3 s per distinct (kernel, config) on the pool."""
+    """A projection. `gpu_s`: a roofline of the timing alone (kernel at 1/3 of peak on average, plus the 256 MB L2
+    flush per sample and ~0.5 ms host overhead per config), which balances the farm's chunks. `projected_s` (and
+    `projected_range_s`): the configs x WORKER_S_PER_CONFIG / compile workers of past runs, never below the roofline."""
     gpu_s = 0.0
-    distinct: set[tuple[str, str]] = set()
+    configs = 0
     fams: dict[str, KernelFamily] = {}
     kernel_s: dict[tuple[str, str], float] = {}  # per workload once: bytes_moved routes every token (M x E work)
     for chunks in plan:
@@ -255,10 +294,12 @@ def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: i
             t_kernel = kernel_s[key]
             per_config = (1 + opts.timing.min_reps) * (t_kernel + 80e-6) + 0.5e-3
             gpu_s += per_config * len(item.configs)
-            distinct.update((item.kernel, c) for c in item.configs)
-    compile_s = 0.3 * len(distinct) / max(1, pool) if pool else 0.0
-    return {"gpu_s": gpu_s / max(1, n_gpus), "compile_s": compile_s, "projected_s": max(gpu_s / max(1, n_gpus),
-                                                                                         compile_s)}
+            configs += len(item.configs)
+    gpu_s /= max(1, n_gpus)
+    workers = max(1, pool)  # the pool is shared by the GPUs
+    lo, hi = (max(gpu_s, configs * r / workers) for r in WORKER_S_PER_CONFIG_RANGE)
+    return {"gpu_s": gpu_s, "projected_s": max(gpu_s, configs * WORKER_S_PER_CONFIG / workers),
+            "projected_range_s": (lo, hi), "compile_workers": workers}
 
 
 # ---- shards (one per GPU) -----------------------------------------------------------------------------------------
@@ -396,8 +437,10 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
     print(f"[collect] device {device_name} x{len(gpus)}, compile pool {pool}; plan: {len(plan)} workloads, "
           f"{total} configs; already stored {total - remaining}; to measure {remaining}", file=log)
     budget = _fmt(opts.budget_s) if opts.budget_s else "none"
-    print(f"[collect] projected {_fmt(est['projected_s'])} (GPU ~{_fmt(est['gpu_s'])}, compile ~"
-          f"{_fmt(est['compile_s']) if pool else 'in the worker'}); budget {budget}", file=log)
+    lo, hi = est["projected_range_s"]
+    print(f"[collect] projected {_fmt(est['projected_s'])} ({_fmt(lo)} to {_fmt(hi)} at past H200 runs' pace with "
+          f"{est['compile_workers']} compile workers; the timing alone ~{_fmt(est['gpu_s'])}); budget {budget}",
+          file=log)
     for ref, ctx in contexts.items():
         store.set_meta(f"context:{ref}", ctx.__dict__)
     shards: list[list[PlanItem]] = [[] for _ in gpus]
