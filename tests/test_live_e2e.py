@@ -420,3 +420,15 @@ def test_a_policys_host_calibration_sets_its_eager_issue_floor():
     args = le.build_parser().parse_args(["--out", "x", "--predict", "--eager-issue", "no/such/run"])
     with pytest.raises(SystemExit, match="no measured.json"):
         le.eager_issue_setup(args)
+
+
+def test_plan_prints_the_live_checks_error_in_one_line(tmp_path):
+    """plan's predicted goodput, TTFT and TPOT are replay figures too: the live check's error goes beside them, with
+    the one thing that check never covered (collectives)."""
+    from kernel_gym.evaluate.replay_report import LIVE_CHECK, live_check_line
+
+    check = json.loads(LIVE_CHECK.read_text())
+    line = live_check_line()
+    lo, hi = check["range"]["tpot_p50_s"]
+    assert f"{len(check['rows'])} live runs" in line and f"TPOT p50 {100 * lo:+.0f}% to {100 * hi:+.0f}%" in line
+    assert "collectives" in line and live_check_line(tmp_path / "none.json") == ""

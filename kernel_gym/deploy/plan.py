@@ -482,7 +482,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     "recorded" (the packaged H200 data) or a measurement store's path (the rows `tune` / `collect` wrote there)."""
     from kernel_gym.dispatch.baselines import measure_commands
     from kernel_gym.evaluate.replay import routing_profile
-    from kernel_gym.evaluate.replay_report import json_safe
+    from kernel_gym.evaluate.replay_report import json_safe, live_check_line
     from kernel_gym.models import kernel_spec, load_model, spec_caveats
     from kernel_gym.parallel.deploy import MAX_MODEL_LEN, launch_commands, split_engine
     from kernel_gym.traffic.windows import resolve_trace
@@ -616,6 +616,8 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
 
     print(f"  held-out latency: TTFT p50 / p99 {lat('ttft', 1, 's')} (SLO {limits[0]:g} s), TPOT p50 / p99 "
           f"{lat('tpot', 1e3, 'ms')} (SLO {limits[1] * 1e3:g} ms)")
+    if live_check_line():
+        print(f"  read these with {live_check_line()}")
     if p["goodput_req_per_s"] <= 0:
         print(f"  no request of the held-out window met the SLO (TTFT <= {limits[0]:g} s and TPOT <= {limits[1]:g} s): "
               "compare the latencies above with it; loosen --slo, give more --gpus, or replay a lower load "

@@ -130,6 +130,19 @@ def live_check_note(path: Path = LIVE_CHECK, decode_waves: bool = True) -> str:
                "did: pass --decode-waves to price it the same way."))
 
 
+def live_check_line(path: Path = LIVE_CHECK) -> str:
+    """live_check_note in one line, for the commands that print a prediction beside other output (plan): the check's
+    runs were one H200 each (TP 1), so a layout over several GPUs adds collectives that check never priced."""
+    if not path.exists():
+        return ""
+    check = json.loads(path.read_text())
+    span = ", ".join(f"{label} {100 * check['range'][k][0]:+.0f}% to {100 * check['range'][k][1]:+.0f}%"
+                     for k, label in (("tokens_per_s", "tokens/s"), ("ttft_p50_s", "TTFT p50"),
+                                      ("tpot_p50_s", "TPOT p50")))
+    return (f"the simulator against {len(check['rows'])} live runs on one H200 (TP 1, docs/live.md): {span}; "
+            "multi-GPU layouts add collectives that check did not cover")
+
+
 DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (cli/replay.py), the demo's and the README figures'
 
 

@@ -80,6 +80,7 @@ def test_plan_end_to_end_on_one_gpu(tmp_path, capsys):
     assert best["predicted"]["prior_share"] == 0.0 and 0 <= best["predicted"]["estimated_share"] <= 1
     captured = capsys.readouterr()
     assert plan["next_best"] == [] and "recommended:" in captured.out  # one GPU: one layout, TP1
+    assert "read these with the simulator against" in captured.out  # its error beside its figures (issue 29, item 5)
     assert "--model-id" not in captured.err  # a zoo model: its Hugging Face id is known
     assert (plan["engine"], plan["engine_version"]) == ("vllm", "0.34.0")  # the release whose defaults were priced
     assert best["deployment"]["version"] == "0.34.0"
