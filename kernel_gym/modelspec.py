@@ -133,7 +133,12 @@ def spec_from_dict(data: object, where: str = "model spec") -> ModelSpec:
     return ModelSpec(**data)
 
 
-HF_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # the routed expert count, by model family
+# the routed expert count and top-k, by model family (ERNIE-4.5: moe_num_experts, moe_k; Hunyuan: moe_topk; gpt-oss
+# also writes experts_per_token)
+HF_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+HF_TOP_K_KEYS = ("num_experts_per_tok", "moe_k", "moe_topk", "experts_per_token")
+HF_READ_KEYS = {*HF_EXPERT_KEYS, *HF_TOP_K_KEYS, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
+                "num_shared_expert"}
 HF_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -152,6 +157,12 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         value = cfg.get(key)
         if value is None:
             return None
+        if isinstance(value, list) and value and len(set(map(repr, value))) == 1:
+            value = value[0]  # one value per layer, all equal (Hunyuan's moe_topk, moe_intermediate_size)
+        elif isinstance(value, list) and value:
+            raise ValueError(f"{where}: {key} holds several values ({sorted(set(map(repr, value)))}, per layer or "
+                             "per modality): kernel_gym models one MoE shape per model; write the model as a ModelSpec "
+                             "JSON with the language model's value (docs/agent.md, Your own model)")
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{where}: {key} must be an integer, got {value!r}: fix the config.json (a Hugging Face "
                              "config writes sizes and counts as JSON integers)")
@@ -162,28 +173,44 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
             value = number(k)
             if value is not None:
                 return value
-        raise ValueError(f"{where}: a Hugging Face config.json without {' or '.join(keys)}: "
-                         + ("not a mixture-of-experts model (kernel_gym tunes MoE serving)" if keys == HF_EXPERT_KEYS
-                            else "write the model as a ModelSpec JSON (docs/agent.md, Your own model)"))
+        # keys that may count experts or top-k under another name (a size such as moe_intermediate_size alone makes
+        # no MoE): named, so that an unread family is not called dense
+        expertish = sorted(k for k in cfg if ("expert" in k.lower() or k.lower().startswith("moe"))
+                           and not k.lower().endswith("size") and k not in HF_READ_KEYS
+                           and cfg[k] not in (None, 0, [], False)) if keys in (HF_EXPERT_KEYS, HF_TOP_K_KEYS) else []
+        if keys == HF_EXPERT_KEYS and not expertish:
+            why = "not a mixture-of-experts model (kernel_gym tunes MoE serving)"
+        else:
+            why = (f"its MoE fields {expertish[:8]} are not ones kernel_gym reads; " if expertish else "") + \
+                "write the model as a ModelSpec JSON (docs/agent.md, Your own model)"
+        raise ValueError(f"{where}: a Hugging Face config.json without {' or '.join(keys)}: {why}")
 
     hidden, heads = need("hidden_size"), need("num_attention_heads")
     if heads < 1:
         raise ValueError(f"{where}: num_attention_heads must be positive, got {heads}: fix the config.json")
     mla = number("kv_lora_rank") is not None
-    head_dim = number("head_dim") or (number("v_head_dim") if mla else None) or hidden // heads
+    head_dim = number("head_dim") or (number("v_head_dim") if mla else None)
+    if head_dim is None and hidden % heads:  # hidden // heads would be a head size the model does not have
+        raise ValueError(f"{where}: no head_dim, and hidden_size {hidden} is not a multiple of num_attention_heads "
+                         f"{heads}: add the model's head_dim to the config.json")
+    head_dim = head_dim or hidden // heads
     if number("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
         shared, shared_inter = need("n_shared_experts"), need("moe_intermediate_size")
     elif number("num_shared_experts"):  # Bailing / Ling: the same, under another key
         shared, shared_inter = need("num_shared_experts"), need("moe_intermediate_size")
+    elif number("moe_num_shared_experts"):  # ERNIE-4.5: the same, under another key
+        shared, shared_inter = need("moe_num_shared_experts"), need("moe_intermediate_size")
     elif number("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own width
         shared, shared_inter = 1, need("shared_expert_intermediate_size")
+    elif number("num_shared_expert"):  # Hunyuan: per layer, each as wide as intermediate_size
+        shared, shared_inter = need("num_shared_expert"), need("intermediate_size")
     else:
         shared, shared_inter = 0, 0
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     return ModelSpec(
         name=name, num_layers=need("num_hidden_layers"), hidden=hidden, num_heads=heads,
         num_kv_heads=number("num_key_value_heads") or heads, head_dim=head_dim, num_experts=need(*HF_EXPERT_KEYS),
-        top_k=need("num_experts_per_tok"), intermediate=need("moe_intermediate_size", "intermediate_size"),
+        top_k=need(*HF_TOP_K_KEYS), intermediate=need("moe_intermediate_size", "intermediate_size"),
         dtype_bytes=hf_weight_bytes(cfg, dtype, where), num_shared_experts=shared, shared_intermediate=shared_inter,
         attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,
         rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0)

@@ -54,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kernel_gym.deploy.plan import plan_deployment
 
     try:
-        engine = f"{args.engine}-{args.engine_version}" if args.engine_version else args.engine
+        from kernel_gym.kernels.vllm_tables import engine_with_version
+
+        engine = engine_with_version(args.engine, args.engine_version or "")
         return plan_deployment(model=args.model, gpus=args.gpus, trace=args.trace, engine=engine, slo=args.slo,
                                rate_scale=args.rate_scale, window_s=args.window_s, routing=args.routing,
                                train_steps=args.train_steps, samples=args.samples, refine_rounds=args.refine_rounds,

@@ -401,7 +401,7 @@ def export(model: Any, fmt: str, out: Path, device: str, tp: int = 1, routing: s
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: use one of {FORMATS}")
     dtype = dtype or engine_dtype(model)
-    engine = vllm_tables.parse_engine(f"{fmt}-{engine_version}" if engine_version else fmt)
+    engine = vllm_tables.parse_engine(vllm_tables.engine_with_version(fmt, engine_version))
     if not 0 <= min_gain < 1:
         raise ValueError(f"--min-gain {min_gain:g}: give the share a measured config must beat the engine's entry by, "
                          "in [0, 1) (default 0.01: 1%)")

@@ -81,16 +81,43 @@ def parse_engine(text: str | Engine) -> Engine:
     """'vllm' / 'vllm-0.33.0' / 'vllm==0.33.0' / 'sglang' ... -> Engine; a version without data is refused."""
     if isinstance(text, Engine):
         return text
-    raw = str(text).strip().lower().replace("==", "-")
-    name, _, version = raw.partition("-")
+    name, version = split_engine_text(str(text))
     if name not in FORMATS:
         raise ValueError(f"engine {text!r}: use vllm or sglang, optionally with a version (e.g. vllm-0.33.0)")
     version = version or DEFAULT_VERSIONS[name]
     eng = Engine(name, version)
     if not (DATA_DIR / f"{eng.id}.json").is_file():
         raise ValueError(f"engine {text!r}: kernel_gym has no tables of {eng.id} (known: {', '.join(known_engines())});"
-                         f" add them with scripts/extract_engine_tables.py --wheel {name}-{version}-*.whl")
+                         f" name the known release nearest yours (its rules and shipped tables are then the ones "
+                         f"assumed), or add yours with scripts/extract_engine_tables.py --wheel {name}-{version}-*.whl")
     return eng
+
+
+def split_engine_text(text: str) -> tuple[str, str]:
+    """'vllm-0.33.0' / 'vllm==0.33.0' / 'vllm 0.33.0' / 'vLLM-v0.33.0' -> ('vllm', '0.33.0'); ('vllm', '') without a
+    version. Release notes and git tags write versions these ways; the name is not checked here."""
+    raw = str(text).strip().lower().replace("==", "-").replace(" ", "-")
+    name, _, version = raw.partition("-")
+    version = version.strip("-")
+    return name, version[1:] if version[:1] == "v" and version[1:2].isdigit() else version
+
+
+def engine_with_version(name: str, version: str) -> str:
+    """--engine NAME (or --format NAME) with --engine-version VERSION -> 'NAME-VERSION'. The version may repeat the
+    engine's name ('vllm-0.33.0', as `tune --engine` takes it); another engine's name there is refused, because
+    'vllm-sglang-0.5.23' would otherwise be refused as an unknown vLLM release, naming neither mistake."""
+    if not str(version).strip():
+        return name
+    vname, vversion = split_engine_text(version)
+    if vname in FORMATS:
+        if vname != name:
+            raise ValueError(f"--engine-version {version!r} names {vname}, but the engine is {name}: pass --engine "
+                             f"{vname} (export: --format {vname}), or a {name} release such as "
+                             f"{DEFAULT_VERSIONS[name]}")
+        version = vversion
+    else:
+        version = split_engine_text(f"{name}-{version}")[1]
+    return f"{name}-{version}" if version else name
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,7 +18,8 @@ Every trace becomes a `Trace`: arrival times in seconds from the first arrival, 
 Bad input raises `TraceError` naming the file, the line and the fix. One repair is documented and counted instead of
 raised: rows with zero prompt or zero output tokens (BurstGPT records failed requests that way) are dropped and
 counted in `Trace.repairs["zero_token_rows_dropped"]`, because they carry no work to replay. Negative counts,
-non-numeric fields, missing columns, decreasing timestamps and empty files are errors: replaying a guess would be a
+non-numeric fields, missing columns, decreasing timestamps, timestamps in a finer unit than the format's (epoch
+milliseconds in a seconds column), archives other than gzip and empty files are errors: replaying a guess would be a
 silent wrong replay.
 """
 
@@ -158,6 +159,8 @@ def _err(path: Path, line: int, what: str, fix: str) -> TraceError:
 
 MAX_TOKENS = 10_000_000  # per request: far beyond any context window; larger counts are corrupt rows
 MAX_SPAN_S = 400 * 86400.0  # first to last request: the public traces span days to four months
+# A time this many seconds from 1970 (year ~5100) is no time in seconds: epoch milliseconds are ~1.7e12, seconds 1.7e9
+FINER_UNIT_S = 1e11
 
 
 def _int_field(path: Path, line: int, column: str, text: str) -> int:
@@ -177,8 +180,10 @@ def _int_field(path: Path, line: int, column: str, text: str) -> int:
     return int(value)
 
 
-def _finish(path: Path, name: str, rows: list[tuple[int, float, int, int]], repairs: dict[str, int]) -> Trace:
-    """rows: (line, time_s, prompt, output). Drops zero-token rows (counted), checks order."""
+def _finish(path: Path, name: str, rows: list[tuple[int, float, int, int]], repairs: dict[str, int],
+            unit: str = "seconds") -> Trace:
+    """rows: (line, time_s, prompt, output). Drops zero-token rows (counted), checks order and unit (`unit`: the
+    format's, for the message)."""
     if not rows:
         raise _err(path, 1, "the file has no data rows", "give a trace with at least one request")
     kept = [r for r in rows if r[2] > 0 and r[3] > 0]
@@ -187,6 +192,11 @@ def _finish(path: Path, name: str, rows: list[tuple[int, float, int, int]], repa
     if not kept:
         raise _err(path, rows[0][0], f"all {len(rows)} rows have zero prompt or output tokens",
                    "give a trace with at least one request that has tokens")
+    for line, t, _, _ in kept:
+        if abs(t) >= FINER_UNIT_S:  # 1.7e12 "seconds": epoch milliseconds (or finer) in a seconds column
+            raise _err(path, line, f"timestamp {t:.0f} s is {abs(t) / 3.156e7:,.0f} years from 1970: the times are "
+                       f"in a finer unit than {unit} (epoch milliseconds, microseconds or nanoseconds)",
+                       f"convert the time column to {unit} (milliseconds / 1000, ...)")
     prev_line, prev_t = kept[0][0], kept[0][1]
     for line, t, _, _ in kept[1:]:
         if t < prev_t:
@@ -286,12 +296,25 @@ def _load_csv(path: Path, columns: tuple[str, ...], kind: str, name: str | None,
                 t = parse_time(rec[it])
             except ValueError:
                 raise _err(path, line, f"{columns[0]} {rec[it]!r} is not {time_hint}",
-                           "correct or delete that row") from None
+                           _datetime_fix(rec[it], columns) or "correct or delete that row") from None
             if not math.isfinite(t):
                 raise _err(path, line, f"{columns[0]} {rec[it]!r} is not a finite time", "correct or delete that row")
             rows.append((line, t, _int_field(path, line, columns[1], rec[ip]),
                          _int_field(path, line, columns[2], rec[io])))
     return _finish(path, name or _stem(path), rows, {})
+
+
+def _datetime_fix(text: str, columns: tuple[str, ...]) -> str:
+    """The fix for a datetime in a column of seconds (a log's ISO timestamps): whole files are written that way, so
+    'correct that row' would not help."""
+    if columns == AZURE_COLUMNS:
+        return ""
+    try:
+        _parse_azure_time(text)
+    except ValueError:
+        return ""
+    return (f"write {columns[0]} as seconds (e.g. since the first request), or rename the columns to "
+            f"{list(AZURE_COLUMNS)}: the Azure format, whose {AZURE_COLUMNS[0]} is a datetime")
 
 
 def load_azure(path: str | Path, name: str | None = None) -> Trace:
@@ -336,10 +359,13 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
     hashes: dict[int, tuple[int, ...]] = {}
     bailian: bool | None = None  # decided by the first record
     unit = "milliseconds"
-    with _open_text(path) as fh:
+    with _open_text(path, encoding="utf-8-sig") as fh:  # a BOM (Windows tools write one) is no part of the JSON
         for line, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
+            if not rows and text.lstrip().startswith("["):
+                raise _err(path, line, "a JSON array, not JSON Lines (one object per line)",
+                           "write one request object per line, e.g. jq -c '.[]' FILE > FILE.jsonl")
             try:
                 rec = json.loads(text)
             except json.JSONDecodeError as exc:
@@ -348,8 +374,10 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
                 raise _err(path, line, "not a JSON object", "one object per line")
             missing = [k for k in MOONCAKE_FIELDS if k not in rec]
             if missing:
-                raise _err(path, line, f"record lacks field(s) {missing}",
-                           f"give every line the fields {list(MOONCAKE_FIELDS)}")
+                raise _err(path, line, f"record lacks field(s) {missing} of the Mooncake JSONL format (its fields: "
+                           f"{sorted(rec)[:8]})",
+                           f"give every line the fields {list(MOONCAKE_FIELDS)} (timestamp in milliseconds), or "
+                           f"write the requests as a CSV with columns {list(PLAIN_COLUMNS)} (seconds, tokens, tokens)")
             if bailian is None:
                 bailian = BAILIAN_FIELD in rec
                 unit = "seconds" if bailian else "milliseconds"
@@ -378,7 +406,7 @@ def load_mooncake(path: str | Path, name: str | None = None) -> Trace:
                 hashes[line] = tuple(ids)
     if not rows:
         raise _err(path, 1, "the file is empty", f"give a Mooncake JSONL trace with fields {list(MOONCAKE_FIELDS)}")
-    trace = _finish(path, name or _stem(path), rows, {})
+    trace = _finish(path, name or _stem(path), rows, {}, unit)
     if not bailian and len(trace) >= SECONDS_CHECK_MIN and trace.mean_rate > SECONDS_CHECK_RATE:
         warnings.warn(f"{path}: {len(trace)} requests within {trace.duration_s * 1e3:.0f} ms of timestamps "
                       f"({trace.mean_rate:.0f} requests/s): Mooncake timestamps are milliseconds; if yours are "
@@ -409,7 +437,11 @@ def detect_format(path: str | Path) -> str:
         return "mooncake"
     with _open_text(path, encoding="utf-8-sig", newline="") as fh:
         first = fh.readline()
+        rest = fh.read(1 << 16) if not first.strip() else ""
     if not first.strip():
+        if rest.strip():
+            raise _err(path, 1, "the first line is blank; the header row must come first",
+                       "delete the blank line(s) above the header")
         raise _err(path, 1, "the file is empty", "give a trace file with a header row")
     header = [h.strip() for h in next(csv.reader([first]))]
     if all(c in header for c in AZURE_COLUMNS):
@@ -425,6 +457,14 @@ def detect_format(path: str | Path) -> str:
     lacks = [c for c in cols if c not in header]
     what = (f"header {header} looks like {near} but lacks {lacks}" if len(lacks) < len(cols)
             else f"header {header} matches no known trace format")
+    sep = next((name for ch, name in (("\t", "tabs"), (";", "semicolons"), ("|", "'|'")) if ch in first), None)
+    if len(header) == 1 and sep:
+        raise _err(path, 1, f"{what}: its fields are separated by {sep}, not commas",
+                   "save it as a comma-separated CSV")
+    lower = {h.lower() for h in header}
+    cased = next((cs for cs in formats.values() if all(c.lower() in lower for c in cs)), None)
+    if cased:
+        raise _err(path, 1, f"{what}: column names are case-sensitive", f"name the columns exactly {list(cased)}")
     raise _err(path, 1, what, f"write a CSV with columns {list(PLAIN_COLUMNS)} (seconds, tokens, tokens), or use an "
                f"Azure CSV {list(AZURE_COLUMNS)}, a BurstGPT CSV {list(BURSTGPT_COLUMNS)} or a Mooncake JSONL with "
                f"{list(MOONCAKE_FIELDS)}")
@@ -491,7 +531,19 @@ def load_trace(name_or_path: str | Path, traces_dir: str | Path | None = None) -
     return _loader(_detect(path))(path)
 
 
+# other archives a log is shipped in (magic bytes -> name, the command that unpacks it): read only through gzip
+OTHER_ARCHIVES = ((b"BZh", "bzip2", "bunzip2 -k"), (b"\xfd7zXZ\x00", "xz", "unxz -k"),
+                  (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"), (b"PK\x03\x04", "zip", "unzip"))
+
+
 def _detect(path: Path) -> str:
+    with open(path, "rb") as fh:
+        magic = fh.read(6)
+    for head, kind, unpack in OTHER_ARCHIVES:
+        if magic.startswith(head):  # else "not UTF-8 text (offset 13)", which names no fix that works
+            raise _err(path, 1, f"the file is compressed with {kind}; kernel_gym reads plain or gzip-compressed "
+                       "CSV / JSONL only",
+                       f"unpack it ({unpack} {path.name}) and pass the CSV or JSONL inside, or compress it with gzip")
     try:
         return detect_format(path)
     except UnicodeDecodeError as exc:
