@@ -160,8 +160,8 @@ def estimate_note(rep: dict[str, Any]) -> str:
     parts = {k: m.get(f"tuned_kernel_s.{k}", 0.0) * m.get(f"estimated_share.{k}", 0.0)
              for k in KERNELS}
     top = max(parts, key=parts.__getitem__)
-    where = (f"; the largest estimated part of {who}'s is {top}: {parts[top]:.0f} of its "
-             f"{m.get('tuned_kernel_s', 0.0):.0f} s" if parts[top] > 0 else "")
+    where = (f"; the largest estimated part of {who}'s is {top}: {parts[top]:.3g} of its "
+             f"{m.get('tuned_kernel_s', 0.0):.3g} s" if parts[top] > 0 else "")  # 3 digits: a short trace's are < 1 s
     return (f"Note: most tuned-kernel time here rests on estimates ({which}{where}): this trace's workloads lie "
             "mostly outside the measured shapes (for long prompts: MoE over more tokens than the largest measured "
             "M, prefill over longer sequences), so the oracle is only the best config under the same estimates and "

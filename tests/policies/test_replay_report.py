@@ -54,3 +54,13 @@ def test_docs_define_every_column() -> None:
     for heading, definition in replay_report.COLUMNS:
         assert f"- **{heading}**: " in section, heading
         assert " ".join(definition.split()[:4]) in section.replace("\n", " "), heading
+
+
+def test_the_estimate_note_shows_a_short_traces_seconds():
+    """A trace of a few requests has under a second of kernel time: the note said "fused_moe: 0 of its 0 s"."""
+    from kernel_gym.evaluate.replay_report import estimate_note
+
+    pol = {"estimated_share": 0.52, "tuned_kernel_s": 0.0421, "tuned_kernel_s.fused_moe": 0.03,
+           "estimated_share.fused_moe": 0.7}
+    note = estimate_note({"policies": {"learned": pol}})
+    assert "fused_moe: 0.021 of its 0.0421 s" in note
