@@ -215,3 +215,13 @@ def test_no_head_dim_and_heads_that_do_not_divide_hidden_is_refused(tmp_path):
     with pytest.raises(ValueError, match="no head_dim, and hidden_size 3000 is not a multiple of num_attention_heads"):
         _load(tmp_path, "nohead", cfg)
     assert _load(tmp_path, "withhead", dict(cfg, head_dim=64)).head_dim == 64
+
+
+def test_plan_that_fits_nothing_names_the_fix():
+    """'fits no deployment ... do not hold one 2500000-token request' named no fix (audit 4)."""
+    from kernel_gym.deploy.plan import plan_deployment
+
+    with pytest.raises(ValueError, match=r"-token request; pass a smaller --max-model-len .* or more --gpus"):
+        plan_deployment(model="mixtral-8x7b", gpus=1, trace="bundled", max_model_len=2_500_000, no_mlflow=True)
+    with pytest.raises(ValueError, match=r"leave no KV cache .*; give more --gpus"):
+        plan_deployment(model="deepseek-v3", gpus=1, trace="bundled", no_mlflow=True)

@@ -297,7 +297,10 @@ class ServingPlanEnv(ParallelServingEnv):
                 break
         else:
             fewer = " (nor on fewer)" if self.gpus > 1 else ""
-            raise ValueError(f"{self.model.name} fits no deployment on {self.gpus} GPUs{fewer} with {engine}: " + first)
+            fix = ("; pass a smaller --max-model-len (the longest prompt + output you serve) or more --gpus"
+                   if "-token request" in first else "; give more --gpus" if "weights" in first else "")
+            raise ValueError(f"{self.model.name} fits no deployment on {self.gpus} GPUs{fewer} with {engine}: "
+                             + first + fix)
         self.used_gpus = used  # the GPUs the choices use: all of them unless no deployment of all of them fits
         self.unfit_reasons = first if used < self.gpus else ""  # why none on all of them does
         self.action_space = gym.spaces.MultiDiscrete([len(self.choices), *(len(g) for g in self.grids)])
