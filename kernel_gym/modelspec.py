@@ -185,11 +185,14 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
                 "write the model as a ModelSpec JSON (docs/agent.md, Your own model)"
         raise ValueError(f"{where}: a Hugging Face config.json without {' or '.join(keys)}: {why}")
 
+    experts = need(*HF_EXPERT_KEYS)  # first: a dense model is told so before anything else about its config
+    if experts <= 1:
+        raise ValueError(f"{where}: {experts} expert(s): not a mixture-of-experts model (kernel_gym tunes MoE serving)")
     hidden, heads = need("hidden_size"), need("num_attention_heads")
     if heads < 1:
         raise ValueError(f"{where}: num_attention_heads must be positive, got {heads}: fix the config.json")
     mla = number("kv_lora_rank") is not None
-    head_dim = number("head_dim") or (number("v_head_dim") if mla else None)
+    head_dim = number("head_dim") or number("attention_head_dim") or (number("v_head_dim") if mla else None)
     if head_dim is None and hidden % heads:  # hidden // heads would be a head size the model does not have
         raise ValueError(f"{where}: no head_dim, and hidden_size {hidden} is not a multiple of num_attention_heads "
                          f"{heads}: add the model's head_dim to the config.json")
@@ -202,14 +205,14 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         shared, shared_inter = need("moe_num_shared_experts"), need("moe_intermediate_size")
     elif number("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own width
         shared, shared_inter = 1, need("shared_expert_intermediate_size")
-    elif number("num_shared_expert"):  # Hunyuan: per layer, each as wide as intermediate_size
-        shared, shared_inter = need("num_shared_expert"), need("intermediate_size")
+    elif number("num_shared_expert"):  # Hunyuan: the same, per layer (its shared MLP: moe width x count)
+        shared, shared_inter = need("num_shared_expert"), need("moe_intermediate_size", "intermediate_size")
     else:
         shared, shared_inter = 0, 0
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     return ModelSpec(
         name=name, num_layers=need("num_hidden_layers"), hidden=hidden, num_heads=heads,
-        num_kv_heads=number("num_key_value_heads") or heads, head_dim=head_dim, num_experts=need(*HF_EXPERT_KEYS),
+        num_kv_heads=number("num_key_value_heads") or heads, head_dim=head_dim, num_experts=experts,
         top_k=need(*HF_TOP_K_KEYS), intermediate=need("moe_intermediate_size", "intermediate_size"),
         dtype_bytes=hf_weight_bytes(cfg, dtype, where), num_shared_experts=shared, shared_intermediate=shared_inter,
         attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,

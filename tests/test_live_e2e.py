@@ -431,4 +431,4 @@ def test_plan_prints_the_live_checks_error_in_one_line(tmp_path):
     line = live_check_line()
     lo, hi = check["range"]["tpot_p50_s"]
     assert f"{len(check['rows'])} live runs" in line and f"TPOT p50 {100 * lo:+.0f}% to {100 * hi:+.0f}%" in line
-    assert "collectives" in line and live_check_line(tmp_path / "none.json") == ""
+    assert "collectives" in line and "mean context" in line and live_check_line(tmp_path / "none.json") == ""

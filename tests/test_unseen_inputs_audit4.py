@@ -225,3 +225,17 @@ def test_plan_that_fits_nothing_names_the_fix():
         plan_deployment(model="mixtral-8x7b", gpus=1, trace="bundled", max_model_len=2_500_000, no_mlflow=True)
     with pytest.raises(ValueError, match=r"leave no KV cache .*; give more --gpus"):
         plan_deployment(model="deepseek-v3", gpus=1, trace="bundled", no_mlflow=True)
+
+
+def test_hunyuan_large_head_size_shared_width_and_dense_configs(tmp_path):
+    """Review of audit 4: Hunyuan-Large writes its head size as attention_head_dim (hidden 6400 / 80 heads would give
+    80, not 128), its shared MLP is moe_intermediate_size x num_shared_expert wide, and a dense config (one expert)
+    read as a one-expert MoE."""
+    cfg = {"architectures": ["HunYuanForCausalLM"], "hidden_size": 6400, "num_attention_heads": 80,
+           "num_key_value_heads": 8, "attention_head_dim": 128, "num_hidden_layers": 64, "num_experts": 16,
+           "moe_topk": 1, "moe_intermediate_size": 18304, "num_shared_expert": 1, "intermediate_size": 1,
+           "torch_dtype": "bfloat16"}
+    spec = _load(tmp_path, "hunyuan_large", cfg)
+    assert spec.head_dim == 128 and (spec.num_shared_experts, spec.shared_intermediate) == (1, 18304)
+    with pytest.raises(ValueError, match=r"1 expert\(s\): not a mixture-of-experts model"):
+        _load(tmp_path, "dense", dict(cfg, num_experts=1))

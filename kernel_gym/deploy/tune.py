@@ -47,7 +47,6 @@ LOCAL_STEPS = 4  # one-knob neighbours of the best measured config, measured in 
 # A collection's start (worker process, CUDA context, first compiles) took ~10 s before its first chunk on the H200:
 # round 2 started with 1 s of budget left ran 11 s (benchmarks/generalisation/tune_run11_far2), so it needs this much
 ROUND_MIN_S = 12.0
-GPU_HOST_COMPILE_WORKERS = 15  # the H200 hosts' compile pool in the committed tune logs (16 cores less one)
 _LOCAL_ORDER = ("BLOCK_N", "BLOCK_M", "BLOCK_K", "num_warps", "num_stages", "GROUP_M", "FUSE_SILU", "SPLIT_K",
                 "TMA_LOADS", "FUSE_WEIGHT", "FUSE_SUM")
 
@@ -305,24 +304,18 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
             return collect(options(plan, seconds, tmp))
 
     if dry_run:
-        from dataclasses import replace
-
         from kernel_gym.measure.collect import dry_run as collect_dry_run
 
-        here = __import__("torch").cuda.is_available()  # else project for a GPU host like the H200 runs' (16 cores)
         with tempfile.TemporaryDirectory() as tmp:
-            opts = options([e for p in plans.values() for e in p], budget_s, tmp)
-            est = collect_dry_run(opts if here else replace(opts, compile_workers=GPU_HOST_COMPILE_WORKERS))
+            est = collect_dry_run(options([e for p in plans.values() for e in p], budget_s, tmp))
         lo, hi = est["projected_range_s"]
         fits = ("fits" if hi <= budget_s else "may not fit: a rerun with the same --db resumes, or raise --budget-s"
                 if est["projected_s"] <= budget_s else
                 f"is more than the budget: about {budget_s / est['projected_s']:.0%} of it is measured before "
                 f"the budget ends; a rerun with the same --db resumes, or raise --budget-s")
-        workers = (f"{est['compile_workers']} compile workers" + ("" if here else
-                   " (a 16-core GPU host's; the pool is the GPU machine's cores less one)"))
-        print(f"[tune] round 1 projected at about {est['projected_s']:.0f} s ({lo:.0f}-{hi:.0f} s at past H200 runs' "
-              f"pace with {workers}) against --budget-s {budget_s:g}: it {fits}; the one-knob steps use what is "
-              "left", flush=True)
+        print(f"[tune] round 1 projected at about {est['projected_s']:.0f} s on one H200 ({lo:.0f}-{hi:.0f} s at past "
+              f"runs' pace, rows already in --db included) against --budget-s {budget_s:g}: it {fits}; the one-knob "
+              "steps use what is left", flush=True)
     if dry_run or save_policies:
         return 0
 

@@ -480,8 +480,8 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
     over_limit = int(np.count_nonzero(replayed.prompt_tokens + replayed.output_tokens > MAX_MODEL_LEN))
     if over_limit:
         print(f"note: {over_limit} of the {len(replayed)} requests are longer than {MAX_MODEL_LEN:,} tokens (prompt + "
-              f"output): an engine at the default max_model_len (plan --max-model-len) refuses them; the replay "
-              f"serves them as given", file=sys.stderr, flush=True)
+              f"output, plan's default --max-model-len): an engine started with that limit refuses them; the "
+              f"replay serves them as given", file=sys.stderr, flush=True)
     if rate_scale != 1.0:
         replayed = replayed.scale_rate(rate_scale)
     if isinstance(backend, (str, os.PathLike)):

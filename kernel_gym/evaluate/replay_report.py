@@ -139,8 +139,10 @@ def live_check_line(path: Path = LIVE_CHECK) -> str:
     span = ", ".join(f"{label} {100 * check['range'][k][0]:+.0f}% to {100 * check['range'][k][1]:+.0f}%"
                      for k, label in (("tokens_per_s", "tokens/s"), ("ttft_p50_s", "TTFT p50"),
                                       ("tpot_p50_s", "TPOT p50")))
-    return (f"the simulator against {len(check['rows'])} live runs on one H200 (TP 1, docs/live.md): {span}; "
-            "multi-GPU layouts add collectives that check did not cover")
+    return (f"the simulator against {len(check['rows'])} live runs on one H200 ({', '.join(check['models'])}, TP 1, "
+            f"priced from the live stack's own tables with decode by each batch's contexts; docs/live.md): {span}. "
+            "This plan prices from the recorded store with decode at each batch's mean context, and multi-GPU layouts "
+            "add collectives: neither was in that check")
 
 
 DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (cli/replay.py), the demo's and the README figures'
@@ -160,8 +162,9 @@ def estimate_note(rep: dict[str, Any]) -> str:
     parts = {k: m.get(f"tuned_kernel_s.{k}", 0.0) * m.get(f"estimated_share.{k}", 0.0)
              for k in KERNELS}
     top = max(parts, key=parts.__getitem__)
-    where = (f"; the largest estimated part of {who}'s is {top}: {parts[top]:.3g} of its "
-             f"{m.get('tuned_kernel_s', 0.0):.3g} s" if parts[top] > 0 else "")  # 3 digits: a short trace's are < 1 s
+    secs = lambda x: f"{x:,.0f}" if x >= 100 else f"{x:.3g}"  # noqa: E731 - a short trace's are under a second
+    where = (f"; the largest estimated part of {who}'s is {top}: {secs(parts[top])} of its "
+             f"{secs(m.get('tuned_kernel_s', 0.0))} s" if parts[top] > 0 else "")
     return (f"Note: most tuned-kernel time here rests on estimates ({which}{where}): this trace's workloads lie "
             "mostly outside the measured shapes (for long prompts: MoE over more tokens than the largest measured "
             "M, prefill over longer sequences), so the oracle is only the best config under the same estimates and "

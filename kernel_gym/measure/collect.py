@@ -239,13 +239,15 @@ def noisy_plan(store: MeasurementStore, contexts: dict[str, Context], max_spread
     return out
 
 
-# Wall seconds per measured config per compile worker (the pool all GPUs share) on past H200 runs: the median and
-# the 10th-90th percentile of the collect / tune logs committed under benchmarks/ (plans of 500+ configs measured to
-# the end), as `fit_projection(committed_logs())` refits them (tests/measure/test_projection.py checks them against
-# it). The roofline alone projected those runs at 1/4 to 1/40 of their time: compiles and host work set the pace.
-WORKER_S_PER_CONFIG = 0.69
-WORKER_S_PER_CONFIG_RANGE = (0.35, 1.79)
-_PLAN_LINE = re.compile(r"compile pool (\d+); plan: \d+ workloads, \d+ configs; already stored \d+; to measure (\d+)")
+# Wall seconds per measured config per GPU on past H200 runs (compiles on the host's pool included: they set the pace,
+# and the committed runs' hosts gave each GPU 8-15 compile workers): the median and the 10th-90th percentile of the
+# collect / tune logs committed under benchmarks/ (H200 runs of 500+ configs measured to the end), as
+# `fit_projection(committed_logs())` refits them (tests/measure/test_projection.py checks them against it). The
+# roofline alone projected those runs at 1/4 to 1/40 of their time.
+SECONDS_PER_CONFIG = 0.043
+SECONDS_PER_CONFIG_RANGE = (0.027, 0.12)
+_PLAN_LINE = re.compile(r"device (.*?) x(\d+), compile pool \d+; plan: \d+ workloads, \d+ configs; already stored "
+                        r"\d+; to measure (\d+)")
 _WROTE_LINE = re.compile(r"wrote (\d+) rows in (?:(\d+)h)?(\d+)m(\d+)s")
 
 
@@ -255,23 +257,23 @@ def committed_logs(root: Path | None = None) -> list[Path]:
     return sorted(p for ext in ("*.log", "*.txt") for p in root.rglob(ext))
 
 
-def fit_projection(logs: list[Path], min_configs: int = 500) -> dict[str, Any]:
-    """Seconds per config per compile worker of each finished run in `logs` (wall x pool / configs), their median and
-    10th-90th percentile: what WORKER_S_PER_CONFIG and its range are set from."""
+def fit_projection(logs: list[Path], min_configs: int = 500, device: str = "H200") -> dict[str, Any]:
+    """Seconds per config per GPU of each finished run on `device` in `logs` (wall x GPUs / configs), their median and
+    10th-90th percentile: what SECONDS_PER_CONFIG and its range are set from."""
     import numpy as np
 
     runs = []
     for path in logs:
         text = path.read_text(errors="replace")
         plan, wrote = _PLAN_LINE.search(text), _WROTE_LINE.search(text)
-        if not plan or not wrote:
+        if not plan or not wrote or device not in plan.group(1):
             continue
-        pool, todo = int(plan.group(1)), int(plan.group(2))
+        gpus, todo = int(plan.group(2)), int(plan.group(3))
         wall = int(wrote.group(2) or 0) * 3600 + int(wrote.group(3)) * 60 + int(wrote.group(4))
-        if int(wrote.group(1)) == todo >= min_configs and pool > 0:
-            runs.append({"log": str(path), "configs": todo, "pool": pool, "wall_s": wall,
-                         "worker_s_per_config": wall * pool / todo})
-    rates = np.array([r["worker_s_per_config"] for r in runs])
+        if int(wrote.group(1)) == todo >= min_configs:
+            runs.append({"log": str(path), "device": plan.group(1), "gpus": gpus, "configs": todo, "wall_s": wall,
+                         "s_per_config": wall * gpus / todo})
+    rates = np.array([r["s_per_config"] for r in runs])
     return {"runs": runs, "median": float(np.median(rates)) if runs else None,
             "range": (float(np.percentile(rates, 10)), float(np.percentile(rates, 90))) if runs else None}
 
@@ -279,7 +281,8 @@ def fit_projection(logs: list[Path], min_configs: int = 500) -> dict[str, Any]:
 def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: int, pool: int) -> dict[str, float]:
     """A projection. `gpu_s`: a roofline of the timing alone (kernel at 1/3 of peak on average, plus the 256 MB L2
     flush per sample and ~0.5 ms host overhead per config), which balances the farm's chunks. `projected_s` (and
-    `projected_range_s`): the configs x WORKER_S_PER_CONFIG / compile workers of past runs, never below the roofline."""
+    `projected_range_s`): the configs x SECONDS_PER_CONFIG of past H200 runs over the GPUs, never below the roofline.
+    `pool` is kept for the callers; the past runs' pace already holds their hosts' compile pools."""
     gpu_s = 0.0
     configs = 0
     fams: dict[str, KernelFamily] = {}
@@ -295,11 +298,11 @@ def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: i
             per_config = (1 + opts.timing.min_reps) * (t_kernel + 80e-6) + 0.5e-3
             gpu_s += per_config * len(item.configs)
             configs += len(item.configs)
-    gpu_s /= max(1, n_gpus)
-    workers = max(1, pool)  # the pool is shared by the GPUs
-    lo, hi = (max(gpu_s, configs * r / workers) for r in WORKER_S_PER_CONFIG_RANGE)
-    return {"gpu_s": gpu_s, "projected_s": max(gpu_s, configs * WORKER_S_PER_CONFIG / workers),
-            "projected_range_s": (lo, hi), "compile_workers": workers}
+    gpus = max(1, n_gpus)
+    gpu_s /= gpus
+    lo, hi = (max(gpu_s, configs * r / gpus) for r in SECONDS_PER_CONFIG_RANGE)
+    return {"gpu_s": gpu_s, "projected_s": max(gpu_s, configs * SECONDS_PER_CONFIG / gpus),
+            "projected_range_s": (lo, hi)}
 
 
 # ---- shards (one per GPU) -----------------------------------------------------------------------------------------
@@ -438,9 +441,8 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
           f"{total} configs; already stored {total - remaining}; to measure {remaining}", file=log)
     budget = _fmt(opts.budget_s) if opts.budget_s else "none"
     lo, hi = est["projected_range_s"]
-    print(f"[collect] projected {_fmt(est['projected_s'])} ({_fmt(lo)} to {_fmt(hi)} at past H200 runs' pace with "
-          f"{est['compile_workers']} compile workers; the timing alone ~{_fmt(est['gpu_s'])}); budget {budget}",
-          file=log)
+    print(f"[collect] projected {_fmt(est['projected_s'])} ({_fmt(lo)} to {_fmt(hi)} at past H200 runs' pace per GPU; "
+          f"the timing alone ~{_fmt(est['gpu_s'])}); budget {budget}", file=log)
     for ref, ctx in contexts.items():
         store.set_meta(f"context:{ref}", ctx.__dict__)
     shards: list[list[PlanItem]] = [[] for _ in gpus]

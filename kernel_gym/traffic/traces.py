@@ -194,7 +194,9 @@ def _finish(path: Path, name: str, rows: list[tuple[int, float, int, int]], repa
                    "give a trace with at least one request that has tokens")
     for line, t, _, _ in kept:
         if abs(t) >= FINER_UNIT_S:  # 1.7e12 "seconds": epoch milliseconds (or finer) in a seconds column
-            raise _err(path, line, f"timestamp {t:.0f} s is {abs(t) / 3.156e7:,.0f} years from 1970: the times are "
+            raw = t * {"milliseconds": 1e3}.get(unit, 1.0)  # as the file writes it
+            read = f"{raw:.0f} ({t:.0f} s)" if raw != t else f"{t:.0f} s"
+            raise _err(path, line, f"timestamp {read} is {abs(t) / 3.156e7:,.0f} years from 1970: the times are "
                        f"in a finer unit than {unit} (epoch milliseconds, microseconds or nanoseconds)",
                        f"convert the time column to {unit} (milliseconds / 1000, ...)")
     prev_line, prev_t = kept[0][0], kept[0][1]

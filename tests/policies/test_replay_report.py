@@ -64,3 +64,5 @@ def test_the_estimate_note_shows_a_short_traces_seconds():
            "estimated_share.fused_moe": 0.7}
     note = estimate_note({"policies": {"learned": pol}})
     assert "fused_moe: 0.021 of its 0.0421 s" in note
+    pol.update({"tuned_kernel_s": 1070.4, "tuned_kernel_s.fused_moe": 1003.0})
+    assert "fused_moe: 702 of its 1,070 s" in estimate_note({"policies": {"learned": pol}})  # not 1.07e+03
