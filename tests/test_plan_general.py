@@ -16,7 +16,7 @@ from kernel_gym.cli.plan import main
 from kernel_gym.models import load_model
 from kernel_gym.parallel.deploy import MAX_MODEL_LEN, Deployment, kv_tokens_per_rank, why_invalid_deployment
 from kernel_gym.parallel.layout import Layout, gpu_weight_bytes, why_invalid
-from kernel_gym.traffic.simulator import H200_TOTAL_MEMORY_BYTES
+from kernel_gym.traffic.simulator import H200_MEMORY_BYTES
 from kernel_gym.zoo import ZOO
 from tests.parallel.fixture_table import fixture_table
 
@@ -145,21 +145,25 @@ def test_config_file_commands_write_the_listed_files(fp8):
 
 def test_h200_memory_is_the_reported_total():
     recorded = re.search(r"/\s*(\d+)MiB", (ROOT / "benchmarks" / "live_e2e" / "machine.txt").read_text())
-    assert recorded and H200_TOTAL_MEMORY_BYTES == int(recorded.group(1)) * 2**20 == 143771 * 2**20
+    assert recorded and H200_MEMORY_BYTES == int(recorded.group(1)) * 2**20 == 143771 * 2**20
 
 
 def test_validity_uses_each_releases_memory_share():
-    """128 GB of weights on one GPU: over SGLang's 0.9 and vLLM 0.33's 0.92 of the GPU less a step's activations,
-    within vLLM 0.34's (all of it less a margin). The deployment's validity is its KV sizing's answer under every
-    release; vLLM 0.34 was refused by a fixed 0.9 x 141 GB."""
+    """128 GB of weights on one GPU: over SGLang's 0.9 of the GPU's 150.8 GB less a step's activations (too little KV
+    for one max_model_len request), within vLLM 0.33's 0.92 and vLLM 0.34's (all of it less a margin). The
+    deployment's validity is its KV sizing's answer under every release; vLLM 0.34 was refused by a fixed
+    0.9 x 141 GB."""
     spec = dataclasses.replace(MIXTRAL, name="mixtral-44-layers", num_layers=44)
     for engine in ("vllm-0.33.0", "vllm-0.34.0", "sglang-0.5.23"):
         dep = Deployment(engine, 1, 1, 1, 64, 8192, 256, 512)
         why = why_invalid_deployment(spec, dep)
         assert (why == "") == (kv_tokens_per_rank(spec, dep) >= MAX_MODEL_LEN) and "0.9 x" not in why, (engine, why)
     assert why_invalid_deployment(spec, Deployment("vllm-0.34.0", 1, 1, 1, 64, 8192, 256, 512)) == ""
-    # a caller that sizes its KV pool at a share passes it (ServingTPEP-v0: the simulator's 0.9 x 141 GB)
-    assert "0.9 x 141 GB" in why_invalid(spec, Layout(1, 1), 1, 141e9, 0.9)
+    # a caller that sizes its KV pool at a share passes it (ServingTPEP-v0: the simulator's 0.9 x 151 GB): 139 GB of
+    # weights fit the whole GPU, not 0.9 of it
+    spec48 = dataclasses.replace(MIXTRAL, name="mixtral-48-layers", num_layers=48)
+    assert why_invalid(spec48, Layout(1, 1), 1) == ""
+    assert "0.9 x 151 GB" in why_invalid(spec48, Layout(1, 1), 1, H200_MEMORY_BYTES, 0.9)
     assert "150.8 GB" in why_invalid(load_model("deepseek-v3"), Layout(1, 1), 1)
 
 
@@ -176,10 +180,14 @@ def test_gpu_weights_count_shared_experts():
 
 
 def test_floor_keeps_a_replicas_pick_the_release_can_launch():
-    """4 x TP2 holds Mixtral-8x22B's 140 GB per GPU within the whole GPU, not with vLLM's KV cache: 2 x TP4 instead."""
+    """4 x TP2 holds Mixtral-8x22B's 140 GB per GPU within the whole GPU, not with vLLM 0.33's KV cache (0.92 of the
+    GPU's 150.8 GB): 2 x TP4 instead. vLLM 0.34 (all of it less a margin) leaves a TP2 rank 61k tokens of KV:
+    4 x TP2."""
     from kernel_gym.deploy.plan import baselines
 
-    assert baselines(load_model("mixtral-8x22b"), "vllm", 8)["hand_replicas"].layout_name == "2xTP4"
+    spec = load_model("mixtral-8x22b")
+    assert baselines(spec, "vllm-0.33.0", 8)["hand_replicas"].layout_name == "2xTP4"
+    assert baselines(spec, "vllm", 8)["hand_replicas"].layout_name == "4xTP2"
 
 
 # ---- session 62, the docs audit: plan's flags and the command it prints --------------------------------------------

@@ -201,7 +201,7 @@ def test_cycle_replays_a_request_log_on_one_gpu_of_the_tp_deployment(tmp_path):
     ee.export(QWEN3_CODER, "vllm", tmp_path / "cur", "NVIDIA H200", tp=8, force=True, rows=[])
     log = _azure(tmp_path / "log.csv", [i * 0.5 for i in range(40)])
     # 957 GB of weights: the request log was replayed on one GPU holding the whole model, refused as "weights exceed
-    # 0.9 x 141 GB ... use a larger GPU"; at TP 8 it is read, and the cycle stops only at the unmeasured shape
+    # 0.9 x 151 GB ... use a larger GPU"; at TP 8 it is read, and the cycle stops only at the unmeasured shape
     with pytest.raises(ValueError, match="no recorded vllm_fused_moe times for E=160, N=320"):
         cycle.run_cycle(current=tmp_path / "cur", model=str(spec), engine="vllm", traffic=[log], tp=8,
                         no_mlflow=True, report_dir=tmp_path, rows=[])

@@ -29,7 +29,6 @@ from kernel_gym.traffic.routing import effective_skew
 from kernel_gym.traffic.simulator import (
     GPU_MEMORY_UTILIZATION,
     H200_MEMORY_BYTES,
-    H200_TOTAL_MEMORY_BYTES,
     SKEW_GRID,
     round_count,
 )
@@ -85,7 +84,7 @@ def gpu_weight_bytes(spec: Any, layout: Layout) -> float:
         spec.dtype_bytes
 
 
-def why_invalid(spec: Any, layout: Layout, gpus: int, gpu_memory_bytes: float = H200_TOTAL_MEMORY_BYTES,
+def why_invalid(spec: Any, layout: Layout, gpus: int, gpu_memory_bytes: float = H200_MEMORY_BYTES,
                 gpu_memory_utilization: float = 1.0) -> str:
     """'' when the layout can serve the model on `gpus` GPUs, else the reason. The memory check defaults to the
     weights against the whole GPU: the share an engine gives weights and KV differs by release (vLLM 0.33: 0.92,

@@ -27,13 +27,12 @@ from kernel_gym.traffic.routing import entropy_norm
 from kernel_gym.traffic.routing import uniform_for as _uniform_for
 
 KERNELS = ("prefill_attention", "decode_attention", "fused_moe")
-H200_MEMORY_BYTES = 141e9
-# The H200 SXM's memory as the device reports it: nvidia-smi's 143,771 MiB total, in the machine records of this
-# project's H200 runs (benchmarks/live_e2e/machine.txt and the other runs'); torch.cuda.mem_get_info reports the same
-# total, and vLLM's --gpu-memory-utilization multiplies it. The KV pools here are still sized on the spec sheet's
-# 141 GB above, 6.5% less (so the simulated pools hold about 6.5% fewer tokens than a real engine's); plan's weight
-# check (parallel.layout.why_invalid) compares with this total.
-H200_TOTAL_MEMORY_BYTES = 143771 * 2**20
+# The H200 SXM's memory as the device reports it: nvidia-smi's 143,771 MiB total (150.75e9 bytes, not the spec sheet's
+# 141 GB), in the machine records of this project's H200 runs (benchmarks/live_e2e/machine.txt and the other runs');
+# torch.cuda.mem_get_info reports the same total, and vLLM's --gpu-memory-utilization / SGLang's --mem-fraction-static
+# take their share of it. Every KV pool (Simulator, parallel.layout.pool_memory_bytes, parallel.deploy.gpu_memory_for)
+# and plan's weight check (parallel.layout.why_invalid) is sized from this one figure.
+H200_MEMORY_BYTES = 143771 * 2**20
 GPU_MEMORY_UTILIZATION = 0.9
 COMPILE_S_DEFAULT = 0.27  # docs/architecture.md: Triton compile on first call, median 0.27 s per config on the H200
 # Fixed host-side cost of one engine step (scheduling, input preparation, kernel launches, sampling bookkeeping).

@@ -67,5 +67,5 @@ def test_attention_shards_and_kv_pool():
         a = attention_spec(MIXTRAL, lay)
         mem = pool_memory_bytes(MIXTRAL, lay)
         pool = mem * 0.9 - a.weight_bytes
-        per_gpu = 141e9 * 0.9 - gpu_weight_bytes(MIXTRAL, lay)
+        per_gpu = 143771 * 2**20 * 0.9 - gpu_weight_bytes(MIXTRAL, lay)
         assert pool == pytest.approx(lay.ep * per_gpu)

@@ -327,7 +327,7 @@ def test_pool_sizing_and_too_long_requests():
     m = BUILTIN_MODELS["mixtral-8x7b"]
     tr = Trace("t", np.array([0.0]), np.array([100]), np.array([10]))
     s = Simulator(m, tr, AnalyticTimer(), chooser(), UniformRouting(8, 2))
-    assert s.num_pages == int((141e9 * 0.9 - m.weight_bytes) // (16 * m.kv_bytes_per_token))
+    assert s.num_pages == int((143771 * 2**20 * 0.9 - m.weight_bytes) // (16 * m.kv_bytes_per_token))
     huge = Trace("t", np.array([0.0]), np.array([s.num_pages * 16]), np.array([10]))
     with pytest.raises(ValueError, match="request 0 needs"):
         Simulator(m, huge, AnalyticTimer(), chooser(), UniformRouting(8, 2))
