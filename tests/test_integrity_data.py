@@ -157,7 +157,7 @@ def test_a_trace_spanning_centuries_is_refused(tmp_path):
 
     path = tmp_path / "b.csv"
     path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-                    "0,ChatGPT,10,5,15,Conversation log\n2.5e11,ChatGPT,10,5,15,Conversation log\n")
+                    "0,ChatGPT,10,5,15,Conversation log\n5e10,ChatGPT,10,5,15,Conversation log\n")
     with pytest.raises(ValueError, match=f"{path}:3: .* days after the first request"):
         load_burstgpt(path)
 
