@@ -616,8 +616,9 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
 
     print(f"  held-out latency: TTFT p50 / p99 {lat('ttft', 1, 's')} (SLO {limits[0]:g} s), TPOT p50 / p99 "
           f"{lat('tpot', 1e3, 'ms')} (SLO {limits[1] * 1e3:g} ms)")
-    if live_check_line():
-        print(f"  read these with {live_check_line()}")
+    live = live_check_line()
+    if live:
+        print(f"  read these with {live}")
     if p["goodput_req_per_s"] <= 0:
         print(f"  no request of the held-out window met the SLO (TTFT <= {limits[0]:g} s and TPOT <= {limits[1]:g} s): "
               "compare the latencies above with it; loosen --slo, give more --gpus, or replay a lower load "

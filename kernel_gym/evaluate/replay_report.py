@@ -113,10 +113,7 @@ def live_check_note(path: Path = LIVE_CHECK, decode_waves: bool = True) -> str:
     if not path.exists():
         return ""
     check = json.loads(path.read_text())
-    ranges = check["range"]
-    span = ", ".join(f"{label} {100 * ranges[k][0]:+.0f}% to {100 * ranges[k][1]:+.0f}%"
-                     for k, label in (("tokens_per_s", "tokens/s"), ("ttft_p50_s", "TTFT p50"),
-                                      ("tpot_p50_s", "TPOT p50")))
+    span = _live_span(check)
     counts = check.get("within_target")
     within = ("; within 5% / 10% / 5% on " + ", ".join(f"{counts[k]['within']}" for k in
                                                         ("tokens_per_s", "ttft_p50_s", "tpot_p50_s"))
@@ -136,16 +133,26 @@ def live_check_line(path: Path = LIVE_CHECK) -> str:
     if not path.exists():
         return ""
     check = json.loads(path.read_text())
-    span = ", ".join(f"{label} {100 * check['range'][k][0]:+.0f}% to {100 * check['range'][k][1]:+.0f}%"
-                     for k, label in (("tokens_per_s", "tokens/s"), ("ttft_p50_s", "TTFT p50"),
-                                      ("tpot_p50_s", "TPOT p50")))
     return (f"the simulator against {len(check['rows'])} live runs on one H200 ({', '.join(check['models'])}, TP 1, "
-            f"priced from the live stack's own tables with decode by each batch's contexts; docs/live.md): {span}. "
+            f"priced from the live stack's own tables with decode by each batch's contexts; docs/live.md): "
+            f"{_live_span(check)}. "
             "This plan prices from the recorded store with decode at each batch's mean context, and multi-GPU layouts "
             "add collectives: neither was in that check")
 
 
+def _live_span(check: dict[str, Any]) -> str:
+    """The live check's error range per metric, e.g. 'tokens/s -2% to +5%, TTFT p50 ...'."""
+    return ", ".join(f"{label} {100 * check['range'][k][0]:+.0f}% to {100 * check['range'][k][1]:+.0f}%"
+                     for k, label in (("tokens_per_s", "tokens/s"), ("ttft_p50_s", "TTFT p50"),
+                                      ("tpot_p50_s", "TPOT p50")))
+
+
 DEFAULT_ROUTING = "zipf:1.2"  # replay's --routing default (cli/replay.py), the demo's and the README figures'
+
+
+def _seconds(x: float) -> str:
+    """1,070 or 0.0421: whole seconds from 100 up, three digits below (a short trace's are under a second)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def estimate_note(rep: dict[str, Any]) -> str:
@@ -162,9 +169,8 @@ def estimate_note(rep: dict[str, Any]) -> str:
     parts = {k: m.get(f"tuned_kernel_s.{k}", 0.0) * m.get(f"estimated_share.{k}", 0.0)
              for k in KERNELS}
     top = max(parts, key=parts.__getitem__)
-    secs = lambda x: f"{x:,.0f}" if x >= 100 else f"{x:.3g}"  # noqa: E731 - a short trace's are under a second
-    where = (f"; the largest estimated part of {who}'s is {top}: {secs(parts[top])} of its "
-             f"{secs(m.get('tuned_kernel_s', 0.0))} s" if parts[top] > 0 else "")
+    where = (f"; the largest estimated part of {who}'s is {top}: {_seconds(parts[top])} of its "
+             f"{_seconds(m.get('tuned_kernel_s', 0.0))} s" if parts[top] > 0 else "")
     return (f"Note: most tuned-kernel time here rests on estimates ({which}{where}): this trace's workloads lie "
             "mostly outside the measured shapes (for long prompts: MoE over more tokens than the largest measured "
             "M, prefill over longer sequences), so the oracle is only the best config under the same estimates and "
