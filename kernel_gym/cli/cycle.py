@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "but unconfirmed, 2 error")
     p.add_argument("--model", help="model spec: a built-in or zoo name, NAME@tpN, or a JSON file")
     p.add_argument("--engine", choices=("vllm", "sglang"), help="whose fused-MoE config files --current holds")
+    p.add_argument("--engine-version", default="", help="the engine release serving --current now, e.g. 0.34.0 "
+                   "(default: the one its kernel_gym_export.json was exported for): it decides the launch path "
+                   "priced at each M")
     p.add_argument("--current", type=Path, required=True, help="the folder the engine reads its configs from")
     p.add_argument("--traffic", action="append", default=[], metavar="SOURCE",
                    help="repeatable: a Prometheus scrape or folder of scrapes, a request log (Azure / Mooncake / "
@@ -59,6 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=args.device, gpu=args.gpu, gpu_budget_s=args.gpu_budget_s, top_k=args.top_k, out=args.out,
         install=args.install, report_dir=args.report_dir, stores=args.store, min_gain=args.min_gain,
         noise_margin=args.noise_margin, share_move=args.share_move, skew_move=args.skew_move,
-        no_mlflow=args.no_mlflow, tracking_uri=args.tracking_uri)
+        no_mlflow=args.no_mlflow, tracking_uri=args.tracking_uri, engine_version=args.engine_version)
     print("\n".join(cycle.summary_lines(code, rep, args.report_dir)))
     return code

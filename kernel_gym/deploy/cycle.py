@@ -411,6 +411,34 @@ def gpu_prices(plans: Sequence[KeyPlan], weights: dict[int, float]) -> tuple[dic
     return ({"ms": cur, "estimated_share": est_cur / cur}, {"ms": new, "estimated_share": est_new / new}, left)
 
 
+def cycle_engine(engine: str, version: str, side_note: dict[str, Any]) -> tuple[Any, str]:
+    """(the engine release the cycle prices for, where that came from). The release decides which launch path runs
+    at each M (vLLM 0.33 and later skip the alignment at small M), so it picks the measured rows. --engine-version
+    wins: after an engine upgrade the folder's files were exported for the old release, and the cycle re-plans them
+    for the new one (said in the report). Without it, the release the sidecar says the file was exported for."""
+    from kernel_gym.deploy.engine_export import SIDECAR as SIDECAR_NAME
+    from kernel_gym.kernels import vllm_tables
+
+    recorded = str(side_note.get("engine") or "")
+    if str(version).strip():
+        eng = vllm_tables.parse_engine(vllm_tables.engine_with_version(engine, version))
+        if recorded and recorded != eng.id:
+            return eng, f"--engine-version; the file was exported for {recorded}"
+        return eng, "--engine-version"
+    if recorded:
+        name, _ = vllm_tables.split_engine_text(recorded)
+        if name != engine:
+            raise ValueError(f"--engine {engine}, but {SIDECAR_NAME} says the file was exported for {recorded}: pass "
+                             f"--engine {name}, or export the file again for {engine}")
+        try:
+            return vllm_tables.parse_engine(recorded), SIDECAR_NAME
+        except ValueError as exc:
+            raise ValueError(f"{SIDECAR_NAME} names {recorded}, which this kernel_gym has no tables of; pass "
+                             f"--engine-version with the release that serves the folder now ({exc})") from None
+    eng = vllm_tables.parse_engine(engine)
+    return eng, f"not given, no sidecar: kernel_gym's default {eng.id} (pass --engine-version)"
+
+
 # ---- the engine folder --------------------------------------------------------------------------------------------
 
 def engine_file(folder: Path, engine: str, shape: Any, device: str) -> tuple[Path, str]:
@@ -601,7 +629,8 @@ def report_md(rep: dict[str, Any]) -> str:
     p, b, src = rep["profile"], rep.get("profile_before"), rep.get("profile_before_source") or ""
     ep = f" EP {rep['ep']}" if rep.get("ep", 1) > 1 else ""
     lines = [f"# kernel-gym cycle: {rep['decision']} (exit {rep['exit_code']})", "",
-             f"- model {rep['model']} TP {rep['tp']}{ep}, engine {rep['engine']}, file `{rep['engine_file']}`",
+             f"- model {rep['model']} TP {rep['tp']}{ep}, engine {rep['engine']} "
+             f"{rep.get('engine_version', '')} ({rep.get('engine_version_source', '')}), file `{rep['engine_file']}`",
              f"- traffic: {', '.join(p['sources'])} ({p['m_source']}); {p['requests']:.0f} requests, "
              f"{p['steps']:.0f} steps" + (f" over {p['span_s']:.0f} s" if p.get("span_s") else ""),
              f"- stored profile: {'none (everything counts as moved)' if b is None else 'yes, ' + src}",
@@ -642,6 +671,7 @@ def log_mlflow(rep: dict[str, Any], files: list[Path], tracking_uri: str | None)
     exp = tracking.get_or_create_experiment(EXPERIMENT, uri)
     with mlflow.start_run(experiment_id=exp, run_name=f"cycle {rep['model']} {rep['engine']}") as run:
         mlflow.log_params({"model": rep["model"], "engine": rep["engine"], "tp": rep["tp"], "ep": rep["ep"],
+                           "engine_version": rep.get("engine_version", ""),
                            "gpu": rep["gpu"], "price_source": rep["price_source"], "current": rep["current"],
                            "traffic": ",".join(rep["profile"]["sources"])[:500],
                            "engine_file": rep["engine_file"]})
@@ -666,10 +696,12 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
               report_dir: Path = Path("."), stores: Sequence[str | Path] = (), min_gain: float = 0.01,
               noise_margin: float = NOISE_MARGIN, share_move: float = SHARE_MOVE, skew_move: float = SKEW_MOVE,
               no_mlflow: bool = False, tracking_uri: str = "", rows: Any = None,
-              confirmer: Any = None) -> tuple[int, dict[str, Any]]:
+              confirmer: Any = None, engine_version: str = "") -> tuple[int, dict[str, Any]]:
     """One cycle on the engine files in `current` (module docstring); returns (exit code, report). `ep` is the
-    expert-parallel degree (export's --ep: the file is named by the local expert count). `rows` replaces the measured
-    rows (default: `stores`, else the packaged dataset) and `confirmer` the GPU's (tests)."""
+    expert-parallel degree (export's --ep: the file is named by the local expert count). `engine_version`: the
+    release that serves the folder now (default: the one its sidecar was exported for, else kernel_gym's default;
+    `cycle_engine`). `rows` replaces the measured rows (default: `stores`, else the packaged dataset) and
+    `confirmer` the GPU's (tests)."""
     from kernel_gym.deploy import engine_export as ee
     from kernel_gym.models import load_model
 
@@ -704,6 +736,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
             side_note = json.loads(side.read_text()).get("files", {}).get(str(path.relative_to(current)), {})
         except (json.JSONDecodeError, AttributeError):
             side_note = {}
+    eng, engine_version_source = cycle_engine(engine, engine_version, side_note)
     skew_before = before.skew if before and before.skew is not None else side_note.get("skew")
     if profile.skew is not None:
         skew, skew_source = profile.skew, "per-expert counts"
@@ -721,7 +754,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
         from kernel_gym.measure.store import PACKAGED_SNAPSHOT
 
         rows = ee.measured_rows([PACKAGED_SNAPSHOT])
-    pricer = Pricer(shape, device, rows, engine, required=not gpu)  # --gpu times a shape the rows lack
+    pricer = Pricer(shape, device, rows, eng.id, required=not gpu)  # --gpu times a shape the rows lack
     plans = replan(table, profile, before, skew, skew_before, pricer, min_gain, share_move, skew_move,
                    noise_margin)
     gpu_s = 0.0
@@ -729,7 +762,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
         if confirmer is None:
             from kernel_gym.deploy.cycle_gpu import GpuConfirmer
 
-            confirmer = GpuConfirmer(shape, budget_s=gpu_budget_s, engine=engine, rows=rows,
+            confirmer = GpuConfirmer(shape, budget_s=gpu_budget_s, engine=eng.id, rows=rows,
                                      keys=sum(kp.moved for kp in plans))
         if hasattr(confirmer, "keys_left"):  # the budget is shared out over the moved keys
             confirmer.keys_left = max(1, sum(kp.moved for kp in plans))
@@ -757,7 +790,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
         raise ValueError(f"{path.name}: none of the traffic's batch sizes can be priced from the measured rows at "
                          f"this shape (E={shape.num_experts}, N={shape.n}, {device}): the CPU cannot decide; pass "
                          "--gpu to time the candidates on this GPU, or measure the shape first (kernel-gym tune "
-                         f"--engine {engine} --model {model}{degrees} on a GPU)")
+                         f"--engine {eng.id} --model {model}{degrees} on a GPU)")
     if common or not gpu:
         price_source = "recorded"
         p_cur = price(table, common, skew, pricer)
@@ -772,6 +805,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
                                           else UNCONFIRMED)
     rep = {
         "decision": DECISIONS[code], "exit_code": code, **made_for, "current": str(current),
+        "engine_version": eng.version, "engine_version_source": engine_version_source,
         "gpu": bool(gpu), "gpu_s": gpu_s, "skew": skew, "skew_source": skew_source,
         "skew_before": skew_before, "skew_measured": [pricer.skews[0], pricer.skews[-1]] if pricer.skews else None,
         "profile": profile.to_json(),
@@ -795,6 +829,7 @@ def run_cycle(*, current: Path, model: str | None = None, engine: str | None = N
 
             content = {str(k): to_entry(c) for k, c in sorted(new_table.items())}
             note = {**{k: v for k, v in side_note.items() if k != "keys"}, "model": spec.name, "tp": tp,
+                    "engine": eng.id, "engine_name": eng.name, "engine_version": eng.version,
                     "shape": shape.__dict__, "device": device, "routing": f"skew {skew:.2f}", "skew": skew,
                     "estimate": code != CONFIRMED, "cycle": {
                         "decision": rep["decision"], "created": rep["created"], "expected_gain": rep["expected_gain"],
@@ -835,8 +870,11 @@ def summary_lines(code: int, rep: dict[str, Any], report_dir: Path) -> list[str]
               f"priced fused-MoE time{by} current "
               f"{rep['price_current']['ms']:.4f} ms -> {rep['price_new']['ms']:.4f} ms: expected gain "
               f"x{rep['expected_gain']:.4f}, {_pct(rep['price_new']['estimated_share'])} of it on estimated times")
-    lines = [f"[cycle] {rep['model']} {rep['engine']} {rep['engine_file']}: {rep['moved_keys']} keys moved, "
+    version = f" {rep['engine_version']}" if rep.get("engine_version") else ""
+    lines = [f"[cycle] {rep['model']} {rep['engine']}{version} {rep['engine_file']}: {rep['moved_keys']} keys moved, "
              f"{rep['changed_keys']} changed; {priced}"]
+    if "exported for" in rep.get("engine_version_source", ""):
+        lines.append(f"[cycle] priced for {rep['engine']}{version} ({rep['engine_version_source']})")
     beyond = skew_range_note(rep["skew"], rep.get("skew_measured"))
     if beyond:
         lines.append(f"[cycle] routing skew {rep['skew']:.2f}{beyond.replace('**', '')}")

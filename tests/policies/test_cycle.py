@@ -443,3 +443,31 @@ def test_a_report_folder_that_is_the_current_folder_does_not_pass_a_proposal_off
     assert code == cycle.UNCONFIRMED and not (cur / metrics.PROFILE_FILE).exists()
     code, rep = cycle_on(cur, traffic, tmp_path, report_dir=cur, out=tmp_path / "again")
     assert code == cycle.UNCONFIRMED and rep["profile_before"] is None
+
+
+def test_the_engine_release_comes_from_the_sidecar_or_the_flag_and_is_reported(tmp_path, capsys):
+    d = tmp_path / "moe"
+    ee.write_engine_file(d, "vllm", SHAPE, DEV, {str(k): to_entry(A) for k in KEYS}, "3.6.0",
+                         {"skew": 0.0, "engine": "vllm-0.33.0"})
+    traffic = [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)]
+    _, rep = cycle_on(d, traffic, tmp_path)
+    assert (rep["engine_version"], rep["engine_version_source"]) == ("0.33.0", ee.SIDECAR)
+    _, rep = cycle_on(d, traffic, tmp_path, engine_version="v0.34.0")
+    assert rep["engine_version"] == "0.34.0" and "exported for vllm-0.33.0" in rep["engine_version_source"]
+    assert any("exported for vllm-0.33.0" in line for line in cycle.summary_lines(11, rep, tmp_path))
+    assert "vllm 0.34.0" in (tmp_path / "report" / cycle.REPORT_MD).read_text()
+    with pytest.raises(ValueError, match="no tables of vllm-0.1.0.*scripts/extract_engine_tables.py"):
+        cycle_on(d, traffic, tmp_path, engine_version="0.1.0")
+    with pytest.raises(ValueError, match="names sglang, but the engine is vllm"):
+        cycle_on(d, traffic, tmp_path, engine_version="sglang-0.5.23")
+    from kernel_gym.cli.cycle import build_parser
+
+    assert build_parser().parse_args(["--current", str(d), "--engine-version", "0.34.0"]).engine_version == "0.34.0"
+
+
+def test_a_sidecar_of_another_engine_is_named(tmp_path):
+    d = tmp_path / "moe"
+    ee.write_engine_file(d, "vllm", SHAPE, DEV, {str(k): to_entry(A) for k in KEYS}, "3.6.0",
+                         {"skew": 0.0, "engine": "sglang-0.5.23"})
+    with pytest.raises(ValueError, match="exported for sglang-0.5.23: pass --engine sglang"):
+        cycle_on(d, [scrape(tmp_path, STEPS)], tmp_path)
