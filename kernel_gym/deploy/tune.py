@@ -313,9 +313,12 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
                 if est["projected_s"] <= budget_s else
                 f"is more than the budget: about {budget_s / est['projected_s']:.0%} of it is measured before "
                 f"the budget ends; a rerun with the same --db resumes, or raise --budget-s")
+        held = (f"; {est['already_stored']} of its {est['configs']} configs are already in --db "
+                f"({'; '.join(f'{k} from {v}' for k, v in est['stored_on'].items())}) and are skipped on that machine"
+                if est["already_stored"] else "")
         print(f"[tune] round 1 projected at about {est['projected_s']:.0f} s on one H200 ({lo:.0f}-{hi:.0f} s at past "
-              f"runs' pace, rows already in --db included) against --budget-s {budget_s:g}: it {fits}; the one-knob "
-              "steps use what is left", flush=True)
+              f"runs' pace) against --budget-s {budget_s:g}: it {fits}; the one-knob steps use what is left{held}",
+              flush=True)
     if dry_run or save_policies:
         return 0
 

@@ -215,12 +215,16 @@ def contexts_for(kernels: list[str], device_name: str) -> dict[str, Context]:
 def drop_done(plan: list[list[PlanItem]], store: MeasurementStore,
               contexts: dict[str, Context]) -> list[list[PlanItem]]:
     """The plan without what the store already holds (resume)."""
-    done = {ref: store.done_keys(ctx) for ref, ctx in contexts.items()}
+    return without_done(plan, {ref: store.done_keys(ctx) for ref, ctx in contexts.items()})
+
+
+def without_done(plan: list[list[PlanItem]], done: dict[str, set[tuple[str, str]]]) -> list[list[PlanItem]]:
+    """The plan without the (workload, config) pairs in `done` (per kernel)."""
     out = []
     for chunks in plan:
         kept = []
         for item in chunks:
-            cfgs = tuple(c for c in item.configs if (item.workload_key, c) not in done[item.kernel])
+            cfgs = tuple(c for c in item.configs if (item.workload_key, c) not in done.get(item.kernel, set()))
             if cfgs:
                 kept.append(PlanItem(item.kernel, item.workload_key, cfgs, item.grid))
         if kept:
@@ -591,13 +595,42 @@ def noise_study(db: str, repeats: int, workloads_per_kernel: int = 12, configs_p
 
 
 def dry_run(opts: CollectOptions) -> dict[str, Any]:
-    """`collect --dry-run`: the plan's size per kernel and the projected time, measuring nothing."""
+    """`collect --dry-run`: the plan's size per kernel and the projected time, measuring nothing. What `--db`
+    already holds is left out of the projection as a rerun would skip it (`stored_on`)."""
     plan = load_plan_file(opts.plan_file, opts.kernels) if opts.plan_file else build_plan(opts)
     n = sum(len(i.configs) for chunks in plan for i in chunks)
+    todo, stored_on = plan, {}
+    if opts.db and Path(opts.db).is_file():
+        todo, stored_on = drop_stored_anywhere(plan, opts.db)
     pool = opts.compile_workers if opts.compile_workers >= 0 else max(0, (os.cpu_count() or 2) - 1)
-    est = estimate_seconds(plan, opts, max(1, opts.gpus), pool)
+    est = estimate_seconds(todo, opts, max(1, opts.gpus), pool)
     per_kernel: dict[str, int] = {}
     for chunks in plan:
         for i in chunks:
             per_kernel[i.kernel] = per_kernel.get(i.kernel, 0) + len(i.configs)
-    return {"workloads": len(plan), "configs": n, "per_kernel": per_kernel, **est}
+    left = sum(len(i.configs) for chunks in todo for i in chunks)
+    return {"workloads": len(plan), "configs": n, "per_kernel": per_kernel, "already_stored": n - left,
+            "to_measure": left, "stored_on": stored_on, **est}
+
+
+def drop_stored_anywhere(plan: list[list[PlanItem]], db: str) -> tuple[list[list[PlanItem]], dict[str, str]]:
+    """(the plan without what `db` holds, kernel -> the context it was measured in). A dry run has no GPU to name
+    its context, so per kernel it takes the stored context (device, torch, triton; this kernel source) that holds
+    the most of the plan: the machine a rerun with the same --db would resume on."""
+    done: dict[str, set[tuple[str, str]]] = {}
+    stored_on: dict[str, str] = {}
+    store = MeasurementStore(db, read_only=True)
+    try:
+        for ref in sorted({i.kernel for chunks in plan for i in chunks}):
+            fam = resolve_family(ref)
+            wanted = {(i.workload_key, c) for chunks in plan for i in chunks if i.kernel == ref for c in i.configs}
+            found = store.conn.execute(
+                "SELECT DISTINCT device, torch_version, triton_version FROM measurements WHERE kernel=? AND "
+                "source_hash=?", (fam.name, family_store_key(fam))).fetchall()
+            for dev, tv, trv in found:
+                held = store.done_keys(Context(dev, tv, trv, fam.name, family_store_key(fam))) & wanted
+                if len(held) > len(done.get(ref, ())):
+                    done[ref], stored_on[ref] = held, f"{dev}, torch {tv}, triton {trv}"
+    finally:
+        store.close()
+    return without_done(plan, done), stored_on

@@ -35,3 +35,38 @@ def test_a_tune_sized_plan_projects_near_its_measured_minute():
     est = estimate_seconds(plan, CollectOptions(), 1, 1)  # the pool of the machine projecting does not matter
     lo, hi = est["projected_range_s"]
     assert lo <= 60 <= hi and 30 <= est["projected_s"] <= 90 and est["gpu_s"] < 10
+
+
+def test_a_dry_run_leaves_out_what_the_store_holds_from_the_gpu_that_measured_most_of_it(tmp_path):
+    """A dry run has no GPU to name its context: it takes the stored context (device, torch, triton) that holds the
+    most of the plan, as a rerun on that machine with the same --db would skip it."""
+    import json
+
+    from kernel_gym.kernels.workloads import model_workloads
+    from kernel_gym.measure.store import Context, MeasurementStore
+    from kernel_gym.measure.types import OK, Measurement
+    from kernel_gym.measure.worker import family_store_key, resolve_family
+    from kernel_gym.models import load_model
+
+    fam = resolve_family("fused_moe")
+    wl = next(iter(model_workloads("fused_moe", load_model("mixtral-8x7b"))))
+    w, cfgs = wl.key(), [str(c) for c in fam.space.valid_configs(wl)][:40]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"kernel": "fused_moe", "workload": w, "configs": cfgs}]))
+    db = tmp_path / "m.sqlite"
+    opts = CollectOptions(kernels=["fused_moe"], plan_file=str(plan), db=str(db))
+    before = collect.dry_run(opts)  # no store yet: everything is to measure
+    assert before["already_stored"] == 0 and before["to_measure"] == 40
+
+    def put(device: str, triton: str, n: int) -> None:
+        ctx = Context(device, "2.11.0", triton, fam.name, family_store_key(fam))
+        with MeasurementStore(db) as s:
+            s.put_many(ctx, [Measurement(fam.name, w, c, OK, median_ms=0.1, spread=0.01, repeats=3)
+                             for c in cfgs[:n]])
+
+    put("NVIDIA H200", "3.6.0", 30)
+    put("NVIDIA H100 80GB HBM3", "3.6.0", 10)
+    est = collect.dry_run(opts)
+    assert est["already_stored"] == 30 and est["to_measure"] == 10 and est["configs"] == 40
+    assert est["stored_on"] == {"fused_moe": "NVIDIA H200, torch 2.11.0, triton 3.6.0"}
+    assert est["projected_s"] < before["projected_s"] / 3
