@@ -282,11 +282,11 @@ def fit_projection(logs: list[Path], min_configs: int = 500, device: str = "H200
             "range": (float(np.percentile(rates, 10)), float(np.percentile(rates, 90))) if runs else None}
 
 
-def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: int, pool: int) -> dict[str, float]:
+def estimate_seconds(plan: list[list[PlanItem]], opts: CollectOptions, n_gpus: int) -> dict[str, float]:
     """A projection. `gpu_s`: a roofline of the timing alone (kernel at 1/3 of peak on average, plus the 256 MB L2
     flush per sample and ~0.5 ms host overhead per config), which balances the farm's chunks. `projected_s` (and
     `projected_range_s`): the configs x SECONDS_PER_CONFIG of past H200 runs over the GPUs, never below the roofline.
-    `pool` is kept for the callers; the past runs' pace already holds their hosts' compile pools."""
+    The past runs' pace already holds their hosts' compile pools, so the projecting machine's pool does not enter."""
     gpu_s = 0.0
     configs = 0
     fams: dict[str, KernelFamily] = {}
@@ -440,7 +440,7 @@ def collect(opts: CollectOptions, log: Any = sys.stderr) -> dict[str, Any]:
         total = sum(len(i.configs) for chunks in plan for i in chunks)
         todo = drop_done(plan, store, contexts)
         remaining = sum(len(i.configs) for chunks in todo for i in chunks)
-    est = estimate_seconds(todo, opts, len(gpus), pool)
+    est = estimate_seconds(todo, opts, len(gpus))
     print(f"[collect] device {device_name} x{len(gpus)}, compile pool {pool}; plan: {len(plan)} workloads, "
           f"{total} configs; already stored {total - remaining}; to measure {remaining}", file=log)
     budget = _fmt(opts.budget_s) if opts.budget_s else "none"
@@ -602,8 +602,7 @@ def dry_run(opts: CollectOptions) -> dict[str, Any]:
     todo, stored_on = plan, {}
     if opts.db and Path(opts.db).is_file():
         todo, stored_on = drop_stored_anywhere(plan, opts.db)
-    pool = opts.compile_workers if opts.compile_workers >= 0 else max(0, (os.cpu_count() or 2) - 1)
-    est = estimate_seconds(todo, opts, max(1, opts.gpus), pool)
+    est = estimate_seconds(todo, opts, max(1, opts.gpus))
     per_kernel: dict[str, int] = {}
     for chunks in plan:
         for i in chunks:

@@ -259,7 +259,7 @@ def _remote_measurer(ray: Any) -> Any:
 
 def chunk_cost(item: PlanItem, timing: TimingOptions = DEFAULT_TIMING) -> float:
     """Estimated GPU seconds of a chunk (collect.estimate_seconds' roofline)."""
-    return estimate_seconds([[item]], CollectOptions(timing=timing), 1, 0)["gpu_s"]
+    return estimate_seconds([[item]], CollectOptions(timing=timing), 1)["gpu_s"]
 
 
 class WorkQueue:
@@ -433,7 +433,7 @@ class Farm:
             remaining = sum(len(i.configs) for chunks in todo for i in chunks)
             self.queues[sig] = WorkQueue(order_plan(todo, opts.timing, longest_first=not opts.budget_s))
             stats[sig] = {"device": next(iter(contexts.values())).device, "planned": total, "remaining": remaining,
-                          "workloads": len(todo), "gpu_s": estimate_seconds(todo, opts, 1, 0)["gpu_s"]}
+                          "workloads": len(todo), "gpu_s": estimate_seconds(todo, opts, 1)["gpu_s"]}
         return stats
 
     def _queue(self, slot: Slot) -> WorkQueue:

@@ -32,7 +32,7 @@ def test_a_tune_sized_plan_projects_near_its_measured_minute():
 
     w = next(iter(model_workloads("fused_moe", load_model("minimax-text-01@tp8")))).key()
     plan = [[PlanItem("fused_moe", w, tuple(f"c{i}" for i in range(1002)), "grid")]]
-    est = estimate_seconds(plan, CollectOptions(), 1, 1)  # the pool of the machine projecting does not matter
+    est = estimate_seconds(plan, CollectOptions(), 1)
     lo, hi = est["projected_range_s"]
     assert lo <= 60 <= hi and 30 <= est["projected_s"] <= 90 and est["gpu_s"] < 10
 
