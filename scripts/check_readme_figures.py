@@ -254,6 +254,29 @@ def replay_wall(backend: str, chooser: str) -> float:
     return next(r["replay_wall_s"] for r in runs if (r["backend"], r["chooser"]) == (backend, chooser))
 
 
+REPLAY_RUNS = ("azure-conv_mixtral-8x7b", "azure-code_mixtral-8x7b", "azure-conv_olmoe-1b-7b", "azure-code_olmoe-1b-7b")
+
+
+def replay_run(run: str) -> dict[str, Any]:
+    """One run of the replay benchmark (benchmarks/replay/run.py), its committed JSON."""
+    return committed(f"benchmarks/replay/{run}_zipf1.2.json")
+
+
+def replay_same_traffic(run: str) -> float:
+    """The oracle's same-traffic tuned-kernel seconds / the learned policy's in one replay run."""
+    p = replay_run(run)["policies"]
+    return p["oracle"]["tuned_kernel_s_same_traffic"] / p["learned"]["tuned_kernel_s_same_traffic"]
+
+
+def replay_targets(count_met: bool) -> float:
+    """The replay benchmark's targets over its four runs (summary.md's rows): met ones, or all."""
+    sys.path.insert(0, str(ROOT))
+    from kernel_gym.evaluate.replay_report import target_checks
+
+    checks = [c for run in REPLAY_RUNS for c in target_checks(replay_run(run))]
+    return float(sum(c["met"] for c in checks) if count_met else len(checks))
+
+
 def noisy_rows(families: tuple[str, ...]) -> float:
     return float(sum(data_summary()["kernels"][k]["ok_noisy"] for k in families))
 
@@ -403,6 +426,9 @@ STANDIN_TEXT = r"7 bench cases: median {} \(min {}, max {}\)"
 GEN_TEXT = r"zero-shot MoE geomean {} \(p5 {}\), decode {} \(p5 {}\); the second far split {} \(p5 {}\)"
 LOMO_TEXT = r"\| MoE {} \(p5 {}\), decode {} \(p5 {}\);"
 PQ_TEXT = r"MoE {} / {}, decode {} / {}, prefill {} / {} \(mixtral / olmoe\)"
+REPLAY_RATIO_TEXT = r"same traffic {} / {} of the oracle's for mixtral \(conv / code\), {} / {} for olmoe"
+REPLAY_SHARE_TEXT = (r"Estimated share of tuned-kernel time: learned {}% / {}% \(mixtral conv / code\), {}% / {}% "
+                     r"\(olmoe\); oracle {}% / {}%, {}% / {}%")
 NEIGHBOURS = "benchmarks/policy_quality/neighbours.json"  # policy_quality/neighbours.py: interpolation's reach
 N = r"(?P<v>[0-9][0-9,]*(?:\.[0-9]+)?)"  # a number as printed: 142,156 or 0.976
 
@@ -983,6 +1009,18 @@ FIGURES = [
            at(LOOKUP, "exports_M_checked"), 0.0, "json"),
     Figure("index: warm lookups/s", BENCH, rf"{N} warm lookups/s", SPEED_LOOKUP, at(SPEED_LOOKUP, "lookups_per_s_warm"),
            0.5, "json"),
+    # ---- the replay benchmark (benchmarks/replay: CPU replays on the recorded data, committed JSON) ----
+    Figure("replay: targets met", "README.md", rf"every target met in all 4 runs \({N} of", "benchmarks/replay/*.json",
+           lambda: replay_targets(True), 0.0, "json"),
+    Figure("replay: targets", "README.md", rf"every target met in all 4 runs \([0-9]+ of {N};",
+           "benchmarks/replay/*.json", lambda: replay_targets(False), 0.0, "json"),
+    *[Figure(f"replay: learned same-traffic kernel speed {run}", "README.md", figure_at(REPLAY_RATIO_TEXT, i),
+             f"benchmarks/replay/{run}_zipf1.2.json", (lambda run=run: replay_same_traffic(run)), 0.0005, "json")
+      for i, run in enumerate(REPLAY_RUNS)],
+    *[Figure(f"replay: {who} estimated share {run} (%)", "README.md", figure_at(REPLAY_SHARE_TEXT, 4 * j + i),
+             f"benchmarks/replay/{run}_zipf1.2.json",
+             at(f"benchmarks/replay/{run}_zipf1.2.json", "policies", who, "estimated_share", scale=100), 0.5, "json")
+      for j, who in enumerate(("learned", "oracle")) for i, run in enumerate(REPLAY_RUNS)],
     Figure("index: replay speed", BENCH, rf"default configs: {N} s \(met\)", SPEED_REPLAY,
            lambda: replay_wall("recorded", "default"), 0.05, "json"),
     Figure("index: live e2e (graphs) learned TPOT (ms)", BENCH, rf"learned table: TPOT p50 {N} ms", GRAPHS,
