@@ -134,11 +134,113 @@ def spec_from_dict(data: object, where: str = "model spec") -> ModelSpec:
 
 
 # the routed expert count and top-k, by model family (ERNIE-4.5: moe_num_experts, moe_k; Hunyuan: moe_topk; gpt-oss
-# also writes experts_per_token)
+# also writes experts_per_token; DBRX and Step3: moe_top_k)
 HF_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-HF_TOP_K_KEYS = ("num_experts_per_tok", "moe_k", "moe_topk", "experts_per_token")
+HF_TOP_K_KEYS = ("num_experts_per_tok", "moe_k", "moe_topk", "experts_per_token", "moe_top_k")
 HF_READ_KEYS = {*HF_EXPERT_KEYS, *HF_TOP_K_KEYS, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
                 "num_shared_expert"}
+# where a multimodal or omni wrapper keeps its language model's config (Llama-4, Kimi-VL: text_config; InternVL:
+# llm_config; DeepSeek-VL2: language_config; Qwen3-Omni: thinker_config.text_config)
+HF_NESTS = ("text_config", "llm_config", "language_config", "thinker_config")
+# other names of the same numbers (DBRX: d_model, n_heads, n_layers, attn_config.kv_n_heads, ffn_config.*; Step3:
+# num_attention_groups KV heads; JetMoE: kv_channels, the head size), read where the usual key is absent
+HF_ALIASES = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+              "kv_n_heads": "num_key_value_heads", "num_attention_groups": "num_key_value_heads",
+              "ffn_hidden_size": "intermediate_size", "kv_channels": "head_dim"}
+
+
+def hf_language_config(data: dict) -> dict:
+    """The language model's keys of a config.json, flat: a wrapper's nested config (HF_NESTS) over its top level,
+    DBRX's attn_config / ffn_config merged in, and the HF_ALIASES names under their usual keys. Without this a
+    wrapped or DBRX MoE config was called 'not a mixture-of-experts model'."""
+    cfg = data
+    while (key := next((k for k in HF_NESTS if isinstance(cfg.get(k), dict)), None)) is not None:
+        cfg = {**{k: v for k, v in cfg.items() if k not in HF_NESTS}, **cfg[key]}
+    for key in ("attn_config", "ffn_config"):
+        if isinstance(cfg.get(key), dict):
+            cfg = {**cfg[key], **cfg}
+    return {**{new: cfg[old] for old, new in HF_ALIASES.items() if old in cfg and new not in cfg}, **cfg}
+
+
+def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] | None, str, str]:
+    """(MoE layers, full-attention layers, the keys that say each) of a config.json whose layers are not all attention
+    + MoE; None where every layer is. Each family's rule as its modelling code applies it; a value of another type
+    than the family writes is left unread."""
+    def get(key: str, default=None, kind: type = int):
+        value = cfg.get(key)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else default
+
+    moe = att = None
+    keys: list[str] = []  # those of the MoE layers, then of the attention layers
+    akeys: list[str] = []
+    pattern = get("hybrid_override_pattern", kind=str)  # Nemotron-H: a mixer per layer, M(amba) E(MoE) *(attention)
+    if pattern:
+        moe, att = [i for i, c in enumerate(pattern) if c == "E"], [i for i, c in enumerate(pattern) if c == "*"]
+        keys.append("hybrid_override_pattern")
+        akeys.append("hybrid_override_pattern")
+    if get("first_k_dense_replace") is not None or get("moe_layer_freq") is not None:  # DeepSeek, GLM, Kimi, Ling
+        k, freq = get("first_k_dense_replace", 0), max(1, get("moe_layer_freq", 1))
+        moe = [i for i in range(layers) if i >= k and i % freq == 0]
+        keys.append("first_k_dense_replace")
+    if get("decoder_sparse_step") is not None or get("mlp_only_layers", kind=list):  # Qwen-MoE
+        step, dense = max(1, get("decoder_sparse_step", 1)), set(get("mlp_only_layers", [], list))
+        moe = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+        keys.append("decoder_sparse_step / mlp_only_layers")
+    if get("moe_layers", kind=list) or get("interleave_moe_layer_step") is not None:  # Llama-4
+        step = max(1, get("interleave_moe_layer_step", 1))
+        moe = list(get("moe_layers", kind=list) or range(step - 1, layers, step))
+        keys.append("interleave_moe_layer_step")
+    if get("moe_layer_start_index") is not None or get("moe_layer_interval") is not None:  # ERNIE-4.5
+        start, step, end = get("moe_layer_start_index", 0), max(1, get("moe_layer_interval", 1)), \
+            get("moe_layer_end_index", -1)
+        moe = [i for i in range(layers) if start <= i <= (end if end >= 0 else layers) and (i + 1) % step == 0]
+        keys.append("moe_layer_start_index / moe_layer_interval")
+    if get("moe_layer_frequency") is not None:  # Arctic
+        moe = [i for i in range(layers) if (i + 1) % max(1, get("moe_layer_frequency")) == 0]
+        keys.append("moe_layer_frequency")
+    if get("expert_layer_period") is not None:  # Jamba
+        moe = [i for i in range(layers) if i % max(1, get("expert_layer_period")) == get("expert_layer_offset", 0)]
+        keys.append("expert_layer_period")
+    if get("moe_layers_enum", kind=str):  # Step3: "4,5,...,59"
+        moe = [int(x) for x in get("moe_layers_enum", kind=str).split(",") if x.strip().isdigit()]
+        keys.append("moe_layers_enum")
+    if get("attn_layer_period") is not None:  # Jamba: the other layers are Mamba
+        att = [i for i in range(layers) if i % max(1, get("attn_layer_period")) == get("attn_layer_offset", 0)]
+        akeys.append("attn_layer_period")
+    if get("full_attention_interval") is not None:  # Qwen3-Next: the other layers are linear attention
+        att = [i for i in range(layers) if (i + 1) % max(1, get("full_attention_interval")) == 0]
+        akeys.append("full_attention_interval")
+    if get("attn_type_list", kind=list):  # MiniMax-Text-01: 1 softmax attention, 0 lightning (linear)
+        att = [i for i, t in enumerate(get("attn_type_list", kind=list)) if t == 1]
+        akeys.append("attn_type_list")
+    types = [str(t) for t in get("layer_types", [], list)]  # Granite-4 hybrid: attention / mamba; gpt-oss: sliding
+    if any(t not in ("attention", "full_attention") for t in types):
+        att = [i for i, t in enumerate(types) if t in ("attention", "full_attention")]
+        akeys.append("layer_types")
+    return moe, att, ", ".join(keys), ", ".join(akeys)
+
+
+def hf_layer_warning(cfg: dict, layers: int, where: str) -> None:
+    """Say once (SpecWarning) where a config.json's layers are not all attention + MoE: a ModelSpec has one layer
+    kind, so kernel_gym prices every layer as attention + MoE. Dense MLP layers (DeepSeek's first_k_dense_replace,
+    Llama-4-Maverick's every other layer) are priced as MoE ones, and Mamba, linear-attention or sliding-window layers
+    (Jamba, Nemotron-H, Qwen3-Next, gpt-oss) as full attention holding the whole context's KV cache."""
+    moe, att, keys, akeys = _layer_indices(cfg, layers)
+    moe = None if moe is None or len(moe) == layers else len(moe)
+    att = None if att is None or len(att) == layers else len(att)
+    if moe is None and att is None:
+        return
+    import warnings
+
+    has = " and ".join([f"{moe} MoE layers ({keys})"] * (moe is not None)
+                       + [f"{att} full-attention layers ({akeys})"] * (att is not None))
+    counted = " and ".join(["expert weights and MoE time"] * (moe is not None) + ["KV cache"] * (att is not None))
+    fix = f"; a ModelSpec JSON with num_layers {moe} counts the MoE part exactly" if moe is not None else ""
+    warnings.warn(f"{where}: of its {layers} layers the model has {has}, but a spec has one layer kind: {counted} "
+                  f"counted for all {layers} layers, more than the model has{fix} (docs/agent.md, Your own model)",
+                  SpecWarning, stacklevel=3)
+
+
 HF_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -150,8 +252,9 @@ def is_hf_config(data: object) -> bool:
 def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     """A ModelSpec from a Hugging Face MoE config.json, by the mapping docs/agent.md tables ("Your own model"): the
     routed experts, one expert's intermediate size, shared experts (DeepSeek's n_shared_experts, Qwen-MoE's one) and
-    MLA where kv_lora_rank is set. A multimodal config's text part (text_config) is the language model's."""
-    cfg = {**data, **data["text_config"]} if isinstance(data.get("text_config"), dict) else data
+    MLA where kv_lora_rank is set. A multimodal config's language part (hf_language_config) is the language model's;
+    layers that are not all attention + MoE are said (hf_layer_warning)."""
+    cfg = hf_language_config(data)
 
     def number(key: str) -> int | None:
         value = cfg.get(key)
@@ -191,14 +294,15 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     hidden, heads = need("hidden_size"), need("num_attention_heads")
     if heads < 1:
         raise ValueError(f"{where}: num_attention_heads must be positive, got {heads}: fix the config.json")
-    mla = number("kv_lora_rank") is not None
+    mla = number("kv_lora_rank") is not None and cfg.get("use_mla") is not False  # DeepSeek-VL2-Tiny: MHA
     head_dim = number("head_dim") or number("attention_head_dim") or (number("v_head_dim") if mla else None)
     if head_dim is None and hidden % heads:  # hidden // heads would be a head size the model does not have
         raise ValueError(f"{where}: no head_dim, and hidden_size {hidden} is not a multiple of num_attention_heads "
                          f"{heads}: add the model's head_dim to the config.json")
     head_dim = head_dim or hidden // heads
-    if number("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
-        shared, shared_inter = need("n_shared_experts"), need("moe_intermediate_size")
+    if number("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one (Nemotron-H: its own width)
+        shared = need("n_shared_experts")
+        shared_inter = need("moe_shared_expert_intermediate_size", "moe_intermediate_size")
     elif number("num_shared_experts"):  # Bailing / Ling: the same, under another key
         shared, shared_inter = need("num_shared_experts"), need("moe_intermediate_size")
     elif number("moe_num_shared_experts"):  # ERNIE-4.5: the same, under another key
@@ -207,11 +311,19 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         shared, shared_inter = 1, need("shared_expert_intermediate_size")
     elif number("num_shared_expert"):  # Hunyuan: the same, per layer (its shared MLP: moe width x count)
         shared, shared_inter = need("num_shared_expert"), need("moe_intermediate_size", "intermediate_size")
+    elif number("shared_intermediate_size"):  # Granite-MoE shared / hybrid (MiniMax-M2 writes 0: none)
+        shared, shared_inter = 1, need("shared_intermediate_size")
+    elif number("share_expert_dim"):  # Step3
+        shared, shared_inter = 1, need("share_expert_dim")
+    elif str(cfg.get("model_type", "")).startswith("llama4"):  # Llama-4: one shared expert in every MoE layer,
+        shared, shared_inter = 1, need("intermediate_size")  # as wide as a routed one; no key says so
     else:
         shared, shared_inter = 0, 0
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    layers = need("num_hidden_layers")
+    hf_layer_warning(cfg, layers, where)
     return ModelSpec(
-        name=name, num_layers=need("num_hidden_layers"), hidden=hidden, num_heads=heads,
+        name=name, num_layers=layers, hidden=hidden, num_heads=heads,
         num_kv_heads=number("num_key_value_heads") or heads, head_dim=head_dim, num_experts=experts,
         top_k=need(*HF_TOP_K_KEYS), intermediate=need("moe_intermediate_size", "intermediate_size"),
         dtype_bytes=hf_weight_bytes(cfg, dtype, where), num_shared_experts=shared, shared_intermediate=shared_inter,

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,12 +86,34 @@ def parse_engine(text: str | Engine) -> Engine:
     if name not in FORMATS:
         raise ValueError(f"engine {text!r}: use vllm or sglang, optionally with a version (e.g. vllm-0.33.0)")
     version = version or DEFAULT_VERSIONS[name]
+    if "+" in version and (DATA_DIR / f"{name}-{version.split('+')[0]}.json").is_file():
+        version = version.split("+")[0]  # a local build label ('0.34.0+cu128', as __version__ prints it): same release
     eng = Engine(name, version)
     if not (DATA_DIR / f"{eng.id}.json").is_file():
         raise ValueError(f"engine {text!r}: kernel_gym has no tables of {eng.id} (known: {', '.join(known_engines())});"
-                         f" name the known release nearest yours (its rules and shipped tables are then the ones "
-                         f"assumed), or add yours with scripts/extract_engine_tables.py --wheel {name}-{version}-*.whl")
+                         f" name the known release nearest yours ({nearest_known(name, version)} for {version}: its "
+                         f"rules and shipped tables are then the ones assumed), or add yours with "
+                         f"scripts/extract_engine_tables.py --wheel {name}-{version}-*.whl")
     return eng
+
+
+def nearest_known(name: str, version: str) -> str:
+    """The known release of the engine nearest an unknown version: the same release for a pre-release, dev or post
+    build ('0.34.0rc1', '0.34.0.dev12+gabc'), else the newest known at or below it, else the oldest; the newest for a
+    version without numbers ('nightly'). Named in the refusal, so that the user need not work it out."""
+    def release(v: str) -> tuple[int, ...]:
+        m = re.match(r"\d+(?:\.\d+)*", v)
+        return (tuple(int(x) for x in m.group(0).split(".")) + (0, 0))[:3] if m else ()  # '0.34' is 0.34.0
+
+    known = sorted((release(e.split("-", 1)[1]), e) for e in known_engines() if e.split("-", 1)[0] == name)
+    if not known:
+        return f"{name}-{DEFAULT_VERSIONS[name]}"
+    want = release(version)
+    if not want:
+        return known[-1][1]
+    same = [e for r, e in known if r == want]
+    below = [e for r, e in known if r <= want]
+    return (same or below or [known[0][1]])[-1]
 
 
 def split_engine_text(text: str) -> tuple[str, str]:
