@@ -62,6 +62,10 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
     if spec.attention != "mla" and base_model(spec.name) in NO_DECODE:  # the zoo spec keeps GQA numbers for it
         out.append(f"{spec.name}'s attention (latent or mixture-of-heads) is not what the paged decode kernel "
                    "computes (zoo.NO_DECODE): its attention configs are chosen for a GQA stand-in of the same heads")
+    if spec.expert_quant:
+        out.append(f"{spec.name}'s experts are {spec.expert_quant}-quantized: kernel_gym's kernels and measurements "
+                   "are bf16, so its configs and prices are those of a bf16 deployment, and no engine config file is "
+                   "written for the quantized experts")
     if spec.num_shared_experts:
         out.append(f"{spec.name}'s {spec.num_shared_experts} shared expert(s) run as a dense MLP outside the fused-MoE "
                    "kernel: not tuned here")

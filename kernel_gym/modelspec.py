@@ -43,6 +43,10 @@ class ModelSpec:
     """MLA: width of the compressed KV latent per token (0 for gqa)."""
     rope_head_dim: int = 0
     """MLA: width of the decoupled rotary key per token (0 for gqa)."""
+    expert_quant: str = ""
+    """The experts' quantization method where it is neither a float dtype nor fp8 (mxfp4, awq, gptq, ...; "" for
+    none): the engines run such experts through another MoE kernel than the one kernel_gym measures, so engine
+    config files are not written for it (engine_export.engine_dtype)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -61,6 +65,10 @@ class ModelSpec:
         if self.dtype_bytes not in (1, 2, 4):
             raise ValueError(f"model spec {self.name!r}: dtype_bytes must be 1, 2 or 4 (fp8, bf16/fp16, fp32), got "
                              f"{self.dtype_bytes}")
+        if not isinstance(self.expert_quant, str) or len(self.expert_quant) > 40 or (
+                self.expert_quant and not self.expert_quant.replace("_", "").replace("-", "").isalnum()):
+            raise ValueError(f"model spec {self.name!r}: expert_quant must be a quantization method's name such as "
+                             f"\"awq\" (or \"\" for none), got {self.expert_quant!r}")
         if self.attention not in ("gqa", "mla"):
             raise ValueError(f"model spec {self.name!r}: attention must be \"gqa\" or \"mla\", got {self.attention!r}")
         if self.attention == "gqa" and (self.kv_lora_rank or self.rope_head_dim):
@@ -326,7 +334,8 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         name=name, num_layers=layers, hidden=hidden, num_heads=heads,
         num_kv_heads=number("num_key_value_heads") or heads, head_dim=head_dim, num_experts=experts,
         top_k=need(*HF_TOP_K_KEYS), intermediate=need("moe_intermediate_size", "intermediate_size"),
-        dtype_bytes=hf_weight_bytes(cfg, dtype, where), num_shared_experts=shared, shared_intermediate=shared_inter,
+        dtype_bytes=hf_weight_bytes(cfg, dtype, where), expert_quant=hf_expert_quant(cfg),
+        num_shared_experts=shared, shared_intermediate=shared_inter,
         attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,
         rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0)
 
@@ -352,6 +361,17 @@ def hf_weight_bytes(cfg: dict, dtype: str, where: str) -> int:
 
     warnings.warn(f"{where}: quantization_config {method or '(no quant_method)'!r} is not modelled: weights counted "
                   f"at {dtype} ({size} bytes each), more memory than they take (so less KV room), and the engine's "
-                  "MoE kernel for these weights is not the bf16 one kernel_gym measures; for a bf16 deployment of "
-                  "this model the figures hold as they are", SpecWarning, stacklevel=3)
+                  "MoE kernel for these weights is not the bf16 one kernel_gym measures, so engine config files are "
+                  "not written for it; for a bf16 deployment of this model drop quantization_config and the figures "
+                  "hold as they are", SpecWarning, stacklevel=3)
     return size
+
+
+def hf_expert_quant(cfg: dict) -> str:
+    """ModelSpec.expert_quant of a Hugging Face config: its quantization_config's method unless fp8 (modelled as
+    dtype_bytes 1) or absent; "unknown" for a quantization_config that names none."""
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, dict):
+        return ""
+    method = "".join(ch for ch in str(quant.get("quant_method") or "unknown").lower() if ch.isalnum() or ch in "_-")
+    return "" if method == "fp8" else (method[:40] or "unknown")

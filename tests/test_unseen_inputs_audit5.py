@@ -152,3 +152,45 @@ def test_engine_versions_as_pip_writes_them_name_the_release_to_use():
                           ("sglang-0.6.0", "sglang-0.5.23")):
         with pytest.raises(ValueError, match=rf"nearest yours \({nearest} for "):
             parse_engine(text)  # was "name the known release nearest yours", naming none
+
+
+def test_quantized_experts_get_no_engine_file_and_a_plan_says_what_the_engine_runs(tmp_path, capsys):
+    """An AWQ / GPTQ / mxfp4 checkpoint: the engines run another MoE kernel, so an exported bf16 file would never be
+    read. It was written with a warning only; now export refuses and names the fix, plan names no file."""
+    from dataclasses import replace
+
+    from kernel_gym.cli import main
+    from kernel_gym.models import spec_caveats
+    from kernel_gym.parallel.deploy import Deployment, moe_config_files
+
+    awq = {**QWEN3_30B, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+    spec = _load(tmp_path, "qwen3-awq", awq, quiet=False)
+    assert spec.expert_quant == "awq" and any("awq-quantized" in line for line in spec_caveats(spec))
+    fp8 = _load(tmp_path, "qwen3-fp8", {**QWEN3_30B, "quantization_config": {"quant_method": "fp8"}})
+    assert (fp8.expert_quant, fp8.dtype_bytes) == ("", 1)
+    path = str(tmp_path / "qwen3-awq" / "config.json")
+    assert main(["export", "--model", path, "--format", "vllm", "--out", str(tmp_path / "out")]) == 2
+    assert "awq-quantized" in capsys.readouterr().err and not list((tmp_path / "out").glob("E=*.json"))
+    from kernel_gym.deploy.engine_export import engine_dtype
+
+    with pytest.raises(ValueError, match="awq-quantized.*drop quantization_config"):
+        engine_dtype(spec)
+    files = moe_config_files(spec, Deployment("vllm", 1, 1, 1, 16, 8192, 256, 512))
+    assert files[0]["file"].startswith("none for awq experts")
+    assert engine_dtype(replace(spec, expert_quant="")) == "bfloat16"
+    with pytest.raises(ValueError, match="expert_quant"):
+        replace(spec, expert_quant="awq; rm -rf")
+
+
+def test_a_policy_logged_before_a_spec_field_existed_still_matches_its_model():
+    """Stored provenance lists model specs as they were logged; a field added to ModelSpec since (at its default)
+    must not turn the policy into one 'trained for another model'."""
+    from dataclasses import asdict
+
+    from kernel_gym.deploy.export import check_policy_model
+    from kernel_gym.models import load_model
+
+    model = load_model("mixtral-8x7b")
+    old = {k: v for k, v in asdict(model).items() if k != "expert_quant"}
+    line = check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]}, model)
+    assert "mixtral-8x7b" in line

@@ -90,6 +90,12 @@ def engine_dtype(model: Any) -> str:
     (",dtype=float32"). An fp8 spec (dtype_bytes 1) is refused: the engines read an fp8 model's configs from the
     ",dtype=fp8_w8a8" file, tuned on the fp8 kernel, which kernel_gym does not measure; a bf16-keyed file would be
     written where the engine never looks."""
+    quant = getattr(model, "expert_quant", "")
+    if quant:
+        raise ValueError(f"model {model.name}: its experts are {quant}-quantized (quantization_config): "
+                         f"{quantized_moe_kernel(quant)}, not the bf16 fused-MoE kernel whose config files kernel_gym "
+                         "measures and writes, so a file written here would never be read; for a bf16 deployment of "
+                         "this model drop quantization_config from its config.json (or expert_quant from the spec)")
     size = getattr(model, "dtype_bytes", 2)
     if size not in ENGINE_DTYPES:
         raise ValueError(f"model {model.name}: dtype_bytes {size} (fp8) experts: vLLM and SGLang read an fp8 model's "
@@ -98,6 +104,18 @@ def engine_dtype(model: Any) -> str:
                          "benchmarks/kernels/benchmark_moe.py --dtype fp8_w8a8, or set \"dtype_bytes\": 2 in the "
                          "spec for a bf16 deployment")
     return ENGINE_DTYPES[size]
+
+
+def quantized_moe_kernel(method: str) -> str:
+    """What the engines run for experts quantized by `method` instead of the bf16 fused MoE (their MoE method
+    classes by quant_method), for the messages that refuse or skip an engine file."""
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
+        return ("vLLM and SGLang run such experts through their 4/8-bit MoE kernels (Marlin, or the Triton fused MoE "
+                "from a ',dtype=int4_w4a16' / 'int8_w8a16' config file that vLLM's benchmarks/kernels/"
+                "benchmark_moe.py tunes)")
+    if method == "mxfp4":
+        return "vLLM and SGLang run mxfp4 experts through their own mxfp4 MoE path (no fused-MoE config file)"
+    return f"vLLM and SGLang run {method} experts through that method's own MoE kernel"
 
 
 def shard_shape(model: Any, tp: int = 1, dtype: str = "", ep: int = 1) -> MoEShape:

@@ -320,7 +320,7 @@ def _trained_for(provenance: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The model spec(s) a policy was trained for: its own metadata, else (policies logged before it carried them)
     the `model` parameter of its training run; None when neither says."""
     if provenance.get("model_specs"):
-        return list(provenance["model_specs"])
+        return [_with_defaults(s) for s in provenance["model_specs"]]
     run_id = provenance.get("run_id") or ""
     try:
         import mlflow
@@ -336,6 +336,19 @@ def _trained_for(provenance: dict[str, Any]) -> list[dict[str, Any]] | None:
         return [asdict(load_model(name))]
     except (ValueError, FileNotFoundError, OSError):
         return [{"name": name}]
+
+
+def _with_defaults(spec: Any) -> Any:
+    """A stored spec with the fields added to ModelSpec since it was logged at their defaults, so that a policy
+    logged before a new field still matches its model; a spec that no longer reads stays as it was stored."""
+    if not isinstance(spec, dict) or set(spec) == {"name"}:
+        return spec
+    try:
+        from kernel_gym.models import spec_from_dict
+
+        return asdict(spec_from_dict(spec))
+    except (TypeError, ValueError):
+        return spec
 
 
 def check_policy_model(kernel: str, provenance: dict[str, Any], model: Any) -> str:

@@ -301,7 +301,12 @@ def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str
     for f in files:
         # what the replay priced: kernel_gym's own fused-MoE kernel and knobs, not entries of the engine's file
         f["kernel_gym_configs_priced"] = replay.get("moe_configs", {})
-        if spec.dtype_bytes == 1 and dep.engine == "vllm":  # kernel_gym measures bf16 kernels; export refuses fp8
+        if spec.expert_quant:
+            from kernel_gym.deploy.engine_export import quantized_moe_kernel
+
+            f["write_with"] = (f"none from kernel_gym: {quantized_moe_kernel(spec.expert_quant)}; kernel_gym measures "
+                               "bf16 kernels only")
+        elif spec.dtype_bytes == 1 and dep.engine == "vllm":  # kernel_gym measures bf16 kernels; export refuses fp8
             # vLLM's tuner: --enable-expert-parallel gives E / tp-size whole experts, else N / tp-size (never both)
             par = (f"--tp-size {dep.tp * dep.ep} --enable-expert-parallel" if dep.ep > 1 else f"--tp-size {dep.tp}")
             f["write_with"] = (f"vLLM's own tuner: benchmarks/kernels/benchmark_moe.py --model CHECKPOINT {par} "
@@ -334,7 +339,7 @@ def engine_shape_measured(spec: Any, dep: Any, device: str = "NVIDIA H200") -> b
     what `kernel-gym export` (no --routing) needs to write a measured file rather than refuse without --force."""
     from kernel_gym.deploy import engine_export as ee
 
-    if spec.dtype_bytes == 1:
+    if spec.dtype_bytes == 1 or spec.expert_quant:  # kernel_gym measures bf16 kernels only
         return False
     samples, _ = ee.samples_by_workload(_packaged_engine_rows(), ee.shard_shape(spec, dep.tp, ep=dep.ep), device,
                                         f"{dep.engine}-{dep.version}")

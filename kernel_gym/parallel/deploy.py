@@ -266,7 +266,9 @@ def moe_config_files(spec: Any, dep: Deployment, device: str = "NVIDIA H200") ->
     e_local, n = spec.num_experts // dep.ep, spec.intermediate // dep.tp
     # the engines' own naming (device name rules, the dtype part): an fp8 model's file is the fp8_w8a8 one
     name = config_file_name(e_local, n, device, "float32" if spec.dtype_bytes == 4 else "bfloat16", engine=dep.engine)
-    if spec.dtype_bytes == 1:
+    if getattr(spec, "expert_quant", ""):  # another MoE kernel reads its own file, or none (plan says which)
+        name = f"none for {spec.expert_quant} experts (not {name})"
+    elif spec.dtype_bytes == 1:
         name = name[:-len(".json")] + ",dtype=fp8_w8a8.json"
     return [{"file": name, "local_experts": e_local, "N": n, "engine_env":
              "VLLM_TUNED_CONFIG_FOLDER" if dep.engine == "vllm" else "SGLANG_MOE_CONFIG_DIR"}]
