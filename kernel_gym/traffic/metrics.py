@@ -734,6 +734,12 @@ def read_traffic(sources: list[str | Path], model: Any, engine: str | None = Non
         if len({a.shape for a in arrays}) != 1:
             raise _err(experts[0], "expert-count files of different shapes", "give one model's counts")
         counts = np.sum(arrays, axis=0)
+        if model.num_experts < counts.shape[1] <= 2 * model.num_experts:  # EPLB's redundant slots (a few per GPU)
+            raise _err(experts[0], f"counts for {counts.shape[1]} experts, {model.name} has {model.num_experts}: "
+                       f"these look like per physical expert slots ({counts.shape[1] - model.num_experts} redundant "
+                       "replicas of an EPLB deployment)", "dump physical_to_logical_map with the loads (vLLM's EPLB "
+                       "state holds it) so that replicas are added back to their expert, or give per-expert "
+                       "(logical) counts; or check that --model names the served model")
         if counts.shape[1] != model.num_experts:
             raise _err(experts[0], f"counts for {counts.shape[1]} experts, {model.name} has {model.num_experts}",
                        "give the counts of the model --model names")

@@ -243,6 +243,18 @@ def test_expert_counts_for_another_model_are_refused(tmp_path):
         metrics.read_traffic([log, f], MODEL)
 
 
+def test_eplb_loads_without_their_map_are_named_as_physical_slots(tmp_path):
+    """10 loads for Mixtral's 8 experts: an EPLB state's physical slots (2 redundant replicas) dumped without
+    physical_to_logical_map. Said as such, with the map as the fix, not only "another model"."""
+    f = tmp_path / "eplb_state.json"
+    f.write_text(json.dumps({"total_load": [[1.0] * 10] * 2}))
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(json.dumps({"timestamp": i * 100, "input_length": 50, "output_length": 5})
+                             for i in range(20)) + "\n")
+    with pytest.raises(metrics.MetricsError, match="2 redundant replicas.*physical_to_logical_map"):
+        metrics.read_traffic([log, f], MODEL)
+
+
 def test_two_traffic_sources_or_none_are_refused(tmp_path):
     a = write(tmp_path / "a.txt", vllm_scrape([1, *[0] * 13], ZERO14, ZERO14), 1.0)
     b = write(tmp_path / "b.txt", vllm_scrape([2, *[0] * 13], ZERO14, ZERO14), 2.0)
