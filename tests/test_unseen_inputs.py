@@ -677,6 +677,21 @@ def test_the_clis_own_warnings_print_as_one_line(monkeypatch):
     assert warnings.formatwarning is installed  # not wrapped again on every command
 
 
+def test_mlflows_type_hint_warning_is_not_printed_under_its_own_once_filter(monkeypatch):
+    """MLflow warns (in colour) that the policy model's predict has no type hints, under a simplefilter("once") it
+    puts in front of every filter: the CLI's ignore filter never applied, and demo / train printed it each time a
+    policy was logged."""
+    import warnings
+
+    from kernel_gym.cli import quiet_known_warnings
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    quiet_known_warnings()
+    hint = "\x1b[33mAdd type hints to the `predict` method to enable data validation\x1b[0m"
+    assert warnings.formatwarning(hint, UserWarning, "/m/data_validation.py", 187, "color_warning(") == ""
+    assert "something else" in warnings.formatwarning("something else", UserWarning, "/x/y.py", 3, "src")
+
+
 def test_replay_and_plan_price_from_stored_rows_only(tmp_path):
     """plan (store_backend), replay (its own make_backend call) and train (resolve_backend) answered --backend three
     ways: replay --backend live built a recorded backend over a file named "live". Both now go through
@@ -716,3 +731,29 @@ def test_replay_names_the_trace_origin_and_requests_over_the_context_limit(tmp_p
     run_replay(json_path=tmp_path / "r.json", trace=str(trace), model="olmoe-1b-7b", policies="default",
                no_mlflow=True)
     assert "1 of the 3 requests are longer than 32,768 tokens" in capsys.readouterr().err
+
+
+def test_tune_names_every_missing_policy_before_its_plan(tmp_path, monkeypatch, capsys):
+    """The README's path trains the MoE policy only; tune then printed coverage and ranked round 1 for 24 s before
+    refusing for want of a decode policy. Every missing policy is now named first, with the shipped ones."""
+    from kernel_gym.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    rc = main(["tune", "--model", "mixtral-8x7b", "--kernels", "fused_moe,decode_attention", "--dry-run"])
+    captured = capsys.readouterr()
+    assert rc == 2 and "no fused_moe, decode_attention policy in the MLflow store" in captured.err
+    assert "benchmarks/generalisation/policies" in captured.err and "[tune]" not in captured.out
+
+
+def test_collect_refusals_read_as_every_other_commands(capsys):
+    """collect exited 1 with a bare 'collect: ...' where every other command says 'kernel-gym CMD: error: ...' and
+    exits 2."""
+    import torch
+
+    from kernel_gym.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: collect would measure")
+    rc = main(["collect", "--model", "mixtral-8x7b", "--budget-s", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("kernel-gym collect: error: no CUDA GPU visible")

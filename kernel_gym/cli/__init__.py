@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def quiet_known_warnings() -> None:
     """Silence warnings a normal run would print that point at nothing the user can change: MLflow asks for type
-    hints on the policy model's predict (left out on purpose: MLflow would infer a wrong schema from them)."""
+    hints on the policy model's predict (left out on purpose: MLflow would infer a wrong schema from them). MLflow
+    raises it under its own `simplefilter("once")`, in front of any filter, so the formatter drops it too."""
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method", category=UserWarning)
@@ -57,6 +58,8 @@ def quiet_known_warnings() -> None:
         """kernel_gym's own warnings (OverloadWarning, TraceWarning, SpecWarning, ...) as one line naming their
         kind, not Python's file, line number and source line, which point into the package; others as Python
         prints them."""
+        if "Add type hints to the `predict` method" in str(message):
+            return ""
         if category.__module__.startswith("kernel_gym."):
             return f"warning ({category.__name__}): {message}\n"
         return plain(message, category, filename, lineno, line)
@@ -83,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"kernel-gym {command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # a message (collect's "collect: ..." refusals) in the shared format; codes pass
+        if not isinstance(exc.code, str) or debug:
+            raise
+        text = exc.code.removeprefix(f"{command}: ").removeprefix("error: ")
+        print(f"kernel-gym {command}: error: {_one_line(SystemExit(text))}", file=sys.stderr)
         return 2
     except ImportError as exc:
         missing = getattr(exc, "name", None) or ""

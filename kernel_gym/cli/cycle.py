@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--install", action="store_true", help="move the new folder into --current's place (the old one "
                    "becomes <current>.prev)")
     p.add_argument("--rollback", action="store_true", help="put <current>.prev back and exit")
-    p.add_argument("--report-dir", type=Path, default=Path("."), help="where cycle_report.md/.json go")
+    p.add_argument("--report-dir", type=Path, default=Path("."),
+                   help="where cycle_report.md/.json and the traffic profile the next cycle compares with go "
+                   "(default: the working directory)")
     p.add_argument("--store", action="append", default=[], metavar="PATH",
                    help="measurement stores with vllm_fused_moe rows (default: the packaged H200 dataset)")
     p.add_argument("--min-gain", type=float, default=0.01, help="a key changes only if faster by this much")

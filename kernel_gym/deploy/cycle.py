@@ -643,8 +643,9 @@ def report_md(rep: dict[str, Any]) -> str:
              + (f" (before {b['decode'].get('context_mean', float('nan')):.0f})" if b else ""),
              *price_lines(rep),
              f"- moved keys {rep['moved_keys']}, changed {rep['changed_keys']}"
-             + (f", confirmed on the GPU {rep['confirmed_keys']}" if rep["gpu"] else " (zero-shot, no GPU: "
-                "unconfirmed)"), f"- GPU-seconds this cycle: {rep['gpu_s']:.1f}", "",
+             + (f", confirmed on the GPU {rep['confirmed_keys']}" if rep["gpu"] else
+                " (zero-shot, no GPU: unconfirmed)" if rep["changed_keys"] else " (zero-shot, no GPU)"),
+             f"- GPU-seconds this cycle: {rep['gpu_s']:.1f}", "",
              "| M key | steps now | before | moved | why | current ms | proposed ms | gain | changed | confirmed |",
              "|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for k in rep["keys"]:

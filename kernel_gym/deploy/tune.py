@@ -205,6 +205,23 @@ def check_kernels_run(spec: Any, kernels: Sequence[str]) -> None:
             raise ValueError(f"{spec.name}: {kernel} cannot run this shape ({why}); {rest}")
 
 
+def policy_uris(model_name: str, kernels: Sequence[str], model_uris: Sequence[str]) -> dict[str, str]:
+    """kernel -> the MLflow policy tune ranks with (--model-uri, else the latest registered for the model); a
+    kernel without one is refused here, before the plan's slower work, naming the shipped policies."""
+    from kernel_gym.deploy.export import latest_model_uris, parse_model_uris, shipped_policy_dir
+
+    given, latest = parse_model_uris(model_uris), latest_model_uris(model_name)
+    uris = {k: given.get(k) or latest.get(k) for k in kernels}
+    missing = [k for k, uri in uris.items() if not uri]
+    if missing:
+        others = [k for k in kernels if k not in missing]
+        subset = f", or leave them out (--kernels {','.join(others)})" if others else ""
+        raise ValueError(f"no {', '.join(missing)} policy in the MLflow store: pass --policy-dir "
+                         f"{shipped_policy_dir()} (the zoo policies the repository ships), train one (kernel-gym "
+                         f"train --model zoo --env-id ...), pass --model-uri {missing[0]}=URI" + subset)
+    return uris
+
+
 def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, budget_s: float = 120.0,
                db: str = "tune.sqlite", model_uris: Sequence[str] = (), policy_dir: Path | None = None,
                save_policies: Path | None = None, out: Path = Path("deploy/tuned_table.json"),
@@ -239,6 +256,7 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
     if bad:
         raise ValueError(f"--kernels: cannot tune {bad}; tune supports {list(KERNELS)}")
     check_kernels_run(spec, kernels)
+    uris = {} if policy_dir else policy_uris(spec.name, kernels, model_uris)  # every policy found before any work
     plans, rankers = {}, {}
     nearest = None
     for kernel in kernels:
@@ -249,18 +267,7 @@ def tune_model(*, model: str, kernels: Sequence[str] = KERNELS, top_k: int = 4, 
             meta, params, provenance = load_bundle(policy_dir, kernel)
             cost = load_cost_model(policy_dir, kernel)  # fused_moe: ranks round 1 as `export` ranks zero-shot
         else:
-            from kernel_gym.deploy.export import latest_model_uris, parse_model_uris, shipped_policy_dir
-
-            given = parse_model_uris(model_uris)
-            uri = given.get(kernel) or latest_model_uris(spec.name).get(kernel)
-            if not uri:
-                others = [k for k in kernels if k != kernel]
-                subset = f", or leave it out (--kernels {','.join(others)})" if others else ""
-                raise ValueError(f"no {kernel} policy in the MLflow store: pass --policy-dir "
-                                 f"{shipped_policy_dir()} (the zoo policies the repository ships), train "
-                                 f"one (kernel-gym train --model zoo --env-id ...), pass --model-uri {kernel}=URI"
-                                 + subset)
-            meta, params, provenance = policy_bundle(uri, kernel)
+            meta, params, provenance = policy_bundle(uris[kernel], kernel)
             from kernel_gym.dispatch import cost_model as cm
 
             if kernel == cm.KERNEL and provenance.get("model_conditioned"):

@@ -51,7 +51,8 @@ from kernel_gym.train import zoo_policy
 @dataclass
 class TrainArgs:
     env_id: str = "KernelGym/MoE-v0"
-    """Gymnasium id of a kernel env (KernelGym/MoE-v0, KernelGym/DecodeAttention-v0, KernelGym/PrefillAttention-v0)."""
+    """Gymnasium id of a kernel env (KernelGym/MoE-v0, KernelGym/DecodeAttention-v0, KernelGym/PrefillAttention-v0,
+    KernelGym/PrefixPrefill-v0; each also as -live-v0: real compile-and-measure on a GPU)."""
     backend: str = "recorded"
     """Measurement backend: "recorded" (the packaged H200 data, CPU), the path of a measurement store (the --db tune
     and collect write: your own model's rows) or "live" (GPU); tests pass a Backend object to train()."""
