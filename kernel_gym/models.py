@@ -69,6 +69,13 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
     if spec.num_shared_experts:
         out.append(f"{spec.name}'s {spec.num_shared_experts} shared expert(s) run as a dense MLP outside the fused-MoE "
                    "kernel: not tuned here")
+    if spec.n_attention_layers < spec.num_layers:
+        out.append(f"{spec.num_layers - spec.n_attention_layers} of {spec.name}'s {spec.num_layers} layers have no "
+                   "softmax attention (Mamba, linear or sliding-window attention): their mixers' time, weights and "
+                   "state are not priced")
+    if spec.n_dense_layers:
+        out.append(f"{spec.name}'s {spec.n_dense_layers} dense-MLP layers (width {spec.dense_intermediate}) are priced "
+                   "at their roofline time: not tuned here")
     return out
 
 

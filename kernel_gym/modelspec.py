@@ -13,8 +13,10 @@ from dataclasses import dataclass
 # beyond them is a typo or a crafted file, and grids sized by it would exhaust memory.
 SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_heads": 1024, "head_dim": 1024,
                "num_experts": 4096, "top_k": 256, "intermediate": 262144, "dtype_bytes": 4,
-               "num_shared_experts": 64, "shared_intermediate": 262144, "kv_lora_rank": 16384, "rope_head_dim": 1024}
-OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim")
+               "num_shared_experts": 64, "shared_intermediate": 262144, "kv_lora_rank": 16384, "rope_head_dim": 1024,
+               "moe_layers": 1024, "attention_layers": 1024, "dense_intermediate": 262144}
+OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim", "moe_layers",
+                 "attention_layers", "dense_intermediate")
 
 
 # Its int field list has the shape of prefill_gluon's GluonVariant (duplicate scan): unrelated records.
@@ -47,6 +49,14 @@ class ModelSpec:
     """The experts' quantization method where it is neither a float dtype nor fp8 (mxfp4, awq, gptq, ...; "" for
     none): the engines run such experts through another MoE kernel than the one kernel_gym measures, so engine
     config files are not written for it (engine_export.engine_dtype)."""
+    moe_layers: int = 0
+    """Layers with the routed MoE (0: all num_layers). The others have a dense MLP of width dense_intermediate, or
+    none counted where that is 0 (DeepSeek's first_k_dense_replace layers, Llama-4-Maverick's every other layer)."""
+    attention_layers: int = 0
+    """Layers with softmax attention over the KV cache (0: all num_layers). The others' mixers (Mamba, linear or
+    sliding-window attention: Jamba, Qwen3-Next, Nemotron-H) hold no growing KV cache and are not priced."""
+    dense_intermediate: int = 0
+    """Width of the dense MLP of the num_layers - moe_layers layers without MoE (0: none counted)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -83,6 +93,31 @@ class ModelSpec:
             )
         if self.top_k > self.num_experts:
             raise ValueError(f"model spec {self.name!r}: top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        for field in ("moe_layers", "attention_layers"):
+            if getattr(self, field) > self.num_layers:
+                raise ValueError(f"model spec {self.name!r}: {field} ({getattr(self, field)}) exceeds num_layers "
+                                 f"({self.num_layers}); 0 means all layers")
+
+    @property
+    def n_moe_layers(self) -> int:
+        """Layers that run the routed MoE (fused_moe)."""
+        return self.moe_layers or self.num_layers
+
+    @property
+    def n_attention_layers(self) -> int:
+        """Layers that run softmax attention over the KV cache (the prefill / decode attention kernels)."""
+        return self.attention_layers or self.num_layers
+
+    @property
+    def n_dense_layers(self) -> int:
+        """Layers with a dense MLP of width dense_intermediate instead of the MoE (0 where that width is 0)."""
+        return self.num_layers - self.n_moe_layers if self.dense_intermediate else 0
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Every layer is attention + MoE (the defaults): the consumers keep their one-layer-kind arithmetic, so
+        every published figure of such a spec is what it was before layer kinds were counted."""
+        return self.n_moe_layers == self.n_attention_layers == self.num_layers
 
     @property
     def expert_weight_bytes(self) -> int:
@@ -97,20 +132,24 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token occupies across all layers (K and V; MLA: the latent plus the rotary key)."""
+        """KV-cache bytes one token occupies across the attention layers (K and V; MLA: the latent plus the rotary
+        key); the other layers' state (Mamba, linear attention) does not grow with the context and is not counted."""
         if self.attention == "mla":
-            return self.num_layers * (self.kv_lora_rank + self.rope_head_dim) * self.activation_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.activation_bytes
+            return self.n_attention_layers * (self.kv_lora_rank + self.rope_head_dim) * self.activation_bytes
+        return 2 * self.n_attention_layers * self.num_kv_heads * self.head_dim * self.activation_bytes
 
     @property
     def weight_bytes(self) -> int:
-        """Approximate parameter bytes: attention projections plus all experts, per layer, times layers."""
+        """Approximate parameter bytes: attention projections x attention layers, router and all experts x MoE
+        layers, the dense MLP x dense layers (integers: the defaults give num_layers x (attention + MoE) exactly).
+        Non-attention mixers' weights (Mamba, linear attention) are not counted."""
         qkv = self.hidden * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         attn = qkv + self.num_heads * self.head_dim * self.hidden
         router = self.hidden * self.num_experts
         experts = self.num_experts * 3 * self.hidden * self.intermediate
         experts += self.num_shared_experts * 3 * self.hidden * (self.shared_intermediate or self.intermediate)
-        return self.num_layers * (attn + router + experts) * self.dtype_bytes
+        dense = self.n_dense_layers * 3 * self.hidden * self.dense_intermediate
+        return (self.n_attention_layers * attn + self.n_moe_layers * (router + experts) + dense) * self.dtype_bytes
 
 
 BUILTIN_MODELS: dict[str, ModelSpec] = {
@@ -228,25 +267,48 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
     return moe, att, ", ".join(keys), ", ".join(akeys)
 
 
-def hf_layer_warning(cfg: dict, layers: int, where: str) -> None:
-    """Say once (SpecWarning) where a config.json's layers are not all attention + MoE: a ModelSpec has one layer
-    kind, so kernel_gym prices every layer as attention + MoE. Dense MLP layers (DeepSeek's first_k_dense_replace,
-    Llama-4-Maverick's every other layer) are priced as MoE ones, and Mamba, linear-attention or sliding-window layers
-    (Jamba, Nemotron-H, Qwen3-Next, gpt-oss) as full attention holding the whole context's KV cache."""
+def hf_layer_counts(cfg: dict, layers: int, where: str) -> dict[str, int]:
+    """ModelSpec's moe_layers, attention_layers and dense_intermediate of a config.json whose layers are not all
+    attention + MoE (all 0, the defaults, where they are), from each family's keys (_layer_indices). The dense
+    layers' MLP width: Llama-4's intermediate_size_mlp, else intermediate_size (Nemotron-H's pattern gives each layer
+    one mixer: its non-MoE layers have no MLP counted). What stays unmodelled is said once (SpecWarning): the other
+    layers' mixers (Mamba, linear or sliding-window attention: their time, weights and state are not priced), a dense
+    MLP whose width the config does not give, a layer count of 0 (a spec counts 0 as all layers)."""
     moe, att, keys, akeys = _layer_indices(cfg, layers)
     moe = None if moe is None or len(moe) == layers else len(moe)
     att = None if att is None or len(att) == layers else len(att)
-    if moe is None and att is None:
-        return
-    import warnings
+    out = {"moe_layers": 0, "attention_layers": 0, "dense_intermediate": 0}
+    said: list[str] = []
+    pattern = cfg.get("hybrid_override_pattern") if isinstance(cfg.get("hybrid_override_pattern"), str) else ""
+    if moe == 0:
+        said.append(f"0 MoE layers ({keys}): expert weights and MoE time counted for all {layers} layers")
+    elif moe is not None:
+        out["moe_layers"] = moe
+        width = next((cfg[k] for k in ("intermediate_size_mlp", "intermediate_size")
+                      if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool) and cfg[k] > 0), 0)
+        if pattern:
+            mlp = pattern.count("-")
+            if mlp:
+                said.append(f"{mlp} dense-MLP layers (hybrid_override_pattern '-') not counted")
+        elif width:
+            out["dense_intermediate"] = width
+        else:
+            said.append(f"{layers - moe} dense-MLP layers ({keys}) not counted: the config gives no intermediate_size "
+                        "(their width)")
+    if att == 0:
+        said.append(f"0 full-attention layers ({akeys}): KV cache counted for all {layers} layers")
+    elif att is not None:
+        out["attention_layers"] = att
+        said.append(f"{layers - att} layers without full attention ({akeys}: Mamba, linear or sliding-window "
+                    "attention) whose mixers are not priced (their time, weights and state)")
+    if said:
+        import warnings
 
-    has = " and ".join([f"{moe} MoE layers ({keys})"] * (moe is not None)
-                       + [f"{att} full-attention layers ({akeys})"] * (att is not None))
-    counted = " and ".join(["expert weights and MoE time"] * (moe is not None) + ["KV cache"] * (att is not None))
-    fix = f"; a ModelSpec JSON with num_layers {moe} counts the MoE part exactly" if moe is not None else ""
-    warnings.warn(f"{where}: of its {layers} layers the model has {has}, but a spec has one layer kind: {counted} "
-                  f"counted for all {layers} layers, more than the model has{fix} (docs/agent.md, Your own model)",
-                  SpecWarning, stacklevel=3)
+        counts = " and ".join([f"{moe} MoE layers ({keys})"] * (moe is not None)
+                              + [f"{att} full-attention layers ({akeys})"] * (att is not None))
+        warnings.warn(f"{where}: of its {layers} layers the model has {counts}, counted as such; not modelled: "
+                      f"{'; '.join(said)} (docs/agent.md, Your own model)", SpecWarning, stacklevel=3)
+    return out
 
 
 HF_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -261,7 +323,7 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     """A ModelSpec from a Hugging Face MoE config.json, by the mapping docs/agent.md tables ("Your own model"): the
     routed experts, one expert's intermediate size, shared experts (DeepSeek's n_shared_experts, Qwen-MoE's one) and
     MLA where kv_lora_rank is set. A multimodal config's language part (hf_language_config) is the language model's;
-    layers that are not all attention + MoE are said (hf_layer_warning)."""
+    layers that are not all attention + MoE are counted (hf_layer_counts)."""
     cfg = hf_language_config(data)
 
     def number(key: str) -> int | None:
@@ -329,7 +391,7 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         shared, shared_inter = 0, 0
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     layers = need("num_hidden_layers")
-    hf_layer_warning(cfg, layers, where)
+    kinds = hf_layer_counts(cfg, layers, where)
     return ModelSpec(
         name=name, num_layers=layers, hidden=hidden, num_heads=heads,
         num_kv_heads=number("num_key_value_heads") or heads, head_dim=head_dim, num_experts=experts,
@@ -337,7 +399,7 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         dtype_bytes=hf_weight_bytes(cfg, dtype, where), expert_quant=hf_expert_quant(cfg),
         num_shared_experts=shared, shared_intermediate=shared_inter,
         attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,
-        rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0)
+        rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0, **kinds)
 
 
 class SpecWarning(UserWarning):

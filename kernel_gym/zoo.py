@@ -146,7 +146,7 @@ def tp_problem(spec: ModelSpec, tp: int) -> str:
 
 def shard(spec: ModelSpec, tp: int) -> ModelSpec:
     """The per-GPU shape of a model at tensor-parallel degree tp: experts' intermediate split tp ways (vLLM's N), query
-    heads split, KV heads split down to one per GPU (replicated below that)."""
+    heads split, KV heads split down to one per GPU (replicated below that), dense-MLP layers' width split."""
     if tp == 1:
         return spec
     why = tp_problem(spec, tp)
@@ -154,7 +154,8 @@ def shard(spec: ModelSpec, tp: int) -> ModelSpec:
         raise ValueError(why)
     kv = max(1, spec.num_kv_heads // tp)
     return dataclasses.replace(spec, name=f"{spec.name}@tp{tp}", intermediate=spec.intermediate // tp,
-                               num_heads=spec.num_heads // tp, num_kv_heads=kv)
+                               num_heads=spec.num_heads // tp, num_kv_heads=kv,
+                               dense_intermediate=spec.dense_intermediate // tp)
 
 
 def zoo_shards(models: Any = None, tps: tuple[int, ...] = TP_DEGREES) -> list[ModelSpec]:

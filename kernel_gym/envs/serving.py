@@ -23,7 +23,7 @@ from kernel_gym.dispatch.serving_rules import (
     _RuleChooser,
     build_serving_catalogue,
 )
-from kernel_gym.kernels.profiles import follows_kv
+from kernel_gym.kernels.profiles import follows_kv, layers_of
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure import resolve_backend
 from kernel_gym.measure.coverage import cover
@@ -285,7 +285,6 @@ class ServingEnv(gym.Env):
         reward = st.output_tokens / (self.interval_s * self.catalogue.nominal_tokens_per_s)
         compile_stall = sum(s for _, s, why in st.stalls if why.startswith("compile"))
         ks1, est1 = self.chooser.coverage.seconds()
-        layers = self.model.num_layers
         info = {
             "tokens": st.output_tokens,
             "tokens_per_s": st.output_tokens / max(st.t_end - st.t_start, 1e-9),
@@ -298,8 +297,8 @@ class ServingEnv(gym.Env):
             "proxied_calls": self.chooser.coverage.snapshot()[1] - prox0,
             # tuned-kernel seconds served in the interval (all layers), per family, and the part on estimated times
             "tuned_kernel_s": st.tuned_kernel_s,
-            "kernel_s": {k: (ks1[k] - ks0[k]) * layers for k in KERNELS},
-            "estimated_kernel_s": {k: (est1[k] - est0[k]) * layers for k in KERNELS},
+            "kernel_s": {k: (ks1[k] - ks0[k]) * layers_of(k, self.model) for k in KERNELS},
+            "estimated_kernel_s": {k: (est1[k] - est0[k]) * layers_of(k, self.model) for k in KERNELS},
             "sim_time_s": st.t_end - st.t_start,
             "action_mask": self.action_masks(),
         }

@@ -76,12 +76,16 @@ class GuardedChooser:
     simulator asks it before choosing the prefix kernel), and `standin` counts the stand-in prefill time of chunks
     with a prefix as estimated (the simulator charges it when the data has no prefix_prefill time)."""
 
-    def __init__(self, policy: Any, backend: Any, num_layers: int, record_steps: int = 0) -> None:
+    def __init__(self, policy: Any, backend: Any, num_layers: int, record_steps: int = 0,
+                 kernel_layers: dict[str, int] | None = None) -> None:
+        """kernel_layers: per kernel, the layers that call it where they differ from num_layers (a model whose layers
+        are not all attention + MoE: profiles.layers_of); the seconds it sums are per call x those layers."""
         from kernel_gym.dispatch.baselines import Oracle
 
         self.policy = policy
         self.backend = backend
         self.layers = num_layers
+        self.kernel_layers = {k: n for k, n in (kernel_layers or {}).items() if n != num_layers}
         self.kv_layout = getattr(policy, "kv_layout", None)
         self.precompiled = set(getattr(policy, "precompiled", ()) or ())
         self._oracle = Oracle(backend)
@@ -109,9 +113,10 @@ class GuardedChooser:
 
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
         hit = self.resolve(kernel, workload, kv)
-        self.kernel_s[kernel] += hit[1] * self.layers
+        layers = self.kernel_layers.get(kernel, self.layers)
+        self.kernel_s[kernel] += hit[1] * layers
         if hit[2]:
-            self.estimated_s[kernel] += hit[1] * self.layers
+            self.estimated_s[kernel] += hit[1] * layers
         ckey = (kernel, workload)
         self.calls[ckey] = self.calls.get(ckey, 0) + 1
         if self.record_steps and len(self.steps) < self.record_steps * len(KERNELS):
@@ -127,21 +132,26 @@ class GuardedChooser:
         """The call just chosen stands in for chunks with a prefix (no prefix_prefill time): its seconds are an
         estimate of those chunks, whatever its own source."""
         _, seconds, estimated = self.resolve(kernel, workload, kv)
-        self.standin_s += seconds * self.layers
+        layers = self.kernel_layers.get(kernel, self.layers)
+        self.standin_s += seconds * layers
         if not estimated:
-            self.estimated_s[kernel] += seconds * self.layers
+            self.estimated_s[kernel] += seconds * layers
 
     def price(self, calls: dict[tuple[str, Any], int], kv: KVLayout) -> float | None:
         """Seconds of kernel time this policy's choices take on a given multiset of calls (x layers): the
         tuned-kernel time on identical traffic, so policies are compared on the same workloads. None when some
         call cannot be timed on this policy's KV layout (no comparable number)."""
-        total = 0.0
+        total, own = 0.0, 0.0  # seconds per layer of the kernels every layer calls; all seconds of the others
         for (k, w), n in calls.items():
             try:
-                total += n * self.resolve(k, w, kv)[1]
+                t = n * self.resolve(k, w, kv)[1]
             except LookupError:
                 return None
-        return total * self.layers
+            if k in self.kernel_layers:
+                own += t * self.kernel_layers[k]
+            else:
+                total += t
+        return total * self.layers + own
 
     def available(self, kernel: str, workload: Any, kv: KVLayout) -> list[Config]:
         """Configs the data holds for the workload: listed by the backend, valid by the family's rules, on the KV
@@ -286,7 +296,8 @@ def routing_profile(spec: str, model: Any, seed: int = 0) -> Any:
 def run_policy(name: str, policy: Policy | Any, model: Any, trace: Any, routing: Any, backend: Any,
                record_steps: int = 0, **sim_kw: Any) -> PolicyRun:
     """Replay the trace under one policy; metrics include the issue's set plus stalls, fallbacks and switches."""
-    guard = GuardedChooser(policy, backend, model.num_layers, record_steps)
+    guard = GuardedChooser(policy, backend, model.num_layers, record_steps,
+                           {k: profiles.layers_of(k, model) for k in CHOSEN_KERNELS})
     kv = getattr(policy, "kv_layout", None) or DEFAULT_KV
     sim = Simulator(model, trace, BackendTimer(backend), guard, routing, kv_layout=kv, **sim_kw)
     guard.sim = sim
@@ -536,6 +547,8 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
         steps_json.parent.mkdir(parents=True, exist_ok=True)
         steps_json.write_text(json.dumps({
             "trace": replayed.name, "model": spec.name, "num_layers": spec.num_layers,
+            **({} if getattr(spec, "uniform_layers", True) else {  # predicted_s is per layer: the layers per kind
+                "moe_layers": spec.n_moe_layers, "attention_layers": spec.n_attention_layers}),
             "policies": {n: runs[n].steps for n in record if n in runs}}))
         paths.append(steps_json)
     if untimed_plan is not None:

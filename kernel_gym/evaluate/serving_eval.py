@@ -12,6 +12,7 @@ import numpy as np
 
 from kernel_gym.dispatch.serving_rules import OracleChooser, _RuleChooser
 from kernel_gym.envs.serving import ServingEnv
+from kernel_gym.kernels import profiles
 from kernel_gym.traffic.simulator import KERNELS
 
 
@@ -103,8 +104,8 @@ def evaluate_serving(env_kwargs: dict[str, Any], policy: Any, start_s: Sequence[
         calls["oracle"][1] += n_prox
         ks, es = oracle.coverage.seconds()
         for k in KERNELS:
-            kernel_s["oracle"][k] += ks[k] * env.model.num_layers
-            est_s["oracle"][k] += es[k] * env.model.num_layers
+            kernel_s["oracle"][k] += ks[k] * profiles.layers_of(k, env.model)
+            est_s["oracle"][k] += es[k] * profiles.layers_of(k, env.model)
         stalls["oracle"] += st.stall_s
         row["oracle_relayout_s"] = relayout
         row["oracle_compiles"] = sum(1 for _, _, why in st.stalls if why.startswith("compile"))

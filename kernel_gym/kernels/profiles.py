@@ -145,6 +145,14 @@ def follows_kv(kernel: str) -> bool:
     return p is not None and p.follows_kv
 
 
+def layers_of(kernel: str, spec: Any) -> int:
+    """How many of a model's layers call `kernel`: its MoE layers for a fused-MoE family (`moe`), else (attention)
+    its softmax-attention layers (ModelSpec.n_moe_layers / n_attention_layers; num_layers for a spec without them)."""
+    p = PROFILES.get(kernel)
+    name = "n_moe_layers" if p is not None and p.moe else "n_attention_layers"
+    return int(getattr(spec, name, spec.num_layers))
+
+
 def names_with(field_name: str) -> tuple[str, ...]:
     """The registered kernels, in registration order, whose profile sets `field_name` (not None, empty or False)."""
     return tuple(n for n, p in PROFILES.items() if getattr(p, field_name))

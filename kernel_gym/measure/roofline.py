@@ -51,13 +51,40 @@ def dense_step_ops(model: Any, num_tokens: int, num_logits: int, vocab: int = DE
     }
 
 
+# which layers run each untuned op of dense_layer_ops: the attention layers their projections, rope and KV write,
+# the MoE layers their router; the norms and residual adds run in every layer
+ATTENTION_OPS = ("qkv_proj", "rope", "kv_cache_write", "o_proj")
+MOE_OPS = ("router",)
+
+
+def dense_mlp_ops(model: Any, num_tokens: int) -> dict[str, tuple[float, float]]:
+    """(flops, bytes) of one dense-MLP layer's MLP (width model.dense_intermediate; the layers without MoE): the
+    gate/up GEMM, the activation, the down GEMM."""
+    t, h, b, d = num_tokens, model.hidden, model.dtype_bytes, model.dense_intermediate
+    return {
+        "mlp_gate_up": (2.0 * t * h * 2 * d, b * (h * 2 * d + t * h + t * 2 * d)),
+        "mlp_act": (0.0, b * (t * 2 * d + t * d)),
+        "mlp_down": (2.0 * t * d * h, b * (d * h + t * d + t * h)),
+    }
+
+
 def dense_step_s(model: Any, num_tokens: int, num_logits: int, vocab: int = DEFAULT_VOCAB) -> float:
-    """Roofline seconds of all untuned ops of one engine step (every layer plus the per-step ops)."""
+    """Roofline seconds of all untuned ops of one engine step (every layer plus the per-step ops). A spec whose
+    layers are not all attention + MoE (ModelSpec.uniform_layers) is charged each op for the layers that run it
+    (ATTENTION_OPS, MOE_OPS) and the dense MLP (dense_mlp_ops) for its dense layers."""
     if num_tokens <= 0:
         return 0.0
-    per_layer = sum(op_s(f, nb) for f, nb in dense_layer_ops(model, num_tokens).values())
+    ops = dense_layer_ops(model, num_tokens)
     per_step = sum(op_s(f, nb) for f, nb in dense_step_ops(model, num_tokens, num_logits, vocab).values())
-    return model.num_layers * per_layer + per_step
+    if getattr(model, "uniform_layers", True):
+        per_layer = sum(op_s(f, nb) for f, nb in ops.values())
+        return model.num_layers * per_layer + per_step
+    counts = {"attention": model.n_attention_layers, "moe": model.n_moe_layers, "all": model.num_layers}
+    total = sum(op_s(f, nb) * counts["attention" if k in ATTENTION_OPS else "moe" if k in MOE_OPS else "all"]
+                for k, (f, nb) in ops.items())
+    if model.n_dense_layers:
+        total += model.n_dense_layers * sum(op_s(f, nb) for f, nb in dense_mlp_ops(model, num_tokens).values())
+    return total + per_step
 
 
 def kernel_roofline(kernel: str, workload: Any, dtype_bytes: int = 2) -> tuple[float, float]:

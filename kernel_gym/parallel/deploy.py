@@ -353,6 +353,10 @@ class DeploymentPricer:
         layers = self.spec.num_layers
         busy = res.summary["busy_s"]
         parts = rep["step_parts_s"] * layers
+        prior_s = rep["prior_s"] * layers
+        if not self.spec.uniform_layers:  # attention and MoE parts over their own layer counts
+            rep = pricer.report_all_layers()
+            parts, prior_s = rep["step_parts_s"], rep["prior_s"]
         est_s = rep["estimated_share"] * parts
         r = int(keep.sum()) / len(idx)  # served requests per replayed one: R when R divides them, less otherwise
         return {
@@ -366,7 +370,7 @@ class DeploymentPricer:
             "kv_tokens_per_rank": kv_tokens_per_rank(self.spec, dep),
             # shares of all the step time (kernels, collectives, untuned ops, per-step overhead)
             "estimated_share": est_s / busy if busy > 0 else 0.0,
-            "prior_share": rep["prior_s"] * layers / busy if busy > 0 else 0.0,
+            "prior_share": prior_s / busy if busy > 0 else 0.0,
             "collective_share": rep["collective_share"] * parts / busy if busy > 0 else 0.0,
             "ep_imbalance_mean": rep["ep_imbalance_mean"], "roofline_priced": sorted(pricer.roofline_priced),
             "moe_configs": {str(k): v for k, v in sorted(sim.configs_used["fused_moe"].items(),

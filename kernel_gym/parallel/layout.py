@@ -74,14 +74,20 @@ def layouts_for(gpus: int) -> list[Layout]:
 
 def gpu_weight_bytes(spec: Any, layout: Layout) -> float:
     """Parameter bytes one GPU holds: attention / tp, the router, E / ep experts at intermediate / tp, and the shared
-    experts (a dense MLP every token passes: sliced by tp like attention, whole on every EP rank)."""
+    experts (a dense MLP every token passes: sliced by tp like attention, whole on every EP rank); each for the
+    layers that have it (a dense-MLP layer's MLP: sliced by tp)."""
     attn = spec.hidden * (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim + spec.num_heads * spec.head_dim * \
         spec.hidden
     experts = spec.num_experts / layout.ep * 3 * spec.hidden * spec.intermediate / layout.tp
     shared = getattr(spec, "num_shared_experts", 0) * 3 * spec.hidden * \
         (getattr(spec, "shared_intermediate", 0) or spec.intermediate)
-    return spec.num_layers * ((attn + shared) / layout.tp + spec.hidden * spec.num_experts + experts) * \
-        spec.dtype_bytes
+    if getattr(spec, "uniform_layers", True):  # every layer attention + MoE
+        return spec.num_layers * ((attn + shared) / layout.tp + spec.hidden * spec.num_experts + experts) * \
+            spec.dtype_bytes
+    # per layer kind (ModelSpec.n_attention_layers, n_moe_layers, n_dense_layers: the dense MLP sliced by tp)
+    dense = spec.n_dense_layers * 3 * spec.hidden * spec.dense_intermediate
+    return (spec.n_attention_layers * attn / layout.tp + dense / layout.tp
+            + spec.n_moe_layers * (shared / layout.tp + spec.hidden * spec.num_experts + experts)) * spec.dtype_bytes
 
 
 def why_invalid(spec: Any, layout: Layout, gpus: int, gpu_memory_bytes: float = H200_MEMORY_BYTES,

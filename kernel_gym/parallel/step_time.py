@@ -218,6 +218,32 @@ class StepPricer:
         out["ep_imbalance_p99"] = float(np.percentile(imb, 99))
         return out
 
+    def part_layers(self) -> dict[str, int]:
+        """Layers each part runs in: the attention kernels the attention layers, fused MoE the MoE layers, and the
+        collectives, booked with the MoE (moe_s), the MoE layers too (ParallelSimulator charges them so)."""
+        moe = profiles.layers_of("fused_moe", self.spec)
+        return {p: profiles.layers_of(p, self.spec) if p in KERNELS else moe for p in PARTS}
+
+    def report_all_layers(self) -> dict[str, float]:
+        """report() over all the model's layers: each part's seconds times the layers it runs in (part_layers), the
+        shares of those sums. A spec whose every layer is attention + MoE: every seconds figure x num_layers."""
+        rep = self.report()
+        if getattr(self.spec, "uniform_layers", True):
+            layers = self.spec.num_layers
+            return {k: v * layers if k.endswith("_s") and not k.startswith("ep_") else v for k, v in rep.items()}
+        n = self.part_layers()
+        secs = {p: self.seconds[p] * n[p] for p in PARTS}
+        est = sum(self.estimated[p] * n[p] for p in PARTS)
+        total = sum(secs.values())
+        prior = self.prior_s * n["all_reduce"]
+        rep.update({f"{p}_s": secs[p] for p in PARTS})
+        rep["step_parts_s"] = total
+        rep["estimated_share"] = est / total if total else 0.0
+        rep["collective_share"] = (secs["all_reduce"] + secs["all_to_all"]) / total if total else 0.0
+        rep["prior_s"] = prior
+        rep["prior_share"] = prior / total if total else 0.0
+        return rep
+
 
 class _Unused:
     """The base Simulator's chooser and timer slots: ParallelSimulator prices every kernel itself."""
@@ -353,8 +379,7 @@ def serve(spec: Any, requests: Any, layout: Layout, *, backend: Any = "recorded"
     pricer.reset_counts()
     sim = ParallelSimulator(spec, requests, layout, pricer, routing, **sim_kwargs)
     res = sim.run()
-    layers = spec.num_layers
-    rep = {k: v * layers if k.endswith("_s") and not k.startswith("ep_") else v for k, v in pricer.report().items()}
+    rep = pricer.report_all_layers()
     busy = res.summary["busy_s"]
     # of all the step time (kernels, collectives, untuned ops, overhead): what rests on the labelled prior
     rep["prior_step_share"] = rep["prior_s"] / busy if busy > 0 else 0.0

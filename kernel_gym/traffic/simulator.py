@@ -654,8 +654,8 @@ class Simulator:
                 if wl is not None and SPACE.is_valid(choice, wl):
                     waves = self._waves_s(choice, contexts, untimed=True)
                     if waves is not None:
-                        self.decode_waves_s += (waves - t) * self.model.num_layers
-                        self.decode_waves_untimed_s += waves * self.model.num_layers
+                        self.decode_waves_s += (waves - t) * self.model.n_attention_layers
+                        self.decode_waves_untimed_s += waves * self.model.n_attention_layers
                         self.decode_waves_steps += 1
                         return waves
             return t  # a fallback stands in for an untimed choice: its own longest-sequence time says nothing of it
@@ -665,7 +665,7 @@ class Simulator:
         if waves_on:
             waves = self._waves_s(cfg, contexts)
             if waves is not None:
-                self.decode_waves_s += (waves - t) * self.model.num_layers
+                self.decode_waves_s += (waves - t) * self.model.n_attention_layers
                 self.decode_waves_steps += 1
                 return waves
         if batch == 1 or max_ctx is None or max_ctx <= 1.5 * mean_ctx:  # within the rows' own spread
@@ -679,7 +679,7 @@ class Simulator:
                 longest = 0.0  # the data cannot time the config alone at that context: the mean's time stands
             self._memo[mk] = longest
         if longest > t:
-            self.decode_longest_s += (longest - t) * self.model.num_layers
+            self.decode_longest_s += (longest - t) * self.model.n_attention_layers
             return longest
         return t
 
@@ -760,13 +760,13 @@ class Simulator:
             key = ("prefix_prefill", tuple(c for c, _ in pairs), tuple(o for _, o in pairs))
             if self.chunk_mode == "prefix" or self._prefix_answered(key):
                 t = self._kernel_s("prefix_prefill", key, stall)
-                self.chunk_measured_s += t * self.model.num_layers
+                self.chunk_measured_s += t * self.model.n_attention_layers
                 return t
         lens = tuple(sorted((chunk_equivalent_len(c, o) for _, c, o in chunks), reverse=True))
         key = ("prefill_attention", lens)
         t = self._kernel_s("prefill_attention", key, stall)
         if any(o > 0 for _, _, o in chunks):
-            self.chunk_estimated_s += t * self.model.num_layers
+            self.chunk_estimated_s += t * self.model.n_attention_layers
             standin = getattr(self.chooser, "standin", None)  # a chooser that sums estimated time (replay's guard)
             if callable(standin):
                 standin("prefill_attention", self._workload(key), self.kv_layout)
@@ -803,7 +803,9 @@ class Simulator:
         [(request, chunk, offset)], `batch` decodes at mean context `mean_ctx` (the longest `max_ctx` and every
         sequence's `contexts`, where known: _decode_s), the MoE over all its tokens at the routing's skew now, and
         the dense ops with `n_logits` rows through the LM head (step() charges this, plus the step overhead and
-        stalls)."""
+        stalls). The attention kernels are charged once per attention layer, the MoE once per MoE layer
+        (ModelSpec.n_attention_layers / n_moe_layers; all num_layers by default), the dense ops per layer kind
+        (roofline.dense_step_s)."""
         num_tokens = batch + sum(c for _, c, _ in chunks)
         if num_tokens <= self.graph_max_tokens:
             num_tokens = capture_size(num_tokens)
@@ -817,13 +819,16 @@ class Simulator:
             self._route_shares = shares
             skew = round(round(self.routing.effective_skew(self.clock) / SKEW_GRID) * SKEW_GRID, 3)
             self._route_stats = (skew, entropy_norm(shares), float(np.max(shares)))
-        kernel_s += self._kernel_s("fused_moe", ("fused_moe", round_count(num_tokens), self._route_stats[0]), stall)
+        moe_s = self._kernel_s("fused_moe", ("fused_moe", round_count(num_tokens), self._route_stats[0]), stall)
         dk = (num_tokens, n_logits)
         dense = self._dense_memo.get(dk)
         if dense is None:
             dense = dense_step_s(self.model, num_tokens, n_logits, self.vocab)
             self._dense_memo[dk] = dense
-        return kernel_s * self.model.num_layers, dense
+        m = self.model
+        if m.uniform_layers:  # every layer attention + MoE: one sum x layers, as it always was
+            return (kernel_s + moe_s) * m.num_layers, dense
+        return kernel_s * m.n_attention_layers + moe_s * m.n_moe_layers, dense
 
     def step(self) -> bool:
         """Run one engine step (or jump over an idle gap). False when everything is served."""
