@@ -541,6 +541,8 @@ def train(args: TrainArgs, backend: Any = None) -> TrainResult:
                 return True
 
         remaining = max(0, args.total_timesteps - done)
+        rollout = args.n_envs * args.n_steps  # PPO runs whole rollouts: the progress bar's total says so
+        remaining = -(-remaining // rollout) * rollout
         try:
             if remaining:
                 model.learn(total_timesteps=remaining, callback=Periodic(), progress_bar=args.progress_bar,
