@@ -54,7 +54,8 @@ class ModelSpec:
     none counted where that is 0 (DeepSeek's first_k_dense_replace layers, Llama-4-Maverick's every other layer)."""
     attention_layers: int = 0
     """Layers with softmax attention over the KV cache (0: all num_layers). The others' mixers (Mamba, linear or
-    sliding-window attention: Jamba, Qwen3-Next, Nemotron-H) hold no growing KV cache and are not priced."""
+    sliding-window attention: Jamba, Qwen3-Next, Nemotron-H) hold no growing KV cache; their mixer kernels and state are
+    not priced (the attention projections stand in for theirs)."""
     dense_intermediate: int = 0
     """Width of the dense MLP of the num_layers - moe_layers layers without MoE (0: none counted)."""
 
@@ -140,16 +141,16 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
-        """Approximate parameter bytes: attention projections x attention layers, router and all experts x MoE
-        layers, the dense MLP x dense layers (integers: the defaults give num_layers x (attention + MoE) exactly).
-        Non-attention mixers' weights (Mamba, linear attention) are not counted."""
+        """Approximate parameter bytes: attention projections x every layer (they stand in for a Mamba or linear-
+        attention mixer's in and out projections), router and all experts x MoE layers, the dense MLP x dense layers
+        (integers: the defaults give num_layers x (attention + MoE) exactly)."""
         qkv = self.hidden * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         attn = qkv + self.num_heads * self.head_dim * self.hidden
         router = self.hidden * self.num_experts
         experts = self.num_experts * 3 * self.hidden * self.intermediate
         experts += self.num_shared_experts * 3 * self.hidden * (self.shared_intermediate or self.intermediate)
         dense = self.n_dense_layers * 3 * self.hidden * self.dense_intermediate
-        return (self.n_attention_layers * attn + self.n_moe_layers * (router + experts) + dense) * self.dtype_bytes
+        return (self.num_layers * attn + self.n_moe_layers * (router + experts) + dense) * self.dtype_bytes
 
 
 BUILTIN_MODELS: dict[str, ModelSpec] = {
@@ -272,7 +273,7 @@ def hf_layer_counts(cfg: dict, layers: int, where: str) -> dict[str, int]:
     attention + MoE (all 0, the defaults, where they are), from each family's keys (_layer_indices). The dense
     layers' MLP width: Llama-4's intermediate_size_mlp, else intermediate_size (Nemotron-H's pattern gives each layer
     one mixer: its non-MoE layers have no MLP counted). What stays unmodelled is said once (SpecWarning): the other
-    layers' mixers (Mamba, linear or sliding-window attention: their time, weights and state are not priced), a dense
+    layers' mixers (Mamba, linear or sliding-window attention: their kernels and state are not priced), a dense
     MLP whose width the config does not give, a layer count of 0 (a spec counts 0 as all layers)."""
     moe, att, keys, akeys = _layer_indices(cfg, layers)
     moe = None if moe is None or len(moe) == layers else len(moe)
@@ -300,7 +301,8 @@ def hf_layer_counts(cfg: dict, layers: int, where: str) -> dict[str, int]:
     elif att is not None:
         out["attention_layers"] = att
         said.append(f"{layers - att} layers without full attention ({akeys}: Mamba, linear or sliding-window "
-                    "attention) whose mixers are not priced (their time, weights and state)")
+                    "attention) whose mixer kernels and state are not priced (the attention projections stand in for "
+                    "their projections)")
     if said:
         import warnings
 

@@ -53,7 +53,7 @@ def test_deepseek_v3_reads_58_moe_layers_of_61_and_the_dense_width():
 
 
 def test_jamba_reads_4_attention_layers_of_32_and_an_eighth_of_the_kv_cache():
-    with pytest.warns(SpecWarning, match="28 layers without full attention .* mixers are not priced"):
+    with pytest.warns(SpecWarning, match="28 layers without full attention .* mixer kernels and state are not priced"):
         spec = _read(JAMBA_V01, quiet=False)
     assert (spec.attention_layers, spec.moe_layers, spec.dense_intermediate) == (4, 16, 14336)
     every = replace(spec, attention_layers=0)
@@ -175,3 +175,16 @@ def test_the_defaults_price_exactly_as_one_layer_kind():
     spec = replace(SMALL, num_layers=32)
     kernel_s, _ = _sim(spec).price_step([(0, 64, 0)], 8, 300.0, 8, [])
     assert kernel_s == (2e-3 + 1e-3 + 10e-3) * 32  # bit for bit: one sum x layers
+
+
+def test_tp_all_reduces_follow_every_mixer_and_every_mlp_not_only_the_moe_layers():
+    """vLLM and SGLang all-reduce after each layer's mixer and each MLP, dense ones too; the MoE call carries them
+    (the simulator charges that part per MoE layer), so Maverick at TP 8 (48 layers, 24 MoE, 24 dense MLP) books
+    96 all-reduces a step, not 48."""
+    from kernel_gym.parallel.layout import Layout
+    from kernel_gym.parallel.step_time import StepPricer
+
+    spec = _read(MAVERICK)
+    pricer = StepPricer(spec, Layout(8, 1), backend="recorded", kernels_only=True)
+    assert pricer.all_reduces_per_moe_layer * spec.n_moe_layers == 96
+    assert StepPricer(SMALL, Layout(2, 1), backend="recorded", kernels_only=True).all_reduces_per_moe_layer == 2

@@ -51,9 +51,10 @@ def dense_step_ops(model: Any, num_tokens: int, num_logits: int, vocab: int = DE
     }
 
 
-# which layers run each untuned op of dense_layer_ops: the attention layers their projections, rope and KV write,
-# the MoE layers their router; the norms and residual adds run in every layer
-ATTENTION_OPS = ("qkv_proj", "rope", "kv_cache_write", "o_proj")
+# which layers run each untuned op of dense_layer_ops: the attention layers rope and the KV write, the MoE layers
+# their router; the norms, residual adds and the q/k/v and output projections run in every layer (a Mamba or linear-
+# attention mixer has in and out projections of about that size: the attention ones stand in for them)
+ATTENTION_OPS = ("rope", "kv_cache_write")
 MOE_OPS = ("router",)
 
 

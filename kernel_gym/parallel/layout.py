@@ -84,9 +84,10 @@ def gpu_weight_bytes(spec: Any, layout: Layout) -> float:
     if getattr(spec, "uniform_layers", True):  # every layer attention + MoE
         return spec.num_layers * ((attn + shared) / layout.tp + spec.hidden * spec.num_experts + experts) * \
             spec.dtype_bytes
-    # per layer kind (ModelSpec.n_attention_layers, n_moe_layers, n_dense_layers: the dense MLP sliced by tp)
+    # per layer kind (ModelSpec.weight_bytes: the projections in every layer, the MoE in n_moe_layers, the dense MLP
+    # in n_dense_layers, sliced by tp)
     dense = spec.n_dense_layers * 3 * spec.hidden * spec.dense_intermediate
-    return (spec.n_attention_layers * attn / layout.tp + dense / layout.tp
+    return (spec.num_layers * attn / layout.tp + dense / layout.tp
             + spec.n_moe_layers * (shared / layout.tp + spec.hidden * spec.num_experts + experts)) * spec.dtype_bytes
 
 

@@ -196,7 +196,7 @@ class StepPricer:
             if nbytes:  # two per layer: after attention and after the MoE / dispatch and combine
                 top = "all_reduce_eager" if op == "all_reduce" and not graphed and \
                     self.table.has("all_reduce_eager", deg) else op
-                t = 2 * self.table.time_s(top, deg, nbytes)
+                t = (self.all_reduces_per_moe_layer if op == "all_reduce" else 2) * self.table.time_s(top, deg, nbytes)
                 total += self._book(op, t, not self.table.measured_at(top, deg, nbytes))
                 if self.table.is_prior:
                     self.prior_s += t
@@ -217,6 +217,16 @@ class StepPricer:
         out["ep_imbalance_mean"] = float(imb.mean())
         out["ep_imbalance_p99"] = float(np.percentile(imb, 99))
         return out
+
+    @property
+    def all_reduces_per_moe_layer(self) -> float:
+        """TP all-reduces charged with each MoE call: the engines all-reduce after every layer's mixer and after every
+        MLP, MoE or dense, and the simulator charges this part per MoE layer, so a step's (num_layers + MLP layers)
+        all-reduces are spread over its MoE layers (2 where every layer is attention + MoE)."""
+        spec = self.spec
+        if getattr(spec, "uniform_layers", True):
+            return 2
+        return (spec.num_layers + spec.n_moe_layers + spec.n_dense_layers) / spec.n_moe_layers
 
     def part_layers(self) -> dict[str, int]:
         """Layers each part runs in: the attention kernels the attention layers, fused MoE the MoE layers, and the
@@ -319,7 +329,8 @@ class ParallelSimulator(Simulator):
             counts = self.routing.loads(self.clock, tokens) if self.layout.ep > 1 else None
             cfg, t = p.moe_s(tokens, key[2], counts, graphed)
             if not graphed:  # launch-bound layers: the host's launches not hidden behind the layer's GPU time
-                t += max(0.0, LAUNCHES_PER_LAYER * EAGER_LAUNCH_S - (self._step_layer_s + t))
+                per_call = self.spec.num_layers / profiles.layers_of("fused_moe", self.spec)  # every layer launches
+                t += max(0.0, per_call * LAUNCHES_PER_LAYER * EAGER_LAUNCH_S - (self._step_layer_s + t))
             self._step_prefill, self._step_layer_s = False, 0.0
         if cfg is not None:
             self.configs_used[kernel][cfg] += 1
