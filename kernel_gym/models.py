@@ -71,8 +71,8 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
                    "kernel: not tuned here")
     if spec.n_attention_layers < spec.num_layers:
         out.append(f"{spec.num_layers - spec.n_attention_layers} of {spec.name}'s {spec.num_layers} layers have no "
-                   "softmax attention (Mamba, linear or sliding-window attention): their mixer kernels and state are not "
-                   "priced (the attention projections stand in for theirs)")
+                   "softmax attention (Mamba, linear or sliding-window attention): their mixer kernels and state "
+                   "are not priced (the attention projections stand in for theirs)")
     if spec.n_dense_layers:
         out.append(f"{spec.name}'s {spec.n_dense_layers} dense-MLP layers (width {spec.dense_intermediate}) are priced "
                    "at their roofline time: not tuned here")
