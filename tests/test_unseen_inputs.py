@@ -757,3 +757,13 @@ def test_collect_refusals_read_as_every_other_commands(capsys):
     rc = main(["collect", "--model", "mixtral-8x7b", "--budget-s", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("kernel-gym collect: error: no CUDA GPU visible")
+
+
+def test_tune_refuses_a_model_uri_without_its_kernel_instead_of_ignoring_it(tmp_path, monkeypatch, capsys):
+    """A bare --model-uri was filed under no kernel and tune took the latest registered policy in its place."""
+    from kernel_gym.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    rc = main(["tune", "--model", "mixtral-8x7b", "--kernels", "fused_moe", "--dry-run", "--model-uri",
+               "models:/my-policy/1"])
+    assert rc == 2 and "as KERNEL=URI (e.g. fused_moe=models:/my-policy/1)" in capsys.readouterr().err

@@ -193,3 +193,10 @@ def test_a_policy_logged_before_a_spec_field_existed_still_matches_its_model():
     old = {k: v for k, v in asdict(model).items() if k != "expert_quant"}
     line = check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]}, model)
     assert "mixtral-8x7b" in line
+    # the same config.json read before the reader counted layer kinds (GLM-4.5: 89 MoE layers of 92): same kernels
+    from dataclasses import replace
+
+    now = replace(model, moe_layers=30, dense_intermediate=14336, num_shared_experts=1)
+    assert "mixtral-8x7b" in check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]}, now)
+    with pytest.raises(ValueError, match="trained for model mixtral-8x7b with other hidden, not mixtral-8x7b"):
+        check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]}, replace(now, hidden=2048))

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=4, help="the policy's most preferred configs measured per grid cell")
     p.add_argument("--budget-s", type=float, default=120.0, help="GPU time budget; a rerun resumes where it stopped")
     p.add_argument("--db", default="tune.sqlite", help="measurement store (created; resumed when it exists)")
-    p.add_argument("--model-uri", action="append", default=[], metavar="[KERNEL=]URI",
+    p.add_argument("--model-uri", action="append", default=[], metavar="KERNEL=URI",
                    help="policy per kernel (default: the latest registered policy for the model, else the "
                         "model-conditioned one)")
     p.add_argument("--policy-dir", type=Path, default=None,

@@ -251,7 +251,7 @@ def kernel_basis(kernel: str, provenance: dict[str, Any] | None, model: Any, dev
     specs = _trained_for(provenance)
     want = asdict(model) if hasattr(model, "__dataclass_fields__") else {"name": name}
     trained_here = None if specs is None else any(
-        s == want or (set(s) == {"name"} and s.get("name") == name) for s in specs)
+        _same_kernels(s, want) or (set(s) == {"name"} and s.get("name") == name) for s in specs)
     if device != data_device:
         return {"basis": "estimate", "policy": ident,
                 "why": f"the policy learned from {data_device} measurements; nothing was measured on {device}"}
@@ -338,6 +338,21 @@ def _trained_for(provenance: dict[str, Any]) -> list[dict[str, Any]] | None:
         return [{"name": name}]
 
 
+# spec fields that shape no kernel a policy chooses for: how many layers of each kind, the experts' storage format,
+# the shared experts (a dense MLP outside the fused MoE). A policy trained for a spec that differs only in them (read
+# from the same config.json before the reader learned them) is the model's policy still
+OUTSIDE_KERNELS = ("moe_layers", "attention_layers", "dense_intermediate", "expert_quant", "num_shared_experts",
+                   "shared_intermediate")
+
+
+def _same_kernels(stored: Any, want: dict[str, Any]) -> bool:
+    """Whether a stored spec and the model's agree on every field that shapes a kernel (OUTSIDE_KERNELS aside)."""
+    if not isinstance(stored, dict) or set(stored) == {"name"}:
+        return False
+    keys = (set(stored) | set(want)) - set(OUTSIDE_KERNELS)
+    return all(stored.get(k) == want.get(k) for k in keys)
+
+
 def _with_defaults(spec: Any) -> Any:
     """A stored spec with the fields added to ModelSpec since it was logged at their defaults, so that a policy
     logged before a new field still matches its model; a spec that no longer reads stays as it was stored."""
@@ -365,12 +380,13 @@ def check_policy_model(kernel: str, provenance: dict[str, Any], model: Any) -> s
         trained = f"{len(specs)} specs: {specs[0].get('name', '?')}, ..., {specs[-1].get('name', '?')}"
     if specs is not None and not conditioned and model is not None:
         want = asdict(model)
-        match = any(s == want or (set(s) == {"name"} and s["name"] == want["name"]) for s in specs)
+        match = any(_same_kernels(s, want) or (set(s) == {"name"} and s["name"] == want["name"]) for s in specs)
         if not match:
-            same_name = any(s.get("name") == want["name"] for s in specs)
+            same = [s for s in specs if s.get("name") == want["name"]]
+            differ = sorted(k for k in want if k not in OUTSIDE_KERNELS and same and same[0].get(k) != want[k])
             raise ValueError(
                 f"policy {uri} ({kernel}) was trained for model {trained}"
-                + (" with other spec fields" if same_name else "") + f", not {want['name']}: pass --model "
+                + (f" with other {', '.join(differ)}" if differ else "") + f", not {want['name']}: pass --model "
                 f"{trained} or a policy trained for {want['name']} (kernel-gym train --model {want['name']})")
     return (f"policy {kernel}: {name} version {version} (model {trained}"
             f"{', model-conditioned' if conditioned else ''})")

@@ -210,7 +210,12 @@ def policy_uris(model_name: str, kernels: Sequence[str], model_uris: Sequence[st
     kernel without one is refused here, before the plan's slower work, naming the shipped policies."""
     from kernel_gym.deploy.export import latest_model_uris, parse_model_uris, shipped_policy_dir
 
-    given, latest = parse_model_uris(model_uris), latest_model_uris(model_name)
+    given = parse_model_uris(model_uris)
+    bare = [uri for k, uri in given.items() if k is None or k.startswith("?")]
+    if bare:  # tune takes each kernel's policy by name
+        raise ValueError(f"--model-uri {bare[0]}: tune needs the kernel it is for, as KERNEL=URI (e.g. "
+                         f"fused_moe={bare[0]}); without it the latest registered policy was taken in its place")
+    latest = latest_model_uris(model_name) if any(k not in given for k in kernels) else {}
     uris = {k: given.get(k) or latest.get(k) for k in kernels}
     missing = [k for k, uri in uris.items() if not uri]
     if missing:

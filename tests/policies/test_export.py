@@ -197,7 +197,7 @@ def test_policy_for_another_model_is_refused_in_one_line(store, tmp_path, capsys
     assert "\n" not in str(exc.value)
     changed = dict(olmoe, num_experts=32)  # same name, other fields: not the same model
     uri2 = log_policy(tmp_path, name="kernel-gym-moe-v0-olmoe-1b-7b", extra={"model_specs": [changed]})
-    with pytest.raises(ValueError, match="with other spec fields"):
+    with pytest.raises(ValueError, match="with other num_experts, not olmoe-1b-7b"):
         export_cli.main(["--model", "olmoe-1b-7b", "--model-uri", uri2, "--out", str(tmp_path / "bad2")])
     both = [olmoe, dataclasses.asdict(BUILTIN_MODELS["mixtral-8x7b"])]
     cond = log_policy(tmp_path, name="kernel-gym-moe-v0-conditioned",
