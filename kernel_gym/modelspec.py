@@ -419,7 +419,7 @@ def hf_weight_bytes(cfg: dict, dtype: str, where: str) -> int:
     if not isinstance(quant, dict):
         return size
     method = str(quant.get("quant_method") or "").lower()
-    if method == "fp8":
+    if hf_fp8(quant):
         return 1
     import warnings
 
@@ -431,11 +431,28 @@ def hf_weight_bytes(cfg: dict, dtype: str, where: str) -> int:
     return size
 
 
+FP8_METHODS = ("fp8", "fbgemm_fp8", "ptpc_fp8")  # quant_method values whose weights are fp8 throughout
+
+
+def hf_fp8(quant: dict) -> bool:
+    """Whether a quantization_config stores the weights in fp8, which the engines run through their fp8_w8a8 fused
+    MoE: the fp8 methods by name, compressed-tensors whose weight groups are 8-bit floats, ModelOpt's FP8 algorithm."""
+    method = str(quant.get("quant_method") or "").lower()
+    if method in FP8_METHODS:
+        return True
+    if method == "compressed-tensors":
+        groups = quant.get("config_groups")
+        weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)] if isinstance(groups, dict) else []
+        return bool(weights) and all(isinstance(w, dict) and str(w.get("type", "")).lower() == "float"
+                                     and w.get("num_bits") == 8 for w in weights)
+    return method == "modelopt" and "fp8" in str(quant.get("quant_algo") or "").lower()
+
+
 def hf_expert_quant(cfg: dict) -> str:
-    """ModelSpec.expert_quant of a Hugging Face config: its quantization_config's method unless fp8 (modelled as
-    dtype_bytes 1) or absent; "unknown" for a quantization_config that names none."""
+    """ModelSpec.expert_quant of a Hugging Face config: its quantization_config's method unless fp8 (hf_fp8:
+    modelled as dtype_bytes 1) or absent; "unknown" for a quantization_config that names none."""
     quant = cfg.get("quantization_config")
-    if not isinstance(quant, dict):
+    if not isinstance(quant, dict) or hf_fp8(quant):
         return ""
     method = "".join(ch for ch in str(quant.get("quant_method") or "unknown").lower() if ch.isalnum() or ch in "_-")
-    return "" if method == "fp8" else (method[:40] or "unknown")
+    return method[:40] or "unknown"

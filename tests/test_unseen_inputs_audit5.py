@@ -200,3 +200,22 @@ def test_a_policy_logged_before_a_spec_field_existed_still_matches_its_model():
     assert "mixtral-8x7b" in check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]}, now)
     with pytest.raises(ValueError, match="trained for model mixtral-8x7b with other hidden, not mixtral-8x7b"):
         check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]}, replace(now, hidden=2048))
+
+
+def test_fp8_checkpoints_under_other_method_names_are_fp8():
+    """Llama-4-Maverick-FP8 writes fbgemm_fp8, llm-compressor checkpoints compressed-tensors with float 8-bit
+    weight groups: both were classed as 'another MoE kernel' at 2 bytes a weight, where the engines run fp8_w8a8."""
+    import tempfile
+
+    for quant in ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0},
+                  {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+                      "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                      "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}):
+        with tempfile.TemporaryDirectory() as d:
+            spec = _load(Path(d), "m", {**QWEN3_30B, "quantization_config": quant})
+        assert (spec.dtype_bytes, spec.expert_quant) == (1, "")
+    with tempfile.TemporaryDirectory() as d:  # 4-bit integer groups stay another kernel
+        int4 = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 4,
+                                                                                            "type": "int"}}}}
+        spec = _load(Path(d), "m", {**QWEN3_30B, "quantization_config": int4}, quiet=False)
+    assert (spec.dtype_bytes, spec.expert_quant) == (2, "compressed-tensors")
