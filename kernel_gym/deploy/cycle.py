@@ -420,23 +420,23 @@ def cycle_engine(engine: str, version: str, side_note: dict[str, Any]) -> tuple[
     from kernel_gym.kernels import vllm_tables
 
     recorded = str(side_note.get("engine") or "")
+    name = vllm_tables.split_engine_text(recorded)[0] if recorded else engine
+    if name != engine:
+        raise ValueError(f"--engine {engine}, but {SIDECAR_NAME} says the file was exported for {recorded}: pass "
+                         f"--engine {name}, or export the file again for {engine}")
     if str(version).strip():
         eng = vllm_tables.parse_engine(vllm_tables.engine_with_version(engine, version))
         if recorded and recorded != eng.id:
             return eng, f"--engine-version; the file was exported for {recorded}"
         return eng, "--engine-version"
     if recorded:
-        name, _ = vllm_tables.split_engine_text(recorded)
-        if name != engine:
-            raise ValueError(f"--engine {engine}, but {SIDECAR_NAME} says the file was exported for {recorded}: pass "
-                             f"--engine {name}, or export the file again for {engine}")
         try:
             return vllm_tables.parse_engine(recorded), SIDECAR_NAME
         except ValueError as exc:
             raise ValueError(f"{SIDECAR_NAME} names {recorded}, which this kernel_gym has no tables of; pass "
                              f"--engine-version with the release that serves the folder now ({exc})") from None
     eng = vllm_tables.parse_engine(engine)
-    return eng, f"not given, no sidecar: kernel_gym's default {eng.id} (pass --engine-version)"
+    return eng, f"not given, nor by {SIDECAR_NAME}: kernel_gym's default {eng.id} (pass --engine-version)"
 
 
 # ---- the engine folder --------------------------------------------------------------------------------------------

@@ -471,3 +471,20 @@ def test_a_sidecar_of_another_engine_is_named(tmp_path):
                          {"skew": 0.0, "engine": "sglang-0.5.23"})
     with pytest.raises(ValueError, match="exported for sglang-0.5.23: pass --engine sglang"):
         cycle_on(d, [scrape(tmp_path, STEPS)], tmp_path)
+    with pytest.raises(ValueError, match="exported for sglang-0.5.23: pass --engine sglang"):
+        cycle_on(d, [scrape(tmp_path, STEPS)], tmp_path, engine_version="0.34.0")
+
+
+def test_the_release_named_is_the_one_the_rows_are_read_for(tmp_path, monkeypatch):
+    """The release picks the launch path priced at each M: the Pricer must get it, not the bare engine name."""
+    d = current_folder(tmp_path)
+    seen = []
+    real = cycle.Pricer
+
+    def spy(shape, device, rows, engine, **kw):
+        seen.append(engine)
+        return real(shape, device, rows, engine, **kw)
+
+    monkeypatch.setattr(cycle, "Pricer", spy)
+    cycle_on(d, [scrape(tmp_path, STEPS), experts(tmp_path, 1.2)], tmp_path, engine_version="0.33.0")
+    assert seen == ["vllm-0.33.0"]
