@@ -247,13 +247,13 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
         moe = [i for i in range(layers) if (i + 1) % max(1, get("moe_layer_frequency")) == 0]
         keys.append("moe_layer_frequency")
     if get("expert_layer_period") is not None:  # Jamba
-        moe = [i for i in range(layers) if i % max(1, get("expert_layer_period")) == get("expert_layer_offset", 0)]
+        moe = [i for i in range(layers) if i % max(1, get("expert_layer_period")) == get("expert_layer_offset", 1)]
         keys.append("expert_layer_period")
     if get("moe_layers_enum", kind=str):  # Step3: "4,5,...,59"
         moe = [int(x) for x in get("moe_layers_enum", kind=str).split(",") if x.strip().isdigit()]
         keys.append("moe_layers_enum")
     if get("attn_layer_period") is not None:  # Jamba: the other layers are Mamba
-        att = [i for i in range(layers) if i % max(1, get("attn_layer_period")) == get("attn_layer_offset", 0)]
+        att = [i for i in range(layers) if i % max(1, get("attn_layer_period")) == get("attn_layer_offset", 4)]
         akeys.append("attn_layer_period")
     if get("full_attention_interval") is not None:  # Qwen3-Next: the other layers are linear attention
         att = [i for i in range(layers) if (i + 1) % max(1, get("full_attention_interval")) == 0]
@@ -265,7 +265,11 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
     if any(t not in ("attention", "full_attention") for t in types):
         att = [i for i, t in enumerate(types) if t in ("attention", "full_attention")]
         akeys.append("layer_types")
-    return moe, att, ", ".join(keys), ", ".join(akeys)
+    def inside(idx: list[int] | None) -> list[int] | None:
+        """The listed layers the model has (a list or pattern may run past num_hidden_layers), each once."""
+        return None if idx is None else sorted({i for i in idx if 0 <= i < layers})
+
+    return inside(moe), inside(att), ", ".join(keys), ", ".join(akeys)
 
 
 def hf_layer_counts(cfg: dict, layers: int, where: str) -> dict[str, int]:
@@ -300,7 +304,8 @@ def hf_layer_counts(cfg: dict, layers: int, where: str) -> dict[str, int]:
         said.append(f"0 full-attention layers ({akeys}): KV cache counted for all {layers} layers")
     elif att is not None:
         out["attention_layers"] = att
-        said.append(f"{layers - att} layers without full attention ({akeys}: Mamba, linear or sliding-window "
+        mixers = pattern.count("M") if pattern else layers - att  # Nemotron-H: its E and - layers have no mixer
+        said.append(f"{mixers} layers without full attention ({akeys}: Mamba, linear or sliding-window "
                     "attention) whose mixer kernels and state are not priced (the attention projections stand in for "
                     "their projections)")
     if said:

@@ -188,3 +188,16 @@ def test_tp_all_reduces_follow_every_mixer_and_every_mlp_not_only_the_moe_layers
     pricer = StepPricer(spec, Layout(8, 1), backend="recorded", kernels_only=True)
     assert pricer.all_reduces_per_moe_layer * spec.n_moe_layers == 96
     assert StepPricer(SMALL, Layout(2, 1), backend="recorded", kernels_only=True).all_reduces_per_moe_layer == 2
+
+
+def test_layer_lists_past_the_model_and_jambas_default_offsets():
+    """A moe_layers list naming layers the model lacks was counted whole and refused with a message naming no key;
+    Jamba's offsets default as its modelling code does (attention at 4 of 8, MoE at 1 of 2)."""
+    from kernel_gym.modelspec import hf_layer_counts
+
+    llama = {"num_hidden_layers": 4, "moe_layers": [1, 3, 3, 5, 7], "intermediate_size_mlp": 64}
+    assert hf_layer_counts(llama, 4, "x")["moe_layers"] == 2
+    jamba = {"attn_layer_period": 8, "expert_layer_period": 2, "intermediate_size": 64}
+    with pytest.warns(SpecWarning):
+        got = hf_layer_counts(jamba, 36, "x")
+    assert (got["attention_layers"], got["moe_layers"]) == (4, 18)
