@@ -24,13 +24,16 @@ from kernel_gym.modelspec import BUILTIN_MODELS, ModelSpec
 
 
 def _spec(name: str, layers: int, hidden: int, heads: int, kv: int, head_dim: int, experts: int, top_k: int,
-          inter: int) -> ModelSpec:
+          inter: int, **kinds: int) -> ModelSpec:
     return ModelSpec(name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=kv,
-                     head_dim=head_dim, num_experts=experts, top_k=top_k, intermediate=inter)
+                     head_dim=head_dim, num_experts=experts, top_k=top_k, intermediate=inter, **kinds)
 
 
 # Published configs (config.json on each model's hub page): layers, hidden, heads, kv heads, head dim, routed experts,
-# top-k, per-expert intermediate size (moe_intermediate_size where the model also has a dense FFN or shared expert).
+# top-k, per-expert intermediate size (moe_intermediate_size where the model also has a dense FFN or shared expert),
+# and where not every layer is attention + MoE the layer kinds the config.json reader counts (ModelSpec.moe_layers,
+# attention_layers, dense_intermediate). gpt-oss stays one kind here: its sliding-window layers run attention too
+# (over 128 tokens), and the serving plans published for gpt-oss-20b were priced so.
 ZOO: dict[str, ModelSpec] = {
     "mixtral-8x7b": BUILTIN_MODELS["mixtral-8x7b"],
     "olmoe-1b-7b": BUILTIN_MODELS["olmoe-1b-7b"],
@@ -40,7 +43,7 @@ ZOO: dict[str, ModelSpec] = {
     "qwen2-57b-a14b": _spec("qwen2-57b-a14b", 28, 3584, 28, 4, 128, 64, 8, 2560),
     "qwen3-235b-a22b": _spec("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536),
     "qwen3-30b-a3b": _spec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768),
-    "deepseek-v3": _spec("deepseek-v3", 61, 7168, 128, 128, 128, 256, 8, 2048),
+    "deepseek-v3": _spec("deepseek-v3", 61, 7168, 128, 128, 128, 256, 8, 2048, moe_layers=58, dense_intermediate=18432),
     "phi-3.5-moe": _spec("phi-3.5-moe", 32, 4096, 32, 8, 128, 16, 2, 6400),
     "gpt-oss-20b": _spec("gpt-oss-20b", 24, 2880, 64, 8, 64, 32, 4, 2880),
     "gpt-oss-120b": _spec("gpt-oss-120b", 36, 2880, 64, 8, 64, 128, 4, 2880),
@@ -53,12 +56,14 @@ ZOO: dict[str, ModelSpec] = {
     "glm-4.5-air": _spec("glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408),
     # FAR_TEST_MODELS (below): chosen for their distance from the training shapes, never trained on or timed before
     # their evaluation
-    "llama-4-maverick": _spec("llama-4-maverick", 48, 5120, 40, 8, 128, 128, 1, 8192),
+    "llama-4-maverick": _spec("llama-4-maverick", 48, 5120, 40, 8, 128, 128, 1, 8192, moe_layers=24,
+                              dense_intermediate=16384),
     "snowflake-arctic": _spec("snowflake-arctic", 35, 7168, 56, 8, 128, 128, 2, 4864),
-    "qwen3-next-80b-a3b": _spec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 512, 10, 512),
-    "jamba-1.5-large": _spec("jamba-1.5-large", 72, 8192, 64, 8, 128, 16, 2, 24576),
+    "qwen3-next-80b-a3b": _spec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 512, 10, 512, attention_layers=12),
+    "jamba-1.5-large": _spec("jamba-1.5-large", 72, 8192, 64, 8, 128, 16, 2, 24576, attention_layers=9,
+                             moe_layers=36, dense_intermediate=24576),
     # FAR2_TEST_MODELS (below): the second far split, chosen the same way after the first had been evaluated
-    "minimax-text-01": _spec("minimax-text-01", 80, 6144, 64, 8, 128, 32, 2, 9216),
+    "minimax-text-01": _spec("minimax-text-01", 80, 6144, 64, 8, 128, 32, 2, 9216, attention_layers=10),
     "ernie-4.5-300b-a47b": _spec("ernie-4.5-300b-a47b", 54, 8192, 64, 8, 128, 64, 8, 3584),
     "skywork-moe": _spec("skywork-moe", 52, 4608, 36, 36, 128, 16, 2, 12288),
     "granite-3.0-1b-a400m": _spec("granite-3.0-1b-a400m", 24, 1024, 16, 8, 64, 32, 8, 512),

@@ -201,3 +201,15 @@ def test_layer_lists_past_the_model_and_jambas_default_offsets():
     with pytest.warns(SpecWarning):
         got = hf_layer_counts(jamba, 36, "x")
     assert (got["attention_layers"], got["moe_layers"]) == (4, 18)
+
+
+def test_zoo_names_count_the_layer_kinds_their_config_json_does():
+    """`--model llama-4-maverick` priced 776B of weights where its config.json read 399B: the zoo entries of models
+    whose layers are not all attention + MoE carry the reader's counts."""
+    from kernel_gym.zoo import ZOO
+
+    maverick = _read(MAVERICK)
+    for field in ("num_layers", "moe_layers", "attention_layers", "dense_intermediate", "hidden", "num_experts"):
+        assert getattr(ZOO["llama-4-maverick"], field) == getattr(maverick, field), field
+    assert ZOO["deepseek-v3"].n_moe_layers == 58 and ZOO["qwen3-next-80b-a3b"].n_attention_layers == 12
+    assert ZOO["jamba-1.5-large"].n_attention_layers * 8 == ZOO["jamba-1.5-large"].num_layers
