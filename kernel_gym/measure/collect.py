@@ -601,7 +601,7 @@ def dry_run(opts: CollectOptions) -> dict[str, Any]:
     n = sum(len(i.configs) for chunks in plan for i in chunks)
     todo, stored_on = plan, {}
     if opts.db and Path(opts.db).is_file():
-        todo, stored_on = drop_stored_anywhere(plan, opts.db)
+        todo, stored_on = drop_stored_anywhere(plan, opts.db, interpreter=opts.device != "cuda")
     est = estimate_seconds(todo, opts, max(1, opts.gpus))
     per_kernel: dict[str, int] = {}
     for chunks in plan:
@@ -612,10 +612,12 @@ def dry_run(opts: CollectOptions) -> dict[str, Any]:
             "to_measure": left, "stored_on": stored_on, **est}
 
 
-def drop_stored_anywhere(plan: list[list[PlanItem]], db: str) -> tuple[list[list[PlanItem]], dict[str, str]]:
+def drop_stored_anywhere(plan: list[list[PlanItem]], db: str,
+                         interpreter: bool = False) -> tuple[list[list[PlanItem]], dict[str, str]]:
     """(the plan without what `db` holds, kernel -> the context it was measured in). A dry run has no GPU to name
     its context, so per kernel it takes the stored context (device, torch, triton; this kernel source) that holds
-    the most of the plan: the machine a rerun with the same --db would resume on."""
+    the most of the plan: the machine a rerun with the same --db would resume on, a GPU's, or with `interpreter`
+    (--device cpu) the interpreter's."""
     done: dict[str, set[tuple[str, str]]] = {}
     stored_on: dict[str, str] = {}
     store = MeasurementStore(db, read_only=True)
@@ -627,6 +629,8 @@ def drop_stored_anywhere(plan: list[list[PlanItem]], db: str) -> tuple[list[list
                 "SELECT DISTINCT device, torch_version, triton_version FROM measurements WHERE kernel=? AND "
                 "source_hash=?", (fam.name, family_store_key(fam))).fetchall()
             for dev, tv, trv in found:
+                if (dev == "cpu-interpreter") != interpreter:
+                    continue
                 held = store.done_keys(Context(dev, tv, trv, fam.name, family_store_key(fam))) & wanted
                 if len(held) > len(done.get(ref, ())):
                     done[ref], stored_on[ref] = held, f"{dev}, torch {tv}, triton {trv}"

@@ -70,3 +70,7 @@ def test_a_dry_run_leaves_out_what_the_store_holds_from_the_gpu_that_measured_mo
     assert est["already_stored"] == 30 and est["to_measure"] == 10 and est["configs"] == 40
     assert est["stored_on"] == {"fused_moe": "NVIDIA H200, torch 2.11.0, triton 3.6.0"}
     assert est["projected_s"] < before["projected_s"] / 3
+    put("cpu-interpreter", "3.9.0", 40)  # the interpreter's rows resume an interpreter run only
+    assert collect.dry_run(opts)["already_stored"] == 30
+    cpu = collect.dry_run(CollectOptions(kernels=["fused_moe"], plan_file=str(plan), db=str(db), device="cpu"))
+    assert cpu["already_stored"] == 40 and cpu["stored_on"]["fused_moe"].startswith("cpu-interpreter")
