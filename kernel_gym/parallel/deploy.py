@@ -349,14 +349,9 @@ class DeploymentPricer:
         res = sim.run()
         self.evaluations += 1
         g = goodput(_Merged([res]), ttft_slo_s, tpot_slo_s, span_s)
-        rep = pricer.report()
-        layers = self.spec.num_layers
+        rep = pricer.report_all_layers()  # each part over the layers that run it
         busy = res.summary["busy_s"]
-        parts = rep["step_parts_s"] * layers
-        prior_s = rep["prior_s"] * layers
-        if not self.spec.uniform_layers:  # attention and MoE parts over their own layer counts
-            rep = pricer.report_all_layers()
-            parts, prior_s = rep["step_parts_s"], rep["prior_s"]
+        parts, prior_s = rep["step_parts_s"], rep["prior_s"]
         est_s = rep["estimated_share"] * parts
         r = int(keep.sum()) / len(idx)  # served requests per replayed one: R when R divides them, less otherwise
         return {
