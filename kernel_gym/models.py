@@ -9,10 +9,11 @@ or 4), so an absurd spec (10^9 experts) fails in one line instead of allocating 
 Shared experts and latent attention (DeepSeek-style MLA) are accepted and recorded (`num_shared_experts`,
 `shared_intermediate`, `attention`, `kv_lora_rank`, `rope_head_dim`) and count in `weight_bytes` and
 `kv_bytes_per_token`, but the kernels do not model them: fused_moe times the routed experts only (a shared expert is
-a dense MLP every token passes, outside the grouped GEMM), and the paged decode / prefill kernels are GQA attention
-over num_kv_heads x head_dim (MLA's compressed KV of kv_lora_rank + rope_head_dim per token and its absorbed
-projections are not what they compute). A spec with `attention: "mla"` therefore tunes the GQA kernels on the
-head shape it states, which is an approximation to say aloud, not a measurement of MLA (docs/integrity.md).
+a dense MLP every token passes, outside the grouped GEMM, priced at its roofline time like the other untuned ops),
+and the paged decode / prefill kernels are GQA attention over num_kv_heads x head_dim (MLA's compressed KV of
+kv_lora_rank + rope_head_dim per token and its absorbed projections are not what they compute). A spec with
+`attention: "mla"` therefore tunes the GQA kernels on the head shape it states, which is an approximation to say
+aloud, not a measurement of MLA (docs/integrity.md).
 """
 
 from __future__ import annotations
@@ -68,11 +69,14 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
                    "written for the quantized experts")
     if spec.num_shared_experts:
         out.append(f"{spec.name}'s {spec.num_shared_experts} shared expert(s) run as a dense MLP outside the fused-MoE "
-                   "kernel: not tuned here")
+                   "kernel: priced at their roofline time, not tuned here")
     if spec.n_attention_layers < spec.num_layers:
+        state = (f"their state ({spec.mixer_state_bytes / 2**20:.1f} MiB per request) is held in the KV pool and read "
+                 "each step, their mixer kernels are not priced" if spec.mixer_state_bytes else
+                 "their mixer kernels and state are not priced")
         out.append(f"{spec.num_layers - spec.n_attention_layers} of {spec.name}'s {spec.num_layers} layers have no "
-                   "softmax attention (Mamba, linear or sliding-window attention): their mixer kernels and state "
-                   "are not priced (the attention projections stand in for theirs)")
+                   f"softmax attention (Mamba, linear or sliding-window attention): {state} (the attention projections "
+                   "stand in for theirs)")
     if spec.n_dense_layers:
         out.append(f"{spec.name}'s {spec.n_dense_layers} dense-MLP layers (width {spec.dense_intermediate}) are priced "
                    "at their roofline time: not tuned here")

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_heads": 1024, "head_dim": 1024,
                "num_experts": 4096, "top_k": 256, "intermediate": 262144, "dtype_bytes": 4,
                "num_shared_experts": 64, "shared_intermediate": 262144, "kv_lora_rank": 16384, "rope_head_dim": 1024,
-               "moe_layers": 1024, "attention_layers": 1024, "dense_intermediate": 262144}
+               "moe_layers": 1024, "attention_layers": 1024, "dense_intermediate": 262144,
+               "mixer_state_bytes": 1 << 40}
 OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim", "moe_layers",
-                 "attention_layers", "dense_intermediate")
+                 "attention_layers", "dense_intermediate", "mixer_state_bytes")
 
 
 # Its int field list has the shape of prefill_gluon's GluonVariant (duplicate scan): unrelated records.
@@ -58,6 +59,11 @@ class ModelSpec:
     not priced (the attention projections stand in for theirs)."""
     dense_intermediate: int = 0
     """Width of the dense MLP of the num_layers - moe_layers layers without MoE (0: none counted)."""
+    mixer_state_bytes: int = 0
+    """Bytes of state one running request holds in the layers without full attention, all of them together (Mamba's
+    conv and SSM state, linear attention's recurrent state, a sliding window's KV): a fixed size per request, not per
+    token, sliced by tensor parallelism. The simulators hold it in the KV pool while the request runs and charge its
+    read and write each step; 0: none counted."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -140,17 +146,29 @@ class ModelSpec:
         return 2 * self.n_attention_layers * self.num_kv_heads * self.head_dim * self.activation_bytes
 
     @property
-    def weight_bytes(self) -> int:
-        """Approximate parameter bytes: attention projections x every layer (they stand in for a Mamba or linear-
-        attention mixer's in and out projections), router and all experts x MoE layers, the dense MLP x dense layers
-        (integers: the defaults give num_layers x (attention + MoE) exactly)."""
+    def shared_width(self) -> int:
+        """Width of the dense MLP the shared experts form in each MoE layer (0: none): every token passes it, outside
+        the fused-MoE kernel (vLLM and SGLang run DeepSeek's n shared experts as one MLP n x as wide)."""
+        return self.num_shared_experts * (self.shared_intermediate or self.intermediate)
+
+    def weight_parts(self) -> dict[str, tuple[int, int]]:
+        """(layers, parameters per layer) of each part of the weights: the attention projections in every layer
+        (they stand in for a Mamba or linear-attention mixer's in and out projections), the router, routed experts and
+        shared experts in the MoE layers, the dense MLP in the dense layers. weight_bytes sums them;
+        parallel.layout.gpu_weight_bytes splits each over the GPUs that share it."""
         qkv = self.hidden * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        attn = qkv + self.num_heads * self.head_dim * self.hidden
-        router = self.hidden * self.num_experts
-        experts = self.num_experts * 3 * self.hidden * self.intermediate
-        experts += self.num_shared_experts * 3 * self.hidden * (self.shared_intermediate or self.intermediate)
-        dense = self.n_dense_layers * 3 * self.hidden * self.dense_intermediate
-        return (self.num_layers * attn + self.n_moe_layers * (router + experts) + dense) * self.dtype_bytes
+        moe = self.n_moe_layers
+        return {"attention": (self.num_layers, qkv + self.num_heads * self.head_dim * self.hidden),
+                "router": (moe, self.hidden * self.num_experts),
+                "experts": (moe, self.num_experts * 3 * self.hidden * self.intermediate),
+                "shared": (moe, 3 * self.hidden * self.shared_width),
+                "dense": (self.n_dense_layers, 3 * self.hidden * self.dense_intermediate)}
+
+    @property
+    def weight_bytes(self) -> int:
+        """Approximate parameter bytes (weight_parts summed; integers: the defaults give num_layers x (attention +
+        MoE) exactly)."""
+        return sum(layers * n for layers, n in self.weight_parts().values()) * self.dtype_bytes
 
 
 BUILTIN_MODELS: dict[str, ModelSpec] = {
@@ -272,13 +290,46 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
     return inside(moe), inside(att), ", ".join(keys), ", ".join(akeys)
 
 
-def hf_layer_counts(cfg: dict, layers: int, where: str) -> dict[str, int]:
+def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: int) -> tuple[int, str]:
+    """(state elements one request holds in one layer without full attention, the mixer's name) from the config's
+    mixer keys, as the engines size their state caches; (0, "") where the config names no mixer kernel_gym reads.
+    Gated DeltaNet (Qwen3-Next): a conv state over q, k and v and a key x value state per value head; Mamba-2
+    (Nemotron-H, Granite-4 hybrid, Falcon-H1): a conv state over x, B and C and a head_dim x d_state state per head;
+    Mamba (Jamba): the same over expand x hidden channels; lightning attention (MiniMax-Text-01): a head_dim x head_dim
+    state per head; sliding-window attention (gpt-oss): the window's K and V."""
+    def get(*keys: str) -> int:
+        return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)
+                     and cfg[k] > 0), 0)
+
+    if get("linear_num_value_heads") and get("linear_key_head_dim"):
+        nk, nv = get("linear_num_key_heads") or get("linear_num_value_heads"), get("linear_num_value_heads")
+        dk, dv, conv = get("linear_key_head_dim"), get("linear_value_head_dim") or get("linear_key_head_dim"), \
+            get("linear_conv_kernel_dim") or 4
+        return (2 * nk * dk + nv * dv) * (conv - 1) + nv * dk * dv, "Gated DeltaNet"
+    m_heads, m_dim = get("mamba_num_heads", "mamba_n_heads"), get("mamba_head_dim", "mamba_d_head")
+    state = get("ssm_state_size", "mamba_d_state")
+    if m_heads and m_dim and state:
+        inner, groups, conv = m_heads * m_dim, get("n_groups", "mamba_n_groups") or 1, \
+            get("conv_kernel", "mamba_d_conv") or 4
+        return (inner + 2 * groups * state) * (conv - 1) + inner * state, "Mamba-2"
+    if state:
+        inner, conv = (get("mamba_expand") or 2) * hidden, get("mamba_d_conv", "conv_kernel") or 4
+        return inner * (conv - 1) + inner * state, "Mamba"
+    if isinstance(cfg.get("attn_type_list"), list):
+        return heads * head_dim * head_dim, "lightning attention"
+    if get("sliding_window") and any(str(t) == "sliding_attention" for t in cfg.get("layer_types") or ()):
+        return 2 * kv_heads * head_dim * get("sliding_window"), "sliding-window attention"
+    return 0, ""
+
+
+def hf_layer_counts(cfg: dict, layers: int, where: str, mixer: tuple[int, str, int] = (0, "", 0)) -> dict[str, int]:
     """ModelSpec's moe_layers, attention_layers and dense_intermediate of a config.json whose layers are not all
     attention + MoE (all 0, the defaults, where they are), from each family's keys (_layer_indices). The dense
     layers' MLP width: Llama-4's intermediate_size_mlp, else intermediate_size (Nemotron-H's pattern gives each layer
     one mixer: its non-MoE layers have no MLP counted). What stays unmodelled is said once (SpecWarning): the other
-    layers' mixers (Mamba, linear or sliding-window attention: their kernels and state are not priced), a dense
-    MLP whose width the config does not give, a layer count of 0 (a spec counts 0 as all layers)."""
+    layers' mixers (Mamba, linear or sliding-window attention: their kernels are not priced, and their state only
+    where `mixer` = (state elements per layer, name, bytes per element: hf_mixer_state) knows it), a dense MLP whose
+    width the config does not give, a layer count of 0 (a spec counts 0 as all layers)."""
     moe, att, keys, akeys = _layer_indices(cfg, layers)
     moe = None if moe is None or len(moe) == layers else len(moe)
     att = None if att is None or len(att) == layers else len(att)
@@ -305,9 +356,16 @@ def hf_layer_counts(cfg: dict, layers: int, where: str) -> dict[str, int]:
     elif att is not None:
         out["attention_layers"] = att
         mixers = pattern.count("M") if pattern else layers - att  # Nemotron-H: its E and - layers have no mixer
-        said.append(f"{mixers} layers without full attention ({akeys}: Mamba, linear or sliding-window "
-                    "attention) whose mixer kernels and state are not priced (the attention projections stand in for "
-                    "their projections)")
+        elems, name, nbytes = mixer
+        if elems:
+            out["mixer_state_bytes"] = mixers * elems * nbytes
+            said.append(f"{mixers} layers without full attention ({akeys}: {name}) whose mixer kernels are not "
+                        f"priced (the attention projections stand in for their projections); their state, "
+                        f"{out['mixer_state_bytes'] / 2**20:.1f} MiB per request, is counted")
+        else:
+            said.append(f"{mixers} layers without full attention ({akeys}: Mamba, linear or sliding-window "
+                        "attention) whose mixer kernels and state are not priced (the attention projections stand in "
+                        "for their projections)")
     if said:
         import warnings
 
@@ -394,16 +452,21 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         shared, shared_inter = 1, need("share_expert_dim")
     elif str(cfg.get("model_type", "")).startswith("llama4"):  # Llama-4: one shared expert in every MoE layer,
         shared, shared_inter = 1, need("intermediate_size")  # as wide as a routed one; no key says so
+    elif cfg.get("use_residual") is True and cfg.get("model_type") == "arctic":  # Arctic's residual MLP beside the
+        shared, shared_inter = 1, hidden  # MoE in every MoE layer: a dense MLP of width hidden_size (vLLM arctic.py)
     else:
         shared, shared_inter = 0, 0
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     layers = need("num_hidden_layers")
-    kinds = hf_layer_counts(cfg, layers, where)
+    dtype_bytes, kv_heads = hf_weight_bytes(cfg, dtype, where), number("num_key_value_heads") or heads
+    state_bytes = 2 if dtype_bytes == 1 else dtype_bytes  # held at the activations' dtype (ModelSpec.activation_bytes)
+    kinds = hf_layer_counts(cfg, layers, where,
+                            (*hf_mixer_state(cfg, hidden, heads, kv_heads, head_dim), state_bytes))
     return ModelSpec(
         name=name, num_layers=layers, hidden=hidden, num_heads=heads,
-        num_kv_heads=number("num_key_value_heads") or heads, head_dim=head_dim, num_experts=experts,
+        num_kv_heads=kv_heads, head_dim=head_dim, num_experts=experts,
         top_k=need(*HF_TOP_K_KEYS), intermediate=need("moe_intermediate_size", "intermediate_size"),
-        dtype_bytes=hf_weight_bytes(cfg, dtype, where), expert_quant=hf_expert_quant(cfg),
+        dtype_bytes=dtype_bytes, expert_quant=hf_expert_quant(cfg),
         num_shared_experts=shared, shared_intermediate=shared_inter,
         attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,
         rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0, **kinds)

@@ -32,38 +32,51 @@ def _spec(name: str, layers: int, hidden: int, heads: int, kv: int, head_dim: in
 # Published configs (config.json on each model's hub page): layers, hidden, heads, kv heads, head dim, routed experts,
 # top-k, per-expert intermediate size (moe_intermediate_size where the model also has a dense FFN or shared expert),
 # and where not every layer is attention + MoE the layer kinds the config.json reader counts (ModelSpec.moe_layers,
-# attention_layers, dense_intermediate). gpt-oss stays one kind here: its sliding-window layers run attention too
-# (over 128 tokens), and the serving plans published for gpt-oss-20b were priced so.
+# attention_layers, dense_intermediate), the shared experts it reads (num_shared_experts, shared_intermediate: a dense
+# MLP every token passes, priced beside the routed experts) and the state of the mixers of the layers without full
+# attention (mixer_state_bytes: modelspec.hf_mixer_state on the config.json). gpt-oss stays one kind here: its
+# sliding-window layers run attention too (over 128 tokens), and the serving plans published for gpt-oss-20b were
+# priced so.
 ZOO: dict[str, ModelSpec] = {
     "mixtral-8x7b": BUILTIN_MODELS["mixtral-8x7b"],
     "olmoe-1b-7b": BUILTIN_MODELS["olmoe-1b-7b"],
     "mixtral-8x22b": _spec("mixtral-8x22b", 56, 6144, 48, 8, 128, 8, 2, 16384),
     "dbrx": _spec("dbrx", 40, 6144, 48, 8, 128, 16, 4, 10752),
-    "qwen1.5-moe-a2.7b": _spec("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 128, 60, 4, 1408),
-    "qwen2-57b-a14b": _spec("qwen2-57b-a14b", 28, 3584, 28, 4, 128, 64, 8, 2560),
+    "qwen1.5-moe-a2.7b": _spec("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 128, 60, 4, 1408,
+                               num_shared_experts=1, shared_intermediate=5632),
+    "qwen2-57b-a14b": _spec("qwen2-57b-a14b", 28, 3584, 28, 4, 128, 64, 8, 2560, num_shared_experts=1,
+                            shared_intermediate=20480),
     "qwen3-235b-a22b": _spec("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536),
     "qwen3-30b-a3b": _spec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768),
-    "deepseek-v3": _spec("deepseek-v3", 61, 7168, 128, 128, 128, 256, 8, 2048, moe_layers=58, dense_intermediate=18432),
+    "deepseek-v3": _spec("deepseek-v3", 61, 7168, 128, 128, 128, 256, 8, 2048, moe_layers=58, dense_intermediate=18432,
+                         num_shared_experts=1),
     "phi-3.5-moe": _spec("phi-3.5-moe", 32, 4096, 32, 8, 128, 16, 2, 6400),
     "gpt-oss-20b": _spec("gpt-oss-20b", 24, 2880, 64, 8, 64, 32, 4, 2880),
     "gpt-oss-120b": _spec("gpt-oss-120b", 36, 2880, 64, 8, 64, 128, 4, 2880),
-    "llama-4-scout": _spec("llama-4-scout", 48, 5120, 40, 8, 128, 16, 1, 8192),
+    "llama-4-scout": _spec("llama-4-scout", 48, 5120, 40, 8, 128, 16, 1, 8192, num_shared_experts=1),
     "granite-3.0-3b-a800m": _spec("granite-3.0-3b-a800m", 32, 1536, 24, 8, 64, 40, 8, 512),
     "jetmoe-8b": _spec("jetmoe-8b", 24, 2048, 32, 16, 128, 8, 2, 5632),
     # FRESH_MODELS (below): added after the first zero-shot evaluation, never trained on or looked at before it ran
-    "ernie-4.5-21b-a3b": _spec("ernie-4.5-21b-a3b", 28, 2560, 20, 4, 128, 64, 6, 1536),
-    "hunyuan-a13b": _spec("hunyuan-a13b", 32, 4096, 32, 8, 128, 64, 8, 3072),
-    "glm-4.5-air": _spec("glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408),
+    "ernie-4.5-21b-a3b": _spec("ernie-4.5-21b-a3b", 28, 2560, 20, 4, 128, 64, 6, 1536,
+                               num_shared_experts=2),
+    "hunyuan-a13b": _spec("hunyuan-a13b", 32, 4096, 32, 8, 128, 64, 8, 3072, num_shared_experts=1),
+    "glm-4.5-air": _spec("glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408, num_shared_experts=1),
     # FAR_TEST_MODELS (below): chosen for their distance from the training shapes, never trained on or timed before
     # their evaluation
     "llama-4-maverick": _spec("llama-4-maverick", 48, 5120, 40, 8, 128, 128, 1, 8192, moe_layers=24,
-                              dense_intermediate=16384),
-    "snowflake-arctic": _spec("snowflake-arctic", 35, 7168, 56, 8, 128, 128, 2, 4864),
-    "qwen3-next-80b-a3b": _spec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 512, 10, 512, attention_layers=12),
+                              dense_intermediate=16384, num_shared_experts=1),
+    "snowflake-arctic": _spec("snowflake-arctic", 35, 7168, 56, 8, 128, 128, 2, 4864, num_shared_experts=1,
+                              shared_intermediate=7168),  # its residual MLP, a dense MLP every token passes
+    "qwen3-next-80b-a3b": _spec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 512, 10, 512, attention_layers=12,
+                                 num_shared_experts=1, shared_intermediate=512,
+                                 mixer_state_bytes=36 * 548864 * 2),  # Gated DeltaNet: 32 v heads of 128 x 128
+    # (+ its conv state over q, k, v) in 36 layers
     "jamba-1.5-large": _spec("jamba-1.5-large", 72, 8192, 64, 8, 128, 16, 2, 24576, attention_layers=9,
-                             moe_layers=36, dense_intermediate=24576),
+                             moe_layers=36, dense_intermediate=24576,
+                             mixer_state_bytes=63 * 311296 * 2),  # Mamba: 16384 channels x (16 SSM + 3 conv) x 63
     # FAR2_TEST_MODELS (below): the second far split, chosen the same way after the first had been evaluated
-    "minimax-text-01": _spec("minimax-text-01", 80, 6144, 64, 8, 128, 32, 2, 9216, attention_layers=10),
+    "minimax-text-01": _spec("minimax-text-01", 80, 6144, 64, 8, 128, 32, 2, 9216, attention_layers=10,
+                             mixer_state_bytes=70 * 64 * 128 * 128 * 2),  # lightning attention: 128 x 128 per head
     "ernie-4.5-300b-a47b": _spec("ernie-4.5-300b-a47b", 54, 8192, 64, 8, 128, 64, 8, 3584),
     "skywork-moe": _spec("skywork-moe", 52, 4608, 36, 36, 128, 16, 2, 12288),
     "granite-3.0-1b-a400m": _spec("granite-3.0-1b-a400m", 24, 1024, 16, 8, 64, 32, 8, 512),
@@ -124,11 +137,14 @@ DECODE_TOKEN_CAP = 64 * 32768
 
 def _tp_splits(spec: ModelSpec, tp: int) -> list[str]:
     """What does not split tp ways (empty: the shard exists). The engines' rules: vLLM and SGLang split the experts'
-    intermediate size and the query heads evenly over TP, and the KV heads evenly (kv % tp == 0) or, with fewer KV
-    heads than GPUs, replicate each one tp / kv times (tp % kv == 0)."""
+    intermediate size (and a shared expert's or dense layer's MLP) and the query heads evenly over TP, and the KV
+    heads evenly (kv % tp == 0) or, with fewer KV heads than GPUs, replicate each one tp / kv times (tp % kv == 0)."""
     bad = []
     if spec.intermediate % tp:
         bad.append(f"intermediate {spec.intermediate} is not a multiple of {tp}")
+    for field in ("shared_intermediate", "dense_intermediate"):  # the shared experts' and dense layers' MLPs
+        if getattr(spec, field) % tp:
+            bad.append(f"{field} {getattr(spec, field)} is not a multiple of {tp}")
     if spec.num_heads % tp:
         bad.append(f"num_heads {spec.num_heads} is not a multiple of {tp}")
     kv = spec.num_kv_heads
@@ -151,7 +167,8 @@ def tp_problem(spec: ModelSpec, tp: int) -> str:
 
 def shard(spec: ModelSpec, tp: int) -> ModelSpec:
     """The per-GPU shape of a model at tensor-parallel degree tp: experts' intermediate split tp ways (vLLM's N), query
-    heads split, KV heads split down to one per GPU (replicated below that), dense-MLP layers' width split."""
+    heads split, KV heads split down to one per GPU (replicated below that), dense-MLP layers' and shared experts'
+    widths split, and the mixer state (its heads or channels split)."""
     if tp == 1:
         return spec
     why = tp_problem(spec, tp)
@@ -160,7 +177,9 @@ def shard(spec: ModelSpec, tp: int) -> ModelSpec:
     kv = max(1, spec.num_kv_heads // tp)
     return dataclasses.replace(spec, name=f"{spec.name}@tp{tp}", intermediate=spec.intermediate // tp,
                                num_heads=spec.num_heads // tp, num_kv_heads=kv,
-                               dense_intermediate=spec.dense_intermediate // tp)
+                               dense_intermediate=spec.dense_intermediate // tp,
+                               shared_intermediate=spec.shared_intermediate // tp,
+                               mixer_state_bytes=spec.mixer_state_bytes // tp)
 
 
 def zoo_shards(models: Any = None, tps: tuple[int, ...] = TP_DEGREES) -> list[ModelSpec]:

@@ -53,9 +53,11 @@ def test_deepseek_v3_reads_58_moe_layers_of_61_and_the_dense_width():
 
 
 def test_jamba_reads_4_attention_layers_of_32_and_an_eighth_of_the_kv_cache():
-    with pytest.warns(SpecWarning, match="28 layers without full attention .* mixer kernels and state are not priced"):
+    with pytest.warns(SpecWarning, match="28 layers without full attention .* mixer kernels are not priced.*their "
+                      "state, 8.3 MiB per request, is counted"):
         spec = _read(JAMBA_V01, quiet=False)
     assert (spec.attention_layers, spec.moe_layers, spec.dense_intermediate) == (4, 16, 14336)
+    assert spec.mixer_state_bytes == 28 * (8192 * 3 + 8192 * 16) * 2  # Mamba: 2 x 4096 channels, conv 4, state 16
     every = replace(spec, attention_layers=0)
     assert spec.kv_bytes_per_token * 8 == every.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
     assert spec.n_dense_layers == 16

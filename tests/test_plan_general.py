@@ -171,8 +171,9 @@ def test_validity_uses_each_releases_memory_share():
 
 def test_gpu_weights_count_shared_experts():
     """Qwen2-57B-A14B's shared expert (intermediate 20480): sliced by TP like the dense MLP, whole on every EP rank."""
-    plain = ZOO["qwen2-57b-a14b"]
-    spec = dataclasses.replace(plain, num_shared_experts=1, shared_intermediate=20480)
+    spec = ZOO["qwen2-57b-a14b"]
+    assert (spec.num_shared_experts, spec.shared_intermediate) == (1, 20480)
+    plain = dataclasses.replace(spec, num_shared_experts=0, shared_intermediate=0)
     shared = spec.num_layers * 3 * spec.hidden * 20480 * spec.dtype_bytes
     assert gpu_weight_bytes(spec, Layout(1, 1)) == pytest.approx(spec.weight_bytes)
     for lay in (Layout(2, 1), Layout(4, 1), Layout(1, 4), Layout(2, 2)):

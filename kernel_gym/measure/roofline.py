@@ -58,10 +58,11 @@ ATTENTION_OPS = ("rope", "kv_cache_write")
 MOE_OPS = ("router",)
 
 
-def dense_mlp_ops(model: Any, num_tokens: int) -> dict[str, tuple[float, float]]:
-    """(flops, bytes) of one dense-MLP layer's MLP (width model.dense_intermediate; the layers without MoE): the
-    gate/up GEMM, the activation, the down GEMM."""
-    t, h, b, d = num_tokens, model.hidden, model.dtype_bytes, model.dense_intermediate
+def dense_mlp_ops(model: Any, num_tokens: int, width: int | None = None) -> dict[str, tuple[float, float]]:
+    """(flops, bytes) of one dense MLP of `width` (default model.dense_intermediate: a dense layer's MLP; the shared
+    experts pass model.shared_width): the gate/up GEMM, the activation, the down GEMM."""
+    t, h, b = num_tokens, model.hidden, model.dtype_bytes
+    d = model.dense_intermediate if width is None else width
     return {
         "mlp_gate_up": (2.0 * t * h * 2 * d, b * (h * 2 * d + t * h + t * 2 * d)),
         "mlp_act": (0.0, b * (t * 2 * d + t * d)),
@@ -69,22 +70,29 @@ def dense_mlp_ops(model: Any, num_tokens: int) -> dict[str, tuple[float, float]]
     }
 
 
+def mlp_s(model: Any, num_tokens: int, width: int) -> float:
+    """Roofline seconds of one dense MLP of `width` over num_tokens tokens (0 for width 0)."""
+    return sum(op_s(f, nb) for f, nb in dense_mlp_ops(model, num_tokens, width).values()) if width else 0.0
+
+
 def dense_step_s(model: Any, num_tokens: int, num_logits: int, vocab: int = DEFAULT_VOCAB) -> float:
     """Roofline seconds of all untuned ops of one engine step (every layer plus the per-step ops). A spec whose
     layers are not all attention + MoE (ModelSpec.uniform_layers) is charged each op for the layers that run it
-    (ATTENTION_OPS, MOE_OPS) and the dense MLP (dense_mlp_ops) for its dense layers."""
+    (ATTENTION_OPS, MOE_OPS) and the dense MLP for its dense layers; shared experts (ModelSpec.shared_width) are a
+    dense MLP in every MoE layer."""
     if num_tokens <= 0:
         return 0.0
     ops = dense_layer_ops(model, num_tokens)
     per_step = sum(op_s(f, nb) for f, nb in dense_step_ops(model, num_tokens, num_logits, vocab).values())
+    shared_s = mlp_s(model, num_tokens, getattr(model, "shared_width", 0))
     if getattr(model, "uniform_layers", True):
         per_layer = sum(op_s(f, nb) for f, nb in ops.values())
-        return model.num_layers * per_layer + per_step
+        return model.num_layers * (per_layer + shared_s) + per_step if shared_s else \
+            model.num_layers * per_layer + per_step
     counts = {"attention": model.n_attention_layers, "moe": model.n_moe_layers, "all": model.num_layers}
     total = sum(op_s(f, nb) * counts["attention" if k in ATTENTION_OPS else "moe" if k in MOE_OPS else "all"]
                 for k, (f, nb) in ops.items())
-    if model.n_dense_layers:
-        total += model.n_dense_layers * sum(op_s(f, nb) for f, nb in dense_mlp_ops(model, num_tokens).values())
+    total += model.n_moe_layers * shared_s + model.n_dense_layers * mlp_s(model, num_tokens, model.dense_intermediate)
     return total + per_step
 
 

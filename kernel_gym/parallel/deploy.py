@@ -209,9 +209,12 @@ def gpu_memory_for(spec: Any, dep: Deployment) -> float:
 
 
 def kv_tokens_per_rank(spec: Any, dep: Deployment) -> int:
-    """Tokens of KV cache one data-parallel rank holds (a request lives on one rank)."""
-    free = gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout)
-    return int(max(0.0, free) // attention_spec(spec, dep.layout).kv_bytes_per_token)
+    """Tokens of KV cache one data-parallel rank holds for one request (a request lives on one rank), beside that
+    request's mixer state (ModelSpec.mixer_state_bytes)."""
+    per_gpu = attention_spec(spec, dep.layout)
+    free = gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout) \
+        - per_gpu.mixer_state_bytes
+    return int(max(0.0, free) // per_gpu.kv_bytes_per_token)
 
 
 def why_invalid_deployment(spec: Any, dep: Deployment, max_model_len: int = MAX_MODEL_LEN) -> str:

@@ -73,22 +73,12 @@ def layouts_for(gpus: int) -> list[Layout]:
 
 
 def gpu_weight_bytes(spec: Any, layout: Layout) -> float:
-    """Parameter bytes one GPU holds: attention / tp, the router, E / ep experts at intermediate / tp, and the shared
-    experts (a dense MLP every token passes: sliced by tp like attention, whole on every EP rank); each for the
-    layers that have it (a dense-MLP layer's MLP: sliced by tp)."""
-    attn = spec.hidden * (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim + spec.num_heads * spec.head_dim * \
-        spec.hidden
-    experts = spec.num_experts / layout.ep * 3 * spec.hidden * spec.intermediate / layout.tp
-    shared = getattr(spec, "num_shared_experts", 0) * 3 * spec.hidden * \
-        (getattr(spec, "shared_intermediate", 0) or spec.intermediate)
-    if getattr(spec, "uniform_layers", True):  # every layer attention + MoE
-        return spec.num_layers * ((attn + shared) / layout.tp + spec.hidden * spec.num_experts + experts) * \
-            spec.dtype_bytes
-    # per layer kind (ModelSpec.weight_bytes: the projections in every layer, the MoE in n_moe_layers, the dense MLP
-    # in n_dense_layers, sliced by tp)
-    dense = spec.n_dense_layers * 3 * spec.hidden * spec.dense_intermediate
-    return (spec.num_layers * attn / layout.tp + dense / layout.tp
-            + spec.n_moe_layers * (shared / layout.tp + spec.hidden * spec.num_experts + experts)) * spec.dtype_bytes
+    """Parameter bytes one GPU holds (ModelSpec.weight_parts, each part split over the GPUs that share it): the
+    attention projections, shared experts (a dense MLP every token passes: whole on every EP rank) and dense MLP /
+    tp, the router whole, the routed experts / (tp x ep)."""
+    split = {"attention": layout.tp, "router": 1, "experts": layout.tp * layout.ep, "shared": layout.tp,
+             "dense": layout.tp}
+    return sum(layers * n / split[part] for part, (layers, n) in spec.weight_parts().items()) * spec.dtype_bytes
 
 
 def why_invalid(spec: Any, layout: Layout, gpus: int, gpu_memory_bytes: float = H200_MEMORY_BYTES,

@@ -313,6 +313,7 @@ class ParallelSimulator(Simulator):
                          gpu_memory_bytes=mem, gpu_memory_utilization=gpu_memory_utilization,
                          vocab_size=vocab_size, compile_s=lambda kernel, config: 0.0, **kw)
         self._dense_memo = _PerGPUDense(self.pricer.attn, layout.ep, vocab_size)
+        self.state_ranks = layout.ep
 
     def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
         p = self.pricer

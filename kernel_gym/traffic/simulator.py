@@ -348,6 +348,7 @@ class Simulator:
         self.kv = np.zeros(n, np.int64)
         self.target = self.prompt.copy()  # tokens to prefill before the next token is emitted
         self.pages = np.zeros(n, np.int64)
+        self.holds_state = np.zeros(n, bool)  # a running request's mixer state occupies state_pages (ModelSpec)
         self.first_tok = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.preempts = np.zeros(n, np.int64)
@@ -358,11 +359,12 @@ class Simulator:
         self._init_prefix_cache(requests if prefix_caching else None, kv_layout.page_size)
         self._set_pool(kv_layout.page_size)
         longest = int((self.prompt + self.out).max())
-        if longest > self.num_pages * kv_layout.page_size:
+        if longest > (self.num_pages - self.state_pages) * kv_layout.page_size:
             i = int(np.argmax(self.prompt + self.out))
             raise ValueError(
                 f"request {i} needs {longest} tokens of KV cache but the pool holds "
-                f"{self.num_pages * kv_layout.page_size} ({model.name} on {gpu_memory_bytes / 1e9:.0f} GB); "
+                f"{(self.num_pages - self.state_pages) * kv_layout.page_size} ({model.name} on "
+                f"{gpu_memory_bytes / 1e9:.0f} GB{', beside its mixer state' if self.state_pages else ''}); "
                 "drop requests that long from the trace or use a GPU with more memory"
             )
         self.free_pages = self.num_pages
@@ -413,14 +415,19 @@ class Simulator:
         self._last_wl: dict[str, Any] = {}  # per kernel, the workload of its last call (as the chooser saw it)
         self.stall_total = 0.0
         self.num_preemptions = 0
+        self.state_ranks = 1  # data-parallel ranks the step's sequences (and their mixer state) spread over
 
     # ---- pool and layout ----
 
     def _set_pool(self, page_size: int) -> None:
         self.page_size = page_size
-        self.num_pages = int(self.pool_bytes // (page_size * self.model.kv_bytes_per_token))
+        page_bytes = page_size * self.model.kv_bytes_per_token
+        self.num_pages = int(self.pool_bytes // page_bytes)
         if self.num_pages < 1:
             raise ValueError(f"KV pool of {self.pool_bytes / 1e9:.2f} GB holds no page of {page_size} tokens")
+        # the pages a running request's mixer state takes from the same pool (vLLM's hybrid allocator and SGLang's
+        # mamba pool both size it beside the KV cache): 0 for a model whose every layer is attention
+        self.state_pages = -(-int(getattr(self.model, "mixer_state_bytes", 0)) // page_bytes)
 
     # ---- prefix cache ----
 
@@ -530,8 +537,9 @@ class Simulator:
         cached until evicted)."""
         if self.hashes is not None:
             self._drop_shared(rid)
-        self.free_pages += int(self.pages[rid])
+        self.free_pages += int(self.pages[rid]) + self.state_pages * bool(self.holds_state[rid])
         self.pages[rid] = 0
+        self.holds_state[rid] = False
 
     def _running(self) -> np.ndarray:
         return np.concatenate([self.dec, np.asarray(self.pref, dtype=np.int64)])
@@ -553,7 +561,8 @@ class Simulator:
         ps = new.page_size
         self.pages[running] = -(-(self.kv[running] - self.base[running]) // ps)
         self.cache_pages = len(self.refs) * (self.block_tokens // ps) if self.block_tokens else 0
-        self.free_pages = self.num_pages - int(self.pages[running].sum()) - self.cache_pages
+        self.free_pages = self.num_pages - int(self.pages[running].sum()) - self.cache_pages \
+            - self.state_pages * int(self.holds_state[running].sum())
         self._evict(0)
         while self.free_pages < 0:
             self._preempt(self._latest_running())
@@ -802,8 +811,9 @@ class Simulator:
         """(tuned-kernel seconds over all layers, untuned dense seconds) of one step: its prefill chunks
         [(request, chunk, offset)], `batch` decodes at mean context `mean_ctx` (the longest `max_ctx` and every
         sequence's `contexts`, where known: _decode_s), the MoE over all its tokens at the routing's skew now, and
-        the dense ops with `n_logits` rows through the LM head (step() charges this, plus the step overhead and
-        stalls). The attention kernels are charged once per attention layer, the MoE once per MoE layer
+        the dense ops with `n_logits` rows through the LM head, and each sequence's mixer state read and written once
+        (ModelSpec.mixer_state_bytes; over state_ranks data-parallel ranks) (step() charges this, plus the step
+        overhead and stalls). The attention kernels are charged once per attention layer, the MoE once per MoE layer
         (ModelSpec.n_attention_layers / n_moe_layers; all num_layers by default), the dense ops per layer kind
         (roofline.dense_step_s)."""
         num_tokens = batch + sum(c for _, c, _ in chunks)
@@ -826,6 +836,8 @@ class Simulator:
             dense = dense_step_s(self.model, num_tokens, n_logits, self.vocab)
             self._dense_memo[dk] = dense
         m = self.model
+        if getattr(m, "mixer_state_bytes", 0):  # every sequence in the step reads and writes its mixer state
+            dense += 2.0 * m.mixer_state_bytes * -(-(batch + len(chunks)) // self.state_ranks) / COPY_BW
         if m.uniform_layers:  # every layer attention + MoE: one sum x layers, as it always was
             return (kernel_s + moe_s) * m.num_layers, dense
         return kernel_s * m.n_attention_layers + moe_s * m.n_moe_layers, dense
@@ -937,8 +949,10 @@ class Simulator:
                     for rid in done_ids.tolist():
                         self._release(rid)
                 else:
-                    self.free_pages += int(pages[done_ids].sum())
+                    self.free_pages += int(pages[done_ids].sum()) + self.state_pages * int(
+                        self.holds_state[done_ids].sum())
                     pages[done_ids] = 0
+                    self.holds_state[done_ids] = False
                 self.dec = dec[~fin]
         new_dec = []
         for rid, c, _o in chunks:
@@ -984,15 +998,17 @@ class Simulator:
         ps = self.page_size
         have = int(self.pages[rid])
         own = int(self.kv[rid] - self.base[rid])  # tokens in the request's own pages (past its shared blocks)
+        state = 0 if self.holds_state[rid] else self.state_pages  # its mixer state, on its first chunk
         if self.lru:
-            self._evict(-(-(own + want) // ps) - have)
-        room = (have + self.free_pages) * ps - own
+            self._evict(-(-(own + want) // ps) - have + state)
+        room = (have + self.free_pages - state) * ps - own
         c = min(want, room)
         if c <= 0:
             return 0
         need = -(-(own + c) // ps) - have
         self.pages[rid] = have + need
-        self.free_pages -= need
+        self.free_pages -= need + state
+        self.holds_state[rid] = self.state_pages > 0
         return c
 
     # ---- driving ----

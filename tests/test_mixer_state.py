@@ -1,0 +1,137 @@
+"""Mixer state (ModelSpec.mixer_state_bytes): the fixed-size state a running request holds in the layers without full
+attention (Mamba, Gated DeltaNet, lightning attention, a sliding window). Before, hybrid models' KV pools were sized
+as if those layers held nothing per request, and their steps never read it: a 4k-token Qwen3-Next request holds
+about as much mixer state as KV cache. Config values are the published models' config.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+
+from kernel_gym.measure.roofline import COPY_BW
+from kernel_gym.modelspec import ModelSpec, SpecWarning, spec_from_hf_config
+from kernel_gym.parallel.layout import Layout, attention_spec
+from kernel_gym.traffic.simulator import STEP_COLUMNS
+from kernel_gym.zoo import ZOO, shard
+from tests.traffic.test_simulator import AnalyticTimer, chooser, mem_for_tokens, small_trace
+
+QWEN3_NEXT = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 2048,
+              "intermediate_size": 5120, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+              "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+              "num_experts": 512, "num_experts_per_tok": 10, "full_attention_interval": 4, "linear_num_key_heads": 16,
+              "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+              "linear_conv_kernel_dim": 4, "decoder_sparse_step": 1, "torch_dtype": "bfloat16"}
+JAMBA_15_LARGE = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "hidden_size": 8192,
+                  "intermediate_size": 24576, "num_hidden_layers": 72, "num_attention_heads": 64,
+                  "num_key_value_heads": 8, "num_experts": 16, "num_experts_per_tok": 2, "attn_layer_period": 8,
+                  "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1, "mamba_d_state": 16,
+                  "mamba_expand": 2, "mamba_d_conv": 4, "torch_dtype": "bfloat16"}
+MINIMAX_01 = {"architectures": ["MiniMaxText01ForCausalLM"], "model_type": "minimax_text_01", "hidden_size": 6144,
+              "intermediate_size": 9216, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+              "head_dim": 128, "num_local_experts": 32, "num_experts_per_tok": 2,
+              "attn_type_list": [0, 0, 0, 0, 0, 0, 0, 1] * 10, "torch_dtype": "bfloat16"}
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 2688,
+              "num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+              "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+              "hybrid_override_pattern": "MEM*EMEM", "mamba_num_heads": 64, "mamba_head_dim": 64,
+              "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "torch_dtype": "bfloat16"}
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+           "intermediate_size": 2880, "num_hidden_layers": 4, "num_attention_heads": 64, "num_key_value_heads": 8,
+           "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 128,
+           "layer_types": ["sliding_attention", "full_attention"] * 2, "torch_dtype": "bfloat16"}
+
+
+def _read(cfg: dict, name: str = "m") -> tuple[ModelSpec, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SpecWarning)
+        spec = spec_from_hf_config(cfg, "config.json", name)
+    return spec, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("cfg,name", [(QWEN3_NEXT, "qwen3-next-80b-a3b"), (JAMBA_15_LARGE, "jamba-1.5-large"),
+                                      (MINIMAX_01, "minimax-text-01")])
+def test_the_config_json_and_the_zoo_agree_on_the_mixer_state(cfg, name):
+    spec, said = _read(cfg, name)
+    assert spec.mixer_state_bytes == ZOO[name].mixer_state_bytes > 0
+    assert spec.weight_bytes == ZOO[name].weight_bytes
+    assert any("MiB per request, is counted" in s for s in said), said
+
+
+def test_each_mixer_family_is_sized_as_the_engines_size_its_state():
+    qwen, _ = _read(QWEN3_NEXT)  # Gated DeltaNet: conv over q, k (16 x 128 each) and v (32 x 128), 32 heads of 128^2
+    assert qwen.mixer_state_bytes == 36 * ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 2
+    nemo, _ = _read(NEMOTRON_H)  # Mamba-2 in the 4 'M' layers: conv over x, B, C; 64 heads x 64 x 128 SSM state
+    inner = 64 * 64
+    assert nemo.mixer_state_bytes == 4 * ((inner + 2 * 8 * 128) * 3 + inner * 128) * 2
+    oss, said = _read(GPT_OSS)  # sliding window: 128 tokens of K and V in the 2 sliding layers
+    assert oss.mixer_state_bytes == 2 * 2 * 8 * 64 * 128 * 2 and "sliding-window" in said[0]
+    unknown, said = _read({**NEMOTRON_H, "mamba_num_heads": None, "ssm_state_size": None})
+    assert unknown.mixer_state_bytes == 0 and "kernels and state are not priced" in said[0]
+
+
+def test_a_shard_holds_its_slice_of_the_state():
+    spec = ZOO["qwen3-next-80b-a3b"]
+    assert shard(spec, 4).mixer_state_bytes == spec.mixer_state_bytes // 4
+    assert attention_spec(spec, Layout(4, 2)).mixer_state_bytes == spec.mixer_state_bytes // 4
+
+
+HYBRID = ModelSpec("hybrid", num_layers=4, hidden=256, num_heads=4, num_kv_heads=2, head_dim=64, num_experts=4,
+                   top_k=2, intermediate=512, attention_layers=2)
+
+
+def _run(state_tokens: int, pool_tokens: int, **kw):
+    """A simulator of HYBRID whose mixer state is as large as `state_tokens` tokens of its KV cache."""
+    from kernel_gym.traffic.routing import UniformRouting
+    from kernel_gym.traffic.simulator import Simulator
+
+    model = dataclasses.replace(HYBRID, mixer_state_bytes=state_tokens * HYBRID.kv_bytes_per_token)
+    s = Simulator(model, small_trace(300, rate=200.0), AnalyticTimer(), chooser(), UniformRouting(4, 2),
+                  gpu_memory_bytes=mem_for_tokens(model, pool_tokens), **kw)
+    return s, s.run()
+
+
+def test_running_requests_hold_their_state_in_the_pool_and_return_every_page():
+    base_s, base = _run(0, 6000, max_num_batched_tokens=512)
+    s, res = _run(512, 6000, max_num_batched_tokens=512)
+    assert s.state_pages == 512 // 16 and base_s.state_pages == 0
+    running = STEP_COLUMNS.index("running")
+    assert res.steps[:, running].max() < base.steps[:, running].max()  # fewer requests fit beside their state
+    assert res.summary["preemptions"] > 0  # the pool was meant to be tight enough to preempt
+    assert np.array_equal(res.generated_tokens, base.generated_tokens)
+    assert s.free_pages == s.num_pages and not s.holds_state.any()  # every page returned, the state's too
+
+
+def test_a_step_reads_and_writes_each_sequences_state():
+    s, _ = _run(64, 1 << 20)
+    plain, _ = _run(0, 1 << 20)
+    for sim in (s, plain):
+        sim._dense_memo.clear()
+    _, with_state = s.price_step([], 8, 100.0, 8, [])
+    _, without = plain.price_step([], 8, 100.0, 8, [])
+    assert with_state - without == pytest.approx(2.0 * 8 * s.model.mixer_state_bytes / COPY_BW)
+
+
+def test_a_request_longer_than_the_pool_beside_its_state_is_refused():
+    with pytest.raises(ValueError, match="beside its mixer state"):
+        _run(4000, 4100)
+
+
+def test_a_layout_switch_mid_run_re_pages_the_state_and_loses_no_page():
+    from kernel_gym.traffic.routing import UniformRouting
+    from kernel_gym.traffic.simulator import Simulator
+
+    model = dataclasses.replace(HYBRID, mixer_state_bytes=100 * HYBRID.kv_bytes_per_token)
+    s = Simulator(model, small_trace(300, rate=200.0), AnalyticTimer(), chooser(), UniformRouting(4, 2),
+                  gpu_memory_bytes=mem_for_tokens(model, 8000), max_num_batched_tokens=512)
+    s.run_until(0.5)
+    holding = int(s.holds_state.sum())
+    assert holding > 0 and s.state_pages == 7  # 100 tokens on 16-token pages
+    s.set_kv_layout(64, "NHD")
+    assert s.state_pages == 2 and int(s.holds_state.sum()) <= holding
+    running = s._running()
+    assert s.free_pages == s.num_pages - int(s.pages[running].sum()) - 2 * int(s.holds_state[running].sum())
+    s.run()
+    assert s.free_pages == s.num_pages and not s.holds_state.any()
