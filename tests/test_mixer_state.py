@@ -135,3 +135,17 @@ def test_a_layout_switch_mid_run_re_pages_the_state_and_loses_no_page():
     assert s.free_pages == s.num_pages - int(s.pages[running].sum()) - 2 * int(s.holds_state[running].sum())
     s.run()
     assert s.free_pages == s.num_pages and not s.holds_state.any()
+
+
+def test_a_policy_stored_before_the_state_was_read_still_matches_its_model():
+    from dataclasses import asdict
+
+    from kernel_gym.deploy.export import check_policy_model
+
+    model = ZOO["qwen3-next-80b-a3b"]
+    old = {k: v for k, v in asdict(model).items() if k != "mixer_state_bytes"}  # logged before the field existed
+    line = check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]}, model)
+    assert "qwen3-next-80b-a3b" in line
+    with pytest.raises(ValueError, match="other hidden"):
+        check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]},
+                           dataclasses.replace(model, hidden=4096))
