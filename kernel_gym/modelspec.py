@@ -290,45 +290,50 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
     return inside(moe), inside(att), ", ".join(keys), ", ".join(akeys)
 
 
-def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: int) -> tuple[int, str]:
-    """(state elements one request holds in one layer without full attention, the mixer's name) from the config's
-    mixer keys, as the engines size their state caches; (0, "") where the config names no mixer kernel_gym reads.
-    Gated DeltaNet (Qwen3-Next): a conv state over q, k and v and a key x value state per value head; Mamba-2
-    (Nemotron-H, Granite-4 hybrid, Falcon-H1): a conv state over x, B and C and a head_dim x d_state state per head;
-    Mamba (Jamba): the same over expand x hidden channels; lightning attention (MiniMax-Text-01): a head_dim x head_dim
-    state per head; sliding-window attention (gpt-oss): the window's K and V."""
+def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: int, act_bytes: int) -> tuple[int, str]:
+    """(bytes of state one request holds in one layer without full attention, the mixer's name) from the config's
+    mixer keys, as vLLM sizes its state caches; (0, "") where the config names no mixer kernel_gym reads. Gated DeltaNet
+    (Qwen3-Next): a conv state over q, k and v and a key x value state per value head; Mamba-2 (Nemotron-H, Granite-4
+    hybrid): a conv state over x, B and C and a head_dim x d_state state per head; Mamba (Jamba): the same over expand
+    x hidden channels; lightning attention (MiniMax-Text-01): a head_dim x head_dim state per head; sliding-window
+    attention (gpt-oss): the window's K and V. Conv state and KV at the activations' dtype (`act_bytes`), the SSM or
+    recurrent state at `mamba_ssm_cache_dtype` (or `mamba_ssm_dtype`) where the config sets it, else float32 for
+    Nemotron-H (vLLM's default for it) and the activations' dtype for the others."""
     def get(*keys: str) -> int:
         return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)
                      and cfg[k] > 0), 0)
 
+    ssm_dtype = str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or
+                    ("float32" if str(cfg.get("model_type", "")).startswith("nemotron_h") else ""))
+    ssm_bytes = HF_DTYPE_BYTES.get(ssm_dtype, act_bytes)
     if get("linear_num_value_heads") and get("linear_key_head_dim"):
         nk, nv = get("linear_num_key_heads") or get("linear_num_value_heads"), get("linear_num_value_heads")
         dk, dv, conv = get("linear_key_head_dim"), get("linear_value_head_dim") or get("linear_key_head_dim"), \
             get("linear_conv_kernel_dim") or 4
-        return (2 * nk * dk + nv * dv) * (conv - 1) + nv * dk * dv, "Gated DeltaNet"
+        return (2 * nk * dk + nv * dv) * (conv - 1) * act_bytes + nv * dk * dv * ssm_bytes, "Gated DeltaNet"
     m_heads, m_dim = get("mamba_num_heads", "mamba_n_heads"), get("mamba_head_dim", "mamba_d_head")
     state = get("ssm_state_size", "mamba_d_state")
     if m_heads and m_dim and state:
         inner, groups, conv = m_heads * m_dim, get("n_groups", "mamba_n_groups") or 1, \
             get("conv_kernel", "mamba_d_conv") or 4
-        return (inner + 2 * groups * state) * (conv - 1) + inner * state, "Mamba-2"
+        return (inner + 2 * groups * state) * (conv - 1) * act_bytes + inner * state * ssm_bytes, "Mamba-2"
     if state:
         inner, conv = (get("mamba_expand") or 2) * hidden, get("mamba_d_conv", "conv_kernel") or 4
-        return inner * (conv - 1) + inner * state, "Mamba"
+        return inner * (conv - 1) * act_bytes + inner * state * ssm_bytes, "Mamba"
     if isinstance(cfg.get("attn_type_list"), list):
-        return heads * head_dim * head_dim, "lightning attention"
+        return heads * head_dim * head_dim * act_bytes, "lightning attention"
     if get("sliding_window") and any(str(t) == "sliding_attention" for t in cfg.get("layer_types") or ()):
-        return 2 * kv_heads * head_dim * get("sliding_window"), "sliding-window attention"
+        return 2 * kv_heads * head_dim * get("sliding_window") * act_bytes, "sliding-window attention"
     return 0, ""
 
 
-def hf_layer_counts(cfg: dict, layers: int, where: str, mixer: tuple[int, str, int] = (0, "", 0)) -> dict[str, int]:
+def hf_layer_counts(cfg: dict, layers: int, where: str, mixer: tuple[int, str] = (0, "")) -> dict[str, int]:
     """ModelSpec's moe_layers, attention_layers and dense_intermediate of a config.json whose layers are not all
     attention + MoE (all 0, the defaults, where they are), from each family's keys (_layer_indices). The dense
     layers' MLP width: Llama-4's intermediate_size_mlp, else intermediate_size (Nemotron-H's pattern gives each layer
     one mixer: its non-MoE layers have no MLP counted). What stays unmodelled is said once (SpecWarning): the other
     layers' mixers (Mamba, linear or sliding-window attention: their kernels are not priced, and their state only
-    where `mixer` = (state elements per layer, name, bytes per element: hf_mixer_state) knows it), a dense MLP whose
+    where `mixer` = (state bytes per layer, name: hf_mixer_state) knows it), a dense MLP whose
     width the config does not give, a layer count of 0 (a spec counts 0 as all layers)."""
     moe, att, keys, akeys = _layer_indices(cfg, layers)
     moe = None if moe is None or len(moe) == layers else len(moe)
@@ -356,9 +361,9 @@ def hf_layer_counts(cfg: dict, layers: int, where: str, mixer: tuple[int, str, i
     elif att is not None:
         out["attention_layers"] = att
         mixers = pattern.count("M") if pattern else layers - att  # Nemotron-H: its E and - layers have no mixer
-        elems, name, nbytes = mixer
-        if elems:
-            out["mixer_state_bytes"] = mixers * elems * nbytes
+        per_layer, name = mixer
+        if per_layer:
+            out["mixer_state_bytes"] = mixers * per_layer
             said.append(f"{mixers} layers without full attention ({akeys}: {name}) whose mixer kernels are not "
                         f"priced (the attention projections stand in for their projections); their state, "
                         f"{out['mixer_state_bytes'] / 2**20:.1f} MiB per request, is counted")
@@ -459,9 +464,8 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     layers = need("num_hidden_layers")
     dtype_bytes, kv_heads = hf_weight_bytes(cfg, dtype, where), number("num_key_value_heads") or heads
-    state_bytes = 2 if dtype_bytes == 1 else dtype_bytes  # held at the activations' dtype (ModelSpec.activation_bytes)
-    kinds = hf_layer_counts(cfg, layers, where,
-                            (*hf_mixer_state(cfg, hidden, heads, kv_heads, head_dim), state_bytes))
+    act_bytes = 2 if dtype_bytes == 1 else dtype_bytes  # the activations' dtype (ModelSpec.activation_bytes)
+    kinds = hf_layer_counts(cfg, layers, where, hf_mixer_state(cfg, hidden, heads, kv_heads, head_dim, act_bytes))
     return ModelSpec(
         name=name, num_layers=layers, hidden=hidden, num_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, num_experts=experts,

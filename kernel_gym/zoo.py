@@ -58,9 +58,10 @@ ZOO: dict[str, ModelSpec] = {
     "jetmoe-8b": _spec("jetmoe-8b", 24, 2048, 32, 16, 128, 8, 2, 5632),
     # FRESH_MODELS (below): added after the first zero-shot evaluation, never trained on or looked at before it ran
     "ernie-4.5-21b-a3b": _spec("ernie-4.5-21b-a3b", 28, 2560, 20, 4, 128, 64, 6, 1536,
-                               num_shared_experts=2),
+                               num_shared_experts=2, moe_layers=27, dense_intermediate=12288),
     "hunyuan-a13b": _spec("hunyuan-a13b", 32, 4096, 32, 8, 128, 64, 8, 3072, num_shared_experts=1),
-    "glm-4.5-air": _spec("glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408, num_shared_experts=1),
+    "glm-4.5-air": _spec("glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408, num_shared_experts=1,
+                         moe_layers=45, dense_intermediate=10944),
     # FAR_TEST_MODELS (below): chosen for their distance from the training shapes, never trained on or timed before
     # their evaluation
     "llama-4-maverick": _spec("llama-4-maverick", 48, 5120, 40, 8, 128, 128, 1, 8192, moe_layers=24,
@@ -77,7 +78,8 @@ ZOO: dict[str, ModelSpec] = {
     # FAR2_TEST_MODELS (below): the second far split, chosen the same way after the first had been evaluated
     "minimax-text-01": _spec("minimax-text-01", 80, 6144, 64, 8, 128, 32, 2, 9216, attention_layers=10,
                              mixer_state_bytes=70 * 64 * 128 * 128 * 2),  # lightning attention: 128 x 128 per head
-    "ernie-4.5-300b-a47b": _spec("ernie-4.5-300b-a47b", 54, 8192, 64, 8, 128, 64, 8, 3584),
+    "ernie-4.5-300b-a47b": _spec("ernie-4.5-300b-a47b", 54, 8192, 64, 8, 128, 64, 8, 3584, moe_layers=51,
+                                 dense_intermediate=28672),
     "skywork-moe": _spec("skywork-moe", 52, 4608, 36, 36, 128, 16, 2, 12288),
     "granite-3.0-1b-a400m": _spec("granite-3.0-1b-a400m", 24, 1024, 16, 8, 64, 32, 8, 512),
 }

@@ -63,9 +63,11 @@ def test_the_config_json_and_the_zoo_agree_on_the_mixer_state(cfg, name):
 def test_each_mixer_family_is_sized_as_the_engines_size_its_state():
     qwen, _ = _read(QWEN3_NEXT)  # Gated DeltaNet: conv over q, k (16 x 128 each) and v (32 x 128), 32 heads of 128^2
     assert qwen.mixer_state_bytes == 36 * ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 2
-    nemo, _ = _read(NEMOTRON_H)  # Mamba-2 in the 4 'M' layers: conv over x, B, C; 64 heads x 64 x 128 SSM state
-    inner = 64 * 64
-    assert nemo.mixer_state_bytes == 4 * ((inner + 2 * 8 * 128) * 3 + inner * 128) * 2
+    nemo, _ = _read(NEMOTRON_H)  # Mamba-2 in the 4 'M' layers: conv over x, B, C; 64 heads x 64 x 128 SSM state,
+    inner = 64 * 64  # the SSM state in float32 (vLLM's default for Nemotron-H), the conv state in bf16
+    assert nemo.mixer_state_bytes == 4 * ((inner + 2 * 8 * 128) * 3 * 2 + inner * 128 * 4)
+    bf16, _ = _read({**NEMOTRON_H, "mamba_ssm_cache_dtype": "bfloat16"})  # the config's own cache dtype wins
+    assert bf16.mixer_state_bytes == 4 * ((inner + 2 * 8 * 128) * 3 + inner * 128) * 2
     oss, said = _read(GPT_OSS)  # sliding window: 128 tokens of K and V in the 2 sliding layers
     assert oss.mixer_state_bytes == 2 * 2 * 8 * 64 * 128 * 2 and "sliding-window" in said[0]
     unknown, said = _read({**NEMOTRON_H, "mamba_num_heads": None, "ssm_state_size": None})
@@ -112,6 +114,9 @@ def test_a_step_reads_and_writes_each_sequences_state():
     _, with_state = s.price_step([], 8, 100.0, 8, [])
     _, without = plain.price_step([], 8, 100.0, 8, [])
     assert with_state - without == pytest.approx(2.0 * 8 * s.model.mixer_state_bytes / COPY_BW)
+    _, with_state = s.price_step([(0, 16, 0)], 8, 100.0, 8, [])  # a prefill chunk's sequence reads its state too
+    _, without = plain.price_step([(0, 16, 0)], 8, 100.0, 8, [])
+    assert with_state - without == pytest.approx(2.0 * 9 * s.model.mixer_state_bytes / COPY_BW)
 
 
 def test_a_request_longer_than_the_pool_beside_its_state_is_refused():
@@ -149,3 +154,52 @@ def test_a_policy_stored_before_the_state_was_read_still_matches_its_model():
     with pytest.raises(ValueError, match="other hidden"):
         check_policy_model("fused_moe", {"model_uri": "models:/p/1", "model_specs": [old]},
                            dataclasses.replace(model, hidden=4096))
+
+
+def test_a_layout_switch_that_leaves_a_request_no_room_beside_its_state_is_refused():
+    """A 1000-token pool holds 62 pages of 16 (a 17-token state takes 2: 960 tokens left for the request) but 15 of
+    64 (the state takes 1: 896 left), so a 950-token request that fits at 16 cannot at 64; before, the switch went
+    through and that request preempted itself forever."""
+    from kernel_gym.traffic.routing import UniformRouting
+    from kernel_gym.traffic.simulator import Simulator
+    from kernel_gym.traffic.traces import Trace
+
+    model = dataclasses.replace(HYBRID, mixer_state_bytes=17 * HYBRID.kv_bytes_per_token)
+    trace = Trace("t", np.array([0.0, 0.1]), np.array([900, 100]), np.array([50, 5]))
+    s = Simulator(model, trace, AnalyticTimer(), chooser(), UniformRouting(4, 2),
+                  gpu_memory_bytes=mem_for_tokens(model, 1000))
+    with pytest.raises(ValueError, match="page_size=64: request 0 needs 950 tokens .* beside its mixer state.*keep "
+                                         "page_size=16"):
+        s.set_kv_layout(64, "NHD")
+    assert s.page_size == 16 and s.state_pages == 2  # nothing changed
+    s.run()
+    assert s.free_pages == s.num_pages
+
+
+def test_the_parallel_simulator_spreads_the_state_reads_over_its_ep_ranks():
+    from kernel_gym.measure.coverage import cover
+    from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.parallel import deploy
+    from kernel_gym.parallel.collectives import CollectiveTable
+    from kernel_gym.parallel.step_time import ParallelSimulator, StepPricer
+    from tests.parallel.fixture_table import fixture_table
+
+    backend, table = cover(RecordedBackend()), CollectiveTable(fixture_table())
+    mixtral = ZOO["mixtral-8x7b"]
+    stateful = dataclasses.replace(mixtral, mixer_state_bytes=64 << 20)
+    trace = small_trace(20, rate=20.0)
+    extra = {}
+    for lay in (Layout(1, 1), Layout(1, 2), Layout(2, 1)):
+        dense = []
+        for spec in (stateful, mixtral):
+            sim = ParallelSimulator(spec, trace, lay, StepPricer(spec, lay, backend, table))
+            dense.append(sim.price_step([], 9, 100.0, 9, [])[1])
+        extra[lay] = dense[0] - dense[1]
+        per_gpu = attention_spec(stateful, lay).mixer_state_bytes
+        assert extra[lay] == pytest.approx(2.0 * per_gpu * -(-9 // lay.ep) / COPY_BW)
+    assert extra[Layout(1, 2)] < extra[Layout(1, 1)]  # 5 sequences on the busiest EP rank, not 9
+    # a rank's KV room for one request is what is left beside that request's state
+    dep = deploy.Deployment(replicas=1, tp=2, ep=1, engine="vllm", version="0.34.0", block_size=16,
+                            max_batched_tokens=8192, max_seqs=256, graph_max=512)
+    room = deploy.kv_tokens_per_rank(mixtral, dep) - deploy.kv_tokens_per_rank(stateful, dep)
+    assert room == pytest.approx((32 << 20) / attention_spec(mixtral, Layout(2, 1)).kv_bytes_per_token, abs=1)

@@ -358,15 +358,10 @@ class Simulator:
         self.kv_layout = kv_layout
         self._init_prefix_cache(requests if prefix_caching else None, kv_layout.page_size)
         self._set_pool(kv_layout.page_size)
-        longest = int((self.prompt + self.out).max())
-        if longest > (self.num_pages - self.state_pages) * kv_layout.page_size:
-            i = int(np.argmax(self.prompt + self.out))
-            raise ValueError(
-                f"request {i} needs {longest} tokens of KV cache but the pool holds "
-                f"{(self.num_pages - self.state_pages) * kv_layout.page_size} ({model.name} on "
-                f"{gpu_memory_bytes / 1e9:.0f} GB{', beside its mixer state' if self.state_pages else ''}); "
-                "drop requests that long from the trace or use a GPU with more memory"
-            )
+        why = self._why_too_long(kv_layout.page_size, np.ones(n, bool))
+        if why:
+            raise ValueError(f"{why} ({model.name} on {gpu_memory_bytes / 1e9:.0f} GB); drop requests that long from "
+                             "the trace or use a GPU with more memory")
         self.free_pages = self.num_pages
 
         self.clock = 0.0 if n == 0 else min(0.0, float(self.arrival[0]))
@@ -419,15 +414,31 @@ class Simulator:
 
     # ---- pool and layout ----
 
+    def _pool_pages(self, page_size: int) -> tuple[int, int]:
+        """(pages in the pool, pages a running request's mixer state takes from it) at `page_size`: vLLM's hybrid
+        allocator and SGLang's mamba pool both hold the state beside the KV cache; 0 state pages for a model whose
+        every layer is attention."""
+        page_bytes = page_size * self.model.kv_bytes_per_token
+        return int(self.pool_bytes // page_bytes), -(-int(getattr(self.model, "mixer_state_bytes", 0)) // page_bytes)
+
+    def _why_too_long(self, page_size: int, which: np.ndarray) -> str:
+        """'' when each of the `which` requests fits the pool at `page_size` beside its mixer state, else why not (a
+        request that cannot fit would preempt itself forever)."""
+        pages, state = self._pool_pages(page_size)
+        need = np.where(which, self.prompt + self.out, 0)
+        room = (pages - state) * page_size
+        if not need.size or int(need.max()) <= room:
+            return ""
+        i = int(np.argmax(need))
+        where = f"beside its mixer state ({self.model.mixer_state_bytes / 2**20:.1f} MiB a request)" if state else ""
+        return (f"request {i} needs {int(need[i])} tokens of KV cache but the pool holds {max(room, 0)} at "
+                f"{page_size}-token pages {where}").rstrip()
+
     def _set_pool(self, page_size: int) -> None:
         self.page_size = page_size
-        page_bytes = page_size * self.model.kv_bytes_per_token
-        self.num_pages = int(self.pool_bytes // page_bytes)
+        self.num_pages, self.state_pages = self._pool_pages(page_size)
         if self.num_pages < 1:
             raise ValueError(f"KV pool of {self.pool_bytes / 1e9:.2f} GB holds no page of {page_size} tokens")
-        # the pages a running request's mixer state takes from the same pool (vLLM's hybrid allocator and SGLang's
-        # mamba pool both size it beside the KV cache): 0 for a model whose every layer is attention
-        self.state_pages = -(-int(getattr(self.model, "mixer_state_bytes", 0)) // page_bytes)
 
     # ---- prefix cache ----
 
@@ -556,6 +567,9 @@ class Simulator:
         stall = 2.0 * live_bytes / COPY_BW
         if self.hashes is not None:
             self._check_block(new.page_size)
+        why = self._why_too_long(new.page_size, np.isnan(self.finish))
+        if why:  # its pages rounded up, the pool's down: a request that fitted may not fit the bigger pages
+            raise ValueError(f"KV layout page_size={new.page_size}: {why}; keep page_size={self.page_size}")
         self.kv_layout = new
         self._set_pool(new.page_size)
         ps = new.page_size
