@@ -384,8 +384,11 @@ def test_predict_policies_prices_a_policy_as_predict_does_and_writes_its_untimed
 
     run = tmp_path / "run"
     shutil.copytree(Path(le.__file__).parent / "window4_5ee0534" / "window4", run)
-    before = (run / "summary.json").read_text()
     spec = "vllm-table"
+    measured = json.loads((run / "measured.json").read_text())  # --predict below prices this policy alone: each
+    measured["measured"] = {spec: measured["measured"][spec]}   # measured policy is priced on its own
+    (run / "measured.json").write_text(json.dumps(measured))
+    before = (run / "summary.json").read_text()
     assert le.main(["--out", str(run), "--predict-policies", spec, "--predict-json", str(tmp_path / "p.json")]) == 0
     assert (run / "summary.json").read_text() == before
     only = json.loads((tmp_path / "p.json").read_text())["policies"][spec]

@@ -78,6 +78,11 @@ def test_charge_is_per_moe_call_times_layers_at_the_steps_moe_rows(graphs):
     assert r.summary["busy_s"] > p.summary["busy_s"]
 
 
+# the tests that read the smoke run stay on one xdist worker (scripts/test.sh runs --dist loadgroup), so the module's
+# smoke replay (half a minute under the interpreter) runs once, not once per worker
+SMOKE_RUN = pytest.mark.xdist_group("live_moe_routing_smoke_run")
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
@@ -90,6 +95,7 @@ def _predict(out: Path, *flags: str) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+@SMOKE_RUN
 def test_predict_charges_the_table_and_none_turns_it_off(smoke_run, tmp_path):
     path = tmp_path / "routing.json"
     path.write_text(json.dumps(table({"tiny-moe": POINTS})))
@@ -112,6 +118,7 @@ def test_predict_charges_the_table_and_none_turns_it_off(smoke_run, tmp_path):
                         off["policies"]["default"]["predicted_busy_s"])
 
 
+@SMOKE_RUN
 def test_priced_steps_carry_the_routing_as_its_own_part(smoke_run, monkeypatch):
     """step_check's price of each measured step holds the charge, booked as its own part (price_shares)."""
     import kernel_gym.evaluate.replay as replay
@@ -176,6 +183,7 @@ def test_dense_ops_table_prices_each_steps_dense_ops_instead_of_the_roofline(tmp
     assert le.DenseOps.from_table(le.DENSE_OPS_TABLE, "tiny-moe") is None
 
 
+@SMOKE_RUN
 def test_summary_dir_writes_the_prediction_beside_the_run_and_leaves_the_runs_own(smoke_run, tmp_path):
     own = _predict(smoke_run)
     before = (smoke_run / "summary.json").read_bytes()

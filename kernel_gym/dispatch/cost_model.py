@@ -21,6 +21,7 @@ a policy bundle (train/bundle.py) and loads without pickle.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -69,6 +70,7 @@ def _waves(programs: float) -> tuple[float, float]:
     return _log2(waves), programs / (max(1, math.ceil(waves)) * NUM_SMS)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # feature_matrix asks it again for every config of a workload
 def expected_row_blocks(workload: Any, block_m: int) -> float:
     """Expected BLOCK_M row blocks after each non-empty expert's slots are padded to BLOCK_M (fused_moe
     align_block_size): expert e gets about M * top_k * p_e slots (Zipf popularity p, at most M), and is non-empty with
