@@ -50,13 +50,15 @@ def _keep_xdist_groups(config, items):
     worker. Where the suffix did not take, it is set here the way pytest 9.2 reads it."""
     if not getattr(config.option, "loadgroup", False):
         return
+    try:  # pytest's private node-id type (9.2); another pytest keeps xdist's own grouping, whatever it does
+        from _pytest.nodeid import NodeId
+    except ImportError:
+        return
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
         if not names or "@" in item.nodeid or not hasattr(item, "_id"):
             continue
-        from _pytest.nodeid import NodeId
-
         item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
