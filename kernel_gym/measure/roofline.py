@@ -87,8 +87,7 @@ def dense_step_s(model: Any, num_tokens: int, num_logits: int, vocab: int = DEFA
     shared_s = mlp_s(model, num_tokens, getattr(model, "shared_width", 0))
     if getattr(model, "uniform_layers", True):
         per_layer = sum(op_s(f, nb) for f, nb in ops.values())
-        return model.num_layers * (per_layer + shared_s) + per_step if shared_s else \
-            model.num_layers * per_layer + per_step
+        return model.num_layers * (per_layer + shared_s) + per_step  # + 0.0 without shared experts: bit-identical
     counts = {"attention": model.n_attention_layers, "moe": model.n_moe_layers, "all": model.num_layers}
     total = sum(op_s(f, nb) * counts["attention" if k in ATTENTION_OPS else "moe" if k in MOE_OPS else "all"]
                 for k, (f, nb) in ops.items())
