@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 # Upper bounds no real model reaches (the largest MoE models today: 384 experts, hidden 7168, 61 layers); a spec
 # beyond them is a typo or a crafted file, and grids sized by it would exhaust memory.
@@ -15,9 +16,13 @@ SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_
                "num_experts": 4096, "top_k": 256, "intermediate": 262144, "dtype_bytes": 4,
                "num_shared_experts": 64, "shared_intermediate": 262144, "kv_lora_rank": 16384, "rope_head_dim": 1024,
                "moe_layers": 1024, "attention_layers": 1024, "dense_intermediate": 262144,
-               "mixer_state_bytes": 1 << 40}
+               "mixer_state_bytes": 1 << 40, "mixer_layers": 1024}
 OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim", "moe_layers",
-                 "attention_layers", "dense_intermediate", "mixer_state_bytes")
+                 "attention_layers", "dense_intermediate", "mixer_state_bytes", "mixer_layers")
+# ModelSpec.mixer's values and their names in messages. All but the sliding window hold a recurrent state whose size
+# is fixed per layer: vLLM sizes its KV blocks so that one block of a layer holds it (deploy.engine_block_tokens).
+MIXERS = {"gated-deltanet": "Gated DeltaNet", "mamba2": "Mamba-2", "mamba": "Mamba", "lightning": "lightning attention",
+          "sliding-window": "sliding-window attention", "": "mixer"}
 
 
 # Its int field list has the shape of prefill_gluon's GluonVariant (duplicate scan): unrelated records.
@@ -64,6 +69,12 @@ class ModelSpec:
     conv and SSM state, linear attention's recurrent state, a sliding window's KV): a fixed size per request, not per
     token, sliced by tensor parallelism. The simulators hold it in the KV pool while the request runs and charge its
     read and write each step; 0: none counted."""
+    mixer: str = ""
+    """What those layers run (MIXERS): "gated-deltanet", "mamba2", "mamba", "lightning" (a recurrent state) or
+    "sliding-window" (a window's K and V); "": not said, read as a recurrent state."""
+    mixer_layers: int = 0
+    """Layers that hold mixer_state_bytes (0: the num_layers - attention_layers without full attention; Nemotron-H's
+    MoE-only layers hold none)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -100,7 +111,9 @@ class ModelSpec:
             )
         if self.top_k > self.num_experts:
             raise ValueError(f"model spec {self.name!r}: top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
-        for field in ("moe_layers", "attention_layers"):
+        if self.mixer not in MIXERS:
+            raise ValueError(f"model spec {self.name!r}: mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}")
+        for field in ("moe_layers", "attention_layers", "mixer_layers"):
             if getattr(self, field) > self.num_layers:
                 raise ValueError(f"model spec {self.name!r}: {field} ({getattr(self, field)}) exceeds num_layers "
                                  f"({self.num_layers}); 0 means all layers")
@@ -119,6 +132,16 @@ class ModelSpec:
     def n_dense_layers(self) -> int:
         """Layers with a dense MLP of width dense_intermediate instead of the MoE (0 where that width is 0)."""
         return self.num_layers - self.n_moe_layers if self.dense_intermediate else 0
+
+    @property
+    def n_mixer_layers(self) -> int:
+        """Layers that hold the mixer state (mixer_layers, else every layer without full attention)."""
+        return self.mixer_layers or self.num_layers - self.n_attention_layers
+
+    @property
+    def mixer_page_bytes(self) -> int:
+        """One request's mixer state in one layer (vLLM's mamba page; 0 where none is counted)."""
+        return -(-self.mixer_state_bytes // max(1, self.n_mixer_layers))
 
     @property
     def uniform_layers(self) -> bool:
@@ -291,7 +314,7 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
 
 
 def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: int, act_bytes: int) -> tuple[int, str]:
-    """(bytes of state one request holds in one layer without full attention, the mixer's name) from the config's
+    """(bytes of state one request holds in one layer without full attention, the mixer: MIXERS) from the config's
     mixer keys, as vLLM sizes its state caches; (0, "") where the config names no mixer kernel_gym reads. Gated DeltaNet
     (Qwen3-Next): a conv state over q, k and v and a key x value state per value head; Mamba-2 (Nemotron-H, Granite-4
     hybrid): a conv state over x, B and C and a head_dim x d_state state per head; Mamba (Jamba): the same over expand
@@ -310,35 +333,35 @@ def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: 
         nk, nv = get("linear_num_key_heads") or get("linear_num_value_heads"), get("linear_num_value_heads")
         dk, dv, conv = get("linear_key_head_dim"), get("linear_value_head_dim") or get("linear_key_head_dim"), \
             get("linear_conv_kernel_dim") or 4
-        return (2 * nk * dk + nv * dv) * (conv - 1) * act_bytes + nv * dk * dv * ssm_bytes, "Gated DeltaNet"
+        return (2 * nk * dk + nv * dv) * (conv - 1) * act_bytes + nv * dk * dv * ssm_bytes, "gated-deltanet"
     m_heads, m_dim = get("mamba_num_heads", "mamba_n_heads"), get("mamba_head_dim", "mamba_d_head")
     state = get("ssm_state_size", "mamba_d_state")
     if m_heads and m_dim and state:
         inner, groups, conv = m_heads * m_dim, get("n_groups", "mamba_n_groups") or 1, \
             get("conv_kernel", "mamba_d_conv") or 4
-        return (inner + 2 * groups * state) * (conv - 1) * act_bytes + inner * state * ssm_bytes, "Mamba-2"
+        return (inner + 2 * groups * state) * (conv - 1) * act_bytes + inner * state * ssm_bytes, "mamba2"
     if state:
         inner, conv = (get("mamba_expand") or 2) * hidden, get("mamba_d_conv", "conv_kernel") or 4
-        return inner * (conv - 1) * act_bytes + inner * state * ssm_bytes, "Mamba"
+        return inner * (conv - 1) * act_bytes + inner * state * ssm_bytes, "mamba"
     if isinstance(cfg.get("attn_type_list"), list):
-        return heads * head_dim * head_dim * act_bytes, "lightning attention"
+        return heads * head_dim * head_dim * act_bytes, "lightning"
     if get("sliding_window") and any(str(t) == "sliding_attention" for t in cfg.get("layer_types") or ()):
-        return 2 * kv_heads * head_dim * get("sliding_window") * act_bytes, "sliding-window attention"
+        return 2 * kv_heads * head_dim * get("sliding_window") * act_bytes, "sliding-window"
     return 0, ""
 
 
-def hf_layer_counts(cfg: dict, layers: int, where: str, mixer: tuple[int, str] = (0, "")) -> dict[str, int]:
+def hf_layer_counts(cfg: dict, layers: int, where: str, mixer: tuple[int, str] = (0, "")) -> dict[str, Any]:
     """ModelSpec's moe_layers, attention_layers and dense_intermediate of a config.json whose layers are not all
     attention + MoE (all 0, the defaults, where they are), from each family's keys (_layer_indices). The dense
     layers' MLP width: Llama-4's intermediate_size_mlp, else intermediate_size (Nemotron-H's pattern gives each layer
     one mixer: its non-MoE layers have no MLP counted). What stays unmodelled is said once (SpecWarning): the other
     layers' mixers (Mamba, linear or sliding-window attention: their kernels are not priced, and their state only
-    where `mixer` = (state bytes per layer, name: hf_mixer_state) knows it), a dense MLP whose
+    where `mixer` = (state bytes per layer, kind: hf_mixer_state) knows it), a dense MLP whose
     width the config does not give, a layer count of 0 (a spec counts 0 as all layers)."""
     moe, att, keys, akeys = _layer_indices(cfg, layers)
     moe = None if moe is None or len(moe) == layers else len(moe)
     att = None if att is None or len(att) == layers else len(att)
-    out = {"moe_layers": 0, "attention_layers": 0, "dense_intermediate": 0}
+    out: dict[str, Any] = {"moe_layers": 0, "attention_layers": 0, "dense_intermediate": 0}
     said: list[str] = []
     pattern = cfg.get("hybrid_override_pattern") if isinstance(cfg.get("hybrid_override_pattern"), str) else ""
     if moe == 0:
@@ -361,10 +384,11 @@ def hf_layer_counts(cfg: dict, layers: int, where: str, mixer: tuple[int, str] =
     elif att is not None:
         out["attention_layers"] = att
         mixers = pattern.count("M") if pattern else layers - att  # Nemotron-H: its E and - layers have no mixer
-        per_layer, name = mixer
+        per_layer, kind = mixer
         if per_layer:
-            out["mixer_state_bytes"] = mixers * per_layer
-            said.append(f"{mixers} layers without full attention ({akeys}: {name}) whose mixer kernels are not "
+            out.update(mixer_state_bytes=mixers * per_layer, mixer=kind,
+                       mixer_layers=mixers if mixers != layers - att else 0)
+            said.append(f"{mixers} layers without full attention ({akeys}: {MIXERS[kind]}) whose mixer kernels are not "
                         f"priced (the attention projections stand in for their projections); their state, "
                         f"{out['mixer_state_bytes'] / 2**20:.1f} MiB per request, is counted")
         else:

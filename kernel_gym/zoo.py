@@ -70,14 +70,14 @@ ZOO: dict[str, ModelSpec] = {
                               shared_intermediate=7168),  # its residual MLP, a dense MLP every token passes
     "qwen3-next-80b-a3b": _spec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 512, 10, 512, attention_layers=12,
                                  num_shared_experts=1, shared_intermediate=512,
-                                 mixer_state_bytes=36 * 548864 * 2),  # Gated DeltaNet: 32 v heads of 128 x 128
+                                 mixer_state_bytes=36 * 548864 * 2, mixer="gated-deltanet"),  # Gated DeltaNet: 32 v heads of 128 x 128
     # (+ its conv state over q, k, v) in 36 layers
     "jamba-1.5-large": _spec("jamba-1.5-large", 72, 8192, 64, 8, 128, 16, 2, 24576, attention_layers=9,
                              moe_layers=36, dense_intermediate=24576,
-                             mixer_state_bytes=63 * 311296 * 2),  # Mamba: 16384 channels x (16 SSM + 3 conv) x 63
+                             mixer_state_bytes=63 * 311296 * 2, mixer="mamba"),  # Mamba: 16384 channels x (16 SSM + 3 conv) x 63
     # FAR2_TEST_MODELS (below): the second far split, chosen the same way after the first had been evaluated
     "minimax-text-01": _spec("minimax-text-01", 80, 6144, 64, 8, 128, 32, 2, 9216, attention_layers=10,
-                             mixer_state_bytes=70 * 64 * 128 * 128 * 2),  # lightning attention: 128 x 128 per head
+                             mixer_state_bytes=70 * 64 * 128 * 128 * 2, mixer="lightning"),  # lightning attention: 128 x 128 per head
     "ernie-4.5-300b-a47b": _spec("ernie-4.5-300b-a47b", 54, 8192, 64, 8, 128, 64, 8, 3584, moe_layers=51,
                                  dense_intermediate=28672),
     "skywork-moe": _spec("skywork-moe", 52, 4608, 36, 36, 128, 16, 2, 12288),
@@ -170,7 +170,7 @@ def tp_problem(spec: ModelSpec, tp: int) -> str:
 def shard(spec: ModelSpec, tp: int) -> ModelSpec:
     """The per-GPU shape of a model at tensor-parallel degree tp: experts' intermediate split tp ways (vLLM's N), query
     heads split, KV heads split down to one per GPU (replicated below that), dense-MLP layers' and shared experts'
-    widths split, and the mixer state (its heads or channels split)."""
+    widths split, and the mixer state (its heads or channels split; a sliding window's KV as the KV heads)."""
     if tp == 1:
         return spec
     why = tp_problem(spec, tp)
@@ -181,7 +181,8 @@ def shard(spec: ModelSpec, tp: int) -> ModelSpec:
                                num_heads=spec.num_heads // tp, num_kv_heads=kv,
                                dense_intermediate=spec.dense_intermediate // tp,
                                shared_intermediate=spec.shared_intermediate // tp,
-                               mixer_state_bytes=spec.mixer_state_bytes // tp)
+                               mixer_state_bytes=spec.mixer_state_bytes * kv // spec.num_kv_heads
+                               if spec.mixer == "sliding-window" else spec.mixer_state_bytes // tp)
 
 
 def zoo_shards(models: Any = None, tps: tuple[int, ...] = TP_DEGREES) -> list[ModelSpec]:

@@ -56,6 +56,7 @@ def _read(cfg: dict, name: str = "m") -> tuple[ModelSpec, list[str]]:
 def test_the_config_json_and_the_zoo_agree_on_the_mixer_state(cfg, name):
     spec, said = _read(cfg, name)
     assert spec.mixer_state_bytes == ZOO[name].mixer_state_bytes > 0
+    assert (spec.mixer, spec.mixer_layers) == (ZOO[name].mixer, ZOO[name].mixer_layers)
     assert spec.weight_bytes == ZOO[name].weight_bytes
     assert any("MiB per request, is counted" in s for s in said), said
 
@@ -70,6 +71,9 @@ def test_each_mixer_family_is_sized_as_the_engines_size_its_state():
     assert bf16.mixer_state_bytes == 4 * ((inner + 2 * 8 * 128) * 3 + inner * 128) * 2
     oss, said = _read(GPT_OSS)  # sliding window: 128 tokens of K and V in the 2 sliding layers
     assert oss.mixer_state_bytes == 2 * 2 * 8 * 64 * 128 * 2 and "sliding-window" in said[0]
+    assert [(m.mixer, m.mixer_layers) for m in (qwen, nemo, oss)] == [("gated-deltanet", 0), ("mamba2", 4),
+                                                                      ("sliding-window", 0)]
+    assert nemo.mixer_page_bytes == nemo.mixer_state_bytes // 4  # its 'E' and '*' layers hold none
     unknown, said = _read({**NEMOTRON_H, "mamba_num_heads": None, "ssm_state_size": None})
     assert unknown.mixer_state_bytes == 0 and "kernels and state are not priced" in said[0]
 
@@ -78,6 +82,8 @@ def test_a_shard_holds_its_slice_of_the_state():
     spec = ZOO["qwen3-next-80b-a3b"]
     assert shard(spec, 4).mixer_state_bytes == spec.mixer_state_bytes // 4
     assert attention_spec(spec, Layout(4, 2)).mixer_state_bytes == spec.mixer_state_bytes // 4
+    oss, _ = _read(GPT_OSS)  # a sliding window's KV splits as the KV heads do: 8 heads, one per GPU at TP 8 and 16
+    assert shard(oss, 8).mixer_state_bytes == shard(oss, 16).mixer_state_bytes == oss.mixer_state_bytes // 8
 
 
 HYBRID = ModelSpec("hybrid", num_layers=4, hidden=256, num_heads=4, num_kv_heads=2, head_dim=64, num_experts=4,
@@ -203,3 +209,66 @@ def test_the_parallel_simulator_spreads_the_state_reads_over_its_ep_ranks():
                             max_batched_tokens=8192, max_seqs=256, graph_max=512)
     room = deploy.kv_tokens_per_rank(mixtral, dep) - deploy.kv_tokens_per_rank(stateful, dep)
     assert room == pytest.approx((32 << 20) / attention_spec(mixtral, Layout(2, 1)).kv_bytes_per_token, abs=1)
+
+
+# ---- vLLM's KV block for hybrid models ---------------------------------------------------------------------------
+
+def _dep(tp: int = 1, block: int = 64, engine: str = "vllm"):
+    from kernel_gym.parallel.deploy import Deployment
+
+    return Deployment(engine, 1, tp, 1, block, 8192, 256, 512)
+
+
+def test_vllm_raises_the_block_of_a_model_with_a_recurrent_state_as_it_logs():
+    """vLLM's _align_hybrid_block_size: one layer's block of KV holds one layer's state (its log for Qwen3-Next on
+    four GPUs reads 272 tokens at the 16-token block of releases before 0.34)."""
+    from kernel_gym.parallel.deploy import engine_block_tokens, launch_commands
+
+    qwen = ZOO["qwen3-next-80b-a3b"]
+    per_token = 2 * 2 * 256 * 2  # one attention layer's K and V of one token: 2 KV heads x 256 x bf16
+    assert qwen.mixer_page_bytes == 1097728
+    assert engine_block_tokens(qwen, _dep(1, 64)) == 64 * -(-1097728 // (64 * per_token)) == 576
+    assert engine_block_tokens(qwen, _dep(4, 16)) == 272  # one KV head per GPU, a quarter of the state
+    assert engine_block_tokens(qwen, _dep(1, 576)) == 576  # passing the raised block keeps it
+    (cmd,) = launch_commands(_dep(1, 64), "Qwen/Qwen3-Next-80B-A3B-Instruct", spec=qwen)
+    assert "--block-size 576 " in cmd
+    assert "--block-size 64 " in launch_commands(_dep(1, 64), "m")[0]  # without the spec: the knob as given
+    oss, _ = _read(GPT_OSS)
+    for spec, dep in ((qwen, _dep(1, 64, "sglang")), (ZOO["mixtral-8x7b"], _dep(1, 64)), (oss, _dep(1, 64)),
+                      (dataclasses.replace(ZOO["mixtral-8x7b"], mixer_state_bytes=1 << 20), _dep(1, 64))):
+        assert engine_block_tokens(spec, dep) == 64  # SGLang, no state, a sliding window, no layer holding it
+
+
+def test_the_replay_allocates_the_engines_blocks_and_prices_the_kernels_page():
+    from kernel_gym.parallel.deploy import kv_tokens_per_rank
+
+    s, res = _run(100, 20000, kv_block_tokens=80)
+    plain, _ = _run(100, 20000)
+    assert (s.page_size, s.kv_layout.page_size, res.summary["page_size"]) == (80, 16, 80.0)
+    assert s.state_pages == 2 and plain.state_pages == 7  # 100 tokens' worth of state: 2 blocks of 80, 7 pages of 16
+    assert s.num_pages == plain.num_pages * 16 // 80
+    assert s.free_pages == s.num_pages and all(c["PAGE_SIZE"] == 16 for c in s.configs_used["decode_attention"])
+    qwen = ZOO["qwen3-next-80b-a3b"]
+    assert kv_tokens_per_rank(qwen, _dep(2, 64)) % 576 == 0  # whole blocks, beside the state's whole blocks
+    with pytest.raises(ValueError, match="kv_block_tokens must be an integer >= 0"):
+        _run(100, 20000, kv_block_tokens=-1)
+
+
+def test_prefix_hits_on_blocks_the_traces_blocks_do_not_tile_are_a_lower_bound():
+    """Mooncake's 512-token hash blocks on a hybrid model's 576-token blocks: a block is a hit where the trace's block
+    that ends at or past its end is, which holds only where the prompts agree over the whole block."""
+    from kernel_gym.traffic.routing import UniformRouting
+    from kernel_gym.traffic.simulator import KVLayout, Simulator
+    from kernel_gym.traffic.traces import Trace
+
+    ids = ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 9))  # the third shares 1,536 tokens: two whole 576-token blocks
+    tr = Trace("moon", [0.0, 5.0, 10.0], [2048] * 3, [2] * 3, hash_ids=ids, hash_block_tokens=512)
+    model = HYBRID
+    s = Simulator(model, tr, AnalyticTimer(), chooser(), UniformRouting(4, 2), kv_block_tokens=576,
+                  gpu_memory_bytes=mem_for_tokens(model, 1 << 16))
+    res = s.run()
+    assert s.hashes[0] == (1, 2, 3)  # pages 1-3 end at 576, 1,152 and 1,728 tokens: blocks 2, 3 and 4 stand for them
+    assert res.summary["prefix_hit_tokens"] == 3 * 576 + 2 * 576
+    with pytest.raises(ValueError, match="do not fill pages of 576"):  # a page the user chose must tile
+        Simulator(model, tr, AnalyticTimer(), chooser(page_size=576), UniformRouting(4, 2),
+                  kv_layout=KVLayout(576, "NHD"), gpu_memory_bytes=mem_for_tokens(model, 1 << 16))

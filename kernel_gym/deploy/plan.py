@@ -586,7 +586,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     entries = []
     for r, h in zip(ranked, held):
         d = r["deployment"]
-        entries.append({"deployment": d.to_dict(), "launch": launch_commands(d, model_id, max_model_len),
+        entries.append({"deployment": d.to_dict(), "launch": launch_commands(d, model_id, max_model_len, spec),
                         "train_goodput_req_per_s": r["train_goodput_req_per_s"],
                         "train_headroom": r["train_headroom"], "from_agent": r["from_agent"],
                         "baseline": r["baseline"], "predicted": {k: v for k, v in h.items() if k != "deployment"},
@@ -603,6 +603,11 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     print(f"\nrecommended: {best['deployment']['layout']} ({engine_name} {engine_version})")
     for cmd in best["launch"]:
         print(f"  {cmd}")
+    block, knob = p.get("kv_block_tokens"), best["deployment"]["block_size"]
+    if block and block != knob:
+        print(f"  KV blocks of {block} tokens, not {knob}: vLLM raises the block of a model with a recurrent mixer "
+              "state until one layer's block holds one layer's state; the launch passes it and the replay allocates "
+              f"it (the attention kernels are priced at {knob}-token pages)")
     print(f"  kernel configs: {', '.join(f['file'] for f in best['kernel_config_files'])}")
     for how in dict.fromkeys(f["write_with"] for f in best["kernel_config_files"] if f.get("write_with")):
         print(f"    write them with: {how}")

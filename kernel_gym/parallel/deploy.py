@@ -208,13 +208,35 @@ def gpu_memory_for(spec: Any, dep: Deployment) -> float:
     return H200_MEMORY_BYTES - reserve_bytes(spec, dep) / memory_utilization(dep)
 
 
+VLLM_KERNEL_BLOCK = 16  # the smallest block vLLM's FlashAttention and Triton backends take (MultipleOf(16))
+VLLM_MLA_HYBRID_BLOCK = 128  # ... and what it raises that to for an MLA model with a mixer state
+
+
+def engine_block_tokens(spec: Any, dep: Deployment) -> int:
+    """The KV-cache block the engine allocates, in tokens: `dep.block_size`, except where vLLM raises it. For a model
+    with a recurrent mixer state (ModelSpec.mixer: Mamba, Gated DeltaNet, lightning attention), vLLM 0.33-0.34
+    (platforms/interface.py, _align_hybrid_block_size) makes one layer's block of attention KV at least one layer's
+    state, both at the GPU's shard: a = max(16, block_size) (at least 128 for MLA), block = a x ceil(state bytes /
+    (a x KV bytes per token)); the state is padded to that block. Qwen3-Next on one GPU: 576 tokens at --block-size
+    64. SGLang holds the state in a pool of its own, and its page is the knob."""
+    per = attention_spec(spec, dep.layout)
+    if dep.engine != "vllm" or not per.mixer_state_bytes or not per.n_mixer_layers or per.mixer == "sliding-window":
+        return dep.block_size
+    align = max(VLLM_KERNEL_BLOCK, dep.block_size, VLLM_MLA_HYBRID_BLOCK if per.attention == "mla" else 0)
+    per_token = per.kv_bytes_per_token // per.n_attention_layers  # one attention layer's KV of one token
+    block = align * -(-per.mixer_page_bytes // (align * per_token))
+    return max(dep.block_size, VLLM_KERNEL_BLOCK * -(-block // VLLM_KERNEL_BLOCK))
+
+
 def kv_tokens_per_rank(spec: Any, dep: Deployment) -> int:
     """Tokens of KV cache one data-parallel rank holds for one request (a request lives on one rank), beside that
-    request's mixer state (ModelSpec.mixer_state_bytes)."""
+    request's mixer state (ModelSpec.mixer_state_bytes), both in whole blocks (engine_block_tokens)."""
     per_gpu = attention_spec(spec, dep.layout)
-    free = gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout) \
-        - per_gpu.mixer_state_bytes
-    return int(max(0.0, free) // per_gpu.kv_bytes_per_token)
+    block = engine_block_tokens(spec, dep)
+    block_bytes = block * per_gpu.kv_bytes_per_token
+    free = gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout)
+    blocks = int(max(0.0, free) // block_bytes) - -(-per_gpu.mixer_state_bytes // block_bytes)
+    return max(0, blocks) * block
 
 
 def why_invalid_deployment(spec: Any, dep: Deployment, max_model_len: int = MAX_MODEL_LEN) -> str:
@@ -234,11 +256,13 @@ def why_invalid_deployment(spec: Any, dep: Deployment, max_model_len: int = MAX_
     return ""
 
 
-def launch_commands(dep: Deployment, model_id: str, max_model_len: int = MAX_MODEL_LEN) -> list[str]:
+def launch_commands(dep: Deployment, model_id: str, max_model_len: int = MAX_MODEL_LEN, spec: Any = None) -> list[str]:
     """The engine launch per replica (flag names of vLLM 0.33-0.34 / SGLang 0.5.23); replicas on disjoint GPUs behind
     any round-robin balancer. The context limit the deployment was sized and replayed with is passed: without it the
-    engine takes the model's own (often 128k-256k), and refuses to start where the KV cache holds less."""
+    engine takes the model's own (often 128k-256k), and refuses to start where the KV cache holds less. With `spec`,
+    the block size is the one the engine runs (engine_block_tokens): the replay's, and vLLM's own for a hybrid model."""
     g = dep.tp * dep.ep
+    block = dep.block_size if spec is None else engine_block_tokens(spec, dep)
     out = []
     for r in range(dep.replicas):
         devs = ",".join(str(i) for i in range(r * g, (r + 1) * g))
@@ -247,7 +271,7 @@ def launch_commands(dep: Deployment, model_id: str, max_model_len: int = MAX_MOD
             par = (f"--tensor-parallel-size {dep.tp}" if dep.ep == 1 else
                    f"--tensor-parallel-size 1 --data-parallel-size {dep.ep} --enable-expert-parallel")
             graph = "--enforce-eager" if dep.graph_max == 0 else f"--max-cudagraph-capture-size {dep.graph_max}"
-            cmd = (f"vllm serve {model_id} {par} --block-size {dep.block_size} --max-num-batched-tokens "
+            cmd = (f"vllm serve {model_id} {par} --block-size {block} --max-num-batched-tokens "
                    f"{dep.max_batched_tokens} --max-num-seqs {dep.max_seqs} --max-model-len {max_model_len} {graph} "
                    f"--port {8000 + r}")
         else:
@@ -347,7 +371,7 @@ class DeploymentPricer:
         graph = ("tokens" if dep.engine == "vllm" else "decode", dep.graph_max)
         sim = ParallelSimulator(self.spec, sub, lay, pricer, self.routing, gpu_memory_bytes=gpu_memory_for(
             self.spec, dep), gpu_memory_utilization=memory_utilization(dep), graph=graph,
-            kv_layout=KVLayout(page, "NHD"),
+            kv_layout=KVLayout(page, "NHD"), kv_block_tokens=engine_block_tokens(self.spec, dep),
             max_num_batched_tokens=dep.max_batched_tokens, max_num_seqs=dep.max_seqs)
         res = sim.run()
         self.evaluations += 1
@@ -366,6 +390,7 @@ class DeploymentPricer:
             "ttft_p99_s": res.summary["ttft_p99_s"], "tpot_p50_s": res.summary["tpot_p50_s"],
             "tpot_p99_s": res.summary["tpot_p99_s"], "preemptions": res.summary["preemptions"] * r,
             "kv_tokens_per_rank": kv_tokens_per_rank(self.spec, dep),
+            "kv_block_tokens": engine_block_tokens(self.spec, dep),
             # shares of all the step time (kernels, collectives, untuned ops, per-step overhead)
             "estimated_share": est_s / busy if busy > 0 else 0.0,
             "prior_share": prior_s / busy if busy > 0 else 0.0,

@@ -268,6 +268,9 @@ class Simulator:
     cuda_graph_max_tokens: an engine that replays CUDA graphs for steps of up to this many tokens (vLLM's default
     capture sizes, `capture_size`) runs such a step at its capture size, its extra rows padding: the MoE layer and
     the dense ops are charged for the padded rows. 0 (default): eager steps, charged for their tokens.
+    kv_block_tokens: the block the engine allocates the KV cache (and caches prefixes) in, where it is larger than the
+    kernel's page (kv_layout.page_size): vLLM raises its block for models with a recurrent mixer state
+    (deploy.engine_block_tokens). Requests take whole blocks; the kernels are priced at the kernel's page. 0: the page.
     step_overheads: the fixed host cost per kind of step (STEP_KINDS: {"graph": s, "piecewise": s, "eager": s}), for
     an engine whose launches cost differently by how the step runs; a kind left out costs step_overhead_s.
     decode_waves: price a decode batch from its own contexts, as its programs fill the GPU (traffic.decode_waves,
@@ -298,6 +301,7 @@ class Simulator:
         cuda_graph_max_tokens: int = 0,
         step_overheads: dict[str, float] | None = None,
         decode_waves: bool = False,
+        kv_block_tokens: int = 0,
     ) -> None:
         if chunk_attention not in CHUNK_ATTENTION_MODES:
             raise ValueError(f"chunk_attention {chunk_attention!r} is not one of {CHUNK_ATTENTION_MODES}")
@@ -356,7 +360,10 @@ class Simulator:
         self._admit_counter = 0
 
         self.kv_layout = kv_layout
-        self._init_prefix_cache(requests if prefix_caching else None, kv_layout.page_size)
+        if isinstance(kv_block_tokens, bool) or not isinstance(kv_block_tokens, int) or kv_block_tokens < 0:
+            raise ValueError(f"kv_block_tokens must be an integer >= 0 (0: the kernel's page), got {kv_block_tokens!r}")
+        self.kv_block_tokens = kv_block_tokens
+        self._init_prefix_cache(requests if prefix_caching else None, self._block(kv_layout.page_size))
         self._set_pool(kv_layout.page_size)
         why = self._why_too_long(kv_layout.page_size, np.ones(n, bool))
         if why:
@@ -414,11 +421,15 @@ class Simulator:
 
     # ---- pool and layout ----
 
+    def _block(self, page_size: int) -> int:
+        """Tokens per allocated block at the kernel page `page_size` (kv_block_tokens where larger)."""
+        return max(int(page_size), self.kv_block_tokens)
+
     def _pool_pages(self, page_size: int) -> tuple[int, int]:
-        """(pages in the pool, pages a running request's mixer state takes from it) at `page_size`: vLLM's hybrid
-        allocator and SGLang's mamba pool both hold the state beside the KV cache; 0 state pages for a model whose
-        every layer is attention."""
-        page_bytes = page_size * self.model.kv_bytes_per_token
+        """(blocks in the pool, blocks a running request's mixer state takes from it) at the kernel page `page_size`:
+        vLLM's hybrid allocator and SGLang's mamba pool both hold the state beside the KV cache; 0 state blocks for a
+        model whose every layer is attention."""
+        page_bytes = self._block(page_size) * self.model.kv_bytes_per_token
         return int(self.pool_bytes // page_bytes), -(-int(getattr(self.model, "mixer_state_bytes", 0)) // page_bytes)
 
     def _why_too_long(self, page_size: int, which: np.ndarray) -> str:
@@ -426,6 +437,7 @@ class Simulator:
         request that cannot fit would preempt itself forever)."""
         pages, state = self._pool_pages(page_size)
         need = np.where(which, self.prompt + self.out, 0)
+        page_size = self._block(page_size)
         room = (pages - state) * page_size
         if not need.size or int(need.max()) <= room:
             return ""
@@ -435,10 +447,11 @@ class Simulator:
                 f"{page_size}-token pages {where}").rstrip()
 
     def _set_pool(self, page_size: int) -> None:
-        self.page_size = page_size
+        """The pool at kernel page `page_size`; self.page_size is the block requests are allocated in."""
+        self.page_size = self._block(page_size)
         self.num_pages, self.state_pages = self._pool_pages(page_size)
         if self.num_pages < 1:
-            raise ValueError(f"KV pool of {self.pool_bytes / 1e9:.2f} GB holds no page of {page_size} tokens")
+            raise ValueError(f"KV pool of {self.pool_bytes / 1e9:.2f} GB holds no page of {self.page_size} tokens")
 
     # ---- prefix cache ----
 
@@ -452,12 +465,17 @@ class Simulator:
                 raise ValueError(f"requests carry {len(hashes)} hash_ids lists for {self.n} requests")
             if self.block_tokens < 1:
                 raise ValueError("requests with hash_ids need hash_block_tokens >= 1 (tokens per cache block)")
-            if self.block_tokens < page_size and page_size % self.block_tokens == 0:
+            if self.block_tokens < page_size and (page_size % self.block_tokens == 0 or
+                                                  page_size == self.kv_block_tokens):
                 # the engine caches whole pages: a page's prefix is its last block's id (ids are chained: equal ids,
                 # equal prefixes), and a page the prompt does not fill is not cached (Bailian's 16-token blocks on
-                # 64-token pages: every 4th id)
-                k = page_size // self.block_tokens
-                self.hashes = hashes = tuple(tuple(ids[k - 1::k]) for ids in hashes)
+                # 64-token pages: every 4th id). Where the engine's own block is not tiled by the trace's (Mooncake's
+                # 512 tokens, vLLM's 576-token blocks of a hybrid model), the id of the block that ends at or past the
+                # page's end stands for it: equal there, equal over the page, so the hits counted are a lower bound
+                b = self.block_tokens
+                self.hashes = hashes = tuple(tuple(ids[-(-k * page_size // b) - 1] for k in
+                                                   range(1, len(ids) * b // page_size + 1)
+                                                   if -(-k * page_size // b) <= len(ids)) for ids in hashes)
                 self.block_tokens = page_size
             self._check_block(page_size)
         self.base = np.zeros(self.n, np.int64)  # tokens of a request's KV held in shared cached blocks
@@ -566,13 +584,13 @@ class Simulator:
         live_bytes = float(self.kv[running].sum()) * self.model.kv_bytes_per_token
         stall = 2.0 * live_bytes / COPY_BW
         if self.hashes is not None:
-            self._check_block(new.page_size)
+            self._check_block(self._block(new.page_size))
         why = self._why_too_long(new.page_size, np.isnan(self.finish))
         if why:  # its pages rounded up, the pool's down: a request that fitted may not fit the bigger pages
             raise ValueError(f"KV layout page_size={new.page_size}: {why}; keep page_size={self.page_size}")
         self.kv_layout = new
         self._set_pool(new.page_size)
-        ps = new.page_size
+        ps = self.page_size
         self.pages[running] = -(-(self.kv[running] - self.base[running]) // ps)
         self.cache_pages = len(self.refs) * (self.block_tokens // ps) if self.block_tokens else 0
         self.free_pages = self.num_pages - int(self.pages[running].sum()) - self.cache_pages \
