@@ -70,14 +70,17 @@ ZOO: dict[str, ModelSpec] = {
                               shared_intermediate=7168),  # its residual MLP, a dense MLP every token passes
     "qwen3-next-80b-a3b": _spec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 512, 10, 512, attention_layers=12,
                                  num_shared_experts=1, shared_intermediate=512,
-                                 mixer_state_bytes=36 * 548864 * 2, mixer="gated-deltanet"),  # Gated DeltaNet: 32 v heads of 128 x 128
+                                 mixer="gated-deltanet",
+                                 mixer_state_bytes=36 * 548864 * 2),  # Gated DeltaNet: 32 v heads of 128 x 128
     # (+ its conv state over q, k, v) in 36 layers
     "jamba-1.5-large": _spec("jamba-1.5-large", 72, 8192, 64, 8, 128, 16, 2, 24576, attention_layers=9,
                              moe_layers=36, dense_intermediate=24576,
-                             mixer_state_bytes=63 * 311296 * 2, mixer="mamba"),  # Mamba: 16384 channels x (16 SSM + 3 conv) x 63
+                             mixer="mamba",
+                             mixer_state_bytes=63 * 311296 * 2),  # Mamba: 16384 channels x (16 SSM + 3 conv) x 63
     # FAR2_TEST_MODELS (below): the second far split, chosen the same way after the first had been evaluated
     "minimax-text-01": _spec("minimax-text-01", 80, 6144, 64, 8, 128, 32, 2, 9216, attention_layers=10,
-                             mixer_state_bytes=70 * 64 * 128 * 128 * 2, mixer="lightning"),  # lightning attention: 128 x 128 per head
+                             mixer="lightning",
+                             mixer_state_bytes=70 * 64 * 128 * 128 * 2),  # lightning attention: 128 x 128 per head
     "ernie-4.5-300b-a47b": _spec("ernie-4.5-300b-a47b", 54, 8192, 64, 8, 128, 64, 8, 3584, moe_layers=51,
                                  dense_intermediate=28672),
     "skywork-moe": _spec("skywork-moe", 52, 4608, 36, 36, 128, 16, 2, 12288),
