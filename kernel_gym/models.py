@@ -27,6 +27,7 @@ from kernel_gym.kernels.workloads import padded_head_dim
 # ModelSpec and friends live in modelspec.py (re-exported here: every caller imports them from kernel_gym.models)
 from kernel_gym.modelspec import (
     BUILTIN_MODELS,
+    MIXERS,
     OPTIONAL_ZERO,
     SPEC_LIMITS,
     ModelSpec,
@@ -74,9 +75,9 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
         state = (f"their state ({spec.mixer_state_bytes / 2**20:.1f} MiB per request) is held in the KV pool and read "
                  "each step, their mixer kernels are not priced" if spec.mixer_state_bytes else
                  "their mixer kernels and state are not priced")
+        kind = MIXERS[spec.mixer] if spec.mixer else "Mamba, linear or sliding-window attention"
         out.append(f"{spec.num_layers - spec.n_attention_layers} of {spec.name}'s {spec.num_layers} layers have no "
-                   f"softmax attention (Mamba, linear or sliding-window attention): {state} (the attention projections "
-                   "stand in for theirs)")
+                   f"softmax attention ({kind}): {state} (the attention projections stand in for theirs)")
     if spec.n_dense_layers:
         out.append(f"{spec.name}'s {spec.n_dense_layers} dense-MLP layers (width {spec.dense_intermediate}) are priced "
                    "at their roofline time: not tuned here")
