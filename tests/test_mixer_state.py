@@ -272,3 +272,27 @@ def test_prefix_hits_on_blocks_the_traces_blocks_do_not_tile_are_a_lower_bound()
     with pytest.raises(ValueError, match="do not fill pages of 576"):  # a page the user chose must tile
         Simulator(model, tr, AnalyticTimer(), chooser(page_size=576), UniformRouting(4, 2),
                   kv_layout=KVLayout(576, "NHD"), gpu_memory_bytes=mem_for_tokens(model, 1 << 16))
+
+
+def test_sglang_holds_the_state_in_a_pool_of_its_own_whose_slots_cap_the_running_requests():
+    """SGLang 0.5.23 gives a hybrid model's state ratio / (1 + ratio) of the memory left after weights
+    (--mamba-full-memory-ratio 0.9): the KV pool gets the rest, and each running request takes one state slot."""
+    from kernel_gym.parallel.deploy import SGLANG_MAMBA_FULL_MEMORY_RATIO, kv_tokens_per_rank, state_pool_share
+
+    qwen, oss = ZOO["qwen3-next-80b-a3b"], _read(GPT_OSS)[0]
+    share = SGLANG_MAMBA_FULL_MEMORY_RATIO / (1 + SGLANG_MAMBA_FULL_MEMORY_RATIO)
+    assert state_pool_share(qwen, _dep(2, 16, "sglang")) == pytest.approx(share)
+    assert state_pool_share(qwen, _dep(2, 16)) == state_pool_share(oss, _dep(2, 16, "sglang")) == 0.0
+    apart = kv_tokens_per_rank(qwen, _dep(2, 16, "sglang"))
+    together = kv_tokens_per_rank(dataclasses.replace(qwen, mixer="sliding-window"), _dep(2, 16, "sglang"))
+    assert apart / together == pytest.approx(1 / 1.9, rel=0.01)  # the KV pool's share of what one pool would hold
+    s, res = _run(512, 6000, max_num_batched_tokens=512, state_pool_share=0.5)
+    shared, _ = _run(512, 6000, max_num_batched_tokens=512)
+    assert s.state_slots == int(shared.pool_bytes * 0.5 // s.model.mixer_state_bytes) == 5 and s.state_pages == 0
+    assert s.num_pages == shared.num_pages // 2
+    running = STEP_COLUMNS.index("running")
+    assert res.steps[:, running].max() == 5 and s.free_pages == s.num_pages  # the slots cap it; every page returned
+    with pytest.raises(ValueError, match="holds no request's state"):
+        _run(512, 6000, state_pool_share=0.05)
+    with pytest.raises(ValueError, match=r"state_pool_share must be in \[0, 1\)"):
+        _run(512, 6000, state_pool_share=1.0)

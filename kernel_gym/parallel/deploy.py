@@ -65,6 +65,9 @@ VLLM_033_MEMORY_UTILIZATION = 0.92  # vLLM 0.33.0's --gpu-memory-utilization def
 VLLM_KV_MARGIN_FLOOR_BYTES, VLLM_KV_MARGIN_FRACTION = float(1 << 30), 0.75  # vLLM 0.34's extensible-cache margin
 SGLANG_PAGE_PRICED = 16  # SGLang's default --page-size 1 is priced at the smallest measured decode page (16)
 SGLANG_AUTO_RUNNING = 4096  # --max-running-requests left to SGLang: priced as this cap (the KV pool limits it too)
+# SGLang 0.5.23's --mamba-full-memory-ratio default (arg_groups/fields/schedule.py): a hybrid model's mixer state gets
+# a pool of its own, ratio / (1 + ratio) of the memory left after weights (mem_cache/kv_cache_configurator.py)
+SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9
 
 
 @dataclass(frozen=True, order=True)
@@ -220,7 +223,7 @@ def engine_block_tokens(spec: Any, dep: Deployment) -> int:
     (a x KV bytes per token)); the state is padded to that block. Qwen3-Next on one GPU: 576 tokens at --block-size
     64. SGLang holds the state in a pool of its own, and its page is the knob."""
     per = attention_spec(spec, dep.layout)
-    if dep.engine != "vllm" or not per.mixer_state_bytes or not per.n_mixer_layers or per.mixer == "sliding-window":
+    if dep.engine != "vllm" or not _recurrent_state(per):
         return dep.block_size
     align = max(VLLM_KERNEL_BLOCK, dep.block_size, VLLM_MLA_HYBRID_BLOCK if per.attention == "mla" else 0)
     per_token = per.kv_bytes_per_token // per.n_attention_layers  # one attention layer's KV of one token
@@ -228,14 +231,32 @@ def engine_block_tokens(spec: Any, dep: Deployment) -> int:
     return max(dep.block_size, VLLM_KERNEL_BLOCK * -(-block // VLLM_KERNEL_BLOCK))
 
 
+def _recurrent_state(spec: Any) -> bool:
+    """A fixed-size state per request in layers without full attention, not a sliding window's KV."""
+    return bool(spec.mixer_state_bytes and spec.n_mixer_layers and spec.mixer != "sliding-window")
+
+
+def state_pool_share(spec: Any, dep: Deployment) -> float:
+    """The share of the memory left after weights that holds the mixer state apart from the KV cache: SGLang's mamba
+    pool for a model with a recurrent state (SGLANG_MAMBA_FULL_MEMORY_RATIO); 0 where the state shares the KV pool
+    (vLLM's hybrid allocator, a sliding window's KV)."""
+    if dep.engine != "sglang" or not _recurrent_state(spec):
+        return 0.0
+    return SGLANG_MAMBA_FULL_MEMORY_RATIO / (1.0 + SGLANG_MAMBA_FULL_MEMORY_RATIO)
+
+
 def kv_tokens_per_rank(spec: Any, dep: Deployment) -> int:
     """Tokens of KV cache one data-parallel rank holds for one request (a request lives on one rank), beside that
-    request's mixer state (ModelSpec.mixer_state_bytes), both in whole blocks (engine_block_tokens)."""
+    request's mixer state (ModelSpec.mixer_state_bytes), both in whole blocks (engine_block_tokens); where the state
+    has a pool of its own (SGLang: state_pool_share), the KV pool's share, and 0 where that pool holds no state."""
     per_gpu = attention_spec(spec, dep.layout)
     block = engine_block_tokens(spec, dep)
     block_bytes = block * per_gpu.kv_bytes_per_token
-    free = gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout)
-    blocks = int(max(0.0, free) // block_bytes) - -(-per_gpu.mixer_state_bytes // block_bytes)
+    free = max(0.0, gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout))
+    share = state_pool_share(spec, dep)
+    if share:  # the state has a pool of its own, which must hold one request's
+        return int(free * (1.0 - share) // block_bytes) * block if free * share >= per_gpu.mixer_state_bytes else 0
+    blocks = int(free // block_bytes) - -(-per_gpu.mixer_state_bytes // block_bytes)
     return max(0, blocks) * block
 
 
@@ -372,6 +393,7 @@ class DeploymentPricer:
         sim = ParallelSimulator(self.spec, sub, lay, pricer, self.routing, gpu_memory_bytes=gpu_memory_for(
             self.spec, dep), gpu_memory_utilization=memory_utilization(dep), graph=graph,
             kv_layout=KVLayout(page, "NHD"), kv_block_tokens=engine_block_tokens(self.spec, dep),
+            state_pool_share=state_pool_share(self.spec, dep),
             max_num_batched_tokens=dep.max_batched_tokens, max_num_seqs=dep.max_seqs)
         res = sim.run()
         self.evaluations += 1

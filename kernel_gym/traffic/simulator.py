@@ -271,6 +271,9 @@ class Simulator:
     kv_block_tokens: the block the engine allocates the KV cache (and caches prefixes) in, where it is larger than the
     kernel's page (kv_layout.page_size): vLLM raises its block for models with a recurrent mixer state
     (deploy.engine_block_tokens). Requests take whole blocks; the kernels are priced at the kernel's page. 0: the page.
+    state_pool_share: the share of the pool a separate pool for the mixer state takes (SGLang's mamba pool); the state
+    then takes no KV pages, and the pool's slots, one per running request, cap the running requests. 0: the state is
+    held in the KV pool (vLLM's hybrid allocator).
     step_overheads: the fixed host cost per kind of step (STEP_KINDS: {"graph": s, "piecewise": s, "eager": s}), for
     an engine whose launches cost differently by how the step runs; a kind left out costs step_overhead_s.
     decode_waves: price a decode batch from its own contexts, as its programs fill the GPU (traffic.decode_waves,
@@ -302,6 +305,7 @@ class Simulator:
         step_overheads: dict[str, float] | None = None,
         decode_waves: bool = False,
         kv_block_tokens: int = 0,
+        state_pool_share: float = 0.0,
     ) -> None:
         if chunk_attention not in CHUNK_ATTENTION_MODES:
             raise ValueError(f"chunk_attention {chunk_attention!r} is not one of {CHUNK_ATTENTION_MODES}")
@@ -329,6 +333,17 @@ class Simulator:
         self.vocab = int(vocab_size)
         self.dtype = dtype
         self.pool_bytes = gpu_memory_bytes * gpu_memory_utilization - model.weight_bytes
+        if not 0.0 <= float(state_pool_share) < 1.0:
+            raise ValueError(f"state_pool_share must be in [0, 1), got {state_pool_share!r}")
+        self.state_slots = 0  # slots of a separate state pool (0: none; the state is held in the KV pool)
+        if state_pool_share and getattr(model, "mixer_state_bytes", 0) and self.pool_bytes > 0:
+            self.state_slots = int(self.pool_bytes * state_pool_share // model.mixer_state_bytes)
+            self.pool_bytes *= 1.0 - state_pool_share
+            if self.state_slots < 1:
+                raise ValueError(f"{model.name}: the mixer-state pool ({state_pool_share:.0%} of the memory left after "
+                                 f"weights) holds no request's state ({model.mixer_state_bytes / 2**20:.1f} MiB); "
+                                 "give it more memory or use more GPUs")
+            self.max_seqs = min(self.max_seqs, self.state_slots)
         if self.pool_bytes <= 0:
             raise ValueError(
                 f"{model.name}: weights ({model.weight_bytes / 1e9:.1f} GB) exceed {gpu_memory_utilization} x "
@@ -430,7 +445,8 @@ class Simulator:
         vLLM's hybrid allocator and SGLang's mamba pool both hold the state beside the KV cache; 0 state blocks for a
         model whose every layer is attention."""
         page_bytes = self._block(page_size) * self.model.kv_bytes_per_token
-        return int(self.pool_bytes // page_bytes), -(-int(getattr(self.model, "mixer_state_bytes", 0)) // page_bytes)
+        state = 0 if self.state_slots else int(getattr(self.model, "mixer_state_bytes", 0))
+        return int(self.pool_bytes // page_bytes), -(-state // page_bytes)
 
     def _why_too_long(self, page_size: int, which: np.ndarray) -> str:
         """'' when each of the `which` requests fits the pool at `page_size` beside its mixer state, else why not (a
