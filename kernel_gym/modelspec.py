@@ -223,9 +223,9 @@ def spec_from_dict(data: object, where: str = "model spec") -> ModelSpec:
 
 
 # the routed expert count and top-k, by model family (ERNIE-4.5: moe_num_experts, moe_k; Hunyuan: moe_topk; gpt-oss
-# also writes experts_per_token; DBRX and Step3: moe_top_k)
+# also writes experts_per_token; DBRX and Step3: moe_top_k; Kimi-Linear: num_experts_per_token)
 HF_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-HF_TOP_K_KEYS = ("num_experts_per_tok", "moe_k", "moe_topk", "experts_per_token", "moe_top_k")
+HF_TOP_K_KEYS = ("num_experts_per_tok", "moe_k", "moe_topk", "experts_per_token", "moe_top_k", "num_experts_per_token")
 HF_READ_KEYS = {*HF_EXPERT_KEYS, *HF_TOP_K_KEYS, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
                 "num_shared_expert"}
 # where a multimodal or omni wrapper keeps its language model's config (Llama-4, Kimi-VL: text_config; InternVL:
@@ -290,6 +290,9 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
     if get("expert_layer_period") is not None:  # Jamba
         moe = [i for i in range(layers) if i % max(1, get("expert_layer_period")) == get("expert_layer_offset", 1)]
         keys.append("expert_layer_period")
+    if get("num_dense_layers") is not None:  # LFM2-MoE: its first num_dense_layers layers have a dense MLP
+        moe = list(range(get("num_dense_layers"), layers))
+        keys.append("num_dense_layers")
     if get("moe_layers_enum", kind=str):  # Step3: "4,5,...,59"
         moe = [int(x) for x in get("moe_layers_enum", kind=str).split(",") if x.strip().isdigit()]
         keys.append("moe_layers_enum")
@@ -302,6 +305,18 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
     if get("attn_type_list", kind=list):  # MiniMax-Text-01: 1 softmax attention, 0 lightning (linear)
         att = [i for i, t in enumerate(get("attn_type_list", kind=list)) if t == 1]
         akeys.append("attn_type_list")
+    if get("layer_group_size") is not None and str(cfg.get("model_type", "")).startswith("bailing"):
+        # Ring-linear: the last layer of each group and any layers past the last whole group are softmax attention,
+        # the others linear (lightning) attention, as its modelling code places them
+        group = max(1, get("layer_group_size"))
+        att = [i for i in range(layers) if (i + 1) % group == 0 or i >= layers // group * group]
+        akeys.append("layer_group_size")
+    linear = get("linear_attn_config", {}, dict)  # Kimi-Linear: KDA layers listed 1-based, the others MLA
+    kda = linear.get("kda_layers")
+    if isinstance(kda, list) and kda and all(isinstance(i, int) and not isinstance(i, bool) for i in kda):
+        base, kda = 0 if linear.get("kda_layer_index_base") == 0 else 1, set(kda)  # vLLM: layer_idx + 1 in kda_layers
+        att = [i for i in range(layers) if i + base not in kda]
+        akeys.append("linear_attn_config.kda_layers")
     types = [str(t) for t in get("layer_types", [], list)]  # Granite-4 hybrid: attention / mamba; gpt-oss: sliding
     if any(t not in ("attention", "full_attention") for t in types):
         att = [i for i, t in enumerate(types) if t in ("attention", "full_attention")]
@@ -316,12 +331,15 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
 def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: int, act_bytes: int) -> tuple[int, str]:
     """(bytes of state one request holds in one layer without full attention, the mixer: MIXERS) from the config's
     mixer keys, as vLLM sizes its state caches; (0, "") where the config names no mixer kernel_gym reads. Gated DeltaNet
-    (Qwen3-Next): a conv state over q, k and v and a key x value state per value head; Mamba-2 (Nemotron-H, Granite-4
-    hybrid): a conv state over x, B and C and a head_dim x d_state state per head; Mamba (Jamba): the same over expand
-    x hidden channels; lightning attention (MiniMax-Text-01): a head_dim x head_dim state per head; sliding-window
-    attention (gpt-oss): the window's K and V. Conv state and KV at the activations' dtype (`act_bytes`), the SSM or
-    recurrent state at `mamba_ssm_cache_dtype` (or `mamba_ssm_dtype`) where the config sets it, else float32 for
-    Nemotron-H (vLLM's default for it) and the activations' dtype for the others."""
+    (Qwen3-Next, Qwen3.5): a conv state over q, k and v and a key x value state per value head; Kimi Delta Attention
+    (Kimi-Linear's linear_attn_config): the same with as many key as value heads, its state float32 as vLLM keeps it;
+    Mamba-2 (Nemotron-H, Granite-4 hybrid): a conv state over x, B and C and a head_dim x d_state state per head; Mamba
+    (Jamba): the same over expand x hidden channels; lightning attention (MiniMax-Text-01, Ring-linear): a head_dim x
+    head_dim state per head; sliding-window attention (gpt-oss): the window's K and V. LFM2's short convolution is
+    none of these: not read (its state, a few KiB per layer, is said not modelled). Conv state and KV at the
+    activations' dtype (`act_bytes`), the SSM or recurrent state at `mamba_ssm_cache_dtype` (or `mamba_ssm_dtype`)
+    where the config sets it, else float32 for Nemotron-H (vLLM's default for it) and the activations' dtype for the
+    others."""
     def get(*keys: str) -> int:
         return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)
                      and cfg[k] > 0), 0)
@@ -329,6 +347,14 @@ def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: 
     ssm_dtype = str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or
                     ("float32" if str(cfg.get("model_type", "")).startswith("nemotron_h") else ""))
     ssm_bytes = HF_DTYPE_BYTES.get(ssm_dtype, act_bytes)
+    linear = cfg.get("linear_attn_config") if isinstance(cfg.get("linear_attn_config"), dict) else {}
+    kda_heads, kda_dim = (linear.get(k) for k in ("num_heads", "head_dim"))
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (kda_heads, kda_dim)):
+        # Kimi Delta Attention: Gated DeltaNet's state with as many key as value heads (vLLM's kda_state_shape: q, k
+        # and v conv states, a head_dim^2 state per head), the recurrent state always float32 (kda_state_dtype)
+        conv = linear.get("short_conv_kernel_size")
+        conv = conv if isinstance(conv, int) and not isinstance(conv, bool) and conv > 1 else 4
+        return 3 * kda_heads * kda_dim * (conv - 1) * act_bytes + kda_heads * kda_dim * kda_dim * 4, "gated-deltanet"
     if get("linear_num_value_heads") and get("linear_key_head_dim"):
         nk, nv = get("linear_num_key_heads") or get("linear_num_value_heads"), get("linear_num_value_heads")
         dk, dv, conv = get("linear_key_head_dim"), get("linear_value_head_dim") or get("linear_key_head_dim"), \
@@ -343,7 +369,8 @@ def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: 
     if state:
         inner, conv = (get("mamba_expand") or 2) * hidden, get("mamba_d_conv", "conv_kernel") or 4
         return inner * (conv - 1) * act_bytes + inner * state * ssm_bytes, "mamba"
-    if isinstance(cfg.get("attn_type_list"), list):
+    if isinstance(cfg.get("attn_type_list"), list) or (
+            get("layer_group_size") and str(cfg.get("model_type", "")).startswith("bailing")):  # Ring-linear too
         return heads * head_dim * head_dim * act_bytes, "lightning"
     if get("sliding_window") and any(str(t) == "sliding_attention" for t in cfg.get("layer_types") or ()):
         return 2 * kv_heads * head_dim * get("sliding_window") * act_bytes, "sliding-window"
@@ -418,6 +445,8 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     routed experts, one expert's intermediate size, shared experts (DeepSeek's n_shared_experts, Qwen-MoE's one) and
     MLA where kv_lora_rank is set. A multimodal config's language part (hf_language_config) is the language model's;
     layers that are not all attention + MoE are counted (hf_layer_counts)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: a Hugging Face config.json is a JSON object, got {type(data).__name__}")
     cfg = hf_language_config(data)
 
     def number(key: str) -> int | None:
@@ -459,7 +488,8 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     if heads < 1:
         raise ValueError(f"{where}: num_attention_heads must be positive, got {heads}: fix the config.json")
     mla = number("kv_lora_rank") is not None and cfg.get("use_mla") is not False  # DeepSeek-VL2-Tiny: MHA
-    head_dim = number("head_dim") or number("attention_head_dim") or (number("v_head_dim") if mla else None)
+    # MLA: v_head_dim first (Kimi-Linear also writes head_dim 72, hidden / heads, a size no MLA head has)
+    head_dim = (number("v_head_dim") if mla else None) or number("head_dim") or number("attention_head_dim")
     if head_dim is None and hidden % heads:  # hidden // heads would be a head size the model does not have
         raise ValueError(f"{where}: no head_dim, and hidden_size {hidden} is not a multiple of num_attention_heads "
                          f"{heads}: add the model's head_dim to the config.json")
@@ -467,8 +497,9 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     if number("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one (Nemotron-H: its own width)
         shared = need("n_shared_experts")
         shared_inter = need("moe_shared_expert_intermediate_size", "moe_intermediate_size")
-    elif number("num_shared_experts"):  # Bailing / Ling: the same, under another key
-        shared, shared_inter = need("num_shared_experts"), need("moe_intermediate_size")
+    elif number("num_shared_experts"):  # Bailing / Ling, Kimi-Linear: the same, under another key (Ling may give
+        shared = need("num_shared_experts")  # the shared expert its own width: vLLM's bailing_moe reads it)
+        shared_inter = need("moe_shared_expert_intermediate_size", "moe_intermediate_size")
     elif number("moe_num_shared_experts"):  # ERNIE-4.5: the same, under another key
         shared, shared_inter = need("moe_num_shared_experts"), need("moe_intermediate_size")
     elif number("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own width
