@@ -489,7 +489,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.evaluate.replay_report import json_safe, live_check_line
     from kernel_gym.models import kernel_spec, load_model, spec_caveats
-    from kernel_gym.parallel.deploy import MAX_MODEL_LEN, launch_commands, split_engine
+    from kernel_gym.parallel.deploy import MAX_MODEL_LEN, SGLANG_MAMBA_FULL_MEMORY_RATIO, launch_commands, split_engine
     from kernel_gym.traffic.windows import resolve_trace
 
     limits = parse_slo(slo)
@@ -608,6 +608,11 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
         print(f"  KV blocks of {block} tokens, not {knob}: vLLM raises the block of a model with a recurrent mixer "
               "state until one layer's block holds one layer's state; the launch passes it and the replay allocates "
               f"it (the attention kernels are priced at {knob}-token pages)")
+    if p.get("state_slots"):
+        ratio = SGLANG_MAMBA_FULL_MEMORY_RATIO
+        print(f"  mixer state: SGLang's own pool (--mamba-full-memory-ratio {ratio:g}, "
+              f"{ratio / (1 + ratio):.0%} of the memory after weights) holds {p['state_slots']} requests' state: "
+              "at most that many run at once per replica, and the KV cache has the rest of the memory")
     print(f"  kernel configs: {', '.join(f['file'] for f in best['kernel_config_files'])}")
     for how in dict.fromkeys(f["write_with"] for f in best["kernel_config_files"] if f.get("write_with")):
         print(f"    write them with: {how}")

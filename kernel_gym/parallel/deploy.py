@@ -413,6 +413,7 @@ class DeploymentPricer:
             "tpot_p99_s": res.summary["tpot_p99_s"], "preemptions": res.summary["preemptions"] * r,
             "kv_tokens_per_rank": kv_tokens_per_rank(self.spec, dep),
             "kv_block_tokens": engine_block_tokens(self.spec, dep),
+            "state_slots": sim.state_slots,  # a separate mixer-state pool's (SGLang's): the running requests' cap
             # shares of all the step time (kernels, collectives, untuned ops, per-step overhead)
             "estimated_share": est_s / busy if busy > 0 else 0.0,
             "prior_share": prior_s / busy if busy > 0 else 0.0,
