@@ -296,3 +296,19 @@ def test_sglang_holds_the_state_in_a_pool_of_its_own_whose_slots_cap_the_running
         _run(512, 6000, state_pool_share=0.05)
     with pytest.raises(ValueError, match=r"state_pool_share must be in \[0, 1\)"):
         _run(512, 6000, state_pool_share=1.0)
+
+
+def test_a_deployment_replay_reports_the_engines_block_and_state_pool():
+    """DeploymentPricer.serve (what `plan` prints from): vLLM's raised block and SGLang's state slots."""
+    from kernel_gym.measure.coverage import cover
+    from kernel_gym.measure.recorded import RecordedBackend
+    from kernel_gym.parallel.deploy import DeploymentPricer
+    from tests.parallel.fixture_table import fixture_table
+
+    qwen = ZOO["qwen3-next-80b-a3b"]
+    p = DeploymentPricer(qwen, cover(RecordedBackend()), fixture_table())
+    trace = small_trace(12, rate=4.0)
+    vllm, sglang = (p.serve(trace, _dep(2, 64, engine), 2.0, 0.1) for engine in ("vllm", "sglang"))
+    assert (vllm["kv_block_tokens"], vllm["state_slots"]) == (576, 0)
+    assert sglang["kv_block_tokens"] == 64 and sglang["state_slots"] > 100
+    assert vllm["slo_attainment"] > 0 and sglang["slo_attainment"] > 0
