@@ -220,15 +220,20 @@ def _dep(tp: int = 1, block: int = 64, engine: str = "vllm"):
 
 
 def test_vllm_raises_the_block_of_a_model_with_a_recurrent_state_as_it_logs():
-    """vLLM's _align_hybrid_block_size: one layer's block of KV holds one layer's state (its log for Qwen3-Next on
-    four GPUs reads 272 tokens at the 16-token block of releases before 0.34)."""
+    """vLLM's _align_hybrid_block_size: one layer's block of KV holds one layer's state, in multiples of
+    max(16, --block-size) and, for Gated DeltaNet under prefix caching (the default), of its 64-token prefill
+    checkpoints (releases before that "align" mode logged 272 tokens for Qwen3-Next on four GPUs; it is 320 now)."""
     from kernel_gym.parallel.deploy import engine_block_tokens, launch_commands
 
     qwen = ZOO["qwen3-next-80b-a3b"]
     per_token = 2 * 2 * 256 * 2  # one attention layer's K and V of one token: 2 KV heads x 256 x bf16
     assert qwen.mixer_page_bytes == 1097728
     assert engine_block_tokens(qwen, _dep(1, 64)) == 64 * -(-1097728 // (64 * per_token)) == 576
-    assert engine_block_tokens(qwen, _dep(4, 16)) == 272  # one KV head per GPU, a quarter of the state
+    assert engine_block_tokens(qwen, _dep(4, 16)) == 64 * -(-1097728 // 4 // (64 * per_token // 2)) == 320
+    assert engine_block_tokens(qwen, _dep(1, 16)) == engine_block_tokens(qwen, _dep(1, 32)) == 576  # not 544
+    assert engine_block_tokens(qwen, _dep(1, 128)) == 640
+    jamba = ZOO["jamba-1.5-large"]  # Mamba: no checkpoint alignment, 16-token multiples at the 16-token block
+    assert engine_block_tokens(jamba, _dep(1, 16)) == 16 * -(-jamba.mixer_page_bytes // (16 * 2 * 8 * 128 * 2)) == 160
     assert engine_block_tokens(qwen, _dep(1, 576)) == 576  # passing the raised block keeps it
     (cmd,) = launch_commands(_dep(1, 64), "Qwen/Qwen3-Next-80B-A3B-Instruct", spec=qwen)
     assert "--block-size 576 " in cmd
@@ -267,8 +272,15 @@ def test_prefix_hits_on_blocks_the_traces_blocks_do_not_tile_are_a_lower_bound()
     s = Simulator(model, tr, AnalyticTimer(), chooser(), UniformRouting(4, 2), kv_block_tokens=576,
                   gpu_memory_bytes=mem_for_tokens(model, 1 << 16))
     res = s.run()
-    assert s.hashes[0] == (1, 2, 3)  # pages 1-3 end at 576, 1,152 and 1,728 tokens: blocks 2, 3 and 4 stand for them
+    assert s.hashes[0] == ((1, 1), (2, 2), (3, 3))  # pages 1-3 end at 576, 1,152 and 1,728: blocks 2-4 stand for them
     assert res.summary["prefix_hit_tokens"] == 3 * 576 + 2 * 576
+    # Jamba's 160-token vLLM blocks: three pages end inside the trace's first block, each its own page
+    small = Simulator(model, tr, AnalyticTimer(), chooser(), UniformRouting(4, 2), kv_block_tokens=160,
+                      gpu_memory_bytes=mem_for_tokens(model, 1 << 16))
+    res = small.run()
+    assert small.hashes[0][:4] == ((0, 1), (0, 2), (0, 3), (1, 4)) and len(small.hashes[0]) == 12
+    assert res.summary["prefix_hit_tokens"] == 12 * 160 + 9 * 160  # the third shares 1,536 tokens: 9 whole pages
+    assert small.free_pages == small.num_pages - small.cache_pages
     with pytest.raises(ValueError, match="do not fill pages of 576"):  # a page the user chose must tile
         Simulator(model, tr, AnalyticTimer(), chooser(page_size=576), UniformRouting(4, 2),
                   kv_layout=KVLayout(576, "NHD"), gpu_memory_bytes=mem_for_tokens(model, 1 << 16))
@@ -292,7 +304,9 @@ def test_sglang_holds_the_state_in_a_pool_of_its_own_whose_slots_cap_the_running
     assert s.num_pages == shared.num_pages // 2
     running = STEP_COLUMNS.index("running")
     assert res.steps[:, running].max() == 5 and s.free_pages == s.num_pages  # the slots cap it; every page returned
-    with pytest.raises(ValueError, match="holds no request's state"):
+    two, res = _run(512, 6000, max_num_batched_tokens=512, state_pool_share=0.5, state_slots_per_request=2)
+    assert res.steps[:, running].max() == 2  # SGLang's radix cache keeps 3-5 slots per running request
+    with pytest.raises(ValueError, match="fewer than one running request takes"):
         _run(512, 6000, state_pool_share=0.05)
     with pytest.raises(ValueError, match=r"state_pool_share must be in \[0, 1\)"):
         _run(512, 6000, state_pool_share=1.0)
@@ -311,4 +325,5 @@ def test_a_deployment_replay_reports_the_engines_block_and_state_pool():
     vllm, sglang = (p.serve(trace, _dep(2, 64, engine), 2.0, 0.1) for engine in ("vllm", "sglang"))
     assert (vllm["kv_block_tokens"], vllm["state_slots"]) == (576, 0)
     assert sglang["kv_block_tokens"] == 64 and sglang["state_slots"] > 100
+    assert sglang["state_running_cap"] == sglang["state_slots"] // 5  # Gated DeltaNet: 3 + 2 extra-buffer slots
     assert vllm["slo_attainment"] > 0 and sglang["slo_attainment"] > 0

@@ -489,7 +489,13 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.evaluate.replay_report import json_safe, live_check_line
     from kernel_gym.models import kernel_spec, load_model, spec_caveats
-    from kernel_gym.parallel.deploy import MAX_MODEL_LEN, SGLANG_MAMBA_FULL_MEMORY_RATIO, launch_commands, split_engine
+    from kernel_gym.parallel.deploy import (
+        MAX_MODEL_LEN,
+        SGLANG_MAMBA_FULL_MEMORY_RATIO,
+        launch_commands,
+        split_engine,
+        state_slots_per_request,
+    )
     from kernel_gym.traffic.windows import resolve_trace
 
     limits = parse_slo(slo)
@@ -611,8 +617,9 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     if p.get("state_slots"):
         ratio = SGLANG_MAMBA_FULL_MEMORY_RATIO
         print(f"  mixer state: SGLang's own pool (--mamba-full-memory-ratio {ratio:g}, "
-              f"{ratio / (1 + ratio):.0%} of the memory after weights) holds {p['state_slots']} requests' state: "
-              "at most that many run at once per replica, and the KV cache has the rest of the memory")
+              f"{ratio / (1 + ratio):.0%} of the memory after weights) holds {p['state_slots']} states, "
+              f"{state_slots_per_request(spec)} per running request: at most "
+              f"{p['state_running_cap']} run at once per replica; the KV cache has the rest of the memory")
     print(f"  kernel configs: {', '.join(f['file'] for f in best['kernel_config_files'])}")
     for how in dict.fromkeys(f["write_with"] for f in best["kernel_config_files"] if f.get("write_with")):
         print(f"    write them with: {how}")

@@ -33,6 +33,7 @@ release, default the newest):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,11 @@ SGLANG_AUTO_RUNNING = 4096  # --max-running-requests left to SGLang: priced as t
 # SGLang 0.5.23's --mamba-full-memory-ratio default (arg_groups/fields/schedule.py): a hybrid model's mixer state gets
 # a pool of its own, ratio / (1 + ratio) of the memory left after weights (mem_cache/kv_cache_configurator.py)
 SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9
+# ... and the state slots one running request takes there (kv_cache_configurator._calculate_mamba_ratio: 3, plus 2 for
+# the "extra_buffer" radix-cache strategy of the Gated DeltaNet and Mamba-2 architectures: overrides.py
+# _MAMBA_EXTRA_BUFFER_ARCHS, Qwen3-Next / 3.5, Kimi-Linear, Nemotron-H, Granite-4.0-H; keyed here by ModelSpec.mixer)
+SGLANG_MAMBA_SLOTS_PER_REQUEST = 3
+SGLANG_EXTRA_BUFFER_SLOTS = {"gated-deltanet": 2, "mamba2": 2}
 
 
 @dataclass(frozen=True, order=True)
@@ -213,19 +219,25 @@ def gpu_memory_for(spec: Any, dep: Deployment) -> float:
 
 VLLM_KERNEL_BLOCK = 16  # the smallest block vLLM's FlashAttention and Triton backends take (MultipleOf(16))
 VLLM_MLA_HYBRID_BLOCK = 128  # ... and what it raises that to for an MLA model with a mixer state
+# Gated DeltaNet's prefill checkpoints (FlashInfer's GDN prefill, vLLM's choice on Hopper) in the "align" cache mode
+# that prefix caching (on by default) puts hybrid models in: v1/attention/backends/gdn_attn.py
+VLLM_GDN_CHECKPOINT_ALIGN = 64
 
 
 def engine_block_tokens(spec: Any, dep: Deployment) -> int:
     """The KV-cache block the engine allocates, in tokens: `dep.block_size`, except where vLLM raises it. For a model
     with a recurrent mixer state (ModelSpec.mixer: Mamba, Gated DeltaNet, lightning attention), vLLM 0.33-0.34
     (platforms/interface.py, _align_hybrid_block_size) makes one layer's block of attention KV at least one layer's
-    state, both at the GPU's shard: a = max(16, block_size) (at least 128 for MLA), block = a x ceil(state bytes /
-    (a x KV bytes per token)); the state is padded to that block. Qwen3-Next on one GPU: 576 tokens at --block-size
-    64. SGLang holds the state in a pool of its own, and its page is the knob."""
+    state, both at the GPU's shard: a = max(16, block_size) (at least 128 for MLA; for Gated DeltaNet a multiple of its
+    64-token prefill checkpoints, as prefix caching is on), block = a x ceil(state bytes / (a x KV bytes per token));
+    the state is padded to that block. Qwen3-Next on one GPU: 576 tokens. SGLang holds the state in a pool of its own,
+    and its page is the knob."""
     per = attention_spec(spec, dep.layout)
     if dep.engine != "vllm" or not _recurrent_state(per):
         return dep.block_size
     align = max(VLLM_KERNEL_BLOCK, dep.block_size, VLLM_MLA_HYBRID_BLOCK if per.attention == "mla" else 0)
+    if per.mixer == "gated-deltanet":
+        align = math.lcm(align, VLLM_GDN_CHECKPOINT_ALIGN)
     per_token = per.kv_bytes_per_token // per.n_attention_layers  # one attention layer's KV of one token
     block = align * -(-per.mixer_page_bytes // (align * per_token))
     return max(dep.block_size, VLLM_KERNEL_BLOCK * -(-block // VLLM_KERNEL_BLOCK))
@@ -234,6 +246,11 @@ def engine_block_tokens(spec: Any, dep: Deployment) -> int:
 def _recurrent_state(spec: Any) -> bool:
     """A fixed-size state per request in layers without full attention, not a sliding window's KV."""
     return bool(spec.mixer_state_bytes and spec.n_mixer_layers and spec.mixer != "sliding-window")
+
+
+def state_slots_per_request(spec: Any) -> int:
+    """State slots of SGLang's mamba pool that one running request takes (SGLANG_MAMBA_SLOTS_PER_REQUEST)."""
+    return SGLANG_MAMBA_SLOTS_PER_REQUEST + SGLANG_EXTRA_BUFFER_SLOTS.get(spec.mixer, 0)
 
 
 def state_pool_share(spec: Any, dep: Deployment) -> float:
@@ -254,8 +271,9 @@ def kv_tokens_per_rank(spec: Any, dep: Deployment) -> int:
     block_bytes = block * per_gpu.kv_bytes_per_token
     free = max(0.0, gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout))
     share = state_pool_share(spec, dep)
-    if share:  # the state has a pool of its own, which must hold one request's
-        return int(free * (1.0 - share) // block_bytes) * block if free * share >= per_gpu.mixer_state_bytes else 0
+    if share:  # the state has a pool of its own, which must hold one request's slots
+        slots = state_slots_per_request(spec) * per_gpu.mixer_state_bytes
+        return int(free * (1.0 - share) // block_bytes) * block if free * share >= slots else 0
     blocks = int(free // block_bytes) - -(-per_gpu.mixer_state_bytes // block_bytes)
     return max(0, blocks) * block
 
@@ -394,6 +412,7 @@ class DeploymentPricer:
             self.spec, dep), gpu_memory_utilization=memory_utilization(dep), graph=graph,
             kv_layout=KVLayout(page, "NHD"), kv_block_tokens=engine_block_tokens(self.spec, dep),
             state_pool_share=state_pool_share(self.spec, dep),
+            state_slots_per_request=state_slots_per_request(self.spec),
             max_num_batched_tokens=dep.max_batched_tokens, max_num_seqs=dep.max_seqs)
         res = sim.run()
         self.evaluations += 1
@@ -413,7 +432,8 @@ class DeploymentPricer:
             "tpot_p99_s": res.summary["tpot_p99_s"], "preemptions": res.summary["preemptions"] * r,
             "kv_tokens_per_rank": kv_tokens_per_rank(self.spec, dep),
             "kv_block_tokens": engine_block_tokens(self.spec, dep),
-            "state_slots": sim.state_slots,  # a separate mixer-state pool's (SGLang's): the running requests' cap
+            "state_slots": sim.state_slots,  # a separate mixer-state pool's (SGLang's), and the running requests' cap
+            "state_running_cap": sim.state_slots // state_slots_per_request(self.spec) if sim.state_slots else 0,
             # shares of all the step time (kernels, collectives, untuned ops, per-step overhead)
             "estimated_share": est_s / busy if busy > 0 else 0.0,
             "prior_share": prior_s / busy if busy > 0 else 0.0,

@@ -272,8 +272,8 @@ class Simulator:
     kernel's page (kv_layout.page_size): vLLM raises its block for models with a recurrent mixer state
     (deploy.engine_block_tokens). Requests take whole blocks; the kernels are priced at the kernel's page. 0: the page.
     state_pool_share: the share of the pool a separate pool for the mixer state takes (SGLang's mamba pool); the state
-    then takes no KV pages, and the pool's slots, one per running request, cap the running requests. 0: the state is
-    held in the KV pool (vLLM's hybrid allocator).
+    then takes no KV pages, and the pool's slots, state_slots_per_request per running request, cap the running
+    requests. 0: the state is held in the KV pool (vLLM's hybrid allocator).
     step_overheads: the fixed host cost per kind of step (STEP_KINDS: {"graph": s, "piecewise": s, "eager": s}), for
     an engine whose launches cost differently by how the step runs; a kind left out costs step_overhead_s.
     decode_waves: price a decode batch from its own contexts, as its programs fill the GPU (traffic.decode_waves,
@@ -306,6 +306,7 @@ class Simulator:
         decode_waves: bool = False,
         kv_block_tokens: int = 0,
         state_pool_share: float = 0.0,
+        state_slots_per_request: int = 1,
     ) -> None:
         if chunk_attention not in CHUNK_ATTENTION_MODES:
             raise ValueError(f"chunk_attention {chunk_attention!r} is not one of {CHUNK_ATTENTION_MODES}")
@@ -339,11 +340,13 @@ class Simulator:
         if state_pool_share and getattr(model, "mixer_state_bytes", 0) and self.pool_bytes > 0:
             self.state_slots = int(self.pool_bytes * state_pool_share // model.mixer_state_bytes)
             self.pool_bytes *= 1.0 - state_pool_share
-            if self.state_slots < 1:
+            per = max(1, int(state_slots_per_request))
+            if self.state_slots < per:
                 raise ValueError(f"{model.name}: the mixer-state pool ({state_pool_share:.0%} of the memory left after "
-                                 f"weights) holds no request's state ({model.mixer_state_bytes / 2**20:.1f} MiB); "
-                                 "give it more memory or use more GPUs")
-            self.max_seqs = min(self.max_seqs, self.state_slots)
+                                 f"weights) holds {self.state_slots} states ({model.mixer_state_bytes / 2**20:.1f} MiB "
+                                 f"each), fewer than one running request takes ({per}); give it more memory or use "
+                                 "more GPUs")
+            self.max_seqs = min(self.max_seqs, self.state_slots // per)
         if self.pool_bytes <= 0:
             raise ValueError(
                 f"{model.name}: weights ({model.weight_bytes / 1e9:.1f} GB) exceed {gpu_memory_utilization} x "
@@ -442,8 +445,8 @@ class Simulator:
 
     def _pool_pages(self, page_size: int) -> tuple[int, int]:
         """(blocks in the pool, blocks a running request's mixer state takes from it) at the kernel page `page_size`:
-        vLLM's hybrid allocator and SGLang's mamba pool both hold the state beside the KV cache; 0 state blocks for a
-        model whose every layer is attention."""
+        vLLM's hybrid allocator holds the state beside the KV cache; 0 state blocks for a model whose every layer is
+        attention, or whose state has a pool of its own (state_pool_share)."""
         page_bytes = self._block(page_size) * self.model.kv_bytes_per_token
         state = 0 if self.state_slots else int(getattr(self.model, "mixer_state_bytes", 0))
         return int(self.pool_bytes // page_bytes), -(-state // page_bytes)
@@ -481,15 +484,19 @@ class Simulator:
                 raise ValueError(f"requests carry {len(hashes)} hash_ids lists for {self.n} requests")
             if self.block_tokens < 1:
                 raise ValueError("requests with hash_ids need hash_block_tokens >= 1 (tokens per cache block)")
-            if self.block_tokens < page_size and (page_size % self.block_tokens == 0 or
-                                                  page_size == self.kv_block_tokens):
+            b = self.block_tokens
+            if b < page_size and page_size % b == 0:
                 # the engine caches whole pages: a page's prefix is its last block's id (ids are chained: equal ids,
                 # equal prefixes), and a page the prompt does not fill is not cached (Bailian's 16-token blocks on
-                # 64-token pages: every 4th id). Where the engine's own block is not tiled by the trace's (Mooncake's
-                # 512 tokens, vLLM's 576-token blocks of a hybrid model), the id of the block that ends at or past the
-                # page's end stands for it: equal there, equal over the page, so the hits counted are a lower bound
-                b = self.block_tokens
-                self.hashes = hashes = tuple(tuple(ids[-(-k * page_size // b) - 1] for k in
+                # 64-token pages: every 4th id)
+                self.hashes = hashes = tuple(tuple(ids[page_size // b - 1::page_size // b]) for ids in hashes)
+                self.block_tokens = page_size
+            elif page_size == self.kv_block_tokens and (b % page_size or b < page_size):
+                # the engine chose its block, and the trace's blocks do not tile it (Mooncake's 512 tokens on vLLM's
+                # 576- or 160-token blocks of a hybrid model): page k stands for the prefix up to the end of the
+                # trace's block that ends at or past it (equal there, equal over the page: the hits counted are a
+                # lower bound), and carries its own number, since one trace block may end past several pages
+                self.hashes = hashes = tuple(tuple((ids[-(-k * page_size // b) - 1], k) for k in
                                                    range(1, len(ids) * b // page_size + 1)
                                                    if -(-k * page_size // b) <= len(ids)) for ids in hashes)
                 self.block_tokens = page_size
