@@ -327,3 +327,14 @@ def test_a_deployment_replay_reports_the_engines_block_and_state_pool():
     assert sglang["kv_block_tokens"] == 64 and sglang["state_slots"] > 100
     assert sglang["state_running_cap"] == sglang["state_slots"] // 5  # Gated DeltaNet: 3 + 2 extra-buffer slots
     assert vllm["slo_attainment"] > 0 and sglang["slo_attainment"] > 0
+
+
+def test_a_spec_naming_an_unknown_mixer_or_too_many_mixer_layers_is_refused_with_the_choices():
+    from kernel_gym.models import spec_from_dict
+
+    good = dataclasses.asdict(ZOO["qwen3-next-80b-a3b"])
+    assert spec_from_dict(good) == ZOO["qwen3-next-80b-a3b"]
+    with pytest.raises(ValueError, match=r"mixer must be one of .*'gated-deltanet'.*got 'gdn'"):
+        spec_from_dict({**good, "mixer": "gdn"})
+    with pytest.raises(ValueError, match=r"mixer_layers \(49\) exceeds num_layers \(48\)"):
+        spec_from_dict({**good, "mixer_layers": 49})
