@@ -521,6 +521,7 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
     dtype_bytes, kv_heads = hf_weight_bytes(cfg, dtype, where), number("num_key_value_heads") or heads
     act_bytes = 2 if dtype_bytes == 1 else dtype_bytes  # the activations' dtype (ModelSpec.activation_bytes)
     kinds = hf_layer_counts(cfg, layers, where, hf_mixer_state(cfg, hidden, heads, kv_heads, head_dim, act_bytes))
+    hf_attention_notes(cfg, layers, where)
     return ModelSpec(
         name=name, num_layers=layers, hidden=hidden, num_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, num_experts=experts,
@@ -529,6 +530,31 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         num_shared_experts=shared, shared_intermediate=shared_inter,
         attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,
         rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0, **kinds)
+
+
+def hf_attention_notes(cfg: dict, layers: int, where: str) -> None:
+    """Say once (SpecWarning) which attention a config names that the spec counts as full attention over the context:
+    Llama-4's chunked local attention (`attention_chunk_size`: its RoPE layers attend within chunks, and vLLM keeps
+    only the current chunk's KV there) and DeepSeek's sparse attention (`index_topk`: an indexer picks the keys, and
+    keeps a key cache of its own)."""
+    said = []
+    chunk = cfg.get("attention_chunk_size")
+    if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0:
+        rope = cfg.get("no_rope_layers")  # Llama-4: 1 where a layer uses RoPE (and chunks), 0 where it is global
+        n = sum(1 for f in rope[:layers] if f) if isinstance(rope, list) and rope else \
+            layers - layers // max(1, int(cfg.get("no_rope_layer_interval") or 4))
+        said.append(f"{n} layers attend within chunks of {chunk} tokens (attention_chunk_size): their KV cache and "
+                    f"attention are counted over the whole context, so past {chunk} tokens a request's KV is "
+                    "over-counted")
+    topk = cfg.get("index_topk")
+    if isinstance(topk, int) and not isinstance(topk, bool) and topk > 0:
+        said.append(f"sparse attention over the top {topk} keys an indexer picks (index_topk): attention is priced "
+                    "over every key, and the indexer's own key cache is not counted")
+    if said:
+        import warnings
+
+        warnings.warn(f"{where}: not modelled: {'; '.join(said)} (docs/agent.md, Your own model)", SpecWarning,
+                      stacklevel=3)
 
 
 class SpecWarning(UserWarning):

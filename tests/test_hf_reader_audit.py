@@ -65,6 +65,7 @@ DEEPSEEK_V32 = {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deep
                 "num_key_value_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
                 "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256, "num_experts_per_tok": 8,
                 "n_shared_experts": 1, "moe_intermediate_size": 2048, "first_k_dense_replace": 3,
+                "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64,
                 "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}
 # https://huggingface.co/inclusionAI/Ring-mini-linear-2.0/blob/main/config.json (every 5th layer softmax attention)
 RING_MINI_LINEAR = {"architectures": ["BailingMoeLinearV2ForCausalLM"], "model_type": "bailing_moe_linear",
@@ -129,7 +130,7 @@ CASES = [
     ("minimax-m2", MINIMAX_M2, (62, 3072, 48, 8, 128, 256, 8, 1536, 1, 0, 0, "gqa", 0, 0, 62, 62, 0, 0, "", 0), ""),
     ("glm-4.6", GLM46, (92, 5120, 96, 8, 128, 160, 8, 1536, 2, 1, 1536, "gqa", 0, 0, 89, 92, 12288, 0, "", 0), ""),
     ("deepseek-v3.2-exp", DEEPSEEK_V32, (61, 7168, 128, 128, 128, 256, 8, 2048, 1, 1, 2048, "mla", 512, 64, 58, 61,
-                                         18432, 0, "", 0), ""),
+                                         18432, 0, "", 0), "sparse attention over the top 2048 keys"),
     ("ring-mini-linear-2.0", RING_MINI_LINEAR, (20, 2048, 16, 4, 128, 256, 8, 512, 2, 1, 512, "gqa", 0, 0, 19, 4, 5120,
                                                 16 * LIGHTNING_RING, "lightning", 16), "lightning attention"),
     ("lfm2-8b-a1b", LFM2_8B, (24, 2048, 32, 8, 64, 32, 4, 1792, 2, 0, 0, "gqa", 0, 0, 22, 6, 7168, 0, "", 18),
@@ -137,7 +138,7 @@ CASES = [
     ("gpt-oss-120b", GPT_OSS_120B, (36, 2880, 64, 8, 64, 128, 4, 2880, 2, 0, 0, "gqa", 0, 0, 36, 18, 0, 18 * WINDOW_OSS,
                                     "sliding-window", 18), "mxfp4"),
     ("llama-4-scout", LLAMA4_SCOUT, (48, 5120, 40, 8, 128, 16, 1, 8192, 2, 1, 8192, "gqa", 0, 0, 48, 48, 0, 0, "", 0),
-     ""),
+     "36 layers attend within chunks of 8192 tokens"),  # every 4th layer is global (NoPE)
     ("qwen3-30b-a3b", QWEN3_30B, (48, 2048, 32, 4, 128, 128, 8, 768, 2, 0, 0, "gqa", 0, 0, 48, 48, 0, 0, "", 0), ""),
     ("qwen3-235b-a22b", QWEN3_235B, (94, 4096, 64, 4, 128, 128, 8, 1536, 2, 0, 0, "gqa", 0, 0, 94, 94, 0, 0, "", 0),
      ""),
