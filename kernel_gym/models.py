@@ -71,7 +71,11 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
     if spec.num_shared_experts:
         out.append(f"{spec.name}'s {spec.num_shared_experts} shared expert(s) run as a dense MLP outside the fused-MoE "
                    "kernel: priced at their roofline time, not tuned here")
-    if spec.n_attention_layers < spec.num_layers:
+    if spec.window_tokens:
+        out.append(f"{spec.n_mixer_layers} of {spec.name}'s {spec.num_layers} layers run {MIXERS[spec.mixer]} over "
+                   f"{spec.window_tokens} tokens: priced with the attention kernels over the keys each query sees, "
+                   "their KV held as vLLM's hybrid allocator holds it (SGLang's separate window pool is not modelled)")
+    elif spec.n_attention_layers < spec.num_layers:
         state = (f"their state ({spec.mixer_state_bytes / 2**20:.1f} MiB per request) is held in the KV pool and read "
                  "each step, their mixer kernels are not priced" if spec.mixer_state_bytes else
                  "their mixer kernels and state are not priced")

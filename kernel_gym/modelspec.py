@@ -19,10 +19,13 @@ SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_
                "mixer_state_bytes": 1 << 40, "mixer_layers": 1024}
 OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim", "moe_layers",
                  "attention_layers", "dense_intermediate", "mixer_state_bytes", "mixer_layers")
-# ModelSpec.mixer's values and their names in messages. All but the sliding window hold a recurrent state whose size
-# is fixed per layer: vLLM sizes its KV blocks so that one block of a layer holds it (deploy.engine_block_tokens).
+# ModelSpec.mixer's values and their names in messages. All but the windows hold a recurrent state whose size is fixed
+# per layer: vLLM sizes its KV blocks so that one block of a layer holds it (deploy.engine_block_tokens). The windowed
+# ones are softmax attention over the last `window_tokens` tokens (sliding) or within chunks of that many (chunked
+# local: Llama-4's RoPE layers): their KV grows with a request up to the window, as vLLM's hybrid allocator holds it.
 MIXERS = {"gated-deltanet": "Gated DeltaNet", "mamba2": "Mamba-2", "mamba": "Mamba", "lightning": "lightning attention",
-          "sliding-window": "sliding-window attention", "": "mixer"}
+          "sliding-window": "sliding-window attention", "chunked-local": "chunked local attention", "": "mixer"}
+WINDOWED_MIXERS = ("sliding-window", "chunked-local")
 
 
 # Its int field list has the shape of prefill_gluon's GluonVariant (duplicate scan): unrelated records.
@@ -66,12 +69,14 @@ class ModelSpec:
     """Width of the dense MLP of the num_layers - moe_layers layers without MoE (0: none counted)."""
     mixer_state_bytes: int = 0
     """Bytes of state one running request holds in the layers without full attention, all of them together (Mamba's
-    conv and SSM state, linear attention's recurrent state, a sliding window's KV): a fixed size per request, not per
-    token, sliced by tensor parallelism. The simulators hold it in the KV pool while the request runs and charge its
-    read and write each step; 0: none counted."""
+    conv and SSM state, linear attention's recurrent state; a window's K and V when full): a fixed size per request,
+    not per token, sliced by tensor parallelism. The simulators hold a recurrent state in the KV pool while the
+    request runs and charge its read and write each step; a window's KV as the window holds it (window_tokens); 0:
+    none counted."""
     mixer: str = ""
-    """What those layers run (MIXERS): "gated-deltanet", "mamba2", "mamba", "lightning" (a recurrent state) or
-    "sliding-window" (a window's K and V); "": not said, read as a recurrent state."""
+    """What those layers run (MIXERS): "gated-deltanet", "mamba2", "mamba", "lightning" (a recurrent state),
+    "sliding-window" or "chunked-local" (softmax attention within a window: WINDOWED_MIXERS); "": not said, read as a
+    recurrent state."""
     mixer_layers: int = 0
     """Layers that hold mixer_state_bytes (0: the num_layers - attention_layers without full attention; Nemotron-H's
     MoE-only layers hold none)."""
@@ -113,6 +118,12 @@ class ModelSpec:
             raise ValueError(f"model spec {self.name!r}: top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         if self.mixer not in MIXERS:
             raise ValueError(f"model spec {self.name!r}: mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}")
+        if self.mixer in WINDOWED_MIXERS and (not self.attention_layers or self.mixer_state_bytes % (
+                self.n_mixer_layers * self.layer_kv_bytes_per_token)):
+            raise ValueError(f"model spec {self.name!r}: a {MIXERS[self.mixer]} mixer needs attention_layers (the "
+                             "full-attention layers, fewer than num_layers) and mixer_state_bytes = the window's K and "
+                             "V in all its layers (layers x window tokens x one token's KV in one layer), got "
+                             f"mixer_state_bytes={self.mixer_state_bytes}")
         for field in ("moe_layers", "attention_layers", "mixer_layers"):
             if getattr(self, field) > self.num_layers:
                 raise ValueError(f"model spec {self.name!r}: {field} ({getattr(self, field)}) exceeds num_layers "
@@ -144,6 +155,21 @@ class ModelSpec:
         return -(-self.mixer_state_bytes // max(1, self.n_mixer_layers))
 
     @property
+    def window_tokens(self) -> int:
+        """Tokens a windowed mixer's layers attend over (WINDOWED_MIXERS: the sliding window or the chunk), read off
+        mixer_state_bytes, the full window's K and V in n_mixer_layers layers; 0 for any other mixer."""
+        if self.mixer not in WINDOWED_MIXERS or not self.mixer_state_bytes:
+            return 0
+        return max(1, self.mixer_state_bytes // (self.n_mixer_layers * self.layer_kv_bytes_per_token))
+
+    @property
+    def layer_kv_bytes_per_token(self) -> int:
+        """KV-cache bytes of one token in one attention layer."""
+        if self.attention == "mla":
+            return (self.kv_lora_rank + self.rope_head_dim) * self.activation_bytes
+        return 2 * self.num_kv_heads * self.head_dim * self.activation_bytes
+
+    @property
     def uniform_layers(self) -> bool:
         """Every layer is attention + MoE (the defaults): the consumers keep their one-layer-kind arithmetic, so
         every published figure of such a spec is what it was before layer kinds were counted."""
@@ -164,9 +190,7 @@ class ModelSpec:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token occupies across the attention layers (K and V; MLA: the latent plus the rotary
         key); the other layers' state (Mamba, linear attention) does not grow with the context and is not counted."""
-        if self.attention == "mla":
-            return self.n_attention_layers * (self.kv_lora_rank + self.rope_head_dim) * self.activation_bytes
-        return 2 * self.n_attention_layers * self.num_kv_heads * self.head_dim * self.activation_bytes
+        return self.n_attention_layers * self.layer_kv_bytes_per_token
 
     @property
     def shared_width(self) -> int:
@@ -317,6 +341,11 @@ def _layer_indices(cfg: dict, layers: int) -> tuple[list[int] | None, list[int] 
         base, kda = 0 if linear.get("kda_layer_index_base") == 0 else 1, set(kda)  # vLLM: layer_idx + 1 in kda_layers
         att = [i for i in range(layers) if i + base not in kda]
         akeys.append("linear_attn_config.kda_layers")
+    if get("attention_chunk_size"):  # Llama-4: its RoPE layers attend within chunks, its NoPE layers (no_rope_layers
+        rope = get("no_rope_layers", kind=list)  # 0, by default every 4th) over the whole context, as vLLM runs them
+        att = [i for i, f in enumerate(rope) if not f] if rope else \
+            [i for i in range(layers) if (i + 1) % max(1, get("no_rope_layer_interval", 4)) == 0]
+        akeys.append("attention_chunk_size / no_rope_layers")
     types = [str(t) for t in get("layer_types", [], list)]  # Granite-4 hybrid: attention / mamba; gpt-oss: sliding
     if any(t not in ("attention", "full_attention") for t in types):
         att = [i for i, t in enumerate(types) if t in ("attention", "full_attention")]
@@ -335,7 +364,8 @@ def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: 
     (Kimi-Linear's linear_attn_config): the same with as many key as value heads, its state float32 as vLLM keeps it;
     Mamba-2 (Nemotron-H, Granite-4 hybrid): a conv state over x, B and C and a head_dim x d_state state per head; Mamba
     (Jamba): the same over expand x hidden channels; lightning attention (MiniMax-Text-01, Ring-linear): a head_dim x
-    head_dim state per head; sliding-window attention (gpt-oss): the window's K and V. LFM2's short convolution is
+    head_dim state per head; sliding-window attention (gpt-oss) and Llama-4's chunked local attention: the window's
+    (the chunk's) K and V. LFM2's short convolution is
     none of these: not read (its state, a few KiB per layer, is said not modelled). Conv state and KV at the
     activations' dtype (`act_bytes`), the SSM or recurrent state at `mamba_ssm_cache_dtype` (or `mamba_ssm_dtype`)
     where the config sets it, else float32 for Nemotron-H (vLLM's default for it) and the activations' dtype for the
@@ -372,6 +402,8 @@ def hf_mixer_state(cfg: dict, hidden: int, heads: int, kv_heads: int, head_dim: 
     if isinstance(cfg.get("attn_type_list"), list) or (
             get("layer_group_size") and str(cfg.get("model_type", "")).startswith("bailing")):  # Ring-linear too
         return heads * head_dim * head_dim * act_bytes, "lightning"
+    if get("attention_chunk_size"):
+        return 2 * kv_heads * head_dim * get("attention_chunk_size") * act_bytes, "chunked-local"
     if get("sliding_window") and any(str(t) == "sliding_attention" for t in cfg.get("layer_types") or ()):
         return 2 * kv_heads * head_dim * get("sliding_window") * act_bytes, "sliding-window"
     return 0, ""
@@ -412,7 +444,10 @@ def hf_layer_counts(cfg: dict, layers: int, where: str, mixer: tuple[int, str] =
         out["attention_layers"] = att
         mixers = pattern.count("M") if pattern else layers - att  # Nemotron-H: its E and - layers have no mixer
         per_layer, kind = mixer
-        if per_layer:
+        if per_layer and kind in WINDOWED_MIXERS:  # softmax attention within a window: priced, no caveat
+            out.update(mixer_state_bytes=mixers * per_layer, mixer=kind,
+                       mixer_layers=mixers if mixers != layers - att else 0)
+        elif per_layer:
             out.update(mixer_state_bytes=mixers * per_layer, mixer=kind,
                        mixer_layers=mixers if mixers != layers - att else 0)
             said.append(f"{mixers} layers without full attention ({akeys}: {MIXERS[kind]}) whose mixer kernels are not "
@@ -534,18 +569,8 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
 
 def hf_attention_notes(cfg: dict, layers: int, where: str) -> None:
     """Say once (SpecWarning) which attention a config names that the spec counts as full attention over the context:
-    Llama-4's chunked local attention (`attention_chunk_size`: its RoPE layers attend within chunks, and vLLM keeps
-    only the current chunk's KV there) and DeepSeek's sparse attention (`index_topk`: an indexer picks the keys, and
-    keeps a key cache of its own)."""
+    DeepSeek's sparse attention (`index_topk`: an indexer picks the keys, and keeps a key cache of its own)."""
     said = []
-    chunk = cfg.get("attention_chunk_size")
-    if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0:
-        rope = cfg.get("no_rope_layers")  # Llama-4: 1 where a layer uses RoPE (and chunks), 0 where it is global
-        n = sum(1 for f in rope[:layers] if f) if isinstance(rope, list) and rope else \
-            layers - layers // max(1, int(cfg.get("no_rope_layer_interval") or 4))
-        said.append(f"{n} layers attend within chunks of {chunk} tokens (attention_chunk_size): their KV cache and "
-                    f"attention are counted over the whole context, so past {chunk} tokens a request's KV is "
-                    "over-counted")
     topk = cfg.get("index_topk")
     if isinstance(topk, int) and not isinstance(topk, bool) and topk > 0:
         said.append(f"sparse attention over the top {topk} keys an indexer picks (index_topk): attention is priced "

@@ -20,7 +20,7 @@ import dataclasses
 from typing import Any
 
 from kernel_gym.kernels.workloads import DecodeWorkload, MoEWorkload
-from kernel_gym.modelspec import BUILTIN_MODELS, ModelSpec
+from kernel_gym.modelspec import BUILTIN_MODELS, WINDOWED_MIXERS, ModelSpec
 
 
 def _spec(name: str, layers: int, hidden: int, heads: int, kv: int, head_dim: int, experts: int, top_k: int,
@@ -37,6 +37,10 @@ def _spec(name: str, layers: int, hidden: int, heads: int, kv: int, head_dim: in
 # attention (mixer_state_bytes: modelspec.hf_mixer_state on the config.json). gpt-oss stays one kind here: its
 # sliding-window layers run attention too (over 128 tokens), and the serving plans published for gpt-oss-20b were
 # priced so.
+# Llama-4's 36 RoPE layers attend within 8,192-token chunks (attention_chunk_size), its 12 NoPE layers (every 4th)
+# over the whole context; the chunk's K and V at 8 KV heads of 128 in bf16
+LLAMA4_CHUNKED: dict[str, Any] = {"attention_layers": 12, "mixer": "chunked-local",
+                                  "mixer_state_bytes": 36 * 8192 * 2 * 8 * 128 * 2}
 ZOO: dict[str, ModelSpec] = {
     "mixtral-8x7b": BUILTIN_MODELS["mixtral-8x7b"],
     "olmoe-1b-7b": BUILTIN_MODELS["olmoe-1b-7b"],
@@ -53,7 +57,8 @@ ZOO: dict[str, ModelSpec] = {
     "phi-3.5-moe": _spec("phi-3.5-moe", 32, 4096, 32, 8, 128, 16, 2, 6400),
     "gpt-oss-20b": _spec("gpt-oss-20b", 24, 2880, 64, 8, 64, 32, 4, 2880),
     "gpt-oss-120b": _spec("gpt-oss-120b", 36, 2880, 64, 8, 64, 128, 4, 2880),
-    "llama-4-scout": _spec("llama-4-scout", 48, 5120, 40, 8, 128, 16, 1, 8192, num_shared_experts=1),
+    "llama-4-scout": _spec("llama-4-scout", 48, 5120, 40, 8, 128, 16, 1, 8192, num_shared_experts=1,
+                           **LLAMA4_CHUNKED),
     "granite-3.0-3b-a800m": _spec("granite-3.0-3b-a800m", 32, 1536, 24, 8, 64, 40, 8, 512),
     "jetmoe-8b": _spec("jetmoe-8b", 24, 2048, 32, 16, 128, 8, 2, 5632),
     # FRESH_MODELS (below): added after the first zero-shot evaluation, never trained on or looked at before it ran
@@ -65,7 +70,7 @@ ZOO: dict[str, ModelSpec] = {
     # FAR_TEST_MODELS (below): chosen for their distance from the training shapes, never trained on or timed before
     # their evaluation
     "llama-4-maverick": _spec("llama-4-maverick", 48, 5120, 40, 8, 128, 128, 1, 8192, moe_layers=24,
-                              dense_intermediate=16384, num_shared_experts=1),
+                              dense_intermediate=16384, num_shared_experts=1, **LLAMA4_CHUNKED),
     "snowflake-arctic": _spec("snowflake-arctic", 35, 7168, 56, 8, 128, 128, 2, 4864, num_shared_experts=1,
                               shared_intermediate=7168),  # its residual MLP, a dense MLP every token passes
     "qwen3-next-80b-a3b": _spec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 512, 10, 512, attention_layers=12,
@@ -173,7 +178,7 @@ def tp_problem(spec: ModelSpec, tp: int) -> str:
 def shard(spec: ModelSpec, tp: int) -> ModelSpec:
     """The per-GPU shape of a model at tensor-parallel degree tp: experts' intermediate split tp ways (vLLM's N), query
     heads split, KV heads split down to one per GPU (replicated below that), dense-MLP layers' and shared experts'
-    widths split, and the mixer state (its heads or channels split; a sliding window's KV as the KV heads)."""
+    widths split, and the mixer state (its heads or channels split; a window's KV as the KV heads)."""
     if tp == 1:
         return spec
     why = tp_problem(spec, tp)
@@ -185,7 +190,7 @@ def shard(spec: ModelSpec, tp: int) -> ModelSpec:
                                dense_intermediate=spec.dense_intermediate // tp,
                                shared_intermediate=spec.shared_intermediate // tp,
                                mixer_state_bytes=spec.mixer_state_bytes * kv // spec.num_kv_heads
-                               if spec.mixer == "sliding-window" else spec.mixer_state_bytes // tp)
+                               if spec.mixer in WINDOWED_MIXERS else spec.mixer_state_bytes // tp)
 
 
 def zoo_shards(models: Any = None, tps: tuple[int, ...] = TP_DEGREES) -> list[ModelSpec]:

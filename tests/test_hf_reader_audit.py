@@ -113,6 +113,7 @@ MAMBA2_NANO = (64 * 64 + 2 * 8 * 128) * 3 * 2 + 64 * 64 * 128 * 4  # conv over x
 MAMBA2_TINY = (48 * 64 + 2 * 1 * 128) * 3 * 2 + 48 * 64 * 128 * 2  # Granite: SSM state at bf16 (no cache dtype set)
 LIGHTNING_RING = 16 * 128 * 128 * 2  # one 128 x 128 state per head
 WINDOW_OSS = 2 * 8 * 64 * 128 * 2  # K and V of 128 tokens, 8 KV heads of 64
+CHUNK_LLAMA4 = 2 * 8 * 128 * 8192 * 2  # K and V of an 8,192-token chunk, 8 KV heads of 128
 
 FIELDS = ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "num_experts", "top_k", "intermediate",
           "dtype_bytes", "num_shared_experts", "shared_width", "attention", "kv_lora_rank", "rope_head_dim",
@@ -137,8 +138,8 @@ CASES = [
      "kernels and state are not priced"),
     ("gpt-oss-120b", GPT_OSS_120B, (36, 2880, 64, 8, 64, 128, 4, 2880, 2, 0, 0, "gqa", 0, 0, 36, 18, 0, 18 * WINDOW_OSS,
                                     "sliding-window", 18), "mxfp4"),
-    ("llama-4-scout", LLAMA4_SCOUT, (48, 5120, 40, 8, 128, 16, 1, 8192, 2, 1, 8192, "gqa", 0, 0, 48, 48, 0, 0, "", 0),
-     "36 layers attend within chunks of 8192 tokens"),  # every 4th layer is global (NoPE)
+    ("llama-4-scout", LLAMA4_SCOUT, (48, 5120, 40, 8, 128, 16, 1, 8192, 2, 1, 8192, "gqa", 0, 0, 48, 12, 0,
+                                     36 * CHUNK_LLAMA4, "chunked-local", 36), ""),  # every 4th layer global (NoPE)
     ("qwen3-30b-a3b", QWEN3_30B, (48, 2048, 32, 4, 128, 128, 8, 768, 2, 0, 0, "gqa", 0, 0, 48, 48, 0, 0, "", 0), ""),
     ("qwen3-235b-a22b", QWEN3_235B, (94, 4096, 64, 4, 128, 128, 8, 1536, 2, 0, 0, "gqa", 0, 0, 94, 94, 0, 0, "", 0),
      ""),

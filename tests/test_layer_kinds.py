@@ -31,7 +31,8 @@ MAVERICK = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "
             "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
                             "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
                             "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 128,
-                            "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "torch_dtype": "bfloat16"}}
+                            "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "torch_dtype": "bfloat16",
+                            "attention_chunk_size": 8192}}
 SMALL = ModelSpec("small", num_layers=4, hidden=256, num_heads=4, num_kv_heads=2, head_dim=64, num_experts=4, top_k=2,
                   intermediate=512)
 

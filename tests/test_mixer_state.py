@@ -70,7 +70,8 @@ def test_each_mixer_family_is_sized_as_the_engines_size_its_state():
     bf16, _ = _read({**NEMOTRON_H, "mamba_ssm_cache_dtype": "bfloat16"})  # the config's own cache dtype wins
     assert bf16.mixer_state_bytes == 4 * ((inner + 2 * 8 * 128) * 3 + inner * 128) * 2
     oss, said = _read(GPT_OSS)  # sliding window: 128 tokens of K and V in the 2 sliding layers
-    assert oss.mixer_state_bytes == 2 * 2 * 8 * 64 * 128 * 2 and "sliding-window" in said[0]
+    assert oss.mixer_state_bytes == 2 * 2 * 8 * 64 * 128 * 2 and oss.window_tokens == 128
+    assert not said  # a window's attention is priced and its KV held: nothing to caveat
     assert [(m.mixer, m.mixer_layers) for m in (qwen, nemo, oss)] == [("gated-deltanet", 0), ("mamba2", 4),
                                                                       ("sliding-window", 0)]
     assert nemo.mixer_page_bytes == nemo.mixer_state_bytes // 4  # its 'E' and '*' layers hold none
@@ -109,7 +110,7 @@ def test_running_requests_hold_their_state_in_the_pool_and_return_every_page():
     assert res.steps[:, running].max() < base.steps[:, running].max()  # fewer requests fit beside their state
     assert res.summary["preemptions"] > 0  # the pool was meant to be tight enough to preempt
     assert np.array_equal(res.generated_tokens, base.generated_tokens)
-    assert s.free_pages == s.num_pages and not s.holds_state.any()  # every page returned, the state's too
+    assert s.free_pages == s.num_pages and not s.state_held.any()  # every page returned, the state's too
 
 
 def test_a_step_reads_and_writes_each_sequences_state():
@@ -138,14 +139,15 @@ def test_a_layout_switch_mid_run_re_pages_the_state_and_loses_no_page():
     s = Simulator(model, small_trace(300, rate=200.0), AnalyticTimer(), chooser(), UniformRouting(4, 2),
                   gpu_memory_bytes=mem_for_tokens(model, 8000), max_num_batched_tokens=512)
     s.run_until(0.5)
-    holding = int(s.holds_state.sum())
-    assert holding > 0 and s.state_pages == 7  # 100 tokens on 16-token pages
+    holding = int(np.count_nonzero(s.state_held))
+    assert holding > 0 and s.state_pages == 7 and set(s.state_held[s.state_held > 0]) == {7}  # 100 tokens, 16 a page
     s.set_kv_layout(64, "NHD")
-    assert s.state_pages == 2 and int(s.holds_state.sum()) <= holding
+    assert s.state_pages == 2 and np.count_nonzero(s.state_held) <= holding
     running = s._running()
-    assert s.free_pages == s.num_pages - int(s.pages[running].sum()) - 2 * int(s.holds_state[running].sum())
+    assert set(s.state_held[running]) == {2}
+    assert s.free_pages == s.num_pages - int(s.pages[running].sum()) - int(s.state_held[running].sum())
     s.run()
-    assert s.free_pages == s.num_pages and not s.holds_state.any()
+    assert s.free_pages == s.num_pages and not s.state_held.any()
 
 
 def test_a_policy_stored_before_the_state_was_read_still_matches_its_model():

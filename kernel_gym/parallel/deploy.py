@@ -41,6 +41,7 @@ import numpy as np
 
 from kernel_gym.measure import resolve_backend
 from kernel_gym.measure.coverage import cover
+from kernel_gym.modelspec import WINDOWED_MIXERS
 from kernel_gym.parallel.collectives import resolve_table
 from kernel_gym.parallel.layout import Layout, attention_spec, gpu_weight_bytes, layouts_for, why_invalid
 from kernel_gym.parallel.step_time import ParallelSimulator, StepPricer, goodput
@@ -244,8 +245,8 @@ def engine_block_tokens(spec: Any, dep: Deployment) -> int:
 
 
 def _recurrent_state(spec: Any) -> bool:
-    """A fixed-size state per request in layers without full attention, not a sliding window's KV."""
-    return bool(spec.mixer_state_bytes and spec.n_mixer_layers and spec.mixer != "sliding-window")
+    """A fixed-size state per request in layers without full attention, not a window's KV (WINDOWED_MIXERS)."""
+    return bool(spec.mixer_state_bytes and spec.n_mixer_layers and spec.mixer not in WINDOWED_MIXERS)
 
 
 def state_slots_per_request(spec: Any) -> int:

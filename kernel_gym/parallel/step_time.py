@@ -164,20 +164,22 @@ class StepPricer:
         self._priced[key] = best
         return best
 
-    def _book(self, part: str, seconds: float, estimated: bool) -> float:
-        self.seconds[part] += seconds
+    def _book(self, part: str, seconds: float, estimated: bool, weight: float = 1.0) -> float:
+        """Count `seconds` of one call per layer of its part; `weight`: the call's layers over the part's (a windowed
+        layer's attention call: ModelSpec.n_mixer_layers / n_attention_layers)."""
+        self.seconds[part] += seconds * weight
         if estimated:
-            self.estimated[part] += seconds
+            self.estimated[part] += seconds * weight
         return seconds
 
-    def prefill_s(self, seq_lens: tuple[int, ...], kv: KVLayout) -> tuple[Config, float]:
+    def prefill_s(self, seq_lens: tuple[int, ...], kv: KVLayout, weight: float = 1.0) -> tuple[Config, float]:
         c, t, est = self.price("prefill_attention", prefill_shard(self.spec, self.layout, seq_lens, self.dtype))
-        return c, self._book("prefill_attention", t, est)
+        return c, self._book("prefill_attention", t, est, weight)
 
-    def decode_s(self, batch: int, context_len: int, kv: KVLayout) -> tuple[Config, float]:
+    def decode_s(self, batch: int, context_len: int, kv: KVLayout, weight: float = 1.0) -> tuple[Config, float]:
         wl = decode_shard(self.spec, self.layout, batch, context_len, self.dtype)
         c, t, est = self.price("decode_attention", wl, kv)
-        return c, self._book("decode_attention", t, est)
+        return c, self._book("decode_attention", t, est, weight)
 
     def moe_s(self, num_tokens: int, skew: float, slot_counts: np.ndarray | None,
               graphed: bool = True) -> tuple[Config | None, float]:
@@ -317,12 +319,13 @@ class ParallelSimulator(Simulator):
 
     def _kernel_s(self, kernel: str, key: tuple, stall: list) -> float:
         p = self.pricer
+        weight = self.call_layers / self.spec.n_attention_layers  # a windowed layer's call is booked per its layers
         if kernel == "prefill_attention":
-            cfg, t = p.prefill_s(key[1], self.kv_layout)
+            cfg, t = p.prefill_s(key[1], self.kv_layout, weight)
             self._step_prefill = True
             self._step_layer_s += t
         elif kernel == "decode_attention":
-            cfg, t = p.decode_s(key[1], key[2], self.kv_layout)
+            cfg, t = p.decode_s(key[1], key[2], self.kv_layout, weight)
             self._step_layer_s += t
         else:  # the step's last call: it decides whether the step ran inside a CUDA graph
             tokens = key[1]

@@ -370,7 +370,7 @@ class Simulator:
         self.kv = np.zeros(n, np.int64)
         self.target = self.prompt.copy()  # tokens to prefill before the next token is emitted
         self.pages = np.zeros(n, np.int64)
-        self.holds_state = np.zeros(n, bool)  # a running request's mixer state occupies state_pages (ModelSpec)
+        self.state_held = np.zeros(n, np.int64)  # pages a running request's mixer state holds (_state_need)
         self.first_tok = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.preempts = np.zeros(n, np.int64)
@@ -381,6 +381,8 @@ class Simulator:
         if isinstance(kv_block_tokens, bool) or not isinstance(kv_block_tokens, int) or kv_block_tokens < 0:
             raise ValueError(f"kv_block_tokens must be an integer >= 0 (0: the kernel's page), got {kv_block_tokens!r}")
         self.kv_block_tokens = kv_block_tokens
+        self.window = int(getattr(model, "window_tokens", 0) or 0)  # a windowed mixer's window or chunk (ModelSpec)
+        self.window_chunked = getattr(model, "mixer", "") == "chunked-local"
         self._init_prefix_cache(requests if prefix_caching else None, self._block(kv_layout.page_size))
         self._set_pool(kv_layout.page_size)
         why = self._why_too_long(kv_layout.page_size, np.ones(n, bool))
@@ -436,6 +438,8 @@ class Simulator:
         self.stall_total = 0.0
         self.num_preemptions = 0
         self.state_ranks = 1  # data-parallel ranks the step's sequences (and their mixer state) spread over
+        self.call_layers = model.n_attention_layers  # layers the attention call being priced runs in
+        self.window_call = False  # ... and whether they are the windowed layers (_window_attention_s)
 
     # ---- pool and layout ----
 
@@ -448,8 +452,27 @@ class Simulator:
         vLLM's hybrid allocator holds the state beside the KV cache; 0 state blocks for a model whose every layer is
         attention, or whose state has a pool of its own (state_pool_share)."""
         page_bytes = self._block(page_size) * self.model.kv_bytes_per_token
-        state = 0 if self.state_slots else int(getattr(self.model, "mixer_state_bytes", 0))
+        state = 0 if self.state_slots or self.window else int(getattr(self.model, "mixer_state_bytes", 0))
         return int(self.pool_bytes // page_bytes), -(-state // page_bytes)
+
+    def _window_skipped(self, computed: Any) -> Any:
+        """Tokens before the window of the token after `computed` ones (vLLM's get_num_skipped_tokens): their blocks
+        are freed in the windowed layers. Chunked local attention: the earlier chunks; a sliding window: all but the
+        last window - 1."""
+        w = self.window
+        return computed // w * w if self.window_chunked else np.maximum(0, computed - (w - 1))
+
+    def _state_need(self, computed: Any, upto: Any, block: int = 0) -> Any:
+        """Pages of mixer state a request holds while it computes tokens computed..upto (arrays or ints): a recurrent
+        state's state_pages from its first token; a windowed mixer's KV in whole blocks from the window's first
+        token to `upto`, in the windowed layers (their bytes per token over the attention layers' per page), as vLLM's
+        hybrid allocator holds each layer group's blocks. `block`: the allocation block (default the one in force)."""
+        if not self.window:
+            return np.where(np.asarray(upto) > 0, self.state_pages, 0)
+        ps = block or self.page_size
+        blocks = -(-np.asarray(upto) // ps) - self._window_skipped(np.asarray(computed)) // ps
+        per_token = self.model.mixer_state_bytes // self.window
+        return -(-np.maximum(blocks, 0) * per_token // self.model.kv_bytes_per_token)
 
     def _why_too_long(self, page_size: int, which: np.ndarray) -> str:
         """'' when each of the `which` requests fits the pool at `page_size` beside its mixer state, else why not (a
@@ -457,11 +480,14 @@ class Simulator:
         pages, state = self._pool_pages(page_size)
         need = np.where(which, self.prompt + self.out, 0)
         page_size = self._block(page_size)
+        if self.window and need.size and int(need.max()) > 0:  # the window's blocks beside the longest one's last token
+            state = int(self._state_need(int(need.max()) - 1, int(need.max()), page_size))
         room = (pages - state) * page_size
         if not need.size or int(need.max()) <= room:
             return ""
         i = int(np.argmax(need))
-        where = f"beside its mixer state ({self.model.mixer_state_bytes / 2**20:.1f} MiB a request)" if state else ""
+        state_mib = state * page_size * self.model.kv_bytes_per_token / 2**20
+        where = f"beside its mixer state ({state_mib:.1f} MiB a request)" if state else ""
         return (f"request {i} needs {int(need[i])} tokens of KV cache but the pool holds {max(room, 0)} at "
                 f"{page_size}-token pages {where}").rstrip()
 
@@ -589,9 +615,9 @@ class Simulator:
         cached until evicted)."""
         if self.hashes is not None:
             self._drop_shared(rid)
-        self.free_pages += int(self.pages[rid]) + self.state_pages * bool(self.holds_state[rid])
+        self.free_pages += int(self.pages[rid]) + int(self.state_held[rid])
         self.pages[rid] = 0
-        self.holds_state[rid] = False
+        self.state_held[rid] = 0
 
     def _running(self) -> np.ndarray:
         return np.concatenate([self.dec, np.asarray(self.pref, dtype=np.int64)])
@@ -616,8 +642,9 @@ class Simulator:
         ps = self.page_size
         self.pages[running] = -(-(self.kv[running] - self.base[running]) // ps)
         self.cache_pages = len(self.refs) * (self.block_tokens // ps) if self.block_tokens else 0
+        self.state_held[running] = self._state_need(self.kv[running], self.kv[running])
         self.free_pages = self.num_pages - int(self.pages[running].sum()) - self.cache_pages \
-            - self.state_pages * int(self.holds_state[running].sum())
+            - int(self.state_held[running].sum())
         self._evict(0)
         while self.free_pages < 0:
             self._preempt(self._latest_running())
@@ -679,11 +706,12 @@ class Simulator:
             c = COMPILE_S_DEFAULT if self.compile_fn is None else float(self.compile_fn(kernel, cfg))
             stall.append((c, f"compile {kernel} {cfg}"))
         self.configs_used.setdefault(kernel, Counter())[cfg] += 1
-        last = self._last_cfg.get(kernel)
+        slot = self._slot(kernel)
+        last = self._last_cfg.get(slot)
         if last is not cfg and last != cfg:
             if last is not None:
                 self.switch_log.append((self.clock, kernel, str(last), str(cfg)))
-            self._last_cfg[kernel] = cfg
+            self._last_cfg[slot] = cfg
         mk = (key, cfg)
         t = self._memo.get(mk)
         if t is None:
@@ -718,18 +746,18 @@ class Simulator:
                 if wl is not None and SPACE.is_valid(choice, wl):
                     waves = self._waves_s(choice, contexts, untimed=True)
                     if waves is not None:
-                        self.decode_waves_s += (waves - t) * self.model.n_attention_layers
-                        self.decode_waves_untimed_s += waves * self.model.n_attention_layers
+                        self.decode_waves_s += (waves - t) * self.call_layers
+                        self.decode_waves_untimed_s += waves * self.call_layers
                         self.decode_waves_steps += 1
                         return waves
             return t  # a fallback stands in for an untimed choice: its own longest-sequence time says nothing of it
-        cfg = self._last_cfg.get("decode_attention")
+        cfg = self._last_cfg.get(self._slot("decode_attention"))
         if cfg is None:  # a subclass that prices kernels its own way (parallel.ParallelSimulator's pricer)
             return t
         if waves_on:
             waves = self._waves_s(cfg, contexts)
             if waves is not None:
-                self.decode_waves_s += (waves - t) * self.model.n_attention_layers
+                self.decode_waves_s += (waves - t) * self.call_layers
                 self.decode_waves_steps += 1
                 return waves
         if batch == 1 or max_ctx is None or max_ctx <= 1.5 * mean_ctx:  # within the rows' own spread
@@ -743,7 +771,7 @@ class Simulator:
                 longest = 0.0  # the data cannot time the config alone at that context: the mean's time stands
             self._memo[mk] = longest
         if longest > t:
-            self.decode_longest_s += (longest - t) * self.model.n_attention_layers
+            self.decode_longest_s += (longest - t) * self.call_layers
             return longest
         return t
 
@@ -824,13 +852,13 @@ class Simulator:
             key = ("prefix_prefill", tuple(c for c, _ in pairs), tuple(o for _, o in pairs))
             if self.chunk_mode == "prefix" or self._prefix_answered(key):
                 t = self._kernel_s("prefix_prefill", key, stall)
-                self.chunk_measured_s += t * self.model.n_attention_layers
+                self.chunk_measured_s += t * self.call_layers
                 return t
         lens = tuple(sorted((chunk_equivalent_len(c, o) for _, c, o in chunks), reverse=True))
         key = ("prefill_attention", lens)
         t = self._kernel_s("prefill_attention", key, stall)
         if any(o > 0 for _, _, o in chunks):
-            self.chunk_estimated_s += t * self.model.n_attention_layers
+            self.chunk_estimated_s += t * self.call_layers
             standin = getattr(self.chooser, "standin", None)  # a chooser that sums estimated time (replay's guard)
             if callable(standin):
                 standin("prefill_attention", self._workload(key), self.kv_layout)
@@ -879,6 +907,7 @@ class Simulator:
             kernel_s += self._chunks_s(chunks, stall)
         if batch:
             kernel_s += self._decode_s(batch, mean_ctx, max_ctx, stall, contexts)
+        window_s = self._window_attention_s(chunks, batch, contexts, stall) if self.window else 0.0
         shares = self.routing.load_shares(self.clock)
         if shares is not self._route_shares:
             self._route_shares = shares
@@ -891,11 +920,47 @@ class Simulator:
             dense = dense_step_s(self.model, num_tokens, n_logits, self.vocab)
             self._dense_memo[dk] = dense
         m = self.model
-        if getattr(m, "mixer_state_bytes", 0):  # every sequence in the step reads and writes its mixer state
+        if getattr(m, "mixer_state_bytes", 0) and not self.window:  # each sequence reads and writes its state
             dense += 2.0 * m.mixer_state_bytes * -(-(batch + len(chunks)) // self.state_ranks) / COPY_BW
         if m.uniform_layers:  # every layer attention + MoE: one sum x layers, as it always was
             return (kernel_s + moe_s) * m.num_layers, dense
-        return kernel_s * m.n_attention_layers + moe_s * m.n_moe_layers, dense
+        return kernel_s * m.n_attention_layers + window_s * m.n_mixer_layers + moe_s * m.n_moe_layers, dense
+
+    def _slot(self, kernel: str) -> str:
+        """Where the last config of `kernel`'s calls is kept: a windowed layer's calls apart from the full layers', so
+        that the two kinds of layer taking turns is not counted as config switches."""
+        return kernel + "@window" if self.window_call else kernel
+
+    def _window_attention_s(self, chunks: list[tuple[int, int, int]], batch: int, contexts: Any,
+                            stall: list) -> float:
+        """Seconds per windowed layer (ModelSpec.window_tokens) of the step's attention: the same kernels as the full
+        layers', over the keys each query sees there. A decode attends to the tokens from its window's start; a chunk
+        is priced as the chunk over the prefix with as many (query, key) pairs (_window_chunk), a chunk longer than
+        a sliding window as the fresh sequence with as many."""
+        m = self.model
+        self.call_layers, self.window_call = m.n_mixer_layers, True
+        try:
+            t = 0.0
+            if chunks:
+                t += self._chunks_s([(rid, *self._window_chunk(c, o)) for rid, c, o in chunks], stall)
+            if batch and contexts is not None:
+                ctx = np.asarray(contexts, np.int64)
+                ctx = ctx - self._window_skipped(ctx - 1)  # keys from the window's start to the new token
+                t += self._decode_s(batch, float(ctx.mean()), float(ctx.max()), stall, ctx)
+            return t
+        finally:
+            self.call_layers, self.window_call = m.n_attention_layers, False
+
+    def _window_chunk(self, chunk: int, offset: int) -> tuple[int, int]:
+        """(chunk, prefix) with the (query, key) pairs of `chunk` queries from position `offset` in a windowed layer,
+        each query seeing the keys from its window's start: the prefix that gives the chunk as many pairs, or, where
+        even no prefix gives more (a chunk longer than a sliding window), the fresh sequence with as many."""
+        pos = np.arange(offset, offset + chunk, dtype=np.int64)
+        pairs = int((pos + 1 - self._window_skipped(pos)).sum())
+        causal = chunk * (chunk + 1) // 2
+        if pairs >= causal:
+            return chunk, int(round((pairs - causal) / chunk))
+        return round_up16((math.sqrt(1 + 8 * pairs) - 1) / 2), 0
 
     def step(self) -> bool:
         """Run one engine step (or jump over an idle gap). False when everything is served."""
@@ -909,20 +974,19 @@ class Simulator:
             self.clock = float(arrival[self._next])
             return True
 
-        ps = self.page_size
         kv, pages = self.kv, self.pages
         # decode: every running decode request writes one token; a request whose KV ends on a page boundary needs a page
         if self.dec.size:
-            need = kv[self.dec] % ps == 0
-            demand = int(np.count_nonzero(need))
+            need, state, demand = self._decode_demand()
             if demand > self.free_pages and self.lru:
                 self._evict(demand)
             while demand > self.free_pages:
                 self._preempt(self._latest_running())
-                need = kv[self.dec] % ps == 0
-                demand = int(np.count_nonzero(need))
+                need, state, demand = self._decode_demand()
             self.free_pages -= demand
             pages[self.dec[need]] += 1
+            if self.window:
+                self.state_held[self.dec] = state
         dec = self.dec
         batch = int(dec.size)
         budget = self.max_tokens - batch
@@ -1004,10 +1068,9 @@ class Simulator:
                     for rid in done_ids.tolist():
                         self._release(rid)
                 else:
-                    self.free_pages += int(pages[done_ids].sum()) + self.state_pages * int(
-                        self.holds_state[done_ids].sum())
+                    self.free_pages += int(pages[done_ids].sum()) + int(self.state_held[done_ids].sum())
                     pages[done_ids] = 0
-                    self.holds_state[done_ids] = False
+                    self.state_held[done_ids] = 0
                 self.dec = dec[~fin]
         new_dec = []
         for rid, c, _o in chunks:
@@ -1053,7 +1116,8 @@ class Simulator:
         ps = self.page_size
         have = int(self.pages[rid])
         own = int(self.kv[rid] - self.base[rid])  # tokens in the request's own pages (past its shared blocks)
-        state = 0 if self.holds_state[rid] else self.state_pages  # its mixer state, on its first chunk
+        kv = int(self.kv[rid])
+        state = int(self._state_need(kv, kv + want)) - int(self.state_held[rid])  # the state's growth, if any
         if self.lru:
             self._evict(-(-(own + want) // ps) - have + state)
         room = (have + self.free_pages - state) * ps - own
@@ -1061,10 +1125,21 @@ class Simulator:
         if c <= 0:
             return 0
         need = -(-(own + c) // ps) - have
+        held = int(self._state_need(kv, kv + c))  # no more than for the whole `want` (the window grows with it)
         self.pages[rid] = have + need
-        self.free_pages -= need + state
-        self.holds_state[rid] = self.state_pages > 0
+        self.free_pages -= need + held - int(self.state_held[rid])
+        self.state_held[rid] = held
         return c
+
+    def _decode_demand(self) -> tuple[np.ndarray, Any, int]:
+        """(decodes whose token starts a new page, their mixer state's pages after the token, pages the step takes
+        net): a windowed mixer's blocks grow with the token and fall as its window moves past a block."""
+        kv = self.kv[self.dec]
+        need = kv % self.page_size == 0
+        if not self.window:
+            return need, None, int(np.count_nonzero(need))
+        state = self._state_need(kv, kv + 1)
+        return need, state, int(np.count_nonzero(need)) + int((state - self.state_held[self.dec]).sum())
 
     # ---- driving ----
 
