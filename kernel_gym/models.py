@@ -74,7 +74,7 @@ def spec_caveats(spec: ModelSpec) -> list[str]:
     if spec.window_tokens:
         out.append(f"{spec.n_mixer_layers} of {spec.name}'s {spec.num_layers} layers run {MIXERS[spec.mixer]} over "
                    f"{spec.window_tokens} tokens: priced with the attention kernels over the keys each query sees, "
-                   "their KV held as vLLM's hybrid allocator holds it (SGLang's separate window pool is not modelled)")
+                   "their KV held from each window's start, in vLLM's shared pool or SGLang's window pool")
     elif spec.n_attention_layers < spec.num_layers:
         state = (f"their state ({spec.mixer_state_bytes / 2**20:.1f} MiB per request) is held in the KV pool and read "
                  "each step, their mixer kernels are not priced" if spec.mixer_state_bytes else

@@ -108,3 +108,33 @@ def test_the_engines_keep_their_kv_block_and_pool_for_a_window():
                      graph_max=512)
     assert engine_block_tokens(ZOO["llama-4-scout"], dep) == 16  # no recurrent state to align the block to
     assert state_pool_share(ZOO["llama-4-scout"], dataclasses.replace(dep, engine="sglang", version="")) == 0.0
+
+
+def test_sglangs_window_pool_holds_the_windows_apart_and_both_pools_bind():
+    model = windowed("chunked-local", 64)
+    s = _sim(model, pool_tokens=24000, max_num_batched_tokens=512, window_pool_ratio=0.8)
+    # the memory splits so that the window's pool holds 0.8 of the full pool's tokens
+    assert s.window_blocks == pytest.approx(0.8 * s.num_pages, abs=2)
+    assert int(s._state_need(63, 64)) == 4  # blocks of its own pool, not pages of the full one
+    low = 0
+    while s.step():
+        low = min(low, s.free_window, s.free_pages)
+    assert low >= 0  # neither pool was ever overdrawn
+    assert s.free_pages == s.num_pages and s.free_window == s.window_blocks and not s.state_held.any()
+    shared = _sim(model, pool_tokens=24000, max_num_batched_tokens=512)
+    assert shared.run().summary["preemptions"] <= s.result().summary["preemptions"]
+    with pytest.raises(ValueError, match="window_pool_ratio must be in"):
+        _sim(model, window_pool_ratio=1.5)
+
+
+def test_sglang_splits_the_kv_memory_for_a_window_and_vllm_shares_it():
+    from kernel_gym.parallel.deploy import kv_tokens_per_rank, window_pool_ratio
+
+    vllm = Deployment("vllm", replicas=1, tp=8, ep=1, block_size=16, max_batched_tokens=8192, max_seqs=256,
+                      graph_max=512)
+    sglang = dataclasses.replace(vllm, engine="sglang", version="")
+    scout = ZOO["llama-4-scout"]
+    assert (window_pool_ratio(scout, vllm), window_pool_ratio(scout, sglang)) == (0.0, 0.8)
+    assert window_pool_ratio(ZOO["mixtral-8x7b"], sglang) == 0.0
+    # SGLang's full pool shares the memory with 0.8 tokens of the 36 windowed layers per token: fewer full tokens
+    assert 0 < kv_tokens_per_rank(scout, sglang) < kv_tokens_per_rank(scout, vllm)

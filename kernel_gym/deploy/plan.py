@@ -489,9 +489,11 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     from kernel_gym.evaluate.replay import routing_profile
     from kernel_gym.evaluate.replay_report import json_safe, live_check_line
     from kernel_gym.models import kernel_spec, load_model, spec_caveats
+    from kernel_gym.modelspec import MIXERS
     from kernel_gym.parallel.deploy import (
         MAX_MODEL_LEN,
         SGLANG_MAMBA_FULL_MEMORY_RATIO,
+        SGLANG_SWA_FULL_TOKENS_RATIO,
         launch_commands,
         split_engine,
         state_slots_per_request,
@@ -620,6 +622,12 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
               f"{ratio / (1 + ratio):.0%} of the memory after weights) holds {p['state_slots']} states, "
               f"{state_slots_per_request(spec)} per running request: at most "
               f"{p['state_running_cap']} run at once per replica; the KV cache has the rest of the memory")
+    if engine_name == "sglang" and spec.window_tokens:
+        ratio = SGLANG_SWA_FULL_TOKENS_RATIO
+        print(f"  {MIXERS[spec.mixer]} KV: SGLang's own pool (--swa-full-tokens-ratio {ratio:g}: {ratio:g} of its "
+              "tokens per token of the full layers' pool); a request holds "
+              + (f"its current chunk there (at most {spec.window_tokens} tokens)" if spec.mixer == "chunked-local"
+                 else f"its last {spec.window_tokens} tokens there"))
     print(f"  kernel configs: {', '.join(f['file'] for f in best['kernel_config_files'])}")
     for how in dict.fromkeys(f["write_with"] for f in best["kernel_config_files"] if f.get("write_with")):
         print(f"    write them with: {how}")

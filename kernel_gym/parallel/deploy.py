@@ -75,6 +75,10 @@ SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9
 # _MAMBA_EXTRA_BUFFER_ARCHS, Qwen3-Next / 3.5, Kimi-Linear, Nemotron-H, Granite-4.0-H; keyed here by ModelSpec.mixer)
 SGLANG_MAMBA_SLOTS_PER_REQUEST = 3
 SGLANG_EXTRA_BUFFER_SLOTS = {"gated-deltanet": 2, "mamba2": 2}
+# SGLang 0.5.23's --swa-full-tokens-ratio default (arg_groups/fields/schedule.py, fallback 0.8): a model with sliding
+# or chunked local attention layers (model_config.is_hybrid_swa_model: Llama-4, gpt-oss) holds their KV in a pool of
+# its own with this many tokens per token of the full-attention layers' pool (model_executor/pool_configurator.py)
+SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
 
 
 @dataclass(frozen=True, order=True)
@@ -263,15 +267,27 @@ def state_pool_share(spec: Any, dep: Deployment) -> float:
     return SGLANG_MAMBA_FULL_MEMORY_RATIO / (1.0 + SGLANG_MAMBA_FULL_MEMORY_RATIO)
 
 
+def window_pool_ratio(spec: Any, dep: Deployment) -> float:
+    """Tokens of a windowed mixer's own KV pool per token of the full layers' (SGLang's hybrid SWA pool,
+    SGLANG_SWA_FULL_TOKENS_RATIO); 0 where one pool holds both (vLLM's hybrid allocator) or there is no window."""
+    return SGLANG_SWA_FULL_TOKENS_RATIO if dep.engine == "sglang" and spec.window_tokens else 0.0
+
+
 def kv_tokens_per_rank(spec: Any, dep: Deployment) -> int:
     """Tokens of KV cache one data-parallel rank holds for one request (a request lives on one rank), beside that
     request's mixer state (ModelSpec.mixer_state_bytes), both in whole blocks (engine_block_tokens); where the state
-    has a pool of its own (SGLang: state_pool_share), the KV pool's share, and 0 where that pool holds no state."""
+    has a pool of its own (SGLang: state_pool_share), the KV pool's share, and 0 where that pool holds no state; where
+    a window's KV has one (SGLang: window_pool_ratio), the full layers' share, and 0 where the window's does not hold
+    one window."""
     per_gpu = attention_spec(spec, dep.layout)
     block = engine_block_tokens(spec, dep)
     block_bytes = block * per_gpu.kv_bytes_per_token
     free = max(0.0, gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout))
-    share = state_pool_share(spec, dep)
+    share, ratio = state_pool_share(spec, dep), window_pool_ratio(spec, dep)
+    if ratio:  # the window's KV has a pool of its own, ratio x as many tokens as the full layers', holding one window
+        window_bytes = per_gpu.mixer_state_bytes / per_gpu.window_tokens
+        tokens = free / (per_gpu.kv_bytes_per_token + ratio * window_bytes)
+        return int(tokens // block) * block if ratio * tokens >= per_gpu.window_tokens + block else 0
     if share:  # the state has a pool of its own, which must hold one request's slots
         slots = state_slots_per_request(spec) * per_gpu.mixer_state_bytes
         return int(free * (1.0 - share) // block_bytes) * block if free * share >= slots else 0
@@ -414,6 +430,7 @@ class DeploymentPricer:
             kv_layout=KVLayout(page, "NHD"), kv_block_tokens=engine_block_tokens(self.spec, dep),
             state_pool_share=state_pool_share(self.spec, dep),
             state_slots_per_request=state_slots_per_request(self.spec),
+            window_pool_ratio=window_pool_ratio(self.spec, dep),
             max_num_batched_tokens=dep.max_batched_tokens, max_num_seqs=dep.max_seqs)
         res = sim.run()
         self.evaluations += 1

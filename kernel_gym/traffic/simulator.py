@@ -274,6 +274,9 @@ class Simulator:
     state_pool_share: the share of the pool a separate pool for the mixer state takes (SGLang's mamba pool); the state
     then takes no KV pages, and the pool's slots, state_slots_per_request per running request, cap the running
     requests. 0: the state is held in the KV pool (vLLM's hybrid allocator).
+    window_pool_ratio: a windowed mixer's KV (ModelSpec.window_tokens) in a pool of its own holding this many tokens
+    per token of the full-attention layers' pool (SGLang's hybrid SWA pool, --swa-full-tokens-ratio); a request needs
+    room in both. 0: one pool for both (vLLM's hybrid allocator).
     step_overheads: the fixed host cost per kind of step (STEP_KINDS: {"graph": s, "piecewise": s, "eager": s}), for
     an engine whose launches cost differently by how the step runs; a kind left out costs step_overhead_s.
     decode_waves: price a decode batch from its own contexts, as its programs fill the GPU (traffic.decode_waves,
@@ -307,6 +310,7 @@ class Simulator:
         kv_block_tokens: int = 0,
         state_pool_share: float = 0.0,
         state_slots_per_request: int = 1,
+        window_pool_ratio: float = 0.0,
     ) -> None:
         if chunk_attention not in CHUNK_ATTENTION_MODES:
             raise ValueError(f"chunk_attention {chunk_attention!r} is not one of {CHUNK_ATTENTION_MODES}")
@@ -383,13 +387,23 @@ class Simulator:
         self.kv_block_tokens = kv_block_tokens
         self.window = int(getattr(model, "window_tokens", 0) or 0)  # a windowed mixer's window or chunk (ModelSpec)
         self.window_chunked = getattr(model, "mixer", "") == "chunked-local"
+        if not 0.0 <= float(window_pool_ratio) <= 1.0:
+            raise ValueError(f"window_pool_ratio must be in [0, 1] (SGLang's --swa-full-tokens-ratio), got "
+                             f"{window_pool_ratio!r}")
+        self.window_pool_ratio = float(window_pool_ratio)
+        self.window_pool_bytes = 0.0  # the windowed layers' own pool (window_pool_ratio), in blocks: window_blocks
+        if window_pool_ratio and self.window:
+            w = model.mixer_state_bytes / self.window * float(window_pool_ratio)
+            self.window_pool_bytes = self.pool_bytes * w / (model.kv_bytes_per_token + w)
+            self.pool_bytes -= self.window_pool_bytes
+        self.window_blocks = self.free_window = 0
         self._init_prefix_cache(requests if prefix_caching else None, self._block(kv_layout.page_size))
         self._set_pool(kv_layout.page_size)
         why = self._why_too_long(kv_layout.page_size, np.ones(n, bool))
         if why:
             raise ValueError(f"{why} ({model.name} on {gpu_memory_bytes / 1e9:.0f} GB); drop requests that long from "
                              "the trace or use a GPU with more memory")
-        self.free_pages = self.num_pages
+        self.free_pages, self.free_window = self.num_pages, self.window_blocks
 
         self.clock = 0.0 if n == 0 else min(0.0, float(self.arrival[0]))
         self._next = 0  # next request not yet arrived
@@ -470,9 +484,31 @@ class Simulator:
         if not self.window:
             return np.where(np.asarray(upto) > 0, self.state_pages, 0)
         ps = block or self.page_size
-        blocks = -(-np.asarray(upto) // ps) - self._window_skipped(np.asarray(computed)) // ps
+        blocks = np.maximum(-(-np.asarray(upto) // ps) - self._window_skipped(np.asarray(computed)) // ps, 0)
+        if self.window_pool_bytes:  # blocks of the window's own pool
+            return blocks
         per_token = self.model.mixer_state_bytes // self.window
-        return -(-np.maximum(blocks, 0) * per_token // self.model.kv_bytes_per_token)
+        return -(-blocks * per_token // self.model.kv_bytes_per_token)
+
+    def _window_pool_blocks(self, block: int) -> int:
+        """Blocks of `block` tokens the windowed layers' own pool holds (window_pool_ratio; 0 without one)."""
+        if not self.window_pool_bytes:
+            return 0
+        return int(self.window_pool_bytes // (block * (self.model.mixer_state_bytes // self.window)))
+
+    def _fits(self, full: int, state: int) -> bool:
+        """Whether `full` more KV pages and `state` more pages (or window blocks) of mixer state are free."""
+        if self.window_pool_bytes:
+            return full <= self.free_pages and state <= self.free_window
+        return full + state <= self.free_pages
+
+    def _take(self, full: int, state: int) -> None:
+        """Allocate (or, negative, free) `full` KV pages and `state` of mixer state, from the pool that holds it."""
+        self.free_pages -= full
+        if self.window_pool_bytes:
+            self.free_window -= state
+        else:
+            self.free_pages -= state
 
     def _why_too_long(self, page_size: int, which: np.ndarray) -> str:
         """'' when each of the `which` requests fits the pool at `page_size` beside its mixer state, else why not (a
@@ -482,6 +518,13 @@ class Simulator:
         page_size = self._block(page_size)
         if self.window and need.size and int(need.max()) > 0:  # the window's blocks beside the longest one's last token
             state = int(self._state_need(int(need.max()) - 1, int(need.max()), page_size))
+            if self.window_pool_bytes:  # in a pool of their own
+                held = self._window_pool_blocks(page_size)
+                if state > held:
+                    return (f"one request's window ({state} blocks of {page_size} tokens) does not fit the window "
+                            f"pool's {held} blocks (window_pool_ratio {self.window_pool_ratio:g}): raise the ratio or "
+                            "use more GPUs")
+                state = 0
         room = (pages - state) * page_size
         if not need.size or int(need.max()) <= room:
             return ""
@@ -495,6 +538,7 @@ class Simulator:
         """The pool at kernel page `page_size`; self.page_size is the block requests are allocated in."""
         self.page_size = self._block(page_size)
         self.num_pages, self.state_pages = self._pool_pages(page_size)
+        self.window_blocks = self._window_pool_blocks(self.page_size)
         if self.num_pages < 1:
             raise ValueError(f"KV pool of {self.pool_bytes / 1e9:.2f} GB holds no page of {self.page_size} tokens")
 
@@ -615,7 +659,7 @@ class Simulator:
         cached until evicted)."""
         if self.hashes is not None:
             self._drop_shared(rid)
-        self.free_pages += int(self.pages[rid]) + int(self.state_held[rid])
+        self._take(-int(self.pages[rid]), -int(self.state_held[rid]))
         self.pages[rid] = 0
         self.state_held[rid] = 0
 
@@ -643,10 +687,11 @@ class Simulator:
         self.pages[running] = -(-(self.kv[running] - self.base[running]) // ps)
         self.cache_pages = len(self.refs) * (self.block_tokens // ps) if self.block_tokens else 0
         self.state_held[running] = self._state_need(self.kv[running], self.kv[running])
-        self.free_pages = self.num_pages - int(self.pages[running].sum()) - self.cache_pages \
-            - int(self.state_held[running].sum())
+        self.free_pages = self.num_pages - int(self.pages[running].sum()) - self.cache_pages
+        self.free_window = self.window_blocks
+        self._take(0, int(self.state_held[running].sum()))
         self._evict(0)
-        while self.free_pages < 0:
+        while self.free_pages < 0 or self.free_window < 0:
             self._preempt(self._latest_running())
         self.add_stall(stall, f"kv re-layout to page_size={ps} layout={layout}")
         return stall
@@ -977,13 +1022,13 @@ class Simulator:
         kv, pages = self.kv, self.pages
         # decode: every running decode request writes one token; a request whose KV ends on a page boundary needs a page
         if self.dec.size:
-            need, state, demand = self._decode_demand()
-            if demand > self.free_pages and self.lru:
-                self._evict(demand)
-            while demand > self.free_pages:
+            need, state, full, grow = self._decode_demand()
+            if not self._fits(full, grow) and self.lru:
+                self._evict(full + (0 if self.window_pool_bytes else grow))
+            while not self._fits(full, grow):
                 self._preempt(self._latest_running())
-                need, state, demand = self._decode_demand()
-            self.free_pages -= demand
+                need, state, full, grow = self._decode_demand()
+            self._take(full, grow)
             pages[self.dec[need]] += 1
             if self.window:
                 self.state_held[self.dec] = state
@@ -1068,7 +1113,7 @@ class Simulator:
                     for rid in done_ids.tolist():
                         self._release(rid)
                 else:
-                    self.free_pages += int(pages[done_ids].sum()) + int(self.state_held[done_ids].sum())
+                    self._take(-int(pages[done_ids].sum()), -int(self.state_held[done_ids].sum()))
                     pages[done_ids] = 0
                     self.state_held[done_ids] = 0
                 self.dec = dec[~fin]
@@ -1116,30 +1161,36 @@ class Simulator:
         ps = self.page_size
         have = int(self.pages[rid])
         own = int(self.kv[rid] - self.base[rid])  # tokens in the request's own pages (past its shared blocks)
-        kv = int(self.kv[rid])
-        state = int(self._state_need(kv, kv + want)) - int(self.state_held[rid])  # the state's growth, if any
-        if self.lru:
-            self._evict(-(-(own + want) // ps) - have + state)
-        room = (have + self.free_pages - state) * ps - own
+        kv, held = int(self.kv[rid]), int(self.state_held[rid])
+        state = int(self._state_need(kv, kv + want)) - held  # the state's growth, if any
+        if self.window_pool_bytes:  # the window's blocks come from a pool of their own
+            if self.lru:
+                self._evict(-(-(own + want) // ps) - have)
+            room = min((have + self.free_pages) * ps - own,
+                       (held + self.free_window + int(self._window_skipped(kv)) // ps) * ps - kv)
+        else:
+            if self.lru:
+                self._evict(-(-(own + want) // ps) - have + state)
+            room = (have + self.free_pages - state) * ps - own
         c = min(want, room)
         if c <= 0:
             return 0
         need = -(-(own + c) // ps) - have
-        held = int(self._state_need(kv, kv + c))  # no more than for the whole `want` (the window grows with it)
+        now = int(self._state_need(kv, kv + c))  # no more than for the whole `want` (the window grows with it)
         self.pages[rid] = have + need
-        self.free_pages -= need + held - int(self.state_held[rid])
-        self.state_held[rid] = held
+        self._take(need, now - held)
+        self.state_held[rid] = now
         return c
 
-    def _decode_demand(self) -> tuple[np.ndarray, Any, int]:
-        """(decodes whose token starts a new page, their mixer state's pages after the token, pages the step takes
-        net): a windowed mixer's blocks grow with the token and fall as its window moves past a block."""
+    def _decode_demand(self) -> tuple[np.ndarray, Any, int, int]:
+        """(decodes whose token starts a new page, their mixer state after the token, KV pages the step takes, the
+        state's growth, net): a windowed mixer's blocks grow with the token and fall as its window moves past one."""
         kv = self.kv[self.dec]
         need = kv % self.page_size == 0
         if not self.window:
-            return need, None, int(np.count_nonzero(need))
+            return need, None, int(np.count_nonzero(need)), 0
         state = self._state_need(kv, kv + 1)
-        return need, state, int(np.count_nonzero(need)) + int((state - self.state_held[self.dec]).sum())
+        return need, state, int(np.count_nonzero(need)), int((state - self.state_held[self.dec]).sum())
 
     # ---- driving ----
 
