@@ -35,17 +35,20 @@ HF_IDS = {"mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x22b
           "phi-3.5-moe": "microsoft/Phi-3.5-MoE-instruct", "dbrx": "databricks/dbrx-instruct"}
 
 
+FEW_REQUESTS = 20  # a held-out window with fewer is said to be too thin to rank deployments by (BurstGPT's 400 rows)
+
+
 def parse_slo(text: str) -> tuple[float, float]:
     """'ttft=2,tpot=0.1' -> (2.0, 0.1); a one-line error naming the fix otherwise."""
     out: dict[str, float] = {}
     for part in [p for p in text.split(",") if p.strip()]:
         key, sep, val = part.partition("=")
         try:
-            if not sep or key.strip() not in ("ttft", "tpot") or float(val) <= 0:
+            if not sep or key.strip() not in ("ttft", "tpot") or not 0 < float(val) < math.inf:  # NaN fails too
                 raise ValueError
             out[key.strip()] = float(val)
         except ValueError:
-            raise ValueError(f"--slo {text!r}: write {SLO_HELP} (seconds > 0)") from None
+            raise ValueError(f"--slo {text!r}: write {SLO_HELP} (finite seconds > 0)") from None
     if set(out) != {"ttft", "tpot"}:
         raise ValueError(f"--slo {text!r} needs both ttft and tpot: {SLO_HELP}")
     return out["ttft"], out["tpot"]
@@ -498,6 +501,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
         split_engine,
         state_slots_per_request,
     )
+    from kernel_gym.parallel.layout import MAX_GPUS
     from kernel_gym.traffic.windows import resolve_trace
 
     limits = parse_slo(slo)
@@ -507,12 +511,17 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     if json_path and (Path(json_path).is_dir() or str(json_path).endswith(("/", "\\"))):  # before the work, not after
         raise ValueError(f"--json {json_path}: a directory; pass a file name, e.g. --json "
                          f"{Path(json_path) / 'plan.json'}")
+    if json_path:
+        blocked = next((p for p in Path(json_path).parents if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise ValueError(f"--json {json_path}: {blocked} is a file, not a folder; pass a path in a folder")
     engine_name, engine_version = split_engine(engine)
     engine = f"{engine_name}-{engine_version}"  # every deployment below carries the release whose defaults it prices
-    if not 1 <= gpus <= 8:
-        raise ValueError(f"--gpus {gpus}: one H200 host has 1 to 8 GPUs")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise ValueError(f"--gpus {gpus}: one H200 host has 1 to {MAX_GPUS} GPUs")
     if max_model_len < 0:
-        raise ValueError(f"--max-model-len {max_model_len}: give the engine's context limit in tokens (> 0)")
+        raise ValueError(f"--max-model-len {max_model_len}: give the engine's context limit in tokens (> 0; 0 or "
+                         f"left out: {MAX_MODEL_LEN})")
     max_model_len = max_model_len or MAX_MODEL_LEN
     for flag, value, low in (("--train-steps", train_steps, 0), ("--refine-rounds", refine_rounds, 0),
                              ("--next", next_best, 0), ("--samples", samples, 0)):
@@ -656,6 +665,10 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     if p.get("refused_too_long"):
         print(f"  {p['refused_too_long']} of the held-out window's {p['requests']} requests refused: longer than "
               f"max_model_len {max_model_len}")
+    if p["requests"] < FEW_REQUESTS:
+        print(f"  the held-out window holds only {p['requests']} request(s) in {window_s:g} s: these figures rest on "
+              f"too few to rank deployments by; replay more load (--rate-scale above {rate_scale:g}) or longer "
+              f"windows (--window-s above {window_s:g})")
     n_train = len(rec["train_windows"])
     print(f"  chosen by its mean goodput on the {n_train} training window{'s' if n_train != 1 else ''}: "
           f"{best['train_goodput_req_per_s']:.2f} req/s (ties by SLO headroom, here {best['train_headroom']:.2f}); "

@@ -22,7 +22,7 @@ import numpy as np
 from kernel_gym.measure import resolve_backend
 from kernel_gym.measure.coverage import cover
 from kernel_gym.parallel.collectives import resolve_table
-from kernel_gym.parallel.layout import Layout, layouts_for, why_invalid
+from kernel_gym.parallel.layout import MAX_GPUS, Layout, layouts_for, why_invalid
 from kernel_gym.parallel.step_time import StepPricer, serve
 from kernel_gym.traffic.routing import entropy_norm
 from kernel_gym.traffic.simulator import GPU_MEMORY_UTILIZATION, H200_MEMORY_BYTES
@@ -297,8 +297,11 @@ class ServingPlanEnv(ParallelServingEnv):
                 break
         else:
             fewer = " (nor on fewer)" if self.gpus > 1 else ""
-            fix = ("; pass a smaller --max-model-len (the longest prompt + output you serve) or more --gpus"
-                   if "-token request" in first else "; give more --gpus" if "weights" in first else "")
+            more = "more --gpus" if self.gpus < MAX_GPUS else (
+                "a lighter checkpoint: an fp8 or quantized config.json (or a spec with \"dtype_bytes\": 1); one host "
+                f"has at most {MAX_GPUS} GPUs")
+            fix = ("; pass a smaller --max-model-len (the longest prompt + output you serve) or " + more
+                   if "-token request" in first else "; give " + more if "weights" in first else "")
             raise ValueError(f"{self.model.name} fits no deployment on {self.gpus} GPUs{fewer} with {engine}: "
                              + first + fix)
         self.used_gpus = used  # the GPUs the choices use: all of them unless no deployment of all of them fits

@@ -289,7 +289,8 @@ def routing_profile(spec: str, model: Any, seed: int = 0) -> Any:
             return DriftingHotRouting(model.num_experts, model.top_k, seed, exponent=float(exp or 1.2),
                                       dwell_s=float(dwell or 60.0))
     except ValueError as exc:
-        raise ValueError(f"--routing {spec!r}: {exc}") from exc
+        why = "give numbers, " if "could not convert" in str(exc) else f"{exc}; "
+        raise ValueError(f"--routing {spec!r}: {why}e.g. zipf:1.2 or drift:1.2:60") from exc
     raise ValueError(f"--routing {spec!r}: use uniform, zipf:EXPONENT or drift:EXPONENT[:DWELL_S]")
 
 
@@ -493,6 +494,9 @@ def run_replay(*, json_path: Path, trace: str = "bundled", model: str = "mixtral
         print(f"note: {over_limit} of the {len(replayed)} requests are longer than {MAX_MODEL_LEN:,} tokens (prompt + "
               f"output, plan's default --max-model-len): an engine started with that limit refuses them; the "
               f"replay serves them as given", file=sys.stderr, flush=True)
+    if not 0 < rate_scale < math.inf:
+        raise ValueError(f"--rate-scale {rate_scale:g}: give a positive number (1: the trace's own arrival rate, 2: "
+                         "twice as fast)")
     if rate_scale != 1.0:
         replayed = replayed.scale_rate(rate_scale)
     if isinstance(backend, (str, os.PathLike)):

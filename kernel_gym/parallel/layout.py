@@ -34,6 +34,8 @@ from kernel_gym.traffic.simulator import (
 )
 from kernel_gym.zoo import shard, tp_problem
 
+MAX_GPUS = 8  # GPUs of one H200 host: what plan lays out and its layouts span
+
 
 # A frozen record that checks itself in __post_init__ and derives sizes in properties, as prefill_gluon's
 # GluonVariant does (duplicate scan: the same shape); nothing else in common.
