@@ -16,9 +16,9 @@ SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_
                "num_experts": 4096, "top_k": 256, "intermediate": 262144, "dtype_bytes": 4,
                "num_shared_experts": 64, "shared_intermediate": 262144, "kv_lora_rank": 16384, "rope_head_dim": 1024,
                "moe_layers": 1024, "attention_layers": 1024, "dense_intermediate": 262144,
-               "mixer_state_bytes": 1 << 40, "mixer_layers": 1024}
+               "mixer_state_bytes": 1 << 40, "mixer_layers": 1024, "max_context": 1 << 28}
 OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim", "moe_layers",
-                 "attention_layers", "dense_intermediate", "mixer_state_bytes", "mixer_layers")
+                 "attention_layers", "dense_intermediate", "mixer_state_bytes", "mixer_layers", "max_context")
 # ModelSpec.mixer's values and their names in messages. All but the windows hold a recurrent state whose size is fixed
 # per layer: vLLM sizes its KV blocks so that one block of a layer holds it (deploy.engine_block_tokens). The windowed
 # ones are softmax attention over the last `window_tokens` tokens (sliding) or within chunks of that many (chunked
@@ -80,6 +80,10 @@ class ModelSpec:
     mixer_layers: int = 0
     """Layers that hold mixer_state_bytes (0: the num_layers - attention_layers without full attention; Nemotron-H's
     MoE-only layers hold none)."""
+    max_context: int = 0
+    """The longest request (prompt + output tokens) the model serves: config.json's max_position_embeddings, which
+    vLLM and SGLang refuse a longer --max-model-len / --context-length than (0: not known). plan's context limit
+    stays within it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -221,11 +225,11 @@ class ModelSpec:
 BUILTIN_MODELS: dict[str, ModelSpec] = {
     "mixtral-8x7b": ModelSpec(
         name="mixtral-8x7b", num_layers=32, hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
-        num_experts=8, top_k=2, intermediate=14336,
+        num_experts=8, top_k=2, intermediate=14336, max_context=32768,
     ),
     "olmoe-1b-7b": ModelSpec(
         name="olmoe-1b-7b", num_layers=16, hidden=2048, num_heads=16, num_kv_heads=16, head_dim=128,
-        num_experts=64, top_k=8, intermediate=1024,
+        num_experts=64, top_k=8, intermediate=1024, max_context=4096,
     ),
 }
 
@@ -564,7 +568,16 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         dtype_bytes=dtype_bytes, expert_quant=hf_expert_quant(cfg),
         num_shared_experts=shared, shared_intermediate=shared_inter,
         attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,
-        rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0, **kinds)
+        rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0,
+        max_context=hf_max_context(cfg), **kinds)
+
+
+def hf_max_context(cfg: dict) -> int:
+    """The context limit a config.json gives its engine (max_position_embeddings; DBRX's max_seq_len), 0 where it
+    gives none."""
+    value = next((cfg[k] for k in ("max_position_embeddings", "max_seq_len") if isinstance(cfg.get(k), int)
+                  and not isinstance(cfg.get(k), bool) and cfg[k] > 0), 0)
+    return min(value, SPEC_LIMITS["max_context"])
 
 
 def hf_attention_notes(cfg: dict, layers: int, where: str) -> None:

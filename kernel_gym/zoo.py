@@ -26,7 +26,18 @@ from kernel_gym.modelspec import BUILTIN_MODELS, WINDOWED_MIXERS, ModelSpec
 def _spec(name: str, layers: int, hidden: int, heads: int, kv: int, head_dim: int, experts: int, top_k: int,
           inter: int, **kinds: int) -> ModelSpec:
     return ModelSpec(name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=kv,
-                     head_dim=head_dim, num_experts=experts, top_k=top_k, intermediate=inter, **kinds)
+                     head_dim=head_dim, num_experts=experts, top_k=top_k, intermediate=inter,
+                     max_context=ZOO_CONTEXT.get(name, 0), **kinds)
+
+
+# The context limit of each published config.json (max_position_embeddings; DBRX: max_seq_len), where we read it:
+# ModelSpec.max_context. A zoo model left out has none recorded (plan then keeps its default limit).
+ZOO_CONTEXT = {"mixtral-8x22b": 65536, "dbrx": 32768, "qwen1.5-moe-a2.7b": 8192, "qwen3-235b-a22b": 40960,
+               "qwen3-30b-a3b": 40960, "deepseek-v3": 163840, "phi-3.5-moe": 131072, "gpt-oss-20b": 131072,
+               "gpt-oss-120b": 131072, "llama-4-scout": 10485760, "llama-4-maverick": 1048576,
+               "granite-3.0-3b-a800m": 4096, "granite-3.0-1b-a400m": 4096, "jetmoe-8b": 4096,
+               "ernie-4.5-21b-a3b": 131072, "ernie-4.5-300b-a47b": 131072, "glm-4.5-air": 131072,
+               "snowflake-arctic": 4096, "qwen3-next-80b-a3b": 262144}
 
 
 # Published configs (config.json on each model's hub page): layers, hidden, heads, kv heads, head dim, routed experts,

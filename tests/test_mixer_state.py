@@ -288,7 +288,7 @@ def test_prefix_hits_on_blocks_the_traces_blocks_do_not_tile_are_a_lower_bound()
                   kv_layout=KVLayout(576, "NHD"), gpu_memory_bytes=mem_for_tokens(model, 1 << 16))
 
 
-def test_sglang_holds_the_state_in_a_pool_of_its_own_whose_slots_cap_the_running_requests():
+def test_sglang_holds_the_state_in_a_pool_of_its_own_whose_slots_cap_the_running_requests(monkeypatch):
     """SGLang 0.5.23 gives a hybrid model's state ratio / (1 + ratio) of the memory left after weights
     (--mamba-full-memory-ratio 0.9): the KV pool gets the rest, and each running request takes one state slot."""
     from kernel_gym.parallel.deploy import SGLANG_MAMBA_FULL_MEMORY_RATIO, kv_tokens_per_rank, state_pool_share
@@ -298,6 +298,7 @@ def test_sglang_holds_the_state_in_a_pool_of_its_own_whose_slots_cap_the_running
     assert state_pool_share(qwen, _dep(2, 16, "sglang")) == pytest.approx(share)
     assert state_pool_share(qwen, _dep(2, 16)) == state_pool_share(oss, _dep(2, 16, "sglang")) == 0.0
     apart = kv_tokens_per_rank(qwen, _dep(2, 16, "sglang"))
+    monkeypatch.setattr("kernel_gym.parallel.deploy.window_pool_ratio", lambda spec, dep: 0.0)  # one pool for all
     together = kv_tokens_per_rank(dataclasses.replace(qwen, mixer="sliding-window"), _dep(2, 16, "sglang"))
     assert apart / together == pytest.approx(1 / 1.9, rel=0.01)  # the KV pool's share of what one pool would hold
     s, res = _run(512, 6000, max_num_batched_tokens=512, state_pool_share=0.5)

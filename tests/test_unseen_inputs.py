@@ -134,9 +134,11 @@ def test_plan_says_how_to_serve_prompts_beyond_the_context_limit(tmp_path, capsy
     rows = "".join(f"2024-05-01 12:00:{i:02d}.0000000,{40000 + i},3\n" for i in range(30))
     path = tmp_path / "long.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
-    assert main(["--model", "mixtral-8x7b", "--gpus", "1", "--trace", str(path), "--no-mlflow"]) == 2
+    assert main(["--model", "qwen3-30b-a3b", "--gpus", "1", "--trace", str(path), "--no-mlflow"]) == 2
     err = capsys.readouterr().err  # was: "no request of the window fits max_model_len 32768", no fix
-    assert "longer than max_model_len 32768" in err and "--max-model-len 40032" in err
+    assert "longer than max_model_len 32768" in err and "--max-model-len 40032" in err  # within its 40,960
+    assert main(["--model", "mixtral-8x7b", "--gpus", "1", "--trace", str(path), "--no-mlflow"]) == 2
+    assert "mixtral-8x7b serves at most 32768 tokens" in capsys.readouterr().err  # no limit it could pass
 
 
 def test_pricer_error_names_the_limit_to_raise(monkeypatch):

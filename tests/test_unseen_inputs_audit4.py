@@ -222,7 +222,7 @@ def test_plan_that_fits_nothing_names_the_fix():
     from kernel_gym.deploy.plan import plan_deployment
 
     with pytest.raises(ValueError, match=r"-token request; pass a smaller --max-model-len .* or more --gpus"):
-        plan_deployment(model="mixtral-8x7b", gpus=1, trace="bundled", max_model_len=2_500_000, no_mlflow=True)
+        plan_deployment(model="qwen2-57b-a14b", gpus=1, trace="bundled", max_model_len=2_500_000, no_mlflow=True)
     with pytest.raises(ValueError, match=r"leave no KV cache .*; give more --gpus"):
         plan_deployment(model="deepseek-v3", gpus=1, trace="bundled", no_mlflow=True)
 

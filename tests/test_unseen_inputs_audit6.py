@@ -63,3 +63,19 @@ def test_replicas_scale_a_windows_tokens_by_its_tokens_not_its_requests():
         got = pricer.serve(trace, dep, ttft_slo_s=60.0, tpot_slo_s=1.0, span_s=60.0)
         assert got["slo_attainment"] == 1.0
         assert got["goodput_tokens_per_s"] == pytest.approx(want, rel=1e-9), replicas
+
+
+def test_the_context_limit_stays_within_the_models_own():
+    """`--max-model-len 200000` for Qwen3-30B-A3B (max_position_embeddings 40960) gave launch commands vLLM refuses,
+    and Mooncake plans told Mixtral (32,768) to pass --max-model-len 191386."""
+    from kernel_gym.modelspec import spec_from_hf_config
+    from kernel_gym.zoo import ZOO
+
+    assert ZOO["qwen3-30b-a3b"].max_context == 40960 and ZOO["mixtral-8x7b"].max_context == 32768
+    cfg = {"model_type": "mixtral", "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 2,
+           "num_attention_heads": 8, "num_key_value_heads": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "max_position_embeddings": 16384}
+    assert spec_from_hf_config(cfg, "config.json", "m").max_context == 16384
+    with pytest.raises(ValueError, match="serves at most 40960 tokens"):
+        plan_deployment(model="qwen3-30b-a3b", gpus=1, trace="bundled", max_model_len=200000, train_steps=0,
+                        no_mlflow=True)

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default="")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=0,
-                   help="the engine's context limit, prompt + output tokens (default 32768): passed in the launch "
+                   help="the engine's context limit, prompt + output tokens (default 32768, or the model's own "
+                        "max_position_embeddings where lower; never above it): passed in the launch "
                         "commands; each deployment's KV cache must hold one such request, longer requests are "
                         "refused")
     p.add_argument("--backend", default="recorded",

@@ -339,10 +339,11 @@ def _trained_for(provenance: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 # spec fields that shape no kernel a policy chooses for: how many layers of each kind, the experts' storage format,
-# the shared experts (a dense MLP outside the fused MoE), the other layers' mixer state. A policy trained for a spec
-# that differs only in them (read from the same config.json before the reader learned them) is the model's policy still
+# the shared experts (a dense MLP outside the fused MoE), the other layers' mixer state, the context limit. A policy
+# trained for a spec that differs only in them (read from the same config.json before the reader learned them) is the
+# model's policy still
 OUTSIDE_KERNELS = ("moe_layers", "attention_layers", "dense_intermediate", "expert_quant", "num_shared_experts",
-                   "shared_intermediate", "mixer_state_bytes", "mixer", "mixer_layers")
+                   "shared_intermediate", "mixer_state_bytes", "mixer", "mixer_layers", "max_context")
 
 
 def _same_kernels(stored: Any, want: dict[str, Any]) -> bool:

@@ -522,7 +522,6 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
     if max_model_len < 0:
         raise ValueError(f"--max-model-len {max_model_len}: give the engine's context limit in tokens (> 0; 0 or "
                          f"left out: {MAX_MODEL_LEN})")
-    max_model_len = max_model_len or MAX_MODEL_LEN
     for flag, value, low in (("--train-steps", train_steps, 0), ("--refine-rounds", refine_rounds, 0),
                              ("--next", next_best, 0), ("--samples", samples, 0)):
         if value < low:
@@ -540,19 +539,26 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
                          "the parallelism itself; pass the whole model's spec")
     for line in spec_caveats(spec):
         print(f"[plan] note: {line}", file=sys.stderr)
+    ctx = spec.max_context  # the engines refuse a limit past the model's own (0: not known)
+    if ctx and max_model_len > ctx:
+        raise ValueError(f"--max-model-len {max_model_len}: {spec.name} serves at most {ctx} tokens (its config's "
+                         f"max_position_embeddings), and the engine refuses a longer limit; pass at most {ctx}")
+    max_model_len = max_model_len or min(MAX_MODEL_LEN, ctx or MAX_MODEL_LEN)
     spec = kernel_spec(spec)
     replayed = resolve_trace(trace)
     total = replayed.prompt_tokens + replayed.output_tokens
     too_long = int((total > max_model_len).sum())
+    longest = int(total.max())
+    serve_them = (f"pass --max-model-len {longest} to serve them" if not ctx or longest <= ctx else
+                  f"{spec.name} serves at most {ctx} tokens (its config's max_position_embeddings)"
+                  + (f": pass --max-model-len {ctx} to serve those within it" if max_model_len < ctx else ""))
     if too_long == len(replayed):
         raise ValueError(f"every request of trace {replayed.name!r} is longer than max_model_len {max_model_len} "
-                         f"(prompt + output tokens; the shortest has {int(total.min())}): pass --max-model-len "
-                         f"{int(total.max())} to serve them all")
+                         f"(prompt + output tokens; the shortest has {int(total.min())}): {serve_them}")
     if too_long:
         print(f"[plan] {too_long} of {len(replayed)} requests of trace {replayed.name!r} are longer than "
-              f"max_model_len {max_model_len} (prompt + output tokens; the longest has {int(total.max())}): the "
-              f"engine refuses them and they count as missing the SLO; pass --max-model-len {int(total.max())} to "
-              "serve them", file=sys.stderr)
+              f"max_model_len {max_model_len} (prompt + output tokens; the longest has {longest}): the engine refuses "
+              f"them and they count as missing the SLO; {serve_them}", file=sys.stderr)
     fit = largest_window(replayed.duration_s, rate_scale, window_s)
     if fit < window_s:
         span = (f"spans {replayed.duration_s:g} s" if replayed.duration_s > 0 else
