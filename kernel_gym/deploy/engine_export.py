@@ -101,8 +101,8 @@ def engine_dtype(model: Any) -> str:
         raise ValueError(f"model {model.name}: dtype_bytes {size} (fp8) experts: vLLM and SGLang read an fp8 model's "
                          "fused-MoE configs from E=..,N=..,device_name=..,dtype=fp8_w8a8.json, tuned on the fp8 "
                          "kernel, which kernel_gym does not measure (bf16 and fp32 only); tune that file with vLLM's "
-                         "benchmarks/kernels/benchmark_moe.py --dtype fp8_w8a8, or set \"dtype_bytes\": 2 in the "
-                         "spec for a bf16 deployment")
+                         "benchmarks/kernels/benchmark_moe.py --dtype fp8_w8a8, or, for a bf16 deployment, drop "
+                         "quantization_config from the config.json (a spec file: set \"dtype_bytes\": 2)")
     return ENGINE_DTYPES[size]
 
 

@@ -292,14 +292,16 @@ def heldout_replay(spec: Any, gpus: int, engine: str, trace: Any, slo: tuple[flo
     return out, env
 
 
-def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str, Any]]:
+def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any], model: str = "") -> list[dict[str, Any]]:
     """The fused-MoE config files for the layout, with the configs the replay used most (kernel_gym's knobs), and the
-    command that writes each: its arguments give the file's local experts E / ep and N = intermediate / tp."""
+    command that writes each: its arguments give the file's local experts E / ep and N = intermediate / tp; `model`:
+    the --model the user gave (a spec or config.json path), else the spec's name (export.model_arg)."""
     from kernel_gym.deploy.export import model_arg
     from kernel_gym.parallel.deploy import moe_config_files
 
     files = moe_config_files(spec, dep)
     ep = f" --ep {dep.ep}" if dep.ep > 1 else ""
+    model = model or model_arg(spec)
     measured = engine_shape_measured(spec, dep)
     for f in files:
         # what the replay priced: kernel_gym's own fused-MoE kernel and knobs, not entries of the engine's file
@@ -321,11 +323,11 @@ def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any]) -> list[dict[str
                                "--tune (kernel_gym measures bf16 kernels only)")
         else:
             cmd = (f"kernel-gym export --format {dep.engine} --engine-version {dep.version} --model "
-                   f"{model_arg(spec)} --tp {dep.tp}{ep} --out DIR")
+                   f"{model} --tp {dep.tp}{ep} --out DIR")
             f["write_with"] = (f"{cmd} (the engine's own kernel design)" if measured else
                                f"{cmd} --force (no measurement of this shape in vLLM's kernel design: the engine's "
                                f"own entries, as an estimate; to measure it: kernel-gym tune --engine {dep.engine} "
-                               f"--model {model_arg(spec)} --tp {dep.tp}{ep} on an H200)")
+                               f"--model {model} --tp {dep.tp}{ep} on an H200)")
     return files
 
 
@@ -613,7 +615,7 @@ def plan_deployment(*, model: str, gpus: int, trace: str, engine: str = "vllm", 
                         "train_goodput_req_per_s": r["train_goodput_req_per_s"],
                         "train_headroom": r["train_headroom"], "from_agent": r["from_agent"],
                         "baseline": r["baseline"], "predicted": {k: v for k, v in h.items() if k != "deployment"},
-                        "kernel_config_files": kernel_configs(spec, d, h)})
+                        "kernel_config_files": kernel_configs(spec, d, h, model)})
     report = {"model": spec.name, "gpus": gpus, "used_gpus": used, "engine": engine_name,
               "engine_version": engine_version, "trace": replayed.name, "rate_scale": rate_scale,
               "slo": {"ttft_s": limits[0], "tpot_s": limits[1]}, "routing": routing, "max_model_len": max_model_len,
