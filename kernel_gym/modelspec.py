@@ -122,8 +122,9 @@ class ModelSpec:
             raise ValueError(f"model spec {self.name!r}: top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         if self.mixer not in MIXERS:
             raise ValueError(f"model spec {self.name!r}: mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}")
-        if self.mixer in WINDOWED_MIXERS and (not self.attention_layers or self.mixer_state_bytes % (
-                self.n_mixer_layers * self.layer_kv_bytes_per_token)):
+        if self.mixer in WINDOWED_MIXERS and (not self.attention_layers or not self.n_mixer_layers
+                                              or self.mixer_state_bytes % (self.n_mixer_layers
+                                                                           * self.layer_kv_bytes_per_token)):
             raise ValueError(f"model spec {self.name!r}: a {MIXERS[self.mixer]} mixer needs attention_layers (the "
                              "full-attention layers, fewer than num_layers) and mixer_state_bytes = the window's K and "
                              "V in all its layers (layers x window tokens x one token's KV in one layer), got "

@@ -138,3 +138,48 @@ def test_sglang_splits_the_kv_memory_for_a_window_and_vllm_shares_it():
     assert window_pool_ratio(ZOO["mixtral-8x7b"], sglang) == 0.0
     # SGLang's full pool shares the memory with 0.8 tokens of the 36 windowed layers per token: fewer full tokens
     assert 0 < kv_tokens_per_rank(scout, sglang) < kv_tokens_per_rank(scout, vllm)
+
+
+@pytest.mark.parametrize("kind", ["chunked-local", "sliding-window"])
+def test_a_request_near_the_pools_size_gets_a_shorter_chunk_not_a_hang(kind):
+    """_fit_chunk took the window's blocks for the whole 2,048-token chunk before sizing it: a 2,010-token request on a
+    2,500-token pool got no chunk, and with nothing running the replay looped at clock 0 (review, session 67)."""
+    from kernel_gym.traffic.traces import Trace
+
+    model = windowed(kind, 64)
+    s = Simulator(model, Trace("one", np.array([0.0]), np.array([2000]), np.array([10])), AnalyticTimer(), chooser(),
+                  UniformRouting(4, 2), gpu_memory_bytes=mem_for_tokens(model, 2500), max_num_batched_tokens=2048)
+    steps = 0
+    while s.step():
+        steps += 1
+        assert steps < 200, "the replay does not end"
+    assert not np.isnan(s.result().finish_s).any()
+
+
+def test_a_step_priced_without_its_contexts_still_prices_the_windowed_layers():
+    narrow, full = _sim(windowed("chunked-local", 64)), _sim(FULL)
+    with_ctx, _ = narrow.price_step([], 8, 1000.0, 8, [], 1000.0, np.full(8, 1000))
+    without, _ = narrow.price_step([], 8, 1000.0, 8, [], 1000.0)
+    assert without == pytest.approx(with_ctx)
+    assert without > full.price_step([], 8, 1000.0, 8, [], 1000.0)[0] / 4  # more than the one full layer's share
+
+
+def test_replays_per_kernel_seconds_count_the_windowed_layers():
+    """The replay's guard counted a windowed layer's calls in the full layers (x12 for Llama-4, not x36)."""
+    from kernel_gym.evaluate.replay import CHOSEN_KERNELS, GuardedChooser
+    from kernel_gym.kernels import profiles
+
+    class EveryCallOneMs(GuardedChooser):
+        def resolve(self, kernel, workload, kv):
+            return chooser().choose(kernel, workload, kv), 1e-3, False
+
+    model = windowed("chunked-local", 64)
+    guard = EveryCallOneMs(chooser(), None, model.num_layers, 0,
+                           {k: profiles.layers_of(k, model) for k in CHOSEN_KERNELS})
+    s = Simulator(model, small_trace(40, rate=20.0), AnalyticTimer(), guard, UniformRouting(4, 2),
+                  gpu_memory_bytes=mem_for_tokens(model, 1 << 20))
+    guard.sim = s
+    s.run()
+    calls = sum(n * (layers or profiles.layers_of(k, model)) for (k, _, layers), n in guard.calls.items())
+    assert sum(guard.kernel_s.values()) == pytest.approx(calls * 1e-3)
+    assert any(layers == 3 for _, _, layers in guard.calls)  # the windowed calls, in their 3 layers

@@ -99,7 +99,7 @@ class GuardedChooser:
         self.kernel_s = dict.fromkeys(CHOSEN_KERNELS, 0.0)
         self.estimated_s = dict.fromkeys(CHOSEN_KERNELS, 0.0)  # the part of kernel_s whose times are not measured ones
         self.standin_s = 0.0  # prefill_attention seconds standing in for chunks with a prefix (all in estimated_s)
-        self.calls: dict[tuple[str, Any], int] = {}
+        self.calls: dict[tuple[str, Any, int], int] = {}  # (kernel, workload, layers: 0 = the kernel's) -> calls
         # (kernel, workload key) -> (workload, configs): valid choices the backend could not time (each fell back);
         # measurement_plans.untimed_plan turns them into a `collect --plan`
         self.untimed: dict[tuple[str, str], tuple[Any, set[str]]] = {}
@@ -111,13 +111,21 @@ class GuardedChooser:
         self.steps: list[dict[str, Any]] = []
         self.sim: Any = None
 
+    def _layers(self, kernel: str) -> tuple[int, int]:
+        """(layers the call being chosen runs in, its key in `calls`: 0 for the kernel's own layers): a windowed
+        layer's attention call (Simulator.window_call) runs in the windowed layers."""
+        sim = self.sim
+        if sim is not None and getattr(sim, "window_call", False):
+            return sim.call_layers, sim.call_layers
+        return self.kernel_layers.get(kernel, self.layers), 0
+
     def choose(self, kernel: str, workload: Any, kv: KVLayout) -> Config:
         hit = self.resolve(kernel, workload, kv)
-        layers = self.kernel_layers.get(kernel, self.layers)
+        layers, which = self._layers(kernel)
         self.kernel_s[kernel] += hit[1] * layers
         if hit[2]:
             self.estimated_s[kernel] += hit[1] * layers
-        ckey = (kernel, workload)
+        ckey = (kernel, workload, which)
         self.calls[ckey] = self.calls.get(ckey, 0) + 1
         if self.record_steps and len(self.steps) < self.record_steps * len(KERNELS):
             self.steps.append({"t_s": self.sim.clock if self.sim is not None else 0.0, "kernel": kernel,
@@ -132,7 +140,7 @@ class GuardedChooser:
         """The call just chosen stands in for chunks with a prefix (no prefix_prefill time): its seconds are an
         estimate of those chunks, whatever its own source."""
         _, seconds, estimated = self.resolve(kernel, workload, kv)
-        layers = self.kernel_layers.get(kernel, self.layers)
+        layers = self._layers(kernel)[0]
         self.standin_s += seconds * layers
         if not estimated:
             self.estimated_s[kernel] += seconds * layers
@@ -142,12 +150,14 @@ class GuardedChooser:
         tuned-kernel time on identical traffic, so policies are compared on the same workloads. None when some
         call cannot be timed on this policy's KV layout (no comparable number)."""
         total, own = 0.0, 0.0  # seconds per layer of the kernels every layer calls; all seconds of the others
-        for (k, w), n in calls.items():
+        for (k, w, layers), n in calls.items():
             try:
                 t = n * self.resolve(k, w, kv)[1]
             except LookupError:
                 return None
-            if k in self.kernel_layers:
+            if layers:  # a windowed layer's call: its own layer count
+                own += t * layers
+            elif k in self.kernel_layers:
                 own += t * self.kernel_layers[k]
             else:
                 total += t
@@ -418,7 +428,7 @@ def _priced(run: PolicyRun, calls: dict[tuple[str, Any], int]) -> float | None:
     if not isinstance(run.guard.policy, OraclePolicy):
         return run.guard.price(calls, kv)
     oracle = run.guard.policy.oracle
-    layouts = {kv} | {KVLayout(int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for (k, w) in calls if profiles.follows_kv(k)
+    layouts = {kv} | {KVLayout(int(c["PAGE_SIZE"]), str(c["LAYOUT"])) for (k, w, _) in calls if profiles.follows_kv(k)
                       for c in oracle.candidates(k, w)}
     prices = [t for t in (run.guard.price(calls, lay) for lay in sorted(layouts, key=str)) if t is not None]
     return min(prices) if prices else None

@@ -88,7 +88,9 @@ def dense_step_s(model: Any, num_tokens: int, num_logits: int, vocab: int = DEFA
     if getattr(model, "uniform_layers", True):
         per_layer = sum(op_s(f, nb) for f, nb in ops.values())
         return model.num_layers * (per_layer + shared_s) + per_step  # + 0.0 without shared experts: bit-identical
-    counts = {"attention": model.n_attention_layers, "moe": model.n_moe_layers, "all": model.num_layers}
+    # a windowed mixer's layers (ModelSpec.window_tokens: sliding or chunked local attention) rotate and write KV too
+    attention = model.n_attention_layers + (model.n_mixer_layers if getattr(model, "window_tokens", 0) else 0)
+    counts = {"attention": attention, "moe": model.n_moe_layers, "all": model.num_layers}
     total = sum(op_s(f, nb) * counts["attention" if k in ATTENTION_OPS else "moe" if k in MOE_OPS else "all"]
                 for k, (f, nb) in ops.items())
     total += model.n_moe_layers * shared_s + model.n_dense_layers * mlp_s(model, num_tokens, model.dense_intermediate)

@@ -952,7 +952,7 @@ class Simulator:
             kernel_s += self._chunks_s(chunks, stall)
         if batch:
             kernel_s += self._decode_s(batch, mean_ctx, max_ctx, stall, contexts)
-        window_s = self._window_attention_s(chunks, batch, contexts, stall) if self.window else 0.0
+        window_s = self._window_attention_s(chunks, batch, mean_ctx, max_ctx, contexts, stall) if self.window else 0.0
         shares = self.routing.load_shares(self.clock)
         if shares is not self._route_shares:
             self._route_shares = shares
@@ -976,8 +976,8 @@ class Simulator:
         that the two kinds of layer taking turns is not counted as config switches."""
         return kernel + "@window" if self.window_call else kernel
 
-    def _window_attention_s(self, chunks: list[tuple[int, int, int]], batch: int, contexts: Any,
-                            stall: list) -> float:
+    def _window_attention_s(self, chunks: list[tuple[int, int, int]], batch: int, mean_ctx: float,
+                            max_ctx: float | None, contexts: Any, stall: list) -> float:
         """Seconds per windowed layer (ModelSpec.window_tokens) of the step's attention: the same kernels as the full
         layers', over the keys each query sees there. A decode attends to the tokens from its window's start; a chunk
         is priced as the chunk over the prefix with as many (query, key) pairs (_window_chunk), a chunk longer than
@@ -992,6 +992,9 @@ class Simulator:
                 ctx = np.asarray(contexts, np.int64)
                 ctx = ctx - self._window_skipped(ctx - 1)  # keys from the window's start to the new token
                 t += self._decode_s(batch, float(ctx.mean()), float(ctx.max()), stall, ctx)
+            elif batch:  # a caller without the batch's contexts: its mean and longest, seen through the window
+                seen = [int(c) - int(self._window_skipped(int(c) - 1)) for c in (mean_ctx, max_ctx or mean_ctx)]
+                t += self._decode_s(batch, float(seen[0]), float(seen[1]), stall)
             return t
         finally:
             self.call_layers, self.window_call = m.n_attention_layers, False
@@ -1064,6 +1067,11 @@ class Simulator:
             # every running request is a prefill that cannot get a page: free the latest one and retry
             if self.pref:
                 self._preempt(self._latest_running())
+                return True
+            if self.waiting:  # nothing runs and the next request gets no page: it never will (a hang, not a wait)
+                raise RuntimeError(f"request {self.waiting[0]} gets no KV page with the pool empty ({self.num_pages} "
+                                   f"pages of {self.page_size} tokens beside its mixer state): a larger GPU memory, "
+                                   "fewer max_num_batched_tokens or a shorter request")
             return True
 
         prefill_tokens = sum(c for _, c, _ in chunks)
@@ -1172,6 +1180,13 @@ class Simulator:
             if self.lru:
                 self._evict(-(-(own + want) // ps) - have + state)
             room = (have + self.free_pages - state) * ps - own
+            if self.window and room < want:  # the window's blocks grow with the chunk: the longest chunk that fits
+                lo, hi = max(room, 0), want
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    cost = -(-(own + mid) // ps) - have + int(self._state_need(kv, kv + mid)) - held
+                    lo, hi = (mid, hi) if cost <= self.free_pages else (lo, mid - 1)
+                room = lo
         c = min(want, room)
         if c <= 0:
             return 0

@@ -61,7 +61,7 @@ def default_run(backend):
 
 def test_prefix_chunks_are_charged_with_recorded_prefix_prefill_times(default_run, backend):
     g, s = default_run.guard, default_run.result.summary
-    prefix_calls = {w: n for (k, w), n in g.calls.items() if k == "prefix_prefill"}
+    prefix_calls = {w: n for (k, w, _), n in g.calls.items() if k == "prefix_prefill"}
     assert prefix_calls and any(max(w.prefix_lens) > 0 for w in prefix_calls)
     charged = estimated = 0.0
     for w, n in prefix_calls.items():
@@ -91,7 +91,7 @@ def test_a_policy_without_a_prefix_choice_is_served_the_default_on_the_layout(ba
     r = run(NoPrefixPolicy(MODEL, KV), backend)
     g = r.guard
     assert g.prefix_untuned > 0 and g.kernel_s["prefix_prefill"] > 0
-    for (k, w), _ in g.calls.items():
+    for (k, w, _), _ in g.calls.items():
         if k == "prefix_prefill":
             cfg = g.resolve(k, w, KV)[0]
             want = default_for(k, w, KV).replace(PAGE_SIZE=KV.page_size, LAYOUT=KV.layout)
