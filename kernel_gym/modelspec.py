@@ -574,11 +574,28 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
 
 
 def hf_max_context(cfg: dict) -> int:
-    """The context limit a config.json gives its engine (max_position_embeddings; DBRX's max_seq_len), 0 where it
-    gives none."""
-    value = next((cfg[k] for k in ("max_position_embeddings", "max_seq_len") if isinstance(cfg.get(k), int)
-                  and not isinstance(cfg.get(k), bool) and cfg[k] > 0), 0)
-    return min(value, SPEC_LIMITS["max_context"])
+    """The context limit a config.json gives its engine, as vLLM 0.34 derives it (config/model.py,
+    _get_and_verify_max_len): the least of the length keys it has (max_position_embeddings; DBRX's max_seq_len), times
+    the RoPE scaling factor for the scalings that do not already count it (linear, dynamic; not YaRN, LongRoPE or
+    Llama-3's); 0 where it gives none."""
+    lengths = [cfg[k] for k in HF_LENGTH_KEYS if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)
+               and cfg[k] > 0]
+    if not lengths:
+        return 0
+    value = float(min(lengths))
+    rope = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else cfg.get("rope_parameters")
+    if isinstance(rope, dict):
+        kind = str(rope.get("rope_type") or rope.get("type") or "default")
+        factor = rope.get("factor")
+        if kind not in HF_ROPE_SCALED and isinstance(factor, (int, float)) and not isinstance(factor, bool) \
+                and factor > 0:
+            value *= factor
+    return int(min(value, SPEC_LIMITS["max_context"]))
+
+
+HF_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+                  "max_seq_length", "seq_len")  # vLLM's possible_keys for the model's length
+HF_ROPE_SCALED = ("default", "su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 
 
 def hf_attention_notes(cfg: dict, layers: int, where: str) -> None:

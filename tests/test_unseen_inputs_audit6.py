@@ -79,3 +79,15 @@ def test_the_context_limit_stays_within_the_models_own():
     with pytest.raises(ValueError, match="serves at most 40960 tokens"):
         plan_deployment(model="qwen3-30b-a3b", gpus=1, trace="bundled", max_model_len=200000, train_steps=0,
                         no_mlflow=True)
+
+
+def test_the_context_limit_follows_vllms_rope_scaling_rule():
+    """vLLM 0.34 multiplies the length by a linear or dynamic RoPE factor, not by YaRN's (already counted)."""
+    from kernel_gym.modelspec import hf_max_context
+
+    assert hf_max_context({"max_position_embeddings": 32768}) == 32768
+    assert hf_max_context({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4.0}}) == 16384
+    assert hf_max_context({"max_position_embeddings": 40960,
+                           "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}) == 40960
+    assert hf_max_context({"max_position_embeddings": 8192, "max_seq_len": 4096}) == 4096  # the least of the keys
+    assert hf_max_context({"hidden_size": 8}) == 0
