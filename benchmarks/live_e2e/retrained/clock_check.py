@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
     result = {"what": __doc__.splitlines()[0], "full_clock_mhz": FULL_CLOCK_MHZ, "runs": {}}
     print(f"{'run / policy':<58} {'decode full':>11} {'decode cap':>10} {'chunks full':>11} {'chunks cap':>10}")
     for folder in folders:
-        name = folder.resolve().relative_to(HERE).as_posix()
+        name = folder.resolve().relative_to(HERE.parent).as_posix()  # any run folder under live_e2e/
         result["runs"][name] = check_window(folder)
         for spec, e in result["runs"][name].items():
             cells = [e[g][c].get("median_measured_over_price", float("nan"))
