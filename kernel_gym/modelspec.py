@@ -235,6 +235,18 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
 }
 
 
+def window_pool_bytes(spec: Any, free_bytes: float, ratio: float) -> float:
+    """Of `free_bytes` of KV memory, the bytes a windowed mixer's own pool takes when it holds `ratio` x as many
+    tokens as the full layers' pool (SGLang's hybrid SWA pool, --swa-full-tokens-ratio); 0 without a window or a
+    ratio. A token costs spec.kv_bytes_per_token in the full layers' pool and mixer_state_bytes / window_tokens in
+    the window's, so the window's share is ratio x that / (kv_bytes_per_token + ratio x that)."""
+    window = int(getattr(spec, "window_tokens", 0) or 0)
+    if not ratio or not window:
+        return 0.0
+    w = spec.mixer_state_bytes / window * float(ratio)
+    return float(free_bytes) * w / (spec.kv_bytes_per_token + w)
+
+
 def spec_from_dict(data: object, where: str = "model spec") -> ModelSpec:
     """A ModelSpec from a JSON object, every field checked (one-line errors naming `where`)."""
     if not isinstance(data, dict):

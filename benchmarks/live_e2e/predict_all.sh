@@ -3,7 +3,7 @@
 # beside its run under benchmarks/live_e2e/predicted/<run>/ (--summary-dir: the run's own summary.json, predicted at
 # the tree it names, stays), then the live check over them (kernel_gym/data/live_check.json, printed under every
 # replay table, and live_check.png). The step overheads are fitted on graphs/window1's vllm-table run first and held
-# for the others, as every run's own prediction did. About 35 minutes on 2 cores (75 runs); JOBS=N runs N at once.
+# for the others, as every run's own prediction did. About 40 minutes on 2 cores (78 runs, 80 policy runs); JOBS=N runs N at once.
 #   bash benchmarks/live_e2e/predict_all.sh
 # To compare a --predict option: PREDICT_ARGS="--decode-waves off" P=/tmp/off bash benchmarks/live_e2e/predict_all.sh
 # (the live check is written over those summaries too: `git checkout kernel_gym/data/live_check.json
@@ -24,7 +24,8 @@ retrained/run2_seeds12_b9a8a42/window6 retrained/run3_seed0_43be02e/window1 retr
 retrained/run4_seed0_43be02e/window7 retrained/run4_seed0_43be02e/window8 window4_5ee0534/olmoe_w4_vllm
 window4_5ee0534/window4 window5_f269e69/olmoe_prof window5_f269e69/olmoe_w5 window5_f269e69/window5
 window6_01d3818/olmoe_w6 window6_01d3818/window6 eager_ab2db7d/window1_prof5
-heldout_32cded3/code_mixtral heldout_32cded3/code_olmoe heldout_bffac01/code540_mixtral heldout_bffac01/code540_olmoe"
+heldout_32cded3/code_mixtral heldout_32cded3/code_olmoe heldout_bffac01/code540_mixtral heldout_bffac01/code540_olmoe
+dispatch_h200_0d9f96c/code540_mixtral issue_h200_0d9f96c/code_olmoe issue_h200_0d9f96c/code540_olmoe"
 ONLY=${ONLY:-.}
 echo "[predict_all] graphs/window1 (the calibration run)"
 $PY $L/run.py --out $L/graphs/window1 --predict --calibrate vllm-table $X --summary-dir $P/graphs/window1 > /dev/null

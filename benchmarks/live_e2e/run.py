@@ -1170,11 +1170,13 @@ DENSE_EAGER_TABLE = EAGER_TABLES / "dense_eager.json"
 # tree 17d3f2b): graphed (16-512 rows) and eager (512-4,096 tokens)
 CHUNK_TABLES = Path(__file__).resolve().parent / "chunk_decode_17d3f2b" / "chunk" / "e2e" / "moe_chunk"
 MOE_CHUNK_TABLES = (CHUNK_TABLES / "moe_chunk_graph.json", CHUNK_TABLES / "moe_chunk_eager.json")
-# the decode graph table, timed in three parts (decode_graph_table.py --plan ... --done ...): the default since session
-# 54, when every graphed run predicted with it came within 5% of TPOT p50 on 52 of 75 (44 without; docs/live.md)
-DECODE_GRAPH_TABLES = tuple(Path(__file__).resolve().parent / part / "decode_graph" / "decode_graph.json"
-                            for part in ("chunk_decode_17d3f2b/decode/e2e", "decode_rest_2571e03",
-                                         "decode_rest2_bffac01"))
+# the decode graph table, timed in parts (decode_graph_table.py --plan ... --done ...): the default since session 54,
+# when every graphed run predicted with it came within 5% of TPOT p50 on 52 of 75 (44 without; docs/live.md); session
+# 67's H200 run added OLMoE's last point and the configs the fixed chooser serves on the held-out Mixtral windows
+DECODE_GRAPH_TABLES = tuple(Path(__file__).resolve().parent / part / "decode_graph.json"
+                            for part in ("chunk_decode_17d3f2b/decode/e2e/decode_graph",
+                                         "decode_rest_2571e03/decode_graph", "decode_rest2_bffac01/decode_graph",
+                                         "dispatch_h200_0d9f96c/decode_rest3", "dispatch_h200_0d9f96c/decode_graph"))
 
 
 class DenseOps:

@@ -5,6 +5,7 @@
 # and the GPU's clocks once a second under $OUT; merged into the packaged dataset on the CPU afterwards
 # (benchmarks/new_knob_rows/README.md, "Merged"), then `benchmarks/policy_quality/run.py --seeds 0 1 2` again.
 #   BUDGET_S=560 KERNEL_GYM_COMMIT=<tree> OUT=... bash benchmarks/policy_quality/coverage_session.sh   (about 500 of 675)
+# PLAN=<file> measures another plan: neighbour_winners_rest_plan.json is the 91 configs session 67's run did not reach.
 set -u
 OUT=${OUT:?set OUT}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/kernel_gym_triton_cache KERNEL_GYM_HEAT=0
@@ -15,7 +16,7 @@ echo "${KERNEL_GYM_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" >
 B=${BUDGET_S:-480}
 # one call over both kernels (collect --plan refuses entries of a kernel --kernels leaves out); it stops starting
 # chunks at its budget, and the timeout bounds the chunk in flight and the integrity check
-timeout $(( B - 30 )) python3 scripts/collect.py --plan benchmarks/policy_quality/neighbour_winners_plan.json \
+timeout $(( B - 30 )) python3 scripts/collect.py --plan "${PLAN:-benchmarks/policy_quality/neighbour_winners_plan.json}" \
   --kernels decode_attention,prefill_attention --db /tmp/neighbour_winners.sqlite --compile-workers 14 \
   --budget-s $(( B - 100 )) >> "$OUT/collect.log" 2>&1
 echo "[coverage_session] collect: exit $?" >> "$OUT/collect.log"

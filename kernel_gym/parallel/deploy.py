@@ -41,7 +41,7 @@ import numpy as np
 
 from kernel_gym.measure import resolve_backend
 from kernel_gym.measure.coverage import cover
-from kernel_gym.modelspec import WINDOWED_MIXERS
+from kernel_gym.modelspec import WINDOWED_MIXERS, window_pool_bytes
 from kernel_gym.parallel.collectives import resolve_table
 from kernel_gym.parallel.layout import Layout, attention_spec, gpu_weight_bytes, layouts_for, why_invalid
 from kernel_gym.parallel.step_time import ParallelSimulator, StepPricer, goodput
@@ -285,8 +285,8 @@ def kv_tokens_per_rank(spec: Any, dep: Deployment) -> int:
     free = max(0.0, gpu_memory_for(spec, dep) * memory_utilization(dep) - gpu_weight_bytes(spec, dep.layout))
     share, ratio = state_pool_share(spec, dep), window_pool_ratio(spec, dep)
     if ratio:  # the window's KV has a pool of its own, ratio x as many tokens as the full layers', holding one window
-        window_bytes = per_gpu.mixer_state_bytes / per_gpu.window_tokens
-        tokens = free / (per_gpu.kv_bytes_per_token + ratio * window_bytes)
+        window_pool = window_pool_bytes(per_gpu, free, ratio)
+        tokens = (free - window_pool) / per_gpu.kv_bytes_per_token
         return int(tokens // block) * block if ratio * tokens >= per_gpu.window_tokens + block else 0
     if share:  # the state has a pool of its own, which must hold one request's slots
         slots = state_slots_per_request(spec) * per_gpu.mixer_state_bytes
@@ -425,9 +425,10 @@ class DeploymentPricer:
         pricer.reset_counts()
         page = max(dep.block_size, SGLANG_PAGE_PRICED) if dep.engine == "sglang" else dep.block_size
         graph = ("tokens" if dep.engine == "vllm" else "decode", dep.graph_max)
+        block = engine_block_tokens(self.spec, dep)
         sim = ParallelSimulator(self.spec, sub, lay, pricer, self.routing, gpu_memory_bytes=gpu_memory_for(
             self.spec, dep), gpu_memory_utilization=memory_utilization(dep), graph=graph,
-            kv_layout=KVLayout(page, "NHD"), kv_block_tokens=engine_block_tokens(self.spec, dep),
+            kv_layout=KVLayout(page, "NHD"), kv_block_tokens=block,
             state_pool_share=state_pool_share(self.spec, dep),
             state_slots_per_request=state_slots_per_request(self.spec),
             window_pool_ratio=window_pool_ratio(self.spec, dep),
@@ -454,7 +455,7 @@ class DeploymentPricer:
             "ttft_p99_s": res.summary["ttft_p99_s"], "tpot_p50_s": res.summary["tpot_p50_s"],
             "tpot_p99_s": res.summary["tpot_p99_s"], "preemptions": res.summary["preemptions"] * r,
             "kv_tokens_per_rank": kv_tokens_per_rank(self.spec, dep),
-            "kv_block_tokens": engine_block_tokens(self.spec, dep),
+            "kv_block_tokens": block,
             "state_slots": sim.state_slots,  # a separate mixer-state pool's (SGLang's), and the running requests' cap
             "state_running_cap": sim.state_slots // state_slots_per_request(self.spec) if sim.state_slots else 0,
             # shares of all the step time (kernels, collectives, untuned ops, per-step overhead)

@@ -23,6 +23,7 @@ import numpy as np
 from kernel_gym.kernels.profiles import follows_kv, profile, reads_kv
 from kernel_gym.kernels.space import Config
 from kernel_gym.measure.roofline import COPY_BW, DEFAULT_VOCAB, dense_step_s
+from kernel_gym.modelspec import window_pool_bytes
 from kernel_gym.traffic.routing import entropy_norm
 from kernel_gym.traffic.routing import uniform_for as _uniform_for
 
@@ -393,8 +394,7 @@ class Simulator:
         self.window_pool_ratio = float(window_pool_ratio)
         self.window_pool_bytes = 0.0  # the windowed layers' own pool (window_pool_ratio), in blocks: window_blocks
         if window_pool_ratio and self.window:
-            w = model.mixer_state_bytes / self.window * float(window_pool_ratio)
-            self.window_pool_bytes = self.pool_bytes * w / (model.kv_bytes_per_token + w)
+            self.window_pool_bytes = window_pool_bytes(model, self.pool_bytes, window_pool_ratio)
             self.pool_bytes -= self.window_pool_bytes
         self.window_blocks = self.free_window = 0
         self._init_prefix_cache(requests if prefix_caching else None, self._block(kv_layout.page_size))
