@@ -16,9 +16,11 @@ SPEC_LIMITS = {"num_layers": 1024, "hidden": 131072, "num_heads": 1024, "num_kv_
                "num_experts": 4096, "top_k": 256, "intermediate": 262144, "dtype_bytes": 4,
                "num_shared_experts": 64, "shared_intermediate": 262144, "kv_lora_rank": 16384, "rope_head_dim": 1024,
                "moe_layers": 1024, "attention_layers": 1024, "dense_intermediate": 262144,
-               "mixer_state_bytes": 1 << 40, "mixer_layers": 1024, "max_context": 1 << 28}
+               "mixer_state_bytes": 1 << 40, "mixer_layers": 1024, "max_context": 1 << 28, "fp8_block_n": 65536,
+               "fp8_block_k": 65536}
 OPTIONAL_ZERO = ("num_shared_experts", "shared_intermediate", "kv_lora_rank", "rope_head_dim", "moe_layers",
-                 "attention_layers", "dense_intermediate", "mixer_state_bytes", "mixer_layers", "max_context")
+                 "attention_layers", "dense_intermediate", "mixer_state_bytes", "mixer_layers", "max_context",
+                 "fp8_block_n", "fp8_block_k")
 # ModelSpec.mixer's values and their names in messages. All but the windows hold a recurrent state whose size is fixed
 # per layer: vLLM sizes its KV blocks so that one block of a layer holds it (deploy.engine_block_tokens). The windowed
 # ones are softmax attention over the last `window_tokens` tokens (sliding) or within chunks of that many (chunked
@@ -84,6 +86,11 @@ class ModelSpec:
     """The longest request (prompt + output tokens) the model serves: config.json's max_position_embeddings, which
     vLLM and SGLang refuse a longer --max-model-len / --context-length than (0: not known). plan's context limit
     stays within it."""
+    fp8_block_n: int = 0
+    fp8_block_k: int = 0
+    """An fp8 checkpoint's weight blocks (quantization_config.weight_block_size [n, k]: DeepSeek-V3's [128, 128]), 0
+    for per-tensor or per-channel scales: the engines' fp8 fused-MoE config files carry it in their names
+    (,block_shape=[n,k])."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -106,6 +113,10 @@ class ModelSpec:
                 self.expert_quant and not self.expert_quant.replace("_", "").replace("-", "").isalnum()):
             raise ValueError(f"model spec {self.name!r}: expert_quant must be a quantization method's name such as "
                              f"\"awq\" (or \"\" for none), got {self.expert_quant!r}")
+        if bool(self.fp8_block_n) != bool(self.fp8_block_k) or (self.fp8_block_n and self.dtype_bytes != 1):
+            raise ValueError(f"model spec {self.name!r}: fp8_block_n / fp8_block_k are an fp8 checkpoint's weight "
+                             "blocks: set both with dtype_bytes 1, or leave both 0, got "
+                             f"{self.fp8_block_n} / {self.fp8_block_k} with dtype_bytes {self.dtype_bytes}")
         if self.attention not in ("gqa", "mla"):
             raise ValueError(f"model spec {self.name!r}: attention must be \"gqa\" or \"mla\", got {self.attention!r}")
         if self.attention == "gqa" and (self.kv_lora_rank or self.rope_head_dim):
@@ -578,7 +589,7 @@ def spec_from_hf_config(data: dict, where: str, name: str) -> ModelSpec:
         name=name, num_layers=layers, hidden=hidden, num_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, num_experts=experts,
         top_k=need(*HF_TOP_K_KEYS), intermediate=need("moe_intermediate_size", "intermediate_size"),
-        dtype_bytes=dtype_bytes, expert_quant=hf_expert_quant(cfg),
+        dtype_bytes=dtype_bytes, expert_quant=hf_expert_quant(cfg), **hf_fp8_block(cfg, dtype_bytes, where),
         num_shared_experts=shared, shared_intermediate=shared_inter,
         attention="mla" if mla else "gqa", kv_lora_rank=need("kv_lora_rank") if mla else 0,
         rope_head_dim=(number("qk_rope_head_dim") or 0) if mla else 0,
@@ -667,6 +678,20 @@ def hf_fp8(quant: dict) -> bool:
         return bool(weights) and all(isinstance(w, dict) and str(w.get("type", "")).lower() == "float"
                                      and w.get("num_bits") == 8 for w in weights)
     return method == "modelopt" and "fp8" in str(quant.get("quant_algo") or "").lower()
+
+
+def hf_fp8_block(cfg: dict, dtype_bytes: int, where: str) -> dict[str, int]:
+    """ModelSpec's fp8_block_n / fp8_block_k of an fp8 config.json: quantization_config.weight_block_size, which vLLM
+    and SGLang read as the fused MoE's block_shape (none: per-tensor or per-channel scales)."""
+    quant = cfg.get("quantization_config")
+    block = quant.get("weight_block_size") if isinstance(quant, dict) and dtype_bytes == 1 else None
+    if block is None:
+        return {}
+    if (not isinstance(block, list) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= 65536 for b in block)):
+        raise ValueError(f"{where}: quantization_config.weight_block_size must be two positive integers [n, k] "
+                         f"(DeepSeek-V3: [128, 128]), got {block!r}: check the checkpoint's config.json")
+    return {"fp8_block_n": block[0], "fp8_block_k": block[1]}
 
 
 def hf_expert_quant(cfg: dict) -> str:

@@ -560,7 +560,8 @@ def test_a_config_jsons_quantization_is_read_or_said_to_be_ignored(tmp_path):
         warnings.simplefilter("error", SpecWarning)
         spec = load_model(str(tmp_path / "fp8.json"))
     assert spec.dtype_bytes == 1
-    bf16 = load_model(str(tmp_path / "fp8.json")).__class__(**{**dataclasses.asdict(spec), "dtype_bytes": 2})
+    bf16 = load_model(str(tmp_path / "fp8.json")).__class__(**{**dataclasses.asdict(spec), "dtype_bytes": 2,
+                                                                "fp8_block_n": 0, "fp8_block_k": 0})
     assert spec.kv_bytes_per_token == bf16.kv_bytes_per_token  # KV and activations stay bf16 (review, session 62)
     assert 2 * spec.weight_bytes == bf16.weight_bytes
     with pytest.raises(ValueError, match="dtype=fp8_w8a8"):  # the engine file it would need is not bf16's

@@ -91,3 +91,35 @@ def test_the_context_limit_follows_vllms_rope_scaling_rule():
                            "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}) == 40960
     assert hf_max_context({"max_position_embeddings": 8192, "max_seq_len": 4096}) == 4096  # the least of the keys
     assert hf_max_context({"hidden_size": 8}) == 0
+
+
+def test_a_block_fp8_checkpoints_engine_file_carries_its_block_shape(tmp_path):
+    """An fp8 checkpoint with weight blocks (DeepSeek-V3's [128, 128]) was told the per-tensor file name: vLLM and
+    SGLang look for E=..,N=..,device_name=..,dtype=fp8_w8a8,block_shape=[128,128].json and never read it."""
+    import json
+
+    from kernel_gym.models import load_model
+    from kernel_gym.parallel.deploy import Deployment, moe_config_files
+
+    base = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+            "moe_intermediate_size": 768, "torch_dtype": "bfloat16"}
+    quant = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "block.json").write_text(json.dumps({**base, "quantization_config": quant}))
+    spec = load_model(str(tmp_path / "block.json"))
+    assert (spec.dtype_bytes, spec.fp8_block_n, spec.fp8_block_k) == (1, 128, 128)
+    vllm, sglang = (Deployment(e, 1, 8, 1, 16, 8192, 256, 512) for e in ("vllm", "sglang"))
+    assert moe_config_files(spec, vllm)[0]["file"] == \
+        "E=128,N=96,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    assert moe_config_files(spec, sglang)[0]["file"] == \
+        "E=128,N=96,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"  # SGLang prints the list
+    # per-tensor scales: no block part, as before
+    (tmp_path / "tensor.json").write_text(json.dumps({**base, "quantization_config": {"quant_method": "fp8"}}))
+    per_tensor = load_model(str(tmp_path / "tensor.json"))
+    assert moe_config_files(per_tensor, vllm)[0]["file"] == "E=128,N=96,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+    (tmp_path / "bad.json").write_text(json.dumps({**base, "quantization_config": {**quant,
+                                                                                     "weight_block_size": [128]}}))
+    with pytest.raises(ValueError, match="weight_block_size must be two positive integers"):
+        load_model(str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="set both with dtype_bytes 1"):
+        type(spec)(**{**__import__("dataclasses").asdict(spec), "dtype_bytes": 2})

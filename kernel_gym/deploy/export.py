@@ -343,7 +343,8 @@ def _trained_for(provenance: dict[str, Any]) -> list[dict[str, Any]] | None:
 # trained for a spec that differs only in them (read from the same config.json before the reader learned them) is the
 # model's policy still
 OUTSIDE_KERNELS = ("moe_layers", "attention_layers", "dense_intermediate", "expert_quant", "num_shared_experts",
-                   "shared_intermediate", "mixer_state_bytes", "mixer", "mixer_layers", "max_context")
+                   "shared_intermediate", "mixer_state_bytes", "mixer", "mixer_layers", "max_context", "fp8_block_n",
+                   "fp8_block_k")
 
 
 def _same_kernels(stored: Any, want: dict[str, Any]) -> bool:

@@ -315,8 +315,7 @@ def kernel_configs(spec: Any, dep: Any, replay: dict[str, Any], model: str = "")
             # vLLM's tuner: --enable-expert-parallel gives E / tp-size whole experts, else N / tp-size (never both)
             par = (f"--tp-size {dep.tp * dep.ep} --enable-expert-parallel" if dep.ep > 1 else f"--tp-size {dep.tp}")
             f["write_with"] = (f"vLLM's own tuner: benchmarks/kernels/benchmark_moe.py --model CHECKPOINT {par} "
-                               "--dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only; a block-quantized "
-                               "checkpoint's file name also carries ,block_shape=[bn,bk])")
+                               "--dtype fp8_w8a8 --tune (kernel_gym measures bf16 kernels only)")
         elif spec.dtype_bytes == 1:  # SGLang's tuner: --tp-size is all the server's GPUs, E / ep, N / (tp-size / ep)
             f["write_with"] = ("SGLang's own tuner: benchmark/kernels/fused_moe_triton/tuning_fused_moe_triton.py "
                                f"--model CHECKPOINT --tp-size {dep.tp * dep.ep} --ep-size {dep.ep} --dtype fp8_w8a8 "

@@ -169,11 +169,12 @@ def sglang_device_name(device: str) -> str:
 
 
 def dtype_selector(dtype: str) -> str | None:
-    """vLLM's / SGLang's dtype part for unquantised experts: none for bf16/fp16, "float32" for fp32."""
+    """vLLM's / SGLang's dtype part: none for bf16/fp16, "float32" for fp32, "fp8_w8a8" for fp8 experts (the name
+    plan shows for an fp8 checkpoint; kernel_gym writes bf16 files only)."""
     if dtype in ("bfloat16", "float16"):
         return None
-    if dtype == "float32":
-        return "float32"
+    if dtype in ("float32", "fp8_w8a8"):
+        return dtype
     raise ValueError(f"dtype {dtype!r}: use bfloat16, float16 or float32")
 
 

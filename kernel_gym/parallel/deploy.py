@@ -351,8 +351,9 @@ def moe_config_files(spec: Any, dep: Deployment, device: str = "NVIDIA H200") ->
     name = config_file_name(e_local, n, device, "float32" if spec.dtype_bytes == 4 else "bfloat16", engine=dep.engine)
     if getattr(spec, "expert_quant", ""):  # another MoE kernel reads its own file, or none (plan says which)
         name = f"none for {spec.expert_quant} experts (not {name})"
-    elif spec.dtype_bytes == 1:
-        name = name[:-len(".json")] + ",dtype=fp8_w8a8.json"
+    elif spec.dtype_bytes == 1:  # the fp8 file, with the weight blocks where the checkpoint has them
+        block = (spec.fp8_block_n, spec.fp8_block_k) if getattr(spec, "fp8_block_n", 0) else None
+        name = config_file_name(e_local, n, device, "fp8_w8a8", block_shape=block, engine=dep.engine)
     return [{"file": name, "local_experts": e_local, "N": n, "engine_env":
              "VLLM_TUNED_CONFIG_FOLDER" if dep.engine == "vllm" else "SGLANG_MOE_CONFIG_DIR"}]
 
