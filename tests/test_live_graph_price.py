@@ -230,3 +230,10 @@ def test_compare_checks_counts_by_model_and_policy_and_refuses_checks_of_other_r
     assert (by["before"]["ttft_p50_s"]["within"], by["after"]["ttft_p50_s"]["within"]) == (0, 1)
     with pytest.raises(SystemExit, match="different policy runs"):
         cc.main([str(paths[0]), str(paths[2])])
+    # --common: a later check that added runs is compared on the runs both cover
+    grown = {"rows": after["rows"] + [row("new", "vllm-table", 0.5)]}
+    paths.append(tmp_path / "g.json")
+    paths[-1].write_text(json.dumps(grown))
+    assert cc.main([str(paths[0]), str(paths[3]), "--common", "--json", str(tmp_path / "d.json")]) == 0
+    by = json.loads((tmp_path / "d.json").read_text())["by_group"]["m vllm-table"]
+    assert (by["before"]["runs"], by["after"]["runs"], by["after"]["ttft_p50_s"]["within"]) == (1, 1, 1)

@@ -4,6 +4,8 @@ where. CPU only, from committed files.
 
     python benchmarks/live_e2e/compare_checks.py benchmarks/live_e2e/live_check_before_chunk_tables.json \
         kernel_gym/data/live_check.json --json benchmarks/live_e2e/chunk_tables_check.json
+    python benchmarks/live_e2e/compare_checks.py benchmarks/live_e2e/live_check_before_ragged.json \
+        kernel_gym/data/live_check.json --common --json benchmarks/live_e2e/ragged_check.json
 """
 
 from __future__ import annotations
@@ -40,13 +42,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("before", type=Path)
     p.add_argument("after", type=Path)
     p.add_argument("--json", type=Path, default=None, help="write both sides' counts here")
+    p.add_argument("--common", action="store_true",
+                   help="compare the policy runs both checks cover (a later check that added runs), not all")
     args = p.parse_args(argv)
     before, after = (json.loads(f.read_text()) for f in (args.before, args.after))
     runs_a, runs_b = ({(r["run"], r["policy"]) for r in c["rows"]} for c in (before, after))
-    if runs_a != runs_b:
+    if args.common:
+        if not runs_a & runs_b:
+            raise SystemExit(f"--common: {args.before} and {args.after} share no policy run")
+        for c in (before, after):
+            c["rows"] = [r for r in c["rows"] if (r["run"], r["policy"]) in runs_a & runs_b]
+        print(f"the {len(runs_a & runs_b)} policy runs both checks cover ({len(runs_b - runs_a)} only in {args.after}, "
+              f"{len(runs_a - runs_b)} only in {args.before})")
+    elif runs_a != runs_b:
         raise SystemExit(f"the two checks cover different policy runs ({len(runs_a - runs_b)} only in {args.before}, "
                          f"{len(runs_b - runs_a)} only in {args.after}, e.g. {sorted(runs_a ^ runs_b)[0]}): compare "
-                         "checks over the same runs")
+                         "checks over the same runs, or pass --common")
     a, b = counts(before), counts(after)
     print(f"{'model, policy':28s} {'runs':>4s}  " + "  ".join(f"{m} within {int(t * 100)}%" for m, t in
                                                                 TARGETS.items()))

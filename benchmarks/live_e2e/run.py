@@ -1179,6 +1179,13 @@ DECODE_GRAPH_TABLES = tuple(Path(__file__).resolve().parent / part / "decode_gra
                                          "dispatch_h200_0d9f96c/decode_rest3", "dispatch_h200_0d9f96c/decode_graph"))
 
 
+# the ragged launch factors of the live decode configs on the H200 (ragged_decode.py in dispatch_session.sh, session
+# 67): the default since session 68, when every graphed run predicted with them came within 10% of TTFT p50 on 65 of
+# 80 and within 5% of TPOT p50 on 61 (62 and 57 without; docs/live.md)
+DECODE_RAGGED_TABLES = tuple(Path(__file__).resolve().parent / "dispatch_h200_0d9f96c" / part / "ragged_decode.json"
+                             for part in ("ragged", "ragged_olmoe"))
+
+
 class DenseOps:
     """Seconds of a step's dense ops as the live stack runs them (dense_price_check.py's table): per layer at the
     step's token count, x the layers, plus the final norm, LM head and pick over the rows that sample."""
@@ -2370,11 +2377,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict: fit on the --decode-graph tables' times without a flush (default) or after an L2 "
                         "flush before each replay (tables timed with decode_graph_table.py --also-flushed: a live "
                         "step reads each layer's KV after the MoE streamed its weights through L2)")
-    p.add_argument("--decode-ragged", default="none", metavar="TABLE.json[,...]",
+    p.add_argument("--decode-ragged", default=",".join(str(t) for t in DECODE_RAGGED_TABLES),
+                   metavar="TABLE.json[,...]",
                    help="--predict: ragged_decode.py tables (one per model, comma-separated): a graphed "
                         "decode-only step of the configs the run's model's table times costs no less than its "
-                        "longest sequence alone x the ragged launch's factor at its capture size; "
-                        "none (default): the wave model alone")
+                        "longest sequence alone x the ragged launch's factor at its capture size (default: the "
+                        "H200's, Mixtral's and OLMoE's); none: the wave model alone")
     p.add_argument("--chunk-routing", default="none", metavar="TABLE.json",
                    help="--predict: price the MoE of steps with prefill chunks at the live stack's routing of a chunk "
                         "(a chunk_routing.py table: each layer's matching skew), from the dataset's rows at those "
