@@ -3,7 +3,8 @@
 # beside its run under benchmarks/live_e2e/predicted/<run>/ (--summary-dir: the run's own summary.json, predicted at
 # the tree it names, stays), then the live check over them (kernel_gym/data/live_check.json, printed under every
 # replay table, and live_check.png). The step overheads are fitted on graphs/window1's vllm-table run first and held
-# for the others, as every run's own prediction did. About 40 minutes on 2 cores (78 runs, 80 policy runs); JOBS=N runs N at once.
+# for the others, as every run's own prediction did. About 17 minutes on 2 cores (37 runs, 80 policy runs); JOBS=N runs
+# N at once.
 #   bash benchmarks/live_e2e/predict_all.sh
 # To compare a --predict option: PREDICT_ARGS="--decode-waves off" P=/tmp/off bash benchmarks/live_e2e/predict_all.sh
 # (the live check is written over those summaries too: `git checkout kernel_gym/data/live_check.json
