@@ -347,13 +347,13 @@ def moe_config_files(spec: Any, dep: Deployment, device: str = "NVIDIA H200") ->
     from kernel_gym.kernels.vllm_tables import config_file_name
 
     e_local, n = spec.num_experts // dep.ep, spec.intermediate // dep.tp
-    # the engines' own naming (device name rules, the dtype part): an fp8 model's file is the fp8_w8a8 one
-    name = config_file_name(e_local, n, device, "float32" if spec.dtype_bytes == 4 else "bfloat16", engine=dep.engine)
+    # the engines' own naming (device name rules, the dtype part): an fp8 model's file is the fp8_w8a8 one, with the
+    # checkpoint's weight blocks where it has them
+    dtype = {4: "float32", 1: "fp8_w8a8"}.get(spec.dtype_bytes, "bfloat16")
+    block = (spec.fp8_block_n, spec.fp8_block_k) if getattr(spec, "fp8_block_n", 0) else None
+    name = config_file_name(e_local, n, device, dtype, block_shape=block, engine=dep.engine)
     if getattr(spec, "expert_quant", ""):  # another MoE kernel reads its own file, or none (plan says which)
         name = f"none for {spec.expert_quant} experts (not {name})"
-    elif spec.dtype_bytes == 1:  # the fp8 file, with the weight blocks where the checkpoint has them
-        block = (spec.fp8_block_n, spec.fp8_block_k) if getattr(spec, "fp8_block_n", 0) else None
-        name = config_file_name(e_local, n, device, "fp8_w8a8", block_shape=block, engine=dep.engine)
     return [{"file": name, "local_experts": e_local, "N": n, "engine_env":
              "VLLM_TUNED_CONFIG_FOLDER" if dep.engine == "vllm" else "SGLANG_MOE_CONFIG_DIR"}]
 
